@@ -1,0 +1,43 @@
+# The README's commands. Every target is idempotent: the virtual environment is
+# created once and reinstalled only when pyproject.toml or constraints.txt change.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip install --quiet --constraint constraints.txt
+RUN    := runs/demo
+
+.PHONY: install test run bench lock clean
+
+install: $(VENV)/.installed
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) --editable .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) --editable '.[test]'
+	touch $@
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q
+
+# The main job: import the bundled amazon-video dataset into runs/demo and profile it.
+run: install
+	$(BIN)/shardflow import --format sasrec data/amazon-video/Video.txt $(RUN)/dataset --overwrite
+	$(BIN)/shardflow profile $(RUN)/dataset --out $(RUN)/profile --overwrite
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python bench/profile_throughput.py
+
+# Re-resolve every pin from the package index into constraints.txt.
+lock:
+	rm -rf /tmp/shardflow-lock && $(PYTHON) -m venv /tmp/shardflow-lock
+	/tmp/shardflow-lock/bin/python -m pip install --quiet '.[test]'
+	/tmp/shardflow-lock/bin/python -m pip freeze --exclude shardflow > constraints.txt
+	rm -rf /tmp/shardflow-lock
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,156 @@
+"""The `shardflow` command: one subcommand per stage.
+
+Each subcommand prints a human-readable summary, or with --json a single JSON object
+on stdout. Logs go to stderr. Bad input exits with status 2 and one line naming the
+bad value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from shardflow.errors import InputError
+
+log = logging.getLogger("shardflow")
+
+
+def _key_value_rows(text: str) -> tuple[str, int]:
+    name, sep, rows = text.partition("=")
+    if not sep or not rows.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: NAME=ROWS, e.g. C1=100000")
+    return name, int(rows)
+
+
+def _cmd_import(args: argparse.Namespace) -> dict:
+    from storage.importers import DEFAULT_HASH_ROWS, import_dataset
+
+    m = import_dataset(
+        args.format,
+        args.src,
+        args.dest,
+        overwrite=args.overwrite,
+        table_rows=dict(args.table_rows or []),
+        hash_rows=DEFAULT_HASH_ROWS if args.hash_rows is None else args.hash_rows,
+    )
+    return _dataset_summary(args.dest, m)
+
+
+def _cmd_synth(args: argparse.Namespace) -> dict:
+    from shardflow.synthetic import parse_synth_table
+    from storage.synth import synth_dataset
+
+    tables = [parse_synth_table(t) for t in args.tables]
+    m = synth_dataset(
+        args.dest,
+        tables,
+        interactions=args.interactions,
+        seed=args.seed,
+        mean_length=args.mean_length,
+        overwrite=args.overwrite,
+    )
+    return _dataset_summary(args.dest, m)
+
+
+def _dataset_summary(path: str, m: dict) -> dict:
+    return {
+        "path": str(path),
+        "users": m["users"],
+        "interactions": m["interactions"],
+        "sequence_table": m["sequence_table"],
+        "tables": {name: spec["rows"] for name, spec in m["tables"].items()},
+        "checksum": m["checksum"],
+    }
+
+
+def _print_dataset(s: dict) -> None:
+    print(f"dataset {s['path']}: {s['users']:,} users, {s['interactions']:,} interactions")
+    for name, rows in s["tables"].items():
+        role = "item sequence" if name == s["sequence_table"] else "feature"
+        print(f"  table {name:<12} {rows:>14,} rows  ({role})")
+    print(f"  checksum {s['checksum']}")
+
+
+def _cmd_profile(args: argparse.Namespace) -> dict:
+    from shardflow.cluster import dask_client, worker_count
+    from shardflow.profiling import profile_dataset
+
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    out = args.out or f"{args.dataset.rstrip('/')}.profile"
+    started = time.perf_counter()
+    with dask_client(args.scheduler, args.workers) as client:
+        workers = worker_count(client)
+        log.info("profiling %s on %d workers (%s)", args.dataset, workers, client.scheduler.address)
+        m = profile_dataset(args.dataset, out, client=client, overwrite=args.overwrite)
+    return {"profile": out, "workers": workers, "seconds": time.perf_counter() - started, "tables": m["tables"]}
+
+
+def _print_profile(s: dict) -> None:
+    print(f"profile {s['profile']} ({s['workers']} workers, {s['seconds']:.1f} s)")
+    print(f"  {'table':<12} {'rows':>14} {'accesses':>14} {'distinct':>14} {'top 1%':>7} {'top 10%':>8} {'slope':>6}")
+    for name, t in s["tables"].items():
+        print(
+            f"  {name:<12} {t['rows']:>14,} {t['accesses']:>14,} {t['distinct']:>14,} "
+            f"{t['top1pct_share']:>7.3f} {t['top10pct_share']:>8.3f} {t['zipf_slope']:>6.2f}"
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardflow", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str, run: Callable, show: Callable) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+        p.set_defaults(run=run, show=show)
+        return p
+
+    p = command("import", "import a published dataset file into a dataset store", _cmd_import, _print_dataset)
+    p.add_argument("--format", required=True, choices=["sasrec", "s3rec", "recbole", "criteo"])
+    p.add_argument("src", help="source file")
+    p.add_argument("dest", help="dataset store to create")
+    p.add_argument("--overwrite", action="store_true", help="replace a store already at DEST")
+    p.add_argument("--table-rows", type=_key_value_rows, action="append", metavar="NAME=ROWS",
+                   help="criteo: rows of one hashed categorical table (repeatable)")
+    p.add_argument("--hash-rows", type=int, help="criteo: rows of every other categorical table (default 2^20)")
+
+    p = command("synth", "generate a seeded synthetic Zipf dataset store", _cmd_synth, _print_dataset)
+    p.add_argument("dest", help="dataset store to create")
+    p.add_argument("--tables", nargs="+", required=True, metavar="NAME:ROWS[:ALPHA]",
+                   help="the first is the item sequence table, the rest feature columns")
+    p.add_argument("--interactions", type=int, required=True, help="events (ids per table)")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--mean-length", type=float, default=20.0, help="mean sequence length per user")
+    p.add_argument("--overwrite", action="store_true", help="replace a store already at DEST")
+
+    p = command("profile", "count every row's accesses, in parallel on Dask", _cmd_profile, _print_profile)
+    p.add_argument("dataset", help="dataset store")
+    p.add_argument("--out", help="profile store to create (default: DATASET.profile)")
+    p.add_argument("--workers", type=int, help="local cluster size (default: one per core)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler instead of a local cluster")
+    p.add_argument("--overwrite", action="store_true", help="replace a profile already at --out")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        summary = args.run(args)
+    except InputError as e:
+        print(f"shardflow {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(summary, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        args.show(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

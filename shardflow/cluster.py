@@ -1,0 +1,46 @@
+"""One place that opens the Dask cluster a job runs on."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+
+from distributed import Client, LocalCluster
+
+from shardflow.errors import InputError
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+@contextlib.contextmanager
+def dask_client(scheduler_address: str | None = None, workers: int | None = None) -> Iterator[Client]:
+    """A client on an existing scheduler, or on a LocalCluster of `workers` single-threaded processes.
+
+    Profiling and training kernels are numpy and hold the GIL in parts, so a local
+    device is a process with one thread.
+    """
+    if scheduler_address:
+        if workers is not None:
+            raise InputError("--workers applies to a local cluster; it cannot be combined with --scheduler")
+        with Client(scheduler_address, timeout="30s") as client:
+            yield client
+        return
+    workers = default_workers() if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InputError(f"workers = {workers!r}; accepted: an integer >= 1")
+    with LocalCluster(
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=":0",
+        silence_logs=logging.WARNING,
+    ) as cluster, Client(cluster) as client:
+        yield client
+
+
+def worker_count(client: Client) -> int:
+    return max(1, len(client.scheduler_info()["workers"]))

@@ -1,0 +1,10 @@
+"""The one exception type for bad input.
+
+Every message names the offending value (file, array, line or position) and
+what would have been accepted, so a user can fix the input without reading
+code. Raised before any work that writes to a store starts.
+"""
+
+
+class InputError(ValueError):
+    """Input that shardflow refuses: a file, an array, an argument or a store."""

@@ -1,0 +1,48 @@
+"""Manifests: the last file written into a store, and the proof that it is complete."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from shardflow.errors import InputError
+
+MANIFEST = "manifest.json"
+
+
+def write_manifest(store: Path, manifest: dict) -> None:
+    """Write `manifest` into `store` durably: a temporary file, fsync, then an atomic rename."""
+    path = Path(store) / MANIFEST
+    tmp = path.with_suffix(".json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(store: Path, kind: str, version: int, made_by: str) -> dict:
+    """The manifest of a `kind` store at `store`, or an InputError saying why it is not one."""
+    store = Path(store)
+    path = store / MANIFEST
+    if not store.is_dir():
+        raise InputError(f"{store}: no such directory; accepted: a {kind} store written by {made_by}")
+    if not path.is_file():
+        raise InputError(
+            f"{store} is not a complete {kind} store: it has no {MANIFEST} (a write that did not "
+            f"finish leaves none); accepted: a {kind} store written by {made_by}"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not valid JSON ({e}); accepted: a manifest written by {made_by}") from None
+    expected = f"shardflow.{kind}"
+    if not isinstance(manifest, dict) or manifest.get("format") != expected:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise InputError(f"{path}: format is {found!r}; accepted: {expected!r}")
+    if manifest.get("format_version") != version:
+        raise InputError(
+            f"{path}: format_version is {manifest.get('format_version')!r}; accepted: {version}"
+        )
+    return manifest

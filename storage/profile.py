@@ -1,0 +1,85 @@
+"""The profile store: per-row access counts of every table of one dataset.
+
+Layout:
+    counts/<table>   int64 [rows]   times each row occurs in the dataset
+    manifest.json                   the dataset it profiles, per-table skew statistics
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from shardflow.counting import TableStats
+from shardflow.errors import InputError
+from storage.checksum import ArrayHash, combine
+from storage.manifest import read_manifest, write_manifest
+
+KIND = "profile"
+FORMAT_VERSION = 1
+MADE_BY = "'shardflow profile'"
+ROWS_PER_CHUNK = 1 << 22
+
+
+def start_profile(stage: Path) -> None:
+    zarr.open_group(str(stage), mode="w")
+
+
+def write_counts(stage: str | Path, table: str, counts: np.ndarray) -> str:
+    """Write one table's counts (its only writer); returns their content digest."""
+    path = f"counts/{table}"
+    arr = zarr.open_group(str(stage), mode="a").create_array(
+        path, shape=counts.shape, dtype=np.int64, chunks=(min(ROWS_PER_CHUNK, counts.size),)
+    )
+    arr[:] = counts
+    h = ArrayHash(path, arr.dtype, arr.shape)
+    h.update(counts)
+    return h.hexdigest()
+
+
+def finish_profile(stage: Path, dataset: dict, stats: dict[str, TableStats], digests: dict[str, str]) -> dict:
+    manifest = {
+        "format": f"shardflow.{KIND}",
+        "format_version": FORMAT_VERSION,
+        "dataset": dataset,
+        "tables": {name: s.to_dict() for name, s in stats.items()},
+        "checksum": combine({f"counts/{name}": d for name, d in digests.items()}),
+    }
+    write_manifest(stage, manifest)
+    return manifest
+
+
+class Profile:
+    """A complete profile store, validated when opened."""
+
+    def __init__(self, path: Path, manifest: dict) -> None:
+        self.path = Path(path)
+        self.manifest = manifest
+        self.stats = {name: TableStats(**s) for name, s in manifest["tables"].items()}
+
+    @classmethod
+    def open(cls, path: str | Path) -> "Profile":
+        path = Path(path)
+        manifest = read_manifest(path, KIND, FORMAT_VERSION, MADE_BY)
+        try:
+            profile = cls(path, manifest)
+        except (KeyError, TypeError) as e:
+            raise InputError(f"{path}/manifest.json: malformed profile manifest ({type(e).__name__}: {e})") from None
+        root = zarr.open_group(str(path), mode="r")
+        for name, s in profile.stats.items():
+            try:
+                arr = root[f"counts/{name}"]
+            except KeyError:
+                raise InputError(f"{path}: array 'counts/{name}' is missing; the manifest lists it") from None
+            if arr.dtype != np.int64 or arr.shape != (s.rows,):
+                raise InputError(
+                    f"{path}/counts/{name}: {arr.dtype} {arr.shape}; accepted: int64 ({s.rows},) as the manifest says"
+                )
+        return profile
+
+    def counts(self, table: str) -> np.ndarray:
+        if table not in self.stats:
+            raise InputError(f"no table {table!r} in profile {self.path}; accepted: {', '.join(self.stats)}")
+        return zarr.open_array(str(self.path / "counts" / table), mode="r")[:]

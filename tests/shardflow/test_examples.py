@@ -1,0 +1,91 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardflow.errors import InputError
+from shardflow.examples import PAD, build_examples
+
+OFFSETS = np.array([0, 4, 5, 7])
+IDS = np.array([10, 11, 12, 13, 20, 30, 31])
+
+
+def test_train_examples_of_a_hand_built_dataset():
+    ex = build_examples(OFFSETS, IDS, 40, history=2, negatives=3, seed=1)
+    # user 0 (4 items) trains on items 1 and 2; user 1 (1 item) and user 2 (2 items) on none.
+    assert ex.positive.tolist() == [11, 12]
+    assert ex.history.tolist() == [[PAD, 10], [10, 11]]
+    assert ex.user.tolist() == [0, 0]
+    assert ex.position.tolist() == [1, 2]
+    assert ex.negatives.shape == (2, 3)
+
+
+def test_eval_holds_out_the_last_item_of_every_user_with_two_or_more():
+    ex = build_examples(OFFSETS, IDS, 40, history=2, negatives=1, seed=1, split="eval")
+    assert ex.positive.tolist() == [13, 31]
+    assert ex.history.tolist() == [[11, 12], [PAD, 30]]
+    assert ex.user.tolist() == [0, 2]
+
+
+def test_negatives_are_in_range_never_the_positive_and_seeded():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 30, size=200)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = rng.integers(0, 5, size=offsets[-1])
+    a = build_examples(offsets, ids, 5, history=4, negatives=8, seed=7)
+    b = build_examples(offsets, ids, 5, history=4, negatives=8, seed=7)
+    c = build_examples(offsets, ids, 5, history=4, negatives=8, seed=8)
+    assert (a.negatives >= 0).all() and (a.negatives < 5).all()
+    assert not (a.negatives == a.positive[:, None]).any()
+    np.testing.assert_array_equal(a.negatives, b.negatives)
+    assert not np.array_equal(a.negatives, c.negatives)
+    # uniform over the 4 other rows: each about a quarter of the draws
+    share = np.bincount(((a.negatives - a.positive[:, None]) % 5).ravel(), minlength=5)[1:] / a.negatives.size
+    np.testing.assert_allclose(share, 0.25, atol=0.02)
+
+
+def naive(offsets, ids, history, split):
+    out = []
+    for u in range(len(offsets) - 1):
+        seq = list(ids[offsets[u] : offsets[u + 1]])
+        targets = range(1, len(seq) - 1) if split == "train" else ([len(seq) - 1] if len(seq) >= 2 else [])
+        for t in targets:
+            window = seq[max(0, t - history) : t]
+            out.append(([PAD] * (history - len(window)) + window, seq[t], u, offsets[u] + t))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 9), min_size=1, max_size=12),
+    history=st.integers(1, 5),
+    split=st.sampled_from(["train", "eval"]),
+    cut=st.integers(0, 12),
+    data=st.data(),
+)
+def test_matches_a_naive_loop_and_does_not_depend_on_user_blocks(lengths, history, split, cut, data):
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    ids = np.array(data.draw(st.lists(st.integers(0, 9), min_size=int(offsets[-1]), max_size=int(offsets[-1]))))
+    whole = build_examples(offsets, ids, 10, history=history, negatives=2, seed=3, split=split)
+    expected = naive(offsets, ids, history, split)
+    assert whole.history.tolist() == [e[0] for e in expected]
+    assert whole.positive.tolist() == [e[1] for e in expected]
+    assert whole.user.tolist() == [e[2] for e in expected]
+    assert whole.position.tolist() == [e[3] for e in expected]
+
+    cut = min(cut, len(lengths))
+    a0, a1 = offsets[: cut + 1], offsets[cut:]
+    left = build_examples(a0, ids[: a0[-1]], 10, history=history, negatives=2, seed=3, split=split)
+    right = build_examples(a1, ids[a1[0] :], 10, history=history, negatives=2, seed=3, split=split, first_user=cut)
+    for field in ("history", "positive", "negatives", "user", "position"):
+        joined = np.concatenate([getattr(left, field), getattr(right, field)])
+        np.testing.assert_array_equal(joined, getattr(whole, field))
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(InputError, match="split 'test'; accepted: train, eval"):
+        build_examples(OFFSETS, IDS, 40, history=2, negatives=1, seed=0, split="test")
+    with pytest.raises(InputError, match="history = 0"):
+        build_examples(OFFSETS, IDS, 40, history=0, negatives=1, seed=0)
+    with pytest.raises(InputError, match="at least 2 rows"):
+        build_examples(OFFSETS, np.zeros(7, dtype=np.int64), 1, history=2, negatives=1, seed=0)
