@@ -77,10 +77,11 @@ def _print_dataset(s: dict) -> None:
 
 def _cmd_profile(args: argparse.Namespace) -> dict:
     from shardflow.cluster import dask_client, worker_count
-    from shardflow.profiling import profile_dataset
+    from shardflow.profiling import check_inputs, profile_dataset
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
     out = args.out or f"{args.dataset.rstrip('/')}.profile"
+    check_inputs(args.dataset, out, overwrite=args.overwrite)
     started = time.perf_counter()
     with dask_client(args.scheduler, args.workers) as client:
         workers = worker_count(client)

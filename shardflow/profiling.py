@@ -37,15 +37,20 @@ def sum_and_write(stage: str, table: str, *blocks: np.ndarray) -> tuple[dict, st
     return table_stats(counts).to_dict(), write_counts(stage, table, counts)
 
 
+def check_inputs(dataset: str | Path, out: str | Path, *, overwrite: bool) -> Dataset:
+    """Everything that can be refused before a cluster starts: the dataset, the destination."""
+    ds = Dataset.open(dataset)
+    check_destination(Path(out), overwrite=overwrite)
+    return ds
+
+
 def profile_dataset(
     dataset: str | Path, out: str | Path, *, client: Client, overwrite: bool = False, blocks: int | None = None
 ) -> dict:
     """Profile `dataset` into a profile store at `out`; returns the profile's manifest."""
-    ds = Dataset.open(dataset)
-    out = Path(out)
-    check_destination(out, overwrite=overwrite)
+    ds = check_inputs(dataset, out, overwrite=overwrite)
     blocks = blocks or max(1, len(client.scheduler_info()["workers"]))
-    with staged(out, overwrite=overwrite) as stage:
+    with staged(Path(out), overwrite=overwrite) as stage:
         start_profile(stage)
         per_table, pending = {}, []
         for t in ds.info.tables:

@@ -16,7 +16,7 @@ def write_manifest(store: Path, manifest: dict) -> None:
     path = Path(store) / MANIFEST
     tmp = path.with_suffix(".json.tmp")
     with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=2, sort_keys=True)
+        json.dump(manifest, f, indent=2)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

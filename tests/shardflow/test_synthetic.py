@@ -1,0 +1,86 @@
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from shardflow.errors import InputError
+from shardflow.synthetic import SynthTable, ZipfRows, parse_synth_table, user_lengths
+from storage.dataset import Dataset
+from storage.synth import synth_dataset
+
+
+def test_parse_synth_table():
+    assert parse_synth_table("item:1000:1.2") == SynthTable("item", 1000, 1.2)
+    assert parse_synth_table("cat:1e7") == SynthTable("cat", 10_000_000, 1.0)
+    for bad, message in [
+        ("item", "accepted: NAME:ROWS or NAME:ROWS:ALPHA"),
+        ("item:many", "ROWS must be an integer"),
+        ("item:0", r"rows = 0; accepted: an integer >= 1"),
+        ("item:10:-1", r"alpha = -1.0; accepted: a finite number >= 0"),
+        ("it em:10", "table name 'it em' is not accepted"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            parse_synth_table(bad)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 10, 97, 1000, 65536])
+def test_rank_to_row_is_a_permutation(rows):
+    z = ZipfRows(SynthTable("t", rows, 1.0), (3, 0))
+    assert np.array_equal(np.sort(z.row_of_rank(np.arange(rows))), np.arange(rows))
+
+
+def test_samples_follow_the_zipf_law():
+    table = SynthTable("t", 1000, 1.2)
+    z = ZipfRows(table, (0, 0))
+    ids = z.sample(np.random.default_rng(1), 400_000)
+    counts = np.bincount(ids, minlength=1000)
+    weights = np.arange(1, 1001) ** -1.2
+    expected = weights / weights.sum()
+    observed = counts[z.row_of_rank(np.arange(1000))] / ids.size
+    np.testing.assert_allclose(observed[:20], expected[:20], rtol=0.05)
+    assert abs(observed[:100].sum() - expected[:100].sum()) < 0.005
+
+
+def test_user_lengths_sum_to_the_interactions():
+    lengths = user_lengths(100_003, 20, seed=4)
+    assert lengths.sum() == 100_003 and (lengths >= 1).all()
+    assert 15 < lengths.mean() < 25
+
+
+def test_synth_is_seeded_and_stores_every_table(tmp_path):
+    tables = [SynthTable("item", 5000, 1.1), SynthTable("genre", 30, 0.5)]
+    a = synth_dataset(tmp_path / "a", tables, interactions=50_000, seed=7, events_per_chunk=4096)
+    b = synth_dataset(tmp_path / "b", tables, interactions=50_000, seed=7, events_per_chunk=4096)
+    c = synth_dataset(tmp_path / "c", tables, interactions=50_000, seed=8, events_per_chunk=4096)
+    assert a["checksum"] == b["checksum"] != c["checksum"]
+    ds = Dataset.open(tmp_path / "a")
+    assert ds.info.sequence_table == "item"
+    assert ds.info.table_names == ["item", "genre"]
+    assert ds.offsets()[-1] == 50_000
+    genre = ds.ids("genre")
+    assert genre.min() >= 0 and genre.max() < 30
+
+
+def test_synth_writes_block_by_block(tmp_path):
+    """Peak traced memory stays far below one whole id column (the column is 8 MiB as int64)."""
+    interactions, block = 1 << 20, 1 << 14
+    tracemalloc.start()
+    synth_dataset(
+        tmp_path / "ds", [SynthTable("item", 1000, 1.2)], interactions=interactions, seed=1, events_per_chunk=block
+    )
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < interactions * 8 / 4, f"peak {peak} bytes"
+
+
+def test_bad_synth_arguments(tmp_path):
+    t = [SynthTable("item", 10, 1.0)]
+    with pytest.raises(InputError, match=r"interactions = 0; accepted: an integer >= 1"):
+        synth_dataset(tmp_path / "ds", t, interactions=0, seed=1)
+    with pytest.raises(InputError, match=r"seed = -2"):
+        synth_dataset(tmp_path / "ds", t, interactions=10, seed=-2)
+    with pytest.raises(InputError, match="table names repeat"):
+        synth_dataset(tmp_path / "ds", t + t, interactions=10, seed=1)
+    with pytest.raises(InputError, match="mean length = 0.5"):
+        synth_dataset(tmp_path / "ds", t, interactions=10, seed=1, mean_length=0.5)
+    assert not (tmp_path / "ds").exists()

@@ -1,0 +1,116 @@
+"""A dataset store is validated when opened: every damaged store names what is wrong."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import zarr
+
+from conftest import REAL
+from shardflow.errors import InputError
+from storage.dataset import Dataset
+from storage.importers import import_dataset
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ds") / "video"
+    import_dataset("sasrec", REAL["sasrec"], path)
+    return path
+
+
+@pytest.fixture
+def copy(store, tmp_path):
+    dest = tmp_path / "copy"
+    shutil.copytree(store, dest)
+    return dest
+
+
+def edit_manifest(path, **changes):
+    m = json.loads((path / "manifest.json").read_text())
+    m.update(changes)
+    (path / "manifest.json").write_text(json.dumps(m))
+
+
+def test_open_reads_what_the_manifest_says(store):
+    ds = Dataset.open(store)
+    assert ds.info.users == 31013 and ds.info.interactions == 287107
+    assert ds.info.table("item").rows == 23715
+    assert ds.info.source["format"] == "sasrec"
+    with pytest.raises(InputError, match="no table 'user' in this dataset; accepted: item"):
+        ds.info.table("user")
+
+
+def test_a_store_without_manifest_is_not_a_dataset(copy):
+    (copy / "manifest.json").unlink()
+    with pytest.raises(InputError, match="is not a complete dataset store: it has no manifest.json"):
+        Dataset.open(copy)
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(InputError, match="no such directory"):
+        Dataset.open(tmp_path / "nothing")
+
+
+def test_missing_array(copy):
+    shutil.rmtree(copy / "tables" / "item")
+    with pytest.raises(InputError, match="array 'tables/item' is missing"):
+        Dataset.open(copy)
+
+
+def test_wrong_dtype(copy):
+    n = Dataset.open(copy).info.interactions
+    shutil.rmtree(copy / "tables" / "item")
+    zarr.open_group(str(copy), mode="a").create_array("tables/item", shape=(n,), dtype=np.float32, chunks=(n,))
+    with pytest.raises(InputError, match=r"tables/item: dtype float32; accepted: an integer dtype"):
+        Dataset.open(copy)
+
+
+def test_non_monotone_offsets(copy):
+    offsets = zarr.open_array(str(copy / "offsets"), mode="a")
+    offsets[5] = int(offsets[4]) - 1
+    with pytest.raises(InputError, match=r"offsets\[5\] = \d+ is below offsets\[4\]"):
+        Dataset.open(copy)
+
+
+def test_offsets_that_do_not_cover_the_events(copy):
+    offsets = zarr.open_array(str(copy / "offsets"), mode="a")
+    offsets[-1] = 5
+    with pytest.raises(InputError, match="offsets: runs from 0 to 5; accepted: from 0 to 287107"):
+        Dataset.open(copy)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"format": "shardflow.profile"}, "format is 'shardflow.profile'; accepted: 'shardflow.dataset'"),
+        ({"format_version": 99}, "format_version is 99; accepted: 1"),
+        ({"interactions": 287108}, r"tables/item: 287107 values; the manifest says 287108"),
+        ({"interactions": 0, "users": 0}, "empty dataset"),
+        ({"users": -1}, r"users = -1; accepted: an integer >= 0"),
+        ({"tables": {}}, "the dataset has no tables"),
+        ({"tables": {"item": {"rows": 0}}}, r"rows = 0; accepted: an integer >= 1"),
+        ({"tables": {"genre": {"rows": 5}}}, "array 'tables/genre' is missing"),
+    ],
+)
+def test_manifest_that_does_not_match_the_arrays(copy, changes, message):
+    edit_manifest(copy, **changes)
+    with pytest.raises(InputError, match=message):
+        Dataset.open(copy)
+
+
+def test_garbage_manifest(copy):
+    (copy / "manifest.json").write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON"):
+        Dataset.open(copy)
+
+
+def test_blocks_are_chunk_aligned_and_cover_every_event(store):
+    ds = Dataset.open(store)
+    for parts in (1, 2, 7):
+        blocks = ds.blocks("item", parts)
+        assert blocks[0][0] == 0 and blocks[-1][1] == ds.info.interactions
+        assert all(a < b for a, b in blocks)
+        assert all(b0[1] == b1[0] for b0, b1 in zip(blocks, blocks[1:]))
+        assert all(a % ds.chunk_events("item") == 0 for a, _ in blocks)
