@@ -8,33 +8,44 @@ through the client.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from distributed import Client, wait
 
 from shardflow.counting import TableStats, count_ids, table_stats
-from storage.dataset import Dataset, read_ids
+from storage.dataset import Dataset, open_ids
 from storage.profile import finish_profile, start_profile, write_counts
 from storage.staging import check_destination, staged
 
-# Ids read per step inside one block: 64 MiB of int32, a few chunks at a time.
-READ_STEP = 1 << 24
-
-
 def count_block(dataset: str, table: str, rows: int, start: int, stop: int) -> np.ndarray:
-    """Counts of every row of `table` over events [start, stop)."""
+    """Counts of every row of `table` over events [start, stop), one chunk at a time.
+
+    The next chunk is read and decoded in a helper thread while this one is counted
+    (decompression releases the GIL), so reading hides behind counting.
+    """
+    column = open_ids(dataset, table)
+    step = column.chunks[0]
+    starts = range(start, stop, step)
     counts = np.zeros(rows, dtype=np.int64)
-    for a in range(start, stop, READ_STEP):
-        b = min(stop, a + READ_STEP)
-        ids = read_ids(dataset, table, a, b)
-        counts += count_ids(ids, rows, where=f"{dataset}/tables/{table}", first_position=a)
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        ahead = reader.submit(column.__getitem__, slice(start, min(stop, start + step)))
+        for a in starts:
+            ids = ahead.result()
+            if a + step < stop:
+                ahead = reader.submit(column.__getitem__, slice(a + step, min(stop, a + 2 * step)))
+            count_ids(ids, rows, where=f"{dataset}/tables/{table}", first_position=a, out=counts)
     return counts
 
 
 def sum_and_write(stage: str, table: str, *blocks: np.ndarray) -> tuple[dict, str]:
-    counts = blocks[0].copy() if len(blocks) == 1 else np.sum(blocks, axis=0)
-    return table_stats(counts).to_dict(), write_counts(stage, table, counts)
+    """Sum a table's block counts; write them while their statistics are computed."""
+    counts = blocks[0] if len(blocks) == 1 else np.sum(blocks, axis=0)
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        digest = writer.submit(write_counts, stage, table, counts)
+        stats = table_stats(counts).to_dict()
+        return stats, digest.result()
 
 
 def check_inputs(dataset: str | Path, out: str | Path, *, overwrite: bool) -> Dataset:

@@ -25,7 +25,7 @@ class ArrayHash:
                 encoded = str(value).encode()
                 self._h.update(len(encoded).to_bytes(8, "little") + encoded)
         else:
-            self._h.update(np.ascontiguousarray(block, dtype=self._dtype.newbyteorder("<")).tobytes())
+            self._h.update(np.ascontiguousarray(block, dtype=self._dtype.newbyteorder("<")).data)
 
     def hexdigest(self) -> str:
         return self._h.hexdigest()

@@ -276,6 +276,6 @@ def _count(value, name: str, where: Path) -> int:
     return value
 
 
-def read_ids(path: str | Path, table: str, start: int, stop: int) -> np.ndarray:
-    """Ids [start, stop) of one table of a dataset already validated by `Dataset.open`."""
-    return zarr.open_array(str(Path(path) / "tables" / table), mode="r")[start:stop]
+def open_ids(path: str | Path, table: str) -> zarr.Array:
+    """The id column of one table of a dataset already validated by `Dataset.open`."""
+    return zarr.open_array(str(Path(path) / "tables" / table), mode="r")

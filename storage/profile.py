@@ -15,6 +15,7 @@ import zarr
 from shardflow.counting import TableStats
 from shardflow.errors import InputError
 from storage.checksum import ArrayHash, combine
+from storage.dataset import COMPRESSORS
 from storage.manifest import read_manifest, write_manifest
 
 KIND = "profile"
@@ -31,7 +32,11 @@ def write_counts(stage: str | Path, table: str, counts: np.ndarray) -> str:
     """Write one table's counts (its only writer); returns their content digest."""
     path = f"counts/{table}"
     arr = zarr.open_group(str(stage), mode="a").create_array(
-        path, shape=counts.shape, dtype=np.int64, chunks=(min(ROWS_PER_CHUNK, counts.size),)
+        path,
+        shape=counts.shape,
+        dtype=np.int64,
+        chunks=(min(ROWS_PER_CHUNK, counts.size),),
+        compressors=COMPRESSORS,
     )
     arr[:] = counts
     h = ArrayHash(path, arr.dtype, arr.shape)
