@@ -1,0 +1,186 @@
+"""Expected bytes per training step between every pair of devices, and the time they take.
+
+This is the contract the training engine keeps. One step: a global batch of B examples,
+B/P per trainer; a table with lookups-per-example λ gives each trainer m = λ·B/P
+lookups, row r read by each with probability p_r (profile classes, access.py).
+
+All-to-all ("lookup") part. A trainer reads every row it needs from the nearest copy:
+its own device (global rows, and rows whose copy lives on it: no traffic), its node's
+replica (node rows), or the row's home (single rows). For every row read remotely it
+sends the id (ID_BYTES), receives the row (4·dim), and after backward sends the id and
+the gradient (ID_BYTES + 4·dim). With de-duplication scope `none` this happens once
+per occurrence (m·p_r expected per trainer), with scope `device` once per distinct row
+of the sub-batch (probability q_r = 1 - (1 - p_r)^m).
+
+Sync part. Replicas must apply identical updates, so a replicated row's gradient is
+reduced to one place and the sum sent back to every copy, one message of
+(ID_BYTES + 4·dim) per hop:
+  node rows   each non-primary node's replica sends its node's partial sum to the
+              primary copy if any trainer of that node read the row; the primary sends
+              the total to every other node's replica if anyone read it;
+  global rows inside each node, every device that read the row sends its partial sum
+              to the node's leader, the leaders reduce to the primary and get the total
+              back as above, and each leader sends the total to the other devices of its
+              node. Single rows need no sync: their one owner applies the update.
+Partial sums are per row and device, whatever the scope.
+
+Time. A byte between two devices of one node uses the sender's and the receiver's
+intra-node ports; between nodes, the sender node's uplink out and the receiver node's
+uplink in (full duplex). Modeled communication time per step is the busiest of those
+links: its bytes over its bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardflow.errors import InputError
+from shardflow.planner.access import TableAccess
+from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, ShardingPlan, replica_device
+from shardflow.planner.topology import Topology
+
+DEDUP_SCOPES = ("none", "device")
+ROWS_PER_PASS = 1 << 24  # rows aggregated at a time: bounds memory for 10^8-row tables
+
+
+@dataclass(frozen=True)
+class StepShape:
+    batch_size: int
+    dim: int
+    dedup: str = "device"
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "dim"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise InputError(f"{name} = {v!r}; accepted: an integer >= 1")
+        if self.dedup not in DEDUP_SCOPES:
+            raise InputError(f"dedup scope {self.dedup!r}; accepted: {', '.join(DEDUP_SCOPES)}")
+
+    @property
+    def message_bytes(self) -> int:
+        """One id with one row or gradient."""
+        return ID_BYTES + VALUE_BYTES * self.dim
+
+
+@dataclass(frozen=True)
+class ClassRates:
+    """Per class of rows of one table: expected wire units and touch probabilities per step."""
+
+    x: np.ndarray  # remote-read units per trainer: occurrences (none) or P(read) (device)
+    q: np.ndarray  # P(one trainer reads the row)
+    q_node: np.ndarray  # [nodes, C]: P(some trainer of the node reads it)
+    q_any: np.ndarray  # P(some trainer reads it)
+
+
+def class_rates(access: TableAccess, topology: Topology, shape: StepShape) -> ClassRates:
+    m = access.lookups_per_example * shape.batch_size / topology.devices
+    log_miss = np.log1p(-np.minimum(access.class_prob, 1.0 - 1e-300))
+
+    def touched(lookups: float) -> np.ndarray:
+        return -np.expm1(lookups * log_miss)
+
+    q = touched(m)
+    return ClassRates(
+        x=m * access.class_prob if shape.dedup == "none" else q,
+        q=q,
+        q_node=np.stack([touched(m * n) for n in topology.node_devices]),
+        q_any=touched(m * topology.devices),
+    )
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    lookup_pairs: np.ndarray  # [P, P] expected bytes per step, sender -> receiver
+    sync_pairs: np.ndarray
+    same_node: np.ndarray  # [P, P] bool
+    comm_time_s_per_step: float
+    busiest_link: str
+
+    @property
+    def lookup_bytes_per_step(self) -> float:
+        return float(self.lookup_pairs.sum())
+
+    @property
+    def sync_bytes_per_step(self) -> float:
+        return float(self.sync_pairs.sum())
+
+    @property
+    def bytes_per_step(self) -> float:
+        return self.lookup_bytes_per_step + self.sync_bytes_per_step
+
+    @property
+    def inter_node_bytes_per_step(self) -> float:
+        return float(((self.lookup_pairs + self.sync_pairs) * ~self.same_node).sum())
+
+    def device_bytes_per_step(self) -> np.ndarray:
+        """Bytes each device sends plus receives."""
+        pairs = self.lookup_pairs + self.sync_pairs
+        return pairs.sum(axis=1) + pairs.sum(axis=0)
+
+
+class CostModel:
+    def __init__(self, topology: Topology, shape: StepShape) -> None:
+        self.topology = topology
+        self.shape = shape
+        node = topology.node_of_device
+        self._same_node = node[:, None] == node[None, :]
+        self._peers = self._same_node & ~np.eye(topology.devices, dtype=bool)
+
+    def rates(self, access: TableAccess) -> ClassRates:
+        return class_rates(access, self.topology, self.shape)
+
+    def evaluate(self, plan: ShardingPlan, accesses: dict[str, TableAccess]) -> PlanCost:
+        topo, P = self.topology, self.topology.devices
+        a, v = ID_BYTES, VALUE_BYTES * self.shape.dim
+        msg = a + v
+        single_load = np.zeros(P)  # remote-read units served by each home, per trainer
+        node_load = np.zeros(P)  # ... by each node replica, per trainer of its node
+        reduce_in = np.zeros(P)  # global rows: P(a device reads) summed per node leader
+        bcast_out = np.zeros(P)  # global rows: P(anyone reads) summed per node leader
+        sync = np.zeros(P * P)
+        for table in plan.tables:
+            rates = self.rates(accesses[table.name])
+            for s in range(0, table.rows, ROWS_PER_PASS):
+                cls = accesses[table.name].row_class[s : s + ROWS_PER_PASS]
+                tier = table.tier[s : s + ROWS_PER_PASS]
+                home = table.home[s : s + ROWS_PER_PASS].astype(np.int64)
+                single = tier == SINGLE
+                single_load += np.bincount(home[single], rates.x[cls[single]], minlength=P)
+                repl = ~single
+                r_home, r_cls, r_tier = home[repl], cls[repl], tier[repl]
+                primary = topo.node_of_device[r_home]
+                for node in range(len(topo.nodes)):
+                    device = replica_device(r_home, topo, node)
+                    is_node, is_global = r_tier == NODE, r_tier == GLOBAL
+                    node_load += np.bincount(device[is_node], rates.x[r_cls[is_node]], minlength=P)
+                    reduce_in += np.bincount(device[is_global], rates.q[r_cls[is_global]], minlength=P)
+                    bcast_out += np.bincount(device[is_global], rates.q_any[r_cls[is_global]], minlength=P)
+                    other = primary != node
+                    up = device[other] * P + r_home[other]
+                    down = r_home[other] * P + device[other]
+                    sync += np.bincount(up, rates.q_node[node][r_cls[other]] * msg, minlength=P * P)
+                    sync += np.bincount(down, rates.q_any[r_cls[other]] * msg, minlength=P * P)
+        off_diag = ~np.eye(P, dtype=bool)
+        lookup = off_diag * ((2 * a + v) * single_load[None, :] + v * single_load[:, None])
+        lookup += self._peers * ((2 * a + v) * node_load[None, :] + v * node_load[:, None])
+        sync = sync.reshape(P, P) + self._peers * msg * (reduce_in[None, :] + bcast_out[:, None])
+        time, link = self._time(lookup + sync)
+        return PlanCost(lookup, sync, self._same_node, time, link)
+
+    def _time(self, pairs: np.ndarray) -> tuple[float, str]:
+        topo = self.topology
+        intra = pairs * self._same_node
+        inter = pairs * ~self._same_node
+        intra_s = np.maximum(intra.sum(axis=1), intra.sum(axis=0)) / topo.intra_bytes_per_s
+        starts = topo.node_start
+        up_s = (
+            np.maximum(np.add.reduceat(inter.sum(axis=1), starts), np.add.reduceat(inter.sum(axis=0), starts))
+            / topo.uplink_bytes_per_s
+        )
+        d, n = int(np.argmax(intra_s)), int(np.argmax(up_s))
+        if up_s[n] > intra_s[d]:
+            return float(up_s[n]), f"uplink of node {topo.nodes[n].name}"
+        return float(intra_s[d]), f"intra-node port of device {d}"

@@ -1,0 +1,134 @@
+"""Where rows live: tiers from per-class counts, homes for replicated and single rows.
+
+Replicated rows are homed round-robin in order of falling access probability, so
+every device leads about the same share of sync. Single rows are dealt out in order of
+falling load: the hottest ones by weights that give a node with a slow uplink less of
+the traffic (water-filling on the uplinks' bytes), the rest round-robin, and rows a
+device has no room for move to devices that have.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardflow.errors import InputError
+from shardflow.planner.access import TableAccess
+from shardflow.planner.costmodel import CostModel
+from shardflow.planner.plan import GLOBAL, NODE, SINGLE, TablePlan, replica_device
+from shardflow.planner.topology import Topology
+
+HOT_ROWS = 1 << 20  # rows dealt by load weights; the rest carry little load each
+
+
+def tiers_from_counts(access: TableAccess, global_rows: np.ndarray, node_rows: np.ndarray) -> np.ndarray:
+    """Per row: the first global_rows[c] rows (by id) of class c are global, the next node_rows[c] node."""
+    order = np.argsort(access.row_class, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(access.class_rows)[:-1]])
+    rank = np.empty(access.rows, dtype=np.int64)
+    rank[order] = np.arange(access.rows) - starts[access.row_class[order]]
+    g = global_rows[access.row_class]
+    return np.where(rank < g, GLOBAL, np.where(rank < g + node_rows[access.row_class], NODE, SINGLE)).astype(np.int8)
+
+
+def by_falling_probability(access: TableAccess, mask: np.ndarray) -> np.ndarray:
+    """Row ids where `mask` holds, most-read first (ties by id)."""
+    rows = np.flatnonzero(mask)
+    class_rank = np.empty(access.class_prob.size, dtype=np.int32)
+    class_rank[np.argsort(-access.class_prob, kind="stable")] = np.arange(access.class_prob.size)
+    return rows[np.argsort(class_rank[access.row_class[rows]], kind="stable")]
+
+
+def serpentine(n: int, P: int) -> np.ndarray:
+    """0, 1, ..., P-1, P-1, ..., 0, 0, 1, ...: dealing rows of falling load this way evens the sums."""
+    i = np.arange(n, dtype=np.int64)
+    lap, pos = np.divmod(i, P)
+    return np.where(lap % 2 == 0, pos, P - 1 - pos)
+
+
+def strided(weights: np.ndarray, n: int) -> np.ndarray:
+    """A sequence of n devices where device d appears about n·weights[d] times, evenly spread
+    (stride scheduling: the k-th turn of device d comes at (k + 1/2) / weight)."""
+    weights = np.asarray(weights, dtype=np.float64) / np.sum(weights)
+    per = np.ceil(weights * n).astype(np.int64) + 1
+    device = np.repeat(np.arange(weights.size), per)
+    k = np.arange(device.size) - np.repeat(np.cumsum(per) - per, per)
+    with np.errstate(divide="ignore"):
+        finish = (k + 0.5) / weights[device]
+    return device[np.argsort(finish, kind="stable")[:n]]
+
+
+def uplink_weights(topology: Topology, model: CostModel) -> np.ndarray:
+    """Share of single-row load per device that evens out the uplinks' time.
+
+    Node A's uplink carries about n_A·W (its trainers' reads from elsewhere) plus
+    (P - 2·n_A)·W_A (others' reads from it, net of its own) for single-row load W_A of W.
+    Water-filling on that when every node has P > 2·n_A; otherwise (one or two nodes)
+    the split does not change the uplinks and devices share equally.
+    """
+    P, n = topology.devices, topology.node_devices
+    coef = P - 2 * n
+    bw = topology.uplink_bytes_per_s
+    if len(n) < 3 or (coef <= 0).any() or np.allclose(bw, bw[0]):
+        return np.full(P, 1.0 / P)
+    lo, hi = 0.0, float(((n + coef) / bw).max())
+    for _ in range(60):
+        t = (lo + hi) / 2
+        share = np.clip((t * bw - n) / coef, 0.0, None)
+        lo, hi = (t, hi) if share.sum() < 1 else (lo, t)
+    share = np.clip((hi * bw - n) / coef, 0.0, None)
+    share /= share.sum()
+    return np.repeat(share / n, n)
+
+
+def place_replicated(access: TableAccess, tier: np.ndarray, home: np.ndarray, P: int) -> None:
+    rows = by_falling_probability(access, tier != SINGLE)
+    home[rows] = serpentine(rows.size, P)
+
+
+def place_single(
+    access: TableAccess, tier: np.ndarray, home: np.ndarray, weights: np.ndarray, room: np.ndarray, x: np.ndarray
+) -> None:
+    """Home every single row of one table; `room` (rows free per device) is reduced in place."""
+    P = room.size
+    rows = by_falling_probability(access, tier == SINGLE)
+    if rows.size > room.sum():
+        raise InputError(f"table '{access.name}': {rows.size} single rows but room for {int(room.sum())}")
+    load = x[access.row_class[rows]]
+    cum = np.cumsum(load)
+    hot = min(int(np.searchsorted(cum, 0.99 * cum[-1])) + 1 if cum[-1] > 0 else 0, HOT_ROWS, rows.size)
+    if np.allclose(weights, weights[0]):
+        device = serpentine(rows.size, P)
+    else:
+        device = np.concatenate([strided(weights, hot), serpentine(rows.size - hot, P)])
+    # Move the coldest rows of any device over its room to devices with room to spare.
+    count = np.bincount(device, minlength=P)
+    excess = np.maximum(count - room, 0)
+    if excess.any():
+        rank = np.empty(rows.size, dtype=np.int64)
+        order = np.argsort(device, kind="stable")
+        rank[order] = np.arange(rows.size) - np.repeat(np.cumsum(count) - count, count)
+        movers = np.flatnonzero(rank >= (count - excess)[device])
+        spare = np.maximum(room - count, 0)
+        device[movers] = np.repeat(np.arange(P), spare)[: movers.size]
+    home[rows] = device
+    room -= np.bincount(device, minlength=P)
+
+
+def place(
+    accesses: list[TableAccess], tiers: list[np.ndarray], topology: Topology, budget_rows: int, model: CostModel
+) -> list[TablePlan]:
+    P = topology.devices
+    homes = [np.zeros(a.rows, dtype=np.int32) for a in accesses]
+    room = np.full(P, budget_rows, dtype=np.int64)
+    for acc, tier, home in zip(accesses, tiers, homes):
+        place_replicated(acc, tier, home, P)
+        room -= int(np.count_nonzero(tier == GLOBAL))
+        node_homes = home[tier == NODE].astype(np.int64)
+        for a in range(len(topology.nodes)):
+            room -= np.bincount(replica_device(node_homes, topology, a), minlength=P)
+    weights = uplink_weights(topology, model)
+    for acc, tier, home in zip(accesses, tiers, homes):
+        place_single(acc, tier, home, weights, room, model.rates(acc).x)
+    return [TablePlan(a.name, t, h) for a, t, h in zip(accesses, tiers, homes)]
+
+

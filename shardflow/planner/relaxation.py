@@ -1,0 +1,164 @@
+"""The fractional tier choice: FlexShard's tiers, and the lower bound on communication time.
+
+Per class of rows and per tier, the bytes a row causes on inter-node links (I) and on
+intra-node links (J), at their least over every placement (perfect balance):
+
+    single  I = x·w·(P - n_max)          J = x·w·(n_min - 1)
+    node    I = s·(Σ_A qA - max_A qA + (N-1)·q_any)
+            J = x·w·(P - N)
+    global  I = same as node              J = s·(P - N)·(q + q_any)
+
+with w = 2·id + 2·4·dim (one remote read and its gradient), s = id + 4·dim (one sync
+message), x, q, qA, q_any the class rates of costmodel.py. Every byte leaves through one
+device port (intra) or one node uplink (inter), so any plan's time is at least
+T = max(ΣI / Σ uplinks, ΣJ / (P · intra)). Replication costs memory: a node row takes N
+slots, a global row P, a single row 1, against the budget summed over devices.
+
+Relaxing tiers to fractions gives a linear program; for a weight θ its scalarised form
+min θ·ΣI/ΣBW + (1-θ)·ΣJ/(P·bw) is a multiple-choice knapsack whose LP optimum the
+greedy below finds exactly (upgrades along each class's lower convex hull, best saving
+per slot first, the last one fractional). Every LP(θ) is a lower bound on T over all
+plans with the memory, scope and cost model given; the bound is their maximum over θ
+(LP(θ) is concave). FlexShard takes the greedy's integral solution (a split class is
+split by whole rows: its rows are interchangeable) at the θ whose solution has the
+smallest T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardflow.planner.access import TableAccess
+from shardflow.planner.costmodel import CostModel
+from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES
+
+GOLDEN = (np.sqrt(5) - 1) / 2
+
+
+@dataclass(frozen=True)
+class TierCosts:
+    """Classes of all tables, concatenated: rows, and inter/intra bytes per row for each tier."""
+
+    rows: np.ndarray  # int64 [C]
+    inter: np.ndarray  # float64 [3, C], by tier SINGLE, NODE, GLOBAL
+    intra: np.ndarray  # float64 [3, C]
+    slots: np.ndarray  # int64 [3]: copies per row in each tier
+    allowed: np.ndarray  # bool [3]: tiers this topology distinguishes
+    up_bytes_per_s: float  # all uplinks together
+    intra_bytes_per_s: float  # all device ports together
+
+    def time(self, tier_rows: np.ndarray) -> float:
+        """Lower-bound time of a (possibly fractional) assignment: rows of each class per tier [3, C]."""
+        inter = float((tier_rows * self.inter).sum()) / self.up_bytes_per_s
+        intra = float((tier_rows * self.intra).sum()) / self.intra_bytes_per_s
+        return max(inter, intra)
+
+
+def tier_costs(accesses: list[TableAccess], model: CostModel) -> TierCosts:
+    topo = model.topology
+    P, N = topo.devices, len(topo.nodes)
+    n = topo.node_devices
+    a, v = ID_BYTES, VALUE_BYTES * model.shape.dim
+    read, msg = 2 * a + 2 * v, a + v
+    parts = []
+    for acc in accesses:
+        r = model.rates(acc)
+        repl_inter = msg * (r.q_node.sum(axis=0) - r.q_node.max(axis=0) + (N - 1) * r.q_any)
+        parts.append(
+            (
+                acc.class_rows,
+                np.stack([r.x * read * (P - n.max()), repl_inter, repl_inter]),
+                np.stack([r.x * read * (n.min() - 1), r.x * read * (P - N), msg * (P - N) * (r.q + r.q_any)]),
+            )
+        )
+    return TierCosts(
+        rows=np.concatenate([p[0] for p in parts]),
+        inter=np.concatenate([p[1] for p in parts], axis=1),
+        intra=np.concatenate([p[2] for p in parts], axis=1),
+        slots=np.array([1, N, P], dtype=np.int64),
+        # With one node a node copy is a single copy; with one device per node it is a global one.
+        allowed=np.array([True, 1 < N < P, P > 1]),
+        up_bytes_per_s=float(topo.uplink_bytes_per_s.sum()) if N > 1 else np.inf,
+        intra_bytes_per_s=topo.intra_bytes_per_s * P,
+    )
+
+
+def greedy(costs: TierCosts, theta: float, spare_slots: int) -> tuple[np.ndarray, float]:
+    """LP optimum of the θ-scalarised problem: (rows of each class per tier [3, C], LP value).
+
+    The assignment is integral except that the last upgrade may cover only part of a
+    class's rows (a whole number of them).
+    """
+    inter_w = theta / costs.up_bytes_per_s if np.isfinite(costs.up_bytes_per_s) else 0.0
+    cost = inter_w * costs.inter + (1 - theta) / costs.intra_bytes_per_s * costs.intra
+    cost[~costs.allowed] = np.inf
+    s = costs.slots
+    C = costs.rows.size
+    # Upgrade steps along each class's lower convex hull: single -> node -> global, or single -> global.
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e_sn = (cost[SINGLE] - cost[NODE]) / max(s[NODE] - s[SINGLE], 1)
+        e_ng = (cost[NODE] - cost[GLOBAL]) / max(s[GLOBAL] - s[NODE], 1)
+        e_sg = (cost[SINGLE] - cost[GLOBAL]) / max(s[GLOBAL] - s[SINGLE], 1)
+    via_node = costs.allowed[NODE] & (e_sn >= e_sg) & (e_sn > 0)
+    steps_class = np.concatenate([np.flatnonzero(via_node), np.flatnonzero(via_node), np.flatnonzero(~via_node)])
+    steps_from = np.repeat([SINGLE, NODE, SINGLE], [via_node.sum(), via_node.sum(), C - via_node.sum()])
+    steps_to = np.repeat([NODE, GLOBAL, GLOBAL], [via_node.sum(), via_node.sum(), C - via_node.sum()])
+    eff = np.concatenate([e_sn[via_node], e_ng[via_node], e_sg[~via_node]])
+    keep = (eff > 0) & np.isfinite(eff)
+    steps_class, steps_from, steps_to, eff = steps_class[keep], steps_from[keep], steps_to[keep], eff[keep]
+    order = np.lexsort((steps_to, -eff))  # best saving per slot first; for a class, node before global
+    steps_class, steps_from, steps_to, eff = steps_class[order], steps_from[order], steps_to[order], eff[order]
+
+    per_row = s[steps_to] - s[steps_from]
+    need = costs.rows[steps_class] * per_row
+    done = np.cumsum(need) <= spare_slots
+    full = int(done.sum()) if done.all() else int(np.argmin(done))
+    tier_rows = np.zeros((3, C), dtype=np.int64)
+    tier_rows[SINGLE] = costs.rows
+    fraction_saving = 0.0
+    _apply(tier_rows, steps_class[:full], steps_from[:full], steps_to[:full], costs.rows[steps_class[:full]])
+    if full < steps_class.size:
+        left = spare_slots - int(need[:full].sum())
+        k = min(int(left // per_row[full]), int(costs.rows[steps_class[full]]))
+        if k > 0:
+            last = slice(full, full + 1)
+            _apply(tier_rows, steps_class[last], steps_from[last], steps_to[last], np.array([k]))
+        # The LP takes the rest of the spare slots as a fraction of one more row.
+        fraction_saving = float(eff[full]) * (left - k * int(per_row[full]))
+    value = float((tier_rows * np.where(np.isfinite(cost), cost, 0.0)).sum()) - fraction_saving
+    return tier_rows, value
+
+
+def _apply(tier_rows, cls, src, dst, k) -> None:
+    np.subtract.at(tier_rows, (src, cls), k)
+    np.add.at(tier_rows, (dst, cls), k)
+
+
+def lower_bound(costs: TierCosts, spare_slots: int, iterations: int = 40) -> float:
+    """max over θ of LP(θ): golden-section search on a concave function of θ."""
+    if not np.isfinite(costs.up_bytes_per_s):
+        return greedy(costs, 0.0, spare_slots)[1]
+    lo, hi = 0.0, 1.0
+    best = max(greedy(costs, 0.0, spare_slots)[1], greedy(costs, 1.0, spare_slots)[1])
+    x1, x2 = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
+    f1, f2 = greedy(costs, x1, spare_slots)[1], greedy(costs, x2, spare_slots)[1]
+    for _ in range(iterations):
+        if f1 < f2:
+            lo, x1, f1 = x1, x2, f2
+            x2 = lo + GOLDEN * (hi - lo)
+            f2 = greedy(costs, x2, spare_slots)[1]
+        else:
+            hi, x2, f2 = x2, x1, f1
+            x1 = hi - GOLDEN * (hi - lo)
+            f1 = greedy(costs, x1, spare_slots)[1]
+    return max(best, f1, f2)
+
+
+def best_tiers(costs: TierCosts, spare_slots: int, grid: int = 33) -> np.ndarray:
+    """The greedy's integral solution with the smallest lower-bound time over a grid of θ."""
+    thetas = np.linspace(0.0, 1.0, grid) if np.isfinite(costs.up_bytes_per_s) else [0.0]
+    candidates = [greedy(costs, t, spare_slots)[0] for t in thetas]
+    times = [costs.time(c) for c in candidates]
+    return candidates[int(np.argmin(times))]

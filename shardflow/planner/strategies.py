@@ -1,0 +1,156 @@
+"""Sharding strategies: one protocol, one verb, compared like for like.
+
+    plan(accesses, topology, budget_bytes, model) -> ShardingPlan
+
+None mutates its inputs. `propose` runs one by name and refuses a plan that does not
+fit the per-device budget, naming the shortfall.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import numpy as np
+
+from shardflow.errors import InputError
+from shardflow.planner.access import TableAccess
+from shardflow.planner.costmodel import CostModel
+from shardflow.planner.placement import place, tiers_from_counts
+from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
+from shardflow.planner.relaxation import best_tiers, tier_costs
+from shardflow.planner.topology import Topology
+
+# Rows kept free per device in FlexShard's knapsack: round-robin homes of replicated rows
+# may put a few more on one device than the aggregate count says.
+ROUNDING_ROWS_PER_DEVICE = 4
+
+
+class Strategy(Protocol):
+    name: str
+
+    def plan(
+        self, accesses: list[TableAccess], topology: Topology, budget_bytes: int, model: CostModel
+    ) -> ShardingPlan: ...
+
+
+def _single(name: str, rows: int, home: np.ndarray) -> TablePlan:
+    return TablePlan(name, np.full(rows, SINGLE, dtype=np.int8), home.astype(np.int32))
+
+
+class RowWiseMod:
+    """Caffe2's parameter-server sharding: shard = id % S, local row = id // S."""
+
+    name = "row-wise-mod"
+
+    def plan(self, accesses, topology, budget_bytes, model):
+        P = topology.devices
+        return ShardingPlan(self.name, tuple(_single(a.name, a.rows, np.arange(a.rows) % P) for a in accesses))
+
+
+class RowWiseBlock:
+    """TorchRec's row-wise: device d holds the contiguous rows [d·ceil(R/S), (d+1)·ceil(R/S))."""
+
+    name = "row-wise-block"
+
+    def plan(self, accesses, topology, budget_bytes, model):
+        P = topology.devices
+        return ShardingPlan(
+            self.name, tuple(_single(a.name, a.rows, np.arange(a.rows) // math.ceil(a.rows / P)) for a in accesses)
+        )
+
+
+class TableWise:
+    """Whole tables to devices: heaviest expected load first, each to the least-loaded device with room."""
+
+    name = "table-wise"
+
+    def plan(self, accesses, topology, budget_bytes, model):
+        P = topology.devices
+        budget_rows = budget_bytes // row_bytes(model.shape.dim)
+        load = np.zeros(P)
+        used = np.zeros(P, dtype=np.int64)
+        homes = {}
+        expected = {a.name: float((a.class_rows * model.rates(a).x).sum()) for a in accesses}
+        for a in sorted(accesses, key=lambda a: (-expected[a.name], a.name)):
+            fits = np.flatnonzero(used + a.rows <= budget_rows)
+            if fits.size == 0:
+                short = (int(used.min()) + a.rows - budget_rows) * row_bytes(model.shape.dim)
+                raise InputError(
+                    f"table-wise: table '{a.name}' ({a.rows:,} rows) fits on no device: it needs {short:,} bytes more "
+                    f"than the budget of {budget_bytes:,} bytes per device leaves; accepted: a larger "
+                    "device_memory_bytes or --memory-slack, or a row-wise strategy"
+                )
+            d = int(fits[np.argmin(load[fits])])
+            homes[a.name] = d
+            load[d] += expected[a.name]
+            used[d] += a.rows
+        return ShardingPlan(self.name, tuple(_single(a.name, a.rows, np.full(a.rows, homes[a.name])) for a in accesses))
+
+
+class FlexShard:
+    """Tiered per-row replication from the relaxation, placed for the uneven links.
+
+    Returns the fastest (by the cost model) of its tiered plan, the same placement with
+    no replication, and row-wise-mod's placement: never slower than row-wise-mod.
+    """
+
+    name = "flexshard"
+
+    def plan(self, accesses, topology, budget_bytes, model):
+        P = topology.devices
+        budget_rows = budget_bytes // row_bytes(model.shape.dim)
+        total_rows = sum(a.rows for a in accesses)
+        spare = max(P * budget_rows - total_rows - ROUNDING_ROWS_PER_DEVICE * P, 0)
+        costs = tier_costs(accesses, model)
+        tier_rows = best_tiers(costs, spare)
+        bounds = np.cumsum([0] + [a.class_rows.size for a in accesses])
+        tiers = [
+            tiers_from_counts(a, tier_rows[2, s:e], tier_rows[1, s:e]) for a, s, e in zip(accesses, bounds, bounds[1:])
+        ]
+        flat = [np.full(a.rows, SINGLE, dtype=np.int8) for a in accesses]
+        candidates = [
+            ShardingPlan(self.name, tuple(place(accesses, tiers, topology, budget_rows, model))),
+            ShardingPlan(self.name, tuple(place(accesses, flat, topology, budget_rows, model))),
+            ShardingPlan(self.name, RowWiseMod().plan(accesses, topology, budget_bytes, model).tables),
+        ]
+        by_name = {a.name: a for a in accesses}
+        times = [model.evaluate(c, by_name).comm_time_s_per_step for c in candidates]
+        return candidates[int(np.argmin(times))]
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (TableWise(), RowWiseMod(), RowWiseBlock(), FlexShard())}
+
+
+def budget_bytes_per_device(accesses: list[TableAccess], topology: Topology, dim: int, slack: float) -> int:
+    """device_memory_bytes if the topology gives it, else row-wise-mod's per-device bytes × (1 + slack)."""
+    if not (isinstance(slack, (int, float)) and math.isfinite(slack) and slack >= 0):
+        raise InputError(f"memory slack = {slack!r}; accepted: a number >= 0 (0.1 = 10% over row-wise-mod)")
+    if topology.device_memory_bytes is not None:
+        return topology.device_memory_bytes
+    rows = sum(math.ceil(a.rows / topology.devices) for a in accesses)
+    return int(rows * row_bytes(dim) * (1 + slack))
+
+
+def propose(
+    strategy: str, accesses: list[TableAccess], topology: Topology, budget_bytes: int, model: CostModel
+) -> ShardingPlan:
+    if strategy not in STRATEGIES:
+        raise InputError(f"strategy {strategy!r}; accepted: {', '.join(STRATEGIES)}")
+    total = sum(a.rows for a in accesses) * row_bytes(model.shape.dim)
+    capacity = budget_bytes * topology.devices
+    if total > capacity:
+        raise InputError(
+            f"the tables need {total:,} bytes but {topology.devices} devices × {budget_bytes:,} bytes hold "
+            f"{capacity:,}: short by {total - capacity:,} bytes; accepted: a larger device_memory_bytes, "
+            "more devices, or a smaller --dim"
+        )
+    plan = STRATEGIES[strategy].plan(accesses, topology, budget_bytes, model)
+    memory = plan.memory_bytes_per_device(topology, model.shape.dim)
+    d = int(np.argmax(memory))
+    if memory[d] > budget_bytes:
+        raise InputError(
+            f"{strategy}: device {d} needs {int(memory[d]):,} bytes, over the budget of {budget_bytes:,} bytes "
+            f"per device by {int(memory[d]) - budget_bytes:,}; accepted: a larger device_memory_bytes or --memory-slack"
+        )
+    return plan
