@@ -100,6 +100,43 @@ def _print_profile(s: dict) -> None:
         )
 
 
+def _cmd_plan(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from shardflow.planner.costmodel import StepShape
+    from shardflow.planner.topology import load_topology
+    from shardflow.planning import make_plan
+
+    topology = load_topology(args.topology)
+    shape = StepShape(args.batch_size, args.dim, args.dedup)
+    out = args.out or str(Path(args.profile).resolve().parent / f"plan-{args.strategy}")
+    summary = make_plan(
+        args.profile,
+        out,
+        topology,
+        strategy=args.strategy,
+        shape=shape,
+        memory_slack=args.memory_slack,
+        history=args.history,
+        negatives=args.negatives,
+        overwrite=args.overwrite,
+    )
+    return {"plan": out, **summary}
+
+
+def _print_plan(s: dict) -> None:
+    mb = 1e6
+    memory = s["memory_bytes_per_device"]
+    print(f"plan {s['plan']}: {s['strategy']} on {s['devices']} devices, de-duplication scope '{s['dedup']}'")
+    print(f"  tiers            global {s['tiers']['global']:,}  node {s['tiers']['node']:,}  single {s['tiers']['single']:,}")
+    print(f"  memory/device    max {max(memory) / mb:,.1f} MB of a {s['budget_bytes_per_device'] / mb:,.1f} MB budget")
+    print(f"  bytes/step       lookup {s['lookup_bytes_per_step'] / mb:,.3f} MB  sync {s['sync_bytes_per_step'] / mb:,.3f} MB"
+          f"  inter-node {s['inter_node_bytes_per_step'] / mb:,.3f} MB")
+    print(f"  comm time/step   {s['comm_time_s_per_step'] * 1e6:,.2f} us (busiest: {s['busiest_link']});"
+          f" row-wise-mod {s['row_wise_mod_comm_time_s_per_step'] * 1e6:,.2f} us;"
+          f" bound {s['lower_bound_comm_time_s_per_step'] * 1e6:,.2f} us; gap closed {s['gap_closed']:.3f}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardflow", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -134,6 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="local cluster size (default: one per core)")
     p.add_argument("--scheduler", help="address of an existing Dask scheduler instead of a local cluster")
     p.add_argument("--overwrite", action="store_true", help="replace a profile already at --out")
+
+    p = command("plan", "shard every row of a profiled dataset over a topology", _cmd_plan, _print_plan)
+    p.add_argument("profile", help="profile store")
+    p.add_argument("--topology", required=True, help="topology YAML file")
+    p.add_argument("--strategy", required=True, choices=["table-wise", "row-wise-mod", "row-wise-block", "flexshard"])
+    p.add_argument("--memory-slack", type=float, default=0.0, help="budget over row-wise-mod's bytes per device")
+    p.add_argument("--batch-size", type=int, default=4096, help="global batch (examples per step)")
+    p.add_argument("--dim", type=int, default=64, help="embedding dimension")
+    p.add_argument("--dedup", choices=["none", "device"], default="device", help="de-duplication scope")
+    p.add_argument("--history", type=int, default=20, help="history window of a training example")
+    p.add_argument("--negatives", type=int, default=4, help="sampled negatives per example")
+    p.add_argument("--out", help="plan store to create (default: plan-STRATEGY beside the profile)")
+    p.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
     return parser
 
 

@@ -77,7 +77,7 @@ class ClassRates:
 
 def class_rates(access: TableAccess, topology: Topology, shape: StepShape) -> ClassRates:
     m = access.lookups_per_example * shape.batch_size / topology.devices
-    log_miss = np.log1p(-np.minimum(access.class_prob, 1.0 - 1e-300))
+    log_miss = np.log1p(-np.minimum(access.class_prob, 1.0 - 2.0**-53))
 
     def touched(lookups: float) -> np.ndarray:
         return -np.expm1(lookups * log_miss)

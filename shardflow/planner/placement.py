@@ -93,9 +93,8 @@ def place_single(
     rows = by_falling_probability(access, tier == SINGLE)
     if rows.size > room.sum():
         raise InputError(f"table '{access.name}': {rows.size} single rows but room for {int(room.sum())}")
-    load = x[access.row_class[rows]]
-    cum = np.cumsum(load)
-    hot = min(int(np.searchsorted(cum, 0.99 * cum[-1])) + 1 if cum[-1] > 0 else 0, HOT_ROWS, rows.size)
+    cum = np.cumsum(x[access.row_class[rows]])
+    hot = min(int(np.searchsorted(cum, 0.99 * cum[-1])) + 1, HOT_ROWS, rows.size) if rows.size else 0
     if np.allclose(weights, weights[0]):
         device = serpentine(rows.size, P)
     else:

@@ -21,9 +21,10 @@ from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.relaxation import best_tiers, tier_costs
 from shardflow.planner.topology import Topology
 
-# Rows kept free per device in FlexShard's knapsack: round-robin homes of replicated rows
-# may put a few more on one device than the aggregate count says.
-ROUNDING_ROWS_PER_DEVICE = 4
+# FlexShard's knapsack counts memory summed over devices; when a placement then overfills a
+# device (round-robin rounding, or a small node holding a copy of every node row), it
+# retries with fewer spare slots, this many times before giving up replication.
+FIT_RETRIES = 12
 
 
 class Strategy(Protocol):
@@ -98,25 +99,41 @@ class FlexShard:
     name = "flexshard"
 
     def plan(self, accesses, topology, budget_bytes, model):
-        P = topology.devices
         budget_rows = budget_bytes // row_bytes(model.shape.dim)
-        total_rows = sum(a.rows for a in accesses)
-        spare = max(P * budget_rows - total_rows - ROUNDING_ROWS_PER_DEVICE * P, 0)
-        costs = tier_costs(accesses, model)
-        tier_rows = best_tiers(costs, spare)
-        bounds = np.cumsum([0] + [a.class_rows.size for a in accesses])
-        tiers = [
-            tiers_from_counts(a, tier_rows[2, s:e], tier_rows[1, s:e]) for a, s, e in zip(accesses, bounds, bounds[1:])
-        ]
         flat = [np.full(a.rows, SINGLE, dtype=np.int8) for a in accesses]
         candidates = [
-            ShardingPlan(self.name, tuple(place(accesses, tiers, topology, budget_rows, model))),
+            self._tiered(accesses, topology, budget_rows, model),
             ShardingPlan(self.name, tuple(place(accesses, flat, topology, budget_rows, model))),
             ShardingPlan(self.name, RowWiseMod().plan(accesses, topology, budget_bytes, model).tables),
         ]
         by_name = {a.name: a for a in accesses}
-        times = [model.evaluate(c, by_name).comm_time_s_per_step for c in candidates]
-        return candidates[int(np.argmin(times))]
+        fits = [c for c in candidates if c is not None and (c.rows_per_device(topology) <= budget_rows).all()]
+        times = [model.evaluate(c, by_name).comm_time_s_per_step for c in fits]
+        return fits[int(np.argmin(times))]
+
+    def _tiered(self, accesses, topology, budget_rows, model) -> ShardingPlan | None:
+        P = topology.devices
+        spare = P * budget_rows - sum(a.rows for a in accesses)
+        costs = tier_costs(accesses, model)
+        bounds = np.cumsum([0] + [a.class_rows.size for a in accesses])
+        for _ in range(FIT_RETRIES):
+            if spare <= 0:
+                return None
+            tier_rows = best_tiers(costs, spare)
+            tiers = [
+                tiers_from_counts(a, tier_rows[2, s:e], tier_rows[1, s:e])
+                for a, s, e in zip(accesses, bounds, bounds[1:])
+            ]
+            try:
+                plan = ShardingPlan(self.name, tuple(place(accesses, tiers, topology, budget_rows, model)))
+            except InputError:
+                over = spare // 4
+            else:
+                over = int(np.maximum(plan.rows_per_device(topology) - budget_rows, 0).max()) * P
+                if over == 0:
+                    return plan
+            spare -= max(over, spare // 4, 1)
+        return None
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (TableWise(), RowWiseMod(), RowWiseBlock(), FlexShard())}

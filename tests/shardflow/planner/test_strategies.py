@@ -1,0 +1,144 @@
+"""Strategies on tiny hand-built topologies (exact placements) and their invariants (property tests)."""
+
+import numpy as np
+import pytest
+from conftest import zipf_access
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardflow.errors import InputError
+from shardflow.planner.access import TableAccess
+from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.plan import GLOBAL, NODE, SINGLE, row_bytes
+from shardflow.planner.report import bound_and_baseline
+from shardflow.planner.shardmap import ShardMap
+from shardflow.planner.strategies import STRATEGIES, budget_bytes_per_device, propose
+from shardflow.planner.topology import Node, Topology, uniform
+
+TWO_BY_TWO = uniform(2, 2, 12.5)
+
+
+def flat(name, rows, lookups=1.0):
+    return TableAccess.from_counts(name, np.ones(rows, dtype=np.int64), lookups)
+
+
+def plan_of(strategy, accesses, topo=TWO_BY_TWO, slack=0.0, shape=StepShape(64, 4, "device")):
+    model = CostModel(topo, shape)
+    budget = budget_bytes_per_device(accesses, topo, shape.dim, slack)
+    return propose(strategy, accesses, topo, budget, model), model, budget
+
+
+def test_row_wise_mod_is_id_mod_s_and_local_is_id_div_s():
+    plan, _, _ = plan_of("row-wise-mod", [flat("t", 10)])
+    assert plan.table("t").home.tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    smap = ShardMap(plan.table("t"), TWO_BY_TWO)
+    owner, local = smap.locate(np.arange(10), device=2)
+    assert owner.tolist() == [i % 4 for i in range(10)]
+    assert local.tolist() == [i // 4 for i in range(10)]
+
+
+def test_row_wise_block_gives_contiguous_ranges():
+    plan, _, _ = plan_of("row-wise-block", [flat("t", 10)])
+    assert plan.table("t").home.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+
+
+def test_table_wise_puts_the_heaviest_table_first_on_the_least_loaded_device():
+    tables = [flat("a", 4, 1.0), flat("b", 4, 5.0), flat("c", 4, 3.0), flat("d", 4, 2.0), flat("e", 4, 0.5)]
+    plan, _, _ = plan_of("table-wise", tables, slack=10.0)
+    homes = {t.name: set(t.home.tolist()) for t in plan.tables}
+    # b (heaviest) -> 0, c -> 1, d -> 2, a -> 3, e -> the least loaded: device 3 (a, lightest so far)
+    assert homes == {"b": {0}, "c": {1}, "d": {2}, "a": {3}, "e": {3}}
+
+
+def test_a_plan_that_cannot_fit_names_the_shortfall():
+    with pytest.raises(InputError, match=r"table-wise: table 't' \(10 rows\) fits on no device"):
+        plan_of("table-wise", [flat("t", 10)])
+    topo = Topology(TWO_BY_TWO.nodes, 600.0, device_memory_bytes=2 * row_bytes(4))
+    with pytest.raises(InputError, match=r"short by 20 bytes"):
+        plan_of("row-wise-mod", [flat("t", 9)], topo=topo)
+    with pytest.raises(InputError, match=r"strategy 'random'; accepted: table-wise, row-wise-mod"):
+        plan_of("random", [flat("t", 9)])
+    with pytest.raises(InputError, match=r"memory slack = -0.1"):
+        budget_bytes_per_device([flat("t", 9)], TWO_BY_TWO, 4, -0.1)
+
+
+def test_flexshard_replicates_the_hot_row_everywhere_when_lookups_are_not_deduplicated():
+    # One row read by almost every lookup; 1 spare row per device (slack) pays for a global copy.
+    counts = np.array([10_000] + [1] * 15)
+    access = TableAccess.from_counts("t", counts, 8.0)
+    topo = uniform(1, 4, 12.5)
+    plan, model, _ = plan_of("flexshard", [access], topo=topo, slack=0.5, shape=StepShape(64, 4, "none"))
+    t = plan.table("t")
+    assert t.tier[0] == GLOBAL and (t.tier[1:] == SINGLE).all()
+    # 15 single rows over 4 devices: 4, 4, 4, 3, dealt in serpentine order.
+    assert sorted(np.bincount(t.home[1:], minlength=4).tolist()) == [3, 4, 4, 4]
+
+
+def test_flexshard_replicates_per_node_when_a_global_copy_costs_too_much_memory():
+    counts = np.array([10_000, 9_000] + [1] * 34)
+    access = TableAccess.from_counts("t", counts, 8.0)
+    topo = uniform(2, 4, 1.0)
+    # budget: ceil(36/8) = 5 rows per device, 40 in all: 4 spare. A global copy needs 7 more
+    # copies, a node copy 1: the two hot rows get a copy on each node.
+    plan, _, _ = plan_of("flexshard", [access], topo=topo, slack=0.0, shape=StepShape(256, 4, "none"))
+    t = plan.table("t")
+    assert t.tier[0] == NODE and t.tier[1] == NODE
+    assert (t.tier[2:] == SINGLE).all()
+
+
+def test_flexshard_gives_a_slow_node_less_traffic():
+    # Three nodes; the last uplink is 10x slower: it should home far less single-row load.
+    topo = Topology((Node("a", 2, 10.0), Node("b", 2, 10.0), Node("c", 2, 1.0)), 600.0)
+    access = zipf_access("t", 3000, 1.0, lookups=4.0)
+    plan, model, _ = plan_of("flexshard", [access], topo=topo, slack=0.2, shape=StepShape(1024, 8, "device"))
+    t = plan.table("t")
+    x = model.rates(access).x[access.row_class]
+    single = t.tier == SINGLE
+    load = np.bincount(t.home[single], x[single], minlength=6)
+    assert load[4:].sum() < 0.5 * load[:2].sum()
+
+
+TOPOLOGIES = st.builds(
+    lambda sizes, bws: Topology(tuple(Node(f"n{i}", s, b) for i, (s, b) in enumerate(zip(sizes, bws))), 600.0),
+    st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    st.lists(st.sampled_from([1.0, 3.0, 12.5]), min_size=4, max_size=4),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    topo=TOPOLOGIES,
+    tables=st.lists(st.tuples(st.integers(1, 200), st.floats(0.0, 1.5)), min_size=1, max_size=3),
+    slack=st.sampled_from([0.0, 0.1, 0.5, 2.0]),
+    dedup=st.sampled_from(["none", "device"]),
+    strategy=st.sampled_from(["row-wise-mod", "row-wise-block", "flexshard"]),
+)
+def test_plan_invariants(topo, tables, slack, dedup, strategy):
+    accesses = [zipf_access(f"t{i}", rows, alpha, seed=i) for i, (rows, alpha) in enumerate(tables)]
+    shape = StepShape(256, 4, dedup)
+    plan, model, budget = plan_of(strategy, accesses, topo=topo, slack=slack, shape=shape)
+    again, _, _ = plan_of(strategy, accesses, topo=topo, slack=slack, shape=shape)
+    P, N = topo.devices, len(topo.nodes)
+    assert (plan.memory_bytes_per_device(topo, 4) <= budget).all()
+    copies_expected = {SINGLE: 1, NODE: N, GLOBAL: P}
+    for t, t2 in zip(plan.tables, again.tables):
+        assert np.array_equal(t.tier, t2.tier) and np.array_equal(t.home, t2.home)  # deterministic
+        smap = ShardMap(t, topo)
+        stored = [smap.stored(d) for d in range(P)]
+        copies = np.bincount(np.concatenate(stored), minlength=t.rows)
+        assert (copies == np.vectorize(copies_expected.get)(t.tier)).all()
+        for d in range(P):
+            assert stored[d].size == smap.rows_on(d)
+            owner, local = smap.locate(np.arange(t.rows), d)  # every id, read from device d
+            for o in np.unique(owner):
+                ids = np.flatnonzero(owner == o)
+                assert np.array_equal(smap.to_global(int(o), local[ids]), ids)
+            owner_here, local_here = smap.locate(stored[d], d)
+            copies_here = owner_here == d
+            assert np.array_equal(local_here[copies_here], np.flatnonzero(copies_here))
+    # the bound holds for this plan, and flexshard is never slower than row-wise-mod
+    bound, mod = bound_and_baseline(accesses, topo, budget, model)
+    time = model.evaluate(plan, {a.name: a for a in accesses}).comm_time_s_per_step
+    assert bound <= time * (1 + 1e-9) + 1e-18
+    if strategy == "flexshard":
+        assert time <= mod * (1 + 1e-12)
