@@ -9,6 +9,8 @@ device has no room for move to devices that have.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from shardflow.errors import InputError
@@ -17,7 +19,7 @@ from shardflow.planner.costmodel import CostModel
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, TablePlan, replica_device
 from shardflow.planner.topology import Topology
 
-HOT_ROWS = 1 << 20  # rows dealt by load weights; the rest carry little load each
+HEAD_ROWS = 1 << 15  # hottest single rows placed one by one (LPT); the rest are dealt vectorised
 
 
 def tiers_from_counts(access: TableAccess, global_rows: np.ndarray, node_rows: np.ndarray) -> np.ndarray:
@@ -85,20 +87,63 @@ def place_replicated(access: TableAccess, tier: np.ndarray, home: np.ndarray, P:
     home[rows] = serpentine(rows.size, P)
 
 
+def largest_first(load: np.ndarray, weights: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """LPT: each row, largest first, to the device with room whose load relative to its weight
+    is smallest. A loop, so it is only run on the few hottest rows (at most HEAD_ROWS)."""
+    heap = [(0.0, d) for d in range(weights.size) if room[d] > 0]
+    heapq.heapify(heap)
+    left = room.copy()
+    device = np.empty(load.size, dtype=np.int64)
+    for i, x in enumerate(load.tolist()):
+        total, d = heapq.heappop(heap)
+        device[i] = d
+        left[d] -= 1
+        if left[d] > 0:
+            heapq.heappush(heap, (total + x / weights[d], d))
+    return device
+
+
+def water_level(base: np.ndarray, weights: np.ndarray, amount: float) -> np.ndarray:
+    """Loads to add to `base` so that the devices below the level T·weight are raised to it."""
+    lo, hi = 0.0, float(((base + amount) / weights).max())
+    for _ in range(60):
+        t = (lo + hi) / 2
+        lo, hi = (t, hi) if np.maximum(t * weights - base, 0).sum() < amount else (lo, t)
+    return np.maximum(hi * weights - base, 0)
+
+
 def place_single(
     access: TableAccess, tier: np.ndarray, home: np.ndarray, weights: np.ndarray, room: np.ndarray, x: np.ndarray
 ) -> None:
-    """Home every single row of one table; `room` (rows free per device) is reduced in place."""
+    """Home every single row of one table; `room` (rows free per device) is reduced in place.
+
+    Rows in order of falling load: the hottest HEAD_ROWS by LPT; then warm rows (up to 99%
+    of the load) spread by stride scheduling over the devices still below the common
+    water level; then the cold rest fills each device's remaining room.
+    """
     P = room.size
     rows = by_falling_probability(access, tier == SINGLE)
     if rows.size > room.sum():
         raise InputError(f"table '{access.name}': {rows.size} single rows but room for {int(room.sum())}")
-    cum = np.cumsum(x[access.row_class[rows]])
-    hot = min(int(np.searchsorted(cum, 0.99 * cum[-1])) + 1, HOT_ROWS, rows.size) if rows.size else 0
-    if np.allclose(weights, weights[0]):
-        device = serpentine(rows.size, P)
+    if rows.size == 0:
+        return
+    load = x[access.row_class[rows]]
+    cum = np.cumsum(load)
+    hot = min(int(np.searchsorted(cum, 0.99 * cum[-1])) + 1, rows.size)
+    head = min(HEAD_ROWS, hot)
+    device = np.empty(rows.size, dtype=np.int64)
+    device[:head] = largest_first(load[:head], weights, room)
+    head_load = np.bincount(device[:head], load[:head], minlength=P)
+    left = room - np.bincount(device[:head], minlength=P)
+    # Warm rows may not take the room the cold rows need: stop where the rest just fills it.
+    warm_end = max(head, min(hot, rows.size - max(int(left.sum()) - (rows.size - head), 0)))
+    deficit = water_level(head_load, weights, float(load[head:warm_end].sum()))
+    if warm_end > head and deficit.sum() > 0:
+        device[head:warm_end] = strided(np.minimum(deficit, deficit.sum()) + 1e-12 * deficit.sum(), warm_end - head)
     else:
-        device = np.concatenate([strided(weights, hot), serpentine(rows.size - hot, P)])
+        device[head:warm_end] = serpentine(warm_end - head, P)
+    taken = np.bincount(device[:warm_end], minlength=P)
+    device[warm_end:] = strided(np.maximum(room - taken, 0) + 1e-9, rows.size - warm_end)
     # Move the coldest rows of any device over its room to devices with room to spare.
     count = np.bincount(device, minlength=P)
     excess = np.maximum(count - room, 0)
@@ -125,7 +170,7 @@ def place(
         node_homes = home[tier == NODE].astype(np.int64)
         for a in range(len(topology.nodes)):
             room -= np.bincount(replica_device(node_homes, topology, a), minlength=P)
-    weights = uplink_weights(topology, model)
+    weights = np.maximum(uplink_weights(topology, model), 1e-9)
     for acc, tier, home in zip(accesses, tiers, homes):
         place_single(acc, tier, home, weights, room, model.rates(acc).x)
     return [TablePlan(a.name, t, h) for a, t, h in zip(accesses, tiers, homes)]

@@ -38,6 +38,25 @@ GOLDEN = (np.sqrt(5) - 1) / 2
 
 
 @dataclass(frozen=True)
+class RowFloors:
+    """What one indivisible row puts on its home's busiest link, per class.
+
+    A single row's home receives every remote read of it; its own trainer meanwhile
+    receives the rows it reads from elsewhere. If single rows carry load X per trainer
+    (at least the total less the most the spare memory can replicate), the home's link
+    carries at least  own · X + extra · x_r  (`own` seconds per unit of its trainer's
+    remote reads, `extra` per unit of the row's reads by others beyond that).
+    """
+
+    rows: np.ndarray
+    x: np.ndarray  # remote-read units per trainer
+    own: float  # seconds per unit of X_k
+    extra: float  # seconds per unit of the row's own load
+    replicated: np.ndarray  # least floor of a replicated copy (node or global)
+    extra_slots: int  # the fewest extra copies a replicated row needs
+
+
+@dataclass(frozen=True)
 class TierCosts:
     """Classes of all tables, concatenated: rows, and inter/intra bytes per row for each tier."""
 
@@ -54,6 +73,69 @@ class TierCosts:
         inter = float((tier_rows * self.inter).sum()) / self.up_bytes_per_s
         intra = float((tier_rows * self.intra).sum()) / self.intra_bytes_per_s
         return max(inter, intra)
+
+
+def row_floors(accesses: list[TableAccess], model: CostModel) -> RowFloors:
+    topo = model.topology
+    P, N, n = topo.devices, len(topo.nodes), topo.node_devices
+    a, v = ID_BYTES, VALUE_BYTES * model.shape.dim
+    read = 2 * a + v  # into the home per remote read: the id, then the id and the gradient
+    intra, up = topo.intra_bytes_per_s, float(topo.uplink_bytes_per_s.max())
+    node_allowed = 1 < N < P
+    # The home's link (its intra port with one node, else its node's uplink in) carries the
+    # row's reads by the `others` trainers elsewhere (`read` each) and its own `mine` trainers'
+    # reads of the single load not held there (v each): with L the load held there,
+    # mine·v·(X - L) + others·read·L, at least mine·v·X + (others·read - mine·v)·x_r when the
+    # coefficient is >= 0, else others·read·X (as L <= X). Least over node sizes.
+    if N == 1:
+        shapes, bandwidth = [(1, P - 1)], intra
+    else:
+        shapes, bandwidth = [(int(k), P - int(k)) for k in (n.min(), n.max())], up
+    own, extra = min(
+        (
+            (mine * v / bandwidth, (others * read - mine * v) / bandwidth)
+            if others * read >= mine * v
+            else (others * read / bandwidth, 0.0)
+        )
+        for mine, others in shapes
+    )
+    xs, replicated = [], []
+    for acc in accesses:
+        r = model.rates(acc)
+        xs.append(r.x)
+        node_floor = r.x * read * (n.min() - 1) / intra if node_allowed else np.full(r.x.size, np.inf)
+        global_floor = np.maximum(
+            (n.min() - 1) * r.q * (a + v) / intra, (N - 1) * r.q_node.min(axis=0) * (a + v) / up
+        )
+        replicated.append(np.minimum(node_floor, global_floor))
+    return RowFloors(
+        rows=np.concatenate([a.class_rows for a in accesses]),
+        x=np.concatenate(xs),
+        own=own,
+        extra=extra,
+        replicated=np.concatenate(replicated),
+        extra_slots=(N - 1) if node_allowed else (P - 1),
+    )
+
+
+def floor_bound(floors: RowFloors, spare_slots: int) -> float:
+    """Least time over plans with indivisible rows: the most-read single row is the top of class k
+    once the k most-read classes are replicated (which must fit the spare slots), and the
+    replicated copies have floors of their own."""
+    order = np.argsort(-floors.x, kind="stable")
+    x, rows = floors.x[order], floors.rows[order]
+    # The single load cannot fall below the total less the hottest rows the spare slots can copy.
+    copyable = spare_slots // floors.extra_slots if floors.extra_slots else 0
+    taken = np.minimum(rows, np.maximum(copyable - (np.cumsum(rows) - rows), 0))
+    least_single_load = float((rows * x).sum() - (taken * x).sum())
+    top = np.append(x, 0.0)  # the most-read single class once k are replicated
+    single = floors.own * least_single_load + floors.extra * top
+    if floors.extra_slots == 0:
+        return float(single[0])
+    slots = np.concatenate([[0], np.cumsum(rows * floors.extra_slots)])
+    replicated = np.concatenate([[0.0], np.maximum.accumulate(floors.replicated[order])])
+    feasible = slots <= spare_slots
+    return float(np.maximum(single, replicated)[feasible].min())
 
 
 def tier_costs(accesses: list[TableAccess], model: CostModel) -> TierCosts:

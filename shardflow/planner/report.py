@@ -7,7 +7,7 @@ import numpy as np
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel
 from shardflow.planner.plan import ShardingPlan, row_bytes
-from shardflow.planner.relaxation import lower_bound, tier_costs
+from shardflow.planner.relaxation import floor_bound, lower_bound, row_floors, tier_costs
 from shardflow.planner.strategies import RowWiseMod
 from shardflow.planner.topology import Topology
 
@@ -17,7 +17,9 @@ def bound_and_baseline(
 ) -> tuple[float, float]:
     """(lower bound on communication time, row-wise-mod's time) for this memory, scope and model."""
     spare = topology.devices * (budget_bytes // row_bytes(model.shape.dim)) - sum(a.rows for a in accesses)
-    bound = lower_bound(tier_costs(accesses, model), max(spare, 0))
+    spare = max(spare, 0)
+    # Two valid bounds: the fractional relaxation, and the floor indivisible hot rows set.
+    bound = max(lower_bound(tier_costs(accesses, model), spare), floor_bound(row_floors(accesses, model), spare))
     mod = RowWiseMod().plan(accesses, topology, budget_bytes, model)
     return bound, model.evaluate(mod, {a.name: a for a in accesses}).comm_time_s_per_step
 

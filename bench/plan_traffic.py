@@ -1,0 +1,184 @@
+"""Sharding plans side by side: traffic and modeled communication time against row-wise-mod.
+
+    python bench/plan_traffic.py [--rows 1e7] [--scale-rows 1e6 1e7 1e8] [--skip-scale]
+
+Synthetic cells: one table of --rows rows with expected Zipf(α) counts (10^9 accesses, rows
+in a seeded random order), α ∈ {0.8, 1.0, 1.2}; P = 8 (one node) and P = 64 (8 nodes × 8,
+600 GB/s inside a node, 12.5 GB/s uplinks); memory slack ∈ {0, 10%, 25%}; de-duplication
+scope none and device; global batch 65,536, dim 64, 32 lookups per example.
+Real cells: the bundled amazon-video dataset (history 20, 4 negatives, batch 4,096).
+
+Every figure of a strategy is relative to row-wise-mod in the same cell and scope:
+bytes as a fraction of row-wise-mod's, time as row-wise-mod's time over the strategy's
+(a speed-up). `bound` is row-wise-mod's time over the lower bound; `gap` is the gap closed.
+Then planning time and peak memory of flexshard alone, one table, one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from shardflow.errors import InputError
+from shardflow.planner.access import TableAccess
+from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.report import bound_and_baseline, gap_closed
+from shardflow.planner.strategies import budget_bytes_per_device, propose
+from shardflow.planner.topology import uniform
+
+STRATEGIES = ("row-wise-mod", "row-wise-block", "table-wise", "flexshard")
+DIM = 64
+
+
+def zipf_counts(rows: int, alpha: float, accesses: float = 1e9, seed: int = 0) -> np.ndarray:
+    w = np.arange(1, rows + 1, dtype=np.float64) ** -alpha
+    counts = np.round(w * (accesses / w.sum())).astype(np.int64)
+    return np.random.default_rng(seed).permutation(counts)
+
+
+def cell(accesses: list[TableAccess], topo, slack: float, dedup: str, batch: int) -> list[dict]:
+    model = CostModel(topo, StepShape(batch, DIM, dedup))
+    budget = budget_bytes_per_device(accesses, topo, DIM, slack)
+    bound, mod_s = bound_and_baseline(accesses, topo, budget, model)
+    by_name = {a.name: a for a in accesses}
+    rows = []
+    base = None
+    for name in STRATEGIES:
+        t = time.perf_counter()
+        try:
+            plan = propose(name, accesses, topo, budget, model)
+        except InputError:
+            rows.append({"strategy": name, "fits": False})
+            continue
+        seconds = time.perf_counter() - t
+        c = model.evaluate(plan, by_name)
+        figures = {
+            "lookup": c.lookup_bytes_per_step,
+            "sync": c.sync_bytes_per_step,
+            "total": c.bytes_per_step,
+            "inter": c.inter_node_bytes_per_step,
+            "time": c.comm_time_s_per_step,
+        }
+        base = base or figures
+        rows.append({"strategy": name, "fits": True, "seconds": seconds, **figures, "base": base,
+                     "bound": bound, "gap": gap_closed(c.comm_time_s_per_step, mod_s, bound),
+                     "tiers": plan.tier_counts()})
+    return rows
+
+
+def ratio(x: float, base: float) -> str:
+    return f"{x / base:.3f}" if base > 0 else ("0" if x == 0 else "inf")
+
+
+def print_cells(title: str, cells: list[tuple[str, list[dict]]]) -> None:
+    print(f"\n### {title}\n")
+    print("| cell | strategy | lookup | sync | total | inter-node | speed-up | bound speed-up | gap closed | "
+          "global / node rows |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for label, rows in cells:
+        for r in rows:
+            if not r["fits"]:
+                print(f"| {label} | {r['strategy']} | does not fit the budget | | | | | | | |")
+                continue
+            b = r["base"]
+            sync = ratio(r["sync"], b["lookup"])
+            print(
+                f"| {label} | {r['strategy']} | {ratio(r['lookup'], b['lookup'])} | {sync} | "
+                f"{ratio(r['total'], b['total'])} | {ratio(r['inter'], b['inter']) if b['inter'] else '-'} | "
+                f"{b['time'] / r['time']:.2f}× | {b['time'] / r['bound']:.2f}× | {r['gap']:.3f} | "
+                f"{r['tiers']['global']:,} / {r['tiers']['node']:,} |"
+            )
+
+
+def synthetic(rows: int) -> None:
+    cells = []
+    for alpha in (0.8, 1.0, 1.2):
+        access = TableAccess.from_counts("item", zipf_counts(rows, alpha), 32.0)
+        for label, topo in (("P=8", uniform(1, 8, 12.5)), ("P=64", uniform(8, 8, 12.5))):
+            for slack in (0.0, 0.1, 0.25):
+                for dedup in ("none", "device"):
+                    name = f"α={alpha} {label} slack={slack:.0%} {dedup}"
+                    cells.append((name, cell([access], topo, slack, dedup, 65536)))
+                    print(f"  done {name}", file=sys.stderr)
+    print_cells(f"Synthetic Zipf, {rows:,} rows (bytes as a fraction of row-wise-mod's lookup bytes for sync)", cells)
+
+
+def real() -> None:
+    from shardflow.cluster import dask_client
+    from shardflow.planning import accesses_from_profile
+    from shardflow.profiling import profile_dataset
+    from storage.importers import import_dataset
+    from storage.profile import Profile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(__file__).resolve().parents[1] / "data" / "amazon-video" / "Video.txt"
+        import_dataset("sasrec", data, Path(tmp) / "ds")
+        with dask_client(workers=1) as client:
+            profile_dataset(Path(tmp) / "ds", Path(tmp) / "profile", client=client)
+        accesses = accesses_from_profile(Profile.open(Path(tmp) / "profile"), 20, 4)
+        cells = []
+        for label, topo in (("P=8", uniform(1, 8, 12.5)), ("P=64", uniform(8, 8, 12.5))):
+            for slack in (0.0, 0.1, 0.25):
+                for dedup in ("none", "device"):
+                    cells.append((f"amazon-video {label} slack={slack:.0%} {dedup}", cell(accesses, topo, slack, dedup, 4096)))
+    print_cells("Bundled amazon-video (23,715 items)", cells)
+
+
+SCALE = """
+import json, resource, sys, time
+import numpy as np
+sys.path.insert(0, {root!r})
+from bench.plan_traffic import zipf_counts
+from shardflow.planner.access import TableAccess
+from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.strategies import budget_bytes_per_device, propose
+from shardflow.planner.topology import uniform
+counts = zipf_counts({rows}, 1.2)
+t = time.perf_counter()
+access = TableAccess.from_counts("item", counts, 32.0)
+del counts
+topo = uniform(8, 8, 12.5)
+model = CostModel(topo, StepShape(65536, 64, "none"))
+plan = propose("flexshard", [access], topo, budget_bytes_per_device([access], topo, 64, 0.1), model)
+print(json.dumps({{"seconds": time.perf_counter() - t, "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "tiers": plan.tier_counts()}}))
+"""
+
+
+def scale(sizes: list[int]) -> None:
+    print("\n### Planning time and peak memory (flexshard, α=1.2, P=64, 10% slack, scope none; one process)\n")
+    print("| rows | seconds | peak memory (GB) | global / node rows |")
+    print("|---|---|---|---|")
+    root = str(Path(__file__).resolve().parents[1])
+    for rows in sizes:
+        out = subprocess.run([sys.executable, "-c", SCALE.format(root=root, rows=rows)], capture_output=True, text=True,
+                             env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+        if out.returncode:
+            print(f"| {rows:,} | failed: {out.stderr.strip().splitlines()[-1]} | | |")
+            continue
+        r = json.loads(out.stdout)
+        print(f"| {rows:,} | {r['seconds']:.1f} | {r['peak_bytes'] / 1e9:.2f} | "
+              f"{r['tiers']['global']:,} / {r['tiers']['node']:,} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=float, default=1e7)
+    p.add_argument("--scale-rows", type=float, nargs="+", default=[1e6, 1e7, 1e8])
+    p.add_argument("--skip-scale", action="store_true")
+    args = p.parse_args()
+    synthetic(int(args.rows))
+    real()
+    if not args.skip_scale:
+        scale([int(r) for r in args.scale_rows])
+
+
+if __name__ == "__main__":
+    main()
