@@ -87,19 +87,30 @@ def place_replicated(access: TableAccess, tier: np.ndarray, home: np.ndarray, P:
     home[rows] = serpentine(rows.size, P)
 
 
-def largest_first(load: np.ndarray, weights: np.ndarray, room: np.ndarray) -> np.ndarray:
-    """LPT: each row, largest first, to the device with room whose load relative to its weight
-    is smallest. A loop, so it is only run on the few hottest rows (at most HEAD_ROWS)."""
-    heap = [(0.0, d) for d in range(weights.size) if room[d] > 0]
-    heapq.heapify(heap)
+def largest_first(load: np.ndarray, weights: np.ndarray, room: np.ndarray, node_of: np.ndarray) -> np.ndarray:
+    """LPT in two levels: each row, largest first, to the node whose load relative to its weight
+    is smallest (uplinks are the slow links), and there to the least-loaded device with room.
+    A loop, so it is only run on the few hottest rows (at most HEAD_ROWS)."""
+    nodes = int(node_of.max()) + 1
+    node_weight = np.bincount(node_of, weights, minlength=nodes)
+    devices = [[(0.0, d) for d in np.flatnonzero(node_of == a).tolist() if room[d] > 0] for a in range(nodes)]
+    for heap in devices:
+        heapq.heapify(heap)
+    node_heap = [(0.0, a) for a in range(nodes) if devices[a]]
+    heapq.heapify(node_heap)
+    node_load = np.zeros(nodes)
     left = room.copy()
     device = np.empty(load.size, dtype=np.int64)
     for i, x in enumerate(load.tolist()):
-        total, d = heapq.heappop(heap)
+        _, a = heapq.heappop(node_heap)
+        total, d = heapq.heappop(devices[a])
         device[i] = d
         left[d] -= 1
         if left[d] > 0:
-            heapq.heappush(heap, (total + x / weights[d], d))
+            heapq.heappush(devices[a], (total + x / weights[d], d))
+        node_load[a] += x
+        if devices[a]:
+            heapq.heappush(node_heap, (node_load[a] / node_weight[a], a))
     return device
 
 
@@ -113,7 +124,13 @@ def water_level(base: np.ndarray, weights: np.ndarray, amount: float) -> np.ndar
 
 
 def place_single(
-    access: TableAccess, tier: np.ndarray, home: np.ndarray, weights: np.ndarray, room: np.ndarray, x: np.ndarray
+    access: TableAccess,
+    tier: np.ndarray,
+    home: np.ndarray,
+    weights: np.ndarray,
+    room: np.ndarray,
+    x: np.ndarray,
+    node_of: np.ndarray,
 ) -> None:
     """Home every single row of one table; `room` (rows free per device) is reduced in place.
 
@@ -132,12 +149,16 @@ def place_single(
     hot = min(int(np.searchsorted(cum, 0.99 * cum[-1])) + 1, rows.size)
     head = min(HEAD_ROWS, hot)
     device = np.empty(rows.size, dtype=np.int64)
-    device[:head] = largest_first(load[:head], weights, room)
-    head_load = np.bincount(device[:head], load[:head], minlength=P)
+    device[:head] = largest_first(load[:head], weights, room, node_of)
     left = room - np.bincount(device[:head], minlength=P)
     # Warm rows may not take the room the cold rows need: stop where the rest just fills it.
     warm_end = max(head, min(hot, rows.size - max(int(left.sum()) - (rows.size - head), 0)))
-    deficit = water_level(head_load, weights, float(load[head:warm_end].sum()))
+    # Raise the nodes below the common level first, then share each node's part by weight.
+    nodes = int(node_of.max()) + 1
+    node_weight = np.bincount(node_of, weights, minlength=nodes)
+    node_load = np.bincount(node_of[device[:head]], load[:head], minlength=nodes)
+    node_deficit = water_level(node_load, node_weight, float(load[head:warm_end].sum()))
+    deficit = node_deficit[node_of] * weights / node_weight[node_of]
     if warm_end > head and deficit.sum() > 0:
         device[head:warm_end] = strided(np.minimum(deficit, deficit.sum()) + 1e-12 * deficit.sum(), warm_end - head)
     else:
@@ -172,7 +193,7 @@ def place(
             room -= np.bincount(replica_device(node_homes, topology, a), minlength=P)
     weights = np.maximum(uplink_weights(topology, model), 1e-9)
     for acc, tier, home in zip(accesses, tiers, homes):
-        place_single(acc, tier, home, weights, room, model.rates(acc).x)
+        place_single(acc, tier, home, weights, room, model.rates(acc).x, topology.node_of_device)
     return [TablePlan(a.name, t, h) for a, t, h in zip(accesses, tiers, homes)]
 
 

@@ -50,8 +50,8 @@ class RowFloors:
 
     rows: np.ndarray
     x: np.ndarray  # remote-read units per trainer
-    own: float  # seconds per unit of X_k
-    extra: float  # seconds per unit of the row's own load
+    own: np.ndarray  # per node shape: seconds per unit of X
+    extra: np.ndarray  # per node shape: seconds per unit of the row's own load
     replicated: np.ndarray  # least floor of a replicated copy (node or global)
     extra_slots: int  # the fewest extra copies a replicated row needs
 
@@ -91,14 +91,12 @@ def row_floors(accesses: list[TableAccess], model: CostModel) -> RowFloors:
         shapes, bandwidth = [(1, P - 1)], intra
     else:
         shapes, bandwidth = [(int(k), P - int(k)) for k in (n.min(), n.max())], up
-    own, extra = min(
-        (
-            (mine * v / bandwidth, (others * read - mine * v) / bandwidth)
-            if others * read >= mine * v
-            else (others * read / bandwidth, 0.0)
-        )
-        for mine, others in shapes
-    )
+    own, extra = np.array(
+        [
+            (mine * v, others * read - mine * v) if others * read >= mine * v else (others * read, 0.0)
+            for mine, others in shapes
+        ]
+    ).T / bandwidth
     xs, replicated = [], []
     for acc in accesses:
         r = model.rates(acc)
@@ -129,7 +127,7 @@ def floor_bound(floors: RowFloors, spare_slots: int) -> float:
     taken = np.minimum(rows, np.maximum(copyable - (np.cumsum(rows) - rows), 0))
     least_single_load = float((rows * x).sum() - (taken * x).sum())
     top = np.append(x, 0.0)  # the most-read single class once k are replicated
-    single = floors.own * least_single_load + floors.extra * top
+    single = (floors.own[:, None] * least_single_load + floors.extra[:, None] * top[None, :]).min(axis=0)
     if floors.extra_slots == 0:
         return float(single[0])
     slots = np.concatenate([[0], np.cumsum(rows * floors.extra_slots)])
