@@ -1,0 +1,1 @@
+"""Benchmarks that print tables: run as scripts (python bench/NAME.py)."""

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REAL, snapshot
+from support import REAL, snapshot
 
 SHARDFLOW = str(Path(sys.executable).parent / "shardflow")
 

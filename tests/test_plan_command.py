@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REAL, snapshot
+from support import REAL, snapshot
 from shardflow.errors import InputError
 from shardflow.examples import PAD, build_examples
 from shardflow.planner.access import sequence_lookups

@@ -4,19 +4,12 @@ import asyncio
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.testing.utilities import prefect_test_harness
 
-from conftest import REAL
+from support import REAL
 from flows.profile import profile_flow
 from shardflow.errors import InputError
 from storage.importers import import_dataset
 from storage.profile import Profile
-
-
-@pytest.fixture(scope="session")
-def prefect_api():
-    with prefect_test_harness():
-        yield
 
 
 async def latest_artifacts():

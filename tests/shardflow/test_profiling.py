@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zarr
 
-from conftest import REAL, siblings, snapshot
+from support import REAL, siblings, snapshot
 from shardflow.errors import InputError
 from shardflow.profiling import profile_dataset
 from shardflow.synthetic import SynthTable

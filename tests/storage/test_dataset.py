@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import zarr
 
-from conftest import REAL
+from support import REAL
 from shardflow.errors import InputError
 from storage.dataset import Dataset
 from storage.importers import import_dataset

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REAL, siblings, snapshot
+from support import REAL, siblings, snapshot
 from shardflow.errors import InputError
 from storage.dataset import Dataset
 from storage.importers import import_dataset

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from conftest import zipf_access
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import zipf_access
 
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
