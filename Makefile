@@ -24,13 +24,17 @@ $(VENV)/.installed-test: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
 
-# The main job: import the bundled amazon-video dataset into runs/demo and profile it.
+# The main job: import the bundled amazon-video dataset into runs/demo, profile it, and
+# shard it over the demo topology (2 nodes × 2 devices).
 run: install
 	$(BIN)/shardflow import --format sasrec data/amazon-video/Video.txt $(RUN)/dataset --overwrite
 	$(BIN)/shardflow profile $(RUN)/dataset --out $(RUN)/profile --overwrite
+	$(BIN)/shardflow plan $(RUN)/profile --topology topologies/demo-4.yaml --strategy flexshard \
+		--memory-slack 0.1 --out $(RUN)/plan --overwrite
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/profile_throughput.py
+	$(BIN)/python bench/plan_traffic.py
 
 # Re-resolve every pin from the package index into constraints.txt.
 lock:

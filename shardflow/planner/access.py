@@ -14,10 +14,13 @@ are uniform over the rows, so a row's lookup probability mixes the two.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from shardflow.errors import InputError
+
+CHUNK_ROWS = 1 << 22  # rows handled at a time in per-row passes: bounds memory for 10^8-row tables
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,10 @@ class TableAccess:
             raise InputError(f"table '{name}': lookups per example = {lookups_per_example}; accepted: a number > 0")
         if not 0 <= uniform_share <= 1:
             raise InputError(f"table '{name}': uniform share = {uniform_share}; accepted: 0 <= share <= 1")
-        values, row_class, class_rows = np.unique(counts, return_inverse=True, return_counts=True)
+        values, class_rows = np.unique(counts, return_counts=True)
+        row_class = np.empty(counts.size, dtype=np.int32)
+        for s in range(0, counts.size, CHUNK_ROWS):
+            row_class[s : s + CHUNK_ROWS] = np.searchsorted(values, counts[s : s + CHUNK_ROWS])
         share = (1.0 - uniform_share) if total else 0.0
         prob = share * values / max(total, 1) + (uniform_share if total else 1.0) / counts.size
         return cls(
@@ -57,8 +63,32 @@ class TableAccess:
             lookups_per_example=float(lookups_per_example),
             class_prob=prob.astype(np.float64),
             class_rows=class_rows.astype(np.int64),
-            row_class=row_class.astype(np.int32),
+            row_class=row_class,
         )
+
+    @cached_property
+    def class_order(self) -> np.ndarray:
+        """Classes from the most-read to the least-read."""
+        return np.argsort(-self.class_prob, kind="stable")
+
+    @cached_property
+    def rank_in_class(self) -> np.ndarray:
+        """int32 [rows]: each row's rank among the rows of its class, in id order.
+
+        A counting sort, chunk by chunk, so a 10^8-row table needs no 10^8-element argsort.
+        """
+        classes = self.class_prob.size
+        rank = np.empty(self.rows, dtype=np.int32)
+        seen = np.zeros(classes, dtype=np.int64)
+        for s in range(0, self.rows, CHUNK_ROWS):
+            c = self.row_class[s : s + CHUNK_ROWS]
+            order = np.argsort(c, kind="stable")
+            counts = np.bincount(c, minlength=classes)
+            within = np.empty(c.size, dtype=np.int64)
+            within[order] = np.arange(c.size) - (np.cumsum(counts) - counts)[c[order]]
+            rank[s : s + CHUNK_ROWS] = within + seen[c]
+            seen += counts
+        return rank
 
 
 def sequence_lookups(offsets: np.ndarray, history: int, negatives: int) -> tuple[float, float]:

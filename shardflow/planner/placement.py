@@ -1,20 +1,24 @@
 """Where rows live: tiers from per-class counts, homes for replicated and single rows.
 
-Replicated rows are homed round-robin in order of falling access probability, so
-every device leads about the same share of sync. Single rows are dealt out in order of
-falling load: the hottest ones by weights that give a node with a slow uplink less of
-the traffic (water-filling on the uplinks' bytes), the rest round-robin, and rows a
-device has no room for move to devices that have.
+Replicated rows are homed round-robin (serpentine) in order of falling access
+probability, so every device leads about the same share of sync. Single rows are dealt
+in order of falling load, by positions: the hottest HEAD_ROWS one by one (LPT: to the
+least-loaded node, then device, weighted so that a node with a slow uplink gets less);
+warm rows in proportion to how far each device is below the common water level; the
+cold rest (the last 0.01% of load) in proportion to the room left. Rows of one class
+are interchangeable, so positions map back to rows by class and rank within class,
+chunk by chunk: no pass over a 10^8-row table holds more than a few 10^6-row buffers.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 
 import numpy as np
 
 from shardflow.errors import InputError
-from shardflow.planner.access import TableAccess
+from shardflow.planner.access import CHUNK_ROWS, TableAccess
 from shardflow.planner.costmodel import CostModel
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, TablePlan, replica_device
 from shardflow.planner.topology import Topology
@@ -24,12 +28,13 @@ HEAD_ROWS = 1 << 15  # hottest single rows placed one by one (LPT); the rest are
 
 def tiers_from_counts(access: TableAccess, global_rows: np.ndarray, node_rows: np.ndarray) -> np.ndarray:
     """Per row: the first global_rows[c] rows (by id) of class c are global, the next node_rows[c] node."""
-    order = np.argsort(access.row_class, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(access.class_rows)[:-1]])
-    rank = np.empty(access.rows, dtype=np.int64)
-    rank[order] = np.arange(access.rows) - starts[access.row_class[order]]
-    g = global_rows[access.row_class]
-    return np.where(rank < g, GLOBAL, np.where(rank < g + node_rows[access.row_class], NODE, SINGLE)).astype(np.int8)
+    tier = np.empty(access.rows, dtype=np.int8)
+    for s in range(0, access.rows, CHUNK_ROWS):
+        c = access.row_class[s : s + CHUNK_ROWS]
+        rank = access.rank_in_class[s : s + CHUNK_ROWS]
+        g = global_rows[c]
+        tier[s : s + CHUNK_ROWS] = np.where(rank < g, GLOBAL, np.where(rank < g + node_rows[c], NODE, SINGLE))
+    return tier
 
 
 def by_falling_probability(access: TableAccess, mask: np.ndarray) -> np.ndarray:
@@ -47,16 +52,27 @@ def serpentine(n: int, P: int) -> np.ndarray:
     return np.where(lap % 2 == 0, pos, P - 1 - pos)
 
 
-def strided(weights: np.ndarray, n: int) -> np.ndarray:
-    """A sequence of n devices where device d appears about n·weights[d] times, evenly spread
-    (stride scheduling: the k-th turn of device d comes at (k + 1/2) / weight)."""
-    weights = np.asarray(weights, dtype=np.float64) / np.sum(weights)
-    per = np.ceil(weights * n).astype(np.int64) + 1
-    device = np.repeat(np.arange(weights.size), per)
-    k = np.arange(device.size) - np.repeat(np.cumsum(per) - per, per)
-    with np.errstate(divide="ignore"):
-        finish = (k + 0.5) / weights[device]
-    return device[np.argsort(finish, kind="stable")[:n]]
+def interleave(counts: np.ndarray, n: int) -> np.ndarray:
+    """A sequence of n devices, device d `counts[d]` times, spread evenly: the block sequence
+    read with a stride coprime to n (golden-ratio step), chunk by chunk."""
+    blocks = np.repeat(np.arange(counts.size, dtype=np.int32), counts)[:n]
+    if n <= 1:
+        return blocks
+    step = max(1, round(n * 0.6180339887))
+    while math.gcd(step, n) != 1:
+        step += 1
+    out = np.empty(n, dtype=np.int32)
+    for s in range(0, n, CHUNK_ROWS):
+        out[s : s + CHUNK_ROWS] = blocks[(np.arange(s, min(n, s + CHUNK_ROWS), dtype=np.int64) * step) % n]
+    return out
+
+
+def shares(amounts: np.ndarray, n: int) -> np.ndarray:
+    """n split in proportion to `amounts` (largest remainders), as whole counts."""
+    exact = amounts / amounts.sum() * n
+    counts = np.floor(exact).astype(np.int64)
+    counts[np.argsort(counts - exact, kind="stable")[: n - int(counts.sum())]] += 1
+    return counts
 
 
 def uplink_weights(topology: Topology, model: CostModel) -> np.ndarray:
@@ -132,50 +148,64 @@ def place_single(
     x: np.ndarray,
     node_of: np.ndarray,
 ) -> None:
-    """Home every single row of one table; `room` (rows free per device) is reduced in place.
-
-    Rows in order of falling load: the hottest HEAD_ROWS by LPT; then warm rows (up to 99%
-    of the load) spread by stride scheduling over the devices still below the common
-    water level; then the cold rest fills each device's remaining room.
-    """
+    """Home every single row of one table; `room` (rows free per device) is reduced in place."""
     P = room.size
-    rows = by_falling_probability(access, tier == SINGLE)
-    if rows.size > room.sum():
-        raise InputError(f"table '{access.name}': {rows.size} single rows but room for {int(room.sum())}")
-    if rows.size == 0:
+    classes = access.class_prob.size
+    singles = np.zeros(classes, dtype=np.int64)
+    for s in range(0, access.rows, CHUNK_ROWS):
+        singles += np.bincount(access.row_class[s : s + CHUNK_ROWS][tier[s : s + CHUNK_ROWS] == SINGLE], minlength=classes)
+    n = int(singles.sum())
+    if n > room.sum():
+        raise InputError(f"table '{access.name}': {n} single rows but room for {int(room.sum())}")
+    if n == 0:
         return
-    load = x[access.row_class[rows]]
-    cum = np.cumsum(load)
-    hot = min(int(np.searchsorted(cum, 0.99 * cum[-1])) + 1, rows.size)
+    # Positions: single rows in order of falling load, class by class.
+    order = access.class_order
+    per_class, unit = singles[order], x[order]
+    starts = np.cumsum(per_class) - per_class
+    cum = np.cumsum(per_class * unit)
+    last_hot = int(np.searchsorted(cum, 0.9999 * cum[-1]))
+    hot = int(starts[last_hot] + per_class[last_hot])
     head = min(HEAD_ROWS, hot)
-    device = np.empty(rows.size, dtype=np.int64)
-    device[:head] = largest_first(load[:head], weights, room, node_of)
+    head_load = unit[np.searchsorted(starts, np.arange(head), side="right") - 1]
+
+    device = np.empty(n, dtype=np.int32)
+    device[:head] = largest_first(head_load, weights, room, node_of)
     left = room - np.bincount(device[:head], minlength=P)
     # Warm rows may not take the room the cold rows need: stop where the rest just fills it.
-    warm_end = max(head, min(hot, rows.size - max(int(left.sum()) - (rows.size - head), 0)))
-    # Raise the nodes below the common level first, then share each node's part by weight.
+    warm_end = max(head, min(hot, n - max(int(left.sum()) - (n - head), 0)))
+    warm_load = float(cum[last_hot] - head_load.sum()) if warm_end > head else 0.0
+    # Raise the nodes below the common level first, then the devices below it inside each node.
     nodes = int(node_of.max()) + 1
     node_weight = np.bincount(node_of, weights, minlength=nodes)
-    node_load = np.bincount(node_of[device[:head]], load[:head], minlength=nodes)
-    node_deficit = water_level(node_load, node_weight, float(load[head:warm_end].sum()))
-    deficit = node_deficit[node_of] * weights / node_weight[node_of]
-    if warm_end > head and deficit.sum() > 0:
-        device[head:warm_end] = strided(np.minimum(deficit, deficit.sum()) + 1e-12 * deficit.sum(), warm_end - head)
-    else:
-        device[head:warm_end] = serpentine(warm_end - head, P)
+    node_deficit = water_level(np.bincount(node_of[device[:head]], head_load, minlength=nodes), node_weight, warm_load)
+    device_load = np.bincount(device[:head], head_load, minlength=P)
+    deficit = np.zeros(P)
+    for a in range(nodes):
+        inside = node_of == a
+        deficit[inside] = water_level(device_load[inside], weights[inside], float(node_deficit[a]))
+    if warm_end > head:
+        device[head:warm_end] = interleave(shares(deficit + 1e-12 * deficit.sum() + 1e-300, warm_end - head), warm_end - head)
     taken = np.bincount(device[:warm_end], minlength=P)
-    device[warm_end:] = strided(np.maximum(room - taken, 0) + 1e-9, rows.size - warm_end)
+    if warm_end < n:
+        device[warm_end:] = interleave(shares(np.maximum(room - taken, 0) + 1e-9, n - warm_end), n - warm_end)
     # Move the coldest rows of any device over its room to devices with room to spare.
     count = np.bincount(device, minlength=P)
-    excess = np.maximum(count - room, 0)
-    if excess.any():
-        rank = np.empty(rows.size, dtype=np.int64)
-        order = np.argsort(device, kind="stable")
-        rank[order] = np.arange(rows.size) - np.repeat(np.cumsum(count) - count, count)
-        movers = np.flatnonzero(rank >= (count - excess)[device])
-        spare = np.maximum(room - count, 0)
-        device[movers] = np.repeat(np.arange(P), spare)[: movers.size]
-    home[rows] = device
+    spare = np.repeat(np.arange(P, dtype=np.int32), np.maximum(room - count, 0))
+    used = 0
+    for d in np.flatnonzero(count > room):
+        movers = np.flatnonzero(device == d)[room[d] :]
+        device[movers] = spare[used : used + movers.size]
+        used += movers.size
+    # Back from positions to rows: class start + rank among the class's single rows.
+    replicated = access.class_rows - singles
+    position_of_class = np.empty(classes, dtype=np.int64)
+    position_of_class[order] = starts
+    for s in range(0, access.rows, CHUNK_ROWS):
+        single = tier[s : s + CHUNK_ROWS] == SINGLE
+        c = access.row_class[s : s + CHUNK_ROWS][single]
+        pos = position_of_class[c] + access.rank_in_class[s : s + CHUNK_ROWS][single] - replicated[c]
+        home[s : s + CHUNK_ROWS][single] = device[pos]
     room -= np.bincount(device, minlength=P)
 
 

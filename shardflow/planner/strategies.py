@@ -101,15 +101,21 @@ class FlexShard:
     def plan(self, accesses, topology, budget_bytes, model):
         budget_rows = budget_bytes // row_bytes(model.shape.dim)
         flat = [np.full(a.rows, SINGLE, dtype=np.int8) for a in accesses]
-        candidates = [
-            self._tiered(accesses, topology, budget_rows, model),
-            ShardingPlan(self.name, tuple(place(accesses, flat, topology, budget_rows, model))),
-            ShardingPlan(self.name, RowWiseMod().plan(accesses, topology, budget_bytes, model).tables),
-        ]
+        candidates = (
+            lambda: self._tiered(accesses, topology, budget_rows, model),
+            lambda: ShardingPlan(self.name, tuple(place(accesses, flat, topology, budget_rows, model))),
+            lambda: ShardingPlan(self.name, RowWiseMod().plan(accesses, topology, budget_bytes, model).tables),
+        )
         by_name = {a.name: a for a in accesses}
-        fits = [c for c in candidates if c is not None and (c.rows_per_device(topology) <= budget_rows).all()]
-        times = [model.evaluate(c, by_name).comm_time_s_per_step for c in fits]
-        return fits[int(np.argmin(times))]
+        best, best_time = None, np.inf
+        for make in candidates:  # one at a time: a 10^8-row plan is 500 MB
+            plan = make()
+            if plan is None or (plan.rows_per_device(topology) > budget_rows).any():
+                continue
+            time = model.evaluate(plan, by_name).comm_time_s_per_step
+            if time < best_time:
+                best, best_time = plan, time
+        return best
 
     def _tiered(self, accesses, topology, budget_rows, model) -> ShardingPlan | None:
         P = topology.devices
