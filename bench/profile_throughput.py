@@ -58,7 +58,6 @@ def main() -> None:
         in_memory = Dataset.open(work / "ds").ids("item")
         reference = np.bincount(in_memory, minlength=rows)
         baseline_s = best_of(args.repeat, lambda: np.bincount(in_memory, minlength=rows))
-        del in_memory
 
         results = [("np.bincount, ids in memory", "-", baseline_s)]
         for n in args.workers:

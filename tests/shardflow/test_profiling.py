@@ -4,7 +4,6 @@ import csv
 import shutil
 from collections import Counter
 
-import numpy as np
 import pytest
 import zarr
 

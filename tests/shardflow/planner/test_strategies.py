@@ -12,7 +12,7 @@ from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, row_bytes
 from shardflow.planner.report import bound_and_baseline
 from shardflow.planner.shardmap import ShardMap
-from shardflow.planner.strategies import STRATEGIES, budget_bytes_per_device, propose
+from shardflow.planner.strategies import budget_bytes_per_device, propose
 from shardflow.planner.topology import Node, Topology, uniform
 
 TWO_BY_TWO = uniform(2, 2, 12.5)
