@@ -19,7 +19,7 @@ import zarr
 
 from shardflow.errors import InputError
 from shardflow.planner.costmodel import StepShape
-from shardflow.planner.plan import ShardingPlan, TablePlan
+from shardflow.planner.plan import ShardingPlan, TablePlan, check_plan
 from shardflow.planner.topology import Topology, parse_topology
 from storage.checksum import ArrayHash, combine
 from storage.dataset import COMPRESSORS
@@ -79,12 +79,12 @@ def read_plan(path: str | Path) -> tuple[ShardingPlan, Topology, StepShape, dict
     shape = StepShape(**m["step"])
     root = zarr.open_group(str(path), mode="r")
     tables = []
-    for name, rows in m["tables"].items():
+    for name in m["tables"]:
         try:
             tier, home = root[f"tables/{name}/tier"][:], root[f"tables/{name}/home"][:]
         except KeyError:
             raise InputError(f"{path}: arrays of table '{name}' are missing; the manifest lists them") from None
-        if tier.shape != (rows,) or home.shape != (rows,):
-            raise InputError(f"{path}: table '{name}' has {tier.size} tiers and {home.size} homes; the manifest says {rows}")
         tables.append(TablePlan(name, tier.astype(np.int8), home.astype(np.int32)))
-    return ShardingPlan(m["strategy"], tuple(tables)), topology, shape, m
+    plan = ShardingPlan(m["strategy"], tuple(tables))
+    check_plan(plan, m["tables"], topology)
+    return plan, topology, shape, m

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import zarr
 
 from support import REAL, snapshot
 from shardflow.errors import InputError
@@ -67,6 +68,10 @@ def test_plan_command_prints_the_summary_and_writes_the_store(profiled):
     assert topo.devices == 4 and shape == StepShape(4096, 64, "none")
     assert plan.tier_counts() == s["tiers"]
     assert json.loads((out / "summary.json").read_text())["comm_time_s_per_step"] == s["comm_time_s_per_step"]
+
+    zarr.open_array(str(out / "tables" / "item" / "home"), mode="a")[7] = 4
+    with pytest.raises(InputError, match=r"homes outside 0..3 for 4 devices"):
+        read_plan(out)
 
 
 def test_bad_plan_inputs_are_refused_before_anything_is_written(profiled, tmp_path):

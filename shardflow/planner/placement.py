@@ -41,7 +41,7 @@ def by_falling_probability(access: TableAccess, mask: np.ndarray) -> np.ndarray:
     """Row ids where `mask` holds, most-read first (ties by id)."""
     rows = np.flatnonzero(mask)
     class_rank = np.empty(access.class_prob.size, dtype=np.int32)
-    class_rank[np.argsort(-access.class_prob, kind="stable")] = np.arange(access.class_prob.size)
+    class_rank[access.class_order] = np.arange(access.class_prob.size)
     return rows[np.argsort(class_rank[access.row_class[rows]], kind="stable")]
 
 

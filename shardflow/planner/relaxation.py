@@ -194,7 +194,7 @@ def greedy(costs: TierCosts, theta: float, spare_slots: int) -> tuple[np.ndarray
     per_row = s[steps_to] - s[steps_from]
     need = costs.rows[steps_class] * per_row
     done = np.cumsum(need) <= spare_slots
-    full = int(done.sum()) if done.all() else int(np.argmin(done))
+    full = int(done.sum())  # the cumulative need only grows: the first `full` steps fit
     tier_rows = np.zeros((3, C), dtype=np.int64)
     tier_rows[SINGLE] = costs.rows
     fraction_saving = 0.0

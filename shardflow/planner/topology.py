@@ -72,9 +72,6 @@ class Topology:
     def intra_bytes_per_s(self) -> float:
         return self.intra_node_gbytes_per_s * 1e9
 
-    def describe(self) -> str:
-        return " + ".join(f"{n.name}:{n.devices}@{n.uplink_gbytes_per_s:g}GB/s" for n in self.nodes)
-
 
 def _positive(value, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
