@@ -34,7 +34,7 @@ class Examples:
         return len(self.positive)
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
+def splitmix64(x: np.ndarray) -> np.ndarray:
     """A bijective 64-bit mixer (Steele et al., SplitMix64); uint64 arithmetic wraps."""
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -50,9 +50,62 @@ def sample_negatives(positive: np.ndarray, position: np.ndarray, rows: int, k: i
         raise InputError(f"negatives need a table of at least 2 rows; this one has {rows}")
     counter = position.astype(np.uint64)[:, None] * np.uint64(k) + np.arange(k, dtype=np.uint64)[None, :]
     with np.errstate(over="ignore"):
-        mixed = _splitmix64(counter ^ _splitmix64(np.full(1, seed, dtype=np.uint64)))
+        mixed = splitmix64(counter ^ splitmix64(np.full(1, seed, dtype=np.uint64)))
     neg = (mixed % np.uint64(rows - 1)).astype(np.int64)
     return neg + (neg >= positive[:, None])
+
+
+def target_positions(offsets: np.ndarray, split: str = "train") -> np.ndarray:
+    """Absolute event indices of the targets of every user `offsets` delimits (offsets[0] = 0)."""
+    if split not in SPLITS:
+        raise InputError(f"split {split!r}; accepted: {', '.join(SPLITS)}")
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    user = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    pos = np.arange(int(offsets[-1] - offsets[0]), dtype=np.int64) - (offsets[:-1][user] - offsets[0])
+    n = lengths[user]
+    mask = (pos >= 1) & (pos <= n - 2) if split == "train" else (pos == n - 1) & (n >= 2)
+    return np.flatnonzero(mask) + offsets[0]
+
+
+def examples_at(
+    offsets: np.ndarray,
+    ids: np.ndarray,
+    targets: np.ndarray,
+    rows: int,
+    *,
+    history: int,
+    negatives: int,
+    seed: int,
+    first_user: int = 0,
+) -> Examples:
+    """The examples whose targets are the absolute event indices `targets`.
+
+    `ids` holds the sequence table's ids of events offsets[0]:offsets[-1]; every target
+    must lie inside that span (and not be its user's first event).
+    """
+    if history < 1 or negatives < 0:
+        raise InputError(f"history = {history}, negatives = {negatives}; accepted: history >= 1, negatives >= 0")
+    offsets = np.asarray(offsets, dtype=np.int64)
+    base = int(offsets[0])
+    if len(ids) != offsets[-1] - base:
+        raise InputError(f"{len(ids)} ids for offsets spanning {int(offsets[-1] - base)} events")
+    targets = np.asarray(targets, dtype=np.int64)
+    user = np.searchsorted(offsets, targets, side="right") - 1
+    start = offsets[user] - base
+    local = targets - base
+    window = local[:, None] - history + np.arange(history, dtype=np.int64)[None, :]
+    valid = window >= start[:, None]
+    ids = np.asarray(ids)
+    hist = np.where(valid, ids[np.maximum(window, 0)].astype(np.int64), PAD)
+    positive = ids[local].astype(np.int64)
+    return Examples(
+        history=hist,
+        positive=positive,
+        negatives=sample_negatives(positive, targets, rows, negatives, seed),
+        user=user + first_user,
+        position=targets,
+    )
 
 
 def build_examples(
@@ -72,31 +125,13 @@ def build_examples(
     > 0 for a block of users, the first of them user `first_user`); `ids` holds the
     sequence table's ids of events offsets[0]:offsets[-1].
     """
-    if split not in SPLITS:
-        raise InputError(f"split {split!r}; accepted: {', '.join(SPLITS)}")
-    if history < 1 or negatives < 0:
-        raise InputError(f"history = {history}, negatives = {negatives}; accepted: history >= 1, negatives >= 0")
-    offsets = np.asarray(offsets, dtype=np.int64)
-    base = int(offsets[0])
-    if len(ids) != offsets[-1] - base:
-        raise InputError(f"{len(ids)} ids for offsets spanning {int(offsets[-1] - base)} events")
-    lengths = np.diff(offsets)
-    user = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-    start = offsets[:-1][user] - base
-    pos = np.arange(len(ids), dtype=np.int64) - start
-    n = lengths[user]
-    mask = (pos >= 1) & (pos <= n - 2) if split == "train" else (pos == n - 1) & (n >= 2)
-    target = np.flatnonzero(mask)
-
-    window = target[:, None] - history + np.arange(history, dtype=np.int64)[None, :]
-    valid = window >= start[target][:, None]
-    hist = np.where(valid, np.asarray(ids, dtype=np.int64)[np.maximum(window, 0)], PAD)
-    positive = np.asarray(ids[target], dtype=np.int64)
-    position = target + base
-    return Examples(
-        history=hist,
-        positive=positive,
-        negatives=sample_negatives(positive, position, rows, negatives, seed),
-        user=user[target] + first_user,
-        position=position,
+    return examples_at(
+        offsets,
+        ids,
+        target_positions(offsets, split),
+        rows,
+        history=history,
+        negatives=negatives,
+        seed=seed,
+        first_user=first_user,
     )

@@ -1,0 +1,168 @@
+"""The sequence DLRM: forward and backward written out by hand against an array module.
+
+One example: a history window of up to L items (PAD-masked), candidates = the positive
+and K sampled negatives, and optionally one id per categorical feature table (the
+target event's). With h the mean of the history rows and t a candidate's row:
+
+    z = [h, t, h * t, f_1, ..., f_F]  ->  MLP (ReLU hidden layers)  ->  logit
+    loss = binary cross-entropy (label 1 for the positive, 0 for negatives)
+
+The item table is shared by history and candidates. A trainer never holds whole tables:
+it passes the rows it pulled for its sub-batch and indices into them (BatchIndex), and
+gets back gradients for exactly those rows. Losses are summed and divided by `norm`,
+the number of candidates in the whole global batch, so the gradients of sub-batches add
+up to the gradient of the global batch's mean loss.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shardflow.arrays import scatter_add
+from shardflow.errors import InputError
+from shardflow.examples import splitmix64
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    dim: int = 64
+    mlp: tuple[int, ...] = (64, 32)
+    history: int = 20
+    negatives: int = 4
+    features: tuple[str, ...] = ()  # categorical feature tables, in input order
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "history"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(f"model {name} = {v!r}; accepted: an integer >= 1")
+        if isinstance(self.negatives, bool) or not isinstance(self.negatives, int) or self.negatives < 1:
+            raise InputError(f"model negatives = {self.negatives!r}; accepted: an integer >= 1")
+        if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.mlp):
+            raise InputError(f"model mlp widths = {list(self.mlp)}; accepted: integers >= 1")
+
+    @property
+    def input_width(self) -> int:
+        return (3 + len(self.features)) * self.dim
+
+    @property
+    def layers(self) -> list[tuple[int, int]]:
+        widths = [self.input_width, *self.mlp, 1]
+        return list(zip(widths[:-1], widths[1:]))
+
+    def dense_names(self) -> list[str]:
+        return [f"mlp.{i}.{p}" for i in range(len(self.layers)) for p in ("weight", "bias")]
+
+
+def init_dense(config: ModelConfig) -> dict[str, np.ndarray]:
+    """Glorot-uniform weights, zero biases, from the config's seed."""
+    rng = np.random.default_rng(config.seed)
+    params = {}
+    for i, (fan_in, fan_out) in enumerate(config.layers):
+        a = np.sqrt(6.0 / (fan_in + fan_out))
+        params[f"mlp.{i}.weight"] = rng.uniform(-a, a, size=(fan_in, fan_out)).astype(np.float32)
+        params[f"mlp.{i}.bias"] = np.zeros(fan_out, dtype=np.float32)
+    return params
+
+
+def init_rows(table: str, ids: np.ndarray, dim: int, seed: int) -> np.ndarray:
+    """Initial rows of `ids`, uniform in ±1/sqrt(dim): a hash of (seed, table, id, column).
+
+    Any process gets the same row for the same id, so shards, replicas and the
+    reference trainer start identical without exchanging anything.
+    """
+    key = np.uint64((seed << 32) ^ zlib.crc32(table.encode()))
+    counter = np.asarray(ids, dtype=np.uint64)[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        bits = splitmix64(counter ^ splitmix64(np.full(1, key, dtype=np.uint64)))
+    unit = (bits >> np.uint64(40)).astype(np.float64) / float(1 << 24)  # [0, 1)
+    return ((2.0 * unit - 1.0) / np.sqrt(dim)).astype(np.float32)
+
+
+@dataclass
+class BatchIndex:
+    """Where each lookup of a sub-batch finds its row among the rows the trainer holds."""
+
+    history: np.ndarray  # [E, L] row index into the item rows, -1 where padded
+    candidates: np.ndarray  # [E, 1 + K] row index into the item rows; column 0 is the positive
+    features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [E] row index
+
+    def __len__(self) -> int:
+        return int(self.candidates.shape[0])
+
+
+@dataclass
+class Gradients:
+    loss_sum: float  # summed BCE of the sub-batch (not divided by norm)
+    dense: dict  # name -> array like the parameter
+    rows: dict  # table -> [rows held, dim], the gradient of every held row
+
+
+def _forward(xp, config: ModelConfig, dense: dict, rows: dict, index: BatchIndex, item: str):
+    D = config.dim
+    E, C = index.candidates.shape
+    valid = index.history >= 0
+    table = rows[item]
+    count = valid.sum(axis=1).astype(table.dtype)
+    if E and int(count.min()) == 0:
+        raise InputError("an example without any history item; accepted: targets after their user's first event")
+    hist = table[xp.maximum(index.history, 0)] * valid[..., None]
+    h = hist.sum(axis=1) / count[:, None]
+    t = table[index.candidates]
+    hb = xp.broadcast_to(h[:, None, :], (E, C, D))
+    parts = [hb, t, hb * t]
+    for name in config.features:
+        f = rows[name][index.features[name]]
+        parts.append(xp.broadcast_to(f[:, None, :], (E, C, D)))
+    z = xp.concatenate(parts, axis=2).reshape(E * C, config.input_width)
+    acts = [z]
+    n = len(config.layers)
+    for i in range(n - 1):
+        z = xp.maximum(z @ dense[f"mlp.{i}.weight"] + dense[f"mlp.{i}.bias"], 0)
+        acts.append(z)
+    logit = (z @ dense[f"mlp.{n - 1}.weight"] + dense[f"mlp.{n - 1}.bias"]).reshape(E, C)
+    return logit, (valid, count, h, t, acts)
+
+
+def scores(xp, config: ModelConfig, dense: dict, rows: dict, index: BatchIndex, item: str):
+    """Logits [E, 1 + K] of every candidate."""
+    return _forward(xp, config, dense, rows, index, item)[0]
+
+
+def forward_backward(
+    xp, config: ModelConfig, dense: dict, rows: dict, index: BatchIndex, item: str, norm: int
+) -> Gradients:
+    """Loss and gradients of a sub-batch; `rows` maps table -> the rows the trainer holds."""
+    D = config.dim
+    E, C = index.candidates.shape
+    logit, (valid, count, h, t, acts) = _forward(xp, config, dense, rows, index, item)
+    label = xp.zeros((E, C), dtype=logit.dtype)
+    label[:, 0] = 1.0
+    loss_sum = float((xp.logaddexp(0, logit) - label * logit).sum())
+    g = ((xp.exp(-xp.logaddexp(0, -logit)) - label) / logit.dtype.type(norm)).reshape(E * C, 1)
+
+    grads: dict = {}
+    n = len(config.layers)
+    for i in reversed(range(n)):
+        grads[f"mlp.{i}.weight"] = acts[i].T @ g
+        grads[f"mlp.{i}.bias"] = g.sum(axis=0)
+        g = g @ dense[f"mlp.{i}.weight"].T
+        if i > 0:
+            g = g * (acts[i] > 0)
+    dz = g.reshape(E, C, config.input_width)
+    d_hb, d_t, d_ht = dz[..., :D], dz[..., D : 2 * D], dz[..., 2 * D : 3 * D]
+    dh = d_hb.sum(axis=1) + (d_ht * t).sum(axis=1)
+    dt = d_t + d_ht * h[:, None, :]
+
+    row_grads = {name: xp.zeros_like(r) for name, r in rows.items()}
+    example = xp.broadcast_to(xp.arange(E)[:, None], index.history.shape)[valid]
+    scatter_add(xp, row_grads[item], index.history[valid], (dh / count[:, None])[example])
+    scatter_add(xp, row_grads[item], index.candidates.reshape(-1), dt.reshape(E * C, D))
+    for k, name in enumerate(config.features):
+        df = dz[..., (3 + k) * D : (4 + k) * D].sum(axis=1)
+        scatter_add(xp, row_grads[name], index.features[name], df)
+    return Gradients(loss_sum=loss_sum, dense=grads, rows=row_grads)
