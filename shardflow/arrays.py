@@ -28,14 +28,32 @@ def array_module(device: str):
     return cupy
 
 
-def scatter_add(xp, target, index, values) -> None:
-    """target[index] += values, adding repeated indices up."""
+def sparse_module(xp):
+    """scipy.sparse for numpy, cupyx.scipy.sparse for CuPy."""
     if xp is np:
-        np.add.at(target, index, values)
-    else:
-        import cupyx
+        import scipy.sparse
 
-        cupyx.scatter_add(target, index, values)
+        return scipy.sparse
+    import cupyx.scipy.sparse
+
+    return cupyx.scipy.sparse
+
+
+def sparse_matrix(xp, data, row, col, shape: tuple[int, int]):
+    """A CSR matrix from coordinates; repeated coordinates add up."""
+    return sparse_module(xp).csr_matrix((data, (row, col)), shape=shape)
+
+
+def scatter_add(xp, target, index, values) -> None:
+    """target[index] += values, adding repeated indices up, in a deterministic order.
+
+    As the sparse product S @ values with S[index[i], i] = 1: an order of magnitude
+    faster than np.add.at on rows of floats, and the same code on CuPy.
+    """
+    n = int(index.size)
+    if n:
+        ones = xp.ones(n, dtype=target.dtype)
+        target += sparse_matrix(xp, ones, index, xp.arange(n), (target.shape[0], n)) @ values
 
 
 def to_host(x) -> np.ndarray:

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from shardflow.errors import InputError
+from shardflow.errors import InputError, TrainingError
 
 log = logging.getLogger("shardflow")
 
@@ -137,6 +137,47 @@ def _print_plan(s: dict) -> None:
           f" bound {s['lower_bound_comm_time_s_per_step'] * 1e6:,.2f} us; gap closed {s['gap_closed']:.3f}")
 
 
+def _cmd_train(args: argparse.Namespace) -> dict:
+    from shardflow.arrays import array_module
+    from shardflow.cluster import dask_client
+    from shardflow.training.engine import TrainConfig
+    from shardflow.training.run import train_from_stores
+    from storage.plan import read_plan
+
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    _, topology, shape, _ = read_plan(args.plan)
+    train = TrainConfig(
+        batch_size=shape.batch_size if args.batch_size is None else args.batch_size,
+        dedup=shape.dedup if args.dedup is None else args.dedup,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        device=args.device,
+        seed=args.seed,
+        eval_users=args.eval_users or None,
+    )
+    array_module(args.device)
+    with dask_client(args.scheduler, None if args.scheduler else topology.devices, gpus=args.device == "cuda") as client:
+        return train_from_stores(
+            args.dataset,
+            args.plan,
+            client,
+            train,
+            estimate=args.estimate,
+            server_memory_bytes=args.server_memory,
+        )
+
+
+def _print_train(s: dict) -> None:
+    mb = 1e6
+    print(f"trained {s['strategy']} on {s['devices']} devices: {s['steps']:,} steps, {s['examples']:,} examples,"
+          f" {s['examples_per_s']:,.0f} examples/s")
+    print(f"  loss {s['loss']:.4f}   AUC {s['auc']:.4f}   HR@10 {s['hr_at_10']:.4f}  ({s['eval_users']:,} users held out)")
+    print(f"  bytes/step  measured {s['measured_bytes_per_step'] / mb:,.3f} MB,"
+          f" cost model {s['predicted_bytes_per_step'] / mb:,.3f} MB (dedup {s['dedup']})")
+    t = s["seconds_per_step"]
+    print("  ms/step     " + "  ".join(f"{k} {v * 1e3:.1f}" for k, v in t.items()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardflow", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -184,6 +225,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--negatives", type=int, default=4, help="sampled negatives per example")
     p.add_argument("--out", help="plan store to create (default: plan-STRATEGY beside the profile)")
     p.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
+
+    p = command("train", "train on a Dask cluster following a plan (no Prefect)", _cmd_train, _print_train)
+    p.add_argument("dataset", help="dataset store")
+    p.add_argument("--plan", required=True, help="plan store of this dataset")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
+    p.add_argument("--batch-size", type=int, help="global batch (default: the plan's)")
+    p.add_argument("--dedup", choices=["none", "device"], help="de-duplication scope (default: the plan's)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="numpy on CPU or CuPy on a GPU per worker")
+    p.add_argument("--seed", type=int, default=0, help="batch order and negatives")
+    p.add_argument("--eval-users", type=int, default=5000, help="held-out users evaluated (0: all)")
+    p.add_argument("--estimate", action="store_true", help="estimation mode: every table on one parameter server")
+    p.add_argument("--server-memory", type=int, help="estimation: the server's bytes (default: the topology's)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler (one worker per device)")
     return parser
 
 
@@ -195,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as e:
         print(f"shardflow {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except TrainingError as e:
+        print(f"shardflow {args.command}: training stopped: {e}", file=sys.stderr)
+        return 3
     if args.json:
         json.dump(summary, sys.stdout)
         sys.stdout.write("\n")

@@ -18,11 +18,12 @@ def default_workers() -> int:
 
 
 @contextlib.contextmanager
-def dask_client(scheduler_address: str | None = None, workers: int | None = None) -> Iterator[Client]:
+def dask_client(scheduler_address: str | None = None, workers: int | None = None, gpus: bool = False) -> Iterator[Client]:
     """A client on an existing scheduler, or on a LocalCluster of `workers` single-threaded processes.
 
     Profiling and training kernels are numpy and hold the GIL in parts, so a local
-    device is a process with one thread.
+    device is a process with one thread. With `gpus`, every local worker offers the
+    resource GPU=1 (one worker per GPU; CUDA device d for worker d).
     """
     if scheduler_address:
         if workers is not None:
@@ -43,6 +44,7 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
         processes=True,
         dashboard_address=":0",
         silence_logs=logging.WARNING,
+        **({"resources": {"GPU": 1}} if gpus else {}),
     ) as cluster, Client(cluster) as client:
         yield client
 

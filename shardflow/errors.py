@@ -8,3 +8,7 @@ code. Raised before any work that writes to a store starts.
 
 class InputError(ValueError):
     """Input that shardflow refuses: a file, an array, an argument or a store."""
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (a non-finite loss or gradient): names the step and the parameter."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shardflow.arrays import scatter_add
+from shardflow.arrays import scatter_add, sparse_matrix
 from shardflow.errors import InputError
 from shardflow.examples import splitmix64
 
@@ -94,6 +94,14 @@ class BatchIndex:
     def __len__(self) -> int:
         return int(self.candidates.shape[0])
 
+    def on(self, xp) -> "BatchIndex":
+        """The same index as arrays of `xp` (a no-op for numpy)."""
+        if xp is np:
+            return self
+        return BatchIndex(
+            xp.asarray(self.history), xp.asarray(self.candidates), {k: xp.asarray(v) for k, v in self.features.items()}
+        )
+
 
 @dataclass
 class Gradients:
@@ -105,13 +113,16 @@ class Gradients:
 def _forward(xp, config: ModelConfig, dense: dict, rows: dict, index: BatchIndex, item: str):
     D = config.dim
     E, C = index.candidates.shape
-    valid = index.history >= 0
     table = rows[item]
-    count = valid.sum(axis=1).astype(table.dtype)
+    valid = index.history >= 0
+    count = valid.sum(axis=1)
     if E and int(count.min()) == 0:
         raise InputError("an example without any history item; accepted: targets after their user's first event")
-    hist = table[xp.maximum(index.history, 0)] * valid[..., None]
-    h = hist.sum(axis=1) / count[:, None]
+    # Mean pooling as one sparse product: pool[e, r] = (times row r is in e's history) / count[e].
+    example = xp.nonzero(valid)[0]
+    weight = (1.0 / count.astype(table.dtype))[example]
+    pool = sparse_matrix(xp, weight, example, index.history[valid], (E, table.shape[0]))
+    h = pool @ table
     t = table[index.candidates]
     hb = xp.broadcast_to(h[:, None, :], (E, C, D))
     parts = [hb, t, hb * t]
@@ -125,7 +136,7 @@ def _forward(xp, config: ModelConfig, dense: dict, rows: dict, index: BatchIndex
         z = xp.maximum(z @ dense[f"mlp.{i}.weight"] + dense[f"mlp.{i}.bias"], 0)
         acts.append(z)
     logit = (z @ dense[f"mlp.{n - 1}.weight"] + dense[f"mlp.{n - 1}.bias"]).reshape(E, C)
-    return logit, (valid, count, h, t, acts)
+    return logit, (pool, h, t, acts)
 
 
 def scores(xp, config: ModelConfig, dense: dict, rows: dict, index: BatchIndex, item: str):
@@ -139,7 +150,7 @@ def forward_backward(
     """Loss and gradients of a sub-batch; `rows` maps table -> the rows the trainer holds."""
     D = config.dim
     E, C = index.candidates.shape
-    logit, (valid, count, h, t, acts) = _forward(xp, config, dense, rows, index, item)
+    logit, (pool, h, t, acts) = _forward(xp, config, dense, rows, index, item)
     label = xp.zeros((E, C), dtype=logit.dtype)
     label[:, 0] = 1.0
     loss_sum = float((xp.logaddexp(0, logit) - label * logit).sum())
@@ -159,8 +170,7 @@ def forward_backward(
     dt = d_t + d_ht * h[:, None, :]
 
     row_grads = {name: xp.zeros_like(r) for name, r in rows.items()}
-    example = xp.broadcast_to(xp.arange(E)[:, None], index.history.shape)[valid]
-    scatter_add(xp, row_grads[item], index.history[valid], (dh / count[:, None])[example])
+    row_grads[item] += pool.T @ dh
     scatter_add(xp, row_grads[item], index.candidates.reshape(-1), dt.reshape(E * C, D))
     for k, name in enumerate(config.features):
         df = dz[..., (3 + k) * D : (4 + k) * D].sum(axis=1)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from distributed import Client, LocalCluster
+
+from shardflow.cluster import dask_client
+
+WORKERS = 4  # the training tests place up to four devices, one per worker
 
 
 @pytest.fixture(scope="session")
 def client():
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-        with Client(cluster) as c:
-            yield c
+    with dask_client(workers=WORKERS) as c:
+        yield c
 
 
 @pytest.fixture(scope="session")

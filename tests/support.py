@@ -7,7 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
+from shardflow.model import ModelConfig
+from shardflow.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
+from shardflow.planner.plan import ShardingPlan, TablePlan
+from shardflow.planner.topology import Node, Topology
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 REAL = {
@@ -37,3 +41,28 @@ def zipf_access(name: str, rows: int, alpha: float, lookups: float = 8.0, seed: 
     w = np.arange(1, rows + 1, dtype=np.float64) ** -alpha
     counts = np.round(w / w.sum() * 1e7).astype(np.int64)
     return TableAccess.from_counts(name, np.random.default_rng(seed).permutation(counts), lookups)
+
+
+# The training tests' small model, batch and topologies.
+MODEL = ModelConfig(dim=8, mlp=(16, 8), history=5, negatives=3, features=("genre",), seed=2)
+OPTIMIZER = OptimizerConfig(row_lr=0.1, dense_lr=0.01)
+BATCH = 96
+STEPS = 3
+# 1 to 4 devices; several nodes wherever there are two or more devices, so node tiers mean something.
+TOPOLOGIES = {
+    1: Topology((Node("a", 1, 10.0),), 100.0),
+    2: Topology((Node("a", 1, 10.0), Node("b", 1, 10.0)), 100.0),
+    3: Topology((Node("a", 2, 10.0), Node("b", 1, 5.0)), 100.0),
+    4: Topology((Node("a", 2, 10.0), Node("b", 2, 10.0)), 100.0),
+}
+
+
+def random_plan(data, devices: int, seed: int) -> ShardingPlan:
+    rng = np.random.default_rng(seed)
+    return ShardingPlan(
+        "random",
+        tuple(
+            TablePlan(t, rng.integers(0, 3, rows).astype(np.int8), rng.integers(0, devices, rows).astype(np.int32))
+            for t, rows in data.rows.items()
+        ),
+    )

@@ -1,0 +1,120 @@
+"""Global batches in a deterministic order, their split into sub-batches, and what each looks up.
+
+Every trainer loads the same TrainData and derives the epoch's order itself (a seeded
+permutation of the training targets), so no batch ever travels over the network. An
+epoch has floor(targets / batch_size) steps; the remainder of the permutation is left
+for that epoch (a different remainder every epoch). A global batch is split into one
+contiguous sub-batch per trainer (sizes differ by at most one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardflow.errors import InputError
+from shardflow.examples import PAD, Examples, examples_at, target_positions
+from shardflow.model import BatchIndex, ModelConfig
+from storage.dataset import Dataset
+
+DEDUP_SCOPES = ("none", "device")
+
+
+@dataclass(frozen=True)
+class TrainData:
+    offsets: np.ndarray  # int64 [users + 1]
+    item: str  # the sequence table
+    columns: dict  # table -> int64 [events]: the item sequence and the feature columns
+    rows: dict  # table -> rows
+    targets: np.ndarray  # int64: event index of every training target
+    eval_targets: np.ndarray  # int64: event index of every user's held-out last item
+
+    @classmethod
+    def load(cls, dataset: str | Dataset, features: tuple[str, ...] = ()) -> "TrainData":
+        ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
+        item = ds.info.sequence_table
+        if item is None:
+            raise InputError(
+                f"dataset {ds.path} has no item sequence (tables {', '.join(ds.info.table_names)}); "
+                "accepted: a dataset imported from sasrec, s3rec or recbole, or made by 'shardflow synth'"
+            )
+        unknown = [f for f in features if f not in ds.info.table_names or f == item]
+        if unknown:
+            accepted = [t for t in ds.info.table_names if t != item]
+            raise InputError(f"feature tables {unknown}; accepted: {', '.join(accepted) or 'none in this dataset'}")
+        offsets = ds.offsets()
+        targets = target_positions(offsets, "train")
+        if targets.size == 0:
+            raise InputError(f"dataset {ds.path}: no training examples (every user has fewer than 3 items)")
+        return cls(
+            offsets=offsets,
+            item=item,
+            columns={t: ds.ids(t).astype(np.int64) for t in (item, *features)},
+            rows={t: ds.info.table(t).rows for t in (item, *features)},
+            targets=targets,
+            eval_targets=target_positions(offsets, "eval"),
+        )
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return self.targets.size // batch_size
+
+    def epoch_order(self, epoch: int, seed: int) -> np.ndarray:
+        return np.random.default_rng([seed, epoch]).permutation(self.targets)
+
+    def examples(self, targets: np.ndarray, config: ModelConfig, seed: int, negatives: int | None = None) -> Examples:
+        return examples_at(
+            self.offsets,
+            self.columns[self.item],
+            targets,
+            self.rows[self.item],
+            history=config.history,
+            negatives=config.negatives if negatives is None else negatives,
+            seed=seed,
+        )
+
+
+def negative_seed(seed: int, epoch: int) -> int:
+    """Negatives are drawn afresh every epoch; evaluation uses epoch -1."""
+    return (seed * 1_000_003 + epoch + 1) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def sub_batches(batch: np.ndarray, trainers: int) -> list[np.ndarray]:
+    if batch.size < trainers:
+        raise InputError(f"batch size {batch.size} < {trainers} trainers; accepted: batch size >= trainers")
+    return np.array_split(batch, trainers)
+
+
+@dataclass
+class Lookups:
+    """One sub-batch's lookups: per table the ids to fetch and where each lookup finds its row."""
+
+    fetch: dict  # table -> int64 ids to fetch (distinct with scope 'device', every occurrence with 'none')
+    index: BatchIndex  # positions into the fetched rows
+
+
+def lookups(ex: Examples, data: TrainData, config: ModelConfig, dedup: str) -> Lookups:
+    """Which rows a trainer needs for `ex`; with scope `none` each occurrence is fetched on its own."""
+    if dedup not in DEDUP_SCOPES:
+        raise InputError(f"dedup scope {dedup!r}; accepted: {', '.join(DEDUP_SCOPES)}")
+    candidates = np.concatenate([ex.positive[:, None], ex.negatives], axis=1)
+    valid = ex.history != PAD
+    item_ids = np.concatenate([ex.history[valid], candidates.reshape(-1)])
+    per_table = {data.item: item_ids}
+    for name in config.features:
+        per_table[name] = data.columns[name][ex.position]
+    fetch, where = {}, {}
+    for name, ids in per_table.items():
+        if dedup == "device":
+            fetch[name], where[name] = np.unique(ids, return_inverse=True)
+        else:
+            fetch[name], where[name] = ids, np.arange(ids.size)
+    n_hist = int(valid.sum())
+    history = np.full(ex.history.shape, -1, dtype=np.int64)
+    history[valid] = where[data.item][:n_hist]
+    index = BatchIndex(
+        history=history,
+        candidates=where[data.item][n_hist:].reshape(candidates.shape),
+        features={name: where[name] for name in config.features},
+    )
+    return Lookups(fetch=fetch, index=index)

@@ -1,0 +1,285 @@
+"""One device: its parameter shard and its trainer, run as one Dask actor per device.
+
+A step is up to four rounds the engine starts on every device at once; each round ends on
+all devices before the next begins, and nothing is written before the last (a plan
+without replicated rows needs only the first and the last):
+
+  compute       the trainer builds its sub-batch, reads rows held on this device
+                directly, pulls the rest grouped per owning device, runs forward and
+                backward, and pushes each row's gradient to the copy it read (its own
+                shard without a network call) and the dense gradients to device 0;
+  to_leaders    global rows: every device passes its partial sums to its node's leader;
+  to_primaries  replicated rows: each non-primary node's copy passes its node's partial
+                sum to the primary copy (the row's home);
+  apply         every home sums the contributions in sender order and applies the update
+                to the rows it owns; for replicated rows it sends the total to the other
+                nodes' copies (and, for global rows, to the devices of its node), whose
+                leaders pass it on inside their nodes; every copy applies the same total.
+
+Methods that serve other devices are coroutines, so Dask runs them on the worker's event
+loop while the actor's thread is busy with a round: no round can deadlock on another.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from shardflow.arrays import array_module, to_device, to_host
+from shardflow.errors import TrainingError
+from shardflow.model import BatchIndex, ModelConfig, forward_backward, scores
+from shardflow.optim import OptimizerConfig
+from shardflow.planner.plan import GLOBAL, SINGLE, TablePlan, replica_device
+from shardflow.planner.shardmap import ShardMap
+from shardflow.planner.topology import Topology
+from shardflow.training.batches import TrainData, lookups, negative_seed, sub_batches
+from shardflow.training.shard import ParameterShard, RowLayout
+
+EVAL_CHUNK = 256  # evaluation examples scored at a time
+
+
+class DeviceWorker:
+    def __init__(
+        self,
+        device: int,
+        topology: Topology,
+        tables: dict[str, TablePlan],
+        dataset: str,
+        config: ModelConfig,
+        optimizer: OptimizerConfig,
+        *,
+        batch_size: int,
+        dedup: str,
+        array_device: str = "cpu",
+        scaled_rows: dict[str, int] | None = None,
+    ) -> None:
+        self.device, self.topology = device, topology
+        self.node = int(topology.node_of_device[device])
+        self.config, self.batch_size, self.dedup = config, batch_size, dedup
+        self.xp = array_module(array_device)
+        self.data = TrainData.load(dataset, config.features)
+        self.tables = tables
+        self.maps = {t: ShardMap(plan, topology) for t, plan in tables.items()}
+        if scaled_rows is None:
+            layouts = {t: RowLayout(t, stored=m.stored(device)) for t, m in self.maps.items()}
+        else:
+            empty = np.zeros(0, dtype=np.int64)
+            layouts = {
+                t: RowLayout(t, modulus=scaled_rows[t]) if device == 0 else RowLayout(t, stored=empty) for t in tables
+            }
+        self.shard = ParameterShard(
+            device, topology.devices, layouts, config, optimizer, self.xp, holds_dense=device == 0
+        )
+        self._order: tuple[int, np.ndarray] | None = None
+        self.peers: list = []
+
+    def connect(self, peers: list) -> int:
+        self.peers = peers
+        return self.device
+
+    # -- serving other devices (coroutines: run on the worker's event loop) ----------------
+    async def pull(self, table: str, ids: np.ndarray, sender: int, step: int, kind: str = "lookup") -> np.ndarray:
+        return self.shard.serve(table, ids, sender, step, kind)
+
+    async def push(self, table: str, ids: np.ndarray, grads: np.ndarray, sender: int, kind: str = "lookup") -> None:
+        self.shard.accept(table, ids, grads, sender, kind)
+
+    async def pull_dense(self, sender: int, step: int, kind: str = "dense") -> dict:
+        return self.shard.serve_dense(sender, step, kind)
+
+    async def push_dense(self, grads: dict, sender: int) -> None:
+        self.shard.accept_dense(grads, sender)
+
+    async def receive_total(self, table: str, ids: np.ndarray, grads: np.ndarray, sender: int, step: int) -> None:
+        """A replica's copy of the summed update; a node's leader passes global rows on inside its node."""
+        self.shard.traffic["sync"][sender, self.device] += ids.nbytes + grads.nbytes
+        self.shard.apply(table, ids, grads, step)
+        if self.topology.node_of_device[sender] == self.node:
+            return
+        is_global = self.tables[table].tier[ids] == GLOBAL
+        if is_global.any():
+            for other in self._node_peers():
+                await self.peers[other].receive_total(table, ids[is_global], grads[is_global], self.device, step)
+
+    # -- the rounds of a step (run in the actor's thread) ------------------------------------
+    def _node_peers(self) -> list[int]:
+        start = int(self.topology.node_start[self.node])
+        return [d for d in range(start, start + self.topology.node_devices[self.node]) if d != self.device]
+
+    def _sub_batch(self, epoch: int, step_in_epoch: int, seed: int) -> np.ndarray:
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, self.data.epoch_order(epoch, seed))
+        batch = self._order[1][step_in_epoch * self.batch_size : (step_in_epoch + 1) * self.batch_size]
+        return sub_batches(batch, self.topology.devices)[self.device]
+
+    def _fetch(self, table: str, ids: np.ndarray, step: int, kind: str):
+        """Rows of `ids` from the copies this device reads: its own without a call, the rest per owner."""
+        owner = self.maps[table].locate(ids, self.device)[0]
+        xp = self.xp
+        rows = xp.empty((ids.size, self.config.dim), dtype=np.float32)
+        mine = np.flatnonzero(owner == self.device)
+        rows[to_device(xp, mine)] = self.shard.read(table, ids[mine], step)
+        calls = {}
+        for peer in np.unique(owner[owner != self.device]):
+            sel = np.flatnonzero(owner == peer)
+            calls[int(peer)] = (sel, self.peers[peer].pull(table, ids[sel], self.device, step, kind))
+        for sel, call in calls.values():
+            rows[to_device(xp, sel)] = to_device(xp, call.result())
+        return rows, owner
+
+    def _dense(self, step: int, kind: str = "dense") -> dict:
+        if self.device == 0:
+            return self.shard.dense
+        return {k: to_device(self.xp, v) for k, v in self.peers[0].pull_dense(self.device, step, kind).result().items()}
+
+    def compute(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> dict:
+        t0 = time.perf_counter()
+        targets = self._sub_batch(epoch, step_in_epoch, seed)
+        ex = self.data.examples(targets, self.config, negative_seed(seed, epoch))
+        need = lookups(ex, self.data, self.config, self.dedup)
+        t1 = time.perf_counter()
+        dense = self._dense(step)
+        rows, owners = {}, {}
+        for table, ids in need.fetch.items():
+            rows[table], owners[table] = self._fetch(table, ids, step, "lookup")
+        t2 = time.perf_counter()
+        norm = self.batch_size * (1 + self.config.negatives)
+        grads = forward_backward(self.xp, self.config, dense, rows, need.index.on(self.xp), self.data.item, norm)
+        self._check_finite(step, grads)
+        t3 = time.perf_counter()
+        calls = []
+        for table, ids in need.fetch.items():
+            g = grads.rows[table]
+            owner = owners[table]
+            mine = np.flatnonzero(owner == self.device)
+            self.shard.accept(table, ids[mine], g[to_device(self.xp, mine)], self.device)
+            for peer in np.unique(owner[owner != self.device]):
+                sel = np.flatnonzero(owner == peer)
+                calls.append(self.peers[peer].push(table, ids[sel], to_host(g[to_device(self.xp, sel)]), self.device))
+        if self.device == 0:
+            self.shard.accept_dense(grads.dense, 0)
+        else:
+            calls.append(self.peers[0].push_dense({k: to_host(v) for k, v in grads.dense.items()}, self.device))
+        for call in calls:
+            call.result()
+        t4 = time.perf_counter()
+        return {
+            "loss_sum": grads.loss_sum,
+            "examples": int(targets.size),
+            "batch_s": t1 - t0,
+            "pull_s": t2 - t1,
+            "compute_s": t3 - t2,
+            "push_s": t4 - t3,
+        }
+
+    def _check_finite(self, step: int, grads) -> None:
+        if not np.isfinite(grads.loss_sum):
+            raise TrainingError(f"step {step}: the loss is {grads.loss_sum} on device {self.device}; stopped before any update")
+        for name, g in list(grads.rows.items()) + list(grads.dense.items()):
+            if not bool(self.xp.isfinite(g).all()):
+                what = f"table '{name}'" if name in grads.rows else f"dense parameter '{name}'"
+                raise TrainingError(
+                    f"step {step}: non-finite gradient in {what} on device {self.device}; stopped before any update"
+                )
+
+    def to_leaders(self, step: int) -> None:
+        calls = []
+        for table, plan in self.tables.items():
+            ids, grads = self.shard.take(
+                table,
+                lambda ids, plan=plan: (plan.tier[ids] == GLOBAL) & (self._holder(plan, ids, self.node) != self.device),
+            )
+            leader = self._holder(plan, ids, self.node)
+            for peer in np.unique(leader):
+                sel = np.flatnonzero(leader == peer)
+                calls.append(self.peers[peer].push(table, ids[sel], self._host(grads, sel), self.device, "sync"))
+        for call in calls:
+            call.result()
+
+    def to_primaries(self, step: int) -> None:
+        calls = []
+        for table, plan in self.tables.items():
+            ids, grads = self.shard.take(
+                table, lambda ids, plan=plan: (plan.tier[ids] != SINGLE) & (plan.home[ids] != self.device)
+            )
+            if ids.size and (self._holder(plan, ids, self.node) != self.device).any():
+                raise RuntimeError(f"device {self.device}: gradients of replicated rows it does not hold")
+            home = plan.home[ids]
+            for peer in np.unique(home):
+                sel = np.flatnonzero(home == peer)
+                calls.append(self.peers[peer].push(table, ids[sel], self._host(grads, sel), self.device, "sync"))
+        for call in calls:
+            call.result()
+
+    def apply(self, step: int) -> None:
+        calls = []
+        for table, plan in self.tables.items():
+            ids, total = self.shard.take(table, lambda ids: np.ones(ids.size, dtype=bool))
+            if ids.size and (plan.home[ids] != self.device).any():
+                raise RuntimeError(f"device {self.device}: gradients left for rows it does not own")
+            self.shard.apply(table, ids, total, step)
+            replicated = np.flatnonzero(plan.tier[ids] != SINGLE)
+            r_ids, r_total = ids[replicated], self._host(total, replicated)
+            for node in range(len(self.topology.nodes)):
+                if node == self.node:
+                    continue
+                holder = self._holder(plan, r_ids, node)
+                for peer in np.unique(holder):
+                    sel = holder == peer
+                    calls.append(self.peers[peer].receive_total(table, r_ids[sel], r_total[sel], self.device, step))
+            is_global = plan.tier[r_ids] == GLOBAL
+            if is_global.any():
+                for peer in self._node_peers():
+                    calls.append(
+                        self.peers[peer].receive_total(table, r_ids[is_global], r_total[is_global], self.device, step)
+                    )
+        if self.device == 0:
+            self.shard.apply_dense(step)
+        for call in calls:
+            call.result()
+        self.shard.finish_step(step)
+
+    def discard(self) -> None:
+        self.shard.discard()
+
+    def _host(self, grads, sel: np.ndarray) -> np.ndarray:
+        return to_host(grads[to_device(self.xp, sel)])
+
+    def _holder(self, plan: TablePlan, ids: np.ndarray, node: int) -> np.ndarray:
+        return replica_device(plan.home[ids].astype(np.int64), self.topology, node)
+
+    # -- evaluation and inspection -----------------------------------------------------------
+    def evaluate(self, targets: np.ndarray, candidates: int, seed: int) -> dict:
+        """Leave-last-out on `targets`: AUC against the first sampled negative, HR@10 among `candidates`."""
+        step = self.shard.clock
+        dense = self._dense(step, "eval")
+        auc = hits = 0.0
+        for s in range(0, targets.size, EVAL_CHUNK):
+            ex = self.data.examples(targets[s : s + EVAL_CHUNK], self.config, seed, negatives=candidates - 1)
+            need = lookups(ex, self.data, self.config, "device")
+            rows = {t: self._fetch(t, ids, step, "eval")[0] for t, ids in need.fetch.items()}
+            logit = to_host(scores(self.xp, self.config, dense, rows, need.index.on(self.xp), self.data.item))
+            pos, neg = logit[:, :1], logit[:, 1:]
+            auc += float((pos[:, 0] > neg[:, 0]).sum() + 0.5 * (pos[:, 0] == neg[:, 0]).sum())
+            hits += float(((neg > pos).sum(axis=1) < 10).sum())
+        return {"auc_sum": auc, "hits": hits, "examples": int(targets.size)}
+
+    def traffic(self) -> dict:
+        return {k: v.copy() for k, v in self.shard.traffic.items()}
+
+    def parameters(self) -> dict:
+        """Everything this shard stores, on the host: for tests and the reference comparison."""
+        out = {
+            t: {
+                "ids": lay.init_ids if lay.stored is not None else np.arange(lay.rows),
+                "weights": to_host(self.shard.weights[t]),
+                "state": to_host(self.shard.state[t]),
+                "version": self.shard.version[t].copy(),
+            }
+            for t, lay in self.shard.layouts.items()
+        }
+        if self.shard.dense is not None:
+            out["dense"] = {k: to_host(v) for k, v in self.shard.dense.items()}
+        return out

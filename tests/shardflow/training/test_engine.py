@@ -1,0 +1,146 @@
+"""The engine against the single-process reference: same parameters under any plan, replicas equal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from support import BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, random_plan
+from shardflow.errors import InputError, TrainingError
+from shardflow.optim import OptimizerConfig
+from shardflow.planner.access import TableAccess
+from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.plan import GLOBAL, NODE, ShardingPlan, TablePlan
+from shardflow.planner.strategies import STRATEGIES, budget_bytes_per_device, propose
+from shardflow.planner.topology import Node, Topology
+from shardflow.training.engine import Engine, TrainConfig, estimation_plan
+from shardflow.training.reference import ReferenceTrainer
+from storage.dataset import Dataset
+
+
+def live_actors(client) -> int:
+    return sum(len(a) for a in client.run(lambda dask_worker: list(dask_worker.state.actors)).values())
+
+
+def accesses(dataset) -> list[TableAccess]:
+    ds = Dataset.open(dataset)
+    return [
+        TableAccess.from_counts(t, np.bincount(ds.ids(t), minlength=ds.info.table(t).rows), 1.0)
+        for t in ("item", "genre")
+    ]
+
+
+def planned(dataset, strategy: str, devices: int) -> ShardingPlan:
+    topo = TOPOLOGIES[devices]
+    acc = accesses(dataset)
+    model = CostModel(topo, StepShape(BATCH, MODEL.dim))
+    return propose(strategy, acc, topo, budget_bytes_per_device(acc, topo, MODEL.dim, 3.0), model)
+
+
+def reference(data, steps: int) -> ReferenceTrainer:
+    ref = ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, seed=0)
+    for i in range(steps):
+        ref.step(0, i)
+    return ref
+
+
+def check_against(ref: ReferenceTrainer, shards: list[dict]) -> None:
+    """Every stored row within float32 rounding of the reference; every replica bitwise equal to the others."""
+    for t, table in ref.weights.items():
+        scale = np.abs(table).max()
+        copies: dict[int, np.ndarray] = {}
+        for p in shards:
+            ids, w = p[t]["ids"], p[t]["weights"]
+            assert np.abs(w - table[ids]).max(initial=0.0) <= 1e-5 * scale, t
+            np.testing.assert_allclose(p[t]["state"], ref.state[t][ids], rtol=1e-5, atol=1e-12)
+            for i, row, acc in zip(ids.tolist(), w, p[t]["state"]):
+                if i in copies:
+                    assert copies[i][0].tobytes() == row.tobytes() and copies[i][1] == acc, f"{t} row {i}: replicas differ"
+                else:
+                    copies[i] = (row, acc)
+        assert sorted(copies) == list(range(table.shape[0])), f"{t}: some row is stored nowhere"
+    for k, v in shards[0]["dense"].items():
+        assert np.abs(v - ref.dense[k]).max() <= 1e-5 * np.abs(ref.dense[k]).max(), k
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3, 4])
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_every_strategy_learns_what_the_reference_learns(client, dataset, data, strategy, devices):
+    plan = planned(dataset, strategy, devices)
+    dedup = ("device", "none")[devices % 2]
+    with Engine(client, dataset, plan, TOPOLOGIES[devices], MODEL, OPTIMIZER, TrainConfig(BATCH, dedup, max_steps=STEPS)) as e:
+        result = e.fit()
+        shards = e.parameters()
+        assert live_actors(client) == devices
+    assert result.steps == STEPS and result.examples == STEPS * BATCH
+    check_against(reference(data, STEPS), shards)
+
+
+@pytest.mark.parametrize("dedup", ["none", "device"])
+def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(client, dataset, data, dedup):
+    plan = random_plan(data, 4, seed=1)
+    tiers = np.concatenate([t.tier for t in plan.tables])
+    assert (tiers == NODE).any() and (tiers == GLOBAL).any()
+    ref = ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, seed=0)
+    with Engine(client, dataset, plan, TOPOLOGIES[4], MODEL, OPTIMIZER, TrainConfig(BATCH, dedup)) as e:
+        for i in range(STEPS):
+            e.step(0, i)
+            ref.step(0, i)
+            shards = e.parameters()
+            check_against(ref, shards)
+            versions = np.concatenate([s["item"]["version"] for s in shards])
+            assert versions.max() == i + 1
+    moved = np.abs(shards[0]["item"]["weights"] - ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, 0).weights["item"][shards[0]["item"]["ids"]])
+    assert moved.max() > 1e-4, "training changed nothing: the comparison would prove nothing"
+
+
+def test_estimation_mode_scales_tables_onto_one_server(client, dataset, data):
+    rows = data.rows
+    plan, scaled, factor = estimation_plan(rows, MODEL.dim, server_bytes=100 * 4 * (MODEL.dim + 1))
+    assert 0 < factor < 1 and sum(scaled.values()) <= 100 and set(scaled) == set(rows)
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH, max_steps=2), scaled) as e:
+        result = e.fit()
+        shards = e.parameters()
+        traffic = e.traffic()
+    assert shards[0]["item"]["weights"].shape == (scaled["item"], MODEL.dim)
+    assert shards[1]["item"]["weights"].shape == (0, MODEL.dim)
+    assert traffic["lookup"][1, 0] > 0 and traffic["lookup"][0, 1] > 0  # trainer 1 reads from the server
+    assert np.isfinite(result.epoch_loss[0])
+    whole, scaled_all, one = estimation_plan(rows, MODEL.dim, server_bytes=None)
+    assert one == 1.0 and scaled_all == rows
+
+
+def test_a_plan_that_does_not_match_the_dataset_is_refused(client, dataset, data):
+    good = random_plan(data, 2, seed=0)
+    item, genre = good.tables
+    short = ShardingPlan("x", (TablePlan("item", item.tier[:-1], item.home[:-1]), genre))
+    with pytest.raises(InputError, match="'item' has 299 rows, the dataset's 300"):
+        Engine(client, dataset, short, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH))
+    with pytest.raises(InputError, match="no table 'genre'"):
+        Engine(client, dataset, ShardingPlan("x", (item,)), TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH))
+    with pytest.raises(InputError, match="home 1 on a topology of 1 devices"):
+        Engine(client, dataset, good, TOPOLOGIES[1], MODEL, OPTIMIZER, TrainConfig(BATCH))
+    with pytest.raises(InputError, match="batch size 1 < 2 trainers"):
+        Engine(client, dataset, good, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(1))
+    big = Topology((Node("a", 8, 10.0),), 100.0)
+    with pytest.raises(InputError, match="8 devices, the cluster 4 workers"):
+        Engine(client, dataset, random_plan(data, 8, 0), big, MODEL, OPTIMIZER, TrainConfig(BATCH))
+    assert live_actors(client) == 0, "a refused engine left actors behind"
+
+
+def test_a_non_finite_gradient_stops_the_step_naming_it_and_changes_nothing(client, dataset, data):
+    exploding = OptimizerConfig(row_lr=1e30, dense_lr=1e30, dense="adagrad")
+    plan = random_plan(data, 2, seed=3)
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, exploding, TrainConfig(BATCH)) as e:
+        with pytest.raises(TrainingError, match=r"step \d+: (the loss is|non-finite gradient in)"):
+            for i in range(20):
+                e.step(0, i)
+        failed = e.step_count
+        before = e.parameters()
+        with pytest.raises(TrainingError):
+            e.step(0, failed)
+        after = e.parameters()
+    for b, a in zip(before, after):
+        for t in ("item", "genre"):
+            assert b[t]["weights"].tobytes() == a[t]["weights"].tobytes()
+            assert (b[t]["version"] <= failed).all()

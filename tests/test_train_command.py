@@ -1,0 +1,74 @@
+"""Training the bundled dataset: measured traffic against the cost model, and the `train` command."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import REAL
+from shardflow.planner.costmodel import StepShape
+from shardflow.planner.topology import load_topology
+from shardflow.planning import make_plan
+from shardflow.profiling import profile_dataset
+from shardflow.training.engine import TrainConfig
+from shardflow.training.run import train_from_stores
+from storage.importers import import_dataset
+
+SHARDFLOW = str(Path(sys.executable).parent / "shardflow")
+DEMO = Path(__file__).resolve().parents[1] / "topologies" / "demo-4.yaml"
+# table-wise must fit the one 23,715-row table on one device: a budget 4× row-wise-mod's.
+SLACK = {"table-wise": 3.0, "row-wise-mod": 0.1, "row-wise-block": 0.1, "flexshard": 0.1}
+BATCH = 2048
+
+
+@pytest.fixture(scope="module")
+def planned(client, tmp_path_factory):
+    root = tmp_path_factory.mktemp("trained")
+    import_dataset("sasrec", REAL["sasrec"], root / "ds")
+    profile_dataset(root / "ds", root / "profile", client=client)
+    for strategy, slack in SLACK.items():
+        make_plan(root / "profile", root / strategy, load_topology(DEMO), strategy=strategy,
+                  shape=StepShape(BATCH, 32), memory_slack=slack)
+    return root
+
+
+@pytest.mark.parametrize("dedup", ["none", "device"])
+@pytest.mark.parametrize("strategy", sorted(SLACK))
+def test_measured_bytes_agree_with_the_cost_model_within_5_percent(client, planned, strategy, dedup):
+    train = TrainConfig(batch_size=BATCH, dedup=dedup, max_steps=6, eval_users=200)
+    s = train_from_stores(planned / "ds", planned / strategy, client, train, mlp=(16,))
+    assert s["steps"] == 6 and s["devices"] == 4
+    assert s["measured_bytes_per_step"] > 0
+    assert s["measured_bytes_per_step"] == pytest.approx(s["predicted_bytes_per_step"], rel=0.05), s["bytes_per_step"]
+
+
+def test_train_command_prints_the_summary_keys(planned):
+    done = subprocess.run(
+        [SHARDFLOW, "train", str(planned / "ds"), "--plan", str(planned / "flexshard"), "--max-steps", "3",
+         "--batch-size", "512", "--dedup", "none", "--eval-users", "300", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    s = json.loads(done.stdout)
+    for key, kind in [("steps", int), ("examples", int), ("examples_per_s", float), ("measured_bytes_per_step", float),
+                      ("predicted_bytes_per_step", float), ("auc", float), ("hr_at_10", float), ("loss", float)]:
+        assert isinstance(s[key], kind), key
+    assert (s["steps"], s["examples"], s["dedup"], s["eval_users"]) == (3, 3 * 512, "none", 300)
+    assert 0 <= s["auc"] <= 1 and 0 <= s["hr_at_10"] <= 1 and 0 < s["loss"] < 1
+
+
+def test_a_plan_of_another_dataset_is_refused(planned, tmp_path):
+    import_dataset("s3rec", REAL["s3rec"], tmp_path / "other")
+    done = subprocess.run(
+        [SHARDFLOW, "train", str(tmp_path / "other"), "--plan", str(planned / "flexshard"), "--max-steps", "1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2
+    assert "was made from a profile of dataset" in done.stderr and "accepted: a plan of this dataset" in done.stderr
+    bad = subprocess.run(
+        [SHARDFLOW, "train", str(planned / "ds"), "--plan", str(planned / "flexshard"), "--batch-size", "3"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert bad.returncode == 2 and "batch size 3 < 4 trainers" in bad.stderr
