@@ -24,17 +24,19 @@ $(VENV)/.installed-test: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
 
-# The main job: import the bundled amazon-video dataset into runs/demo, profile it, and
-# shard it over the demo topology (2 nodes × 2 devices).
+# The main job: import the bundled amazon-video dataset into runs/demo, profile it, shard
+# it over the demo topology (2 nodes × 2 devices) and train one epoch on 4 local workers.
 run: install
 	$(BIN)/shardflow import --format sasrec data/amazon-video/Video.txt $(RUN)/dataset --overwrite
 	$(BIN)/shardflow profile $(RUN)/dataset --out $(RUN)/profile --overwrite
 	$(BIN)/shardflow plan $(RUN)/profile --topology topologies/demo-4.yaml --strategy flexshard \
 		--memory-slack 0.1 --out $(RUN)/plan --overwrite
+	$(BIN)/shardflow train $(RUN)/dataset --plan $(RUN)/plan --epochs 1
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/profile_throughput.py
 	$(BIN)/python bench/plan_traffic.py
+	$(BIN)/python bench/train_throughput.py --epoch-auc
 
 # Re-resolve every pin from the package index into constraints.txt.
 lock:

@@ -124,19 +124,23 @@ def _forward(xp, config: ModelConfig, dense: dict, rows: dict, index: BatchIndex
     pool = sparse_matrix(xp, weight, example, index.history[valid], (E, table.shape[0]))
     h = pool @ table
     t = table[index.candidates]
-    hb = xp.broadcast_to(h[:, None, :], (E, C, D))
-    parts = [hb, t, hb * t]
-    for name in config.features:
-        f = rows[name][index.features[name]]
-        parts.append(xp.broadcast_to(f[:, None, :], (E, C, D)))
-    z = xp.concatenate(parts, axis=2).reshape(E * C, config.input_width)
-    acts = [z]
+    feats = [rows[name][index.features[name]] for name in config.features]
+    # The first layer split by input block: h and the features are the same for every
+    # candidate of an example, so their product is taken once per example, not per candidate.
+    w0 = dense["mlp.0.weight"]
+    per_example = h @ w0[:D] + dense["mlp.0.bias"]
+    for k, f in enumerate(feats):
+        per_example = per_example + f @ w0[(3 + k) * D : (4 + k) * D]
+    pair = xp.concatenate([t, h[:, None, :] * t], axis=2).reshape(E * C, 2 * D)
+    z = (pair @ w0[D : 3 * D]).reshape(E, C, -1) + per_example[:, None, :]
+    z = z.reshape(E * C, -1)
+    acts = [None]
     n = len(config.layers)
-    for i in range(n - 1):
-        z = xp.maximum(z @ dense[f"mlp.{i}.weight"] + dense[f"mlp.{i}.bias"], 0)
+    for i in range(1, n):
+        z = xp.maximum(z, 0)
         acts.append(z)
-    logit = (z @ dense[f"mlp.{n - 1}.weight"] + dense[f"mlp.{n - 1}.bias"]).reshape(E, C)
-    return logit, (pool, h, t, acts)
+        z = z @ dense[f"mlp.{i}.weight"] + dense[f"mlp.{i}.bias"]
+    return z.reshape(E, C), (pool, h, t, feats, pair, acts)
 
 
 def scores(xp, config: ModelConfig, dense: dict, rows: dict, index: BatchIndex, item: str):
@@ -150,7 +154,7 @@ def forward_backward(
     """Loss and gradients of a sub-batch; `rows` maps table -> the rows the trainer holds."""
     D = config.dim
     E, C = index.candidates.shape
-    logit, (pool, h, t, acts) = _forward(xp, config, dense, rows, index, item)
+    logit, (pool, h, t, feats, pair, acts) = _forward(xp, config, dense, rows, index, item)
     label = xp.zeros((E, C), dtype=logit.dtype)
     label[:, 0] = 1.0
     loss_sum = float((xp.logaddexp(0, logit) - label * logit).sum())
@@ -158,21 +162,24 @@ def forward_backward(
 
     grads: dict = {}
     n = len(config.layers)
-    for i in reversed(range(n)):
+    for i in reversed(range(1, n)):
         grads[f"mlp.{i}.weight"] = acts[i].T @ g
         grads[f"mlp.{i}.bias"] = g.sum(axis=0)
-        g = g @ dense[f"mlp.{i}.weight"].T
-        if i > 0:
-            g = g * (acts[i] > 0)
-    dz = g.reshape(E, C, config.input_width)
-    d_hb, d_t, d_ht = dz[..., :D], dz[..., D : 2 * D], dz[..., 2 * D : 3 * D]
-    dh = d_hb.sum(axis=1) + (d_ht * t).sum(axis=1)
+        g = (g @ dense[f"mlp.{i}.weight"].T) * (acts[i] > 0)
+    w0 = dense["mlp.0.weight"]
+    g_example = g.reshape(E, C, -1).sum(axis=1)
+    grads["mlp.0.weight"] = xp.concatenate(
+        [h.T @ g_example, pair.T @ g] + [f.T @ g_example for f in feats], axis=0
+    )
+    grads["mlp.0.bias"] = g.sum(axis=0)
+    d_pair = (g @ w0[D : 3 * D].T).reshape(E, C, 2 * D)
+    d_t, d_ht = d_pair[..., :D], d_pair[..., D:]
+    dh = g_example @ w0[:D].T + (d_ht * t).sum(axis=1)
     dt = d_t + d_ht * h[:, None, :]
 
     row_grads = {name: xp.zeros_like(r) for name, r in rows.items()}
     row_grads[item] += pool.T @ dh
     scatter_add(xp, row_grads[item], index.candidates.reshape(-1), dt.reshape(E * C, D))
     for k, name in enumerate(config.features):
-        df = dz[..., (3 + k) * D : (4 + k) * D].sum(axis=1)
-        scatter_add(xp, row_grads[name], index.features[name], df)
+        scatter_add(xp, row_grads[name], index.features[name], g_example @ w0[(3 + k) * D : (4 + k) * D].T)
     return Gradients(loss_sum=loss_sum, dense=grads, rows=row_grads)

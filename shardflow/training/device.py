@@ -1,16 +1,15 @@
 """One device: its parameter shard and its trainer, run as one Dask actor per device.
 
-A step is up to four rounds the engine starts on every device at once; each round ends on
-all devices before the next begins, and nothing is written before the last (a plan
-without replicated rows needs only the first and the last):
+A step is up to three rounds the engine starts on every device at once; each round ends
+on all devices before the next begins, and nothing is written before the last:
 
   compute       the trainer builds its sub-batch, reads rows held on this device
                 directly, pulls the rest grouped per owning device, runs forward and
                 backward, and pushes each row's gradient to the copy it read (its own
-                shard without a network call) and the dense gradients to device 0;
-  to_leaders    global rows: every device passes its partial sums to its node's leader;
-  to_primaries  replicated rows: each non-primary node's copy passes its node's partial
-                sum to the primary copy (the row's home);
+                shard without a network call) and the dense gradients to device 0; the
+                partial sums of global rows go to the node's leader;
+  to_primaries  (several nodes, replicated rows) each non-primary node's copy passes its
+                node's partial sum to the primary copy (the row's home);
   apply         every home sums the contributions in sender order and applies the update
                 to the rows it owns; for replicated rows it sends the total to the other
                 nodes' copies (and, for global rows, to the devices of its node), whose
@@ -164,6 +163,7 @@ class DeviceWorker:
             calls.append(self.peers[0].push_dense({k: to_host(v) for k, v in grads.dense.items()}, self.device))
         for call in calls:
             call.result()
+        self._to_leaders()
         t4 = time.perf_counter()
         return {
             "loss_sum": grads.loss_sum,
@@ -184,7 +184,8 @@ class DeviceWorker:
                     f"step {step}: non-finite gradient in {what} on device {self.device}; stopped before any update"
                 )
 
-    def to_leaders(self, step: int) -> None:
+    def _to_leaders(self) -> None:
+        """This trainer's partial sums of global rows, to its node's leader of each row."""
         calls = []
         for table, plan in self.tables.items():
             ids, grads = self.shard.take(

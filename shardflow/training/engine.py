@@ -2,7 +2,7 @@
 
 Device d runs on the d-th worker (workers sorted by address); the engine holds the
 actors' futures for as long as it lives, and `close` releases them. Each step is the
-four rounds described in shardflow.training.device; the engine waits for every device
+rounds described in shardflow.training.device; the engine waits for every device
 between rounds, so a step starts only when every update of the one before is applied.
 """
 
@@ -19,7 +19,7 @@ from distributed import Client
 from shardflow.errors import InputError
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
-from shardflow.planner.plan import GLOBAL, SINGLE, ShardingPlan, TablePlan, row_bytes
+from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.topology import Topology
 from shardflow.training.batches import DEDUP_SCOPES, TrainData, negative_seed
 from shardflow.training.device import DeviceWorker
@@ -158,8 +158,9 @@ class Engine:
         except BaseException:
             self.close()
             raise
-        tiers = set().union(*(np.unique(t.tier).tolist() for t in plan.tables))
-        self.rounds = [r for r, need in (("to_leaders", GLOBAL in tiers), ("to_primaries", tiers - {SINGLE}), ("apply", True)) if need]
+        replicated = any((t.tier != SINGLE).any() for t in plan.tables)
+        several_nodes = len(topology.nodes) > 1
+        self.rounds = (["to_primaries"] if replicated and several_nodes else []) + ["apply"]
         self.step_count = 0
 
     def _all(self, method: str, *args) -> list:

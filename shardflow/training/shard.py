@@ -14,6 +14,7 @@ receives and sends in `traffic[kind][sender, receiver]`.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,6 +85,7 @@ class ParameterShard:
         self.state = {t: xp.zeros(lay.rows, dtype=np.float32) for t, lay in layouts.items()}
         self.version = {t: np.zeros(lay.rows, dtype=np.int64) for t, lay in layouts.items()}
         self.pending: dict[str, list] = {t: [] for t in layouts}
+        self._lock = threading.Lock()  # pushes arrive on the event loop while the actor thread takes
         self.traffic = {k: np.zeros((devices, devices)) for k in TRAFFIC_KINDS}
         self.clock = 0  # steps whose updates this shard has applied
         self.dense = None
@@ -119,23 +121,28 @@ class ParameterShard:
     def accept(self, table: str, ids: np.ndarray, grads, sender: int, kind: str = "lookup") -> None:
         if sender != self.device:
             self.traffic[kind][sender, self.device] += ids.nbytes + grads.nbytes
-        self.pending[table].append((sender, np.asarray(ids, dtype=np.int64), to_device(self.xp, grads)))
+        entry = (sender, np.asarray(ids, dtype=np.int64), to_device(self.xp, grads))
+        with self._lock:
+            self.pending[table].append(entry)
 
     def accept_dense(self, grads: dict, sender: int) -> None:
         if sender != self.device:
             self.traffic["dense"][sender, self.device] += sum(v.nbytes for v in grads.values())
-        self.dense_pending.append((sender, {k: to_device(self.xp, v) for k, v in grads.items()}))
+        entry = (sender, {k: to_device(self.xp, v) for k, v in grads.items()})
+        with self._lock:
+            self.dense_pending.append(entry)
 
     def take(self, table: str, select) -> tuple[np.ndarray, object]:
         """Remove the pending contributions for ids where `select(ids)` is true; (distinct ids, summed grads)."""
         kept, taken = [], []
-        for sender, ids, grads in self.pending[table]:
-            mask = select(ids)
-            if mask.any():
-                taken.append((sender, ids[mask], grads[to_device(self.xp, np.flatnonzero(mask))]))
-            if not mask.all():
-                kept.append((sender, ids[~mask], grads[to_device(self.xp, np.flatnonzero(~mask))]))
-        self.pending[table] = kept
+        with self._lock:
+            for sender, ids, grads in self.pending[table]:
+                mask = select(ids)
+                if mask.any():
+                    taken.append((sender, ids[mask], grads[to_device(self.xp, np.flatnonzero(mask))]))
+                if not mask.all():
+                    kept.append((sender, ids[~mask], grads[to_device(self.xp, np.flatnonzero(~mask))]))
+            self.pending[table] = kept
         xp = self.xp
         if not taken:
             return np.zeros(0, dtype=np.int64), xp.zeros((0, self.config.dim), dtype=np.float32)
@@ -160,8 +167,9 @@ class ParameterShard:
         self.version[table][local] = step + 1
 
     def apply_dense(self, step: int) -> None:
-        contributions = sorted(self.dense_pending, key=lambda c: c[0])
-        self.dense_pending = []
+        with self._lock:
+            contributions = sorted(self.dense_pending, key=lambda c: c[0])
+            self.dense_pending = []
         total = {k: v.copy() for k, v in contributions[0][1].items()}
         for _, grads in contributions[1:]:
             for k in total:
