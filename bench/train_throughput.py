@@ -35,7 +35,7 @@ from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.strategies import budget_bytes_per_device, propose
 from shardflow.planner.topology import uniform
-from shardflow.training.batches import TrainData, lookups, negative_seed
+from shardflow.training.batches import TrainData, negative_seed
 from shardflow.training.engine import Engine, TrainConfig
 from shardflow.training.reference import ReferenceTrainer
 from storage.dataset import Dataset

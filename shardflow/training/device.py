@@ -22,13 +22,12 @@ loop while the actor's thread is busy with a round: no round can deadlock on ano
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 
 import numpy as np
 
 from shardflow.arrays import array_module, to_device, to_host
 from shardflow.errors import TrainingError
-from shardflow.model import BatchIndex, ModelConfig, forward_backward, scores
+from shardflow.model import ModelConfig, forward_backward, scores
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import GLOBAL, SINGLE, TablePlan, replica_device
 from shardflow.planner.shardmap import ShardMap
