@@ -22,11 +22,12 @@ loop while the actor's thread is busy with a round: no round can deadlock on ano
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
 from shardflow.arrays import array_module, to_device, to_host
-from shardflow.errors import TrainingError
+from shardflow.errors import InputError, TrainingError
 from shardflow.model import ModelConfig, forward_backward, scores
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import GLOBAL, SINGLE, TablePlan, replica_device
@@ -34,6 +35,7 @@ from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
 from shardflow.training.batches import TrainData, lookups, negative_seed, sub_batches
 from shardflow.training.shard import ParameterShard, RowLayout
+from storage.checkpoint import read_arrays, write_arrays
 
 EVAL_CHUNK = 256  # evaluation examples scored at a time
 
@@ -265,6 +267,63 @@ class DeviceWorker:
             auc += float((pos[:, 0] > neg[:, 0]).sum() + 0.5 * (pos[:, 0] == neg[:, 0]).sum())
             hits += float(((neg > pos).sum(axis=1) < 10).sum())
         return {"auc_sum": auc, "hits": hits, "examples": int(targets.size)}
+
+    # -- checkpoints and export ----------------------------------------------------------
+    def _arrays(self) -> list[str]:
+        names = [f"{t}/{f}" for t in self.shard.layouts for f in ("weights", "state", "version")]
+        if self.shard.dense is not None:
+            names += [f"dense/{k}" for k in self.shard.dense]
+            names += [f"dense_opt/{k}" for k in self.shard.dense_optimizer.state]
+        return names
+
+    def save(self, path: str) -> dict:
+        """Write this shard into checkpoint `path` (its own directory only); returns checksums and clock."""
+        sh = self.shard
+        arrays = {}
+        for t in sh.layouts:
+            arrays[f"{t}/weights"] = to_host(sh.weights[t])
+            arrays[f"{t}/state"] = to_host(sh.state[t])
+            arrays[f"{t}/version"] = sh.version[t]
+        if sh.dense is not None:
+            arrays.update({f"dense/{k}": to_host(v) for k, v in sh.dense.items()})
+            arrays.update({f"dense_opt/{k}": to_host(v) for k, v in sh.dense_optimizer.state.items()})
+        root = Path(path) / "shards" / str(self.device)
+        out = {"digests": write_arrays(root, arrays, f"shards/{self.device}"), "clock": sh.clock}
+        if sh.dense is not None:
+            out["dense_steps"] = sh.dense_optimizer.t
+        return out
+
+    def load(self, path: str, digests: dict, clock: int, dense_steps: int) -> None:
+        """Restore this shard from checkpoint `path`, verifying every array against `digests`."""
+        sh, xp = self.shard, self.xp
+        root = Path(path) / "shards" / str(self.device)
+        arrays = read_arrays(root, self._arrays(), f"shards/{self.device}", digests)
+        for t, lay in sh.layouts.items():
+            w = arrays[f"{t}/weights"]
+            if w.shape != (lay.rows, self.config.dim):
+                raise InputError(
+                    f"{root}/{t}/weights: shape {w.shape}; accepted: ({lay.rows}, {self.config.dim}) "
+                    "(this plan's rows on the device, the model's dimension)"
+                )
+            sh.weights[t] = to_device(xp, w)
+            sh.state[t] = to_device(xp, arrays[f"{t}/state"])
+            sh.version[t] = arrays[f"{t}/version"]
+        if sh.dense is not None:
+            for k in sh.dense:
+                v = arrays[f"dense/{k}"]
+                if v.shape != sh.dense[k].shape:
+                    raise InputError(f"{root}/dense/{k}: shape {v.shape}; accepted: {sh.dense[k].shape}")
+                sh.dense[k] = to_device(xp, v)
+            sh.dense_optimizer.state = {k: to_device(xp, arrays[f"dense_opt/{k}"]) for k in sh.dense_optimizer.state}
+            sh.dense_optimizer.t = dense_steps
+        sh.clock = clock
+
+    async def export_rows(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """Current rows of `ids` for the parameter download (no step check: training is over)."""
+        return to_host(self.shard.weights[table][to_device(self.xp, self.shard.layouts[table].local(ids))])
+
+    def dense_parameters(self) -> dict:
+        return {k: to_host(v) for k, v in self.shard.dense.items()}
 
     def traffic(self) -> dict:
         return {k: v.copy() for k, v in self.shard.traffic.items()}

@@ -8,12 +8,15 @@ between rounds, so a step starts only when every update of the one before is app
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+import zarr
 from distributed import Client
 
 from shardflow.errors import InputError
@@ -24,6 +27,10 @@ from shardflow.planner.topology import Topology
 from shardflow.training.batches import DEDUP_SCOPES, TrainData, negative_seed
 from shardflow.training.device import DeviceWorker
 from shardflow.training.shard import TRAFFIC_KINDS
+from storage.checkpoint import CHECKPOINT, EXPORT, EXPORT_CHUNK_ROWS, digest, finish, prepare, write_arrays
+from storage.checkpoint import read as read_checkpoint
+from storage.dataset import COMPRESSORS
+from storage.staging import staged
 
 
 
@@ -60,6 +67,22 @@ class TrainResult:
     seconds: float = 0.0
     epoch_loss: list = field(default_factory=list)  # mean BCE per epoch (per candidate)
     timings: dict = field(default_factory=dict)  # mean seconds per step: batch, pull, compute, push, sync
+
+
+def export_chunk(actors: list, table: str, home: np.ndarray, start: int, store: str) -> tuple[str, str]:
+    """One chunk of the export: rows start..start+len(home) from their homes, written by this task alone."""
+    ids = np.arange(start, start + home.size, dtype=np.int64)
+    calls = [(np.flatnonzero(home == d), d) for d in np.unique(home)]
+    calls = [(sel, actors[int(d)].export_rows(table, ids[sel])) for sel, d in calls]
+    rows = None
+    for sel, call in calls:
+        got = call.result()
+        if rows is None:
+            rows = np.empty((ids.size, got.shape[1]), dtype=np.float32)
+        rows[sel] = got
+    zarr.open_array(f"{store}/tables/{table}", mode="r+")[start : start + ids.size] = rows
+    name = f"tables/{table}/{start}"
+    return name, digest(name, rows)
 
 
 def check_plan_matches(data: TrainData, plan: ShardingPlan, topology: Topology) -> None:
@@ -114,7 +137,7 @@ class Engine:
         train: TrainConfig,
         scaled_rows: dict[str, int] | None = None,
     ) -> None:
-        self.client, self.topology, self.model, self.train = client, topology, model, train
+        self.client, self.topology, self.model, self.train, self.plan = client, topology, model, train, plan
         self.data = TrainData.load(dataset, model.features)
         check_plan_matches(self.data, plan, topology)
         P = topology.devices
@@ -181,30 +204,112 @@ class Engine:
         self.step_count += 1
         return stats, time.perf_counter() - t
 
-    def fit(self) -> TrainResult:
-        result = TrainResult()
-        per_epoch = self.data.steps_per_epoch(self.train.batch_size)
+    def train_epoch(self, epoch: int, max_steps: int | None = None) -> dict:
+        """Every step of `epoch` (at most `max_steps`); loss, examples, steps, seconds and the time split."""
         candidates = 1 + self.model.negatives
+        per_epoch = self.data.steps_per_epoch(self.train.batch_size)
+        steps = per_epoch if max_steps is None else min(per_epoch, max_steps)
         parts = {k: 0.0 for k in ("batch", "pull", "compute", "push", "sync")}
+        loss = examples = 0.0
         t0 = time.perf_counter()
-        for epoch in range(self.train.epochs):
-            loss = examples = 0.0
-            for i in range(per_epoch):
-                if self.train.max_steps is not None and result.steps >= self.train.max_steps:
-                    break
-                stats, sync_s = self.step(epoch, i)
-                result.steps += 1
-                loss += sum(x["loss_sum"] for x in stats)
-                examples += sum(x["examples"] for x in stats)
-                for k in ("batch", "pull", "compute", "push"):
-                    parts[k] += max(x[f"{k}_s"] for x in stats)
-                parts["sync"] += sync_s
-            if examples:
-                result.epoch_loss.append(loss / (examples * candidates))
-                result.examples += int(examples)
-        result.seconds = time.perf_counter() - t0
+        for i in range(steps):
+            stats, sync_s = self.step(epoch, i)
+            loss += sum(x["loss_sum"] for x in stats)
+            examples += sum(x["examples"] for x in stats)
+            for k in ("batch", "pull", "compute", "push"):
+                parts[k] += max(x[f"{k}_s"] for x in stats)
+            parts["sync"] += sync_s
+        return {
+            "epoch": epoch,
+            "steps": steps,
+            "examples": int(examples),
+            "loss": loss / (examples * candidates) if examples else float("nan"),
+            "seconds": time.perf_counter() - t0,
+            "parts": parts,
+        }
+
+    def fit(self, start_epoch: int = 0) -> TrainResult:
+        result = TrainResult()
+        parts = {k: 0.0 for k in ("batch", "pull", "compute", "push", "sync")}
+        for epoch in range(start_epoch, self.train.epochs):
+            left = None if self.train.max_steps is None else self.train.max_steps - result.steps
+            if left is not None and left <= 0:
+                break
+            e = self.train_epoch(epoch, left)
+            result.steps += e["steps"]
+            result.examples += e["examples"]
+            result.seconds += e["seconds"]
+            result.epoch_loss.append(e["loss"])
+            for k, v in e["parts"].items():
+                parts[k] += v
         result.timings = {k: v / max(result.steps, 1) for k, v in parts.items()}
         return result
+
+    # -- checkpoints and the parameter download ---------------------------------------------
+    def checkpoint(self, path: str | Path, info: dict) -> dict:
+        """Every shard writes itself into `path`; the manifest (with `info`) is written last."""
+        path = Path(path)
+        prepare(path)
+        saved = self._all("save", str(path))
+        digests = {k: v for s in saved for k, v in s["digests"].items()}
+        return finish(path, CHECKPOINT, {
+            **info,
+            "step": self.step_count,
+            "dense_steps": saved[0]["dense_steps"],
+            "devices": self.topology.devices,
+            "model": dataclasses.asdict(self.model),
+            "batch_size": self.train.batch_size,
+            "seed": self.train.seed,
+        }, digests)
+
+    def restore(self, path: str | Path) -> dict:
+        """Load every shard from the complete checkpoint at `path`; its manifest."""
+        m = read_checkpoint(path, CHECKPOINT)
+        mine = dataclasses.asdict(self.model)
+        theirs = {k: tuple(v) if isinstance(v, list) else v for k, v in m["model"].items()}
+        if theirs != mine or m["devices"] != self.topology.devices:
+            raise InputError(
+                f"{path}: checkpoint of model {theirs} on {m['devices']} devices; accepted: model {mine} "
+                f"on {self.topology.devices} devices (the run's configuration)"
+            )
+        calls = [a.load(str(path), m["arrays"], m["step"], m["dense_steps"]) for a in self.actors]
+        for c in calls:
+            c.result()
+        self.step_count = m["step"]
+        return m
+
+    def export(self, out: str | Path, info: dict) -> dict:
+        """The parameter download: every table in global id order, chunk by chunk in parallel.
+
+        One task per output chunk pulls that chunk's rows from their home shards and writes
+        it; no process holds more than one chunk of a table. Built beside `out` and swapped
+        in when its manifest is written.
+        """
+        with staged(Path(out), overwrite=True) as stage:
+            root = zarr.open_group(str(stage), mode="w")
+            tasks = []
+            for t in self.plan.tables:
+                root.create_array(
+                    f"tables/{t.name}", shape=(t.rows, self.model.dim), dtype=np.float32,
+                    chunks=(EXPORT_CHUNK_ROWS, self.model.dim), compressors=COMPRESSORS,
+                )
+                for start in range(0, t.rows, EXPORT_CHUNK_ROWS):
+                    home = t.home[start : start + EXPORT_CHUNK_ROWS]
+                    tasks.append(self.client.submit(
+                        export_chunk, self.actors, t.name, home, start, str(stage), pure=False,
+                        key=f"export-{t.name}-{start}-{uuid.uuid4().hex[:8]}",
+                    ))
+            digests = dict(self.client.gather(tasks))
+            dense = self.actors[0].dense_parameters().result()
+            digests.update(write_arrays(stage / "dense", dense, "dense"))
+            manifest = finish(stage, EXPORT, {
+                **info,
+                "tables": {t.name: t.rows for t in self.plan.tables},
+                "dim": self.model.dim,
+                "model": dataclasses.asdict(self.model),
+                "chunk_rows": EXPORT_CHUNK_ROWS,
+            }, digests)
+        return manifest
 
     def evaluate(self) -> dict:
         """Leave-last-out AUC (one sampled negative) and HR@10 (among eval_candidates) over a seeded user sample."""

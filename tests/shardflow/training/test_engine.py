@@ -7,6 +7,7 @@ import pytest
 
 from support import BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, random_plan
 from shardflow.errors import InputError, TrainingError
+from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
@@ -144,3 +145,45 @@ def test_a_non_finite_gradient_stops_the_step_naming_it_and_changes_nothing(clie
         for t in ("item", "genre"):
             assert b[t]["weights"].tobytes() == a[t]["weights"].tobytes()
             assert (b[t]["version"] <= failed).all()
+
+
+def test_a_restored_checkpoint_continues_bitwise_and_the_export_holds_every_row(client, dataset, data, tmp_path):
+    import zarr
+
+    from storage.checkpoint import CHECKPOINT, EXPORT, complete_checkpoints, read
+
+    plan = random_plan(data, 4, seed=7)
+    train = TrainConfig(BATCH)
+    with Engine(client, dataset, plan, TOPOLOGIES[4], MODEL, OPTIMIZER, train) as e:
+        for i in range(2):
+            e.step(0, i)
+        e.checkpoint(tmp_path / "run" / "checkpoints" / "epoch-000001", {"epochs_done": 1})
+        for i in range(2, 4):
+            e.step(0, i)
+        uninterrupted = e.parameters()
+        e.export(tmp_path / "model", {"epochs": 1})
+    assert [n for n, _ in complete_checkpoints(tmp_path / "run")] == [1]
+    with Engine(client, dataset, plan, TOPOLOGIES[4], MODEL, OPTIMIZER, train) as e:
+        m = e.restore(tmp_path / "run" / "checkpoints" / "epoch-000001")
+        assert m["step"] == 2 and read(tmp_path / "run" / "checkpoints" / "epoch-000001", CHECKPOINT)
+        for i in range(2, 4):
+            e.step(0, i)
+        resumed = e.parameters()
+    for a, b in zip(uninterrupted, resumed):
+        for t in ("item", "genre"):
+            assert a[t]["weights"].tobytes() == b[t]["weights"].tobytes()
+            assert a[t]["version"].tobytes() == b[t]["version"].tobytes()
+        for k in a.get("dense", {}):
+            assert a["dense"][k].tobytes() == b["dense"][k].tobytes()
+    manifest = read(tmp_path / "model", EXPORT)
+    assert manifest["tables"] == data.rows
+    exported = zarr.open_array(str(tmp_path / "model" / "tables" / "item"), mode="r")[...]
+    for shard in uninterrupted:
+        ids = shard["item"]["ids"]
+        assert exported[ids].tobytes() == shard["item"]["weights"].tobytes()
+    ref = reference(data, 4)
+    assert np.abs(exported - ref.weights["item"]).max() <= 1e-5 * np.abs(ref.weights["item"]).max()
+    bigger = ModelConfig(dim=16, mlp=MODEL.mlp, history=MODEL.history, negatives=MODEL.negatives, features=MODEL.features)
+    with Engine(client, dataset, plan, TOPOLOGIES[4], bigger, OPTIMIZER, train) as e:
+        with pytest.raises(InputError, match="checkpoint of model .*'dim': 8"):
+            e.restore(tmp_path / "run" / "checkpoints" / "epoch-000001")

@@ -1,0 +1,109 @@
+"""Checkpoints and the exported model: stores many writers fill, proved complete by a manifest.
+
+Checkpoint of a run after epoch N (run_dir/checkpoints/epoch-000N):
+
+    shards/<device>/<table>/weights|state|version   written by that device's shard
+    shards/0/dense/<name>, shards/0/dense_opt/<slot> device 0: the MLP and its optimizer
+    manifest.json     written last by the engine: epoch, step, seed, plan checksum,
+                      model and optimizer configs, every array's checksum
+
+Export (run_dir/model): tables/<name> float32 [rows, dim] in global id order, chunk k
+written by one task; dense/<name>; manifest.json last. Each writer touches only its own
+arrays or chunks (zarr 3 has no atomic commit); a store without its manifest is never read.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from shardflow.errors import InputError
+from storage.checksum import ArrayHash, combine
+from storage.dataset import COMPRESSORS
+from storage.manifest import MANIFEST, read_manifest, write_manifest
+
+CHECKPOINT, EXPORT = "checkpoint", "model"
+FORMAT_VERSION = 1
+MADE_BY = "a shardflow training run"
+EXPORT_CHUNK_ROWS = 1 << 16
+_EPOCH_DIR = re.compile(r"^epoch-(\d{6})$")
+
+
+def checkpoint_dir(run_dir: str | Path, epochs_done: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"epoch-{epochs_done:06d}"
+
+
+def digest(name: str, values: np.ndarray) -> str:
+    h = ArrayHash(name, values.dtype, values.shape)
+    h.update(values)
+    return h.hexdigest()
+
+
+def write_arrays(root: Path, arrays: dict[str, np.ndarray], prefix: str) -> dict[str, str]:
+    """Write every array under `root` (a directory only this writer uses); {prefix/name: checksum}."""
+    group = zarr.open_group(str(root), mode="w")
+    digests = {}
+    for name, values in arrays.items():
+        values = np.ascontiguousarray(values)
+        chunks = (max(1, min(EXPORT_CHUNK_ROWS, values.shape[0] if values.ndim else 1)),) + values.shape[1:]
+        arr = group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=chunks, compressors=COMPRESSORS)
+        arr[...] = values
+        digests[f"{prefix}/{name}"] = digest(f"{prefix}/{name}", values)
+    return digests
+
+
+def read_arrays(root: Path, names: list[str], prefix: str, digests: dict[str, str]) -> dict[str, np.ndarray]:
+    """Read and verify arrays written by write_arrays; a missing or altered one is named."""
+    out = {}
+    for name in names:
+        key = f"{prefix}/{name}"
+        try:
+            values = zarr.open_array(str(Path(root) / name), mode="r")[...]
+        except Exception as e:  # zarr raises several types for missing or truncated data
+            raise InputError(f"{root}/{name}: unreadable ({type(e).__name__}: {e}); the checkpoint is damaged") from None
+        if key not in digests or digest(key, values) != digests[key]:
+            raise InputError(f"{root}/{name}: content does not match its checksum in the manifest; the store is damaged")
+        out[name] = values
+    return out
+
+
+def finish(store: Path, kind: str, info: dict, digests: dict[str, str]) -> dict:
+    manifest = {
+        "format": f"shardflow.{kind}",
+        "format_version": FORMAT_VERSION,
+        **info,
+        "arrays": digests,
+        "checksum": combine(digests),
+    }
+    write_manifest(store, manifest)
+    return manifest
+
+
+def read(store: str | Path, kind: str) -> dict:
+    return read_manifest(Path(store), kind, FORMAT_VERSION, MADE_BY)
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(epochs done, path) of every checkpoint with a manifest, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _EPOCH_DIR.match(p.name)
+        if m and (p / MANIFEST).is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def prepare(store: Path) -> None:
+    """An empty directory for a store about to be written; an earlier incomplete one is removed."""
+    if store.exists():
+        if (store / MANIFEST).is_file():
+            raise InputError(f"{store} already holds a complete store; refusing to write over it")
+        shutil.rmtree(store)
+    store.mkdir(parents=True)
