@@ -178,6 +178,48 @@ def _print_train(s: dict) -> None:
     print("  ms/step     " + "  ".join(f"{k} {v * 1e3:.1f}" for k, v in t.items()))
 
 
+def _set_value(text: str) -> tuple[str, object]:
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: KEY=VALUE, e.g. epochs=3")
+    return key, yaml.safe_load(value)
+
+
+def _cmd_run(args: argparse.Namespace) -> dict:
+    import yaml
+
+    from shardflow.config import RetrainConfig
+
+    values: dict = {}
+    if args.config:
+        try:
+            with open(args.config) as f:
+                values = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise InputError(f"--config {args.config}: {e}; accepted: a YAML mapping of config keys") from None
+        if not isinstance(values, dict):
+            raise InputError(f"--config {args.config}: a {type(values).__name__}; accepted: a YAML mapping")
+    values.update(dict(args.set or []))
+    config = RetrainConfig.build(values)
+    for noisy in ("distributed", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from flows.retrain import retrain
+
+    return retrain(config)
+
+
+def _print_run(s: dict) -> None:
+    mb = 1e6
+    print(f"run {s['run_dir']}: {s['epochs']} epochs, AUC {s['auc']:.4f}, HR@10 {s['hr_at_10']:.4f}")
+    print(f"  traffic/step {s['bytes_per_step'] / mb:,.3f} MB (row-wise-mod: {s['row_wise_bytes_per_step'] / mb:,.3f} MB)")
+    print(f"  model        {s['model']} (downloaded {s['downloads']} time)")
+    for c in s["checkpoints"]:
+        print(f"  checkpoint   {c}")
+    print("  artifacts, logs and task runs: the Prefect UI (prefect server start), or 'prefect flow-run ls'")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardflow", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -239,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--estimate", action="store_true", help="estimation mode: every table on one parameter server")
     p.add_argument("--server-memory", type=int, help="estimation: the server's bytes (default: the topology's)")
     p.add_argument("--scheduler", help="address of an existing Dask scheduler (one worker per device)")
+
+    p = command("run", "the whole retraining run as a Prefect flow (embedded API)", _cmd_run, _print_run)
+    p.add_argument("--config", help="YAML file of config keys (see shardflow/config.py)")
+    p.add_argument("--set", type=_set_value, action="append", metavar="KEY=VALUE", help="override one key (repeatable)")
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 from collections.abc import Iterator
@@ -46,6 +47,35 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
         silence_logs=logging.WARNING,
         **({"resources": {"GPU": 1}} if gpus else {}),
     ) as cluster, Client(cluster) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def run_cluster(
+    scheduler_address: str | None,
+    cluster_class: str | None,
+    cluster_kwargs: dict,
+    workers: int,
+    gpus: bool = False,
+) -> Iterator[Client]:
+    """The one cluster a run's stages share: an existing scheduler, a cluster class, or a LocalCluster.
+
+    `cluster_class` is an import path ("dask_jobqueue.SLURMCluster", "dask_kubernetes.KubeCluster")
+    built with `cluster_kwargs`, so a run moves off one machine without code changes.
+    """
+    if not cluster_class:
+        with dask_client(scheduler_address, None if scheduler_address else workers, gpus=gpus) as client:
+            yield client
+        return
+    module, _, name = cluster_class.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise InputError(f"cluster_class {cluster_class!r}: {e}; accepted: an importable Dask cluster class") from None
+    with cls(**cluster_kwargs) as cluster, Client(cluster) as client:
+        if hasattr(cluster, "scale") and not cluster_kwargs.get("n_workers"):
+            cluster.scale(workers)
+        client.wait_for_workers(workers, timeout="600s")
         yield client
 
 

@@ -78,3 +78,28 @@ def make_plan(
     with staged(Path(out), overwrite=overwrite) as stage:
         write_plan(stage, plan, topology, shape, budget, source, summary)
     return summary
+
+
+def compare_strategies(
+    profile_path: str | Path,
+    topology: Topology,
+    *,
+    shape: StepShape,
+    memory_slack: float,
+    history: int = DEFAULT_HISTORY,
+    negatives: int = DEFAULT_NEGATIVES,
+) -> list[dict]:
+    """Every strategy's summary under the same budget; a strategy that fits no plan says why."""
+    accesses = accesses_from_profile(Profile.open(profile_path), history, negatives)
+    model = CostModel(topology, shape)
+    budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
+    bound, mod = bound_and_baseline(accesses, topology, budget, model)
+    rows = []
+    for name in STRATEGIES:
+        try:
+            plan = propose(name, accesses, topology, budget, model)
+        except InputError as e:
+            rows.append({"strategy": name, "error": str(e)})
+            continue
+        rows.append(summarize(plan, accesses, topology, budget, model, bound, mod))
+    return rows

@@ -34,10 +34,9 @@ from shardflow.planner.plan import GLOBAL, SINGLE, TablePlan, replica_device
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
 from shardflow.training.batches import TrainData, lookups, negative_seed, sub_batches
+from shardflow.training.evaluate import EVAL_CHUNK, hits
 from shardflow.training.shard import ParameterShard, RowLayout
 from storage.checkpoint import read_arrays, write_arrays
-
-EVAL_CHUNK = 256  # evaluation examples scored at a time
 
 
 class DeviceWorker:
@@ -257,16 +256,14 @@ class DeviceWorker:
         """Leave-last-out on `targets`: AUC against the first sampled negative, HR@10 among `candidates`."""
         step = self.shard.clock
         dense = self._dense(step, "eval")
-        auc = hits = 0.0
+        auc = hit = 0.0
         for s in range(0, targets.size, EVAL_CHUNK):
             ex = self.data.examples(targets[s : s + EVAL_CHUNK], self.config, seed, negatives=candidates - 1)
             need = lookups(ex, self.data, self.config, "device")
             rows = {t: self._fetch(t, ids, step, "eval")[0] for t, ids in need.fetch.items()}
-            logit = to_host(scores(self.xp, self.config, dense, rows, need.index.on(self.xp), self.data.item))
-            pos, neg = logit[:, :1], logit[:, 1:]
-            auc += float((pos[:, 0] > neg[:, 0]).sum() + 0.5 * (pos[:, 0] == neg[:, 0]).sum())
-            hits += float(((neg > pos).sum(axis=1) < 10).sum())
-        return {"auc_sum": auc, "hits": hits, "examples": int(targets.size)}
+            a, h = hits(to_host(scores(self.xp, self.config, dense, rows, need.index.on(self.xp), self.data.item)))
+            auc, hit = auc + a, hit + h
+        return {"auc_sum": auc, "hits": hit, "examples": int(targets.size)}
 
     # -- checkpoints and export ----------------------------------------------------------
     def _arrays(self) -> list[str]:

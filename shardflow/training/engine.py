@@ -26,6 +26,7 @@ from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.topology import Topology
 from shardflow.training.batches import DEDUP_SCOPES, TrainData, negative_seed
 from shardflow.training.device import DeviceWorker
+from shardflow.training.evaluate import eval_targets
 from shardflow.training.shard import TRAFFIC_KINDS
 from storage.checkpoint import CHECKPOINT, EXPORT, EXPORT_CHUNK_ROWS, digest, finish, prepare, write_arrays
 from storage.checkpoint import read as read_checkpoint
@@ -313,10 +314,7 @@ class Engine:
 
     def evaluate(self) -> dict:
         """Leave-last-out AUC (one sampled negative) and HR@10 (among eval_candidates) over a seeded user sample."""
-        targets = self.data.eval_targets
-        n = self.train.eval_users
-        if n is not None and n < targets.size:
-            targets = np.sort(np.random.default_rng([self.train.seed, 1]).choice(targets, n, replace=False))
+        targets = eval_targets(self.data, self.train.eval_users, self.train.seed)
         parts = np.array_split(targets, len(self.actors))
         seed = negative_seed(self.train.seed, -1)
         calls = [a.evaluate(p, self.train.eval_candidates, seed) for a, p in zip(self.actors, parts)]

@@ -1,0 +1,90 @@
+"""The retraining run's one typed configuration: the flow's parameter schema (a form in the UI).
+
+Defaults run the bundled amazon-video dataset on the demo topology. Everything is
+checked when the config is built, before any stage starts: a bad value raises an
+InputError naming the key, the value and what is accepted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shardflow.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+FORMATS = ("sasrec", "s3rec", "recbole")
+
+
+class RetrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: str = Field(
+        str(ROOT / "data" / "amazon-video" / "Video.txt"),
+        description="a dataset store, or a source file imported into RUN_DIR/dataset with dataset_format",
+    )
+    dataset_format: Literal["sasrec", "s3rec", "recbole"] = "sasrec"
+    run_dir: str = Field("runs/retrain", description="profile, plan, checkpoints and the exported model go here")
+    topology: str = Field(str(ROOT / "topologies" / "demo-4.yaml"), description="topology YAML file")
+    strategy: Literal["table-wise", "row-wise-mod", "row-wise-block", "flexshard"] = "flexshard"
+    memory_slack: float = Field(0.1, ge=0, description="per-device budget over row-wise-mod's bytes")
+    dim: int = Field(64, ge=1, le=4096)
+    mlp: tuple[int, ...] = Field((64, 32), description="hidden layer widths")
+    history: int = Field(20, ge=1)
+    negatives: int = Field(4, ge=1)
+    dense_optimizer: Literal["adam", "adagrad"] = "adam"
+    row_lr: float = Field(0.05, gt=0)
+    dense_lr: float = Field(1e-3, gt=0)
+    epochs: int = Field(2, ge=1)
+    batch_size: int = Field(4096, ge=1)
+    dedup: Literal["none", "device"] = "device"
+    device: Literal["cpu", "cuda"] = "cpu"
+    seed: int = Field(0, ge=0)
+    eval_users: int | None = Field(5000, ge=1, description="held-out users evaluated (none: all)")
+    scheduler_address: str | None = Field(None, description="an existing Dask scheduler (one worker per device)")
+    cluster_class: str | None = Field(
+        None, description="a Dask cluster class by import path, e.g. dask_jobqueue.SLURMCluster"
+    )
+    cluster_kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments of cluster_class")
+
+    @field_validator("mlp")
+    @classmethod
+    def _widths(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(w < 1 for w in v):
+            raise ValueError(f"widths {list(v)}; accepted: integers >= 1")
+        return v
+
+    @field_validator("topology")
+    @classmethod
+    def _topology_exists(cls, v: str) -> str:
+        if not Path(v).is_file():
+            raise ValueError(f"{v}: no such file; accepted: a topology YAML file")
+        return v
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_exists(cls, v: str) -> str:
+        if not Path(v).exists():
+            raise ValueError(f"{v}: no such file or directory; accepted: a dataset store or a source file")
+        return v
+
+    @model_validator(mode="after")
+    def _one_cluster(self) -> "RetrainConfig":
+        if self.scheduler_address and self.cluster_class:
+            raise ValueError("scheduler_address and cluster_class both set; accepted: at most one of them")
+        return self
+
+    @classmethod
+    def build(cls, values: dict) -> "RetrainConfig":
+        """The config from plain values, or an InputError listing every bad key."""
+        try:
+            return cls(**values)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'config'} = {err.get('input')!r}: {err['msg']}"
+                for err in e.errors()
+            )
+            accepted = ", ".join(cls.model_fields)
+            raise InputError(f"bad configuration: {problems} (keys: {accepted})") from None

@@ -1,0 +1,190 @@
+"""The retraining run's task groups: each a named task the Prefect UI shows on its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from distributed import Client
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NONE
+
+from shardflow.config import RetrainConfig
+from shardflow.errors import InputError
+from shardflow.model import ModelConfig
+from shardflow.optim import OptimizerConfig
+from shardflow.planner.costmodel import StepShape
+from shardflow.planner.topology import load_topology
+from shardflow.planning import compare_strategies, make_plan
+from shardflow.profiling import profile_dataset
+from shardflow.training.engine import Engine, TrainConfig
+from shardflow.training.evaluate import evaluate_export
+from storage.checksum import file_sha256
+from storage.checkpoint import checkpoint_dir, complete_checkpoints
+from storage.dataset import Dataset
+from storage.importers import import_dataset
+from storage.manifest import MANIFEST
+from storage.plan import read_plan
+from storage.profile import Profile
+
+
+def run_paths(config: RetrainConfig) -> dict[str, Path]:
+    run = Path(config.run_dir)
+    return {"run": run, "dataset": run / "dataset", "profile": run / "profile", "plan": run / "plan", "model": run / "model"}
+
+
+@task(name="import-dataset", task_run_name="import-dataset", cache_policy=NONE)
+def prepare_dataset(config: RetrainConfig) -> str:
+    """The dataset store: `dataset` itself if it is one, else its import into RUN_DIR/dataset (kept for resumes)."""
+    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    if (source / MANIFEST).is_file():
+        return str(source)
+    if (dest / MANIFEST).is_file() and Dataset.open(dest).info.source == {
+        "format": config.dataset_format, "path": str(source), "sha256": file_sha256(source)
+    }:
+        get_run_logger().info("reusing %s (imported from %s)", dest, source)
+        return str(dest)
+    import_dataset(config.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file())
+    return str(dest)
+
+
+@task(name="profile", task_run_name="profile", cache_policy=NONE)
+def profile(dataset: str, out: str, client: Client) -> dict:
+    """Per-row access counts; a complete profile of this very dataset is reused."""
+    log = get_run_logger()
+    checksum = Dataset.open(dataset).info.checksum
+    if (Path(out) / MANIFEST).is_file() and Profile.open(out).manifest["dataset"]["checksum"] == checksum:
+        log.info("reusing profile %s", out)
+        stats = Profile.open(out).manifest["tables"]
+    else:
+        stats = profile_dataset(dataset, out, client=client, overwrite=(Path(out) / MANIFEST).is_file())["tables"]
+    create_table_artifact([{"table": name, **s} for name, s in stats.items()], key="profile",
+                          description=f"Row access skew of {dataset}")
+    return stats
+
+
+@task(name="shard", task_run_name="shard", cache_policy=NONE)
+def shard(config: RetrainConfig, profile_path: str, out: str) -> list[dict]:
+    """The configured strategy's plan (reused if the run already has it) and every strategy's figures."""
+    topology = load_topology(config.topology)
+    shape = StepShape(config.batch_size, config.dim, config.dedup)
+    kwargs = dict(shape=shape, memory_slack=config.memory_slack, history=config.history, negatives=config.negatives)
+    rows = compare_strategies(profile_path, topology, **kwargs)
+    if (Path(out) / MANIFEST).is_file():
+        _, have_topology, have_shape, m = read_plan(out)
+        same = (m["strategy"], have_topology, have_shape, m["source"]["memory_slack"], m["source"]["history"],
+                m["source"]["negatives"], m["source"]["profile_checksum"]) == (
+                config.strategy, topology, shape, config.memory_slack, config.history, config.negatives,
+                Profile.open(profile_path).manifest["checksum"])
+        if same:
+            get_run_logger().info("reusing plan %s", out)
+        elif complete_checkpoints(config.run_dir):
+            raise InputError(
+                f"{config.run_dir} has checkpoints of a run planned differently ({m['strategy']}, {have_shape}); "
+                "accepted: the same strategy, topology, sizes and slack as that run, or a new run_dir"
+            )
+        else:
+            make_plan(profile_path, out, topology, strategy=config.strategy, overwrite=True, **kwargs)
+    else:
+        make_plan(profile_path, out, topology, strategy=config.strategy, **kwargs)
+    mb = 1e6
+    create_table_artifact(
+        [
+            {"strategy": r["strategy"], "error": r["error"]} if "error" in r else {
+                "strategy": r["strategy"],
+                "bytes_per_step_MB": round(r["bytes_per_step"] / mb, 3),
+                "inter_node_MB": round(r["inter_node_bytes_per_step"] / mb, 3),
+                "comm_time_us": round(r["comm_time_s_per_step"] * 1e6, 2),
+                "lower_bound_us": round(r["lower_bound_comm_time_s_per_step"] * 1e6, 2),
+                "max_memory_MB_per_device": round(max(r["memory_bytes_per_device"]) / mb, 3),
+            }
+            for r in rows
+        ],
+        key="plan-comparison",
+        description=f"Every strategy on {config.topology}, batch {config.batch_size}, dedup {config.dedup}",
+    )
+    return rows
+
+
+def model_config(config: RetrainConfig, dataset: str) -> ModelConfig:
+    info = Dataset.open(dataset).info
+    return ModelConfig(
+        dim=config.dim, mlp=tuple(config.mlp), history=config.history, negatives=config.negatives,
+        features=tuple(t for t in info.table_names if t != info.sequence_table), seed=config.seed,
+    )
+
+
+def optimizer_config(config: RetrainConfig) -> OptimizerConfig:
+    return OptimizerConfig(row_lr=config.row_lr, dense=config.dense_optimizer, dense_lr=config.dense_lr)
+
+
+def train_config(config: RetrainConfig) -> TrainConfig:
+    return TrainConfig(batch_size=config.batch_size, dedup=config.dedup, epochs=config.epochs,
+                       device=config.device, seed=config.seed, eval_users=config.eval_users)
+
+
+@task(name="start-parameter-servers", task_run_name="start-parameter-servers", cache_policy=NONE)
+def start_parameter_servers(config: RetrainConfig, dataset: str, plan_path: str, client: Client,
+                            estimate: bool = False) -> Engine:
+    from shardflow.training.engine import estimation_plan
+
+    plan, topology, _, _ = read_plan(plan_path)
+    model = model_config(config, dataset)
+    scaled = None
+    if estimate:
+        plan, scaled, factor = estimation_plan({t.name: t.rows for t in plan.tables}, config.dim,
+                                               topology.device_memory_bytes)
+        get_run_logger().info("estimation: one parameter server, rows scaled by %.4f", factor)
+    engine = Engine(client, dataset, plan, topology, model, optimizer_config(config), train_config(config), scaled)
+    get_run_logger().info("parameter servers up on %d devices (Dask dashboard: %s)", topology.devices,
+                          client.dashboard_link)
+    return engine
+
+
+@task(name="resume", task_run_name="resume", cache_policy=NONE)
+def resume(engine: Engine, run_dir: str) -> int:
+    """Restore the newest complete checkpoint that verifies; the number of epochs it holds (0: none)."""
+    log = get_run_logger()
+    for epochs_done, path in reversed(complete_checkpoints(run_dir)):
+        try:
+            engine.restore(path)
+        except InputError as e:
+            log.warning("checkpoint %s is unusable (%s); falling back to the one before", path, e)
+            continue
+        log.info("resumed from %s: %d epochs done, step %d", path, epochs_done, engine.step_count)
+        return epochs_done
+    return 0
+
+
+@task(name="train-epoch", task_run_name="train-epoch-{epoch}", cache_policy=NONE)
+def train_epoch(engine: Engine, epoch: int) -> dict:
+    stats = engine.train_epoch(epoch)
+    get_run_logger().info("epoch %d: %d steps, loss %.4f, %.0f examples/s", epoch, stats["steps"], stats["loss"],
+                          stats["examples"] / stats["seconds"])
+    return stats
+
+
+@task(name="checkpoint", task_run_name="checkpoint-epoch-{epoch}", cache_policy=NONE)
+def checkpoint(engine: Engine, run_dir: str, epoch: int, info: dict) -> str:
+    path = checkpoint_dir(run_dir, epoch + 1)
+    engine.checkpoint(path, {"epochs_done": epoch + 1, **info})
+    return str(path)
+
+
+@task(name="download", task_run_name="download", cache_policy=NONE)
+def download(engine: Engine, out: str, info: dict) -> str:
+    """The one parameter download of a run: after the last epoch, before exit."""
+    engine.export(out, info)
+    get_run_logger().info("model exported to %s", out)
+    return out
+
+
+@task(name="evaluate", task_run_name="evaluate", cache_policy=NONE)
+def evaluate(model_dir: str, dataset: str, users: int | None, seed: int) -> dict:
+    return evaluate_export(model_dir, dataset, users, seed)
+
+
+@task(name="exit", task_run_name="exit", cache_policy=NONE)
+def release_parameter_servers(engine: Engine | None) -> None:
+    if engine is not None:
+        engine.close()

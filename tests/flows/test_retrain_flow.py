@@ -1,0 +1,100 @@
+"""The whole retraining flow under Prefect's test harness, on a small synthetic dataset."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import zarr
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+from flows.retrain import retrain
+from shardflow.config import RetrainConfig
+from shardflow.errors import InputError
+from shardflow.synthetic import SynthTable
+from storage.synth import synth_dataset
+
+TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n  - {name: b, devices: 1, uplink_gbytes_per_s: 5}\n"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    root = tmp_path_factory.mktemp("retrain")
+    synth_dataset(root / "ds", [SynthTable("item", 400, 1.1)], interactions=8000, seed=3, mean_length=12)
+    (root / "topo.yaml").write_text(TOPOLOGY)
+    return root
+
+
+def config(base, run: str, client, **kw) -> RetrainConfig:
+    values = dict(dataset=str(base / "ds"), run_dir=str(base / run), topology=str(base / "topo.yaml"), dim=8,
+                  mlp=(8,), history=5, negatives=2, batch_size=128, epochs=2, eval_users=200,
+                  scheduler_address=client.scheduler.address, memory_slack=0.5)
+    return RetrainConfig.build({**values, **kw})
+
+
+def task_runs(flow_run_id) -> list[str]:
+    async def names():
+        async with get_client() as c:
+            runs = await c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            return [r.name for r in runs]
+    return asyncio.run(names())
+
+
+def artifacts(flow_run_id) -> set[str]:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async def keys():
+        async with get_client() as c:
+            found = await c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            return {a.key for a in found if a.key}
+    return asyncio.run(keys())
+
+
+def live_actors(client) -> int:
+    return sum(len(a) for a in client.run(lambda dask_worker: list(dask_worker.state.actors)).values())
+
+
+def exported(model) -> dict:
+    root = zarr.open_group(str(model), mode="r")
+    return {k: root[k][...].tobytes() for k in ("tables/item", "dense/mlp.0.weight", "dense/mlp.1.weight")}
+
+
+def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, client, base):
+    state = retrain(config(base, "whole", client), return_state=True)
+    whole = state.result()
+    assert whole["epochs"] == 2 and whole["downloads"] == 1 and len(whole["checkpoints"]) == 2
+    assert 0 <= whole["auc"] <= 1 and whole["bytes_per_step"] > 0 and whole["row_wise_bytes_per_step"] > 0
+    names = task_runs(state.state_details.flow_run_id)
+    assert names.count("download") == 1
+    assert {"train-epoch-0", "train-epoch-1", "checkpoint-epoch-0", "checkpoint-epoch-1", "profile", "shard",
+            "exit", "evaluate"} <= set(names)
+    assert {"profile", "plan-comparison", "training-progress", "retrain-summary"} <= artifacts(
+        state.state_details.flow_run_id)
+    assert live_actors(client) == 0
+
+    first = retrain(config(base, "cut", client, epochs=1))
+    assert len(first["checkpoints"]) == 1
+    second_state = retrain(config(base, "cut", client), return_state=True)
+    second = second_state.result()
+    names = task_runs(second_state.state_details.flow_run_id)
+    assert "train-epoch-0" not in names and "train-epoch-1" in names and names.count("download") == 1
+    assert second["checkpoints"][-1].endswith("epoch-000002")
+    assert exported(base / "cut" / "model") == exported(base / "whole" / "model")
+
+
+def test_a_failing_run_releases_its_parameter_servers(prefect_api, client, base):
+    state = retrain(config(base, "fails", client, row_lr=1e30, dense_lr=1e30, epochs=3), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(Exception, match="non-finite|the loss is"):
+        state.result()
+    assert live_actors(client) == 0
+    assert not (base / "fails" / "model").exists()
+
+
+def test_bad_configuration_is_refused_before_anything_starts(base, tmp_path):
+    with pytest.raises(InputError, match=r"strategy = 'fast'.*epochs = 0.*batch_size = -1"):
+        RetrainConfig.build({"run_dir": str(tmp_path / "r"), "epochs": 0, "batch_size": -1, "strategy": "fast"})
+    with pytest.raises(InputError, match="no such file; accepted: a topology YAML file"):
+        RetrainConfig.build({"topology": str(tmp_path / "missing.yaml")})
+    assert not (tmp_path / "r").exists()
