@@ -24,14 +24,11 @@ $(VENV)/.installed-test: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
 
-# The main job: import the bundled amazon-video dataset into runs/demo, profile it, shard
-# it over the demo topology (2 nodes × 2 devices) and train one epoch on 4 local workers.
+# The main job: the whole retraining flow (flows/retrain.py) on the bundled amazon-video
+# dataset over the demo topology (2 nodes × 2 devices), with Prefect's embedded API and a
+# local Dask cluster: import, profile, shard, 2 epochs with checkpoints, download, evaluate.
 run: install
-	$(BIN)/shardflow import --format sasrec data/amazon-video/Video.txt $(RUN)/dataset --overwrite
-	$(BIN)/shardflow profile $(RUN)/dataset --out $(RUN)/profile --overwrite
-	$(BIN)/shardflow plan $(RUN)/profile --topology topologies/demo-4.yaml --strategy flexshard \
-		--memory-slack 0.1 --out $(RUN)/plan --overwrite
-	$(BIN)/shardflow train $(RUN)/dataset --plan $(RUN)/plan --epochs 1
+	$(BIN)/shardflow run --set run_dir=$(RUN)
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/profile_throughput.py

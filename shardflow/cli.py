@@ -188,10 +188,14 @@ def _set_value(text: str) -> tuple[str, object]:
 
 
 def _cmd_run(args: argparse.Namespace) -> dict:
+    import os
+
     import yaml
 
     from shardflow.config import RetrainConfig
 
+    # The embedded server would try to send usage telemetry; these machines may have no network.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     values: dict = {}
     if args.config:
         try:

@@ -1,0 +1,50 @@
+"""The estimation run (as Caffe2 estimates): the retraining config on one parameter server.
+
+Every table lives on device 0 (scaled by one common factor if the tables exceed its
+device_memory_bytes); trainers are unchanged. It reports throughput and traffic; it
+writes no checkpoints and no model.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+
+from shardflow.cluster import run_cluster
+from shardflow.config import RetrainConfig
+from shardflow.planner.topology import load_topology
+from tasks.retrain import (
+    prepare_dataset,
+    profile,
+    release_parameter_servers,
+    run_paths,
+    shard,
+    start_parameter_servers,
+    train_epoch,
+)
+
+
+@flow(name="estimate", flow_run_name="estimate-{config.epochs}-epochs")
+def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
+    paths = {k: str(v) for k, v in run_paths(config).items()}
+    devices = load_topology(config.topology).devices
+    with run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs, devices,
+                     gpus=config.device == "cuda") as client:
+        dataset = prepare_dataset(config)
+        profile(dataset, paths["profile"], client)
+        shard(config, paths["profile"], paths["plan"])
+        engine = None
+        try:
+            engine = start_parameter_servers(config, dataset, paths["plan"], client, estimate=True)
+            epochs = [train_epoch(engine, e) for e in range(config.epochs)]
+            traffic = engine.traffic()
+        finally:
+            release_parameter_servers(engine)
+    steps = sum(e["steps"] for e in epochs)
+    summary = {
+        "epochs": config.epochs,
+        "examples_per_s": sum(e["examples"] for e in epochs) / sum(e["seconds"] for e in epochs),
+        "bytes_per_step": float(traffic["lookup"].sum() + traffic["sync"].sum()) / max(steps, 1),
+        "epoch_loss": [e["loss"] for e in epochs],
+    }
+    get_run_logger().info("estimation: %s", summary)
+    return summary
