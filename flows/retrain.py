@@ -20,6 +20,7 @@ from tasks.retrain import (
     checkpoint,
     download,
     evaluate,
+    plots,
     prepare_dataset,
     profile,
     release_parameter_servers,
@@ -53,13 +54,14 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
                 stats = train_epoch(engine, epoch)
                 losses.append(stats["loss"])
                 steps += stats["steps"]
-                checkpoint(engine, paths["run"], epoch, {"loss": stats["loss"], "seed": config.seed})
+                checkpoint(engine, paths["run"], epoch, {"loss": stats["loss"], "auc": stats["auc"], "seed": config.seed})
                 update_progress_artifact(progress, 100.0 * (epoch + 1) / config.epochs)
             traffic = engine.traffic()
             download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy})
         finally:
             release_parameter_servers(engine)
         metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed)
+    figures = plots(paths["run"], paths["profile"], paths["plan"], strategies)
     moved = sum(float(traffic[k].sum() - traffic_start[k].sum()) for k in ("lookup", "sync"))
     row_wise = next(r for r in strategies if r["strategy"] == "row-wise-mod")
     summary = {
@@ -73,6 +75,7 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
         "model": paths["model"],
         "downloads": 1,
         "epoch_loss": losses,
+        "plots": figures,
     }
     create_markdown_artifact(_markdown(summary, config), key="retrain-summary", description="Retraining run summary")
     return summary
@@ -90,5 +93,6 @@ def _markdown(s: dict, config: RetrainConfig) -> str:
         f"- loss per epoch (this run): {', '.join(f'{x:.4f}' for x in s['epoch_loss']) or 'none (resumed at the end)'}",
         f"- exported model: `{s['model']}`",
         "- checkpoints: " + (", ".join(f"`{c}`" for c in s["checkpoints"]) or "none"),
+        "- plots (SVG): " + ", ".join(f"`{p}`" for p in s["plots"]),
     ]
     return "\n".join(lines)

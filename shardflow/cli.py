@@ -221,6 +221,8 @@ def _print_run(s: dict) -> None:
     print(f"  model        {s['model']} (downloaded {s['downloads']} time)")
     for c in s["checkpoints"]:
         print(f"  checkpoint   {c}")
+    for p in s["plots"]:
+        print(f"  plot         {p}")
     print("  artifacts, logs and task runs: the Prefect UI (prefect server start), or 'prefect flow-run ls'")
 
 

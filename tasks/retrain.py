@@ -159,8 +159,9 @@ def resume(engine: Engine, run_dir: str) -> int:
 @task(name="train-epoch", task_run_name="train-epoch-{epoch}", cache_policy=NONE)
 def train_epoch(engine: Engine, epoch: int) -> dict:
     stats = engine.train_epoch(epoch)
-    get_run_logger().info("epoch %d: %d steps, loss %.4f, %.0f examples/s", epoch, stats["steps"], stats["loss"],
-                          stats["examples"] / stats["seconds"])
+    stats["auc"] = engine.evaluate()["auc"]
+    get_run_logger().info("epoch %d: %d steps, loss %.4f, AUC %.4f, %.0f examples/s", epoch, stats["steps"],
+                          stats["loss"], stats["auc"], stats["examples"] / stats["seconds"])
     return stats
 
 
@@ -188,3 +189,42 @@ def evaluate(model_dir: str, dataset: str, users: int | None, seed: int) -> dict
 def release_parameter_servers(engine: Engine | None) -> None:
     if engine is not None:
         engine.close()
+
+
+@task(name="plots", task_run_name="plots", cache_policy=NONE)
+def plots(run_dir: str, profile_path: str, plan_path: str, strategies: list[dict]) -> list[str]:
+    """Access curve with tier boundaries, per-device traffic per strategy, loss and AUC per epoch (SVG)."""
+    import numpy as np
+
+    from shardflow.planner.plan import GLOBAL, NODE
+    from shardflow.plots import bar_chart, line_chart
+    from storage.checkpoint import CHECKPOINT
+    from storage.checkpoint import read as read_store
+
+    out = Path(run_dir) / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    plan, _, _, _ = read_plan(plan_path)
+    prof = Profile.open(profile_path)
+    curves, marks = {}, {}
+    for t in plan.tables:
+        counts = np.sort(prof.counts(t.name))[::-1]
+        ranks = np.unique(np.geomspace(1, counts.size, 400).astype(np.int64))
+        curves[t.name] = (ranks.tolist(), np.maximum(counts[ranks - 1], 1).tolist())
+        n_global, n_node = int((t.tier == GLOBAL).sum()), int((t.tier == NODE).sum())
+        if n_global:
+            marks[f"{t.name}: global | node"] = n_global
+        if n_node:
+            marks[f"{t.name}: node | single"] = n_global + n_node
+    files = [line_chart(out / "access.svg", curves, title="Accesses per row, most-read first (tiers dashed)",
+                        xlabel="row rank", ylabel="accesses", log=True, marks=marks)]
+    groups = {r["strategy"]: [b / 1e6 for b in r["device_bytes_per_step"]] for r in strategies if "error" not in r}
+    files.append(bar_chart(out / "traffic.svg", groups, title="Bytes sent + received per device per step (cost model)",
+                           xlabel="device", ylabel="MB per step"))
+    epochs = [read_store(p, CHECKPOINT) for _, p in complete_checkpoints(run_dir)]
+    if epochs:
+        x = [m["epochs_done"] for m in epochs]
+        files.append(line_chart(out / "training.svg",
+                                {"training loss": (x, [m["loss"] for m in epochs]),
+                                 "AUC (held out)": (x, [m["auc"] for m in epochs])},
+                                title="Loss and AUC per epoch", xlabel="epochs done", ylabel="value"))
+    return [str(f) for f in files]

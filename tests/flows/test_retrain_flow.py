@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import zarr
@@ -72,6 +73,12 @@ def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, cl
     assert {"profile", "plan-comparison", "training-progress", "retrain-summary"} <= artifacts(
         state.state_details.flow_run_id)
     assert live_actors(client) == 0
+    import xml.etree.ElementTree as ET
+
+    assert [Path(p).name for p in whole["plots"]] == ["access.svg", "traffic.svg", "training.svg"]
+    for p in whole["plots"]:
+        assert len(ET.parse(p).findall("{http://www.w3.org/2000/svg}polyline")) + len(
+            ET.parse(p).findall("{http://www.w3.org/2000/svg}rect")) > 2
 
     first = retrain(config(base, "cut", client, epochs=1))
     assert len(first["checkpoints"]) == 1
