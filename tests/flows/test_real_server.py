@@ -18,6 +18,21 @@ from shardflow.synthetic import SynthTable
 from storage.synth import synth_dataset
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOYMENTS = """
+import asyncio, json
+from prefect.client.orchestration import get_client
+async def main():
+    async with get_client() as c:
+        out = {}
+        for d in await c.read_deployments():
+            s = await c.read_deployment_schedules(d.id)
+            limit = d.concurrency_options.collision_strategy.value if d.concurrency_options else None
+            out[d.name] = {"cron": [x.schedule.cron for x in s], "limit": d.global_concurrency_limit.limit
+                           if d.global_concurrency_limit else None, "collision": limit, "pool": d.work_pool_name}
+        print(json.dumps(out))
+asyncio.run(main())
+"""
 READ_BACK = """
 import asyncio, json, sys
 from prefect.client.orchestration import get_client
@@ -81,3 +96,18 @@ def test_a_run_on_a_real_server_leaves_its_artifacts_there(server, tmp_path):
     seen = json.loads(back.stdout)
     assert ["retrain-flexshard-1-epochs", "COMPLETED"] in seen["runs"]
     assert {"profile", "plan-comparison", "training-progress", "retrain-summary"} <= set(seen["artifacts"])
+
+
+def test_prefect_yaml_deploys_the_nightly_and_the_estimation_deployments(server):
+    pool = subprocess.run([str(BIN / "prefect"), "work-pool", "create", "shardflow-process", "--type", "process"],
+                          env=server, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert pool.returncode == 0, pool.stderr[-2000:]
+    deployed = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env=server,
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert deployed.returncode == 0, (deployed.stdout + deployed.stderr)[-3000:]
+    back = subprocess.run([sys.executable, "-c", DEPLOYMENTS], env=server, capture_output=True, text=True, timeout=120)
+    assert back.returncode == 0, back.stderr[-3000:]
+    found = json.loads(back.stdout)
+    assert found["nightly-retrain"] == {"cron": ["0 2 * * *"], "limit": 1, "collision": "CANCEL_NEW",
+                                        "pool": "shardflow-process"}
+    assert found["estimate"]["pool"] == "shardflow-process"

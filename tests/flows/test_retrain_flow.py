@@ -105,3 +105,12 @@ def test_bad_configuration_is_refused_before_anything_starts(base, tmp_path):
     with pytest.raises(InputError, match="no such file; accepted: a topology YAML file"):
         RetrainConfig.build({"topology": str(tmp_path / "missing.yaml")})
     assert not (tmp_path / "r").exists()
+
+
+def test_the_estimation_flow_puts_every_table_on_one_server(prefect_api, client, base):
+    from flows.estimate import estimate
+
+    s = estimate(config(base, "estimated", client, epochs=1))
+    assert s["epochs"] == 1 and s["examples_per_s"] > 0 and s["bytes_per_step"] > 0 and len(s["epoch_loss"]) == 1
+    assert not (base / "estimated" / "checkpoints").exists() and not (base / "estimated" / "model").exists()
+    assert live_actors(client) == 0
