@@ -49,20 +49,21 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
             done = resume(engine, paths["run"])
             progress = create_progress_artifact(100.0 * done / config.epochs, key="training-progress",
                                                 description="epochs done")
-            losses, steps, traffic_start = [], 0, engine.traffic()
+            losses, steps = [], 0
             for epoch in range(done, config.epochs):
                 stats = train_epoch(engine, epoch)
                 losses.append(stats["loss"])
                 steps += stats["steps"]
                 checkpoint(engine, paths["run"], epoch, {"loss": stats["loss"], "auc": stats["auc"], "seed": config.seed})
                 update_progress_artifact(progress, 100.0 * (epoch + 1) / config.epochs)
-            traffic = engine.traffic()
+            traffic = engine.traffic()  # this run's: the engine's counters start at zero
             download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy})
+            downloads = engine.downloads
         finally:
             release_parameter_servers(engine)
         metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed)
     figures = plots(paths["run"], paths["profile"], paths["plan"], strategies)
-    moved = sum(float(traffic[k].sum() - traffic_start[k].sum()) for k in ("lookup", "sync"))
+    moved = sum(float(traffic[k].sum()) for k in ("lookup", "sync"))
     row_wise = next(r for r in strategies if r["strategy"] == "row-wise-mod")
     summary = {
         "run_dir": paths["run"],
@@ -73,7 +74,7 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
         "row_wise_bytes_per_step": row_wise["bytes_per_step"],
         "checkpoints": [str(p) for _, p in complete_checkpoints(paths["run"])],
         "model": paths["model"],
-        "downloads": 1,
+        "downloads": downloads,
         "epoch_loss": losses,
         "plots": figures,
     }

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from shardflow.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
-FORMATS = ("sasrec", "s3rec", "recbole")
 
 
 class RetrainConfig(BaseModel):

@@ -91,9 +91,6 @@ class BatchIndex:
     candidates: np.ndarray  # [E, 1 + K] row index into the item rows; column 0 is the positive
     features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [E] row index
 
-    def __len__(self) -> int:
-        return int(self.candidates.shape[0])
-
     def on(self, xp) -> "BatchIndex":
         """The same index as arrays of `xp` (a no-op for numpy)."""
         if xp is np:

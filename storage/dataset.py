@@ -57,6 +57,11 @@ class DatasetInfo:
     def table_names(self) -> list[str]:
         return [t.name for t in self.tables]
 
+    @property
+    def feature_tables(self) -> tuple[str, ...]:
+        """Every table other than the item sequence: the model's categorical features."""
+        return tuple(t for t in self.table_names if t != self.sequence_table)
+
 
 class DatasetWriter:
     """Writes a dataset into a staging directory, column block by column block.

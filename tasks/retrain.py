@@ -107,10 +107,9 @@ def shard(config: RetrainConfig, profile_path: str, out: str) -> list[dict]:
 
 
 def model_config(config: RetrainConfig, dataset: str) -> ModelConfig:
-    info = Dataset.open(dataset).info
     return ModelConfig(
         dim=config.dim, mlp=tuple(config.mlp), history=config.history, negatives=config.negatives,
-        features=tuple(t for t in info.table_names if t != info.sequence_table), seed=config.seed,
+        features=Dataset.open(dataset).info.feature_tables, seed=config.seed,
     )
 
 

@@ -41,7 +41,7 @@ class TrainData:
             )
         unknown = [f for f in features if f not in ds.info.table_names or f == item]
         if unknown:
-            accepted = [t for t in ds.info.table_names if t != item]
+            accepted = list(ds.info.feature_tables)
             raise InputError(f"feature tables {unknown}; accepted: {', '.join(accepted) or 'none in this dataset'}")
         offsets = ds.offsets()
         targets = target_positions(offsets, "train")

@@ -192,10 +192,7 @@ class DeviceWorker:
                 table,
                 lambda ids, plan=plan: (plan.tier[ids] == GLOBAL) & (self._holder(plan, ids, self.node) != self.device),
             )
-            leader = self._holder(plan, ids, self.node)
-            for peer in np.unique(leader):
-                sel = np.flatnonzero(leader == peer)
-                calls.append(self.peers[peer].push(table, ids[sel], self._host(grads, sel), self.device, "sync"))
+            calls += self._push_grouped(table, ids, grads, self._holder(plan, ids, self.node))
         for call in calls:
             call.result()
 
@@ -207,10 +204,7 @@ class DeviceWorker:
             )
             if ids.size and (self._holder(plan, ids, self.node) != self.device).any():
                 raise RuntimeError(f"device {self.device}: gradients of replicated rows it does not hold")
-            home = plan.home[ids]
-            for peer in np.unique(home):
-                sel = np.flatnonzero(home == peer)
-                calls.append(self.peers[peer].push(table, ids[sel], self._host(grads, sel), self.device, "sync"))
+            calls += self._push_grouped(table, ids, grads, plan.home[ids])
         for call in calls:
             call.result()
 
@@ -244,6 +238,14 @@ class DeviceWorker:
 
     def discard(self) -> None:
         self.shard.discard()
+
+    def _push_grouped(self, table: str, ids: np.ndarray, grads, dest: np.ndarray) -> list:
+        """Partial sums to the device `dest` names for each id, one sync message per device."""
+        calls = []
+        for peer in np.unique(dest):
+            sel = np.flatnonzero(dest == peer)
+            calls.append(self.peers[peer].push(table, ids[sel], self._host(grads, sel), self.device, "sync"))
+        return calls
 
     def _host(self, grads, sel: np.ndarray) -> np.ndarray:
         return to_host(grads[to_device(self.xp, sel)])
@@ -329,7 +331,7 @@ class DeviceWorker:
         """Everything this shard stores, on the host: for tests and the reference comparison."""
         out = {
             t: {
-                "ids": lay.init_ids if lay.stored is not None else np.arange(lay.rows),
+                "ids": lay.init_ids,
                 "weights": to_host(self.shard.weights[t]),
                 "state": to_host(self.shard.state[t]),
                 "version": self.shard.version[t].copy(),

@@ -186,6 +186,7 @@ class Engine:
         several_nodes = len(topology.nodes) > 1
         self.rounds = (["to_primaries"] if replicated and several_nodes else []) + ["apply"]
         self.step_count = 0
+        self.downloads = 0  # parameter downloads (exports) this engine has written
 
     def _all(self, method: str, *args) -> list:
         calls = [getattr(a, method)(*args) for a in self.actors]
@@ -310,6 +311,7 @@ class Engine:
                 "model": dataclasses.asdict(self.model),
                 "chunk_rows": EXPORT_CHUNK_ROWS,
             }, digests)
+        self.downloads += 1
         return manifest
 
     def evaluate(self) -> dict:

@@ -48,9 +48,9 @@ def train_from_stores(
             f"(checksum {made_from}), not of {dataset} ({ds.info.checksum}); accepted: a plan of this dataset"
         )
     source = manifest["source"]
-    features = tuple(t for t in ds.info.table_names if t != ds.info.sequence_table)
     model = ModelConfig(
-        dim=shape.dim, mlp=tuple(mlp), history=source["history"], negatives=source["negatives"], features=features
+        dim=shape.dim, mlp=tuple(mlp), history=source["history"], negatives=source["negatives"],
+        features=ds.info.feature_tables,
     )
     accesses = {a.name: a for a in accesses_from_profile(profile, source["history"], source["negatives"])}
     scaled = None
