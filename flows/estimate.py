@@ -12,6 +12,7 @@ from prefect import flow, get_run_logger
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.planner.topology import load_topology
+from storage.lock import run_lock
 from tasks.retrain import (
     prepare_dataset,
     profile,
@@ -27,8 +28,8 @@ from tasks.retrain import (
 def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
     paths = {k: str(v) for k, v in run_paths(config).items()}
     devices = load_topology(config.topology).devices
-    with run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs, devices,
-                     gpus=config.device == "cuda") as client:
+    with run_lock(paths["run"]), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
+                                             devices, gpus=config.device == "cuda") as client:
         dataset = prepare_dataset(config)
         profile(dataset, paths["profile"], client)
         shard(config, paths["profile"], paths["plan"])

@@ -9,13 +9,19 @@ released by the exit task whether the run succeeds, fails or is cancelled.
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
+
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
+from shardflow.errors import TrainingError, WorkerLost
 from shardflow.planner.topology import load_topology
 from storage.checkpoint import complete_checkpoints
+from storage.lock import run_lock
+from storage.staging import remove_leftovers
 from tasks.retrain import (
     checkpoint,
     download,
@@ -24,6 +30,7 @@ from tasks.retrain import (
     prepare_dataset,
     profile,
     release_parameter_servers,
+    restore_cluster,
     resume,
     run_paths,
     shard,
@@ -37,49 +44,81 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
     log = get_run_logger()
     paths = {k: str(v) for k, v in run_paths(config).items()}
     devices = load_topology(config.topology).devices
-    with run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs, devices,
-                     gpus=config.device == "cuda") as client:
+    with run_lock(paths["run"]), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
+                                             devices, gpus=config.device == "cuda") as client:
         log.info("Dask dashboard: %s", client.dashboard_link)
+        left = remove_leftovers(paths["run"]) + remove_leftovers(Path(paths["run"]) / "checkpoints")
+        if left:
+            log.warning("removed %d unfinished stores a cut-off run left behind: %s", len(left), ", ".join(left))
         dataset = prepare_dataset(config)
         profile(dataset, paths["profile"], client)
         strategies = shard(config, paths["profile"], paths["plan"])
-        engine = None
-        try:
-            engine = start_parameter_servers(config, dataset, paths["plan"], client)
-            done = resume(engine, paths["run"])
-            progress = create_progress_artifact(100.0 * done / config.epochs, key="training-progress",
-                                                description="epochs done")
-            losses, steps = [], 0
-            for epoch in range(done, config.epochs):
-                stats = train_epoch(engine, epoch)
-                losses.append(stats["loss"])
-                steps += stats["steps"]
-                checkpoint(engine, paths["run"], epoch, {"loss": stats["loss"], "auc": stats["auc"], "seed": config.seed})
-                update_progress_artifact(progress, 100.0 * (epoch + 1) / config.epochs)
-            traffic = engine.traffic()  # this run's: the engine's counters start at zero
-            download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy})
-            downloads = engine.downloads
-        finally:
-            release_parameter_servers(engine)
+        trained = _train(config, dataset, paths, client, devices)
         metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed)
-    figures = plots(paths["run"], paths["profile"], paths["plan"], strategies)
-    moved = sum(float(traffic[k].sum()) for k in ("lookup", "sync"))
+        figures = plots(paths["run"], paths["profile"], paths["plan"], strategies)
+    moved = sum(float(trained["traffic"][k].sum()) for k in ("lookup", "sync"))
     row_wise = next(r for r in strategies if r["strategy"] == "row-wise-mod")
     summary = {
         "run_dir": paths["run"],
         "epochs": config.epochs,
         "auc": metrics["auc"],
         "hr_at_10": metrics["hr_at_10"],
-        "bytes_per_step": moved / steps if steps else 0.0,
+        "bytes_per_step": moved / trained["steps"] if trained["steps"] else 0.0,
         "row_wise_bytes_per_step": row_wise["bytes_per_step"],
         "checkpoints": [str(p) for _, p in complete_checkpoints(paths["run"])],
         "model": paths["model"],
-        "downloads": downloads,
-        "epoch_loss": losses,
+        "downloads": trained["downloads"],
+        "epoch_loss": [trained["losses"][e] for e in sorted(trained["losses"])],
+        "resumed_from": trained["resumed"]["checkpoint"],
+        "skipped_checkpoints": trained["resumed"]["skipped"],
+        "restarts": trained["restarts"],
         "plots": figures,
     }
     create_markdown_artifact(_markdown(summary, config), key="retrain-summary", description="Retraining run summary")
     return summary
+
+
+def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: int) -> dict:
+    """The epochs left, a checkpoint after each, then the one download.
+
+    One attempt is one set of parameter servers. Losing a worker ends the attempt: the
+    cluster is restored and the next attempt resumes from the last complete checkpoint,
+    at most max_restarts times. Training is deterministic in (seed, step), so the run
+    ends with the parameters of an uninterrupted one.
+    """
+    log = get_run_logger()
+    losses: dict[int, float] = {}
+    progress = None
+    for attempt in itertools.count():
+        engine = None
+        try:
+            engine = start_parameter_servers(config, dataset, paths["plan"], client)
+            resumed = resume(engine, paths["run"])
+            if progress is None:
+                progress = create_progress_artifact(100.0 * resumed["epochs_done"] / config.epochs,
+                                                    key="training-progress", description="epochs done")
+            steps = 0
+            for epoch in range(resumed["epochs_done"], config.epochs):
+                stats = train_epoch(engine, epoch)
+                losses[epoch] = stats["loss"]
+                steps += stats["steps"]
+                checkpoint(engine, paths["run"], epoch, {"loss": stats["loss"], "auc": stats["auc"], "seed": config.seed})
+                update_progress_artifact(progress, 100.0 * (epoch + 1) / config.epochs)
+            traffic = engine.traffic()  # this attempt's: the engine's counters start at zero
+            download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy})
+            return {"losses": losses, "steps": steps, "traffic": traffic, "downloads": engine.downloads,
+                    "resumed": resumed, "restarts": attempt}
+        except WorkerLost as e:
+            if attempt == config.max_restarts:
+                raise TrainingError(
+                    f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.max_restarts} reached. "
+                    f"Checkpoints in {paths['run']} are kept: a new run resumes from the last complete one"
+                ) from e
+            log.warning("%s; restoring the cluster and resuming from the last complete checkpoint (restart %d of %d)",
+                        e, attempt + 1, config.max_restarts)
+            restore_cluster(engine, client, devices, attempt + 1, config.restart_timeout_s)
+        finally:
+            release_parameter_servers(engine)
 
 
 def _markdown(s: dict, config: RetrainConfig) -> str:
@@ -93,6 +132,9 @@ def _markdown(s: dict, config: RetrainConfig) -> str:
         f"{s['row_wise_bytes_per_step'] / mb:.3f} MB/step (cost model)",
         f"- loss per epoch (this run): {', '.join(f'{x:.4f}' for x in s['epoch_loss']) or 'none (resumed at the end)'}",
         f"- exported model: `{s['model']}`",
+        f"- resumed from: `{s['resumed_from']}`" if s["resumed_from"] else "- started from the initial parameters",
+        *(f"- **skipped damaged checkpoint** `{k['checkpoint']}`: {k['reason']}" for k in s["skipped_checkpoints"]),
+        f"- worker losses recovered from a checkpoint: {s['restarts']} (max_restarts {config.max_restarts})",
         "- checkpoints: " + (", ".join(f"`{c}`" for c in s["checkpoints"]) or "none"),
         "- plots (SVG): " + ", ".join(f"`{p}`" for p in s["plots"]),
     ]

@@ -41,6 +41,10 @@ class RetrainConfig(BaseModel):
     dedup: Literal["none", "device"] = "device"
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = Field(0, ge=0)
+    max_restarts: int = Field(
+        3, ge=0, description="times a run restores the cluster and the shards from the last checkpoint after losing a worker"
+    )
+    restart_timeout_s: float = Field(300.0, gt=0, description="how long a restore waits for enough workers")
     eval_users: int | None = Field(5000, ge=1, description="held-out users evaluated (none: all)")
     scheduler_address: str | None = Field(None, description="an existing Dask scheduler (one worker per device)")
     cluster_class: str | None = Field(

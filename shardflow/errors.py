@@ -12,3 +12,10 @@ class InputError(ValueError):
 
 class TrainingError(RuntimeError):
     """Training cannot go on (a non-finite loss or gradient): names the step and the parameter."""
+
+
+class WorkerLost(RuntimeError):
+    """A Dask worker holding a device's parameter shard left the cluster; its shard is gone.
+
+    Recoverable: the run restores the cluster and every shard from the last complete checkpoint.
+    """

@@ -15,7 +15,6 @@ arrays or chunks (zarr 3 has no atomic commit); a store without its manifest is 
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +86,35 @@ def read(store: str | Path, kind: str) -> dict:
     return read_manifest(Path(store), kind, FORMAT_VERSION, MADE_BY)
 
 
+def verify_export(store: str | Path) -> dict:
+    """Read every chunk of an exported model and check it against the manifest; the manifest.
+
+    A store without its manifest (a download cut off) is refused as incomplete; a chunk
+    changed or deleted since it was written is named.
+    """
+    store = Path(store)
+    if not (store / MANIFEST).is_file():
+        raise InputError(f"{store}: no {MANIFEST}; the export is incomplete (a download was cut off) or absent")
+    m = read(store, EXPORT)
+    expected = dict(m["arrays"])
+    for table, rows in m["tables"].items():
+        try:
+            arr = zarr.open_array(str(store / "tables" / table), mode="r")
+        except Exception as e:  # zarr raises several types for missing metadata
+            raise InputError(f"{store}/tables/{table}: unreadable ({type(e).__name__}); the export is damaged") from None
+        for start in range(0, rows, m["chunk_rows"]):
+            name = f"tables/{table}/{start}"
+            try:
+                values = arr[start : start + m["chunk_rows"]]
+            except Exception as e:
+                raise InputError(f"{store}/{name}: unreadable ({type(e).__name__}: {e}); the export is damaged") from None
+            if digest(name, values) != expected.pop(name, None):
+                raise InputError(f"{store}/{name}: rows {start}.. do not match their checksum; the export is damaged")
+    dense = sorted(k.removeprefix("dense/") for k in expected if k.startswith("dense/"))
+    read_arrays(store / "dense", dense, "dense", m["arrays"])
+    return m
+
+
 def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """(epochs done, path) of every checkpoint with a manifest, oldest first."""
     root = Path(run_dir) / "checkpoints"
@@ -98,12 +126,3 @@ def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
         if m and (p / MANIFEST).is_file():
             found.append((int(m.group(1)), p))
     return sorted(found)
-
-
-def prepare(store: Path) -> None:
-    """An empty directory for a store about to be written; an earlier incomplete one is removed."""
-    if store.exists():
-        if (store / MANIFEST).is_file():
-            raise InputError(f"{store} already holds a complete store; refusing to write over it")
-        shutil.rmtree(store)
-    store.mkdir(parents=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -11,6 +12,8 @@ from pathlib import Path
 
 from shardflow.errors import InputError
 from storage.manifest import MANIFEST
+
+_LEFTOVER = re.compile(r"^\..+\.(staging|replaced)-[0-9a-f]{12}$")
 
 
 def check_destination(dest: Path, *, overwrite: bool) -> None:
@@ -64,3 +67,19 @@ def staged(dest: Path, *, overwrite: bool) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+
+
+def remove_leftovers(directory: Path) -> list[str]:
+    """Delete the staging and replaced stores a killed writer left in `directory`; their names.
+
+    Only safe while no writer can be staging there: the retraining run calls it holding
+    the run directory's lock. A leftover is never a complete store: a staged store
+    becomes one only by the rename into place.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    gone = sorted(p.name for p in directory.iterdir() if _LEFTOVER.match(p.name) and p.is_dir())
+    for name in gone:
+        shutil.rmtree(directory / name, ignore_errors=True)
+    return gone

@@ -141,18 +141,44 @@ def start_parameter_servers(config: RetrainConfig, dataset: str, plan_path: str,
 
 
 @task(name="resume", task_run_name="resume", cache_policy=NONE)
-def resume(engine: Engine, run_dir: str) -> int:
-    """Restore the newest complete checkpoint that verifies; the number of epochs it holds (0: none)."""
+def resume(engine: Engine, run_dir: str) -> dict:
+    """Restore the newest complete checkpoint that verifies.
+
+    Returns epochs_done (0: none), the checkpoint used and every newer one skipped with why.
+    """
     log = get_run_logger()
+    skipped = []
     for epochs_done, path in reversed(complete_checkpoints(run_dir)):
         try:
             engine.restore(path)
         except InputError as e:
             log.warning("checkpoint %s is unusable (%s); falling back to the one before", path, e)
+            skipped.append({"checkpoint": str(path), "reason": str(e)})
             continue
         log.info("resumed from %s: %d epochs done, step %d", path, epochs_done, engine.step_count)
-        return epochs_done
-    return 0
+        return {"epochs_done": epochs_done, "checkpoint": str(path), "skipped": skipped}
+    if skipped:
+        log.warning("no usable checkpoint; training starts from the initial parameters")
+    return {"epochs_done": 0, "checkpoint": None, "skipped": skipped}
+
+
+@task(name="restore-cluster", task_run_name="restore-cluster-{attempt}", cache_policy=NONE)
+def restore_cluster(engine: Engine | None, client: Client, devices: int, attempt: int, timeout_s: float) -> None:
+    """After a lost worker: release the shards, restart this run's surviving workers, wait for enough.
+
+    The survivors are restarted too, so no actor thread stays blocked on the lost peer.
+    """
+    log = get_run_logger()
+    ours = []
+    if engine is not None:
+        ours = list(engine.workers)
+        engine.close()
+    alive = [w for w in ours if w in client.scheduler_info()["workers"]]
+    if alive:
+        status = client.restart_workers(alive, timeout=timeout_s, raise_for_error=False)
+        log.info("restarted workers %s", status)
+    client.wait_for_workers(devices, timeout=timeout_s)
+    log.info("restore %d: %d workers up", attempt, len(client.scheduler_info()["workers"]))
 
 
 @task(name="train-epoch", task_run_name="train-epoch-{epoch}", cache_policy=NONE)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from shardflow.arrays import array_module, to_device, to_host
-from shardflow.errors import InputError, TrainingError
+from shardflow.errors import InputError, TrainingError, WorkerLost
 from shardflow.model import ModelConfig, forward_backward, scores
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import GLOBAL, SINGLE, TablePlan, replica_device
@@ -37,6 +37,20 @@ from shardflow.training.batches import TrainData, lookups, negative_seed, sub_ba
 from shardflow.training.evaluate import EVAL_CHUNK, hits
 from shardflow.training.shard import ParameterShard, RowLayout
 from storage.checkpoint import read_arrays, write_arrays
+
+
+# The longest a device waits for a peer's answer. Peers answer on their event loop in
+# milliseconds; no answer for this long means the peer's worker is gone, and the actor's
+# one thread must not stay blocked behind it (the worker's next actor would queue there).
+PEER_TIMEOUT_S = 300.0
+
+
+def answer(call):
+    """A peer call's result, or WorkerLost once PEER_TIMEOUT_S pass without one."""
+    try:
+        return call.result(timeout=PEER_TIMEOUT_S)
+    except TimeoutError:
+        raise WorkerLost(f"no answer from a peer device in {PEER_TIMEOUT_S:.0f} s; its worker is presumed lost") from None
 
 
 class DeviceWorker:
@@ -125,13 +139,13 @@ class DeviceWorker:
             sel = np.flatnonzero(owner == peer)
             calls[int(peer)] = (sel, self.peers[peer].pull(table, ids[sel], self.device, step, kind))
         for sel, call in calls.values():
-            rows[to_device(xp, sel)] = to_device(xp, call.result())
+            rows[to_device(xp, sel)] = to_device(xp, answer(call))
         return rows, owner
 
     def _dense(self, step: int, kind: str = "dense") -> dict:
         if self.device == 0:
             return self.shard.dense
-        return {k: to_device(self.xp, v) for k, v in self.peers[0].pull_dense(self.device, step, kind).result().items()}
+        return {k: to_device(self.xp, v) for k, v in answer(self.peers[0].pull_dense(self.device, step, kind)).items()}
 
     def compute(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> dict:
         t0 = time.perf_counter()
@@ -162,7 +176,7 @@ class DeviceWorker:
         else:
             calls.append(self.peers[0].push_dense({k: to_host(v) for k, v in grads.dense.items()}, self.device))
         for call in calls:
-            call.result()
+            answer(call)
         self._to_leaders()
         t4 = time.perf_counter()
         return {
@@ -194,7 +208,7 @@ class DeviceWorker:
             )
             calls += self._push_grouped(table, ids, grads, self._holder(plan, ids, self.node))
         for call in calls:
-            call.result()
+            answer(call)
 
     def to_primaries(self, step: int) -> None:
         calls = []
@@ -206,7 +220,7 @@ class DeviceWorker:
                 raise RuntimeError(f"device {self.device}: gradients of replicated rows it does not hold")
             calls += self._push_grouped(table, ids, grads, plan.home[ids])
         for call in calls:
-            call.result()
+            answer(call)
 
     def apply(self, step: int) -> None:
         calls = []
@@ -233,7 +247,7 @@ class DeviceWorker:
         if self.device == 0:
             self.shard.apply_dense(step)
         for call in calls:
-            call.result()
+            answer(call)
         self.shard.finish_step(step)
 
     def discard(self) -> None:

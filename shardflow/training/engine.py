@@ -17,22 +17,26 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from distributed import Client
+from distributed import Client, wait
 
-from shardflow.errors import InputError
+from shardflow.errors import InputError, WorkerLost
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.topology import Topology
 from shardflow.training.batches import DEDUP_SCOPES, TrainData, negative_seed
-from shardflow.training.device import DeviceWorker
+from shardflow.training.device import DeviceWorker, answer
 from shardflow.training.evaluate import eval_targets
 from shardflow.training.shard import TRAFFIC_KINDS
-from storage.checkpoint import CHECKPOINT, EXPORT, EXPORT_CHUNK_ROWS, digest, finish, prepare, write_arrays
+from storage.checkpoint import CHECKPOINT, EXPORT, EXPORT_CHUNK_ROWS, digest, finish, write_arrays
 from storage.checkpoint import read as read_checkpoint
 from storage.dataset import COMPRESSORS
 from storage.staging import staged
 
+# How often a wait on the devices checks that their workers are still in the cluster.
+POLL_S = 0.5
+# How long an unreachable worker may take to be reported lost by the scheduler.
+LOSS_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ def export_chunk(actors: list, table: str, home: np.ndarray, start: int, store: 
     calls = [(sel, actors[int(d)].export_rows(table, ids[sel])) for sel, d in calls]
     rows = None
     for sel, call in calls:
-        got = call.result()
+        got = answer(call)
         if rows is None:
             rows = np.empty((ids.size, got.shape[1]), dtype=np.float32)
         rows[sel] = got
@@ -149,11 +153,15 @@ class Engine:
                 f"batch size {train.batch_size} > {self.data.targets.size} training examples; "
                 f"accepted: at most {self.data.targets.size}"
             )
-        workers = sorted(client.scheduler_info()["workers"])
+        info = client.scheduler_info()["workers"]
+        workers = sorted(info)
         if len(workers) < P:
             raise InputError(f"the plan has {P} devices, the cluster {len(workers)} workers; accepted: >= {P} workers")
         resources = {"GPU": 1} if train.device == "cuda" else None
         run = uuid.uuid4().hex[:8]
+        # The worker each device lives on, by address and by the worker's unique id: a
+        # worker restarted by its nanny comes back as a different id without the shard.
+        self.workers = {workers[d]: info[workers[d]]["id"] for d in range(P)}
         self._futures = [
             client.submit(
                 DeviceWorker,
@@ -176,9 +184,9 @@ class Engine:
             for d in range(P)
         ]
         try:
+            self._wait_futures(self._futures)
             self.actors = [f.result() for f in self._futures]
-            for a in [a.connect(self.actors) for a in self.actors]:
-                a.result()
+            self._wait([a.connect(self.actors) for a in self.actors])
         except BaseException:
             self.close()
             raise
@@ -189,8 +197,57 @@ class Engine:
         self.downloads = 0  # parameter downloads (exports) this engine has written
 
     def _all(self, method: str, *args) -> list:
-        calls = [getattr(a, method)(*args) for a in self.actors]
-        return [c.result() for c in calls]
+        try:
+            calls = [getattr(a, method)(*args) for a in self.actors]
+        except RuntimeError:  # distributed refuses calls to an actor whose worker is known lost
+            self.check_workers()
+            raise
+        return self._wait(calls)
+
+    def check_workers(self, grace_s: float = 0.0) -> None:
+        """WorkerLost if a worker holding one of this engine's shards has left the cluster.
+
+        With `grace_s`, keep looking that long: the scheduler may learn of a death after a
+        peer already failed to reach the worker.
+        """
+        deadline = time.monotonic() + grace_s
+        while True:
+            for d, f in enumerate(self._futures):
+                if f.status != "finished":
+                    raise WorkerLost(f"device {d}'s actor is {f.status}: its worker left the cluster, the shard is lost")
+            now = self.client.scheduler_info()["workers"]
+            for d, (address, wid) in enumerate(self.workers.items()):
+                if now.get(address, {}).get("id") != wid:
+                    raise WorkerLost(f"device {d}'s worker {address} left the cluster; its parameter shard is lost")
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(POLL_S)
+
+    def _wait(self, calls: list) -> list:
+        """The results of actor calls, in order; WorkerLost as soon as a device's worker is gone.
+
+        A call to an actor whose worker died may never return, so no wait here is unbounded.
+        """
+        out = []
+        for call in calls:
+            while True:
+                try:
+                    out.append(call.result(timeout=POLL_S))
+                    break
+                except TimeoutError:
+                    self.check_workers()
+                except OSError:  # the worker could not be reached, or the method's own I/O error
+                    self.check_workers(grace_s=LOSS_GRACE_S)
+                    raise
+        return out
+
+    def _wait_futures(self, futures: list) -> None:
+        while True:
+            try:
+                wait(futures, timeout=POLL_S)
+                return
+            except TimeoutError:
+                self.check_workers()
 
     def step(self, epoch: int, step_in_epoch: int) -> tuple[list[dict], float]:
         """One synchronous step on every device; (per-trainer stats, seconds spent in the sync rounds)."""
@@ -200,6 +257,8 @@ class Engine:
             t = time.perf_counter()
             for r in self.rounds:
                 self._all(r, s)
+        except WorkerLost:
+            raise
         except Exception:
             self._all("discard")
             raise
@@ -249,20 +308,23 @@ class Engine:
 
     # -- checkpoints and the parameter download ---------------------------------------------
     def checkpoint(self, path: str | Path, info: dict) -> dict:
-        """Every shard writes itself into `path`; the manifest (with `info`) is written last."""
-        path = Path(path)
-        prepare(path)
-        saved = self._all("save", str(path))
-        digests = {k: v for s in saved for k, v in s["digests"].items()}
-        return finish(path, CHECKPOINT, {
-            **info,
-            "step": self.step_count,
-            "dense_steps": saved[0]["dense_steps"],
-            "devices": self.topology.devices,
-            "model": dataclasses.asdict(self.model),
-            "batch_size": self.train.batch_size,
-            "seed": self.train.seed,
-        }, digests)
+        """Every shard writes itself into a staging directory beside `path`; the manifest is written
+        last and the directory renamed to `path` (replacing a damaged checkpoint a resume skipped).
+
+        A checkpoint cut off at any point is a leftover staging directory, never `path`.
+        """
+        with staged(Path(path), overwrite=True) as stage:
+            saved = self._all("save", str(stage))
+            digests = {k: v for s in saved for k, v in s["digests"].items()}
+            return finish(stage, CHECKPOINT, {
+                **info,
+                "step": self.step_count,
+                "dense_steps": saved[0]["dense_steps"],
+                "devices": self.topology.devices,
+                "model": dataclasses.asdict(self.model),
+                "batch_size": self.train.batch_size,
+                "seed": self.train.seed,
+            }, digests)
 
     def restore(self, path: str | Path) -> dict:
         """Load every shard from the complete checkpoint at `path`; its manifest."""
@@ -274,9 +336,7 @@ class Engine:
                 f"{path}: checkpoint of model {theirs} on {m['devices']} devices; accepted: model {mine} "
                 f"on {self.topology.devices} devices (the run's configuration)"
             )
-        calls = [a.load(str(path), m["arrays"], m["step"], m["dense_steps"]) for a in self.actors]
-        for c in calls:
-            c.result()
+        self._wait([a.load(str(path), m["arrays"], m["step"], m["dense_steps"]) for a in self.actors])
         self.step_count = m["step"]
         return m
 
@@ -301,8 +361,9 @@ class Engine:
                         export_chunk, self.actors, t.name, home, start, str(stage), pure=False,
                         key=f"export-{t.name}-{start}-{uuid.uuid4().hex[:8]}",
                     ))
+            self._wait_futures(tasks)
             digests = dict(self.client.gather(tasks))
-            dense = self.actors[0].dense_parameters().result()
+            dense = self._wait([self.actors[0].dense_parameters()])[0]
             digests.update(write_arrays(stage / "dense", dense, "dense"))
             manifest = finish(stage, EXPORT, {
                 **info,
@@ -320,7 +381,7 @@ class Engine:
         parts = np.array_split(targets, len(self.actors))
         seed = negative_seed(self.train.seed, -1)
         calls = [a.evaluate(p, self.train.eval_candidates, seed) for a, p in zip(self.actors, parts)]
-        out = [c.result() for c in calls]
+        out = self._wait(calls)
         total = sum(o["examples"] for o in out)
         return {
             "auc": sum(o["auc_sum"] for o in out) / max(total, 1),

@@ -13,8 +13,7 @@ import zarr
 
 from shardflow.model import ModelConfig, scores
 from shardflow.training.batches import TrainData, lookups, negative_seed
-from storage.checkpoint import EXPORT
-from storage.checkpoint import read as read_store
+from storage.checkpoint import verify_export
 
 EVAL_CHUNK = 256  # examples scored at a time
 CANDIDATES = 100
@@ -36,8 +35,8 @@ def hits(logit: np.ndarray) -> tuple[float, float]:
 
 
 def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | None, seed: int) -> dict:
-    """AUC and HR@10 of an exported model on the dataset's held-out items."""
-    m = read_store(model_dir, EXPORT)
+    """AUC and HR@10 of an exported model on the dataset's held-out items (after verifying every chunk)."""
+    m = verify_export(model_dir)
     config = ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in m["model"].items()})
     data = TrainData.load(dataset, config.features)
     root = zarr.open_group(str(model_dir), mode="r")

@@ -1,0 +1,50 @@
+"""One run per run directory: an exclusive lock held for the whole run.
+
+The lock is `flock` on RUN_DIR/run.lock. The kernel releases it when the holding
+process exits for any reason (a crash, `kill -9`, a lost machine's NFSv4 lease), so a
+crashed run never leaves it stuck; a run that is alive keeps it, however long it takes.
+While held, the file names its holder (host, pid, start time) for the refusal message;
+it is emptied on release, so a finished run leaves it as it found it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from shardflow.errors import InputError
+
+LOCK = "run.lock"
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | Path) -> Iterator[Path]:
+    """Hold RUN_DIR's lock for the duration; InputError naming the holder if another run has it."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise InputError(f"run_dir {run_dir} is a file; accepted: a directory (new or of an earlier run)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a run starting up"
+        os.close(fd)
+        raise InputError(
+            f"run_dir {run_dir} is in use by another run ({holder}); accepted: a run_dir no running run holds "
+            "(wait for that run to end, or choose another run_dir). The lock goes when its process exits, "
+            "also if it crashes."
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode(), 0)
+        yield path
+    finally:
+        os.ftruncate(fd, 0)
+        os.close(fd)
