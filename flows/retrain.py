@@ -47,15 +47,14 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
     with run_lock(paths["run"]), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
                                              devices, gpus=config.device == "cuda") as client:
         log.info("Dask dashboard: %s", client.dashboard_link)
-        left = remove_leftovers(paths["run"]) + remove_leftovers(Path(paths["run"]) / "checkpoints")
-        if left:
-            log.warning("removed %d unfinished stores a cut-off run left behind: %s", len(left), ", ".join(left))
+        _tidy(paths["run"])
         dataset = prepare_dataset(config)
         profile(dataset, paths["profile"], client)
         strategies = shard(config, paths["profile"], paths["plan"])
         trained = _train(config, dataset, paths, client, devices)
         metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed)
         figures = plots(paths["run"], paths["profile"], paths["plan"], strategies)
+        _tidy(paths["run"])
     moved = sum(float(trained["traffic"][k].sum()) for k in ("lookup", "sync"))
     row_wise = next(r for r in strategies if r["strategy"] == "row-wise-mod")
     summary = {
@@ -76,6 +75,17 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
     }
     create_markdown_artifact(_markdown(summary, config), key="retrain-summary", description="Retraining run summary")
     return summary
+
+
+def _tidy(run_dir: str) -> None:
+    """Remove the unfinished stores a cut-off run left behind (under the run's lock).
+
+    Called at the start and again at the end: workers of a killed run finish the write
+    they were in (a second or so) and may leave a few files after the first sweep.
+    """
+    left = remove_leftovers(run_dir) + remove_leftovers(Path(run_dir) / "checkpoints")
+    if left:
+        get_run_logger().warning("removed %d unfinished stores a cut-off run left behind: %s", len(left), ", ".join(left))
 
 
 def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: int) -> dict:

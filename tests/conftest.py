@@ -19,5 +19,7 @@ def client():
 def prefect_api():
     from prefect.testing.utilities import prefect_test_harness
 
+    from prefect.settings import PREFECT_API_URL
+
     with prefect_test_harness():
-        yield
+        yield PREFECT_API_URL.value()

@@ -39,21 +39,31 @@ from shardflow.training.shard import ParameterShard, RowLayout
 from storage.checkpoint import read_arrays, write_arrays
 
 
-# The longest a device waits for a peer's answer. Peers answer on their event loop in
-# milliseconds; no answer for this long means the peer's worker is gone, and the actor's
-# one thread must not stay blocked behind it (the worker's next actor would queue there).
+# A peer that has not answered for PROBE_S is asked whether it still exists: a call to an
+# actor released meanwhile (its run ended or died) never returns in distributed 2026.8,
+# and the waiting thread must not stay blocked (the worker's next actor would queue
+# behind it). PEER_TIMEOUT_S bounds the wait even for a peer that exists but is stuck.
+PROBE_S = 1.0
 PEER_TIMEOUT_S = 300.0
 
 
-def answer(call):
-    """A peer call's result, or WorkerLost once PEER_TIMEOUT_S pass without one."""
-    try:
-        return call.result(timeout=PEER_TIMEOUT_S)
-    except TimeoutError:
-        raise WorkerLost(f"no answer from a peer device in {PEER_TIMEOUT_S:.0f} s; its worker is presumed lost") from None
+def answer(call, peer):
+    """The result of `call` to the actor `peer`; WorkerLost once the peer is gone or silent too long."""
+    deadline = time.monotonic() + PEER_TIMEOUT_S
+    while True:
+        try:
+            return call.result(timeout=PROBE_S)
+        except TimeoutError:
+            try:
+                peer.alive
+            except Exception as e:  # KeyError (actor released), OSError (worker gone), RuntimeError (lost)
+                raise WorkerLost(f"a peer device is gone ({type(e).__name__}: {e})") from None
+            if time.monotonic() > deadline:
+                raise WorkerLost(f"no answer from a peer device in {PEER_TIMEOUT_S:.0f} s") from None
 
 
 class DeviceWorker:
+    alive = True  # an attribute, not a method: reading it remotely fails at once if the actor is gone
     def __init__(
         self,
         device: int,
@@ -138,14 +148,15 @@ class DeviceWorker:
         for peer in np.unique(owner[owner != self.device]):
             sel = np.flatnonzero(owner == peer)
             calls[int(peer)] = (sel, self.peers[peer].pull(table, ids[sel], self.device, step, kind))
-        for sel, call in calls.values():
-            rows[to_device(xp, sel)] = to_device(xp, answer(call))
+        for peer, (sel, call) in calls.items():
+            rows[to_device(xp, sel)] = to_device(xp, answer(call, self.peers[peer]))
         return rows, owner
 
     def _dense(self, step: int, kind: str = "dense") -> dict:
         if self.device == 0:
             return self.shard.dense
-        return {k: to_device(self.xp, v) for k, v in answer(self.peers[0].pull_dense(self.device, step, kind)).items()}
+        got = answer(self.peers[0].pull_dense(self.device, step, kind), self.peers[0])
+        return {k: to_device(self.xp, v) for k, v in got.items()}
 
     def compute(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> dict:
         t0 = time.perf_counter()
@@ -170,13 +181,13 @@ class DeviceWorker:
             self.shard.accept(table, ids[mine], g[to_device(self.xp, mine)], self.device)
             for peer in np.unique(owner[owner != self.device]):
                 sel = np.flatnonzero(owner == peer)
-                calls.append(self.peers[peer].push(table, ids[sel], to_host(g[to_device(self.xp, sel)]), self.device))
+                calls.append((peer, self.peers[peer].push(table, ids[sel], to_host(g[to_device(self.xp, sel)]), self.device)))
         if self.device == 0:
             self.shard.accept_dense(grads.dense, 0)
         else:
-            calls.append(self.peers[0].push_dense({k: to_host(v) for k, v in grads.dense.items()}, self.device))
-        for call in calls:
-            answer(call)
+            calls.append((0, self.peers[0].push_dense({k: to_host(v) for k, v in grads.dense.items()}, self.device)))
+        for peer, call in calls:
+            answer(call, self.peers[peer])
         self._to_leaders()
         t4 = time.perf_counter()
         return {
@@ -207,8 +218,8 @@ class DeviceWorker:
                 lambda ids, plan=plan: (plan.tier[ids] == GLOBAL) & (self._holder(plan, ids, self.node) != self.device),
             )
             calls += self._push_grouped(table, ids, grads, self._holder(plan, ids, self.node))
-        for call in calls:
-            answer(call)
+        for peer, call in calls:
+            answer(call, self.peers[peer])
 
     def to_primaries(self, step: int) -> None:
         calls = []
@@ -219,8 +230,8 @@ class DeviceWorker:
             if ids.size and (self._holder(plan, ids, self.node) != self.device).any():
                 raise RuntimeError(f"device {self.device}: gradients of replicated rows it does not hold")
             calls += self._push_grouped(table, ids, grads, plan.home[ids])
-        for call in calls:
-            answer(call)
+        for peer, call in calls:
+            answer(call, self.peers[peer])
 
     def apply(self, step: int) -> None:
         calls = []
@@ -237,17 +248,17 @@ class DeviceWorker:
                 holder = self._holder(plan, r_ids, node)
                 for peer in np.unique(holder):
                     sel = holder == peer
-                    calls.append(self.peers[peer].receive_total(table, r_ids[sel], r_total[sel], self.device, step))
+                    calls.append((peer, self.peers[peer].receive_total(table, r_ids[sel], r_total[sel], self.device, step)))
             is_global = plan.tier[r_ids] == GLOBAL
             if is_global.any():
                 for peer in self._node_peers():
                     calls.append(
-                        self.peers[peer].receive_total(table, r_ids[is_global], r_total[is_global], self.device, step)
+                        (peer, self.peers[peer].receive_total(table, r_ids[is_global], r_total[is_global], self.device, step))
                     )
         if self.device == 0:
             self.shard.apply_dense(step)
-        for call in calls:
-            answer(call)
+        for peer, call in calls:
+            answer(call, self.peers[peer])
         self.shard.finish_step(step)
 
     def discard(self) -> None:
@@ -258,7 +269,7 @@ class DeviceWorker:
         calls = []
         for peer in np.unique(dest):
             sel = np.flatnonzero(dest == peer)
-            calls.append(self.peers[peer].push(table, ids[sel], self._host(grads, sel), self.device, "sync"))
+            calls.append((peer, self.peers[peer].push(table, ids[sel], self._host(grads, sel), self.device, "sync")))
         return calls
 
     def _host(self, grads, sel: np.ndarray) -> np.ndarray:

@@ -77,11 +77,11 @@ class TrainResult:
 def export_chunk(actors: list, table: str, home: np.ndarray, start: int, store: str) -> tuple[str, str]:
     """One chunk of the export: rows start..start+len(home) from their homes, written by this task alone."""
     ids = np.arange(start, start + home.size, dtype=np.int64)
-    calls = [(np.flatnonzero(home == d), d) for d in np.unique(home)]
-    calls = [(sel, actors[int(d)].export_rows(table, ids[sel])) for sel, d in calls]
+    calls = [(np.flatnonzero(home == d), int(d)) for d in np.unique(home)]
+    calls = [(sel, d, actors[d].export_rows(table, ids[sel])) for sel, d in calls]
     rows = None
-    for sel, call in calls:
-        got = answer(call)
+    for sel, d, call in calls:
+        got = answer(call, actors[d])
         if rows is None:
             rows = np.empty((ids.size, got.shape[1]), dtype=np.float32)
         rows[sel] = got
@@ -213,7 +213,7 @@ class Engine:
         deadline = time.monotonic() + grace_s
         while True:
             for d, f in enumerate(self._futures):
-                if f.status != "finished":
+                if f.status in ("error", "lost", "cancelled"):
                     raise WorkerLost(f"device {d}'s actor is {f.status}: its worker left the cluster, the shard is lost")
             now = self.client.scheduler_info()["workers"]
             for d, (address, wid) in enumerate(self.workers.items()):

@@ -6,18 +6,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
-import zarr
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from flows.retrain import retrain
+from runs import SMALL, TOPOLOGY, exported, live_actors, task_runs
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
 from shardflow.synthetic import SynthTable
 from storage.synth import synth_dataset
-
-TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n  - {name: b, devices: 1, uplink_gbytes_per_s: 5}\n"
-
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
@@ -28,18 +24,9 @@ def base(tmp_path_factory):
 
 
 def config(base, run: str, client, **kw) -> RetrainConfig:
-    values = dict(dataset=str(base / "ds"), run_dir=str(base / run), topology=str(base / "topo.yaml"), dim=8,
-                  mlp=(8,), history=5, negatives=2, batch_size=128, epochs=2, eval_users=200,
-                  scheduler_address=client.scheduler.address, memory_slack=0.5)
+    values = dict(dataset=str(base / "ds"), run_dir=str(base / run), topology=str(base / "topo.yaml"),
+                  scheduler_address=client.scheduler.address, **SMALL)
     return RetrainConfig.build({**values, **kw})
-
-
-def task_runs(flow_run_id) -> list[str]:
-    async def names():
-        async with get_client() as c:
-            runs = await c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-            return [r.name for r in runs]
-    return asyncio.run(names())
 
 
 def artifacts(flow_run_id) -> set[str]:
@@ -50,15 +37,6 @@ def artifacts(flow_run_id) -> set[str]:
             found = await c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
             return {a.key for a in found if a.key}
     return asyncio.run(keys())
-
-
-def live_actors(client) -> int:
-    return sum(len(a) for a in client.run(lambda dask_worker: list(dask_worker.state.actors)).values())
-
-
-def exported(model) -> dict:
-    root = zarr.open_group(str(model), mode="r")
-    return {k: root[k][...].tobytes() for k in ("tables/item", "dense/mlp.0.weight", "dense/mlp.1.weight")}
 
 
 def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, client, base):

@@ -1,0 +1,68 @@
+"""What the flow tests share: run configs, reading a run back from the API, exported bytes, cut-off runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+import zarr
+
+BIN = Path(sys.executable).parent
+TOPOLOGY = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n"
+            "  - {name: b, devices: 1, uplink_gbytes_per_s: 5}\n")
+SMALL = dict(dim=8, mlp=(8,), history=5, negatives=2, batch_size=128, epochs=2, eval_users=200, memory_slack=0.5)
+
+
+def task_runs(flow_run_id) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def names():
+        async with get_client() as c:
+            runs = await c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            return [r.name for r in runs]
+    return asyncio.run(names())
+
+
+def live_actors(client) -> int:
+    return sum(len(a) for a in client.run(lambda dask_worker: list(dask_worker.state.actors)).values())
+
+
+def exported(model) -> dict:
+    root = zarr.open_group(str(model), mode="r")
+    return {k: root[k][...].tobytes() for k in ("tables/item", "dense/mlp.0.weight", "dense/mlp.1.weight")}
+
+
+def run_until_killed(values: dict, env: dict, cut: Callable[[], bool], where: Path, timeout: float = 300) -> None:
+    """`shardflow run` with `values` in a child process, SIGKILLed the moment `cut()` holds.
+
+    The child is stopped (SIGSTOP) first, so what `cut` saw is still what is on disk
+    when it dies. Fails if the run ends before `cut` ever held.
+    """
+    where.mkdir(parents=True, exist_ok=True)
+    config = where / "run.yaml"
+    config.write_text(yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}))
+    proc = subprocess.Popen([str(BIN / "shardflow"), "run", "--config", str(config), "--json"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(where / "stderr.txt", "w"))
+    deadline = time.monotonic() + timeout
+    try:
+        while not cut():
+            if proc.poll() is not None:
+                raise AssertionError(f"the run ended (exit {proc.returncode}) before it could be cut: "
+                                     + (where / "stderr.txt").read_text()[-3000:])
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the run was not cut within {timeout} s")
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGSTOP)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)

@@ -1,0 +1,209 @@
+"""Faults caused for real: a worker process killed mid-epoch, the run's own process killed while a
+checkpoint or the download is being written, chunks truncated or deleted, two runs on one run_dir.
+
+The item table has 10^6 rows, so a checkpoint or an export takes long enough to be cut in
+the middle; the model is small, so every run takes seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.retrain import retrain
+from runs import SMALL, TOPOLOGY, exported, live_actors, run_until_killed, task_runs
+from shardflow.config import RetrainConfig
+from shardflow.errors import InputError
+from shardflow.synthetic import SynthTable
+from shardflow.training.batches import TrainData
+from storage.checkpoint import checkpoint_dir, complete_checkpoints, verify_export
+from storage.lock import run_lock
+from storage.manifest import MANIFEST
+from support import snapshot
+
+ROWS = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    from storage.synth import synth_dataset
+
+    root = tmp_path_factory.mktemp("faults")
+    synth_dataset(root / "ds", [SynthTable("item", ROWS, 1.1)], interactions=8000, seed=3, mean_length=12)
+    (root / "topo.yaml").write_text(TOPOLOGY)
+    return root
+
+
+def values(big: Path, run: str, client, **kw) -> dict:
+    return {**SMALL, "dataset": str(big / "ds"), "run_dir": str(big / run), "topology": str(big / "topo.yaml"),
+            "scheduler_address": client.scheduler.address, **kw}
+
+
+def config(big: Path, run: str, client, **kw) -> RetrainConfig:
+    return RetrainConfig.build(values(big, run, client, **kw))
+
+
+@pytest.fixture(scope="module")
+def whole(prefect_api, client, big):
+    """The uninterrupted run every faulty one must end up equal to."""
+    summary = retrain(config(big, "whole", client))
+    assert summary["restarts"] == 0 and summary["resumed_from"] is None and summary["downloads"] == 1
+    return exported(big / "whole" / "model")
+
+
+def test_a_worker_killed_mid_epoch_is_restored_from_the_last_checkpoint(prefect_api, client, big, whole):
+    per_epoch = TrainData.load(str(big / "ds"), ()).steps_per_epoch(SMALL["batch_size"])
+    killed = {}
+
+    def kill_in_the_second_epoch():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            seen = client.run(lambda dask_worker: (os.getpid(), [a.shard.clock for a in dask_worker.state.actors.values()
+                                                                 if hasattr(a, "shard")]))
+            for address, (pid, clocks) in sorted(seen.items()):
+                if clocks and clocks[0] >= per_epoch + 3:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.update(address=address, step=clocks[0])
+                    return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_in_the_second_epoch)
+    killer.start()
+    state = retrain(config(big, "worker-killed", client), return_state=True)
+    killer.join()
+    summary = state.result()
+    assert per_epoch + 3 <= killed["step"] < 2 * per_epoch, (killed, per_epoch)  # mid-epoch, after checkpoint 1
+    assert summary["restarts"] == 1
+    names = task_runs(state.state_details.flow_run_id)
+    assert names.count("train-epoch-1") == 2 and names.count("train-epoch-0") == 1 and "restore-cluster-1" in names
+    assert names.count("download") == 1
+    assert exported(big / "worker-killed" / "model") == whole
+    assert [p.name for _, p in complete_checkpoints(big / "worker-killed")] == ["epoch-000001", "epoch-000002"]
+    client.wait_for_workers(4, timeout=60)
+    assert live_actors(client) == 0
+
+
+def test_losing_workers_more_than_max_restarts_fails_and_keeps_the_checkpoints(prefect_api, client, big):
+    def kill_every_shard_worker():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not done.is_set():
+            seen = client.run(lambda dask_worker: (os.getpid(), len(dask_worker.state.actors)))
+            for pid, actors in seen.values():
+                if actors:
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.3)
+
+    done = threading.Event()
+    killer = threading.Thread(target=kill_every_shard_worker)
+    killer.start()
+    try:
+        state = retrain(config(big, "keeps-dying", client, max_restarts=1, epochs=1), return_state=True)
+    finally:
+        done.set()
+        killer.join()
+    assert state.is_failed()
+    with pytest.raises(Exception, match=r"lost a worker 2 times .*max_restarts = 1 reached"):
+        state.result()
+    client.wait_for_workers(4, timeout=60)
+    assert not (big / "keeps-dying" / "model").exists()
+
+
+def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_one_before(prefect_api, client, big, whole):
+    run = big / "cut-checkpoint"
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    second = checkpoint_dir(run, 2)
+
+    def writing_second_checkpoint() -> bool:
+        stages = list(second.parent.glob(f".{second.name}.staging-*/shards/*/item"))
+        return bool(stages) and not second.exists()
+
+    run_until_killed(values(big, "cut-checkpoint", client), env, writing_second_checkpoint, big / "cut-checkpoint-log")
+    assert [p.name for _, p in complete_checkpoints(run)] == ["epoch-000001"]
+    assert not second.exists() and not (run / "model").exists()
+    assert (run / "run.lock").is_file()  # the killed run's lock, released by the kernel
+
+    state = retrain(config(big, "cut-checkpoint", client), return_state=True)
+    summary = state.result()
+    assert summary["resumed_from"] == str(checkpoint_dir(run, 1)) and summary["skipped_checkpoints"] == []
+    names = task_runs(state.state_details.flow_run_id)
+    assert "train-epoch-0" not in names and names.count("train-epoch-1") == 1
+    assert exported(run / "model") == whole
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch-000001", "epoch-000002"]
+
+
+def test_a_run_killed_during_the_download_keeps_the_old_export_and_a_rerun_completes_it(
+    prefect_api, client, big, whole
+):
+    run = big / "cut-download"
+    retrain(config(big, "cut-download", client))
+    before = snapshot(run / "model")
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+
+    def exporting() -> bool:
+        return bool(list(run.glob(".model.staging-*/tables/item/c")))
+
+    run_until_killed(values(big, "cut-download", client), env, exporting, big / "cut-download-log")
+    partial = next(run.glob(".model.staging-*"))
+    with pytest.raises(InputError, match="incomplete"):
+        verify_export(partial)
+    assert snapshot(run / "model") == before  # the complete export is untouched
+
+    state = retrain(config(big, "cut-download", client), return_state=True)
+    names = task_runs(state.state_details.flow_run_id)
+    assert not any(n.startswith("train-epoch") for n in names) and names.count("download") == 1
+    assert exported(run / "model") == whole
+    assert not list(run.glob(".model.*"))  # the partial export was removed
+
+
+def test_truncated_and_deleted_chunks_are_found_and_the_resume_falls_back(prefect_api, client, big, whole):
+    run = big / "damaged"
+    shutil.copytree(big / "whole", run, ignore=shutil.ignore_patterns("run.lock"))
+    chunk = next(p for p in sorted((checkpoint_dir(run, 2) / "shards").rglob("item/weights/c/*/*")) if p.stat().st_size)
+    chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 2])
+    gone = sorted((run / "model" / "tables" / "item" / "c").rglob("*"))[-1]
+    gone.unlink()
+    with pytest.raises(InputError, match=r"tables/item/\d+: rows \d+\.\. do not match their checksum"):
+        verify_export(run / "model")
+
+    state = retrain(config(big, "damaged", client), return_state=True)
+    summary = state.result()
+    assert summary["resumed_from"] == str(checkpoint_dir(run, 1))
+    [skipped] = summary["skipped_checkpoints"]
+    assert skipped["checkpoint"] == str(checkpoint_dir(run, 2)) and "weights" in skipped["reason"]
+    assert exported(run / "model") == whole
+    verify_export(run / "model")
+    assert [p.name for _, p in complete_checkpoints(run)] == ["epoch-000001", "epoch-000002"]
+
+
+def test_a_second_run_on_the_same_run_dir_is_refused_and_a_dead_holder_leaves_no_lock(prefect_api, client, big, tmp_path):
+    run = big / "whole"
+    before = snapshot(run)
+    with run_lock(run):
+        state = retrain(config(big, "whole", client), return_state=True)
+        assert state.is_failed()
+        with pytest.raises(InputError, match=rf"run_dir {run} is in use by another run \(host .*, pid {os.getpid()}"):
+            state.result()
+    assert snapshot(run) == before
+
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from storage.lock import run_lock\n"
+                               f"with run_lock({str(tmp_path)!r}):\n    print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    assert holder.stdout.readline() == "held\n"
+    with pytest.raises(InputError, match=f"pid {holder.pid}"):
+        with run_lock(tmp_path):
+            pass
+    holder.kill()
+    holder.wait()
+    with run_lock(tmp_path) as path:  # the crashed holder's lock went with its process
+        assert f"pid {os.getpid()}" in path.read_text()
+    assert path.read_text() == ""
+    assert not (tmp_path / MANIFEST).exists()
