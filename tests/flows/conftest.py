@@ -1,0 +1,62 @@
+"""A real `prefect server start` (SQLite, loopback) that a test can stop and start again."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+class PrefectServer:
+    def __init__(self, home: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/api"
+        self.env = {**os.environ, "PREFECT_HOME": str(home / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                    "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": self.url,
+                    "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}"}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in self.env.items() if k != "PREFECT_API_URL"}
+        self.proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
+                                      str(self.port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"prefect server did not start: {self.proc.stderr.read().decode()[-2000:]}")
+                time.sleep(0.5)
+
+    def kill(self) -> None:
+        """Gone at once, as a crashed or unreachable server is: connections are refused."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = PrefectServer(tmp_path)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
