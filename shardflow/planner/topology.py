@@ -114,5 +114,5 @@ def load_topology(path: str | Path) -> Topology:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise InputError(f"{path}: not valid YAML ({e})") from None
+        raise InputError(f"{path}: not valid YAML ({e}); accepted: a YAML mapping (see README, Topology)") from None
     return parse_topology(data, str(path))

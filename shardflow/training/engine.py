@@ -106,7 +106,10 @@ def check_plan_matches(data: TrainData, plan: ShardingPlan, topology: Topology) 
         raise InputError(f"the plan has tables {extra} the model does not read; accepted: {', '.join(data.rows)}")
     for t in plan.tables:
         if t.home.size and int(t.home.max()) >= topology.devices:
-            raise InputError(f"table '{t.name}': home {int(t.home.max())} on a topology of {topology.devices} devices")
+            raise InputError(
+                f"table '{t.name}': home {int(t.home.max())} on a topology of {topology.devices} devices; "
+                f"accepted: homes 0 to {topology.devices - 1} (a plan made for this topology)"
+            )
 
 
 def estimation_plan(

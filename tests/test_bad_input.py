@@ -1,0 +1,264 @@
+"""The bad-input matrix: each bad input is refused with a message naming the value and what is
+accepted, and every store it could touch is byte-for-byte what it was before.
+
+Each case returns (the stores to snapshot, the call that must be refused, the message pattern).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from support import MODEL, OPTIMIZER, TOPOLOGIES, random_plan, snapshot
+from shardflow.config import RetrainConfig
+from shardflow.errors import InputError, TrainingError
+from shardflow.optim import OptimizerConfig
+from shardflow.planner.costmodel import StepShape
+from shardflow.planner.plan import ShardingPlan, TablePlan
+from shardflow.planner.topology import load_topology, parse_topology
+from shardflow.planning import make_plan
+from shardflow.profiling import profile_dataset
+from shardflow.synthetic import SynthTable
+from shardflow.training.batches import TrainData
+from shardflow.training.engine import Engine, TrainConfig
+from storage.checkpoint import checkpoint_dir
+from storage.dataset import Dataset
+from storage.importers import import_dataset
+from storage.lock import run_lock
+from storage.manifest import MANIFEST
+from storage.synth import synth_dataset
+
+GOOD_SASREC = "".join(f"{u} {i}\n" for u in range(1, 30) for i in range(1, 8))
+TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, client):
+    """Good stores of every kind: an imported dataset, a synthetic one with its profile, plan and checkpoint."""
+    root = tmp_path_factory.mktemp("bad-input")
+    (root / "good.txt").write_text(GOOD_SASREC)
+    import_dataset("sasrec", root / "good.txt", root / "imported")
+    synth_dataset(root / "ds", [SynthTable("item", 300, 1.1), SynthTable("genre", 12, 0.7)], interactions=6000,
+                  seed=4, mean_length=10)
+    profile_dataset(root / "ds", root / "profile", client=client)
+    (root / "topo.yaml").write_text(TOPOLOGY)
+    make_plan(root / "profile", root / "plan", load_topology(root / "topo.yaml"), strategy="flexshard",
+              shape=StepShape(96, MODEL.dim, "device"), memory_slack=0.5, history=MODEL.history, negatives=MODEL.negatives)
+    data = TrainData.load(str(root / "ds"), MODEL.features)
+    with engine(client, root, random_plan(data, 2, 1)) as e:
+        e.step(0, 0)
+        e.checkpoint(checkpoint_dir(root / "run", 1), {"epochs_done": 1})
+    return root
+
+
+def engine(client, root: Path, plan, model=MODEL, optimizer=OPTIMIZER, batch_size: int = 96) -> Engine:
+    return Engine(client, str(root / "ds"), plan, TOPOLOGIES[2], model, optimizer, TrainConfig(batch_size=batch_size))
+
+
+def copy(world: Path, name: str, tmp_path: Path) -> Path:
+    shutil.copytree(world / name, tmp_path / name)
+    return tmp_path / name
+
+
+def importing(world, tmp_path, text: str | bytes, fmt: str = "sasrec", **kw):
+    src = tmp_path / "bad.txt"
+    (src.write_bytes if isinstance(text, bytes) else src.write_text)(text)
+    dest = copy(world, "imported", tmp_path)
+    return [src, dest], lambda: import_dataset(fmt, src, dest, overwrite=True, **kw)
+
+
+def tampered_dataset(world, tmp_path, array: str, index: int, value: int):
+    ds = copy(world, "ds", tmp_path)
+    arr = zarr.open_array(str(ds / array), mode="r+")
+    arr[index] = value
+    return ds
+
+
+def config(world, **kw):
+    return lambda: RetrainConfig.build({"dataset": str(world / "ds"), "topology": str(world / "topo.yaml"), **kw})
+
+
+def topology(text: str, tmp_path: Path):
+    (tmp_path / "t.yaml").write_text(text)
+    return lambda: load_topology(tmp_path / "t.yaml")
+
+
+def case_import_garbage_token(world, client, tmp_path):
+    return *importing(world, tmp_path, "1 2\n1 abc\n"), r"bad.txt:2: item 'abc' is not accepted; accepted: an integer >= 0"
+
+
+def case_import_negative_id(world, client, tmp_path):
+    return *importing(world, tmp_path, "1 2\n1 -3\n"), r"bad.txt:2: item '-3' is not accepted; accepted: an integer >= 0"
+
+
+def case_import_truncated_line(world, client, tmp_path):
+    return *importing(world, tmp_path, "1 2\n1 3\n7"), r"bad.txt:3: '7' has 1 fields; accepted: 'user item'"
+
+
+def case_import_empty_file(world, client, tmp_path):
+    return *importing(world, tmp_path, "\n  \n"), r"bad.txt: empty file; accepted: at least one interaction"
+
+
+def case_import_not_text(world, client, tmp_path):
+    return *importing(world, tmp_path, b"1 2\n\xff\xfe 3\n"), r"not UTF-8 text \(byte \d+\); accepted: a UTF-8 text file"
+
+
+def case_import_recbole_bad_header(world, client, tmp_path):
+    return *importing(world, tmp_path, "user_id:token\titem_id:tokens\n1\t2\n", "recbole"), r"header field 'item_id:tokens'"
+
+
+def case_import_criteo_bad_label(world, client, tmp_path):
+    line = "\t".join(["2"] + ["1"] * 13 + ["a"] * 26)
+    return *importing(world, tmp_path, line + "\n", "criteo"), r"label '2'; accepted: 0 or 1"
+
+
+def case_import_criteo_nan_feature(world, client, tmp_path):
+    line = "\t".join(["1", "nan"] + ["1"] * 12 + ["a"] * 26)
+    return *importing(world, tmp_path, line + "\n", "criteo"), r"I1 = 'nan'; accepted: a finite number or empty"
+
+
+def case_dataset_non_monotone_offsets(world, client, tmp_path):
+    ds = tampered_dataset(world, tmp_path, "offsets", 3, 0)
+    return [ds], lambda: Dataset.open(ds), r"offsets\[3\] = 0 is below offsets\[2\] = \d+; accepted: non-decreasing"
+
+
+def case_dataset_id_out_of_range(world, client, tmp_path):
+    ds = tampered_dataset(world, tmp_path, "tables/item", 17, 300)
+    return [ds], lambda: profile_dataset(ds, tmp_path / "p", client=client), r"\[17\] = 300 is outside the table; accepted: 0 <= id < 300"
+
+
+def case_dataset_empty(world, client, tmp_path):
+    ds = copy(world, "ds", tmp_path)
+    m = json.loads((ds / MANIFEST).read_text())
+    m["interactions"] = 0
+    (ds / MANIFEST).write_text(json.dumps(m))
+    return [ds], lambda: Dataset.open(ds), r"empty dataset \(\d+ users, 0 interactions\); accepted: at least one user"
+
+
+def case_config_out_of_range(world, client, tmp_path):
+    return [world / "ds"], config(world, epochs=0, batch_size=-1), r"epochs = 0: .*greater than or equal to 1.*batch_size = -1"
+
+
+def case_config_unknown_key(world, client, tmp_path):
+    return [world / "ds"], config(world, epoch=3), r"epoch = 3: Extra inputs are not permitted \(keys: dataset, "
+
+
+def case_config_two_clusters(world, client, tmp_path):
+    return [world / "ds"], config(world, scheduler_address="tcp://x:1", cluster_class="a.B"), r"accepted: at most one of them"
+
+
+def case_config_negative_learning_rate(world, client, tmp_path):
+    return [world / "ds"], config(world, row_lr=-0.1), r"row_lr = -0.1: Input should be greater than 0"
+
+
+def case_topology_without_devices(world, client, tmp_path):
+    return [world / "plan"], topology("intra_node_gbytes_per_s: 10\nnodes: []\n", tmp_path), r"no nodes; accepted: a list of at least one node"
+
+
+def case_topology_zero_devices(world, client, tmp_path):
+    text = "intra_node_gbytes_per_s: 10\nnodes:\n  - {name: a, devices: 0, uplink_gbytes_per_s: 1}\n"
+    return [world / "plan"], topology(text, tmp_path), r"node 'a' has devices = 0; accepted: an integer >= 1"
+
+
+def case_topology_negative_bandwidth(world, client, tmp_path):
+    text = "intra_node_gbytes_per_s: 10\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: -5}\n"
+    return [world / "plan"], topology(text, tmp_path), r"uplink_gbytes_per_s = -5; accepted: a number > 0"
+
+
+def case_topology_not_yaml(world, client, tmp_path):
+    return [world / "plan"], topology("nodes: [a, {\n", tmp_path), r"t.yaml: not valid YAML \(.*\); accepted: a YAML mapping"
+
+
+def case_plan_budget_too_small(world, client, tmp_path):
+    topo = parse_topology({"intra_node_gbytes_per_s": 10, "device_memory_bytes": 1000,
+                           "nodes": [{"name": "a", "devices": 2, "uplink_gbytes_per_s": 1}]}, "tiny")
+    plan = copy(world, "plan", tmp_path)
+    return [world / "profile", plan], lambda: make_plan(
+        world / "profile", plan, topo, strategy="flexshard", shape=StepShape(96, 8, "device"), overwrite=True,
+    ), r"short by 9,232 bytes; accepted: a larger device_memory_bytes"
+
+
+def case_plan_other_tables(world, client, tmp_path):
+    plan = ShardingPlan("x", (TablePlan("items", np.zeros(300, np.int8), np.zeros(300, np.int32)),
+                              TablePlan("genre", np.zeros(12, np.int8), np.zeros(12, np.int32))))
+    return [world / "run"], lambda: engine(client, world, plan), r"the plan has no table 'item' \(it has items, genre\)"
+
+
+def case_plan_home_beyond_devices(world, client, tmp_path):
+    data = TrainData.load(str(world / "ds"), MODEL.features)
+    plan = random_plan(data, 2, 0)
+    home = plan.tables[0].home.copy()
+    home[5] = 7
+    plan = ShardingPlan("x", (TablePlan(plan.tables[0].name, plan.tables[0].tier, home), *plan.tables[1:]))
+    return [world / "run"], lambda: engine(client, world, plan), r"home 7 on a topology of 2 devices; accepted: homes 0 to 1"
+
+
+def _restore(client, world, path, model=MODEL):
+    data = TrainData.load(str(world / "ds"), model.features)
+    with engine(client, world, random_plan(data, 2, 1), model=model) as e:
+        e.restore(path)
+
+
+def case_checkpoint_dimension_mismatch(world, client, tmp_path):
+    from dataclasses import replace
+
+    return [world / "run"], lambda: _restore(client, world, checkpoint_dir(world / "run", 1), replace(MODEL, dim=16)), (
+        r"checkpoint of model \{'dim': 8.*accepted: model \{'dim': 16")
+
+
+def case_checkpoint_altered_chunk(world, client, tmp_path):
+    run = copy(world, "run", tmp_path)
+    chunk = next(p for p in sorted(run.rglob("item/weights/c/*/*")))
+    data = bytearray(chunk.read_bytes())
+    data[-1] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    return [run], lambda: _restore(client, world, checkpoint_dir(run, 1)), r"item/weights: (content does not match its checksum|unreadable)"
+
+
+def case_training_batch_larger_than_dataset(world, client, tmp_path):
+    data = TrainData.load(str(world / "ds"), MODEL.features)
+    return [world / "ds"], lambda: engine(client, world, random_plan(data, 2, 1), batch_size=10**6), (
+        r"batch size 1000000 > \d+ training examples; accepted: at most \d+")
+
+
+def case_training_non_finite_gradients(world, client, tmp_path):
+    data = TrainData.load(str(world / "ds"), MODEL.features)
+    run = copy(world, "run", tmp_path)
+
+    def train():
+        with engine(client, world, random_plan(data, 2, 1), optimizer=OptimizerConfig(row_lr=1e30, dense_lr=1e30)) as e:
+            e.restore(checkpoint_dir(run, 1))
+            for i in range(5):
+                e.step(0, 1 + i)
+            e.checkpoint(checkpoint_dir(run, 2), {})
+    return [run], train, TrainingError, r"step \d+: (non-finite gradient in .* on device \d|the loss is (nan|inf))"
+
+
+def case_run_dir_is_a_file(world, client, tmp_path):
+    (tmp_path / "run").write_text("notes")
+    return [tmp_path / "run"], lambda: run_lock(tmp_path / "run").__enter__(), r"run_dir .* is a file; accepted: a directory"
+
+
+CASES = {name.removeprefix("case_"): fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
+
+
+def test_the_matrix_covers_every_stage_with_at_least_twenty_cases():
+    assert len(CASES) >= 20
+    assert {n.split("_")[0] for n in CASES} >= {"import", "dataset", "config", "topology", "plan", "checkpoint", "training"}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_input_is_refused_and_leaves_every_store_unchanged(name, world, client, tmp_path):
+    stores, call, *expect = CASES[name](world, client, tmp_path)
+    error, pattern = expect if len(expect) == 2 else (InputError, expect[0])
+    before = {str(s): snapshot(s) if s.is_dir() else s.read_bytes() for s in stores}
+    with pytest.raises(error, match=pattern):
+        call()
+    assert {str(s): snapshot(s) if s.is_dir() else s.read_bytes() for s in stores} == before
+    assert all(before.values()), "a case must guard a store that holds something"
+    assert not list(tmp_path.glob(".*.staging-*")), "a refused write left a staging directory"
