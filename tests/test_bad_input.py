@@ -171,7 +171,7 @@ def case_topology_negative_bandwidth(world, client, tmp_path):
 
 
 def case_topology_not_yaml(world, client, tmp_path):
-    return [world / "plan"], topology("nodes: [a, {\n", tmp_path), r"t.yaml: not valid YAML \(.*\); accepted: a YAML mapping"
+    return [world / "plan"], topology("nodes: [a, {\n", tmp_path), r"(?s)t.yaml: not valid YAML \(.*\); accepted: a YAML mapping"
 
 
 def case_plan_budget_too_small(world, client, tmp_path):
