@@ -181,7 +181,9 @@ def test_truncated_and_deleted_chunks_are_found_and_the_resume_falls_back(prefec
     assert [p.name for _, p in complete_checkpoints(run)] == ["epoch-000001", "epoch-000002"]
 
 
-def test_a_second_run_on_the_same_run_dir_is_refused_and_a_dead_holder_leaves_no_lock(prefect_api, client, big, tmp_path):
+def test_a_second_run_on_the_same_run_dir_is_refused_and_a_dead_holder_leaves_no_lock(
+    prefect_api, client, big, whole, tmp_path
+):
     run = big / "whole"
     before = snapshot(run)
     with run_lock(run):
@@ -207,3 +209,13 @@ def test_a_second_run_on_the_same_run_dir_is_refused_and_a_dead_holder_leaves_no
         assert f"pid {os.getpid()}" in path.read_text()
     assert path.read_text() == ""
     assert not (tmp_path / MANIFEST).exists()
+
+
+def test_a_run_with_another_dimension_on_a_run_dir_with_checkpoints_is_refused(prefect_api, client, big, whole):
+    run = big / "whole"
+    before = snapshot(run)
+    state = retrain(config(big, "whole", client, dim=16), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(InputError, match=r"has checkpoints of a run planned differently .*accepted: the same strategy"):
+        state.result()
+    assert snapshot(run) == before
