@@ -4,7 +4,9 @@ Every stage is its own named task on one shared Dask cluster (a LocalCluster, an
 scheduler, or any cluster class). Each epoch ends in a checkpoint every shard writes
 itself; a run started again on the same run_dir resumes from the last complete one. The
 parameter download happens once, after the last epoch; the parameter servers are
-released by the exit task whether the run succeeds, fails or is cancelled.
+released by the exit task whether the run succeeds, fails or is cancelled. The run holds
+the run directory's lock throughout; a lost worker is recovered from the last checkpoint
+(docs/reliability.md).
 """
 
 from __future__ import annotations
