@@ -44,13 +44,19 @@ asyncio.run(main())
 """
 
 
-def test_a_run_on_a_real_server_leaves_its_artifacts_there(server, tmp_path):
+def run_config(tmp_path: Path, **kw) -> Path:
+    """A small dataset, a one-node two-device topology and a run config using them."""
     synth_dataset(tmp_path / "ds", [SynthTable("item", 300, 1.1)], interactions=5000, seed=5, mean_length=10)
     (tmp_path / "topo.yaml").write_text("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({
         "dataset": str(tmp_path / "ds"), "run_dir": str(tmp_path / "run"), "topology": str(tmp_path / "topo.yaml"),
-        "dim": 8, "mlp": [8], "history": 5, "negatives": 2, "batch_size": 128, "epochs": 1, "eval_users": 100,
+        "dim": 8, "mlp": [8], "history": 5, "negatives": 2, "eval_users": 100, **kw,
     }))
+    return tmp_path / "run.yaml"
+
+
+def test_a_run_on_a_real_server_leaves_its_artifacts_there(server, tmp_path):
+    run_config(tmp_path, batch_size=128, epochs=1)
     done = subprocess.run([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml"), "--json"],
                           env=server.env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -79,12 +85,7 @@ def test_prefect_yaml_deploys_the_nightly_and_the_estimation_deployments(server)
 
 
 def test_a_run_outlives_an_outage_of_the_prefect_api(server, tmp_path):
-    synth_dataset(tmp_path / "ds", [SynthTable("item", 300, 1.1)], interactions=5000, seed=5, mean_length=10)
-    (tmp_path / "topo.yaml").write_text("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n")
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump({
-        "dataset": str(tmp_path / "ds"), "run_dir": str(tmp_path / "run"), "topology": str(tmp_path / "topo.yaml"),
-        "dim": 8, "mlp": [8], "history": 5, "negatives": 2, "batch_size": 64, "epochs": 4, "eval_users": 100,
-    }))
+    run_config(tmp_path, batch_size=64, epochs=4)
     run = subprocess.Popen([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml"), "--json"],
                            env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = tmp_path / "run" / "checkpoints" / "epoch-000001" / "manifest.json"
