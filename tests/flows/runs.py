@@ -43,8 +43,9 @@ def exported(model) -> dict:
 def run_until_killed(values: dict, env: dict, cut: Callable[[], bool], where: Path, timeout: float = 300) -> None:
     """`shardflow run` with `values` in a child process, SIGKILLed the moment `cut()` holds.
 
-    The child is stopped (SIGSTOP) first, so what `cut` saw is still what is on disk
-    when it dies. Fails if the run ends before `cut` ever held.
+    The child is stopped (SIGSTOP) first, so it writes no manifest and renames nothing
+    after `cut` saw the state (its workers finish the write they are in, as they would).
+    Fails if the run ends before `cut` ever held.
     """
     where.mkdir(parents=True, exist_ok=True)
     config = where / "run.yaml"

@@ -6,7 +6,6 @@ Bounded: CYCLES runs of one epoch each (about 3 s per run on 2 cores).
 
 from __future__ import annotations
 
-import os
 import threading
 
 import psutil
@@ -59,4 +58,4 @@ def test_many_resumed_runs_keep_memory_flat_and_leak_nothing(prefect_api, client
     assert last["threads"] <= base["threads"] + 2, [s["threads"] for s in seen]
     assert all(s["actors"] == 0 for s in seen)
     print("\nsoak (MB, fds, threads per run):", [(round(s["rss"]), s["fds"], s["threads"]) for s in seen],
-          "workers MB:", [round(sum(s["workers"].values())) for s in seen], "pid", os.getpid())
+          "workers MB:", [round(sum(s["workers"].values())) for s in seen])
