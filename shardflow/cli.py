@@ -29,15 +29,28 @@ def _key_value_rows(text: str) -> tuple[str, int]:
 def _cmd_import(args: argparse.Namespace) -> dict:
     from storage.importers import DEFAULT_HASH_ROWS, import_dataset
 
-    m = import_dataset(
-        args.format,
-        args.src,
-        args.dest,
+    options = dict(
         overwrite=args.overwrite,
+        append=args.append,
         table_rows=dict(args.table_rows or []),
         hash_rows=DEFAULT_HASH_ROWS if args.hash_rows is None else args.hash_rows,
     )
-    return _dataset_summary(args.dest, m)
+    started = time.perf_counter()
+    if args.workers is None and args.scheduler is None:
+        m = import_dataset(args.format, args.src, args.dest, **options)
+    else:
+        from shardflow.cluster import dask_client
+
+        logging.getLogger("distributed").setLevel(logging.WARNING)
+        with dask_client(args.scheduler, args.workers) as client:
+            m = import_dataset(args.format, args.src, args.dest, client=client, **options)
+    return {
+        **_dataset_summary(args.dest, m),
+        "version": m["version"],
+        "parts_added": m["parts_added"],
+        "parts_skipped": m["parts_skipped"],
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def _cmd_synth(args: argparse.Namespace) -> dict:
@@ -69,6 +82,9 @@ def _dataset_summary(path: str, m: dict) -> dict:
 
 def _print_dataset(s: dict) -> None:
     print(f"dataset {s['path']}: {s['users']:,} users, {s['interactions']:,} interactions")
+    if "version" in s:
+        print(f"  version {s['version']}: {len(s['parts_added'])} parts added, {len(s['parts_skipped'])} already held"
+              f" ({s['seconds']:.1f} s)")
     for name, rows in s["tables"].items():
         role = "item sequence" if name == s["sequence_table"] else "feature"
         print(f"  table {name:<12} {rows:>14,} rows  ({role})")
@@ -236,11 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(run=run, show=show)
         return p
 
-    p = command("import", "import a published dataset file into a dataset store", _cmd_import, _print_dataset)
+    p = command("import", "import published dataset files into a dataset store", _cmd_import, _print_dataset)
     p.add_argument("--format", required=True, choices=["sasrec", "s3rec", "recbole", "criteo"])
-    p.add_argument("src", help="source file")
-    p.add_argument("dest", help="dataset store to create")
+    p.add_argument("src", help="a source file, a .gz file, or a directory of part files (read in name order)")
+    p.add_argument("dest", help="dataset store to create (or to append to, with --append)")
     p.add_argument("--overwrite", action="store_true", help="replace a store already at DEST")
+    p.add_argument("--append", action="store_true", help="add the parts of SRC that DEST does not hold yet")
+    p.add_argument("--workers", type=int, help="scan several parts in parallel on a local cluster of this size")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler to scan parts on")
     p.add_argument("--table-rows", type=_key_value_rows, action="append", metavar="NAME=ROWS",
                    help="criteo: rows of one hashed categorical table (repeatable)")
     p.add_argument("--hash-rows", type=int, help="criteo: rows of every other categorical table (default 2^20)")

@@ -15,17 +15,17 @@ import numpy as np
 from distributed import Client, wait
 
 from shardflow.counting import TableStats, count_ids, table_stats
-from storage.dataset import Dataset, open_ids
+from storage.dataset import Dataset, open_column
 from storage.profile import finish_profile, start_profile, write_counts
 from storage.staging import check_destination, staged
 
-def count_block(dataset: str, table: str, rows: int, start: int, stop: int) -> np.ndarray:
-    """Counts of every row of `table` over events [start, stop), one chunk at a time.
+def count_block(dataset: str, array: str, rows: int, start: int, stop: int) -> np.ndarray:
+    """Counts of every row of a table over events [start, stop) of one stored `array`, a chunk at a time.
 
     The next chunk is read and decoded in a helper thread while this one is counted
     (decompression releases the GIL), so reading hides behind counting.
     """
-    column = open_ids(dataset, table)
+    column = open_column(dataset, array)
     step = column.chunks[0]
     starts = range(start, stop, step)
     counts = np.zeros(rows, dtype=np.int64)
@@ -35,7 +35,7 @@ def count_block(dataset: str, table: str, rows: int, start: int, stop: int) -> n
             ids = ahead.result()
             if a + step < stop:
                 ahead = reader.submit(column.__getitem__, slice(a + step, min(stop, a + 2 * step)))
-            count_ids(ids, rows, where=f"{dataset}/tables/{table}", first_position=a, out=counts)
+            count_ids(ids, rows, where=f"{dataset}/{array}", first_position=a, out=counts)
     return counts
 
 
@@ -66,8 +66,8 @@ def profile_dataset(
         per_table, pending = {}, []
         for t in ds.info.tables:
             parts = [
-                client.submit(count_block, str(ds.path), t.name, t.rows, a, b, pure=False)
-                for a, b in ds.blocks(t.name, blocks)
+                client.submit(count_block, str(ds.path), array, t.rows, a, b, pure=False)
+                for array, a, b in ds.blocks(t.name, blocks)
             ]
             per_table[t.name] = client.submit(sum_and_write, str(stage), t.name, *parts, pure=False)
             pending += parts + [per_table[t.name]]

@@ -1,16 +1,31 @@
-"""The dataset store: users' time-ordered event sequences, held ragged.
+"""The dataset store: users' time-ordered event sequences, grown one part at a time.
+
+Every part a store was given (one source file: a day's log, say) is one immutable
+segment. A segment holds *runs*: consecutive events of one user, in the part's order.
+User u's sequence is the concatenation of u's runs, segment by segment, run by run;
+`Dataset` reads the store in that order (user 0's events, then user 1's, ...), so a
+reader never sees segments unless it asks for them.
 
 Layout of a dataset directory (zarr v3):
 
-    offsets             int64 [users + 1]    user u owns events offsets[u]:offsets[u+1]
-    tables/<name>       int32|int64 [events] one id per event for every embedding table;
-                                             the sequence table holds the item sequence,
-                                             the others are categorical feature columns
-    raw_ids/<name>      [distinct raw]       every source value seen in the table's column,
-    raw_rows/<name>     int64 [distinct raw] and the row it became
-    dense/<name>        float32 [events]     optional numeric columns (NaN = missing)
-    labels              float32 [events]     optional click labels
-    manifest.json                            written last; without it this is no dataset
+    segments/NNNN/                       one per part, NNNN = 0000, 0001, ... in import order
+        users         int64 [runs]       the user of each run
+        offsets       int64 [runs + 1]   run r holds the segment's events offsets[r]:offsets[r+1]
+        tables/<name> int32|int64 [events]  one id per event for every embedding table; the
+                                         sequence table holds the item sequence, the others
+                                         are categorical feature columns
+        dense/<name>  float32 [events]   optional numeric columns (NaN = missing)
+        labels        float32 [events]   optional click labels
+        user_ids      [new users]        raw ids of the users this part introduced; user
+                                         indices follow those of earlier parts
+        raw_ids/<name>   [new values]    source values this part introduced in the table,
+        raw_rows/<name>  int64           and the row each became (rows follow earlier parts')
+    manifest.json                        written last: the version, the parts (name, sha256,
+                                         size) and the segments with every array's content
+                                         digest; without it this is no dataset
+
+An append writes new segments beside the old ones and then replaces the manifest: the
+arrays of an earlier version are never rewritten.
 """
 
 from __future__ import annotations
@@ -25,15 +40,26 @@ from zarr.codecs import BloscCodec
 from shardflow.errors import InputError
 from shardflow.tables import TableSpec, parse_table_name
 from storage.checksum import ArrayHash, combine
-from storage.manifest import read_manifest, write_manifest
+from storage.manifest import read_manifest
 
 KIND = "dataset"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MADE_BY = "'shardflow import' or 'shardflow synth'"
 EVENTS_PER_CHUNK = 1 << 22
 OFFSETS_PER_CHUNK = 1 << 20
 # Fastest compressed read among zstd / blosc-lz4 / blosc-zstd on Zipf ids (see README, profiling).
 COMPRESSORS = [BloscCodec(cname="zstd", clevel=1, shuffle="shuffle")]
+SEGMENTS = "segments"
+
+
+def segment_name(index: int) -> str:
+    return f"{index:04d}"
+
+
+def start_store(stage: Path) -> Path:
+    """An empty dataset store (its root and segments groups); segments are written into the result."""
+    zarr.open_group(str(stage), mode="w").create_group(SEGMENTS)
+    return Path(stage) / SEGMENTS
 
 
 @dataclass(frozen=True)
@@ -46,6 +72,7 @@ class DatasetInfo:
     labels: bool = False
     source: dict = field(default_factory=dict)
     checksum: str = ""
+    version: int = 1
 
     def table(self, name: str) -> TableSpec:
         for t in self.tables:
@@ -63,123 +90,165 @@ class DatasetInfo:
         return tuple(t for t in self.table_names if t != self.sequence_table)
 
 
-class DatasetWriter:
-    """Writes a dataset into a staging directory, column block by column block.
+class SegmentWriter:
+    """Writes one segment into `directory`, column block by column block.
 
-    Each column is written front to back; its content hash is fed as it goes. `finish`
-    checks that every column was written completely and publishes the manifest.
+    Event columns are written front to back and hashed as they go; the small arrays
+    (users, offsets, raw ids) are written whole. `finish` checks that every column was
+    written completely and returns the segment's entry for the manifest.
     """
 
     def __init__(
         self,
-        stage: Path,
+        directory: Path,
         *,
-        users: int,
-        interactions: int,
-        tables: list[TableSpec],
-        sequence_table: str | None,
-        dense: list[str] = (),
+        events: int,
+        runs: int,
+        tables: dict[str, np.dtype],
+        dense: tuple[str, ...] = (),
         labels: bool = False,
         events_per_chunk: int = EVENTS_PER_CHUNK,
     ) -> None:
-        if interactions < 1 or users < 1:
-            raise InputError(
-                f"empty dataset: {users} users, {interactions} interactions; accepted: at least one of each"
-            )
-        names = [t.name for t in tables] + [parse_table_name(d) for d in dense]
-        if len(set(names)) != len(names):
-            raise InputError(f"column names repeat: {names}; accepted: unique names")
-        if sequence_table is not None and sequence_table not in {t.name for t in tables}:
-            raise InputError(f"sequence table {sequence_table!r} is not one of the tables {names}")
-        self.stage = Path(stage)
-        self.info = DatasetInfo(
-            users=int(users),
-            interactions=int(interactions),
-            tables=tuple(tables),
-            sequence_table=sequence_table,
-            dense=tuple(dense),
-            labels=labels,
-        )
-        self._root = zarr.open_group(str(self.stage), mode="w")
+        self.directory = Path(directory)
+        self.events, self.runs = int(events), int(runs)
+        self._root = zarr.open_group(str(self.directory), mode="w")
         self._columns: dict[str, tuple[zarr.Array, ArrayHash]] = {}
         self._written: dict[str, int] = {}
-        self._add("offsets", np.int64, users + 1, OFFSETS_PER_CHUNK)
-        for t in tables:
-            self._add(f"tables/{t.name}", t.id_dtype, interactions, events_per_chunk)
+        self.new_users = 0
+        for name, dtype in tables.items():
+            self._add(f"tables/{name}", dtype, self.events, events_per_chunk)
         for d in dense:
-            self._add(f"dense/{d}", np.float32, interactions, events_per_chunk)
+            self._add(f"dense/{d}", np.float32, self.events, events_per_chunk)
         if labels:
-            self._add("labels", np.float32, interactions, events_per_chunk)
+            self._add("labels", np.float32, self.events, events_per_chunk)
 
-    def _add(self, path: str, dtype, length: int, chunk: int) -> None:
+    def _add(self, path: str, dtype, length: int, chunk: int) -> zarr.Array:
         arr = self._root.create_array(
-            path, shape=(length,), dtype=dtype, chunks=(min(chunk, length),), compressors=COMPRESSORS
+            path, shape=(length,), dtype=dtype, chunks=(max(1, min(chunk, length)),), compressors=COMPRESSORS
         )
         self._columns[path] = (arr, ArrayHash(path, arr.dtype, arr.shape))
         self._written[path] = 0
+        return arr
 
     def write(self, path: str, block: np.ndarray) -> None:
-        """Append `block` to column `path` (e.g. 'tables/item', 'offsets', 'labels')."""
+        """Append `block` to event column `path` ('tables/item', 'dense/rating', 'labels')."""
         arr, h = self._columns[path]
         start = self._written[path]
         stop = start + len(block)
         if stop > arr.shape[0]:
-            raise InputError(f"{path}: {stop} values written; the dataset declares {arr.shape[0]}")
+            raise RuntimeError(f"internal error: {path}: {stop} values written; the segment declares {arr.shape[0]}")
         block = np.asarray(block).astype(arr.dtype, copy=False)
         arr[start:stop] = block
         h.update(block)
         self._written[path] = stop
 
+    def write_runs(self, users: np.ndarray, offsets: np.ndarray) -> None:
+        self._whole("users", np.asarray(users, dtype=np.int64), OFFSETS_PER_CHUNK)
+        self._whole("offsets", np.asarray(offsets, dtype=np.int64), OFFSETS_PER_CHUNK)
+
+    def write_user_ids(self, raw: np.ndarray) -> None:
+        """Raw ids of the users this segment introduced, in the order of their indices."""
+        self.new_users = len(raw)
+        self._whole("user_ids", raw, 1 << 20)
+
     def write_raw_ids(self, table: str, raw: np.ndarray, rows: np.ndarray) -> None:
-        """Store the id mapping of `table`: source value raw[i] became row rows[i].
+        """The id mapping this segment adds to `table`: source value raw[i] became row rows[i].
 
-        Re-indexed tables map one raw value to one row; hashed tables may map several
-        raw values to one row.
+        Re-indexed tables map one raw value to one row; hashed tables may map several raw
+        values to one row.
         """
-        raw = np.asarray(raw)
-        is_text = raw.dtype.kind in "USOT"
-        for path, values, dtype in (
-            (f"raw_ids/{table}", raw, str if is_text else np.int64),
-            (f"raw_rows/{table}", np.asarray(rows), np.int64),
-        ):
-            arr = self._root.create_array(
-                path, shape=(len(values),), dtype=dtype, chunks=(max(1, min(len(values), 1 << 20)),)
-            )
-            values = values.astype(str if is_text and dtype is str else np.int64)
-            arr[:] = values
-            h = ArrayHash(path, arr.dtype, arr.shape)
-            h.update(values)
-            self._columns[path] = (arr, h)
-            self._written[path] = len(values)
+        self._whole(f"raw_ids/{table}", raw, 1 << 20)
+        self._whole(f"raw_rows/{table}", np.asarray(rows, dtype=np.int64), 1 << 20)
 
-    def finish(self, source: dict) -> dict:
+    def _whole(self, path: str, values: np.ndarray, chunk: int) -> None:
+        values = np.asarray(values)
+        if values.dtype.kind in "USOT":
+            values, dtype = values.astype(str), str
+        else:
+            values, dtype = values.astype(np.int64, copy=False), np.int64
+        arr = self._root.create_array(
+            path, shape=(len(values),), dtype=dtype, chunks=(max(1, min(len(values), chunk)),),
+            compressors=COMPRESSORS if dtype is not str else "auto",
+        )
+        if len(values):
+            arr[:] = values
+        h = ArrayHash(path, arr.dtype, arr.shape)
+        h.update(values)
+        self._columns[path] = (arr, h)
+        self._written[path] = len(values)
+
+    def finish(self, name: str, version: int) -> dict:
         for path, (arr, _) in self._columns.items():
             if self._written[path] != arr.shape[0]:
                 raise RuntimeError(f"internal error: {path} has {self._written[path]} of {arr.shape[0]} values")
-        info = self.info
-        manifest = {
-            "format": f"shardflow.{KIND}",
-            "format_version": FORMAT_VERSION,
-            "users": info.users,
-            "interactions": info.interactions,
-            "sequence_table": info.sequence_table,
-            "tables": {t.name: {"rows": t.rows, "dtype": str(t.id_dtype)} for t in info.tables},
-            "dense": list(info.dense),
-            "labels": info.labels,
-            "source": source,
-            "checksum": combine({p: h.hexdigest() for p, (_, h) in self._columns.items()}),
+        for required in ("users", "offsets", "user_ids"):
+            if required not in self._columns:
+                raise RuntimeError(f"internal error: segment {name} was finished without {required!r}")
+        return {
+            "name": name,
+            "version": version,
+            "events": self.events,
+            "runs": self.runs,
+            "new_users": self.new_users,
+            "arrays": {p: h.hexdigest() for p, (_, h) in sorted(self._columns.items())},
         }
-        write_manifest(self.stage, manifest)
-        return manifest
+
+
+def segment_checksum(segment: dict) -> str:
+    return combine(segment["arrays"])
+
+
+def dataset_checksum(segments: list[dict]) -> str:
+    """One segment: the combined digests of its arrays. Several: of their checksums, in order."""
+    if len(segments) == 1:
+        return segment_checksum(segments[0])
+    return combine({f"{SEGMENTS}/{s['name']}": segment_checksum(s) for s in segments})
+
+
+def build_manifest(
+    *,
+    version: int,
+    users: int,
+    tables: dict[str, dict],
+    sequence_table: str | None,
+    dense: tuple[str, ...],
+    labels: bool,
+    source: dict,
+    segments: list[dict],
+) -> dict:
+    interactions = sum(s["events"] for s in segments)
+    if interactions < 1 or users < 1:
+        raise InputError(f"empty dataset: {users} users, {interactions} interactions; accepted: at least one of each")
+    names = list(tables) + [parse_table_name(d) for d in dense]
+    if len(set(names)) != len(names):
+        raise InputError(f"column names repeat: {names}; accepted: unique names")
+    if sequence_table is not None and sequence_table not in tables:
+        raise InputError(f"sequence table {sequence_table!r} is not one of the tables {names}")
+    return {
+        "format": f"shardflow.{KIND}",
+        "format_version": FORMAT_VERSION,
+        "version": version,
+        "users": users,
+        "interactions": interactions,
+        "sequence_table": sequence_table,
+        "tables": tables,
+        "dense": list(dense),
+        "labels": labels,
+        "source": source,
+        "segments": segments,
+        "checksum": dataset_checksum(segments),
+    }
 
 
 class Dataset:
-    """A complete dataset store, validated when opened."""
+    """A complete dataset store, validated when opened; read in user order."""
 
-    def __init__(self, path: Path, info: DatasetInfo, root: zarr.Group) -> None:
+    def __init__(self, path: Path, info: DatasetInfo, root: zarr.Group, segments: list[dict]) -> None:
         self.path = Path(path)
         self.info = info
         self._root = root
+        self.segments = segments
+        self._layout: tuple[np.ndarray, list[np.ndarray] | None] | None = None
 
     @classmethod
     def open(cls, path: str | Path) -> "Dataset":
@@ -197,7 +266,11 @@ class Dataset:
                 labels=bool(m["labels"]),
                 source=m["source"],
                 checksum=m["checksum"],
+                version=_count(m["version"], "version", where),
             )
+            segments = list(m["segments"])
+            declared = [(s["name"], _count(s["events"], "events", where), _count(s["runs"], "runs", where))
+                        for s in segments]
         except (KeyError, TypeError, AttributeError) as e:
             raise InputError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
         if not tables:
@@ -207,9 +280,15 @@ class Dataset:
                 f"{where}: empty dataset ({info.users} users, {info.interactions} interactions); "
                 "accepted: at least one user with at least one interaction"
             )
+        if not segments or sum(events for _, events, _ in declared) != info.interactions:
+            raise InputError(
+                f"{where}: the segments hold {sum(e for _, e, _ in declared)} events; "
+                f"the manifest says {info.interactions}"
+            )
         root = zarr.open_group(str(path), mode="r")
-        ds = cls(path, info, root)
-        ds._validate()
+        ds = cls(path, info, root, segments)
+        for name, events, runs in declared:
+            ds._validate_segment(name, events, runs)
         return ds
 
     def _array(self, name: str, kind: str, length: int) -> zarr.Array:
@@ -226,53 +305,117 @@ class Dataset:
             raise InputError(f"{self.path}/{name}: {arr.shape[0]} values; the manifest says {length}")
         return arr
 
-    def _validate(self) -> None:
-        info = self.info
-        self._array("offsets", "i", info.users + 1)
+    def _validate_segment(self, name: str, events: int, runs: int) -> None:
+        info, seg = self.info, f"{SEGMENTS}/{name}"
         for t in info.tables:
-            self._array(f"tables/{t.name}", "iu", info.interactions)
+            self._array(f"{seg}/tables/{t.name}", "iu", events)
         for d in info.dense:
-            self._array(f"dense/{d}", "f", info.interactions)
+            self._array(f"{seg}/dense/{d}", "f", events)
         if info.labels:
-            self._array("labels", "f", info.interactions)
-        off = self.offsets()
-        if off[0] != 0 or off[-1] != info.interactions:
+            self._array(f"{seg}/labels", "f", events)
+        users = self._array(f"{seg}/users", "i", runs)[:]
+        off = self._array(f"{seg}/offsets", "i", runs + 1)[:]
+        if off[0] != 0 or off[-1] != events:
             raise InputError(
-                f"{self.path}/offsets: runs from {int(off[0])} to {int(off[-1])}; "
-                f"accepted: from 0 to {info.interactions} (the number of interactions)"
+                f"{self.path}/{seg}/offsets: runs from {int(off[0])} to {int(off[-1])}; "
+                f"accepted: from 0 to {events} (the segment's events)"
             )
         steps = np.diff(off)
         if (steps < 0).any():
             bad = int(np.flatnonzero(steps < 0)[0])
             raise InputError(
-                f"{self.path}/offsets[{bad + 1}] = {int(off[bad + 1])} is below offsets[{bad}] = {int(off[bad])}; "
-                "accepted: non-decreasing offsets"
+                f"{self.path}/{seg}/offsets[{bad + 1}] = {int(off[bad + 1])} is below offsets[{bad}] = "
+                f"{int(off[bad])}; accepted: non-decreasing offsets"
+            )
+        if users.size and (users.min() < 0 or users.max() >= info.users):
+            bad = int(np.flatnonzero((users < 0) | (users >= info.users))[0])
+            raise InputError(
+                f"{self.path}/{seg}/users[{bad}] = {int(users[bad])}; accepted: 0 <= user < {info.users}"
             )
 
+    # -- the user-ordered view -------------------------------------------------------------
+
+    def _runs(self) -> tuple[np.ndarray, list[np.ndarray] | None]:
+        """(offsets over users, per segment the user-order position of each of its events' runs).
+
+        The second is None when the store is already in user order (one segment whose runs
+        are users 0, 1, 2, ...): then every column is read as stored.
+        """
+        if self._layout is not None:
+            return self._layout
+        users = [self._root[f"{SEGMENTS}/{s['name']}/users"][:] for s in self.segments]
+        offsets = [self._root[f"{SEGMENTS}/{s['name']}/offsets"][:] for s in self.segments]
+        lengths = [np.diff(o) for o in offsets]
+        all_users, all_lengths = np.concatenate(users), np.concatenate(lengths)
+        per_user = np.bincount(all_users, weights=all_lengths, minlength=self.info.users).astype(np.int64)
+        user_offsets = np.concatenate([[0], np.cumsum(per_user)])
+        if len(users) == 1 and np.array_equal(users[0], np.arange(self.info.users)):
+            self._layout = (user_offsets, None)
+            return self._layout
+        # Runs in user order (stable: a user's runs keep their segment and part order); the
+        # logical start of each is the sum of the lengths before it in that order.
+        order = np.argsort(all_users, kind="stable")
+        starts = np.empty_like(all_lengths)
+        starts[order] = np.concatenate([[0], np.cumsum(all_lengths[order])[:-1]])
+        bounds = np.cumsum([0] + [len(u) for u in users])
+        self._layout = (user_offsets, [starts[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+        return self._layout
+
     def offsets(self) -> np.ndarray:
-        return self._root["offsets"][:]
+        """int64 [users + 1]: user u owns events offsets[u]:offsets[u+1] of every column."""
+        return self._runs()[0]
 
     def column(self, path: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        return self._root[path][start : self.info.interactions if stop is None else stop]
+        """Events start:stop of column `path` ('tables/item', 'dense/rating', 'labels'), in user order."""
+        stop = self.info.interactions if stop is None else stop
+        _, starts = self._runs()
+        if starts is None:
+            return self._root[f"{SEGMENTS}/{self.segments[0]['name']}/{path}"][start:stop]
+        first = self._root[f"{SEGMENTS}/{self.segments[0]['name']}/{path}"]
+        out = np.empty(self.info.interactions, dtype=np.result_type(
+            *(self._root[f"{SEGMENTS}/{s['name']}/{path}"].dtype for s in self.segments), first.dtype
+        ))
+        for s, run_starts in zip(self.segments, starts):
+            seg = f"{SEGMENTS}/{s['name']}"
+            off = self._root[f"{seg}/offsets"][:]
+            lengths = np.diff(off)
+            dest = np.repeat(run_starts - off[:-1], lengths) + np.arange(off[-1], dtype=np.int64)
+            out[dest] = self._root[f"{seg}/{path}"][:]
+        return out[start:stop]
 
     def ids(self, table: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         self.info.table(table)
         return self.column(f"tables/{table}", start, stop)
 
     def raw_ids(self, table: str) -> tuple[np.ndarray, np.ndarray]:
-        """(source values, the rows they became) of `table`."""
-        return self._root[f"raw_ids/{table}"][:], self._root[f"raw_rows/{table}"][:]
+        """(source values, the rows they became) of `table`, the values of earlier parts first."""
+        self.info.table(table)
+        raw = [self._root[f"{SEGMENTS}/{s['name']}/raw_ids/{table}"][:] for s in self.segments]
+        rows = [self._root[f"{SEGMENTS}/{s['name']}/raw_rows/{table}"][:] for s in self.segments]
+        return np.concatenate(raw), np.concatenate(rows)
 
-    def chunk_events(self, table: str) -> int:
-        return int(self._root[f"tables/{table}"].chunks[0])
+    def user_ids(self) -> np.ndarray:
+        """The raw id of every user, by user index."""
+        return np.concatenate([self._root[f"{SEGMENTS}/{s['name']}/user_ids"][:] for s in self.segments])
 
-    def blocks(self, table: str, parts: int) -> list[tuple[int, int]]:
-        """Split the events into at most `parts` contiguous, chunk-aligned ranges of near-equal size."""
-        n, chunk = self.info.interactions, self.chunk_events(table)
-        chunks = -(-n // chunk)
-        bounds = np.linspace(0, chunks, min(parts, chunks) + 1).round().astype(np.int64) * chunk
-        bounds = np.unique(np.minimum(bounds, n))
-        return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    # -- the stored order, for readers that do not care about users (profiling) -------------
+
+    def blocks(self, table: str, parts: int) -> list[tuple[str, int, int]]:
+        """The stored events of `table` in at most about `parts` chunk-aligned (array, start, stop) ranges.
+
+        Every event lies in exactly one range; ranges never cross segments.
+        """
+        arrays = [(f"{SEGMENTS}/{s['name']}/tables/{table}", s["events"]) for s in self.segments]
+        chunks = [(path, n, int(self._root[path].chunks[0])) for path, n in arrays if n]
+        total = sum(-(-n // c) for _, n, c in chunks)
+        out = []
+        for path, n, chunk in chunks:
+            count = -(-n // chunk)
+            share = max(1, round(parts * count / total))
+            bounds = np.linspace(0, count, min(share, count) + 1).round().astype(np.int64) * chunk
+            bounds = np.unique(np.minimum(bounds, n))
+            out += [(path, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        return out
 
 
 def _count(value, name: str, where: Path) -> int:
@@ -281,6 +424,6 @@ def _count(value, name: str, where: Path) -> int:
     return value
 
 
-def open_ids(path: str | Path, table: str) -> zarr.Array:
-    """The id column of one table of a dataset already validated by `Dataset.open`."""
-    return zarr.open_array(str(Path(path) / "tables" / table), mode="r")
+def open_column(dataset: str | Path, array: str) -> zarr.Array:
+    """One stored array (a path from `Dataset.blocks`) of a dataset already validated by `Dataset.open`."""
+    return zarr.open_array(str(Path(dataset) / array), mode="r")

@@ -1,233 +1,367 @@
-"""Importers for the published formats of recommendation data.
+"""Import published dataset files into a dataset store: streamed, part by part, appendable.
 
-Each parser reads the whole source file, checks every line, and returns events
-(user, time order, raw values per column) before anything is written; `import_dataset`
-then re-indexes ids densely per table, groups events by user in time order and
-writes a dataset store through a staging directory.
+An import runs three phases over the parts it adds:
 
-Formats (see data/README.md for the files they come from):
-    sasrec   `user item` per line, a user's lines in time order (SASRec's data/*.txt)
-    s3rec    `user i1 i2 ...`, one user per line in time order (S3-Rec / ICLRec)
-    recbole  RecBole's atomic `.inter` file: tab-separated, typed header `name:type`
-    criteo   Criteo display-ads CSV/TSV: label, I1..I13 integers, C1..C26 hashed categoricals
+    scan    per part (in parallel on Dask when there are several): read it block by block,
+            parse each block with arrow, collect every column's distinct raw values and
+            spill the events' raw values (or codes) to the staging directory
+    number  in part order: the values a part introduces get the next rows of their table,
+            in sorted order; new users get the next indices the same way (storage.idmap)
+    write   per part (in parallel): map the spilled values to rows, regroup by user and
+            time where the format needs it (recbole), write the part's segment chunk by chunk
+
+Memory holds one block, the distinct values and the runs (not the events), except for a
+format regrouped by time (recbole), which holds its sort keys for one part. A fresh import
+is staged beside its destination and renamed into place; an append writes new segments
+and then the manifest, holding a lock on the store's manifest, so a failed or concurrent
+append leaves the store as it was.
 """
 
 from __future__ import annotations
 
-import math
-import zlib
+import contextlib
+import fcntl
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from shardflow.errors import InputError
-from shardflow.tables import TableSpec, parse_table_name
+from shardflow.tables import TableSpec
+from storage.dataset import (
+    EVENTS_PER_CHUNK,
+    FORMAT_VERSION,
+    KIND,
+    MADE_BY,
+    SEGMENTS,
+    Dataset,
+    SegmentWriter,
+    build_manifest,
+    segment_name,
+    start_store,
+)
+from storage.formats import FORMATS, Format, make_format, sniff_delimiter
+from storage.idmap import IdMap, IntDistinct, RowLookup, TextCodes, TextDistinct, crc32_text
+from storage.manifest import MANIFEST, read_manifest, write_manifest
 from storage.checksum import file_sha256
-from storage.dataset import DatasetWriter
+from storage.sources import BLOCK_BYTES, Block, Part, PartReader, resolve_parts, same_file
 from storage.staging import check_destination, staged
 
 DEFAULT_HASH_ROWS = 1 << 20
-CRITEO_DENSE = [f"I{i}" for i in range(1, 14)]
-CRITEO_SPARSE = [f"C{i}" for i in range(1, 27)]
+WRITE_CHUNKS = 1
+
+
+# -- scan --------------------------------------------------------------------------------
+
+
+class Spill:
+    """Per-event columns of one part in plain binary files, appended block by block."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.dtypes: dict[str, str] = {}
+        self._files: dict[str, object] = {}
+
+    def add(self, name: str, values: np.ndarray) -> None:
+        """Append `values`; integer ids are kept as int32 while they fit (half the bytes to spill)."""
+        if name not in self._files:
+            dtype = values.dtype
+            if dtype == np.int64 and (values.size == 0 or values.max() < 2**31):
+                dtype = np.dtype(np.int32)
+            self.dtypes[name] = dtype.str
+            self._files[name] = open(self.directory / f"{name}.bin", "wb")
+        elif self.dtypes[name] == np.dtype(np.int32).str and values.dtype == np.int64 and values.max() >= 2**31:
+            self._widen(name)
+        values.astype(self.dtypes[name], copy=False).tofile(self._files[name])
+
+    def _widen(self, name: str) -> None:
+        """Rewrite an int32 column as int64: an id past 2^31 arrived after smaller ones."""
+        self._files[name].close()
+        path = self.directory / f"{name}.bin"
+        wide = np.fromfile(path, dtype=np.int32).astype(np.int64)
+        self._files[name] = open(path, "wb")
+        wide.tofile(self._files[name])
+        self.dtypes[name] = np.dtype(np.int64).str
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+
+
+def read_spill(directory: Path, name: str, dtype: str, start: int = 0, count: int = -1) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    return np.fromfile(Path(directory) / f"{name}.bin", dtype=dtype, count=count, offset=start * dtype.itemsize)
 
 
 @dataclass
-class Column:
-    """One table's events: raw values, or ids already hashed into a fixed number of rows."""
+class PartScan:
+    """What the scan of one part found: small enough to travel back from a Dask worker."""
 
-    raw: np.ndarray
-    hash_rows: int | None = None
+    part: Part
+    sha256: str
+    lines: int
+    events: int
+    spill: str
+    dtypes: dict
+    run_users: np.ndarray | pa.Array | None = None  # grouped formats: users of the runs
+    run_lengths: np.ndarray | None = None
+    user_codes: pa.Array | None = None  # recbole: the dictionary of the user codes spilled
+    distinct: dict = field(default_factory=dict)  # table -> sorted distinct raw values
+    codes: dict = field(default_factory=dict)  # text table -> dictionary of its spilled codes
+
+
+def scan_part(fmt: Format, part: Part, spill_dir: str, hash_rows: dict[str, int], block_bytes: int) -> PartScan:
+    """Read and parse one part; spill its events; collect the distinct values of every column."""
+    reader = PartReader(part, block_bytes)
+    spill = Spill(Path(spill_dir))
+    numeric = {t: IntDistinct() for t in fmt.tables} if fmt.name in ("sasrec", "s3rec") else {}
+    hashed = {t: TextDistinct() for t in fmt.tables if t in hash_rows}
+    coded = {t: TextCodes() for t in fmt.tables if t not in hash_rows and t not in numeric}
+    users_numeric = IntDistinct()
+    user_codes = TextCodes()
+    run_users, run_lengths, events = [], [], 0
+    first = True
+    try:
+        for block in reader.blocks():
+            if first:
+                first = False
+                block = _take_header(fmt, part, block)
+                if block is None:
+                    continue
+            cols = fmt.parse(part.path, block)
+            events += cols.events
+            for name, values in cols.tables.items():
+                if name in numeric:
+                    numeric[name].add(values)
+                    spill.add(f"table.{name}", values)
+                elif name in hashed:
+                    enc = pc.dictionary_encode(values)
+                    hashed[name].add(enc.dictionary)
+                    rows = (crc32_text(enc.dictionary) % np.uint32(hash_rows[name])).astype(np.int32)
+                    spill.add(f"table.{name}", rows[enc.indices.to_numpy()])
+                else:
+                    spill.add(f"code.{name}", coded[name].encode(values))
+            for name, values in cols.dense.items():
+                spill.add(f"dense.{name}", values)
+            if cols.labels is not None:
+                spill.add("labels", cols.labels)
+            if cols.order is not None:
+                spill.add("order", cols.order)
+            if cols.run_users is not None:
+                users_numeric.add(cols.run_users)
+                run_users.append(cols.run_users)
+                run_lengths.append(cols.run_lengths)
+            if cols.event_users is not None:
+                spill.add("users", user_codes.encode(cols.event_users))
+    finally:
+        spill.close()
+    if first:  # not even a header
+        raise InputError(f"{part.path}: empty file; accepted: at least one interaction")
+    if events == 0:
+        what = "a header but no interactions" if fmt.has_header and not getattr(fmt, "body_starts_at_line_1", False) else "empty file"
+        raise InputError(f"{part.path}: {what}; accepted: at least one interaction")
+    scan = PartScan(part=part, sha256=reader.sha256, lines=reader.lines, events=events, spill=spill_dir, dtypes=spill.dtypes)
+    if run_users:
+        scan.run_users, scan.run_lengths = _merge_runs(np.concatenate(run_users), np.concatenate(run_lengths))
+        scan.distinct["users"] = users_numeric.values()
+    if "users" in spill.dtypes:
+        scan.user_codes = user_codes.dictionary
+    for name, d in numeric.items():
+        scan.distinct[name] = d.values()
+    for name, d in hashed.items():
+        scan.distinct[name] = d.values()
+    for name, c in coded.items():
+        scan.codes[name] = c.dictionary
+    return scan
+
+
+def _take_header(fmt: Format, part: Part, block: Block) -> Block | None:
+    """The first block of a part without its header line (formats that have one)."""
+    sniff_delimiter(fmt, block.data[: block.data.find(b"\n")])
+    if not fmt.has_header:
+        return block
+    line, _, rest = block.data.partition(b"\n")
+    fmt.header(part.path, line)
+    if getattr(fmt, "body_starts_at_line_1", False):
+        return block
+    if not rest:
+        return None
+    return Block(rest, block.first_line + 1)
+
+
+def _merge_runs(users: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Join runs of the same user that a block boundary cut in two."""
+    starts = np.concatenate([[0], np.flatnonzero(users[1:] != users[:-1]) + 1])
+    return users[starts], np.add.reduceat(lengths, starts)
+
+
+# -- number ------------------------------------------------------------------------------
 
 
 @dataclass
-class Events:
-    users: np.ndarray
-    columns: dict[str, Column]
-    sequence_table: str | None
-    order: np.ndarray | None = None
-    dense: dict[str, np.ndarray] = field(default_factory=dict)
-    labels: np.ndarray | None = None
+class Numbering:
+    """How one part's raw values become rows and users: what `write_segment` needs."""
+
+    index: int
+    first_user: int
+    run_users: np.ndarray | None = None  # grouped: the user index of every run
+    code_users: np.ndarray | None = None  # recbole: user index of every user code
+    lookups: dict = field(default_factory=dict)  # numeric table -> (distinct, rows)
+    code_rows: dict = field(default_factory=dict)  # text table -> row of every code
+    new_users: np.ndarray | pa.Array | None = None
+    new_raw: dict = field(default_factory=dict)  # table -> (raw values introduced, their rows)
 
 
-def _lines(src: Path) -> list[tuple[int, str]]:
-    """(1-based line number, text) of every non-blank line."""
-    try:
-        text = src.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{src}: not UTF-8 text (byte {e.start}); accepted: a UTF-8 text file") from None
-    lines = [(i + 1, line) for i, line in enumerate(text.splitlines()) if line.strip()]
-    if not lines:
-        raise InputError(f"{src}: empty file; accepted: at least one interaction")
-    return lines
+class Numberer:
+    """The dataset's id maps, extended part by part in order."""
+
+    def __init__(self, users: IdMap | None, tables: dict[str, IdMap], user_count: int) -> None:
+        self.users, self.tables, self.user_count = users, tables, user_count
+
+    def number(self, index: int, scan: PartScan) -> Numbering:
+        n = Numbering(index=index, first_user=self.user_count)
+        if scan.run_users is not None:
+            new, _ = self.users.extend(scan.distinct["users"])
+            n.run_users, n.new_users = self.users.rows_of(scan.run_users), new
+        elif scan.user_codes is not None:
+            distinct = scan.user_codes.take(pc.sort_indices(scan.user_codes))
+            new, _ = self.users.extend(distinct)
+            n.code_users, n.new_users = self.users.rows_of(scan.user_codes), new
+        else:  # every example its own user
+            n.new_users = np.arange(self.user_count, self.user_count + scan.events, dtype=np.int64)
+        self.user_count += len(n.new_users)
+        for name, idmap in self.tables.items():
+            if name in scan.codes:
+                dictionary = scan.codes[name]
+                n.new_raw[name] = idmap.extend(dictionary.take(pc.sort_indices(dictionary)))
+                n.code_rows[name] = idmap.rows_of(dictionary)
+            else:
+                n.new_raw[name] = idmap.extend(scan.distinct[name])
+                if not idmap.hash_rows:
+                    n.lookups[name] = (scan.distinct[name], idmap.rows_of(scan.distinct[name]))
+        return n
 
 
-def _ints(tokens: list[str], numbers: list[int], src: Path, what: str) -> np.ndarray:
-    """Parse non-negative integer tokens, naming the line of the first one that is not."""
-    try:
-        values = np.array(tokens, dtype=np.int64)
-    except (ValueError, OverflowError):
-        values = None
-    if values is None or (values < 0).any():
-        for token, number in zip(tokens, numbers):
-            if not token.isdigit() or int(token) > np.iinfo(np.int64).max:
-                raise InputError(f"{src}:{number}: {what} {token!r} is not accepted; accepted: an integer >= 0")
+# -- write -------------------------------------------------------------------------------
+
+
+def write_segment(
+    fmt: Format, scan: PartScan, numbering: Numbering, directory: str, version: int, rows: dict[str, int],
+    events_per_chunk: int = EVENTS_PER_CHUNK,
+) -> dict:
+    """Write one part's segment into `directory`; returns its manifest entry."""
+    spill = Path(scan.spill)
+    dtypes = {t: TableSpec(t, max(1, rows[t])).id_dtype for t in fmt.tables}
+    perm = None
+    if scan.run_users is not None:
+        run_users, run_lengths = _merge_runs(numbering.run_users, scan.run_lengths)
+    elif numbering.code_users is not None:
+        users = numbering.code_users[read_spill(spill, "users", scan.dtypes["users"])]
+        if "order" in scan.dtypes:
+            perm = np.lexsort((read_spill(spill, "order", scan.dtypes["order"]), users))
+        else:
+            perm = np.argsort(users, kind="stable")
+        run_users, run_lengths = _merge_runs(users[perm], np.ones(users.size, dtype=np.int64))
+        del users
+    else:
+        run_users = numbering.new_users
+        run_lengths = np.ones(scan.events, dtype=np.int64)
+    writer = SegmentWriter(
+        Path(directory), events=scan.events, runs=len(run_users), tables=dtypes,
+        dense=fmt.dense, labels=fmt.labels, events_per_chunk=events_per_chunk,
+    )
+    writer.write_runs(run_users, np.concatenate([[0], np.cumsum(run_lengths)]))
+    writer.write_user_ids(_as_numpy(numbering.new_users))
+    lookups = {t: RowLookup(*numbering.lookups[t]) for t in numbering.lookups}
+    # Several chunks per write: zarr compresses the chunks of one write concurrently.
+    step = WRITE_CHUNKS * events_per_chunk
+
+    def column(spilled: str, target: str, transform) -> None:
+        dtype = scan.dtypes[spilled]
+        if perm is not None:
+            writer_blocks = [transform(read_spill(spill, spilled, dtype))[perm]]
+        else:
+            writer_blocks = (
+                transform(read_spill(spill, spilled, dtype, a, step))
+                for a in range(0, scan.events, step)
+            )
+        for values in writer_blocks:
+            writer.write(target, values)
+
+    for t in fmt.tables:
+        if t in lookups:
+            column(f"table.{t}", f"tables/{t}", lookups[t])
+        elif t in numbering.code_rows:
+            column(f"code.{t}", f"tables/{t}", numbering.code_rows[t].__getitem__)
+        else:
+            column(f"table.{t}", f"tables/{t}", _same)
+        raw, raw_rows = numbering.new_raw[t]
+        writer.write_raw_ids(t, _as_numpy(raw), raw_rows)
+    for d in fmt.dense:
+        column(f"dense.{d}", f"dense/{d}", _same)
+    if fmt.labels:
+        column("labels", "labels", _same)
+    shutil.rmtree(spill, ignore_errors=True)
+    return writer.finish(segment_name(numbering.index), version)
+
+
+def _same(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def parse_sasrec(src: Path) -> Events:
-    users, items, numbers = [], [], []
-    for number, line in _lines(src):
-        fields = line.split()
-        if len(fields) != 2:
-            raise InputError(f"{src}:{number}: {line.strip()!r} has {len(fields)} fields; accepted: 'user item'")
-        users.append(fields[0])
-        items.append(fields[1])
-        numbers.append(number)
-    return Events(
-        users=_ints(users, numbers, src, "user"),
-        columns={"item": Column(_ints(items, numbers, src, "item"))},
-        sequence_table="item",
-    )
+def _as_numpy(values: np.ndarray | pa.Array) -> np.ndarray:
+    if isinstance(values, np.ndarray):
+        return values
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=str)
 
 
-def parse_s3rec(src: Path) -> Events:
-    users, items, numbers = [], [], []
-    for number, line in _lines(src):
-        fields = line.split()
-        if len(fields) < 2:
-            raise InputError(f"{src}:{number}: {line.strip()!r} has no items; accepted: 'user item1 item2 ...'")
-        users.extend([fields[0]] * (len(fields) - 1))
-        items.extend(fields[1:])
-        numbers.extend([number] * (len(fields) - 1))
-    return Events(
-        users=_ints(users, numbers, src, "user"),
-        columns={"item": Column(_ints(items, numbers, src, "item"))},
-        sequence_table="item",
-    )
+# -- the import --------------------------------------------------------------------------
 
 
-RECBOLE_TYPES = ("token", "float")
+def _check_options(fmt: str, table_rows: dict[str, int], hash_rows: int) -> None:
+    if fmt not in FORMATS:
+        raise InputError(f"format {fmt!r} is not known; accepted: {', '.join(FORMATS)}")
+    if fmt != "criteo" and (table_rows or hash_rows != DEFAULT_HASH_ROWS):
+        raise InputError(f"table sizes are set only for hashed criteo columns, not for format {fmt!r}")
+    for name, rows in [*table_rows.items(), ("--hash-rows", hash_rows)]:
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise InputError(f"{name}: {rows!r} rows; accepted: an integer >= 1")
 
 
-def parse_recbole(src: Path) -> Events:
-    lines = _lines(src)
-    header_number, header = lines[0]
-    names, types = [], []
-    for entry in header.rstrip("\n").split("\t"):
-        name, sep, kind = entry.partition(":")
-        if not sep or kind not in RECBOLE_TYPES:
-            raise InputError(
-                f"{src}:{header_number}: header field {entry!r}; accepted: 'name:type' with type one of "
-                f"{', '.join(RECBOLE_TYPES)} (sequence types are not supported)"
-            )
-        names.append(name)
-        types.append(kind)
-    for required in ("user_id", "item_id"):
-        if required not in names:
-            raise InputError(f"{src}:{header_number}: no '{required}:token' field in the header {names}")
-    rows = []
-    for number, line in lines[1:]:
-        fields = line.rstrip("\n").split("\t")
-        if len(fields) != len(names):
-            raise InputError(
-                f"{src}:{number}: {len(fields)} tab-separated fields; accepted: {len(names)} as in the header"
-            )
-        rows.append(fields)
-    if not rows:
-        raise InputError(f"{src}: a header but no interactions; accepted: at least one interaction")
-    cols = list(zip(*rows))
-    numbers = [n for n, _ in lines[1:]]
-    floats = {n: _floats(list(c), numbers, src, n) for n, k, c in zip(names, types, cols) if k == "float"}
-    tokens = {n: np.array(c) for n, k, c in zip(names, types, cols) if k == "token"}
-    columns = {"item": Column(tokens.pop("item_id"))}
-    for name, values in tokens.items():
-        if name != "user_id":
-            columns[parse_table_name(name)] = Column(values)
-    order = floats.pop("timestamp", None)
-    return Events(
-        users=tokens["user_id"],
-        columns=columns,
-        sequence_table="item",
-        order=order,
-        dense={name: v.astype(np.float32) for name, v in floats.items()},
-    )
+def _first_line(part: Part) -> bytes:
+    for block in PartReader(part, 1 << 16).blocks():
+        return block.data[: block.data.find(b"\n")]
+    return b""
 
 
-def _floats(tokens: list[str], numbers: list[int], src: Path, column: str) -> np.ndarray:
-    """Parse float tokens ('' is missing: NaN); NaN and inf spelled out are refused."""
-    out = np.empty(len(tokens), dtype=np.float64)
-    for i, (token, number) in enumerate(zip(tokens, numbers)):
-        if token == "":
-            out[i] = np.nan
-            continue
+@contextlib.contextmanager
+def _store_lock(dest: Path) -> Iterator[dict]:
+    """Hold an exclusive lock on DEST's manifest; yields the manifest read under the lock.
+
+    The manifest is replaced (a new inode) when an append publishes: a writer that locked
+    the old one finds its inode gone and is refused.
+    """
+    path = dest / MANIFEST
+    fd = os.open(path, os.O_RDONLY)
+    try:
         try:
-            out[i] = float(token)
-        except ValueError:
-            out[i] = np.nan
-        if not math.isfinite(out[i]):
-            raise InputError(f"{src}:{number}: {column} = {token!r}; accepted: a finite number or empty")
-    return out
-
-
-def parse_criteo(src: Path, *, table_rows: dict[str, int], hash_rows: int) -> Events:
-    lines = _lines(src)
-    first_number, first = lines[0]
-    sep = "\t" if "\t" in first else ","
-    fields = first.rstrip("\n").split(sep)
-    if fields[0] == "label":
-        names, body = fields, lines[1:]
-    else:
-        names, body = ["label", *CRITEO_DENSE, *CRITEO_SPARSE], lines
-    unknown = [n for n in names if n != "label" and not (n[:1] in "IC" and n[1:].isdigit())]
-    if unknown or "label" not in names:
-        raise InputError(
-            f"{src}:{first_number}: header columns {unknown or names}; accepted: 'label', 'I<n>' (integer) and "
-            "'C<n>' (categorical) columns"
-        )
-    for name in table_rows:
-        if name not in names or not name.startswith("C"):
-            categorical = [n for n in names if n.startswith("C")]
-            raise InputError(f"--table-rows {name}: no such categorical column; accepted: {', '.join(categorical)}")
-    if not body:
-        raise InputError(f"{src}: a header but no examples; accepted: at least one example")
-    rows = []
-    for number, line in body:
-        values = line.rstrip("\n").split(sep)
-        if len(values) != len(names):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             raise InputError(
-                f"{src}:{number}: {len(values)} fields separated by {sep!r}; accepted: {len(names)} "
-                f"({', '.join(names[:3])}, ...)"
-            )
-        rows.append(values)
-    numbers = [n for n, _ in body]
-    cols = dict(zip(names, zip(*rows)))
-    labels = _floats(list(cols["label"]), numbers, src, "label")
-    bad = np.flatnonzero(~np.isin(labels, (0.0, 1.0)))
-    if bad.size:
-        i = int(bad[0])
-        raise InputError(f"{src}:{numbers[i]}: label {cols['label'][i]!r}; accepted: 0 or 1")
-    return Events(
-        users=np.arange(len(rows)),
-        columns={
-            n: Column(np.array(c), hash_rows=table_rows.get(n, hash_rows)) for n, c in cols.items() if n[0] == "C"
-        },
-        sequence_table=None,
-        dense={n: _floats(list(c), numbers, src, n).astype(np.float32) for n, c in cols.items() if n[0] == "I"},
-        labels=labels.astype(np.float32),
-    )
-
-
-FORMATS = ("sasrec", "s3rec", "recbole", "criteo")
-
-
-def _reindex(column: Column) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
-    """(ids, rows, raw values, their rows): dense re-indexing, or a stable hash into fixed rows."""
-    raw, ids = np.unique(column.raw, return_inverse=True)
-    if column.hash_rows is None:
-        return ids, len(raw), raw, np.arange(len(raw))
-    buckets = np.array([zlib.crc32(str(v).encode()) % column.hash_rows for v in raw.tolist()], dtype=np.int64)
-    return buckets[ids], column.hash_rows, raw, buckets
+                f"{dest} is being written by another import; accepted: one writer at a time (try again when it ends)"
+            ) from None
+        if os.fstat(fd).st_ino != os.stat(path).st_ino:
+            raise InputError(f"{dest} was changed by another import meanwhile; accepted: one writer at a time")
+        yield read_manifest(dest, KIND, FORMAT_VERSION, MADE_BY)
+    finally:
+        os.close(fd)
 
 
 def import_dataset(
@@ -236,50 +370,172 @@ def import_dataset(
     dest: str | Path,
     *,
     overwrite: bool = False,
+    append: bool = False,
     table_rows: dict[str, int] | None = None,
     hash_rows: int = DEFAULT_HASH_ROWS,
+    client=None,
+    block_bytes: int = BLOCK_BYTES,
 ) -> dict:
-    """Parse `src` in format `fmt` and write it as a dataset store at `dest`; returns the manifest."""
+    """Import `src` (a file, a .gz file or a directory of parts) in format `fmt` into the store `dest`.
+
+    With `append`, only the parts `dest` does not hold yet are added, as a new version;
+    without it `dest` must be new (or `overwrite` given). With a Dask `client`, the parts
+    are scanned and written in parallel on its workers. Returns the manifest, with
+    `parts_added` and `parts_skipped` (part paths).
+    """
     src, dest = Path(src), Path(dest)
-    if fmt not in FORMATS:
-        raise InputError(f"format {fmt!r} is not known; accepted: {', '.join(FORMATS)}")
-    if not src.is_file():
-        raise InputError(f"{src}: no such file; accepted: a {fmt} file")
     table_rows = dict(table_rows or {})
-    if fmt != "criteo" and (table_rows or hash_rows != DEFAULT_HASH_ROWS):
-        raise InputError(f"table sizes are set only for hashed criteo columns, not for format {fmt!r}")
-    for name, rows in [*table_rows.items(), ("--hash-rows", hash_rows)]:
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise InputError(f"{name}: {rows!r} rows; accepted: an integer >= 1")
+    _check_options(fmt, table_rows, hash_rows)
+    if overwrite and append:
+        raise InputError("--append and --overwrite together; accepted: one of them")
+    parts = resolve_parts(src)
+    if append and (dest / MANIFEST).is_file():
+        with _store_lock(dest) as manifest:
+            return _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, block_bytes)
     check_destination(dest, overwrite=overwrite)
-
-    if fmt == "criteo":
-        events = parse_criteo(src, table_rows=table_rows, hash_rows=hash_rows)
-    else:
-        events = {"sasrec": parse_sasrec, "s3rec": parse_s3rec, "recbole": parse_recbole}[fmt](src)
-
-    user_raw, user = np.unique(events.users, return_inverse=True)
-    by_user = np.lexsort((events.order, user)) if events.order is not None else np.argsort(user, kind="stable")
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(user, minlength=len(user_raw)))])
-    reindexed = {name: _reindex(col) for name, col in events.columns.items()}
-    tables = [TableSpec(name, rows) for name, (_, rows, _, _) in reindexed.items()]
-
+    options = {"table_rows": table_rows, "hash_rows": hash_rows} if fmt == "criteo" else {}
     with staged(dest, overwrite=overwrite) as stage:
-        writer = DatasetWriter(
-            stage,
-            users=len(user_raw),
-            interactions=len(user),
-            tables=tables,
-            sequence_table=events.sequence_table,
-            dense=list(events.dense),
-            labels=events.labels is not None,
+        start_store(stage)
+        manifest = _import_parts(fmt, src, stage, parts, None, options, client, block_bytes)
+        write_manifest(stage, manifest)
+    manifest["parts_added"] = [str(p.path) for p in parts]
+    manifest["parts_skipped"] = []
+    return manifest
+
+
+def _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, block_bytes) -> dict:
+    source = manifest["source"]
+    if source.get("format") != fmt:
+        raise InputError(f"{dest} holds a {source.get('format')} import; accepted: --format {source.get('format')}")
+    options = {"table_rows": table_rows, "hash_rows": hash_rows} if fmt == "criteo" else {}
+    if source.get("options", {}) != options:
+        raise InputError(f"{dest} was imported with {source.get('options')}; accepted: the same table sizes")
+    on_disk = {p.name: p for p in parts}
+    known = {p["name"]: p for p in source["parts"]}
+    for name, recorded in known.items():
+        part = on_disk.get(name)
+        if part is None:
+            raise InputError(
+                f"{src}: part {name!r} of {dest} (version {recorded['version']}) is gone; accepted: a source "
+                "holding every part the store was given, plus new ones"
+            )
+        if not same_file(part, recorded) and file_sha256(part.path) != recorded["sha256"]:
+            raise InputError(
+                f"{part.path}: part {name!r} changed since version {recorded['version']} imported it "
+                f"({recorded['sha256'][:19]}…); accepted: parts that are never rewritten (add a new part instead)"
+            )
+    new = [p for p in parts if p.name not in known]
+    skipped = [str(p.path) for p in parts if p.name in known]
+    if not new:
+        return {**manifest, "parts_added": [], "parts_skipped": skipped}
+    last = max(known)
+    early = [p.name for p in new if p.name < last]
+    if early:
+        raise InputError(
+            f"{src}: new part {early[0]!r} sorts before {last!r}, already imported; accepted: new parts named "
+            "after the last one imported (parts are read in name order, one per day say)"
         )
-        writer.write("offsets", offsets)
-        for name, (ids, _, raw, raw_rows) in reindexed.items():
-            writer.write(f"tables/{name}", ids[by_user])
-            writer.write_raw_ids(name, raw, raw_rows)
-        for name, values in events.dense.items():
-            writer.write(f"dense/{name}", values[by_user])
-        if events.labels is not None:
-            writer.write("labels", events.labels[by_user])
-        return writer.finish({"format": fmt, "path": str(src), "sha256": file_sha256(src)})
+    segments_dir = dest / SEGMENTS
+    listed = {s["name"] for s in manifest["segments"]}
+    for leftover in segments_dir.iterdir():  # segments a cut-off append wrote but never published
+        if leftover.name not in listed:
+            shutil.rmtree(leftover, ignore_errors=True)
+    stage = dest / SEGMENTS / f".append.staging-{uuid.uuid4().hex[:12]}"
+    try:
+        updated = _import_parts(fmt, src, stage, new, (Dataset.open(dest), manifest), options, client, block_bytes)
+        for s in updated["segments"][len(manifest["segments"]):]:
+            os.replace(stage / SEGMENTS / s["name"], segments_dir / s["name"])
+        write_manifest(dest, updated)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return {**updated, "parts_added": [str(p.path) for p in new], "parts_skipped": skipped}
+
+
+def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, block_bytes) -> dict:
+    """Scan, number and write `parts` into `stage`/segments; the manifest of the result (not written)."""
+    fmt = make_format(fmt_name)
+    first = _first_line(parts[0])
+    sniff_delimiter(fmt, first)
+    if fmt.has_header:
+        fmt.header(parts[0].path, first)
+    hash_rows = {t: options["table_rows"].get(t, options["hash_rows"]) for t in fmt.tables} if options else {}
+    unknown = [t for t in options.get("table_rows", {}) if t not in fmt.tables] if options else []
+    if unknown:
+        raise InputError(f"--table-rows {unknown[0]}: no such categorical column; accepted: {', '.join(fmt.tables)}")
+    version = 1 if existing is None else existing[1]["version"] + 1
+    first_index = 0 if existing is None else len(existing[1]["segments"])
+    spill_root = stage / "spill"
+
+    def spill_dir(i: int) -> str:
+        return str(spill_root / segment_name(first_index + i))
+
+    if client is not None and len(parts) > 1:
+        futures = [client.submit(scan_part, fmt, p, spill_dir(i), hash_rows, block_bytes, pure=False)
+                   for i, p in enumerate(parts)]
+        scans = _gather(client, futures)
+    else:
+        scans = [scan_part(fmt, p, spill_dir(i), hash_rows, block_bytes) for i, p in enumerate(parts)]
+
+    numberer = _numberer(fmt, existing, hash_rows)
+    numberings = [numberer.number(first_index + i, s) for i, s in enumerate(scans)]
+    rows = {t: m.size for t, m in numberer.tables.items()}
+    targets = [str(stage / SEGMENTS / segment_name(n.index)) for n in numberings]
+    (stage / SEGMENTS).mkdir(parents=True, exist_ok=True)
+    if client is not None and len(parts) > 1:
+        futures = [client.submit(write_segment, fmt, s, n, t, version, rows, pure=False)
+                   for s, n, t in zip(scans, numberings, targets)]
+        segments = _gather(client, futures)
+    else:
+        segments = [write_segment(fmt, s, n, t, version, rows) for s, n, t in zip(scans, numberings, targets)]
+    shutil.rmtree(spill_root, ignore_errors=True)
+
+    part_entries = [
+        {"name": s.part.name, "sha256": s.sha256, "bytes": s.part.bytes, "mtime_ns": s.part.mtime_ns,
+         "lines": s.lines, "events": s.events, "segment": seg["name"], "version": version}
+        for s, seg in zip(scans, segments)
+    ]
+    old_parts = existing[1]["source"]["parts"] if existing else []
+    old_segments = existing[1]["segments"] if existing else []
+    tables = {t: {"rows": max(1, rows[t]), "dtype": str(TableSpec(t, max(1, rows[t])).id_dtype),
+                  **({"hashed": "crc32"} if t in hash_rows else {})} for t in fmt.tables}
+    source = {"format": fmt.name, "path": str(src), "parts": old_parts + part_entries}
+    if options:
+        source["options"] = options
+    return build_manifest(
+        version=version, users=numberer.user_count, tables=tables, sequence_table=fmt.sequence_table,
+        dense=fmt.dense, labels=fmt.labels, source=source, segments=old_segments + segments,
+    )
+
+
+def _numberer(fmt: Format, existing, hash_rows: dict[str, int]) -> Numberer:
+    text_users = fmt.name == "recbole"
+    grouped_or_coded = fmt.name != "criteo"
+    if existing is None:
+        users = IdMap.empty(text_users) if grouped_or_coded else None
+        tables = {t: IdMap.empty(fmt.name in ("recbole", "criteo"), hash_rows.get(t)) for t in fmt.tables}
+        return Numberer(users, tables, 0)
+    ds, manifest = existing
+    if set(ds.info.table_names) != set(fmt.tables):
+        raise InputError(f"the new parts have tables {list(fmt.tables)}; the store has {ds.info.table_names}")
+    users = None
+    if grouped_or_coded:
+        raw = ds.user_ids()
+        users = IdMap(raw, np.arange(len(raw), dtype=np.int64))
+    tables = {}
+    for t in fmt.tables:
+        raw, rows = ds.raw_ids(t)
+        tables[t] = IdMap(raw, rows, hash_rows=hash_rows.get(t))
+        tables[t].size = ds.info.table(t).rows if not hash_rows.get(t) else hash_rows[t]
+    return Numberer(users, tables, ds.info.users)
+
+
+def _gather(client, futures) -> list:
+    """Results of `futures` in order; the first failure (an InputError naming a part) is raised."""
+    from distributed import wait
+
+    wait(futures)
+    for f in futures:
+        if f.status == "error":
+            raise f.exception()
+    return client.gather(futures)
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -58,10 +59,17 @@ def staged(dest: Path, *, overwrite: bool) -> Iterator[Path]:
         if not (stage / MANIFEST).is_file():
             raise RuntimeError(f"internal error: {stage} was staged without a {MANIFEST}")
         old = None
-        if dest.exists():
+        if overwrite and dest.exists():
             old = dest.parent / f".{dest.name}.replaced-{uuid.uuid4().hex[:12]}"
             os.replace(dest, old)
-        os.replace(stage, dest)
+        try:
+            # Onto nothing or an empty directory only: if another writer's store got there
+            # first, the rename fails instead of replacing it.
+            os.rename(stage, dest)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            raise InputError(f"{dest}: another writer published a store there meanwhile; it is kept") from None
         if old is not None:
             shutil.rmtree(old)
     except BaseException:

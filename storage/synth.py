@@ -8,7 +8,8 @@ import numpy as np
 
 from shardflow.errors import InputError
 from shardflow.synthetic import SynthTable, synth_blocks, user_lengths
-from storage.dataset import EVENTS_PER_CHUNK, DatasetWriter
+from storage.dataset import EVENTS_PER_CHUNK, SegmentWriter, build_manifest, segment_name, start_store
+from storage.manifest import write_manifest
 from storage.staging import check_destination, staged
 
 
@@ -40,27 +41,37 @@ def synth_dataset(
     dest = Path(dest)
     check_destination(dest, overwrite=overwrite)
     lengths = user_lengths(interactions, mean_length, seed)
+    users = len(lengths)
     with staged(dest, overwrite=overwrite) as stage:
-        writer = DatasetWriter(
-            stage,
-            users=len(lengths),
-            interactions=interactions,
-            tables=[t.spec for t in tables],
-            sequence_table=tables[0].name,
+        writer = SegmentWriter(
+            start_store(stage) / segment_name(0),
+            events=interactions,
+            runs=users,
+            tables={t.name: t.spec.id_dtype for t in tables},
             events_per_chunk=events_per_chunk,
         )
-        writer.write("offsets", np.concatenate([[0], np.cumsum(lengths)]))
+        writer.write_runs(np.arange(users), np.concatenate([[0], np.cumsum(lengths)]))
+        writer.write_user_ids(np.arange(users))
         for name, block in synth_blocks(tables, interactions, seed, events_per_chunk):
             writer.write(f"tables/{name}", block)
         for t in tables:
             identity = np.arange(t.rows)
             writer.write_raw_ids(t.name, identity, identity)
-        return writer.finish(
-            {
+        manifest = build_manifest(
+            version=1,
+            users=users,
+            tables={t.name: {"rows": t.rows, "dtype": str(t.spec.id_dtype)} for t in tables},
+            sequence_table=tables[0].name,
+            dense=(),
+            labels=False,
+            source={
                 "generator": "shardflow synth",
                 "tables": [f"{t.name}:{t.rows}:{t.alpha}" for t in tables],
                 "interactions": interactions,
                 "mean_length": mean_length,
                 "seed": seed,
-            }
+            },
+            segments=[writer.finish(segment_name(0), 1)],
         )
+        write_manifest(stage, manifest)
+        return manifest

@@ -19,7 +19,6 @@ from shardflow.planning import compare_strategies, make_plan
 from shardflow.profiling import profile_dataset
 from shardflow.training.engine import Engine, TrainConfig
 from shardflow.training.evaluate import evaluate_export
-from storage.checksum import file_sha256
 from storage.checkpoint import checkpoint_dir, complete_checkpoints
 from storage.dataset import Dataset
 from storage.importers import import_dataset
@@ -39,11 +38,12 @@ def prepare_dataset(config: RetrainConfig) -> str:
     source, dest = Path(config.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file():
         return str(source)
-    if (dest / MANIFEST).is_file() and Dataset.open(dest).info.source == {
-        "format": config.dataset_format, "path": str(source), "sha256": file_sha256(source)
-    }:
-        get_run_logger().info("reusing %s (imported from %s)", dest, source)
-        return str(dest)
+    if (dest / MANIFEST).is_file():
+        known = Dataset.open(dest).info.source
+        if (known.get("format"), known.get("path")) == (config.dataset_format, str(source)):
+            added = import_dataset(config.dataset_format, source, dest, append=True)["parts_added"]
+            get_run_logger().info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing", dest, source)
+            return str(dest)
     import_dataset(config.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file())
     return str(dest)
 

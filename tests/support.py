@@ -66,3 +66,38 @@ def random_plan(data, devices: int, seed: int) -> ShardingPlan:
             for t, rows in data.rows.items()
         ),
     )
+
+
+def split_into_days(src: Path, dest: Path, days: int = 3, seed: int = 0) -> list[Path]:
+    """Cut a sasrec log into daily parts: each user's events in time order, cut at random points.
+
+    A user's first day is drawn at random too, so some users arrive only in later parts.
+    Every part is a sasrec file of its own (users grouped, in the source's order).
+    """
+    rng = np.random.default_rng(seed)
+    by_user: dict[str, list[str]] = {}
+    for line in Path(src).read_text().splitlines():
+        user, item = line.split()
+        by_user.setdefault(user, []).append(item)
+    lines: list[list[str]] = [[] for _ in range(days)]
+    for user, items in by_user.items():
+        first = int(rng.integers(0, days))
+        cuts = np.sort(rng.integers(0, len(items) + 1, days - first - 1))
+        for day, chunk in zip(range(first, days), np.split(np.array(items), cuts)):
+            lines[day] += [f"{user} {item}" for item in chunk]
+    dest.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for day, text in enumerate(lines, start=1):
+        paths.append(dest / f"day-{day}.txt")
+        paths[-1].write_text("\n".join(text) + "\n")
+    return paths
+
+
+def sequences_by_raw_user(ds, table: str = "item") -> dict:
+    """raw user id -> the raw ids of the user's events in `table`, read back from a dataset store."""
+    off = ds.offsets()
+    raw, rows = ds.raw_ids(table)
+    raw_of_row = dict(zip(rows.tolist(), raw.tolist()))
+    ids = ds.ids(table).tolist()
+    users = ds.user_ids().tolist()
+    return {users[u]: [raw_of_row[i] for i in ids[off[u] : off[u + 1]]] for u in range(ds.info.users)}

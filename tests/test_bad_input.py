@@ -72,6 +72,19 @@ def importing(world, tmp_path, text: str | bytes, fmt: str = "sasrec", **kw):
     return [src, dest], lambda: import_dataset(fmt, src, dest, overwrite=True, **kw)
 
 
+def appending(world, tmp_path, change):
+    """A store grown from a directory of two parts, and an append after `change(src)` altered that directory."""
+    src = tmp_path / "parts"
+    src.mkdir()
+    (src / "day-1.txt").write_text(GOOD_SASREC)
+    (src / "day-2.txt").write_text("40 1\n40 2\n")
+    dest = tmp_path / "grown"
+    import_dataset("sasrec", src, dest)
+    (src / "day-3.txt").write_text("41 3\n")
+    change(src)
+    return [dest], lambda: import_dataset("sasrec", src, dest, append=True)
+
+
 def tampered_dataset(world, tmp_path, array: str, index: int, value: int):
     ds = copy(world, "ds", tmp_path)
     arr = zarr.open_array(str(ds / array), mode="r+")
@@ -105,7 +118,7 @@ def case_import_empty_file(world, client, tmp_path):
 
 
 def case_import_not_text(world, client, tmp_path):
-    return *importing(world, tmp_path, b"1 2\n\xff\xfe 3\n"), r"not UTF-8 text \(byte \d+\); accepted: a UTF-8 text file"
+    return *importing(world, tmp_path, b"1 2\n\xff\xfe 3\n"), r"bad.txt:2: not UTF-8 text \(byte 0 of the line\); accepted: a UTF-8 text file"
 
 
 def case_import_recbole_bad_header(world, client, tmp_path):
@@ -122,13 +135,47 @@ def case_import_criteo_nan_feature(world, client, tmp_path):
     return *importing(world, tmp_path, line + "\n", "criteo"), r"I1 = 'nan'; accepted: a finite number or empty"
 
 
+def case_import_non_digit_id(world, client, tmp_path):
+    return *importing(world, tmp_path, "1 2\n1 +5\n1 \uff17\n"), r"bad.txt:2: item '\+5' is not accepted; accepted: an integer >= 0 \(ASCII digits, at most 18\)"
+
+
+def case_import_id_too_long(world, client, tmp_path):
+    return *importing(world, tmp_path, "1 2\n1 " + "3" * 5000 + "\n"), r"bad.txt:2: item '3{60}…' \(5,000 characters\) is not accepted"
+
+
+def case_import_truncated_gzip(world, client, tmp_path):
+    import gzip
+
+    src = tmp_path / "log.txt.gz"
+    src.write_bytes(gzip.compress(GOOD_SASREC.encode() * 50)[:-30])
+    dest = copy(world, "imported", tmp_path)
+    return [src, dest], lambda: import_dataset("sasrec", src, dest, overwrite=True), r"log.txt.gz: the gzip stream ends early"
+
+
+def case_import_directory_without_parts(world, client, tmp_path):
+    (tmp_path / "parts").mkdir()
+    dest = copy(world, "imported", tmp_path)
+    return [dest], lambda: import_dataset("sasrec", tmp_path / "parts", dest, overwrite=True), r"parts: a directory with no parts"
+
+
+def case_import_append_part_vanished(world, client, tmp_path):
+    return *appending(world, tmp_path, lambda src: (src / "day-1.txt").unlink()), r"part 'day-1.txt' of .* \(version 1\) is gone"
+
+
+def case_import_append_part_changed(world, client, tmp_path):
+    def change(src):
+        (src / "day-2.txt").unlink()
+        (src / "day-2.txt").write_text("40 1\n40 9\n")
+    return *appending(world, tmp_path, change), r"day-2.txt: part 'day-2.txt' changed since version 1 imported it"
+
+
 def case_dataset_non_monotone_offsets(world, client, tmp_path):
-    ds = tampered_dataset(world, tmp_path, "offsets", 3, 0)
+    ds = tampered_dataset(world, tmp_path, "segments/0000/offsets", 3, 0)
     return [ds], lambda: Dataset.open(ds), r"offsets\[3\] = 0 is below offsets\[2\] = \d+; accepted: non-decreasing"
 
 
 def case_dataset_id_out_of_range(world, client, tmp_path):
-    ds = tampered_dataset(world, tmp_path, "tables/item", 17, 300)
+    ds = tampered_dataset(world, tmp_path, "segments/0000/tables/item", 17, 300)
     return [ds], lambda: profile_dataset(ds, tmp_path / "p", client=client), r"\[17\] = 300 is outside the table; accepted: 0 <= id < 300"
 
 

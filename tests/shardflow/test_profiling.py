@@ -80,7 +80,7 @@ def test_counts_equal_a_counter_on_synthetic_data_for_any_split(client, syntheti
 
 
 def corrupt(path, table, position, value):
-    arr = zarr.open_array(str(path / "tables" / table), mode="a")
+    arr = zarr.open_array(str(path / "segments" / "0000" / "tables" / table), mode="a")
     arr[position] = value
 
 

@@ -53,29 +53,32 @@ def test_missing_directory(tmp_path):
         Dataset.open(tmp_path / "nothing")
 
 
+SEG = "segments/0000"
+
+
 def test_missing_array(copy):
-    shutil.rmtree(copy / "tables" / "item")
-    with pytest.raises(InputError, match="array 'tables/item' is missing"):
+    shutil.rmtree(copy / SEG / "tables" / "item")
+    with pytest.raises(InputError, match="array 'segments/0000/tables/item' is missing"):
         Dataset.open(copy)
 
 
 def test_wrong_dtype(copy):
     n = Dataset.open(copy).info.interactions
-    shutil.rmtree(copy / "tables" / "item")
-    zarr.open_group(str(copy), mode="a").create_array("tables/item", shape=(n,), dtype=np.float32, chunks=(n,))
+    shutil.rmtree(copy / SEG / "tables" / "item")
+    zarr.open_group(str(copy / SEG), mode="a").create_array("tables/item", shape=(n,), dtype=np.float32, chunks=(n,))
     with pytest.raises(InputError, match=r"tables/item: dtype float32; accepted: an integer dtype"):
         Dataset.open(copy)
 
 
 def test_non_monotone_offsets(copy):
-    offsets = zarr.open_array(str(copy / "offsets"), mode="a")
+    offsets = zarr.open_array(str(copy / SEG / "offsets"), mode="a")
     offsets[5] = int(offsets[4]) - 1
     with pytest.raises(InputError, match=r"offsets\[5\] = \d+ is below offsets\[4\]"):
         Dataset.open(copy)
 
 
 def test_offsets_that_do_not_cover_the_events(copy):
-    offsets = zarr.open_array(str(copy / "offsets"), mode="a")
+    offsets = zarr.open_array(str(copy / SEG / "offsets"), mode="a")
     offsets[-1] = 5
     with pytest.raises(InputError, match="offsets: runs from 0 to 5; accepted: from 0 to 287107"):
         Dataset.open(copy)
@@ -85,13 +88,14 @@ def test_offsets_that_do_not_cover_the_events(copy):
     "changes, message",
     [
         ({"format": "shardflow.profile"}, "format is 'shardflow.profile'; accepted: 'shardflow.dataset'"),
-        ({"format_version": 99}, "format_version is 99; accepted: 1"),
-        ({"interactions": 287108}, r"tables/item: 287107 values; the manifest says 287108"),
+        ({"format_version": 99}, "format_version is 99; accepted: 2"),
+        ({"interactions": 287108}, r"the segments hold 287107 events; the manifest says 287108"),
         ({"interactions": 0, "users": 0}, "empty dataset"),
         ({"users": -1}, r"users = -1; accepted: an integer >= 0"),
         ({"tables": {}}, "the dataset has no tables"),
         ({"tables": {"item": {"rows": 0}}}, r"rows = 0; accepted: an integer >= 1"),
-        ({"tables": {"genre": {"rows": 5}}}, "array 'tables/genre' is missing"),
+        ({"tables": {"genre": {"rows": 5}}}, "array 'segments/0000/tables/genre' is missing"),
+        ({"users": 30000}, r"users\[\d+\] = 30000; accepted: 0 <= user < 30000"),
     ],
 )
 def test_manifest_that_does_not_match_the_arrays(copy, changes, message):
@@ -110,7 +114,9 @@ def test_blocks_are_chunk_aligned_and_cover_every_event(store):
     ds = Dataset.open(store)
     for parts in (1, 2, 7):
         blocks = ds.blocks("item", parts)
-        assert blocks[0][0] == 0 and blocks[-1][1] == ds.info.interactions
-        assert all(a < b for a, b in blocks)
-        assert all(b0[1] == b1[0] for b0, b1 in zip(blocks, blocks[1:]))
-        assert all(a % ds.chunk_events("item") == 0 for a, _ in blocks)
+        assert {array for array, _, _ in blocks} == {"segments/0000/tables/item"}
+        assert blocks[0][1] == 0 and blocks[-1][2] == ds.info.interactions
+        assert all(a < b for _, a, b in blocks)
+        assert all(b0[2] == b1[1] for b0, b1 in zip(blocks, blocks[1:]))
+        chunk = zarr.open_array(str(store / "segments/0000/tables/item")).chunks[0]
+        assert all(a % chunk == 0 for _, a, _ in blocks)

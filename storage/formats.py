@@ -1,0 +1,351 @@
+"""The published formats, parsed block by block by pyarrow's CSV reader.
+
+Each format turns one block of whole lines (storage.sources.Block) into columns:
+the users of the block's runs, one column per table, the numeric columns, labels and
+time stamps. Nothing is done per line or per token in Python on this path; arrow's C++
+reader converts the text and numpy does the rest. Only when arrow refuses a block is it
+read again line by line (`diagnose`) to name the first bad line and what is accepted.
+
+Formats (see data/README.md for the files they come from):
+    sasrec   `user item` per line, a user's lines in time order (SASRec's data/*.txt)
+    s3rec    `user i1 i2 ...`, one user per line in time order (S3-Rec / ICLRec)
+    recbole  RecBole's atomic `.inter` file: tab-separated, typed header `name:type`
+    criteo   Criteo display-ads CSV/TSV: label, I1..I13 integers, C1..C26 hashed categoricals
+
+Numeric ids (sasrec, s3rec) are ASCII decimal digits only, at most 18 of them; recbole
+tokens and criteo categoricals are text.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from shardflow.errors import InputError
+from shardflow.tables import parse_table_name
+from storage.sources import Block, count_lines, excerpt
+
+FORMATS = ("sasrec", "s3rec", "recbole", "criteo")
+CRITEO_DENSE = [f"I{i}" for i in range(1, 14)]
+CRITEO_SPARSE = [f"C{i}" for i in range(1, 27)]
+RECBOLE_TYPES = ("token", "float")
+ID_DIGITS = 18  # every id of at most 18 digits fits int64
+_ID = re.compile(rb"[0-9]{1,%d}" % ID_DIGITS)
+_BLANK_LINE = re.compile(rb"(?m)^[ \t\r\f\v]+$")
+_ARROW_PARSE_BLOCK = 1 << 20  # arrow converts a block in pieces of this size on its threads
+
+
+@dataclass
+class Columns:
+    """What one block holds, in the block's line order.
+
+    Users come either as runs (`run_users` with `run_lengths`: consecutive events of one
+    user, for formats grouped by user) or one per event (`event_users`); criteo has
+    neither (every example is its own user).
+    """
+
+    events: int
+    tables: dict[str, pa.Array | np.ndarray]
+    run_users: pa.Array | np.ndarray | None = None
+    run_lengths: np.ndarray | None = None
+    event_users: pa.Array | None = None
+    order: np.ndarray | None = None
+    dense: dict[str, np.ndarray] = field(default_factory=dict)
+    labels: np.ndarray | None = None
+
+
+def _without_blank_lines(data: bytes) -> bytes:
+    """The block with whitespace-only lines emptied (arrow skips empty lines); line count kept."""
+    return _BLANK_LINE.sub(b"", data)
+
+
+def _read(data: bytes, names: list[str], types: dict, delimiter: str) -> pa.Table:
+    return pacsv.read_csv(
+        pa.py_buffer(data),
+        read_options=pacsv.ReadOptions(column_names=names, block_size=_ARROW_PARSE_BLOCK, use_threads=True),
+        parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char=False, double_quote=False),
+        convert_options=pacsv.ConvertOptions(
+            column_types=types, null_values=[""], strings_can_be_null=False, quoted_strings_can_be_null=False
+        ),
+    )
+
+
+class Format:
+    """One source format: its header (if any), its block parser, and its line-by-line diagnosis."""
+
+    name: str
+    tables: tuple[str, ...]
+    sequence_table: str | None = None
+    dense: tuple[str, ...] = ()
+    labels: bool = False
+    has_header: bool = False
+
+    def header(self, path: Path, line: bytes) -> None:
+        """Read the header line of a part (formats with has_header)."""
+
+    def parse(self, path: Path, block: Block) -> Columns:
+        try:
+            return self._parse(block.data)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, _Refused):
+            pass
+        # A whitespace-only line (which every format skips) makes arrow refuse the block:
+        # only then is the block searched for such lines.
+        cleaned = _without_blank_lines(block.data)
+        if cleaned != block.data:
+            try:
+                return self._parse(cleaned)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, _Refused):
+                pass
+        raise diagnose(self, path, block)
+
+    def _parse(self, data: bytes) -> Columns:
+        raise NotImplementedError
+
+    def check_line(self, fields: list[bytes], line: bytes) -> str | None:
+        """Why one line (already split) is refused, or None."""
+        raise NotImplementedError
+
+
+class _Refused(Exception):
+    """A block holds a value arrow accepted but the format does not (a negative id, a label of 2)."""
+
+
+def _ids(values: pa.Array) -> np.ndarray:
+    out = values.to_numpy()
+    if out.size and out.min() < 0:
+        raise _Refused
+    return out
+
+
+def _check_id(token: bytes, what: str) -> str | None:
+    if _ID.fullmatch(token):
+        return None
+    return f"{what} {excerpt(token)} is not accepted; accepted: an integer >= 0 (ASCII digits, at most {ID_DIGITS})"
+
+
+def _runs(users: np.ndarray, lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Runs of consecutive equal users: (their users, their lengths); `lengths` weights each entry."""
+    if users.size == 0:
+        return users, np.zeros(0, dtype=np.int64)
+    starts = np.concatenate([[0], np.flatnonzero(users[1:] != users[:-1]) + 1])
+    if lengths is None:
+        run_lengths = np.diff(np.concatenate([starts, [users.size]]))
+    else:
+        run_lengths = np.add.reduceat(lengths, starts)
+    return users[starts], run_lengths.astype(np.int64)
+
+
+class Sasrec(Format):
+    name, tables, sequence_table = "sasrec", ("item",), "item"
+    delimiter = " "
+
+    def _parse(self, data: bytes) -> Columns:
+        t = _read(data, ["user", "item"], {"user": pa.int64(), "item": pa.int64()}, self.delimiter)
+        users, items = _ids(t["user"].combine_chunks()), _ids(t["item"].combine_chunks())
+        run_users, run_lengths = _runs(users)
+        return Columns(events=len(items), tables={"item": items}, run_users=run_users, run_lengths=run_lengths)
+
+    def check_line(self, fields, line):
+        if len(fields) != 2:
+            return f"{excerpt(line)} has {len(fields)} fields; accepted: 'user item'"
+        return _check_id(fields[0], "user") or _check_id(fields[1], "item")
+
+
+class S3rec(Format):
+    name, tables, sequence_table = "s3rec", ("item",), "item"
+
+    def _parse(self, data: bytes) -> Columns:
+        buf = np.frombuffer(data, dtype=np.uint8)
+        ends = np.flatnonzero(buf == 10)
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        nonblank = ends - starts > (buf[np.maximum(ends - 1, 0)] == 13)  # a line of just '\r' is blank
+        spaces = buf == 32
+        tokens = np.add.reduceat(spaces, starts, dtype=np.int64) + 1 if starts.size else np.zeros(0, np.int64)
+        tokens = tokens[nonblank]
+        if (tokens < 2).any():
+            raise _Refused
+        one_per_line = buf.copy()
+        one_per_line[spaces] = 10
+        values = _read(one_per_line.tobytes(), ["id"], {"id": pa.int64()}, ",")["id"].combine_chunks()
+        if len(values) != int(tokens.sum()):  # an empty field: two spaces, or one at an end
+            raise _Refused
+        values = _ids(values)
+        first = np.concatenate([[0], np.cumsum(tokens)[:-1]])
+        is_user = np.zeros(values.size, dtype=bool)
+        is_user[first] = True
+        run_users, run_lengths = _runs(values[first], tokens - 1)
+        return Columns(
+            events=int(values.size - first.size), tables={"item": values[~is_user]},
+            run_users=run_users, run_lengths=run_lengths,
+        )
+
+    def check_line(self, fields, line):
+        if len(fields) < 2:
+            return f"{excerpt(line)} has no items; accepted: 'user item1 item2 ...'"
+        if b"" in fields:
+            return f"{excerpt(line)}: an empty field; accepted: 'user item1 item2 ...' separated by single spaces"
+        return _check_id(fields[0], "user") or next(filter(None, (_check_id(f, "item") for f in fields[1:])), None)
+
+
+class Recbole(Format):
+    name, sequence_table, has_header = "recbole", "item", True
+    delimiter = "\t"
+
+    def __init__(self) -> None:
+        self.names: list[str] | None = None
+        self.types: list[str] = []
+
+    def header(self, path, line):
+        names, types = [], []
+        for entry in line.decode("utf-8", errors="replace").rstrip("\r\n").split("\t"):
+            name, sep, kind = entry.partition(":")
+            if not sep or kind not in RECBOLE_TYPES:
+                raise InputError(
+                    f"{path}:1: header field {excerpt(entry)}; accepted: 'name:type' with type one of "
+                    f"{', '.join(RECBOLE_TYPES)} (sequence types are not supported)"
+                )
+            names.append(name)
+            types.append(kind)
+        for required in ("user_id", "item_id"):
+            if required not in names:
+                raise InputError(f"{path}:1: no '{required}:token' field in the header {names}")
+        if self.names is not None and (names, types) != (self.names, self.types):
+            raise InputError(f"{path}:1: header {names}; accepted: the header of the first part, {self.names}")
+        self.names, self.types = names, types
+        tokens = [n for n, k in zip(names, types) if k == "token" and n not in ("user_id", "item_id")]
+        self.tables = ("item", *(parse_table_name(n) for n in tokens))
+        self.dense = tuple(n for n, k in zip(names, types) if k == "float" and n != "timestamp")
+
+    def _parse(self, data):
+        types = {n: pa.string() if k == "token" else pa.float64() for n, k in zip(self.names, self.types)}
+        t = _read(data, self.names, types, self.delimiter)
+        floats = {n: _finite(t[n].combine_chunks()) for n, k in zip(self.names, self.types) if k == "float"}
+        tokens = {n: t[n].combine_chunks() for n, k in zip(self.names, self.types) if k == "token"}
+        tables = {"item": tokens.pop("item_id")}
+        users = tokens.pop("user_id")
+        tables.update(tokens)
+        order = floats.pop("timestamp", None)
+        return Columns(
+            events=t.num_rows, tables=tables, event_users=users, order=order,
+            dense={n: v.astype(np.float32) for n, v in floats.items()},
+        )
+
+    def check_line(self, fields, line):
+        if len(fields) != len(self.names):
+            return f"{len(fields)} tab-separated fields; accepted: {len(self.names)} as in the header"
+        for name, kind, value in zip(self.names, self.types, fields):
+            if kind == "float" and (why := _check_float(value, name)):
+                return why
+        return None
+
+
+def _finite(values: pa.Array) -> np.ndarray:
+    """float64 values, missing ones NaN; a spelled-out NaN or infinity is refused."""
+    out = values.to_numpy(zero_copy_only=False)
+    present = ~np.asarray(values.is_null().to_numpy(zero_copy_only=False))
+    if not np.isfinite(out[present]).all():
+        raise _Refused
+    return np.where(present, out, np.nan)
+
+
+def _check_float(token: bytes, name: str) -> str | None:
+    if token == b"":
+        return None
+    try:
+        value = float(token)
+    except ValueError:
+        value = math.nan
+    return None if math.isfinite(value) else f"{name} = {excerpt(token)}; accepted: a finite number or empty"
+
+
+class Criteo(Format):
+    name, has_header, labels = "criteo", True, True
+
+    def __init__(self) -> None:
+        self.names: list[str] | None = None
+        self.body_starts_at_line_1 = False
+        self.delimiter = ","
+
+    def header(self, path, line):
+        text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+        delimiter = "\t" if "\t" in text else ","
+        fields = text.split(delimiter)
+        if fields[0] == "label":
+            names, headed = fields, True
+        else:
+            names, headed = ["label", *CRITEO_DENSE, *CRITEO_SPARSE], False
+        unknown = [n for n in names if n != "label" and not (n[:1] in "IC" and n[1:].isdigit())]
+        if unknown or "label" not in names:
+            raise InputError(
+                f"{path}:1: header columns {unknown or names}; accepted: 'label', 'I<n>' (integer) and "
+                "'C<n>' (categorical) columns"
+            )
+        if self.names is not None and (names, delimiter) != (self.names, self.delimiter):
+            raise InputError(f"{path}:1: columns {names}; accepted: those of the first part, {self.names}")
+        self.names, self.delimiter, self.body_starts_at_line_1 = names, delimiter, not headed
+        self.tables = tuple(n for n in names if n.startswith("C"))
+        self.dense = tuple(n for n in names if n.startswith("I"))
+
+    def _parse(self, data):
+        types = {n: pa.string() if n.startswith("C") else pa.float64() for n in self.names}
+        t = _read(data, self.names, types, self.delimiter)
+        labels = _finite(t["label"].combine_chunks())
+        if not np.isin(labels, (0.0, 1.0)).all():
+            raise _Refused
+        return Columns(
+            events=t.num_rows,
+            tables={n: t[n].combine_chunks() for n in self.tables},
+            dense={n: _finite(t[n].combine_chunks()).astype(np.float32) for n in self.dense},
+            labels=labels.astype(np.float32),
+        )
+
+    def check_line(self, fields, line):
+        if len(fields) != len(self.names):
+            return (
+                f"{len(fields)} fields separated by {self.delimiter!r}; accepted: {len(self.names)} "
+                f"({', '.join(self.names[:3])}, ...)"
+            )
+        for name, value in zip(self.names, fields):
+            if name == "label" and value not in (b"0", b"1"):
+                return f"label {excerpt(value)}; accepted: 0 or 1"
+            if name.startswith("I") and (why := _check_float(value, name)):
+                return why
+        return None
+
+
+def make_format(name: str) -> Format:
+    if name not in FORMATS:
+        raise InputError(f"format {name!r} is not known; accepted: {', '.join(FORMATS)}")
+    return {"sasrec": Sasrec, "s3rec": S3rec, "recbole": Recbole, "criteo": Criteo}[name]()
+
+
+def sniff_delimiter(fmt: Format, first_line: bytes) -> None:
+    """sasrec files separate user and item by a space or a tab: whichever the first line uses."""
+    if isinstance(fmt, Sasrec):
+        fmt.delimiter = "\t" if b"\t" in first_line and b" " not in first_line.strip() else " "
+
+
+def diagnose(fmt: Format, path: Path, block: Block) -> InputError:
+    """The first bad line of a block arrow refused, named by file and line, with what is accepted."""
+    try:
+        block.data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = block.first_line + block.data.count(b"\n", 0, e.start)
+        column = e.start - (block.data.rfind(b"\n", 0, e.start) + 1)
+        return InputError(f"{path}:{line}: not UTF-8 text (byte {column} of the line); accepted: a UTF-8 text file")
+    separator = {"s3rec": b" "}.get(fmt.name, getattr(fmt, "delimiter", " ").encode())
+    for number, line in enumerate(block.data.split(b"\n")[:-1], start=block.first_line):
+        text = line.rstrip(b"\r")
+        if not text.strip():
+            continue
+        why = fmt.check_line(text.split(separator), text)
+        if why:
+            return InputError(f"{path}:{number}: {why}")
+    last = block.first_line + count_lines(block.data) - 1
+    return InputError(f"{path}:{block.first_line}-{last}: lines arrow's CSV reader cannot parse as {fmt.name}")
