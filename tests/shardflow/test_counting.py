@@ -32,12 +32,21 @@ def test_count_ids_refuses_float_ids():
 def test_top_shares_on_hand_built_counts():
     counts = np.zeros(200, dtype=np.int64)
     counts[:4] = [50, 30, 10, 5]
-    counts[10:15] = 1
-    # 1% of 200 rows = the 2 most-read rows; 10% = 20 rows = every row that was read.
-    assert top_share(counts, 0.01) == pytest.approx(80 / 100)
-    assert top_share(counts, 0.10) == pytest.approx(1.0)
+    counts[10:26] = 1
+    # 20 rows were read (111 accesses): their top 10% is 2 rows, their top 1% one row.
+    assert top_share(counts, 0.10) == pytest.approx(80 / 111)
+    assert top_share(counts, 0.01) == pytest.approx(50 / 111)
     # at least one row, even for a tiny table
     assert top_share(np.array([1, 3]), 0.01) == pytest.approx(0.75)
+
+
+def test_top_shares_of_a_sparsely_read_hashed_table_are_over_the_rows_read():
+    # 4,000 of 2^20 rows read, each equally often: the top 10% of them take 10% of the accesses,
+    # not (as a share of the table's rows would say) every access.
+    counts = np.zeros(1 << 20, dtype=np.int64)
+    counts[np.random.default_rng(0).choice(1 << 20, 4000, replace=False)] = 3
+    assert top_share(counts, 0.10) == pytest.approx(0.10)
+    assert top_share(counts, 0.01) == pytest.approx(0.01)
 
 
 def test_zipf_slope_recovers_the_exponent_of_an_exact_power_law():
