@@ -55,6 +55,7 @@ from storage.staging import check_destination, staged
 
 DEFAULT_HASH_ROWS = 1 << 20
 WRITE_CHUNKS = 1
+REGROUP_EVENTS = 1 << 20  # events sorted at a time when a part is regrouped by user and time
 
 
 # -- scan --------------------------------------------------------------------------------
@@ -263,13 +264,7 @@ def write_segment(
     if scan.run_users is not None:
         run_users, run_lengths = _merge_runs(numbering.run_users, scan.run_lengths)
     elif numbering.code_users is not None:
-        users = numbering.code_users[read_spill(spill, "users", scan.dtypes["users"])]
-        if "order" in scan.dtypes:
-            perm = np.lexsort((read_spill(spill, "order", scan.dtypes["order"]), users))
-        else:
-            perm = np.argsort(users, kind="stable")
-        run_users, run_lengths = _merge_runs(users[perm], np.ones(users.size, dtype=np.int64))
-        del users
+        perm, run_users, run_lengths = _regroup(scan, numbering.code_users, REGROUP_EVENTS)
     else:
         run_users = numbering.new_users
         run_lengths = np.ones(scan.events, dtype=np.int64)
@@ -285,8 +280,9 @@ def write_segment(
 
     def column(spilled: str, target: str, transform) -> None:
         dtype = scan.dtypes[spilled]
-        if perm is not None:
-            writer_blocks = [transform(read_spill(spill, spilled, dtype))[perm]]
+        if perm is not None:  # gathered and mapped chunk by chunk: one column and the order in memory
+            whole = read_spill(spill, spilled, dtype)
+            writer_blocks = (transform(whole[perm[a : a + step]]) for a in range(0, scan.events, step))
         else:
             writer_blocks = (
                 transform(read_spill(spill, spilled, dtype, a, step))
@@ -299,7 +295,7 @@ def write_segment(
         if t in lookups:
             column(f"table.{t}", f"tables/{t}", lookups[t])
         elif t in numbering.code_rows:
-            column(f"code.{t}", f"tables/{t}", numbering.code_rows[t].__getitem__)
+            column(f"code.{t}", f"tables/{t}", numbering.code_rows[t].astype(dtypes[t]).__getitem__)
         else:
             column(f"table.{t}", f"tables/{t}", _same)
         raw, raw_rows = numbering.new_raw[t]
@@ -310,6 +306,51 @@ def write_segment(
         column("labels", "labels", _same)
     shutil.rmtree(spill, ignore_errors=True)
     return writer.finish(segment_name(numbering.index), version)
+
+
+def _regroup(scan: PartScan, code_users: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The order that groups a part's events by user, then time, then line; and the runs it makes.
+
+    A counting sort, chunk by chunk: events are bucketed by their user's rank (int32
+    positions, stable in line order), then each group of users holding at most `chunk`
+    events is sorted by time. Memory: the order (4 bytes per event) and the time stamps
+    (8) while they are sorted; never a sort over the whole part.
+    """
+    spill, events = Path(scan.spill), scan.events
+    index = np.int32 if events < 2**31 else np.int64
+    codes = len(code_users)
+    by_user = np.argsort(code_users, kind="stable")
+    rank = np.empty(codes, dtype=index)
+    rank[by_user] = np.arange(codes, dtype=index)
+
+    def ranks(a: int) -> np.ndarray:
+        return rank[read_spill(spill, "users", scan.dtypes["users"], a, chunk)]
+
+    counts = np.zeros(codes, dtype=np.int64)
+    for a in range(0, events, chunk):
+        counts += np.bincount(ranks(a), minlength=codes)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    cursor = starts[:-1].copy()
+    perm = np.empty(events, dtype=index)
+    for a in range(0, events, chunk):
+        r = ranks(a)
+        o = np.argsort(r, kind="stable")
+        sorted_r = r[o]
+        within = np.arange(r.size) - np.searchsorted(sorted_r, sorted_r, side="left")
+        perm[cursor[sorted_r] + within] = a + o
+        cursor += np.bincount(r, minlength=codes)
+    if "order" in scan.dtypes:
+        time = read_spill(spill, "order", scan.dtypes["order"])
+        # Groups of whole users, each about `chunk` events (a larger user is a group alone).
+        cuts = np.unique(np.searchsorted(starts, np.arange(0, events, chunk), side="right") - 1)
+        bounds = np.concatenate([cuts, [codes]])
+        for u0, u1 in zip(bounds[:-1], bounds[1:]):
+            g0, g1 = starts[u0], starts[u1]
+            segment = perm[g0:g1]
+            local = np.repeat(np.arange(u1 - u0), counts[u0:u1])
+            perm[g0:g1] = segment[np.lexsort((time[segment], local))]
+        del time
+    return perm, code_users[by_user].astype(np.int64), counts
 
 
 def _same(values: np.ndarray) -> np.ndarray:
