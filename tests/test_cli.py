@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import REAL, snapshot
+from support import REAL, snapshot, split_into_days
 
 SHARDFLOW = str(Path(sys.executable).parent / "shardflow")
 
@@ -31,6 +31,27 @@ def test_import_and_profile_print_one_json_object(tmp_path):
     human = run("profile", str(tmp_path / "ds"), "--out", str(tmp_path / "p"), "--workers", "1", "--overwrite")
     assert human.returncode == 0, human.stderr
     assert "item" in human.stdout and "287,107" in human.stdout
+
+
+def test_import_of_parts_then_append_prints_what_it_added(tmp_path):
+    days = split_into_days(REAL["sasrec"], tmp_path / "all", days=3)
+    src = tmp_path / "logs"
+    src.mkdir()
+    for day in days[:2]:
+        (src / day.name).write_bytes(day.read_bytes())
+    first = run("import", "--format", "sasrec", str(src), str(tmp_path / "ds"), "--workers", "2", "--json")
+    assert first.returncode == 0, first.stderr
+    (src / days[2].name).write_bytes(days[2].read_bytes())
+    added = run("import", "--format", "sasrec", str(src), str(tmp_path / "ds"), "--append", "--json")
+    assert added.returncode == 0, added.stderr
+    summary = json.loads(added.stdout)
+    assert set(summary) >= {"path", "users", "interactions", "tables", "checksum", "version", "parts_added",
+                            "parts_skipped", "seconds"}
+    assert summary["parts_added"] == [str(src / "day-3.txt")] and len(summary["parts_skipped"]) == 2
+    assert (summary["version"], summary["users"], summary["interactions"]) == (2, 31013, 287107)
+    assert summary["tables"] == {"item": 23715} and summary["seconds"] > 0
+    again = run("import", "--format", "sasrec", str(src), str(tmp_path / "ds"), "--append")
+    assert again.returncode == 0 and "version 2: 0 parts added, 3 already held" in again.stdout
 
 
 def test_synth_command(tmp_path):
