@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import yaml
@@ -28,6 +29,20 @@ async def main():
             out[d.name] = {"cron": [x.schedule.cron for x in s], "limit": d.global_concurrency_limit.limit
                            if d.global_concurrency_limit else None, "collision": limit, "pool": d.work_pool_name}
         print(json.dumps(out))
+asyncio.run(main())
+"""
+SCHEDULED = """
+import asyncio, json
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterName, FlowRunFilter, FlowRunFilterState,
+                                            FlowRunFilterStateType)
+from prefect.client.schemas.objects import StateType
+async def main():
+    async with get_client() as c:
+        runs = await c.read_flow_runs(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["nightly-retrain"])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+        print(json.dumps(sorted(r.expected_start_time.isoformat() for r in runs)))
 asyncio.run(main())
 """
 READ_BACK = """
@@ -82,6 +97,17 @@ def test_prefect_yaml_deploys_the_nightly_and_the_estimation_deployments(server)
     assert found["nightly-retrain"] == {"cron": ["0 2 * * *"], "limit": 1, "collision": "CANCEL_NEW",
                                         "pool": "shardflow-process"}
     assert found["estimate"]["pool"] == "shardflow-process"
+
+    # The server's scheduler creates the nightly runs (it never did with SQLAlchemy 2.1: see pyproject.toml).
+    deadline, scheduled = time.monotonic() + 90, []
+    while len(scheduled) < 3 and time.monotonic() < deadline:
+        time.sleep(2)
+        back = subprocess.run([sys.executable, "-c", SCHEDULED], env=server.env, capture_output=True, text=True, timeout=120)
+        assert back.returncode == 0, back.stderr[-3000:]
+        scheduled = [datetime.fromisoformat(t) for t in json.loads(back.stdout)]
+    assert len(scheduled) >= 3, f"the scheduler created {len(scheduled)} nightly runs in 90 s"
+    assert all((t.hour, t.minute, t.utcoffset()) == (2, 0, timedelta(0)) for t in scheduled)
+    assert all(b - a == timedelta(days=1) for a, b in zip(scheduled, scheduled[1:]))
 
 
 def test_a_run_outlives_an_outage_of_the_prefect_api(server, tmp_path):
