@@ -57,14 +57,13 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
         metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed)
         figures = plots(paths["run"], paths["profile"], paths["plan"], strategies)
         _tidy(paths["run"])
-    moved = sum(float(trained["traffic"][k].sum()) for k in ("lookup", "sync"))
     row_wise = next(r for r in strategies if r["strategy"] == "row-wise-mod")
     summary = {
         "run_dir": paths["run"],
         "epochs": config.epochs,
         "auc": metrics["auc"],
         "hr_at_10": metrics["hr_at_10"],
-        "bytes_per_step": moved / trained["steps"] if trained["steps"] else 0.0,
+        "bytes_per_step": trained["bytes_per_step"],
         "row_wise_bytes_per_step": row_wise["bytes_per_step"],
         "checkpoints": [str(p) for _, p in complete_checkpoints(paths["run"])],
         "model": paths["model"],
@@ -110,15 +109,20 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
                 progress = create_progress_artifact(100.0 * resumed["epochs_done"] / config.epochs,
                                                     key="training-progress", description="epochs done")
             steps = 0
+            # Measured over this attempt's steps (the engine's counters start at zero); a run
+            # with nothing left to train reports what its last checkpoint measured.
+            measured = resumed["bytes_per_step"]
             for epoch in range(resumed["epochs_done"], config.epochs):
                 stats = train_epoch(engine, epoch)
                 losses[epoch] = stats["loss"]
                 steps += stats["steps"]
-                checkpoint(engine, paths["run"], epoch, {"loss": stats["loss"], "auc": stats["auc"], "seed": config.seed})
+                traffic = engine.traffic()
+                measured = sum(float(traffic[k].sum()) for k in ("lookup", "sync")) / steps
+                checkpoint(engine, paths["run"], epoch, {"loss": stats["loss"], "auc": stats["auc"], "seed": config.seed,
+                                                         "bytes_per_step": measured})
                 update_progress_artifact(progress, 100.0 * (epoch + 1) / config.epochs)
-            traffic = engine.traffic()  # this attempt's: the engine's counters start at zero
             download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy})
-            return {"losses": losses, "steps": steps, "traffic": traffic, "downloads": engine.downloads,
+            return {"losses": losses, "steps": steps, "bytes_per_step": measured, "downloads": engine.downloads,
                     "resumed": resumed, "restarts": attempt}
         except WorkerLost as e:
             if attempt == config.max_restarts:
@@ -140,8 +144,9 @@ def _markdown(s: dict, config: RetrainConfig) -> str:
         "",
         f"- strategy **{config.strategy}** on `{config.topology}`, {s['epochs']} epochs, batch {config.batch_size}",
         f"- **AUC {s['auc']:.4f}**, **HR@10 {s['hr_at_10']:.4f}** (leave-last-out, exported model)",
-        f"- traffic {s['bytes_per_step'] / mb:.3f} MB/step measured this run; row-wise-mod would move "
-        f"{s['row_wise_bytes_per_step'] / mb:.3f} MB/step (cost model)",
+        (f"- traffic {s['bytes_per_step'] / mb:.3f} MB/step measured (the last epochs trained)"
+         if s["bytes_per_step"] is not None else "- traffic not measured (no checkpoint recorded it)")
+        + f"; row-wise-mod would move {s['row_wise_bytes_per_step'] / mb:.3f} MB/step (cost model)",
         f"- loss per epoch (this run): {', '.join(f'{x:.4f}' for x in s['epoch_loss']) or 'none (resumed at the end)'}",
         f"- exported model: `{s['model']}`",
         f"- resumed from: `{s['resumed_from']}`" if s["resumed_from"] else "- started from the initial parameters",

@@ -223,6 +223,9 @@ def _cmd_run(args: argparse.Namespace) -> dict:
             raise InputError(f"--config {args.config}: a {type(values).__name__}; accepted: a YAML mapping")
     values.update(dict(args.set or []))
     config = RetrainConfig.build(values)
+    from tasks.retrain import check_dataset
+
+    check_dataset(config)
     for noisy in ("distributed", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from flows.retrain import retrain
@@ -233,7 +236,8 @@ def _cmd_run(args: argparse.Namespace) -> dict:
 def _print_run(s: dict) -> None:
     mb = 1e6
     print(f"run {s['run_dir']}: {s['epochs']} epochs, AUC {s['auc']:.4f}, HR@10 {s['hr_at_10']:.4f}")
-    print(f"  traffic/step {s['bytes_per_step'] / mb:,.3f} MB (row-wise-mod: {s['row_wise_bytes_per_step'] / mb:,.3f} MB)")
+    measured = "not measured" if s["bytes_per_step"] is None else f"{s['bytes_per_step'] / mb:,.3f} MB"
+    print(f"  traffic/step {measured} (row-wise-mod: {s['row_wise_bytes_per_step'] / mb:,.3f} MB)")
     print(f"  model        {s['model']} (downloaded {s['downloads']} time)")
     for c in s["checkpoints"]:
         print(f"  checkpoint   {c}")

@@ -444,11 +444,15 @@ def import_dataset(
     return manifest
 
 
-def _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, block_bytes) -> dict:
-    source = manifest["source"]
+def check_continuation(fmt: str, src: Path, dest: Path, parts: list[Part], source: dict, options: dict) -> list[Part]:
+    """The parts of `src` that the store at `dest` (whose manifest records `source`) does not hold yet.
+
+    Nothing is written. Refused, naming what differs: another format or table sizes, a
+    part the store holds that is gone or whose content changed, a new part that sorts
+    before the last one held.
+    """
     if source.get("format") != fmt:
         raise InputError(f"{dest} holds a {source.get('format')} import; accepted: --format {source.get('format')}")
-    options = {"table_rows": table_rows, "hash_rows": hash_rows} if fmt == "criteo" else {}
     if source.get("options", {}) != options:
         raise InputError(f"{dest} was imported with {source.get('options')}; accepted: the same table sizes")
     on_disk = {p.name: p for p in parts}
@@ -466,9 +470,6 @@ def _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, bloc
                 f"({recorded['sha256'][:19]}…); accepted: parts that are never rewritten (add a new part instead)"
             )
     new = [p for p in parts if p.name not in known]
-    skipped = [str(p.path) for p in parts if p.name in known]
-    if not new:
-        return {**manifest, "parts_added": [], "parts_skipped": skipped}
     last = max(known)
     early = [p.name for p in new if p.name < last]
     if early:
@@ -476,6 +477,15 @@ def _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, bloc
             f"{src}: new part {early[0]!r} sorts before {last!r}, already imported; accepted: new parts named "
             "after the last one imported (parts are read in name order, one per day say)"
         )
+    return new
+
+
+def _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, block_bytes) -> dict:
+    options = {"table_rows": table_rows, "hash_rows": hash_rows} if fmt == "criteo" else {}
+    new = check_continuation(fmt, src, dest, parts, manifest["source"], options)
+    skipped = [str(p.path) for p in parts if p not in new]
+    if not new:
+        return {**manifest, "parts_added": [], "parts_skipped": skipped}
     segments_dir = dest / SEGMENTS
     listed = {s["name"] for s in manifest["segments"]}
     for leftover in segments_dir.iterdir():  # segments a cut-off append wrote but never published

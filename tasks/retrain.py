@@ -19,9 +19,11 @@ from shardflow.planning import compare_strategies, make_plan
 from shardflow.profiling import profile_dataset
 from shardflow.training.engine import Engine, TrainConfig
 from shardflow.training.evaluate import evaluate_export
-from storage.checkpoint import checkpoint_dir, complete_checkpoints
+from storage.checkpoint import CHECKPOINT, checkpoint_dir, complete_checkpoints
+from storage.checkpoint import read as read_store
 from storage.dataset import Dataset
-from storage.importers import import_dataset
+from storage.importers import check_continuation, import_dataset
+from storage.sources import resolve_parts
 from storage.manifest import MANIFEST
 from storage.plan import read_plan
 from storage.profile import Profile
@@ -32,12 +34,34 @@ def run_paths(config: RetrainConfig) -> dict[str, Path]:
     return {"run": run, "dataset": run / "dataset", "profile": run / "profile", "plan": run / "plan", "model": run / "model"}
 
 
+def check_dataset(config: RetrainConfig) -> None:
+    """Refuse, before anything is written, a dataset that does not continue the run_dir's own.
+
+    The run_dir's imported dataset grows only by new parts of the same source; a source
+    whose parts vanished or changed is refused (storage.importers.check_continuation), and
+    so is another source once the run_dir holds checkpoints trained on its own.
+    """
+    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    if (source / MANIFEST).is_file() or not (dest / MANIFEST).is_file():
+        return
+    known = Dataset.open(dest).info.source
+    if (known.get("format"), known.get("path")) == (config.dataset_format, str(source)):
+        check_continuation(config.dataset_format, source, dest, resolve_parts(source), known, {})
+    elif complete_checkpoints(config.run_dir):
+        raise InputError(
+            f"run_dir {config.run_dir} was trained on {known.get('path')} ({known.get('format')}); dataset "
+            f"{config.dataset} ({config.dataset_format}) is another one; accepted: that dataset (or a directory "
+            "of its parts with new ones), or a new run_dir"
+        )
+
+
 @task(name="import-dataset", task_run_name="import-dataset", cache_policy=NONE)
 def prepare_dataset(config: RetrainConfig) -> str:
     """The dataset store: `dataset` itself if it is one, else its import into RUN_DIR/dataset (kept for resumes)."""
     source, dest = Path(config.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file():
         return str(source)
+    check_dataset(config)
     if (dest / MANIFEST).is_file():
         known = Dataset.open(dest).info.source
         if (known.get("format"), known.get("path")) == (config.dataset_format, str(source)):
@@ -144,8 +168,10 @@ def start_parameter_servers(config: RetrainConfig, dataset: str, plan_path: str,
 def resume(engine: Engine, run_dir: str) -> dict:
     """Restore the newest complete checkpoint that verifies.
 
-    Returns epochs_done (0: none), the checkpoint used and every newer one skipped with why.
+    Returns epochs_done (0: none), the checkpoint used, the bytes per step measured when it
+    was written (None if none) and every newer one skipped with why.
     """
+
     log = get_run_logger()
     skipped = []
     for epochs_done, path in reversed(complete_checkpoints(run_dir)):
@@ -156,10 +182,11 @@ def resume(engine: Engine, run_dir: str) -> dict:
             skipped.append({"checkpoint": str(path), "reason": str(e)})
             continue
         log.info("resumed from %s: %d epochs done, step %d", path, epochs_done, engine.step_count)
-        return {"epochs_done": epochs_done, "checkpoint": str(path), "skipped": skipped}
+        measured = read_store(path, CHECKPOINT).get("bytes_per_step")
+        return {"epochs_done": epochs_done, "checkpoint": str(path), "skipped": skipped, "bytes_per_step": measured}
     if skipped:
         log.warning("no usable checkpoint; training starts from the initial parameters")
-    return {"epochs_done": 0, "checkpoint": None, "skipped": skipped}
+    return {"epochs_done": 0, "checkpoint": None, "skipped": skipped, "bytes_per_step": None}
 
 
 @task(name="restore-cluster", task_run_name="restore-cluster-{attempt}", cache_policy=NONE)
@@ -223,8 +250,6 @@ def plots(run_dir: str, profile_path: str, plan_path: str, strategies: list[dict
 
     from shardflow.planner.plan import GLOBAL, NODE
     from shardflow.plots import bar_chart, line_chart
-    from storage.checkpoint import CHECKPOINT
-    from storage.checkpoint import read as read_store
 
     out = Path(run_dir) / "plots"
     out.mkdir(parents=True, exist_ok=True)

@@ -286,6 +286,39 @@ def case_training_non_finite_gradients(world, client, tmp_path):
     return [run], train, TrainingError, r"step \d+: (non-finite gradient in .* on device \d|the loss is (nan|inf))"
 
 
+def _run_dir_trained_on(world, tmp_path, source: Path) -> Path:
+    """A run_dir that imported `source` and holds a checkpoint (the world's, copied)."""
+    from tasks.retrain import prepare_dataset
+
+    run = tmp_path / "run"
+    shutil.copytree(world / "run", run)
+    cfg = RetrainConfig.build({"dataset": str(source), "topology": str(world / "topo.yaml"), "run_dir": str(run)})
+    prepare_dataset.fn(cfg)
+    return run
+
+
+def case_run_dir_trained_on_another_dataset(world, client, tmp_path):
+    from tasks.retrain import check_dataset
+
+    run = _run_dir_trained_on(world, tmp_path, world / "good.txt")
+    (tmp_path / "other.txt").write_text("1 2\n1 3\n2 4\n")
+    cfg = config(world, dataset=str(tmp_path / "other.txt"), run_dir=str(run))
+    return [run], lambda: check_dataset(cfg()), r"run_dir .*run was trained on .*good.txt \(sasrec\); dataset .*other.txt \(sasrec\) is another one"
+
+
+def case_run_dir_dataset_part_changed(world, client, tmp_path):
+    from tasks.retrain import check_dataset
+
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "day-1.txt").write_text(GOOD_SASREC)
+    run = _run_dir_trained_on(world, tmp_path, parts)
+    (parts / "day-1.txt").unlink()
+    (parts / "day-1.txt").write_text(GOOD_SASREC.replace("1 1", "1 9", 1))
+    cfg = config(world, dataset=str(parts), run_dir=str(run))
+    return [run], lambda: check_dataset(cfg()), r"part 'day-1.txt' changed since version 1 imported it"
+
+
 def case_run_dir_is_a_file(world, client, tmp_path):
     (tmp_path / "run").write_text("notes")
     return [tmp_path / "run"], lambda: run_lock(tmp_path / "run").__enter__(), r"run_dir .* is a file; accepted: a directory"

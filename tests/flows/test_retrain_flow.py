@@ -58,6 +58,9 @@ def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, cl
         assert len(ET.parse(p).findall("{http://www.w3.org/2000/svg}polyline")) + len(
             ET.parse(p).findall("{http://www.w3.org/2000/svg}rect")) > 2
 
+    again = retrain(config(base, "whole", client))  # nothing left to train: the last measured traffic, not 0
+    assert again["epoch_loss"] == [] and again["bytes_per_step"] == whole["bytes_per_step"]
+
     first = retrain(config(base, "cut", client, epochs=1))
     assert len(first["checkpoints"]) == 1
     second_state = retrain(config(base, "cut", client), return_state=True)
