@@ -195,30 +195,28 @@ def _print_train(s: dict) -> None:
 
 
 def _set_value(text: str) -> tuple[str, object]:
-    import yaml
+    from shardflow.safe_yaml import load_text
 
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r}; accepted: KEY=VALUE, e.g. epochs=3")
-    return key, yaml.safe_load(value)
+    try:
+        return key, load_text(value, f"--set {key}")
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _cmd_run(args: argparse.Namespace) -> dict:
     import os
 
-    import yaml
-
     from shardflow.config import RetrainConfig
+    from shardflow.safe_yaml import load_file
 
     # The embedded server would try to send usage telemetry; these machines may have no network.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     values: dict = {}
     if args.config:
-        try:
-            with open(args.config) as f:
-                values = yaml.safe_load(f) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise InputError(f"--config {args.config}: {e}; accepted: a YAML mapping of config keys") from None
+        values = load_file(args.config, "config") or {}
         if not isinstance(values, dict):
             raise InputError(f"--config {args.config}: a {type(values).__name__}; accepted: a YAML mapping")
     values.update(dict(args.set or []))

@@ -10,8 +10,12 @@ from collections.abc import Iterator
 
 import dask
 from distributed import Client, LocalCluster
+from distributed.deploy import Cluster
 
 from shardflow.errors import InputError
+
+
+LOCAL_WORKERS_PER_CORE = 4  # a local cluster beyond this only thrashes (each worker is a process)
 
 
 def default_workers() -> int:
@@ -35,6 +39,13 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
     workers = default_workers() if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InputError(f"workers = {workers!r}; accepted: an integer >= 1")
+    limit = LOCAL_WORKERS_PER_CORE * default_workers()
+    if workers > max(limit, 8):
+        raise InputError(
+            f"workers = {workers:,}: a local cluster of {workers:,} processes (one per device) on "
+            f"{default_workers()} cores; accepted: at most {max(limit, 8)}, or a scheduler_address / cluster_class "
+            "for a larger cluster"
+        )
     # Dask sets MALLOC_TRIM_THRESHOLD_ in worker processes, which also pins glibc's mmap
     # threshold at 128 KiB: every chunk-sized buffer is then a fresh mmap that page-faults.
     # Counting 10^8 ids took 1.9 s with it and 1.05 s without (bench/profile_throughput.py).
@@ -67,16 +78,39 @@ def run_cluster(
         with dask_client(scheduler_address, None if scheduler_address else workers, gpus=gpus) as client:
             yield client
         return
-    module, _, name = cluster_class.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise InputError(f"cluster_class {cluster_class!r}: {e}; accepted: an importable Dask cluster class") from None
+    cls = resolve_cluster_class(cluster_class)
     with cls(**cluster_kwargs) as cluster, Client(cluster) as client:
         if hasattr(cluster, "scale") and not cluster_kwargs.get("n_workers"):
             cluster.scale(workers)
         client.wait_for_workers(workers, timeout="600s")
         yield client
+
+
+# Packages whose cluster classes a run may name; an operator adds more (comma-separated) in
+# SHARDFLOW_CLUSTER_MODULES. Nothing outside them is imported for a config value.
+CLUSTER_MODULES = ("distributed", "dask_jobqueue", "dask_kubernetes", "dask_cloudprovider", "dask_gateway",
+                   "dask_yarn", "dask_mpi")
+
+
+def resolve_cluster_class(path: str) -> type[Cluster]:
+    """The class `path` names, if it is a Dask Cluster from an allowed package; else an InputError.
+
+    Checked before anything is called: a config value never runs code of its own choosing
+    (`subprocess.Popen`, `os.system` are refused without being imported).
+    """
+    allowed = CLUSTER_MODULES + tuple(m.strip() for m in os.environ.get("SHARDFLOW_CLUSTER_MODULES", "").split(",")
+                                      if m.strip())
+    accepted = f"a Dask Cluster subclass from {', '.join(allowed)} (more via SHARDFLOW_CLUSTER_MODULES)"
+    module, _, name = path.rpartition(".")
+    if not module or module.split(".")[0] not in allowed:
+        raise InputError(f"cluster_class {path!r}: not from an allowed package; accepted: {accepted}")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise InputError(f"cluster_class {path!r}: {e}; accepted: {accepted}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Cluster)):
+        raise InputError(f"cluster_class {path!r} is not a Dask Cluster class; accepted: {accepted}")
+    return cls
 
 
 def worker_count(client: Client) -> int:

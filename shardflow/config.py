@@ -73,6 +73,18 @@ class RetrainConfig(BaseModel):
             raise ValueError(f"{v}: no such file or directory; accepted: a dataset store or a source file")
         return v
 
+    @field_validator("cluster_class")
+    @classmethod
+    def _cluster_class(cls, v: str | None) -> str | None:
+        if v is not None:
+            from shardflow.cluster import resolve_cluster_class
+
+            try:
+                resolve_cluster_class(v)
+            except InputError as e:
+                raise ValueError(str(e)) from None
+        return v
+
     @model_validator(mode="after")
     def _one_cluster(self) -> "RetrainConfig":
         if self.scheduler_address and self.cluster_class:

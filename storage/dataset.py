@@ -30,6 +30,9 @@ arrays of an earlier version are never rewritten.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +43,7 @@ from zarr.codecs import BloscCodec
 from shardflow.errors import InputError
 from shardflow.tables import TableSpec, parse_table_name
 from storage.checksum import ArrayHash, combine
-from storage.manifest import read_manifest
+from storage.manifest import MANIFEST, read_manifest
 
 KIND = "dataset"
 FORMAT_VERSION = 2
@@ -50,6 +53,10 @@ OFFSETS_PER_CHUNK = 1 << 20
 # Fastest compressed read among zstd / blosc-lz4 / blosc-zstd on Zipf ids (see README, profiling).
 COMPRESSORS = [BloscCodec(cname="zstd", clevel=1, shuffle="shuffle")]
 SEGMENTS = "segments"
+VERIFIED = "verified.json"  # the manifest whose arrays were last hashed and found matching
+# What a manifest declares about its arrays (and each segment's name, events, runs, new
+# users); covered by its checksum beside the arrays' digests, not the import history.
+DECLARED = ("users", "interactions", "sequence_table", "tables", "dense", "labels")
 
 
 def segment_name(index: int) -> str:
@@ -198,11 +205,26 @@ def segment_checksum(segment: dict) -> str:
     return combine(segment["arrays"])
 
 
-def dataset_checksum(segments: list[dict]) -> str:
-    """One segment: the combined digests of its arrays. Several: of their checksums, in order."""
-    if len(segments) == 1:
-        return segment_checksum(segments[0])
-    return combine({f"{SEGMENTS}/{s['name']}": segment_checksum(s) for s in segments})
+def dataset_checksum(segments: list[dict], manifest: dict) -> str:
+    """The digests of every segment's arrays and of what the manifest declares about them.
+
+    A manifest edited to claim other rows, users or columns no longer matches its checksum.
+    """
+    declared = {k: manifest[k] for k in DECLARED}
+    declared["segments"] = [{k: s[k] for k in ("name", "events", "runs", "new_users")} for s in segments]
+    declared = json.dumps(declared, sort_keys=True).encode()
+    return combine({
+        **{f"{SEGMENTS}/{s['name']}": segment_checksum(s) for s in segments},
+        "declared": hashlib.sha256(declared).hexdigest(),
+    })
+
+
+def record_verified(store: Path) -> None:
+    """Note that the arrays of `store` match its manifest (its writer hashed them as it wrote)."""
+    digest = hashlib.sha256((Path(store) / MANIFEST).read_bytes()).hexdigest()
+    tmp = Path(store) / f".{VERIFIED}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps({"manifest_sha256": digest}))
+    os.replace(tmp, Path(store) / VERIFIED)
 
 
 def build_manifest(
@@ -224,7 +246,7 @@ def build_manifest(
         raise InputError(f"column names repeat: {names}; accepted: unique names")
     if sequence_table is not None and sequence_table not in tables:
         raise InputError(f"sequence table {sequence_table!r} is not one of the tables {names}")
-    return {
+    manifest = {
         "format": f"shardflow.{KIND}",
         "format_version": FORMAT_VERSION,
         "version": version,
@@ -236,8 +258,9 @@ def build_manifest(
         "labels": labels,
         "source": source,
         "segments": segments,
-        "checksum": dataset_checksum(segments),
     }
+    manifest["checksum"] = dataset_checksum(segments, manifest)
+    return manifest
 
 
 class Dataset:
@@ -289,7 +312,53 @@ class Dataset:
         ds = cls(path, info, root, segments)
         for name, events, runs in declared:
             ds._validate_segment(name, events, runs)
+        try:
+            matches = dataset_checksum(segments, m) == m["checksum"]
+        except (KeyError, TypeError) as e:
+            raise InputError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
+        if not matches:
+            raise InputError(
+                f"{where}: its checksum does not match what it declares (an edited manifest?); accepted: the "
+                f"manifest as {MADE_BY} wrote it (import the data again)"
+            )
+        ds._verify_content()
         return ds
+
+    def _verify_content(self) -> None:
+        """Hash every array against its digest, unless done since this manifest was written.
+
+        The writer records that it hashed what it wrote (verified.json, keyed by the
+        manifest's sha256), so a store is re-hashed only when its manifest changed behind
+        its writer's back or the record is gone; a store that verifies is recorded again.
+        """
+        digest = hashlib.sha256((self.path / MANIFEST).read_bytes()).hexdigest()
+        try:
+            if json.loads((self.path / VERIFIED).read_text()).get("manifest_sha256") == digest:
+                return
+        except (OSError, ValueError, AttributeError):
+            pass
+        for s in self.segments:
+            for name, expected in s["arrays"].items():
+                arr = self._root[f"{SEGMENTS}/{s['name']}/{name}"]
+                h = ArrayHash(name, arr.dtype, arr.shape)
+                step = max(1, int(arr.chunks[0]))
+                try:
+                    for a in range(0, arr.shape[0], step):
+                        h.update(arr[a : a + step])
+                except (RuntimeError, ValueError, OSError) as e:
+                    raise InputError(
+                        f"{self.path}/{SEGMENTS}/{s['name']}/{name}: unreadable ({e}); accepted: the store as "
+                        f"{MADE_BY} wrote it"
+                    ) from None
+                if h.hexdigest() != expected:
+                    raise InputError(
+                        f"{self.path}/{SEGMENTS}/{s['name']}/{name}: its content does not match the manifest's "
+                        f"digest (changed after it was written); accepted: the store as {MADE_BY} wrote it"
+                    )
+        try:
+            record_verified(self.path)
+        except OSError:  # a read-only store: verified again next time
+            pass
 
     def _array(self, name: str, kind: str, length: int) -> zarr.Array:
         try:

@@ -43,6 +43,7 @@ from storage.dataset import (
     Dataset,
     SegmentWriter,
     build_manifest,
+    record_verified,
     segment_name,
     start_store,
 )
@@ -439,6 +440,7 @@ def import_dataset(
         start_store(stage)
         manifest = _import_parts(fmt, src, stage, parts, None, options, client, block_bytes)
         write_manifest(stage, manifest)
+        record_verified(stage)
     manifest["parts_added"] = [str(p.path) for p in parts]
     manifest["parts_skipped"] = []
     return manifest
@@ -497,6 +499,7 @@ def _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, bloc
         for s in updated["segments"][len(manifest["segments"]):]:
             os.replace(stage / SEGMENTS / s["name"], segments_dir / s["name"])
         write_manifest(dest, updated)
+        record_verified(dest)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return {**updated, "parts_added": [str(p.path) for p in new], "parts_skipped": skipped}

@@ -8,7 +8,7 @@ import numpy as np
 
 from shardflow.errors import InputError
 from shardflow.synthetic import SynthTable, synth_blocks, user_lengths
-from storage.dataset import EVENTS_PER_CHUNK, SegmentWriter, build_manifest, segment_name, start_store
+from storage.dataset import EVENTS_PER_CHUNK, SegmentWriter, build_manifest, record_verified, segment_name, start_store
 from storage.manifest import write_manifest
 from storage.staging import check_destination, staged
 
@@ -74,4 +74,5 @@ def synth_dataset(
             segments=[writer.finish(segment_name(0), 1)],
         )
         write_manifest(stage, manifest)
+        record_verified(stage)
         return manifest

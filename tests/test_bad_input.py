@@ -187,6 +187,20 @@ def case_dataset_empty(world, client, tmp_path):
     return [ds], lambda: Dataset.open(ds), r"empty dataset \(\d+ users, 0 interactions\); accepted: at least one user"
 
 
+def case_dataset_manifest_claims_more_rows(world, client, tmp_path):
+    ds = copy(world, "ds", tmp_path)
+    m = json.loads((ds / MANIFEST).read_text())
+    m["tables"]["item"]["rows"] += 100
+    (ds / MANIFEST).write_text(json.dumps(m))
+    return [ds], lambda: Dataset.open(ds), r"manifest.json: its checksum does not match what it declares \(an edited manifest\?\)"
+
+
+def case_dataset_changed_since_written(world, client, tmp_path):
+    ds = tampered_dataset(world, tmp_path, "segments/0000/tables/genre", 5, 1)
+    (ds / "verified.json").unlink()  # the record that its writer hashed it: now it is hashed again
+    return [ds], lambda: Dataset.open(ds), r"segments/0000/tables/genre: its content does not match the manifest's digest"
+
+
 def case_config_out_of_range(world, client, tmp_path):
     return [world / "ds"], config(world, epochs=0, batch_size=-1), r"epochs = 0: .*greater than or equal to 1.*batch_size = -1"
 
@@ -196,11 +210,47 @@ def case_config_unknown_key(world, client, tmp_path):
 
 
 def case_config_two_clusters(world, client, tmp_path):
-    return [world / "ds"], config(world, scheduler_address="tcp://x:1", cluster_class="a.B"), r"accepted: at most one of them"
+    return [world / "ds"], config(world, scheduler_address="tcp://x:1", cluster_class="distributed.LocalCluster"), r"accepted: at most one of them"
 
 
 def case_config_negative_learning_rate(world, client, tmp_path):
     return [world / "ds"], config(world, row_lr=-0.1), r"row_lr = -0.1: Input should be greater than 0"
+
+
+def case_config_cluster_class_runs_a_command(world, client, tmp_path):
+    marker = tmp_path / "ran"
+    cfg = config(world, cluster_class="subprocess.Popen", cluster_kwargs={"args": ["touch", str(marker)]})
+
+    def build():
+        try:
+            cfg()
+        finally:
+            assert not marker.exists(), "the config ran a command"
+    return [world / "ds"], build, r"cluster_class = 'subprocess.Popen': .*not from an allowed package; accepted: a Dask Cluster subclass from distributed"
+
+
+def case_config_cluster_class_not_a_cluster(world, client, tmp_path):
+    return [world / "ds"], config(world, cluster_class="distributed.Client"), r"cluster_class 'distributed.Client' is not a Dask Cluster class"
+
+
+def case_config_yaml_alias_bomb(world, client, tmp_path):
+    from shardflow.safe_yaml import load_file
+
+    levels = "\n".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 10))
+    (tmp_path / "bomb.yaml").write_text("l0: &l0 [lol]\n" + levels + "\n")
+    return [world / "ds"], lambda: load_file(tmp_path / "bomb.yaml", "config"), r"bomb.yaml: line 1: an anchor \(&l0\); accepted: plain YAML without anchors and aliases"
+
+
+def case_config_local_cluster_larger_than_the_machine(world, client, tmp_path):
+    from shardflow.cluster import run_cluster
+
+    return [world / "ds"], lambda: run_cluster(None, None, {}, 100_000).__enter__(), (
+        r"workers = 100,000: a local cluster of 100,000 processes \(one per device\) on \d+ cores; accepted: at most \d+")
+
+
+def case_topology_too_many_devices(world, client, tmp_path):
+    text = "intra_node_gbytes_per_s: 10\nnodes:\n  - {name: a, devices: 1000000, uplink_gbytes_per_s: 1}\n"
+    return [world / "plan"], topology(text, tmp_path), r"1,000,000 devices; accepted: at most 4,096"
 
 
 def case_topology_without_devices(world, client, tmp_path):

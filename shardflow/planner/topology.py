@@ -6,9 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from shardflow.errors import InputError
+from shardflow.safe_yaml import load_file
+
+MAX_DEVICES = 4096
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,12 @@ def parse_topology(data: object, where: str = "topology") -> Topology:
                 f"{where}: nodes[{i}] = {n!r}; accepted: {{name: str, devices: int, uplink_gbytes_per_s: number}}"
             )
         nodes.append(Node(str(n["name"]), n["devices"], n["uplink_gbytes_per_s"]))
+    devices = sum(n.devices if isinstance(n.devices, int) else 0 for n in nodes)
+    if devices > MAX_DEVICES:
+        raise InputError(
+            f"{where}: {devices:,} devices; accepted: at most {MAX_DEVICES:,} (the planner holds device × device "
+            "traffic matrices)"
+        )
     return Topology(tuple(nodes), data["intra_node_gbytes_per_s"], data.get("device_memory_bytes"))
 
 
@@ -111,8 +119,4 @@ def load_topology(path: str | Path) -> Topology:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such topology file; accepted: a YAML file (see README, Topology)")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise InputError(f"{path}: not valid YAML ({e}); accepted: a YAML mapping (see README, Topology)") from None
-    return parse_topology(data, str(path))
+    return parse_topology(load_file(path, "topology"), str(path))

@@ -42,6 +42,19 @@ def test_open_reads_what_the_manifest_says(store):
         ds.info.table("user")
 
 
+def test_a_store_is_hashed_again_only_when_its_record_is_missing(copy):
+    record = copy / "verified.json"
+    first = record.read_text()
+    record.unlink()
+    Dataset.open(copy)  # hashes every array, finds them as written, records that again
+    assert record.read_text() == first
+    (copy / "segments" / "0000" / "tables" / "item" / "c" / "0").write_bytes(b"garbage")
+    Dataset.open(copy)  # recorded: not hashed on open (the profiler and trainer read ids in range-checked chunks)
+    record.unlink()
+    with pytest.raises(InputError, match=r"segments/0000/tables/item: unreadable \(error during blosc decompression"):
+        Dataset.open(copy)
+
+
 def test_a_store_without_manifest_is_not_a_dataset(copy):
     (copy / "manifest.json").unlink()
     with pytest.raises(InputError, match="is not a complete dataset store: it has no manifest.json"):
