@@ -25,6 +25,7 @@ from storage.checkpoint import complete_checkpoints
 from storage.lock import run_lock
 from storage.staging import remove_leftovers
 from tasks.retrain import (
+    check_run,
     checkpoint,
     download,
     evaluate,
@@ -44,6 +45,7 @@ from tasks.retrain import (
 @flow(name="retrain", flow_run_name="retrain-{config.strategy}-{config.epochs}-epochs", log_prints=True)
 def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
     log = get_run_logger()
+    check_run(config)
     paths = {k: str(v) for k, v in run_paths(config).items()}
     devices = load_topology(config.topology).devices
     with run_lock(paths["run"]), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,

@@ -221,9 +221,9 @@ def _cmd_run(args: argparse.Namespace) -> dict:
             raise InputError(f"--config {args.config}: a {type(values).__name__}; accepted: a YAML mapping")
     values.update(dict(args.set or []))
     config = RetrainConfig.build(values)
-    from tasks.retrain import check_dataset
+    from tasks.retrain import check_run
 
-    check_dataset(config)
+    check_run(config)
     for noisy in ("distributed", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from flows.retrain import retrain

@@ -76,6 +76,8 @@ def run_cluster(
     """
     if not cluster_class:
         with dask_client(scheduler_address, None if scheduler_address else workers, gpus=gpus) as client:
+            if scheduler_address:
+                check_workers(client, workers)
             yield client
         return
     cls = resolve_cluster_class(cluster_class)
@@ -111,6 +113,18 @@ def resolve_cluster_class(path: str) -> type[Cluster]:
     if not (isinstance(cls, type) and issubclass(cls, Cluster)):
         raise InputError(f"cluster_class {path!r} is not a Dask Cluster class; accepted: {accepted}")
     return cls
+
+
+def check_workers(client: Client, devices: int, timeout_s: float = 10.0) -> None:
+    """Refuse a cluster with fewer workers than devices (after `timeout_s` for late ones to join)."""
+    try:
+        client.wait_for_workers(devices, timeout=timeout_s)
+    except TimeoutError:
+        workers = len(client.scheduler_info()["workers"])
+        raise InputError(
+            f"the scheduler at {client.scheduler.address} has {workers} workers; the topology has {devices} "
+            f"devices; accepted: at least one worker per device (waited {timeout_s:.0f} s for more)"
+        ) from None
 
 
 def worker_count(client: Client) -> int:

@@ -66,6 +66,18 @@ class RetrainConfig(BaseModel):
             raise ValueError(f"{v}: no such file; accepted: a topology YAML file")
         return v
 
+    @field_validator("run_dir")
+    @classmethod
+    def _run_dir(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("an empty path; accepted: a directory of its own for the run (new or of an earlier run)")
+        path = Path(v).expanduser().resolve()
+        if path == path.parent or path == Path.home().resolve():
+            raise ValueError(f"{path} is a file system root or the home directory; accepted: a directory of its own")
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{v} is a file; accepted: a directory (new or of an earlier run)")
+        return v
+
     @field_validator("dataset")
     @classmethod
     def _dataset_exists(cls, v: str) -> str:
@@ -89,6 +101,21 @@ class RetrainConfig(BaseModel):
     def _one_cluster(self) -> "RetrainConfig":
         if self.scheduler_address and self.cluster_class:
             raise ValueError("scheduler_address and cluster_class both set; accepted: at most one of them")
+        return self
+
+    @model_validator(mode="after")
+    def _batch_covers_devices(self) -> "RetrainConfig":
+        from shardflow.planner.topology import load_topology
+
+        try:
+            devices = load_topology(self.topology).devices
+        except InputError as e:
+            raise ValueError(str(e)) from None
+        if self.batch_size < devices:
+            raise ValueError(
+                f"batch_size {self.batch_size} < {devices} devices of {self.topology}; accepted: a batch of at least "
+                "one example per device"
+            )
         return self
 
     @classmethod

@@ -24,6 +24,7 @@ from storage.checkpoint import read as read_store
 from storage.dataset import Dataset
 from storage.importers import check_continuation, import_dataset
 from storage.sources import resolve_parts
+from storage.staging import check_destination
 from storage.manifest import MANIFEST
 from storage.plan import read_plan
 from storage.profile import Profile
@@ -32,6 +33,22 @@ from storage.profile import Profile
 def run_paths(config: RetrainConfig) -> dict[str, Path]:
     run = Path(config.run_dir)
     return {"run": run, "dataset": run / "dataset", "profile": run / "profile", "plan": run / "plan", "model": run / "model"}
+
+
+def check_run(config: RetrainConfig) -> None:
+    """Everything a run can refuse before its first write, beyond the config's own checks.
+
+    The run_dir's stores must be shardflow stores (or absent, or empty): a directory of
+    someone else's files where the dataset, profile, plan or model would go is never
+    replaced. The dataset must continue the run_dir's own (check_dataset).
+    """
+    for name, path in run_paths(config).items():
+        if name != "run":
+            try:
+                check_destination(path, overwrite=True)
+            except InputError as e:
+                raise InputError(f"run_dir {config.run_dir}: {e}") from None
+    check_dataset(config)
 
 
 def check_dataset(config: RetrainConfig) -> None:

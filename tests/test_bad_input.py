@@ -369,6 +369,34 @@ def case_run_dir_dataset_part_changed(world, client, tmp_path):
     return [run], lambda: check_dataset(cfg()), r"part 'day-1.txt' changed since version 1 imported it"
 
 
+def case_config_run_dir_empty(world, client, tmp_path):
+    return [world / "ds"], config(world, run_dir=""), r"run_dir = '': Value error, an empty path; accepted: a directory of its own"
+
+
+def case_config_run_dir_root(world, client, tmp_path):
+    return [world / "ds"], config(world, run_dir="/"), r"run_dir = '/': Value error, / is a file system root or the home directory"
+
+
+def case_config_batch_smaller_than_the_devices(world, client, tmp_path):
+    return [world / "ds"], config(world, batch_size=1), r"batch_size 1 < 2 devices of .*topo.yaml; accepted: a batch of at least one"
+
+
+def case_run_dir_model_holds_foreign_files(world, client, tmp_path):
+    from tasks.retrain import check_run
+
+    (tmp_path / "run" / "model").mkdir(parents=True)
+    (tmp_path / "run" / "model" / "notes.txt").write_text("mine")
+    cfg = config(world, dataset=str(world / "ds"), run_dir=str(tmp_path / "run"))
+    return [tmp_path / "run"], lambda: check_run(cfg()), r"run_dir .*run: .*model exists, is not empty and is not a shardflow store"
+
+
+def case_run_scheduler_with_fewer_workers_than_devices(world, client, tmp_path):
+    from shardflow.cluster import check_workers
+
+    return [world / "ds"], lambda: check_workers(client, 8, timeout_s=1), (
+        r"the scheduler at tcp://.* has 4 workers; the topology has 8 devices; accepted: at least one worker per device")
+
+
 def case_run_dir_is_a_file(world, client, tmp_path):
     (tmp_path / "run").write_text("notes")
     return [tmp_path / "run"], lambda: run_lock(tmp_path / "run").__enter__(), r"run_dir .* is a file; accepted: a directory"
