@@ -31,12 +31,12 @@ def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
     with run_lock(paths["run"]), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
                                              devices, gpus=config.device == "cuda") as client:
         dataset = prepare_dataset(config)
-        profile(dataset, paths["profile"], client)
+        profile(dataset, paths["profile"], client, paths["run"])
         shard(config, paths["profile"], paths["plan"])
         engine = None
         try:
             engine = start_parameter_servers(config, dataset, paths["plan"], client, estimate=True)
-            epochs = [train_epoch(engine, e) for e in range(config.epochs)]
+            epochs = [train_epoch(engine, e) for e in range(1, config.epochs + 1)]
             traffic = engine.traffic()
         finally:
             release_parameter_servers(engine)

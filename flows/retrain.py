@@ -12,6 +12,7 @@ the run directory's lock throughout; a lost worker is recovered from the last ch
 from __future__ import annotations
 
 import itertools
+from datetime import datetime, timezone
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -25,6 +26,7 @@ from storage.checkpoint import complete_checkpoints
 from storage.lock import run_lock
 from storage.staging import remove_leftovers
 from tasks.retrain import (
+    artifact_key,
     check_run,
     checkpoint,
     download,
@@ -42,7 +44,18 @@ from tasks.retrain import (
 )
 
 
-@flow(name="retrain", flow_run_name="retrain-{config.strategy}-{config.epochs}-epochs", log_prints=True)
+def _run_name() -> str:
+    """`<run_dir name>-<UTC date>-<strategy>`: nightly runs of different run_dirs and days stay apart."""
+    from prefect.runtime import flow_run
+
+    config = flow_run.parameters.get("config") or RetrainConfig()
+    values = config if isinstance(config, dict) else config.model_dump()
+    run_dir = Path(values.get("run_dir") or RetrainConfig().run_dir).expanduser().resolve()
+    strategy = values.get("strategy") or RetrainConfig().strategy
+    return f"{run_dir.name}-{datetime.now(timezone.utc):%Y-%m-%d}-{strategy}"
+
+
+@flow(name="retrain", flow_run_name=_run_name, log_prints=True)
 def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
     log = get_run_logger()
     check_run(config)
@@ -53,7 +66,7 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
         log.info("Dask dashboard: %s", client.dashboard_link)
         _tidy(paths["run"])
         dataset = prepare_dataset(config)
-        profile(dataset, paths["profile"], client)
+        profile(dataset, paths["profile"], client, paths["run"])
         strategies = shard(config, paths["profile"], paths["plan"])
         trained = _train(config, dataset, paths, client, devices)
         metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed)
@@ -76,7 +89,8 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
         "restarts": trained["restarts"],
         "plots": figures,
     }
-    create_markdown_artifact(_markdown(summary, config), key="retrain-summary", description="Retraining run summary")
+    create_markdown_artifact(_markdown(summary, config), key=artifact_key("retrain-summary", paths["run"]),
+                             description="Retraining run summary")
     return summary
 
 
@@ -109,12 +123,13 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
             resumed = resume(engine, paths["run"])
             if progress is None:
                 progress = create_progress_artifact(100.0 * resumed["epochs_done"] / config.epochs,
-                                                    key="training-progress", description="epochs done")
+                                                    key=artifact_key("training-progress", paths["run"]),
+                                                    description="epochs done")
             steps = 0
             # Measured over this attempt's steps (the engine's counters start at zero); a run
             # with nothing left to train reports what its last checkpoint measured.
             measured = resumed["bytes_per_step"]
-            for epoch in range(resumed["epochs_done"], config.epochs):
+            for epoch in range(resumed["epochs_done"] + 1, config.epochs + 1):  # numbered from 1
                 stats = train_epoch(engine, epoch)
                 losses[epoch] = stats["loss"]
                 steps += stats["steps"]
@@ -122,7 +137,7 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
                 measured = sum(float(traffic[k].sum()) for k in ("lookup", "sync")) / steps
                 checkpoint(engine, paths["run"], epoch, {"loss": stats["loss"], "auc": stats["auc"], "seed": config.seed,
                                                          "bytes_per_step": measured})
-                update_progress_artifact(progress, 100.0 * (epoch + 1) / config.epochs)
+                update_progress_artifact(progress, 100.0 * epoch / config.epochs)
             download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy})
             return {"losses": losses, "steps": steps, "bytes_per_step": measured, "downloads": engine.downloads,
                     "resumed": resumed, "restarts": attempt}

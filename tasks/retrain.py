@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 from distributed import Client
@@ -28,6 +30,17 @@ from storage.staging import check_destination
 from storage.manifest import MANIFEST
 from storage.plan import read_plan
 from storage.profile import Profile
+
+
+def artifact_key(kind: str, run_dir: str | Path) -> str:
+    """A Prefect artifact key of one kind for one run_dir: runs of other run_dirs keep their own history.
+
+    Keys allow lowercase letters, digits and dashes: the run_dir's name, slugged, and six
+    hex digits of its absolute path (two run_dirs of one name stay apart).
+    """
+    resolved = Path(run_dir).expanduser().resolve()
+    slug = re.sub(r"[^a-z0-9]+", "-", resolved.name.lower()).strip("-")[:40] or "run"
+    return f"{kind}-{slug}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:6]}"
 
 
 def run_paths(config: RetrainConfig) -> dict[str, Path]:
@@ -90,7 +103,7 @@ def prepare_dataset(config: RetrainConfig) -> str:
 
 
 @task(name="profile", task_run_name="profile", cache_policy=NONE)
-def profile(dataset: str, out: str, client: Client) -> dict:
+def profile(dataset: str, out: str, client: Client, run_dir: str) -> dict:
     """Per-row access counts; a complete profile of this very dataset is reused."""
     log = get_run_logger()
     checksum = Dataset.open(dataset).info.checksum
@@ -99,8 +112,16 @@ def profile(dataset: str, out: str, client: Client) -> dict:
         stats = Profile.open(out).manifest["tables"]
     else:
         stats = profile_dataset(dataset, out, client=client, overwrite=(Path(out) / MANIFEST).is_file())["tables"]
-    create_table_artifact([{"table": name, **s} for name, s in stats.items()], key="profile",
-                          description=f"Row access skew of {dataset}")
+    create_table_artifact(
+        [
+            {"table": name, "rows": s["rows"], "accesses": s["accesses"], "rows_read": s["distinct"],
+             "top_1pct_rows_share_of_accesses": round(s["top1pct_share"], 3),
+             "top_10pct_rows_share_of_accesses": round(s["top10pct_share"], 3), "zipf_slope": round(s["zipf_slope"], 2)}
+            for name, s in stats.items()
+        ],
+        key=artifact_key("profile", run_dir),
+        description=f"Row access skew of {dataset} (shares: of all accesses, to the most-read 1% / 10% of the rows read)",
+    )
     return stats
 
 
@@ -128,23 +149,26 @@ def shard(config: RetrainConfig, profile_path: str, out: str) -> list[dict]:
             make_plan(profile_path, out, topology, strategy=config.strategy, overwrite=True, **kwargs)
     else:
         make_plan(profile_path, out, topology, strategy=config.strategy, **kwargs)
-    mb = 1e6
     create_table_artifact(
-        [
-            {"strategy": r["strategy"], "error": r["error"]} if "error" in r else {
-                "strategy": r["strategy"],
-                "bytes_per_step_MB": round(r["bytes_per_step"] / mb, 3),
-                "inter_node_MB": round(r["inter_node_bytes_per_step"] / mb, 3),
-                "comm_time_us": round(r["comm_time_s_per_step"] * 1e6, 2),
-                "lower_bound_us": round(r["lower_bound_comm_time_s_per_step"] * 1e6, 2),
-                "max_memory_MB_per_device": round(max(r["memory_bytes_per_device"]) / mb, 3),
-            }
-            for r in rows
-        ],
-        key="plan-comparison",
+        [_comparison_row(r) for r in rows],
+        key=artifact_key("plan-comparison", config.run_dir),
         description=f"Every strategy on {config.topology}, batch {config.batch_size}, dedup {config.dedup}",
     )
     return rows
+
+
+def _comparison_row(r: dict) -> dict:
+    """One strategy's figures; every row has every column (the UI takes its columns from the first row)."""
+    mb, ok = 1e6, "error" not in r
+    return {
+        "strategy": r["strategy"],
+        "bytes_per_step_MB": round(r["bytes_per_step"] / mb, 3) if ok else None,
+        "inter_node_MB_per_step": round(r["inter_node_bytes_per_step"] / mb, 3) if ok else None,
+        "comm_time_us_per_step": round(r["comm_time_s_per_step"] * 1e6, 2) if ok else None,
+        "lower_bound_us_per_step": round(r["lower_bound_comm_time_s_per_step"] * 1e6, 2) if ok else None,
+        "max_memory_MB_per_device": round(max(r["memory_bytes_per_device"]) / mb, 3) if ok else None,
+        "note": "" if ok else r["error"],
+    }
 
 
 def model_config(config: RetrainConfig, dataset: str) -> ModelConfig:
@@ -227,7 +251,8 @@ def restore_cluster(engine: Engine | None, client: Client, devices: int, attempt
 
 @task(name="train-epoch", task_run_name="train-epoch-{epoch}", cache_policy=NONE)
 def train_epoch(engine: Engine, epoch: int) -> dict:
-    stats = engine.train_epoch(epoch)
+    """Train epoch `epoch` (numbered from 1, as checkpoints and plots are)."""
+    stats = engine.train_epoch(epoch - 1)
     stats["auc"] = engine.evaluate()["auc"]
     get_run_logger().info("epoch %d: %d steps, loss %.4f, AUC %.4f, %.0f examples/s", epoch, stats["steps"],
                           stats["loss"], stats["auc"], stats["examples"] / stats["seconds"])
@@ -236,8 +261,9 @@ def train_epoch(engine: Engine, epoch: int) -> dict:
 
 @task(name="checkpoint", task_run_name="checkpoint-epoch-{epoch}", cache_policy=NONE)
 def checkpoint(engine: Engine, run_dir: str, epoch: int, info: dict) -> str:
-    path = checkpoint_dir(run_dir, epoch + 1)
-    engine.checkpoint(path, {"epochs_done": epoch + 1, **info})
+    """The checkpoint after epoch `epoch` (numbered from 1)."""
+    path = checkpoint_dir(run_dir, epoch)
+    engine.checkpoint(path, {"epochs_done": epoch, **info})
     return str(path)
 
 

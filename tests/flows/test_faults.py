@@ -81,7 +81,7 @@ def test_a_worker_killed_mid_epoch_is_restored_from_the_last_checkpoint(prefect_
     assert per_epoch + 3 <= killed["step"] < 2 * per_epoch, (killed, per_epoch)  # mid-epoch, after checkpoint 1
     assert summary["restarts"] == 1
     names = task_runs(state.state_details.flow_run_id)
-    assert names.count("train-epoch-1") == 2 and names.count("train-epoch-0") == 1 and "restore-cluster-1" in names
+    assert names.count("train-epoch-2") == 2 and names.count("train-epoch-1") == 1 and "restore-cluster-1" in names
     assert names.count("download") == 1
     assert exported(big / "worker-killed" / "model") == whole
     assert [p.name for _, p in complete_checkpoints(big / "worker-killed")] == ["epoch-000001", "epoch-000002"]
@@ -132,7 +132,7 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_one_before(pre
     summary = state.result()
     assert summary["resumed_from"] == str(checkpoint_dir(run, 1)) and summary["skipped_checkpoints"] == []
     names = task_runs(state.state_details.flow_run_id)
-    assert "train-epoch-0" not in names and names.count("train-epoch-1") == 1
+    assert "train-epoch-1" not in names and names.count("train-epoch-2") == 1
     assert exported(run / "model") == whole
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch-000001", "epoch-000002"]
 

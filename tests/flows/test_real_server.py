@@ -6,13 +6,14 @@ import json
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import yaml
 
 from shardflow.synthetic import SynthTable
 from storage.synth import synth_dataset
+from tasks.retrain import artifact_key
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,8 +81,9 @@ def test_a_run_on_a_real_server_leaves_its_artifacts_there(server, tmp_path):
     back = subprocess.run([sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120)
     assert back.returncode == 0, back.stderr[-3000:]
     seen = json.loads(back.stdout)
-    assert ["retrain-flexshard-1-epochs", "COMPLETED"] in seen["runs"]
-    assert {"profile", "plan-comparison", "training-progress", "retrain-summary"} <= set(seen["artifacts"])
+    assert [f"run-{datetime.now(timezone.utc):%Y-%m-%d}-flexshard", "COMPLETED"] in seen["runs"]
+    kinds = ("profile", "plan-comparison", "training-progress", "retrain-summary")
+    assert {artifact_key(k, tmp_path / "run") for k in kinds} <= set(seen["artifacts"])
 
 
 def test_prefect_yaml_deploys_the_nightly_and_the_estimation_deployments(server):
@@ -132,4 +134,4 @@ def test_a_run_outlives_an_outage_of_the_prefect_api(server, tmp_path):
     assert first.stat().st_mtime_ns == written  # nothing redone: epoch 1 was not trained or written again
     back = subprocess.run([sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120)
     assert back.returncode == 0, back.stderr[-3000:]
-    assert ["retrain-flexshard-4-epochs", "COMPLETED"] in json.loads(back.stdout)["runs"]
+    assert [f"run-{datetime.now(timezone.utc):%Y-%m-%d}-flexshard", "COMPLETED"] in json.loads(back.stdout)["runs"]

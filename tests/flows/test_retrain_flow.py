@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
 from shardflow.synthetic import SynthTable
 from storage.synth import synth_dataset
+from tasks.retrain import artifact_key
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
@@ -39,6 +41,31 @@ def artifacts(flow_run_id) -> set[str]:
     return asyncio.run(keys())
 
 
+def artifact_rows(flow_run_id, key: str) -> list[dict]:
+    """The rows of a table artifact of one flow run, as the UI gets them."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    async def read():
+        async with get_client() as c:
+            found = await c.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), key=ArtifactFilterKey(any_=[key])))
+            return found[0].data
+    data = asyncio.run(read())
+    return json.loads(data) if isinstance(data, str) else data
+
+
+def test_table_artifacts_have_the_same_columns_in_every_row(prefect_api, client, base):
+    state = retrain(config(base, "tables", client, epochs=1), return_state=True)
+    run = state.state_details.flow_run_id
+    plans = artifact_rows(run, artifact_key("plan-comparison", base / "tables"))
+    assert len({tuple(r) for r in plans}) == 1 and list(plans[0])[-1] == "note"
+    flexshard = next(r for r in plans if r["strategy"] == "flexshard")
+    assert flexshard["note"] == "" and flexshard["bytes_per_step_MB"] > 0
+    assert all((r["note"] == "") == (r["bytes_per_step_MB"] is not None) for r in plans)
+    profiles = artifact_rows(run, artifact_key("profile", base / "tables"))
+    assert all(len(str(r["top_1pct_rows_share_of_accesses"]).split(".")[-1]) <= 3 for r in profiles)
+
+
 def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, client, base):
     state = retrain(config(base, "whole", client), return_state=True)
     whole = state.result()
@@ -46,10 +73,11 @@ def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, cl
     assert 0 <= whole["auc"] <= 1 and whole["bytes_per_step"] > 0 and whole["row_wise_bytes_per_step"] > 0
     names = task_runs(state.state_details.flow_run_id)
     assert names.count("download") == 1
-    assert {"train-epoch-0", "train-epoch-1", "checkpoint-epoch-0", "checkpoint-epoch-1", "profile", "shard",
+    assert {"train-epoch-1", "train-epoch-2", "checkpoint-epoch-1", "checkpoint-epoch-2", "profile", "shard",
             "exit", "evaluate"} <= set(names)
-    assert {"profile", "plan-comparison", "training-progress", "retrain-summary"} <= artifacts(
-        state.state_details.flow_run_id)
+    kinds = ("profile", "plan-comparison", "training-progress", "retrain-summary")
+    assert {artifact_key(k, base / "whole") for k in kinds} <= artifacts(state.state_details.flow_run_id)
+    assert all(artifact_key(k, base / "whole") != artifact_key(k, base / "cut") for k in kinds)
     assert live_actors(client) == 0
     import xml.etree.ElementTree as ET
 
@@ -66,7 +94,7 @@ def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, cl
     second_state = retrain(config(base, "cut", client), return_state=True)
     second = second_state.result()
     names = task_runs(second_state.state_details.flow_run_id)
-    assert "train-epoch-0" not in names and "train-epoch-1" in names and names.count("download") == 1
+    assert "train-epoch-1" not in names and "train-epoch-2" in names and names.count("download") == 1
     assert second["checkpoints"][-1].endswith("epoch-000002")
     assert exported(base / "cut" / "model") == exported(base / "whole" / "model")
 
