@@ -11,6 +11,7 @@ the run directory's lock throughout; a lost worker is recovered from the last ch
 
 from __future__ import annotations
 
+import base64
 import itertools
 from datetime import datetime, timezone
 from pathlib import Path
@@ -170,6 +171,10 @@ def _markdown(s: dict, config: RetrainConfig) -> str:
         *(f"- **skipped damaged checkpoint** `{k['checkpoint']}`: {k['reason']}" for k in s["skipped_checkpoints"]),
         f"- worker losses recovered from a checkpoint: {s['restarts']} (max_restarts {config.max_restarts})",
         "- checkpoints: " + (", ".join(f"`{c}`" for c in s["checkpoints"]) or "none"),
-        "- plots (SVG): " + ", ".join(f"`{p}`" for p in s["plots"]),
+        "- checkpoints, model and plots (SVG files) on the machine that ran it: `" + s["run_dir"] + "`",
+        "",
+        # Embedded, not linked: a path on the worker host is no picture in a browser elsewhere.
+        *(f"![{Path(p).stem}](data:image/svg+xml;base64,{base64.b64encode(Path(p).read_bytes()).decode()})"
+          for p in s["plots"]),
     ]
     return "\n".join(lines)

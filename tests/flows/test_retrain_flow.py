@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -42,7 +44,7 @@ def artifacts(flow_run_id) -> set[str]:
 
 
 def artifact_rows(flow_run_id, key: str) -> list[dict]:
-    """The rows of a table artifact of one flow run, as the UI gets them."""
+    """The rows of a table artifact of one flow run (the text of a markdown one), as the UI gets them."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
     async def read():
@@ -51,7 +53,10 @@ def artifact_rows(flow_run_id, key: str) -> list[dict]:
                 flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), key=ArtifactFilterKey(any_=[key])))
             return found[0].data
     data = asyncio.run(read())
-    return json.loads(data) if isinstance(data, str) else data
+    try:
+        return json.loads(data) if isinstance(data, str) else data
+    except json.JSONDecodeError:  # a markdown artifact
+        return data
 
 
 def test_table_artifacts_have_the_same_columns_in_every_row(prefect_api, client, base):
@@ -64,6 +69,10 @@ def test_table_artifacts_have_the_same_columns_in_every_row(prefect_api, client,
     assert all((r["note"] == "") == (r["bytes_per_step_MB"] is not None) for r in plans)
     profiles = artifact_rows(run, artifact_key("profile", base / "tables"))
     assert all(len(str(r["top_1pct_rows_share_of_accesses"]).split(".")[-1]) <= 3 for r in profiles)
+    summary = artifact_rows(run, artifact_key("retrain-summary", base / "tables"))  # markdown: the text itself
+    embedded = re.findall(r"!\[(\w+)\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", summary)
+    assert [name for name, _ in embedded] == ["access", "traffic", "training"]
+    assert all(base64.b64decode(data).startswith(b"<svg") for _, data in embedded)
 
 
 def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, client, base):
