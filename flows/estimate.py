@@ -11,6 +11,7 @@ from prefect import flow, get_run_logger
 
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
+from shardflow.errors import WorkerLost
 from shardflow.planner.topology import load_topology
 from storage.lock import run_lock
 from tasks.retrain import (
@@ -37,6 +38,9 @@ def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
         try:
             engine = start_parameter_servers(config, dataset, paths["plan"], client, estimate=True)
             epochs = [train_epoch(engine, e) for e in range(1, config.epochs + 1)]
+            lost = [e["lost"] for e in epochs if "lost" in e]
+            if lost:  # estimation writes no checkpoints to resume from: the run ends here
+                raise WorkerLost(lost[0])
             traffic = engine.traffic()
         finally:
             release_parameter_servers(engine)

@@ -28,6 +28,7 @@ from storage.lock import run_lock
 from storage.staging import remove_leftovers
 from tasks.retrain import (
     artifact_key,
+    publish_epoch_metrics,
     check_run,
     checkpoint,
     download,
@@ -69,7 +70,8 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
         dataset = prepare_dataset(config)
         profile(dataset, paths["profile"], client, paths["run"])
         strategies = shard(config, paths["profile"], paths["plan"])
-        trained = _train(config, dataset, paths, client, devices)
+        modeled = next(r for r in strategies if r["strategy"] == config.strategy)["bytes_per_step"]
+        trained = _train(config, dataset, paths, client, devices, modeled)
         metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed)
         figures = plots(paths["run"], paths["profile"], paths["plan"], strategies)
         _tidy(paths["run"])
@@ -88,6 +90,7 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
         "resumed_from": trained["resumed"]["checkpoint"],
         "skipped_checkpoints": trained["resumed"]["skipped"],
         "restarts": trained["restarts"],
+        "warnings": trained["warnings"],
         "plots": figures,
     }
     create_markdown_artifact(_markdown(summary, config), key=artifact_key("retrain-summary", paths["run"]),
@@ -106,7 +109,7 @@ def _tidy(run_dir: str) -> None:
         get_run_logger().warning("removed %d unfinished stores a cut-off run left behind: %s", len(left), ", ".join(left))
 
 
-def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: int) -> dict:
+def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: int, modeled: float) -> dict:
     """The epochs left, a checkpoint after each, then the one download.
 
     One attempt is one set of parameter servers. Losing a worker ends the attempt: the
@@ -116,6 +119,7 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
     """
     log = get_run_logger()
     losses: dict[int, float] = {}
+    warnings: list[str] = []
     progress = None
     for attempt in itertools.count():
         engine = None
@@ -131,17 +135,24 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
             # with nothing left to train reports what its last checkpoint measured.
             measured = resumed["bytes_per_step"]
             for epoch in range(resumed["epochs_done"] + 1, config.epochs + 1):  # numbered from 1
-                stats = train_epoch(engine, epoch)
+                stats = train_epoch(engine, epoch, config.epochs, progress)
+                if "lost" in stats:
+                    raise WorkerLost(stats["lost"])
                 losses[epoch] = stats["loss"]
                 steps += stats["steps"]
                 traffic = engine.traffic()
                 measured = sum(float(traffic[k].sum()) for k in ("lookup", "sync")) / steps
-                checkpoint(engine, paths["run"], epoch, {"loss": stats["loss"], "auc": stats["auc"], "seed": config.seed,
-                                                         "bytes_per_step": measured})
-                update_progress_artifact(progress, 100.0 * epoch / config.epochs)
+                checkpoint(engine, paths["run"], epoch, {
+                    "loss": stats["loss"], "auc": stats["auc"], "hr_at_10": stats["hr_at_10"], "seed": config.seed,
+                    "bytes_per_step": measured, "examples_per_s": stats["examples"] / stats["seconds"],
+                    "seconds": stats["seconds"],
+                })
+                publish_epoch_metrics(paths["run"], modeled)
+                update_progress_artifact(progress, 100.0 * epoch / config.epochs,
+                                         description=f"epoch {epoch}/{config.epochs} done · loss {stats['loss']:.3f}")
             download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy})
             return {"losses": losses, "steps": steps, "bytes_per_step": measured, "downloads": engine.downloads,
-                    "resumed": resumed, "restarts": attempt}
+                    "resumed": resumed, "restarts": attempt, "warnings": warnings}
         except WorkerLost as e:
             if attempt == config.max_restarts:
                 raise TrainingError(
@@ -150,6 +161,7 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
                 ) from e
             log.warning("%s; restoring the cluster and resuming from the last complete checkpoint (restart %d of %d)",
                         e, attempt + 1, config.max_restarts)
+            warnings.append(f"restart {attempt + 1}: {e}; resumed from the last complete checkpoint")
             restore_cluster(engine, client, devices, attempt + 1, config.restart_timeout_s)
         finally:
             release_parameter_servers(engine)
@@ -170,6 +182,7 @@ def _markdown(s: dict, config: RetrainConfig) -> str:
         f"- resumed from: `{s['resumed_from']}`" if s["resumed_from"] else "- started from the initial parameters",
         *(f"- **skipped damaged checkpoint** `{k['checkpoint']}`: {k['reason']}" for k in s["skipped_checkpoints"]),
         f"- worker losses recovered from a checkpoint: {s['restarts']} (max_restarts {config.max_restarts})",
+        *(f"- **warning**: {w}" for w in s["warnings"]),
         "- checkpoints: " + (", ".join(f"`{c}`" for c in s["checkpoints"]) or "none"),
         "- checkpoints, model and plots (SVG files) on the machine that ran it: `" + s["run_dir"] + "`",
         "",

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from distributed import Client
 from prefect import get_run_logger, task
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 
 from shardflow.config import RetrainConfig
-from shardflow.errors import InputError
+from shardflow.errors import InputError, WorkerLost
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
@@ -249,11 +249,54 @@ def restore_cluster(engine: Engine | None, client: Client, devices: int, attempt
     log.info("restore %d: %d workers up", attempt, len(client.scheduler_info()["workers"]))
 
 
+def publish_epoch_metrics(run_dir: str, modeled_bytes_per_step: float) -> None:
+    """The epoch-metrics table of a run_dir: one row per complete checkpoint, every row with every column.
+
+    Built from the checkpoints, so it spans resumed runs; under one key per run_dir, so
+    the UI keeps its versions night after night.
+    """
+    mb, rows = 1e6, []
+    for epoch, path in complete_checkpoints(run_dir):
+        info = read_store(path, CHECKPOINT)
+        rounded = {k: None if info.get(k) is None else round(info[k], digits)
+                   for k, digits in (("loss", 4), ("auc", 4), ("hr_at_10", 4), ("examples_per_s", 0), ("seconds", 1))}
+        measured = info.get("bytes_per_step")
+        rows.append({"epoch": epoch, **rounded,
+                     "bytes_per_step_MB_measured": None if measured is None else round(measured / mb, 3),
+                     "bytes_per_step_MB_modeled": round(modeled_bytes_per_step / mb, 3)})
+    create_table_artifact(rows, key=artifact_key("epoch-metrics", run_dir),
+                          description=f"Per epoch: loss, held-out AUC and HR@10, speed, traffic (run_dir {run_dir})")
+
+
+PROGRESS_EVERY_S = 2.0  # how often a training epoch moves its progress artifact
+
+
 @task(name="train-epoch", task_run_name="train-epoch-{epoch}", cache_policy=NONE)
-def train_epoch(engine: Engine, epoch: int) -> dict:
-    """Train epoch `epoch` (numbered from 1, as checkpoints and plots are)."""
-    stats = engine.train_epoch(epoch - 1)
-    stats["auc"] = engine.evaluate()["auc"]
+def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=None) -> dict:
+    """Train epoch `epoch` (numbered from 1, as checkpoints and plots are).
+
+    With a progress artifact, moves it every PROGRESS_EVERY_S seconds and at the end:
+    "epoch 2/3 · step 30/54 · loss 0.371 · 41k examples/s".
+    """
+    last = [0.0]
+
+    def report(done: int, steps: int, loss: float, examples: int, seconds: float) -> None:
+        if progress is None or (seconds - last[0] < PROGRESS_EVERY_S and done < steps):
+            return
+        last[0] = seconds
+        update_progress_artifact(
+            progress, 100.0 * (epoch - 1 + done / steps) / epochs,
+            description=f"epoch {epoch}/{epochs} · step {done}/{steps} · loss {loss:.3f} · "
+                        f"{examples / max(seconds, 1e-9) / 1e3:.0f}k examples/s",
+        )
+
+    try:
+        stats = engine.train_epoch(epoch - 1, on_step=report)
+        stats.update(engine.evaluate())
+    except WorkerLost as e:
+        # Not this task's failure: the run restores the cluster and resumes (a warning, not a red task).
+        get_run_logger().warning("epoch %d stopped: %s", epoch, e)
+        return {"lost": str(e)}
     get_run_logger().info("epoch %d: %d steps, loss %.4f, AUC %.4f, %.0f examples/s", epoch, stats["steps"],
                           stats["loss"], stats["auc"], stats["examples"] / stats["seconds"])
     return stats

@@ -268,8 +268,12 @@ class Engine:
         self.step_count += 1
         return stats, time.perf_counter() - t
 
-    def train_epoch(self, epoch: int, max_steps: int | None = None) -> dict:
-        """Every step of `epoch` (at most `max_steps`); loss, examples, steps, seconds and the time split."""
+    def train_epoch(self, epoch: int, max_steps: int | None = None, on_step=None) -> dict:
+        """Every step of `epoch` (at most `max_steps`); loss, examples, steps, seconds and the time split.
+
+        `on_step(done, steps, loss, examples, seconds)`, if given, hears after every step
+        how far the epoch is (the mean loss and the examples so far).
+        """
         candidates = 1 + self.model.negatives
         per_epoch = self.data.steps_per_epoch(self.train.batch_size)
         steps = per_epoch if max_steps is None else min(per_epoch, max_steps)
@@ -283,6 +287,9 @@ class Engine:
             for k in ("batch", "pull", "compute", "push"):
                 parts[k] += max(x[f"{k}_s"] for x in stats)
             parts["sync"] += sync_s
+            if on_step is not None:
+                on_step(i + 1, steps, loss / (examples * candidates) if examples else float("nan"), int(examples),
+                        time.perf_counter() - t0)
         return {
             "epoch": epoch,
             "steps": steps,

@@ -20,15 +20,20 @@ TOPOLOGY = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, upl
 SMALL = dict(dim=8, mlp=(8,), history=5, negatives=2, batch_size=128, epochs=2, eval_users=200, memory_slack=0.5)
 
 
-def task_runs(flow_run_id) -> list[str]:
+def task_run_states(flow_run_id) -> list[tuple[str, str]]:
+    """(name, state type) of every task run of a flow run."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    async def names():
+    async def read():
         async with get_client() as c:
             runs = await c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-            return [r.name for r in runs]
-    return asyncio.run(names())
+            return [(r.name, r.state_type.value) for r in runs]
+    return asyncio.run(read())
+
+
+def task_runs(flow_run_id) -> list[str]:
+    return [name for name, _ in task_run_states(flow_run_id)]
 
 
 def live_actors(client) -> int:

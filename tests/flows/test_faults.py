@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from flows.retrain import retrain
-from runs import SMALL, TOPOLOGY, exported, live_actors, run_until_killed, task_runs
+from runs import SMALL, TOPOLOGY, exported, live_actors, run_until_killed, task_run_states, task_runs
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
 from shardflow.synthetic import SynthTable
@@ -82,6 +82,9 @@ def test_a_worker_killed_mid_epoch_is_restored_from_the_last_checkpoint(prefect_
     assert summary["restarts"] == 1
     names = task_runs(state.state_details.flow_run_id)
     assert names.count("train-epoch-2") == 2 and names.count("train-epoch-1") == 1 and "restore-cluster-1" in names
+    # The recovered loss is a warning in the summary, not a red task inside a Completed run.
+    assert {state for name, state in task_run_states(state.state_details.flow_run_id)} == {"COMPLETED"}
+    assert len(summary["warnings"]) == 1 and summary["warnings"][0].startswith("restart 1: ")
     assert names.count("download") == 1
     assert exported(big / "worker-killed" / "model") == whole
     assert [p.name for _, p in complete_checkpoints(big / "worker-killed")] == ["epoch-000001", "epoch-000002"]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -71,19 +73,40 @@ def run_config(tmp_path: Path, **kw) -> Path:
     return tmp_path / "run.yaml"
 
 
+def artifacts(server, key: str) -> list[dict]:
+    """Every version of the artifacts under `key`, oldest first, as the UI's API returns them."""
+    request = urllib.request.Request(f"{server.url}/artifacts/filter", method="POST",
+                                     data=json.dumps({"artifacts": {"key": {"any_": [key]}}}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return sorted(json.loads(r.read()), key=lambda a: a["created"])
+
+
 def test_a_run_on_a_real_server_leaves_its_artifacts_there(server, tmp_path):
-    run_config(tmp_path, batch_size=128, epochs=1)
-    done = subprocess.run([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml"), "--json"],
-                          env=server.env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout)
-    assert summary["downloads"] == 1 and summary["epochs"] == 1 and summary["model"] == str(tmp_path / "run" / "model")
+    run_config(tmp_path, batch_size=64, epochs=3)
+    run = subprocess.Popen([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml"), "--json"],
+                           env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    progress, key = set(), artifact_key("training-progress", tmp_path / "run")
+    while run.poll() is None:  # what the UI shows while the run goes on
+        progress |= {a["data"] for a in artifacts(server, key)}
+        time.sleep(0.1)
+    out, err = run.communicate()
+    assert run.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["downloads"] == 1 and summary["epochs"] == 3 and summary["model"] == str(tmp_path / "run" / "model")
+    assert len(progress) > 2, progress
     back = subprocess.run([sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120)
     assert back.returncode == 0, back.stderr[-3000:]
     seen = json.loads(back.stdout)
     assert [f"run-{datetime.now(timezone.utc):%Y-%m-%d}-flexshard", "COMPLETED"] in seen["runs"]
-    kinds = ("profile", "plan-comparison", "training-progress", "retrain-summary")
+    kinds = ("profile", "plan-comparison", "training-progress", "retrain-summary", "epoch-metrics")
     assert {artifact_key(k, tmp_path / "run") for k in kinds} <= set(seen["artifacts"])
+    for kind in ("profile", "plan-comparison", "epoch-metrics"):  # the UI takes a table's columns from its first row
+        rows = json.loads(artifacts(server, artifact_key(kind, tmp_path / "run"))[-1]["data"])
+        assert len({tuple(r) for r in rows}) == 1, (kind, rows)
+    assert [r["epoch"] for r in json.loads(artifacts(server, artifact_key("epoch-metrics", tmp_path / "run"))[-1]["data"])] == [1, 2, 3]
+    text = artifacts(server, artifact_key("retrain-summary", tmp_path / "run"))[-1]["data"]
+    assert len(re.findall(r"!\[\w+\]\(data:image/svg\+xml;base64,", text)) == 3
 
 
 def test_prefect_yaml_deploys_the_nightly_and_the_estimation_deployments(server):

@@ -6,6 +6,8 @@ import asyncio
 import base64
 import json
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -44,14 +46,14 @@ def artifacts(flow_run_id) -> set[str]:
 
 
 def artifact_rows(flow_run_id, key: str) -> list[dict]:
-    """The rows of a table artifact of one flow run (the text of a markdown one), as the UI gets them."""
+    """The rows of a table artifact of one flow run, its latest version (the text of a markdown one)."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
     async def read():
         async with get_client() as c:
             found = await c.read_artifacts(artifact_filter=ArtifactFilter(
                 flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), key=ArtifactFilterKey(any_=[key])))
-            return found[0].data
+            return max(found, key=lambda a: a.created).data  # the latest version
     data = asyncio.run(read())
     try:
         return json.loads(data) if isinstance(data, str) else data
@@ -73,6 +75,38 @@ def test_table_artifacts_have_the_same_columns_in_every_row(prefect_api, client,
     embedded = re.findall(r"!\[(\w+)\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", summary)
     assert [name for name, _ in embedded] == ["access", "traffic", "training"]
     assert all(base64.b64decode(data).startswith(b"<svg") for _, data in embedded)
+
+
+def test_progress_moves_during_epochs_and_every_epoch_is_in_the_metrics_table(prefect_api, client, base, monkeypatch):
+    import tasks.retrain as stages
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    monkeypatch.setattr(stages, "PROGRESS_EVERY_S", 0.0)  # report after every step
+    key = artifact_key("training-progress", base / "progress")
+    done: dict = {}
+    run = threading.Thread(target=lambda: done.update(state=retrain(config(base, "progress", client), return_state=True)))
+    run.start()
+
+    async def latest():
+        async with get_client() as c:
+            found = await c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+            return [(a.data, a.description) for a in found]
+
+    seen, descriptions = set(), set()
+    while run.is_alive():  # what a person watching the UI sees, read through the API while the run goes on
+        for data, description in asyncio.run(latest()):
+            seen.add(data)
+            descriptions.add(description)
+        time.sleep(0.05)
+    run.join()
+    assert done["state"].is_completed()
+    values = sorted(float(x) for x in seen)
+    assert len(values) > 2 and 0 < values[1] < 50 and values[-1] == 100.0  # moved within the epochs, ended done
+    assert any(re.fullmatch(r"epoch [12]/2 · step \d+/\d+ · loss \d\.\d{3} · \d+k examples/s", d or "") for d in descriptions)
+    metrics = artifact_rows(done["state"].state_details.flow_run_id, artifact_key("epoch-metrics", base / "progress"))
+    assert [r["epoch"] for r in metrics] == [1, 2] and len({tuple(r) for r in metrics}) == 1
+    assert all(r["auc"] is not None and r["bytes_per_step_MB_measured"] > 0 and r["bytes_per_step_MB_modeled"] > 0
+               for r in metrics)
 
 
 def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, client, base):
