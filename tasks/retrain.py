@@ -335,7 +335,7 @@ def plots(run_dir: str, profile_path: str, plan_path: str, strategies: list[dict
     import numpy as np
 
     from shardflow.planner.plan import GLOBAL, NODE
-    from shardflow.plots import bar_chart, line_chart
+    from shardflow.plots import bar_chart, line_chart, stacked_chart
 
     out = Path(run_dir) / "plots"
     out.mkdir(parents=True, exist_ok=True)
@@ -359,8 +359,8 @@ def plots(run_dir: str, profile_path: str, plan_path: str, strategies: list[dict
     epochs = [read_store(p, CHECKPOINT) for _, p in complete_checkpoints(run_dir)]
     if epochs:
         x = [m["epochs_done"] for m in epochs]
-        files.append(line_chart(out / "training.svg",
-                                {"training loss": (x, [m["loss"] for m in epochs]),
-                                 "AUC (held out)": (x, [m["auc"] for m in epochs])},
-                                title="Loss and AUC per epoch", xlabel="epochs done", ylabel="value"))
+        files.append(stacked_chart(out / "training.svg",
+                                   [("training loss", {"training loss": (x, [m["loss"] for m in epochs])}),
+                                    ("held-out AUC", {"AUC (held out)": (x, [m["auc"] for m in epochs])})],
+                                   title="Loss and AUC per epoch", xlabel="epochs done", integer_x=True))
     return [str(f) for f in files]
