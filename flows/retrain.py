@@ -61,6 +61,7 @@ def _run_name() -> str:
 def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
     log = get_run_logger()
     check_run(config)
+    _tag(config)
     paths = {k: str(v) for k, v in run_paths(config).items()}
     devices = load_topology(config.topology).devices
     with run_lock(paths["run"]), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
@@ -96,6 +97,19 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
     create_markdown_artifact(_markdown(summary, config), key=artifact_key("retrain-summary", paths["run"]),
                              description="Retraining run summary")
     return summary
+
+
+def _tag(config: RetrainConfig) -> None:
+    """Tags to filter runs by in the UI: strategy, dataset and (for a deployment run) deployment."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import deployment, flow_run
+
+    tags = {f"strategy:{config.strategy}", f"dataset:{Path(config.dataset).name}"}
+    if deployment.name:
+        tags.add(f"deployment:{deployment.name}")
+    with get_client(sync_client=True) as client:
+        known = set(client.read_flow_run(flow_run.id).tags)
+        client.update_flow_run(flow_run.id, tags=sorted(known | tags))
 
 
 def _tidy(run_dir: str) -> None:

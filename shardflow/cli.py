@@ -224,8 +224,9 @@ def _cmd_run(args: argparse.Namespace) -> dict:
     from tasks.retrain import check_run
 
     check_run(config)
-    for noisy in ("distributed", "httpx"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not args.verbose:  # a quiet terminal: warnings still show
+        for noisy in ("distributed", "httpx"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     from flows.retrain import retrain
 
     return retrain(config)
@@ -312,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("run", "the whole retraining run as a Prefect flow (embedded API)", _cmd_run, _print_run)
     p.add_argument("--config", help="YAML file of config keys (see shardflow/config.py)")
     p.add_argument("--set", type=_set_value, action="append", metavar="KEY=VALUE", help="override one key (repeatable)")
+    p.add_argument("--verbose", action="store_true", help="also show Dask's and the HTTP client's INFO logs")
     return parser
 
 

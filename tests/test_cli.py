@@ -75,3 +75,21 @@ def test_bad_input_exits_2_with_one_clear_line_and_no_stdout(tmp_path):
 
     workers = run("profile", str(tmp_path / "ds"), "--workers", "0")
     assert workers.returncode == 2 and "workers = 0; accepted: an integer >= 1" in workers.stderr
+
+
+def test_a_successful_run_keeps_the_terminal_quiet_unless_asked(tmp_path):
+    run("synth", str(tmp_path / "ds"), "--tables", "item:300:1.1", "--interactions", "3000", "--seed", "1",
+        "--mean-length", "10")
+    (tmp_path / "topo.yaml").write_text("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n")
+    keys = [f"dataset={tmp_path / 'ds'}", f"topology={tmp_path / 'topo.yaml'}", "epochs=1", "batch_size=64", "dim=8",
+            "mlp=[8]", "eval_users=50"]
+
+    def stderr(run_dir: str, *extra: str) -> list[str]:
+        done = run("run", *(a for k in keys + [f"run_dir={tmp_path / run_dir}"] for a in ("--set", k)), *extra)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stderr.splitlines()
+
+    quiet = stderr("quiet")
+    assert not [line for line in quiet if "Traceback" in line or " distributed." in line]
+    verbose = stderr("verbose", "--verbose")
+    assert any(" distributed.scheduler INFO " in line for line in verbose)

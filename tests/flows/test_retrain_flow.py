@@ -100,6 +100,11 @@ def test_progress_moves_during_epochs_and_every_epoch_is_in_the_metrics_table(pr
         time.sleep(0.05)
     run.join()
     assert done["state"].is_completed()
+
+    async def tags():
+        async with get_client() as c:
+            return set((await c.read_flow_run(done["state"].state_details.flow_run_id)).tags)
+    assert {"strategy:flexshard", "dataset:ds"} <= asyncio.run(tags())
     values = sorted(float(x) for x in seen)
     assert len(values) > 2 and 0 < values[1] < 50 and values[-1] == 100.0  # moved within the epochs, ended done
     assert any(re.fullmatch(r"epoch [12]/2 · step \d+/\d+ · loss \d\.\d{3} · \d+k examples/s", d or "") for d in descriptions)
