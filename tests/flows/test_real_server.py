@@ -158,3 +158,42 @@ def test_a_run_outlives_an_outage_of_the_prefect_api(server, tmp_path):
     back = subprocess.run([sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120)
     assert back.returncode == 0, back.stderr[-3000:]
     assert [f"run-{datetime.now(timezone.utc):%Y-%m-%d}-flexshard", "COMPLETED"] in json.loads(back.stdout)["runs"]
+
+
+BLOCK = """
+from prefect.blocks.notifications import CustomWebhookNotificationBlock
+block = CustomWebhookNotificationBlock(name="shardflow-alerts", url="http://127.0.0.1:9/alerts",
+                                       json_data={"text": "{{body}}"})
+print(block.save("shardflow-alerts", overwrite=True))
+"""
+AUTOMATIONS = """
+import asyncio, json
+from prefect.client.orchestration import get_client
+async def main():
+    async with get_client() as c:
+        found = await c.read_automations()
+        print(json.dumps([{"name": a.name, "expect": sorted(a.trigger.expect), "match": a.trigger.model_dump(mode="json")["match_related"],
+                           "block": str(a.actions[0].block_document_id), "type": a.actions[0].type} for a in found]))
+asyncio.run(main())
+"""
+
+
+def test_the_alerts_file_creates_the_nightly_automations_with_a_notification_block(server, tmp_path):
+    made = subprocess.run([sys.executable, "-c", BLOCK], env=server.env, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-3000:]
+    block_id = made.stdout.split()[-1]
+    text = (ROOT / "automations.yaml").read_text()
+    assert text.count("block_document_id: REPLACE_WITH_NOTIFICATION_BLOCK_ID") == 3
+    (tmp_path / "a.yaml").write_text(text.replace("REPLACE_WITH_NOTIFICATION_BLOCK_ID", block_id))
+    created = subprocess.run([str(BIN / "prefect"), "automation", "create", "--from-file", str(tmp_path / "a.yaml")],
+                             env=server.env, capture_output=True, text=True, timeout=120)
+    assert created.returncode == 0, (created.stdout + created.stderr)[-3000:]
+    back = subprocess.run([sys.executable, "-c", AUTOMATIONS], env=server.env, capture_output=True, text=True, timeout=120)
+    assert back.returncode == 0, back.stderr[-3000:]
+    found = {a["name"]: a for a in json.loads(back.stdout)}
+    assert {name: a["expect"] for name, a in found.items()} == {
+        "nightly-retrain failed": ["prefect.flow-run.Failed"], "nightly-retrain crashed": ["prefect.flow-run.Crashed"],
+        "nightly-retrain late": ["prefect.flow-run.Late"]}
+    for a in found.values():
+        assert a["match"] == {"prefect.resource.role": "deployment", "prefect.resource.name": "nightly-retrain"}
+        assert (a["type"], a["block"]) == ("send-notification", block_id)
