@@ -50,7 +50,7 @@ FORMAT_VERSION = 2
 MADE_BY = "'shardflow import' or 'shardflow synth'"
 EVENTS_PER_CHUNK = 1 << 22
 OFFSETS_PER_CHUNK = 1 << 20
-# Fastest compressed read among zstd / blosc-lz4 / blosc-zstd on Zipf ids (see README, profiling).
+# Fastest compressed read among zstd / blosc-lz4 / blosc-zstd on Zipf ids (docs/benchmarks.md, profiling).
 COMPRESSORS = [BloscCodec(cname="zstd", clevel=1, shuffle="shuffle")]
 SEGMENTS = "segments"
 VERIFIED = "verified.json"  # the manifest whose arrays were last hashed and found matching
