@@ -71,8 +71,8 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
         dataset = prepare_dataset(config)
         profile(dataset, paths["profile"], client, paths["run"])
         strategies = shard(config, paths["profile"], paths["plan"])
-        modeled = next(r for r in strategies if r["strategy"] == config.strategy)["bytes_per_step"]
-        trained = _train(config, dataset, paths, client, devices, modeled)
+        chosen = next(r for r in strategies if r["strategy"] == config.strategy)
+        trained = _train(config, dataset, paths, client, devices, chosen["bytes_per_step"])
         metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed)
         figures = plots(paths["run"], paths["profile"], paths["plan"], strategies)
         _tidy(paths["run"])
@@ -83,7 +83,10 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
         "auc": metrics["auc"],
         "hr_at_10": metrics["hr_at_10"],
         "bytes_per_step": trained["bytes_per_step"],
+        "modeled_bytes_per_step": chosen["bytes_per_step"],
         "row_wise_bytes_per_step": row_wise["bytes_per_step"],
+        "comm_time_us_per_step": chosen["comm_time_s_per_step"] * 1e6,
+        "row_wise_comm_time_us_per_step": row_wise["comm_time_s_per_step"] * 1e6,
         "checkpoints": [str(p) for _, p in complete_checkpoints(paths["run"])],
         "model": paths["model"],
         "downloads": trained["downloads"],
@@ -188,9 +191,14 @@ def _markdown(s: dict, config: RetrainConfig) -> str:
         "",
         f"- strategy **{config.strategy}** on `{config.topology}`, {s['epochs']} epochs, batch {config.batch_size}",
         f"- **AUC {s['auc']:.4f}**, **HR@10 {s['hr_at_10']:.4f}** (leave-last-out, exported model)",
-        (f"- traffic {s['bytes_per_step'] / mb:.3f} MB/step measured (the last epochs trained)"
-         if s["bytes_per_step"] is not None else "- traffic not measured (no checkpoint recorded it)")
-        + f"; row-wise-mod would move {s['row_wise_bytes_per_step'] / mb:.3f} MB/step (cost model)",
+        # Like for like: measured against this plan's model; the plan's model against row-wise-mod's.
+        (f"- traffic **{s['bytes_per_step'] / mb:.3f} MB/step measured** (the last epochs trained) against "
+         if s["bytes_per_step"] is not None else "- traffic not measured (no checkpoint recorded it); ")
+        + f"{s['modeled_bytes_per_step'] / mb:.3f} MB/step that the cost model predicts for this plan",
+        f"- modeled communication time per step: **{s['comm_time_us_per_step']:.1f} µs** with {config.strategy}, "
+        f"{s['row_wise_comm_time_us_per_step']:.1f} µs with row-wise-mod "
+        f"({s['row_wise_comm_time_us_per_step'] / max(s['comm_time_us_per_step'], 1e-12):.2f}× its time); "
+        f"{s['row_wise_bytes_per_step'] / mb:.3f} MB/step with row-wise-mod",
         f"- loss per epoch (this run): {', '.join(f'{x:.4f}' for x in s['epoch_loss']) or 'none (resumed at the end)'}",
         f"- exported model: `{s['model']}`",
         f"- resumed from: `{s['resumed_from']}`" if s["resumed_from"] else "- started from the initial parameters",

@@ -235,8 +235,10 @@ def _cmd_run(args: argparse.Namespace) -> dict:
 def _print_run(s: dict) -> None:
     mb = 1e6
     print(f"run {s['run_dir']}: {s['epochs']} epochs, AUC {s['auc']:.4f}, HR@10 {s['hr_at_10']:.4f}")
-    measured = "not measured" if s["bytes_per_step"] is None else f"{s['bytes_per_step'] / mb:,.3f} MB"
-    print(f"  traffic/step {measured} (row-wise-mod: {s['row_wise_bytes_per_step'] / mb:,.3f} MB)")
+    measured = "not measured" if s["bytes_per_step"] is None else f"{s['bytes_per_step'] / mb:,.3f} MB measured"
+    print(f"  traffic/step {measured}, {s['modeled_bytes_per_step'] / mb:,.3f} MB modeled for this plan")
+    print(f"  comm time/step (modeled) {s['comm_time_us_per_step']:,.1f} µs; row-wise-mod "
+          f"{s['row_wise_comm_time_us_per_step']:,.1f} µs, {s['row_wise_bytes_per_step'] / mb:,.3f} MB")
     print(f"  model        {s['model']} (downloaded {s['downloads']} time)")
     for c in s["checkpoints"]:
         print(f"  checkpoint   {c}")

@@ -119,6 +119,9 @@ def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, cl
     whole = state.result()
     assert whole["epochs"] == 2 and whole["downloads"] == 1 and len(whole["checkpoints"]) == 2
     assert 0 <= whole["auc"] <= 1 and whole["bytes_per_step"] > 0 and whole["row_wise_bytes_per_step"] > 0
+    # Measured traffic is set against this plan's model (the engine's contract: within 5%), not another plan's.
+    assert abs(whole["bytes_per_step"] / whole["modeled_bytes_per_step"] - 1) < 0.05
+    assert 0 < whole["comm_time_us_per_step"] <= whole["row_wise_comm_time_us_per_step"]
     names = task_runs(state.state_details.flow_run_id)
     assert names.count("download") == 1
     assert {"train-epoch-1", "train-epoch-2", "checkpoint-epoch-1", "checkpoint-epoch-2", "profile", "shard",
