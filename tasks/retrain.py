@@ -218,6 +218,8 @@ def resume(engine: Engine, run_dir: str) -> dict:
     for epochs_done, path in reversed(complete_checkpoints(run_dir)):
         try:
             engine.restore(path)
+        except WorkerLost as e:
+            return _lost("resume", e)
         except InputError as e:
             log.warning("checkpoint %s is unusable (%s); falling back to the one before", path, e)
             skipped.append({"checkpoint": str(path), "reason": str(e)})
@@ -294,28 +296,39 @@ def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=
         stats = engine.train_epoch(epoch - 1, on_step=report)
         stats.update(engine.evaluate())
     except WorkerLost as e:
-        # Not this task's failure: the run restores the cluster and resumes (a warning, not a red task).
-        get_run_logger().warning("epoch %d stopped: %s", epoch, e)
-        return {"lost": str(e)}
+        return _lost(f"epoch {epoch}", e)
     get_run_logger().info("epoch %d: %d steps, loss %.4f, AUC %.4f, %.0f examples/s", epoch, stats["steps"],
                           stats["loss"], stats["auc"], stats["examples"] / stats["seconds"])
     return stats
 
 
 @task(name="checkpoint", task_run_name="checkpoint-epoch-{epoch}", cache_policy=NONE)
-def checkpoint(engine: Engine, run_dir: str, epoch: int, info: dict) -> str:
-    """The checkpoint after epoch `epoch` (numbered from 1)."""
+def checkpoint(engine: Engine, run_dir: str, epoch: int, info: dict) -> dict:
+    """The checkpoint after epoch `epoch` (numbered from 1): {"path"}, or {"lost"} (see _lost)."""
     path = checkpoint_dir(run_dir, epoch)
-    engine.checkpoint(path, {"epochs_done": epoch, **info})
-    return str(path)
+    try:
+        engine.checkpoint(path, {"epochs_done": epoch, **info})
+    except WorkerLost as e:
+        return _lost(f"checkpoint {epoch}", e)
+    return {"path": str(path)}
 
 
 @task(name="download", task_run_name="download", cache_policy=NONE)
-def download(engine: Engine, out: str, info: dict) -> str:
-    """The one parameter download of a run: after the last epoch, before exit."""
-    engine.export(out, info)
+def download(engine: Engine, out: str, info: dict) -> dict:
+    """The one parameter download of a run, after the last epoch: {"path"}, or {"lost"} (see _lost)."""
+    try:
+        engine.export(out, info)
+    except WorkerLost as e:
+        return _lost("download", e)
     get_run_logger().info("model exported to %s", out)
-    return out
+    return {"path": out}
+
+
+def _lost(what: str, e: WorkerLost) -> dict:
+    """A lost worker, handed to the flow as a result: it restores the cluster and resumes from the last
+    checkpoint, so the loss is a warning in the run's summary, not a red task inside a Completed run."""
+    get_run_logger().warning("%s stopped: %s", what, e)
+    return {"lost": str(e)}
 
 
 @task(name="evaluate", task_run_name="evaluate", cache_policy=NONE)
