@@ -23,7 +23,8 @@ def default_workers() -> int:
 
 
 @contextlib.contextmanager
-def dask_client(scheduler_address: str | None = None, workers: int | None = None, gpus: bool = False) -> Iterator[Client]:
+def dask_client(scheduler_address: str | None = None, workers: int | None = None, gpus: bool = False,
+                connect_timeout_s: float = 30.0) -> Iterator[Client]:
     """A client on an existing scheduler, or on a LocalCluster of `workers` single-threaded processes.
 
     Profiling and training kernels are numpy and hold the GIL in parts, so a local
@@ -33,7 +34,15 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
     if scheduler_address:
         if workers is not None:
             raise InputError("--workers applies to a local cluster; it cannot be combined with --scheduler")
-        with Client(scheduler_address, timeout="30s") as client:
+        check_address(scheduler_address)
+        try:
+            client = Client(scheduler_address, timeout=f"{connect_timeout_s}s")
+        except (OSError, TimeoutError) as e:
+            raise InputError(
+                f"scheduler {scheduler_address!r} did not answer within {connect_timeout_s:.0f} s ({type(e).__name__}); "
+                "accepted: the address of a running Dask scheduler. Nothing was written"
+            ) from None
+        with client:
             yield client
         return
     workers = default_workers() if workers is None else workers
@@ -113,6 +122,16 @@ def resolve_cluster_class(path: str) -> type[Cluster]:
     if not (isinstance(cls, type) and issubclass(cls, Cluster)):
         raise InputError(f"cluster_class {path!r} is not a Dask Cluster class; accepted: {accepted}")
     return cls
+
+
+def check_address(address: str) -> str:
+    """A Dask scheduler address (tcp://host:port, tls://…, inproc://…, ucx://…), or an InputError."""
+    scheme, sep, rest = address.partition("://")
+    host, colon, port = rest.rpartition(":")
+    if not sep or scheme not in ("tcp", "tls", "inproc", "ucx", "ws", "wss") or (
+            scheme != "inproc" and not (host and colon and port.isdigit())):
+        raise InputError(f"scheduler address {address!r}; accepted: PROTOCOL://HOST:PORT, e.g. tcp://10.0.0.5:8786")
+    return address
 
 
 def check_workers(client: Client, devices: int, timeout_s: float = 10.0) -> None:

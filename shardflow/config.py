@@ -97,6 +97,18 @@ class RetrainConfig(BaseModel):
                 raise ValueError(str(e)) from None
         return v
 
+    @field_validator("scheduler_address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None:
+            from shardflow.cluster import check_address
+
+            try:
+                check_address(v)
+            except InputError as e:
+                raise ValueError(str(e)) from None
+        return v
+
     @model_validator(mode="after")
     def _one_cluster(self) -> "RetrainConfig":
         if self.scheduler_address and self.cluster_class:

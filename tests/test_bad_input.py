@@ -397,6 +397,23 @@ def case_run_scheduler_with_fewer_workers_than_devices(world, client, tmp_path):
         r"the scheduler at tcp://.* has 4 workers; the topology has 8 devices; accepted: at least one worker per device")
 
 
+def case_config_scheduler_address_malformed(world, client, tmp_path):
+    return [world / "ds"], config(world, scheduler_address="notanaddress"), (
+        r"scheduler_address = 'notanaddress': .*accepted: PROTOCOL://HOST:PORT, e.g. tcp://10.0.0.5:8786")
+
+
+def case_run_scheduler_that_never_answers(world, client, tmp_path):
+    import socket
+
+    from shardflow.cluster import dask_client
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    return [world / "ds"], lambda: dask_client(address, connect_timeout_s=2).__enter__(), (
+        r"scheduler 'tcp://127.0.0.1:\d+' did not answer within 2 s \(\w+\); accepted: the address of a running")
+
+
 def case_run_dir_is_a_file(world, client, tmp_path):
     (tmp_path / "run").write_text("notes")
     return [tmp_path / "run"], lambda: run_lock(tmp_path / "run").__enter__(), r"run_dir .* is a file; accepted: a directory"
