@@ -55,7 +55,6 @@ from storage.sources import BLOCK_BYTES, Block, Part, PartReader, resolve_parts,
 from storage.staging import check_destination, staged
 
 DEFAULT_HASH_ROWS = 1 << 20
-WRITE_CHUNKS = 1
 REGROUP_EVENTS = 1 << 20  # events sorted at a time when a part is regrouped by user and time
 
 
@@ -276,8 +275,7 @@ def write_segment(
     writer.write_runs(run_users, np.concatenate([[0], np.cumsum(run_lengths)]))
     writer.write_user_ids(_as_numpy(numbering.new_users))
     lookups = {t: RowLookup(*numbering.lookups[t]) for t in numbering.lookups}
-    # Several chunks per write: zarr compresses the chunks of one write concurrently.
-    step = WRITE_CHUNKS * events_per_chunk
+    step = events_per_chunk
 
     def column(spilled: str, target: str, transform) -> None:
         dtype = scan.dtypes[spilled]

@@ -210,6 +210,17 @@ def test_line_numbers_stay_right_across_blocks_and_parts(tmp_path):
     assert not (tmp_path / "ds").exists() and siblings(tmp_path / "ds") == ["src"]
 
 
+def test_ids_past_2_to_the_31_after_small_ones_keep_their_values(tmp_path):
+    # Tiny blocks: the first spills as int32, a later one widens it; ids past 2^26 leave the bitmap.
+    src = write(tmp_path, "big.txt", "1 5\n1 7\n2 3000000000\n2 5\n3 9000000000000000\n3 7\n")
+    import_dataset("sasrec", src, tmp_path / "ds", block_bytes=8)
+    ds = Dataset.open(tmp_path / "ds")
+    raw, rows = ds.raw_ids("item")
+    raw_of_row = dict(zip(rows.tolist(), raw.tolist()))
+    assert [raw_of_row[i] for i in ds.ids("item").tolist()] == [5, 7, 3000000000, 5, 9000000000000000, 7]
+    assert sorted(raw.tolist()) == raw.tolist()  # one part: rows in sorted order of the raw id
+
+
 def test_a_huge_line_is_quoted_in_a_short_excerpt(tmp_path):
     src = write(tmp_path, "bad.txt", "1 5\n" + " ".join(["7"] * 3_000_000) + "\n")
     with pytest.raises(InputError, match=r"bad\.txt:2: '7 7 7 .*…' \(5,999,999 characters\) has 3000000 fields") as e:
