@@ -13,6 +13,7 @@ from shardflow.planner.topology import Topology
 from storage.dataset import Dataset
 from storage.plan import write_plan
 from storage.profile import Profile
+from storage.lock import writer_lock
 from storage.staging import check_destination, staged
 
 DEFAULT_HISTORY = 20
@@ -75,7 +76,7 @@ def make_plan(
         "negatives": negatives,
         "memory_slack": memory_slack,
     }
-    with staged(Path(out), overwrite=overwrite) as stage:
+    with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
         write_plan(stage, plan, topology, shape, budget, source, summary)
     return summary
 

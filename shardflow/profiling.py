@@ -17,6 +17,7 @@ from distributed import Client, wait
 from shardflow.counting import TableStats, count_ids, table_stats
 from storage.dataset import Dataset, open_column
 from storage.profile import finish_profile, start_profile, write_counts
+from storage.lock import writer_lock
 from storage.staging import check_destination, staged
 
 def count_block(dataset: str, array: str, rows: int, start: int, stop: int) -> np.ndarray:
@@ -61,7 +62,7 @@ def profile_dataset(
     """Profile `dataset` into a profile store at `out`; returns the profile's manifest."""
     ds = check_inputs(dataset, out, overwrite=overwrite)
     blocks = blocks or max(1, len(client.scheduler_info()["workers"]))
-    with staged(Path(out), overwrite=overwrite) as stage:
+    with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
         start_profile(stage)
         per_table, pending = {}, []
         for t in ds.info.tables:

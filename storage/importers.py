@@ -13,18 +13,15 @@ An import runs three phases over the parts it adds:
 Memory holds one block, the distinct values and the runs (not the events), except for a
 format regrouped by time (recbole), which holds its sort keys for one part. A fresh import
 is staged beside its destination and renamed into place; an append writes new segments
-and then the manifest, holding a lock on the store's manifest, so a failed or concurrent
-append leaves the store as it was.
+and then the manifest. Either holds the store's writer lock (storage.lock), so a failed
+or concurrent import leaves the store as it was.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +46,7 @@ from storage.dataset import (
 )
 from storage.formats import FORMATS, Format, make_format, sniff_delimiter
 from storage.idmap import IdMap, IntDistinct, RowLookup, TextCodes, TextDistinct, crc32_text
+from storage.lock import writer_lock
 from storage.manifest import MANIFEST, read_manifest, write_manifest
 from storage.checksum import file_sha256
 from storage.sources import BLOCK_BYTES, Block, Part, PartReader, resolve_parts, same_file
@@ -381,29 +379,6 @@ def _first_line(part: Part) -> bytes:
     return b""
 
 
-@contextlib.contextmanager
-def _store_lock(dest: Path) -> Iterator[dict]:
-    """Hold an exclusive lock on DEST's manifest; yields the manifest read under the lock.
-
-    The manifest is replaced (a new inode) when an append publishes: a writer that locked
-    the old one finds its inode gone and is refused.
-    """
-    path = dest / MANIFEST
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError(
-                f"{dest} is being written by another import; accepted: one writer at a time (try again when it ends)"
-            ) from None
-        if os.fstat(fd).st_ino != os.stat(path).st_ino:
-            raise InputError(f"{dest} was changed by another import meanwhile; accepted: one writer at a time")
-        yield read_manifest(dest, KIND, FORMAT_VERSION, MADE_BY)
-    finally:
-        os.close(fd)
-
-
 def import_dataset(
     fmt: str,
     src: str | Path,
@@ -429,9 +404,14 @@ def import_dataset(
     if overwrite and append:
         raise InputError("--append and --overwrite together; accepted: one of them")
     parts = resolve_parts(src)
-    if append and (dest / MANIFEST).is_file():
-        with _store_lock(dest) as manifest:
+    with writer_lock(dest):
+        if append and (dest / MANIFEST).is_file():
+            manifest = read_manifest(dest, KIND, FORMAT_VERSION, MADE_BY)
             return _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, block_bytes)
+        return _fresh(fmt, src, dest, parts, overwrite, table_rows, hash_rows, client, block_bytes)
+
+
+def _fresh(fmt, src, dest, parts, overwrite, table_rows, hash_rows, client, block_bytes) -> dict:
     check_destination(dest, overwrite=overwrite)
     options = {"table_rows": table_rows, "hash_rows": hash_rows} if fmt == "criteo" else {}
     with staged(dest, overwrite=overwrite) as stage:

@@ -1,10 +1,11 @@
-"""One run per run directory: an exclusive lock held for the whole run.
+"""One run per run directory, one writer per store: exclusive locks held while they work.
 
-The lock is `flock` on RUN_DIR/run.lock. The kernel releases it when the holding
+A run locks RUN_DIR/run.lock; a writer of a store (an import, a profile, a plan) locks
+`.NAME.lock` beside it. Both are `flock`: the kernel releases it when the holding
 process exits for any reason (a crash, `kill -9`, a lost machine's NFSv4 lease), so a
 crashed run never leaves it stuck; a run that is alive keeps it, however long it takes.
 While held, the file names its holder (host, pid, start time) for the refusal message;
-it is emptied on release, so a finished run leaves it as it found it.
+it is emptied on release, so a finished run or write leaves it as it found it.
 """
 
 from __future__ import annotations
@@ -23,24 +24,15 @@ LOCK = "run.lock"
 
 
 @contextlib.contextmanager
-def run_lock(run_dir: str | Path) -> Iterator[Path]:
-    """Hold RUN_DIR's lock for the duration; InputError naming the holder if another run has it."""
-    run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise InputError(f"run_dir {run_dir} is a file; accepted: a directory (new or of an earlier run)")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LOCK
+def _hold(path: Path, refusal) -> Iterator[Path]:
+    """Hold an exclusive flock on `path` (created if need be), naming the holder in it while held."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a run starting up"
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a writer starting up"
         os.close(fd)
-        raise InputError(
-            f"run_dir {run_dir} is in use by another run ({holder}); accepted: a run_dir no running run holds "
-            "(wait for that run to end, or choose another run_dir). The lock goes when its process exits, "
-            "also if it crashes."
-        ) from None
+        raise InputError(refusal(holder)) from None
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode(), 0)
@@ -48,3 +40,42 @@ def run_lock(run_dir: str | Path) -> Iterator[Path]:
     finally:
         os.ftruncate(fd, 0)
         os.close(fd)
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | Path) -> Iterator[Path]:
+    """Hold RUN_DIR's lock for the duration; InputError naming the holder if another run has it."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise InputError(f"run_dir {run_dir} is a file; accepted: a directory (new or of an earlier run)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with _hold(run_dir / LOCK, lambda holder: (
+        f"run_dir {run_dir} is in use by another run ({holder}); accepted: a run_dir no running run holds "
+        "(wait for that run to end, or choose another run_dir). The lock goes when its process exits, "
+        "also if it crashes."
+    )) as path:
+        yield path
+
+
+def writer_lock_path(dest: str | Path) -> Path:
+    dest = Path(dest)
+    return dest.parent / f".{dest.name}.lock"
+
+
+@contextlib.contextmanager
+def writer_lock(dest: str | Path) -> Iterator[Path]:
+    """Hold the lock of the store at `dest` (imports, profiles, plans) while writing it.
+
+    The lock is `.NAME.lock` beside the store, the same kind runs take: a second writer of
+    the same store is refused naming the first, and never reports success for a store it
+    did not write.
+    """
+    dest = Path(dest)
+    if dest.parent.exists() and not dest.parent.is_dir():
+        raise InputError(f"{dest}: its parent {dest.parent} is not a directory")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _hold(writer_lock_path(dest), lambda holder: (
+        f"{dest} is being written by another writer ({holder}); accepted: one writer of a store at a time "
+        "(wait for it to end). The lock goes when its process exits, also if it crashes."
+    )) as path:
+        yield path

@@ -9,6 +9,7 @@ import numpy as np
 from shardflow.errors import InputError
 from shardflow.synthetic import SynthTable, synth_blocks, user_lengths
 from storage.dataset import EVENTS_PER_CHUNK, SegmentWriter, build_manifest, record_verified, segment_name, start_store
+from storage.lock import writer_lock
 from storage.manifest import write_manifest
 from storage.staging import check_destination, staged
 
@@ -42,7 +43,7 @@ def synth_dataset(
     check_destination(dest, overwrite=overwrite)
     lengths = user_lengths(interactions, mean_length, seed)
     users = len(lengths)
-    with staged(dest, overwrite=overwrite) as stage:
+    with writer_lock(dest), staged(dest, overwrite=overwrite) as stage:
         writer = SegmentWriter(
             start_store(stage) / segment_name(0),
             events=interactions,

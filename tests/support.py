@@ -32,8 +32,9 @@ def snapshot(root: Path) -> dict[str, str]:
 
 
 def siblings(path: Path) -> list[str]:
-    """Names beside `path` other than itself: leftover staging directories show up here."""
-    return sorted(p.name for p in Path(path).parent.iterdir() if p.name != Path(path).name)
+    """Names beside `path` other than itself and writers' lock files: leftover staging directories show up here."""
+    return sorted(p.name for p in Path(path).parent.iterdir()
+                  if p.name != Path(path).name and not (p.name.startswith(".") and p.name.endswith(".lock")))
 
 
 def zipf_access(name: str, rows: int, alpha: float, lookups: float = 8.0, seed: int = 0) -> TableAccess:

@@ -169,6 +169,17 @@ def case_import_append_part_changed(world, client, tmp_path):
     return *appending(world, tmp_path, change), r"day-2.txt: part 'day-2.txt' changed since version 1 imported it"
 
 
+def case_profile_destination_being_written(world, client, tmp_path):
+    from storage.lock import writer_lock
+
+    out = copy(world, "profile", tmp_path)
+    held = writer_lock(out)
+    held.__enter__()  # another writer of that profile, still at work
+    # `held` referenced from the call: collected, its generator would release the lock.
+    return [out], lambda: (held, profile_dataset(world / "ds", out, client=client, overwrite=True)), (
+        r"profile is being written by another writer \(host .*, pid \d+, since .*\); accepted: one writer of a store")
+
+
 def case_dataset_non_monotone_offsets(world, client, tmp_path):
     ds = tampered_dataset(world, tmp_path, "segments/0000/offsets", 3, 0)
     return [ds], lambda: Dataset.open(ds), r"offsets\[3\] = 0 is below offsets\[2\] = \d+; accepted: non-decreasing"

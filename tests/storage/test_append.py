@@ -13,7 +13,8 @@ from support import REAL, sequences_by_raw_user, siblings, snapshot, split_into_
 from shardflow.errors import InputError
 from storage.checksum import file_sha256
 from storage.dataset import Dataset
-from storage.importers import _store_lock, import_dataset
+from storage.importers import import_dataset
+from storage.lock import writer_lock
 from storage.staging import staged
 
 
@@ -134,10 +135,15 @@ def test_two_writers_exclude_each_other(tmp_path, days):
     import_dataset("sasrec", src, tmp_path / "ds")
     source_with(tmp_path, days)
     before = snapshot(tmp_path / "ds")
-    with _store_lock(tmp_path / "ds"):
-        with pytest.raises(InputError, match="is being written by another import; accepted: one writer at a time"):
+    with writer_lock(tmp_path / "ds"):  # another writer, as far as flock is concerned (its own open file)
+        with pytest.raises(InputError, match=r"ds is being written by another writer \(host .*, pid \d+, since .*\); "
+                                             "accepted: one writer of a store at a time"):
             import_dataset("sasrec", src, tmp_path / "ds", append=True)
+        with pytest.raises(InputError, match="is being written by another writer"):
+            import_dataset("sasrec", src, tmp_path / "ds", overwrite=True)
     assert snapshot(tmp_path / "ds") == before
+    assert (tmp_path / ".ds.lock").read_text() == ""  # released, and emptied
+    assert import_dataset("sasrec", src, tmp_path / "ds", append=True)["parts_added"] == [str(src / "day-3.txt")]
 
 
 def test_an_append_cut_off_before_its_manifest_leaves_the_store_as_it_was(tmp_path, days):
