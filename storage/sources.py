@@ -50,6 +50,9 @@ def resolve_parts(src: str | Path) -> list[Part]:
         if not files:
             raise InputError(f"{src}: a directory with no parts; accepted: a directory holding one file per part")
         return [_part(p.name, p) for p in files]
+    if src.exists():  # a device, a pipe: endless, or not there to read twice
+        raise InputError(f"{src}: not a regular file or directory (a device or a pipe?); accepted: a file, a .gz "
+                         "file or a directory of parts")
     raise InputError(f"{src}: no such file or directory; accepted: a file, a .gz file or a directory of parts")
 
 

@@ -152,6 +152,13 @@ def case_import_truncated_gzip(world, client, tmp_path):
     return [src, dest], lambda: import_dataset("sasrec", src, dest, overwrite=True), r"log.txt.gz: the gzip stream ends early"
 
 
+def case_import_source_is_an_endless_device(world, client, tmp_path):
+    (tmp_path / "log.txt").symlink_to("/dev/zero")
+    dest = copy(world, "imported", tmp_path)
+    return [dest], lambda: import_dataset("sasrec", tmp_path / "log.txt", dest, append=True), (
+        r"log.txt: not a regular file or directory \(a device or a pipe\?\)")
+
+
 def case_import_directory_without_parts(world, client, tmp_path):
     (tmp_path / "parts").mkdir()
     dest = copy(world, "imported", tmp_path)
