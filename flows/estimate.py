@@ -11,7 +11,6 @@ from prefect import flow, get_run_logger
 
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
-from shardflow.errors import WorkerLost
 from shardflow.planner.topology import load_topology
 from storage.lock import run_lock
 from tasks.retrain import (
@@ -22,6 +21,7 @@ from tasks.retrain import (
     shard,
     start_parameter_servers,
     train_epoch,
+    unless_lost,
 )
 
 
@@ -37,10 +37,8 @@ def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
         engine = None
         try:
             engine = start_parameter_servers(config, dataset, paths["plan"], client, estimate=True)
-            epochs = [train_epoch(engine, e) for e in range(1, config.epochs + 1)]
-            lost = [e["lost"] for e in epochs if "lost" in e]
-            if lost:  # estimation writes no checkpoints to resume from: the run ends here
-                raise WorkerLost(lost[0])
+            # Estimation writes no checkpoints to resume from: a lost worker ends the run.
+            epochs = [unless_lost(train_epoch(engine, e)) for e in range(1, config.epochs + 1)]
             traffic = engine.traffic()
         finally:
             release_parameter_servers(engine)

@@ -43,6 +43,7 @@ from tasks.retrain import (
     shard,
     start_parameter_servers,
     train_epoch,
+    unless_lost,
 )
 
 
@@ -142,7 +143,7 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
         engine = None
         try:
             engine = start_parameter_servers(config, dataset, paths["plan"], client)
-            resumed = _unless_lost(resume(engine, paths["run"]))
+            resumed = unless_lost(resume(engine, paths["run"]))
             if progress is None:
                 progress = create_progress_artifact(100.0 * resumed["epochs_done"] / config.epochs,
                                                     key=artifact_key("training-progress", paths["run"]),
@@ -152,12 +153,12 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
             # with nothing left to train reports what its last checkpoint measured.
             measured = resumed["bytes_per_step"]
             for epoch in range(resumed["epochs_done"] + 1, config.epochs + 1):  # numbered from 1
-                stats = _unless_lost(train_epoch(engine, epoch, config.epochs, progress))
+                stats = unless_lost(train_epoch(engine, epoch, config.epochs, progress))
                 losses[epoch] = stats["loss"]
                 steps += stats["steps"]
                 traffic = engine.traffic()
                 measured = sum(float(traffic[k].sum()) for k in ("lookup", "sync")) / steps
-                _unless_lost(checkpoint(engine, paths["run"], epoch, {
+                unless_lost(checkpoint(engine, paths["run"], epoch, {
                     "loss": stats["loss"], "auc": stats["auc"], "hr_at_10": stats["hr_at_10"], "seed": config.seed,
                     "bytes_per_step": measured, "examples_per_s": stats["examples"] / stats["seconds"],
                     "seconds": stats["seconds"],
@@ -165,7 +166,7 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
                 publish_epoch_metrics(paths["run"], modeled)
                 update_progress_artifact(progress, 100.0 * epoch / config.epochs,
                                          description=f"epoch {epoch}/{config.epochs} done · loss {stats['loss']:.3f}")
-            _unless_lost(download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy}))
+            unless_lost(download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy}))
             return {"losses": losses, "steps": steps, "bytes_per_step": measured, "downloads": engine.downloads,
                     "resumed": resumed, "restarts": attempt, "warnings": warnings}
         except WorkerLost as e:
@@ -180,13 +181,6 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
             restore_cluster(engine, client, devices, attempt + 1, config.restart_timeout_s)
         finally:
             release_parameter_servers(engine)
-
-
-def _unless_lost(result: dict) -> dict:
-    """A task's result, or the WorkerLost it handed back (raised here, in the flow, where it is recovered)."""
-    if "lost" in result:
-        raise WorkerLost(result["lost"])
-    return result
 
 
 def _markdown(s: dict, config: RetrainConfig) -> str:

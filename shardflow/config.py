@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from shardflow.errors import InputError
 
@@ -85,26 +85,15 @@ class RetrainConfig(BaseModel):
             raise ValueError(f"{v}: no such file or directory; accepted: a dataset store or a source file")
         return v
 
-    @field_validator("cluster_class")
+    @field_validator("cluster_class", "scheduler_address")
     @classmethod
-    def _cluster_class(cls, v: str | None) -> str | None:
+    def _cluster(cls, v: str | None, info: ValidationInfo) -> str | None:
+        """Checked by shardflow.cluster before anything is imported or connected."""
         if v is not None:
-            from shardflow.cluster import resolve_cluster_class
+            from shardflow.cluster import check_address, resolve_cluster_class
 
             try:
-                resolve_cluster_class(v)
-            except InputError as e:
-                raise ValueError(str(e)) from None
-        return v
-
-    @field_validator("scheduler_address")
-    @classmethod
-    def _address(cls, v: str | None) -> str | None:
-        if v is not None:
-            from shardflow.cluster import check_address
-
-            try:
-                check_address(v)
+                (resolve_cluster_class if info.field_name == "cluster_class" else check_address)(v)
             except InputError as e:
                 raise ValueError(str(e)) from None
         return v

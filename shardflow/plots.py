@@ -76,11 +76,11 @@ class _Box:
             self.out.append(f'<text x="{px:.1f}" y="{self.top + self.height + 15}" text-anchor="middle">{text}</text>')
 
 
-def _legend(out: list[str], names: list[str], top: float) -> None:
+def _legend(out: list[str], names: list[str], top: float, first_color: int = 0) -> None:
     x = W - LEGEND + 15
     for i, name in enumerate(names):
         y = top + 10 + 18 * i
-        out.append(f'<rect x="{x}" y="{y - 9}" width="12" height="12" fill="{COLORS[i % len(COLORS)]}"/>')
+        out.append(f'<rect x="{x}" y="{y - 9}" width="12" height="12" fill="{COLORS[(first_color + i) % len(COLORS)]}"/>')
         out.append(f'<text x="{x + 18}" y="{y + 1}">{escape(name)}</text>')
 
 
@@ -146,10 +146,7 @@ def stacked_chart(path: str | Path, panels: list[tuple[str, dict[str, tuple[list
             ticks = [v for v in x.ticks() if not integer_x or float(v).is_integer()]
             box.xticks(ticks, [f"{v:g}" for v in ticks])
         _lines(box, series, color)
-        for i, name in enumerate(series):
-            out.append(f'<rect x="{W - LEGEND + 15}" y="{top + 1 + 18 * i}" width="12" height="12" '
-                       f'fill="{COLORS[(color + i) % len(COLORS)]}"/>')
-            out.append(f'<text x="{W - LEGEND + 33}" y="{top + 11 + 18 * i}">{escape(name)}</text>')
+        _legend(out, list(series), top, color)
         color += len(series)
     return _write(path, out)
 

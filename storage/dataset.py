@@ -440,9 +440,8 @@ class Dataset:
         _, starts = self._runs()
         if starts is None:
             return self._root[f"{SEGMENTS}/{self.segments[0]['name']}/{path}"][start:stop]
-        first = self._root[f"{SEGMENTS}/{self.segments[0]['name']}/{path}"]
         out = np.empty(self.info.interactions, dtype=np.result_type(
-            *(self._root[f"{SEGMENTS}/{s['name']}/{path}"].dtype for s in self.segments), first.dtype
+            *(self._root[f"{SEGMENTS}/{s['name']}/{path}"].dtype for s in self.segments)
         ))
         for s, run_starts in zip(self.segments, starts):
             seg = f"{SEGMENTS}/{s['name']}"

@@ -85,6 +85,7 @@ class Format:
     dense: tuple[str, ...] = ()
     labels: bool = False
     has_header: bool = False
+    body_starts_at_line_1: bool = False  # a header-less file of a format that may have one (criteo)
 
     def header(self, path: Path, line: bytes) -> None:
         """Read the header line of a part (formats with has_header)."""
@@ -129,8 +130,11 @@ def _check_id(token: bytes, what: str) -> str | None:
     return f"{what} {excerpt(token)} is not accepted; accepted: an integer >= 0 (ASCII digits, at most {ID_DIGITS})"
 
 
-def _runs(users: np.ndarray, lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Runs of consecutive equal users: (their users, their lengths); `lengths` weights each entry."""
+def runs_of(users: np.ndarray, lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Runs of consecutive equal users: (their users, their lengths); `lengths` weights each entry.
+
+    Also joins the runs a block boundary cut in two, given the blocks' runs and lengths.
+    """
     if users.size == 0:
         return users, np.zeros(0, dtype=np.int64)
     starts = np.concatenate([[0], np.flatnonzero(users[1:] != users[:-1]) + 1])
@@ -148,7 +152,7 @@ class Sasrec(Format):
     def _parse(self, data: bytes) -> Columns:
         t = _read(data, ["user", "item"], {"user": pa.int64(), "item": pa.int64()}, self.delimiter)
         users, items = _ids(t["user"].combine_chunks()), _ids(t["item"].combine_chunks())
-        run_users, run_lengths = _runs(users)
+        run_users, run_lengths = runs_of(users)
         return Columns(events=len(items), tables={"item": items}, run_users=run_users, run_lengths=run_lengths)
 
     def check_line(self, fields, line):
@@ -179,7 +183,7 @@ class S3rec(Format):
         first = np.concatenate([[0], np.cumsum(tokens)[:-1]])
         is_user = np.zeros(values.size, dtype=bool)
         is_user[first] = True
-        run_users, run_lengths = _runs(values[first], tokens - 1)
+        run_users, run_lengths = runs_of(values[first], tokens - 1)
         return Columns(
             events=int(values.size - first.size), tables={"item": values[~is_user]},
             run_users=run_users, run_lengths=run_lengths,
@@ -269,7 +273,6 @@ class Criteo(Format):
 
     def __init__(self) -> None:
         self.names: list[str] | None = None
-        self.body_starts_at_line_1 = False
         self.delimiter = ","
 
     def header(self, path, line):

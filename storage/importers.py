@@ -44,7 +44,7 @@ from storage.dataset import (
     segment_name,
     start_store,
 )
-from storage.formats import FORMATS, Format, make_format, sniff_delimiter
+from storage.formats import FORMATS, Format, make_format, runs_of, sniff_delimiter
 from storage.idmap import IdMap, IntDistinct, RowLookup, TextCodes, TextDistinct, crc32_text
 from storage.lock import writer_lock
 from storage.manifest import MANIFEST, read_manifest, write_manifest
@@ -164,11 +164,12 @@ def scan_part(fmt: Format, part: Part, spill_dir: str, hash_rows: dict[str, int]
     if first:  # not even a header
         raise InputError(f"{part.path}: empty file; accepted: at least one interaction")
     if events == 0:
-        what = "a header but no interactions" if fmt.has_header and not getattr(fmt, "body_starts_at_line_1", False) else "empty file"
+        what = "a header but no interactions" if fmt.has_header and not fmt.body_starts_at_line_1 else "empty file"
         raise InputError(f"{part.path}: {what}; accepted: at least one interaction")
     scan = PartScan(part=part, sha256=reader.sha256, lines=reader.lines, events=events, spill=spill_dir, dtypes=spill.dtypes)
     if run_users:
-        scan.run_users, scan.run_lengths = _merge_runs(np.concatenate(run_users), np.concatenate(run_lengths))
+        # Runs a block boundary cut in two join here.
+        scan.run_users, scan.run_lengths = runs_of(np.concatenate(run_users), np.concatenate(run_lengths))
         scan.distinct["users"] = users_numeric.values()
     if "users" in spill.dtypes:
         scan.user_codes = user_codes.dictionary
@@ -188,17 +189,11 @@ def _take_header(fmt: Format, part: Part, block: Block) -> Block | None:
         return block
     line, _, rest = block.data.partition(b"\n")
     fmt.header(part.path, line)
-    if getattr(fmt, "body_starts_at_line_1", False):
+    if fmt.body_starts_at_line_1:
         return block
     if not rest:
         return None
     return Block(rest, block.first_line + 1)
-
-
-def _merge_runs(users: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Join runs of the same user that a block boundary cut in two."""
-    starts = np.concatenate([[0], np.flatnonzero(users[1:] != users[:-1]) + 1])
-    return users[starts], np.add.reduceat(lengths, starts)
 
 
 # -- number ------------------------------------------------------------------------------
@@ -209,7 +204,6 @@ class Numbering:
     """How one part's raw values become rows and users: what `write_segment` needs."""
 
     index: int
-    first_user: int
     run_users: np.ndarray | None = None  # grouped: the user index of every run
     code_users: np.ndarray | None = None  # recbole: user index of every user code
     lookups: dict = field(default_factory=dict)  # numeric table -> (distinct, rows)
@@ -225,7 +219,7 @@ class Numberer:
         self.users, self.tables, self.user_count = users, tables, user_count
 
     def number(self, index: int, scan: PartScan) -> Numbering:
-        n = Numbering(index=index, first_user=self.user_count)
+        n = Numbering(index=index)
         if scan.run_users is not None:
             new, _ = self.users.extend(scan.distinct["users"])
             n.run_users, n.new_users = self.users.rows_of(scan.run_users), new
@@ -259,8 +253,8 @@ def write_segment(
     spill = Path(scan.spill)
     dtypes = {t: TableSpec(t, max(1, rows[t])).id_dtype for t in fmt.tables}
     perm = None
-    if scan.run_users is not None:
-        run_users, run_lengths = _merge_runs(numbering.run_users, scan.run_lengths)
+    if scan.run_users is not None:  # distinct raw users of adjacent runs stay distinct users
+        run_users, run_lengths = numbering.run_users, scan.run_lengths
     elif numbering.code_users is not None:
         perm, run_users, run_lengths = _regroup(scan, numbering.code_users, REGROUP_EVENTS)
     else:
@@ -557,7 +551,6 @@ def _numberer(fmt: Format, existing, hash_rows: dict[str, int]) -> Numberer:
     for t in fmt.tables:
         raw, rows = ds.raw_ids(t)
         tables[t] = IdMap(raw, rows, hash_rows=hash_rows.get(t))
-        tables[t].size = ds.info.table(t).rows if not hash_rows.get(t) else hash_rows[t]
     return Numberer(users, tables, ds.info.users)
 
 

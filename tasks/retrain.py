@@ -72,10 +72,10 @@ def check_dataset(config: RetrainConfig) -> None:
     so is another source once the run_dir holds checkpoints trained on its own.
     """
     source, dest = Path(config.dataset), run_paths(config)["dataset"]
-    if (source / MANIFEST).is_file() or not (dest / MANIFEST).is_file():
+    known = _imported_source(config)
+    if known is None:
         return
-    known = Dataset.open(dest).info.source
-    if (known.get("format"), known.get("path")) == (config.dataset_format, str(source)):
+    if _same_source(known, config):
         check_continuation(config.dataset_format, source, dest, resolve_parts(source), known, {})
     elif complete_checkpoints(config.run_dir):
         raise InputError(
@@ -85,19 +85,35 @@ def check_dataset(config: RetrainConfig) -> None:
         )
 
 
+def _imported_source(config: RetrainConfig) -> dict | None:
+    """The source RUN_DIR/dataset was imported from (None: `dataset` is a store itself, or nothing imported yet)."""
+    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    if (source / MANIFEST).is_file() or not (dest / MANIFEST).is_file():
+        return None
+    return Dataset.open(dest).info.source
+
+
+def _same_source(known: dict, config: RetrainConfig) -> bool:
+    return (known.get("format"), known.get("path")) == (config.dataset_format, str(Path(config.dataset)))
+
+
 @task(name="import-dataset", task_run_name="import-dataset", cache_policy=NONE)
 def prepare_dataset(config: RetrainConfig) -> str:
-    """The dataset store: `dataset` itself if it is one, else its import into RUN_DIR/dataset (kept for resumes)."""
+    """The dataset store: `dataset` itself if it is one, else its import into RUN_DIR/dataset (kept for resumes).
+
+    A source the run_dir imported before gets its new parts appended (the append refuses,
+    under the store's lock, parts that vanished or changed); the flow's check_run has
+    refused another source on a run_dir with checkpoints.
+    """
     source, dest = Path(config.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file():
         return str(source)
-    check_dataset(config)
-    if (dest / MANIFEST).is_file():
-        known = Dataset.open(dest).info.source
-        if (known.get("format"), known.get("path")) == (config.dataset_format, str(source)):
-            added = import_dataset(config.dataset_format, source, dest, append=True)["parts_added"]
-            get_run_logger().info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing", dest, source)
-            return str(dest)
+    known = _imported_source(config)
+    if known is not None and _same_source(known, config):
+        added = import_dataset(config.dataset_format, source, dest, append=True)["parts_added"]
+        get_run_logger().info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing",
+                              dest, source)
+        return str(dest)
     import_dataset(config.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file())
     return str(dest)
 
@@ -322,6 +338,13 @@ def download(engine: Engine, out: str, info: dict) -> dict:
         return _lost("download", e)
     get_run_logger().info("model exported to %s", out)
     return {"path": out}
+
+
+def unless_lost(result: dict) -> dict:
+    """A task's result, or the WorkerLost it handed back (see _lost), raised in the flow that recovers it."""
+    if "lost" in result:
+        raise WorkerLost(result["lost"])
+    return result
 
 
 def _lost(what: str, e: WorkerLost) -> dict:
