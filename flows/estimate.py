@@ -2,10 +2,12 @@
 
 Every table lives on device 0 (scaled by one common factor if the tables exceed its
 device_memory_bytes); trainers are unchanged. It reports throughput and traffic; it
-writes no checkpoints and no model.
+writes no checkpoints and no model, only its profile and plan under RUN_DIR/estimate.
 """
 
 from __future__ import annotations
+
+import shutil
 
 from prefect import flow, get_run_logger
 
@@ -27,16 +29,18 @@ from tasks.retrain import (
 
 @flow(name="estimate", flow_run_name="estimate-{config.epochs}-epochs")
 def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
-    paths = {k: str(v) for k, v in run_paths(config).items()}
+    paths = run_paths(config)
+    scratch = paths["estimate"]
     devices = load_topology(config.topology).devices
     with run_lock(paths["run"]), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
                                              devices, gpus=config.device == "cuda") as client:
-        dataset = prepare_dataset(config)
-        profile(dataset, paths["profile"], client, paths["run"])
-        shard(config, paths["profile"], paths["plan"])
+        dataset = prepare_dataset(config)["path"]
+        shutil.rmtree(scratch, ignore_errors=True)  # the last estimate's profile and plan, under the run's lock
+        profile(dataset, str(scratch / "profile"), client, str(paths["run"]))
+        shard(config, str(scratch / "profile"), str(scratch / "plan"), None)
         engine = None
         try:
-            engine = start_parameter_servers(config, dataset, paths["plan"], client, estimate=True)
+            engine = start_parameter_servers(config, dataset, str(scratch / "plan"), client, estimate=True)
             # Estimation writes no checkpoints to resume from: a lost worker ends the run.
             epochs = [unless_lost(train_epoch(engine, e)) for e in range(1, config.epochs + 1)]
             traffic = engine.traffic()

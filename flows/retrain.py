@@ -1,11 +1,16 @@
-"""One retraining run, top to bottom: profile → shard → train epochs → download → evaluate → exit.
+"""One retraining run, top to bottom: import → open a version → profile → shard → train epochs →
+download → evaluate → promote → exit.
 
 Every stage is its own named task on one shared Dask cluster (a LocalCluster, an existing
-scheduler, or any cluster class). Each epoch ends in a checkpoint every shard writes
-itself; a run started again on the same run_dir resumes from the last complete one. The
-parameter download happens once, after the last epoch; the parameter servers are
-released by the exit task whether the run succeeds, fails or is cancelled. The run holds
-the run directory's lock throughout; a lost worker is recovered from the last checkpoint
+scheduler, or any cluster class). A run appends the dataset's new parts and makes a model
+version of them (RUN_DIR/versions/NNNN), warm-started from the promoted one, on a plan
+kept or re-made as the access pattern drifted; a run that finds no new data trains
+nothing. Each epoch ends in a checkpoint every shard writes itself; a version cut off
+part-way is resumed from its last complete one. The parameter download happens once,
+after the last epoch; the parameter servers are released by the exit task whether the
+run succeeds, fails or is cancelled. The new version is promoted (RUN_DIR/current) only
+if its held-out AUC is not worse than the promoted one's. The run holds the run
+directory's lock throughout; a lost worker is recovered from the last checkpoint
 (docs/reliability.md).
 """
 
@@ -26,6 +31,7 @@ from shardflow.planner.topology import load_topology
 from storage.checkpoint import complete_checkpoints
 from storage.lock import run_lock
 from storage.staging import remove_leftovers
+from storage import versions
 from tasks.retrain import (
     artifact_key,
     publish_epoch_metrics,
@@ -45,6 +51,7 @@ from tasks.retrain import (
     train_epoch,
     unless_lost,
 )
+from tasks.versions import gate, open_version, publish_versions, version_paths, warm_start
 
 
 def _run_name() -> str:
@@ -63,44 +70,76 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
     log = get_run_logger()
     check_run(config)
     _tag(config)
-    paths = {k: str(v) for k, v in run_paths(config).items()}
+    run = str(run_paths(config)["run"])
     devices = load_topology(config.topology).devices
-    with run_lock(paths["run"]), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
-                                             devices, gpus=config.device == "cuda") as client:
+    with run_lock(run), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
+                                    devices, gpus=config.device == "cuda") as client:
         log.info("Dask dashboard: %s", client.dashboard_link)
-        _tidy(paths["run"])
-        dataset = prepare_dataset(config)
-        profile(dataset, paths["profile"], client, paths["run"])
-        strategies = shard(config, paths["profile"], paths["plan"])
-        chosen = next(r for r in strategies if r["strategy"] == config.strategy)
-        trained = _train(config, dataset, paths, client, devices, chosen["bytes_per_step"])
-        metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed)
-        figures = plots(paths["run"], paths["profile"], paths["plan"], strategies)
-        _tidy(paths["run"])
-    row_wise = next(r for r in strategies if r["strategy"] == "row-wise-mod")
-    summary = {
-        "run_dir": paths["run"],
-        "epochs": config.epochs,
-        "auc": metrics["auc"],
-        "hr_at_10": metrics["hr_at_10"],
-        "bytes_per_step": trained["bytes_per_step"],
-        "modeled_bytes_per_step": chosen["bytes_per_step"],
-        "row_wise_bytes_per_step": row_wise["bytes_per_step"],
-        "comm_time_us_per_step": chosen["comm_time_s_per_step"] * 1e6,
-        "row_wise_comm_time_us_per_step": row_wise["comm_time_s_per_step"] * 1e6,
-        "checkpoints": [str(p) for _, p in complete_checkpoints(paths["run"])],
-        "model": paths["model"],
-        "downloads": trained["downloads"],
-        "epoch_loss": [trained["losses"][e] for e in sorted(trained["losses"])],
-        "resumed_from": trained["resumed"]["checkpoint"],
-        "skipped_checkpoints": trained["resumed"]["skipped"],
-        "restarts": trained["restarts"],
-        "warnings": trained["warnings"],
-        "plots": figures,
-    }
-    create_markdown_artifact(_markdown(summary, config), key=artifact_key("retrain-summary", paths["run"]),
+        _tidy(run)
+        imported = prepare_dataset(config)
+        dataset = imported["path"]
+        version = open_version(config, dataset)
+        if not version["train"]:
+            summary = _untrained(run, version, imported["parts_added"])
+        else:
+            paths = version_paths(version["path"])
+            _tidy(paths["version"])
+            profile(dataset, paths["profile"], client, run)
+            source = version["warm_start_from"]
+            previous_plan = None if source is None else str(versions.version_dir(run, source) / "plan")
+            strategies, decision = shard(config, paths["profile"], paths["plan"], previous_plan)
+            chosen = next(r for r in strategies if r["strategy"] == config.strategy)
+            trained = _train(config, dataset, paths, run, client, devices, chosen["bytes_per_step"], version)
+            metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed, version["window"][1])
+            figures = plots(paths["version"], paths["profile"], paths["plan"], strategies)
+            _tidy(paths["version"])
+            row_wise = next(r for r in strategies if r["strategy"] == "row-wise-mod")
+            summary = gate(config, dataset, version["version"], {
+                "run_dir": run,
+                "version": version["version"],
+                "trained": True,
+                "warm_start_from": source,
+                "parts_added": imported["parts_added"],
+                "parts": len(version["segments"]),
+                "window": version["window"],
+                "epochs": config.epochs,
+                "auc": metrics["auc"],
+                "hr_at_10": metrics["hr_at_10"],
+                "eval_users": metrics["users"],
+                "bytes_per_step": trained["bytes_per_step"],
+                "modeled_bytes_per_step": chosen["bytes_per_step"],
+                "row_wise_bytes_per_step": row_wise["bytes_per_step"],
+                "comm_time_us_per_step": chosen["comm_time_s_per_step"] * 1e6,
+                "row_wise_comm_time_us_per_step": row_wise["comm_time_s_per_step"] * 1e6,
+                "replanned": decision["replanned"],
+                "replan_reason": decision["reason"],
+                "fresh_plan_comm_time_us_per_step": decision["fresh_comm_time_s"] * 1e6,
+                "previous_plan_comm_time_us_per_step": None if decision["previous_comm_time_s"] is None
+                else decision["previous_comm_time_s"] * 1e6,
+                "checkpoints": [str(p) for _, p in complete_checkpoints(paths["version"])],
+                "model": paths["model"],
+                "downloads": trained["downloads"],
+                "epoch_loss": [trained["losses"][e] for e in sorted(trained["losses"])],
+                "resumed_from": trained["resumed"]["checkpoint"],
+                "skipped_checkpoints": trained["resumed"]["skipped"],
+                "restarts": trained["restarts"],
+                "warnings": trained["warnings"],
+                "plots": figures,
+            })
+    publish_versions(run)
+    create_markdown_artifact(_markdown(summary, config), key=artifact_key("retrain-summary", run),
                              description="Retraining run summary")
     return summary
+
+
+def _untrained(run: str, version: dict, parts_added: list[str]) -> dict:
+    """A run that found no new data: the current version's figures, nothing trained, nothing downloaded."""
+    current = versions.result(run, version["number"]) if version["number"] else None
+    if current is None:
+        raise TrainingError(f"run_dir {run} has no promoted model version and no new data to make one from")
+    return {**current, "trained": False, "parts_added": parts_added, "current": version["number"], "downloads": 0,
+            "epoch_loss": [], "resumed_from": None, "skipped_checkpoints": [], "restarts": 0, "warnings": [],
+            "message": f"no new data since version {current['version']}: nothing trained"}
 
 
 def _tag(config: RetrainConfig) -> None:
@@ -127,8 +166,12 @@ def _tidy(run_dir: str) -> None:
         get_run_logger().warning("removed %d unfinished stores a cut-off run left behind: %s", len(left), ", ".join(left))
 
 
-def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: int, modeled: float) -> dict:
+def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, devices: int, modeled: float,
+           version: dict) -> dict:
     """The epochs left, a checkpoint after each, then the one download.
+
+    A version with no checkpoint yet starts from the promoted version's model (a warm
+    start) when it has one, else from the initial parameters.
 
     One attempt is one set of parameter servers. Losing a worker ends the attempt: the
     cluster is restored and the next attempt resumes from the last complete checkpoint,
@@ -142,11 +185,14 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
     for attempt in itertools.count():
         engine = None
         try:
-            engine = start_parameter_servers(config, dataset, paths["plan"], client)
-            resumed = unless_lost(resume(engine, paths["run"]))
+            engine = start_parameter_servers(config, dataset, paths["plan"], client, window=version["window"])
+            resumed = unless_lost(resume(engine, paths["version"]))
+            source = version["warm_start_from"]
+            if resumed["checkpoint"] is None and source is not None:
+                unless_lost(warm_start(engine, str(versions.version_dir(run, source) / "model"), source))
             if progress is None:
                 progress = create_progress_artifact(100.0 * resumed["epochs_done"] / config.epochs,
-                                                    key=artifact_key("training-progress", paths["run"]),
+                                                    key=artifact_key("training-progress", run),
                                                     description="epochs done")
             steps = 0
             # Measured over this attempt's steps (the engine's counters start at zero); a run
@@ -158,12 +204,12 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
                 steps += stats["steps"]
                 traffic = engine.traffic()
                 measured = sum(float(traffic[k].sum()) for k in ("lookup", "sync")) / steps
-                unless_lost(checkpoint(engine, paths["run"], epoch, {
+                unless_lost(checkpoint(engine, paths["version"], epoch, {
                     "loss": stats["loss"], "auc": stats["auc"], "hr_at_10": stats["hr_at_10"], "seed": config.seed,
                     "bytes_per_step": measured, "examples_per_s": stats["examples"] / stats["seconds"],
                     "seconds": stats["seconds"],
                 }))
-                publish_epoch_metrics(paths["run"], modeled)
+                publish_epoch_metrics(paths["version"], run, modeled)
                 update_progress_artifact(progress, 100.0 * epoch / config.epochs,
                                          description=f"epoch {epoch}/{config.epochs} done · loss {stats['loss']:.3f}")
             unless_lost(download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy}))
@@ -173,7 +219,7 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
             if attempt == config.max_restarts:
                 raise TrainingError(
                     f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.max_restarts} reached. "
-                    f"Checkpoints in {paths['run']} are kept: a new run resumes from the last complete one"
+                    f"Checkpoints in {paths['version']} are kept: a new run resumes from the last complete one"
                 ) from e
             log.warning("%s; restoring the cluster and resuming from the last complete checkpoint (restart %d of %d)",
                         e, attempt + 1, config.max_restarts)
@@ -184,31 +230,47 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, client, devices: in
 
 
 def _markdown(s: dict, config: RetrainConfig) -> str:
-    mb = 1e6
+    mb, us = 1e6, "µs"
+    auc = f"**AUC {s['auc']:.4f}**, **HR@10 {s['hr_at_10']:.4f}** (leave-last-out of the version's newest parts, exported model)"
+    if not s["trained"]:
+        head = [f"- **no new data**: nothing trained; version **{s['current']}** stays current", f"- version {s['version']}: {auc}"]
+    else:
+        start = f"warm start from version {s['warm_start_from']}" if s["warm_start_from"] else "cold start"
+        verdict = (f"**promoted** (now current)" if s["promoted"] else f"**not promoted**: {s['message']}")
+        previous = "" if s["previous_auc"] is None else f"; the version it started from: AUC {s['previous_auc']:.4f}"
+        old = s["previous_plan_comm_time_us_per_step"]
+        head = [
+            f"- version **{s['version']}** ({start}), parts {s['window'][0] + 1}..{s['parts']} trained, "
+            f"{len(s['parts_added'])} part(s) imported by this run: {verdict}",
+            f"- {auc}{previous}",
+            f"- plan: **{'re-planned' if s['replanned'] else 'kept'}** — {s['replan_reason']} (fresh plan "
+            f"{s['fresh_plan_comm_time_us_per_step']:.1f} {us}" + ("" if old is None else f", kept plan {old:.1f} {us}")
+            + " per step, modeled)",
+        ]
     lines = [
         f"# Retraining run `{s['run_dir']}`",
         "",
         f"- strategy **{config.strategy}** on `{config.topology}`, {s['epochs']} epochs, batch {config.batch_size}",
-        f"- **AUC {s['auc']:.4f}**, **HR@10 {s['hr_at_10']:.4f}** (leave-last-out, exported model)",
+        *head,
         # Like for like: measured against this plan's model; the plan's model against row-wise-mod's.
         (f"- traffic **{s['bytes_per_step'] / mb:.3f} MB/step measured** (the last epochs trained) against "
          if s["bytes_per_step"] is not None else "- traffic not measured (no checkpoint recorded it); ")
         + f"{s['modeled_bytes_per_step'] / mb:.3f} MB/step that the cost model predicts for this plan",
-        f"- modeled communication time per step: **{s['comm_time_us_per_step']:.1f} µs** with {config.strategy}, "
-        f"{s['row_wise_comm_time_us_per_step']:.1f} µs with row-wise-mod "
+        f"- modeled communication time per step: **{s['comm_time_us_per_step']:.1f} {us}** with {config.strategy}, "
+        f"{s['row_wise_comm_time_us_per_step']:.1f} {us} with row-wise-mod "
         f"({s['row_wise_comm_time_us_per_step'] / max(s['comm_time_us_per_step'], 1e-12):.2f}× its time); "
         f"{s['row_wise_bytes_per_step'] / mb:.3f} MB/step with row-wise-mod",
-        f"- loss per epoch (this run): {', '.join(f'{x:.4f}' for x in s['epoch_loss']) or 'none (resumed at the end)'}",
+        f"- loss per epoch (this run): {', '.join(f'{x:.4f}' for x in s['epoch_loss']) or 'none'}",
         f"- exported model: `{s['model']}`",
-        f"- resumed from: `{s['resumed_from']}`" if s["resumed_from"] else "- started from the initial parameters",
+        f"- resumed from: `{s['resumed_from']}`" if s["resumed_from"] else "- resumed from no checkpoint",
         *(f"- **skipped damaged checkpoint** `{k['checkpoint']}`: {k['reason']}" for k in s["skipped_checkpoints"]),
         f"- worker losses recovered from a checkpoint: {s['restarts']} (max_restarts {config.max_restarts})",
         *(f"- **warning**: {w}" for w in s["warnings"]),
         "- checkpoints: " + (", ".join(f"`{c}`" for c in s["checkpoints"]) or "none"),
-        "- checkpoints, model and plots (SVG files) on the machine that ran it: `" + s["run_dir"] + "`",
+        "- versions, checkpoints, models and plots (SVG files) on the machine that ran it: `" + s["run_dir"] + "`",
         "",
         # Embedded, not linked: a path on the worker host is no picture in a browser elsewhere.
         *(f"![{Path(p).stem}](data:image/svg+xml;base64,{base64.b64encode(Path(p).read_bytes()).decode()})"
-          for p in s["plots"]),
+          for p in s["plots"] if Path(p).is_file()),
     ]
     return "\n".join(lines)

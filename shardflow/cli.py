@@ -234,12 +234,22 @@ def _cmd_run(args: argparse.Namespace) -> dict:
 
 def _print_run(s: dict) -> None:
     mb = 1e6
-    print(f"run {s['run_dir']}: {s['epochs']} epochs, AUC {s['auc']:.4f}, HR@10 {s['hr_at_10']:.4f}")
+    if not s["trained"]:
+        print(f"run {s['run_dir']}: {s['message']}; version {s['current']} is current "
+              f"(AUC {s['auc']:.4f}, HR@10 {s['hr_at_10']:.4f})")
+    else:
+        start = f"warm start from version {s['warm_start_from']}" if s["warm_start_from"] else "cold start"
+        print(f"run {s['run_dir']}: version {s['version']} ({start}, {len(s['parts_added'])} part(s) imported), "
+              f"{s['epochs']} epochs, AUC {s['auc']:.4f}, HR@10 {s['hr_at_10']:.4f}")
+        if s["previous_auc"] is not None:
+            print(f"  version {s['warm_start_from']} on the same held-out items: AUC {s['previous_auc']:.4f}")
+        print(f"  {'promoted: version ' + str(s['version']) + ' is current' if s['promoted'] else s['message']}")
+        print(f"  plan {'re-planned' if s['replanned'] else 'kept'}: {s['replan_reason']}")
     measured = "not measured" if s["bytes_per_step"] is None else f"{s['bytes_per_step'] / mb:,.3f} MB measured"
     print(f"  traffic/step {measured}, {s['modeled_bytes_per_step'] / mb:,.3f} MB modeled for this plan")
     print(f"  comm time/step (modeled) {s['comm_time_us_per_step']:,.1f} µs; row-wise-mod "
           f"{s['row_wise_comm_time_us_per_step']:,.1f} µs, {s['row_wise_bytes_per_step'] / mb:,.3f} MB")
-    print(f"  model        {s['model']} (downloaded {s['downloads']} time)")
+    print(f"  model        {s['model']} (downloaded {s['downloads']} time{'s' if s['downloads'] != 1 else ''} by this run)")
     for c in s["checkpoints"]:
         print(f"  checkpoint   {c}")
     for p in s["plots"]:

@@ -46,6 +46,17 @@ class RetrainConfig(BaseModel):
     )
     restart_timeout_s: float = Field(300.0, gt=0, description="how long a restore waits for enough workers")
     eval_users: int | None = Field(5000, ge=1, description="held-out users evaluated (none: all)")
+    train_window: str | int = Field(
+        "new", description="what a new model version trains on: the parts added since the version it warm-starts "
+        "from (new), the last N parts, or all of them; earlier events always serve as history",
+    )
+    replan_margin: float = Field(
+        0.05, ge=0, lt=1, description="re-plan when a fresh plan's predicted comm time beats the kept one's by more"
+    )
+    promotion_margin: float = Field(
+        0.002, ge=0, description="a new version is promoted unless its AUC is below the current one's by more"
+    )
+    keep_versions: int = Field(3, ge=1, description="versions whose checkpoints are kept (the current one always)")
     scheduler_address: str | None = Field(None, description="an existing Dask scheduler (one worker per device)")
     cluster_class: str | None = Field(
         None, description="a Dask cluster class by import path, e.g. dask_jobqueue.SLURMCluster"
@@ -58,6 +69,14 @@ class RetrainConfig(BaseModel):
         if any(w < 1 for w in v):
             raise ValueError(f"widths {list(v)}; accepted: integers >= 1")
         return v
+
+    @field_validator("train_window", mode="before")
+    @classmethod
+    def _window(cls, v: object) -> str | int:
+        if v in ("new", "all") or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError(f"{v!r}; accepted: 'new' (the parts since the warm-start source), 'all', or N >= 1 "
+                         "(the last N parts)")
 
     @field_validator("topology")
     @classmethod

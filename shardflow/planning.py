@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.report import bound_and_baseline, summarize
 from shardflow.planner.strategies import STRATEGIES, budget_bytes_per_device, propose
 from shardflow.planner.topology import Topology
 from storage.dataset import Dataset
-from storage.plan import write_plan
+from storage.plan import read_plan, write_plan
 from storage.profile import Profile
 from storage.lock import writer_lock
 from storage.staging import check_destination, staged
@@ -79,6 +82,85 @@ def make_plan(
     with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
         write_plan(stage, plan, topology, shape, budget, source, summary)
     return summary
+
+
+def extend_plan(old: ShardingPlan, rows: dict[str, int], devices: int) -> ShardingPlan:
+    """`old` grown to `rows` rows per table: the rows it places keep tier and home; a new row
+    is stored once, on device id % devices (as row-wise-mod would place it)."""
+    tables = []
+    for t in old.tables:
+        new = np.arange(t.rows, rows[t.name], dtype=np.int64)
+        tables.append(TablePlan(t.name, np.concatenate([t.tier, np.full(new.size, SINGLE, dtype=np.int8)]),
+                                np.concatenate([t.home, (new % devices).astype(np.int32)])))
+    return ShardingPlan(old.strategy, tuple(tables))
+
+
+def keep_or_replan(
+    profile_path: str | Path,
+    out: str | Path,
+    topology: Topology,
+    previous: str | Path | None,
+    *,
+    strategy: str,
+    shape: StepShape,
+    margin: float,
+    memory_slack: float = 0.0,
+    history: int = DEFAULT_HISTORY,
+    negatives: int = DEFAULT_NEGATIVES,
+) -> dict:
+    """Drift-aware planning for a new model version: keep `previous`'s placement unless a fresh plan pays.
+
+    The previous plan, extended to the new rows (extend_plan), and a fresh plan of the
+    new profile are costed by the same model on the new profile. The run re-plans when
+    there is no previous plan, the topology, strategy or step shape changed, the extended
+    plan no longer fits the memory budget, or the fresh plan's predicted communication
+    time beats it by more than `margin` (0.05: 5%). Writes the chosen plan to `out`;
+    returns {replanned, reason, fresh_comm_time_s, previous_comm_time_s (None without a
+    comparable previous plan), summary}.
+    """
+    if not 0 <= margin < 1:
+        raise InputError(f"replan margin = {margin!r}; accepted: 0 <= margin < 1 (0.05 = 5%)")
+    profile = Profile.open(profile_path)
+    check_destination(Path(out), overwrite=False)
+    accesses = accesses_from_profile(profile, history, negatives)
+    by_name = {a.name: a for a in accesses}
+    model = CostModel(topology, shape)
+    budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
+    fresh = propose(strategy, accesses, topology, budget, model)
+    fresh_s = model.evaluate(fresh, by_name).comm_time_s_per_step
+    chosen, previous_s, reason = fresh, None, "no previous plan (a cold start)"
+    if previous is not None:
+        old, old_topology, old_shape, m = read_plan(previous)
+        if old_topology != topology:
+            reason = f"the topology changed ({old_topology.devices} devices → {topology.devices})"
+        elif (m["strategy"], old_shape) != (strategy, shape):
+            reason = f"the strategy or step shape changed ({m['strategy']}, {old_shape} → {strategy}, {shape})"
+        else:
+            extended = extend_plan(old, {a.name: a.rows for a in accesses}, topology.devices)
+            previous_s = model.evaluate(extended, by_name).comm_time_s_per_step
+            need = int(extended.memory_bytes_per_device(topology, shape.dim).max())
+            if need > budget:
+                reason = f"the previous plan no longer fits: {need:,} bytes on a device, budget {budget:,}"
+            elif fresh_s < previous_s * (1 - margin):
+                reason = (f"a fresh plan predicts {fresh_s * 1e6:.1f} µs/step against {previous_s * 1e6:.1f}: "
+                          f"better by more than {margin:.0%}")
+            else:
+                chosen = extended
+                reason = (f"kept the previous placement: {previous_s * 1e6:.1f} µs/step against a fresh plan's "
+                          f"{fresh_s * 1e6:.1f}, within {margin:.0%}")
+    bound, mod = bound_and_baseline(accesses, topology, budget, model)
+    summary = summarize(chosen, accesses, topology, budget, model, bound, mod)
+    source = {
+        "profile": str(Path(profile_path).resolve()),
+        "profile_checksum": profile.manifest["checksum"],
+        "history": history,
+        "negatives": negatives,
+        "memory_slack": memory_slack,
+    }
+    with writer_lock(out), staged(Path(out), overwrite=False) as stage:
+        write_plan(stage, chosen, topology, shape, budget, source, summary)
+    return {"replanned": chosen is fresh, "reason": reason, "fresh_comm_time_s": fresh_s,
+            "previous_comm_time_s": previous_s, "summary": summary}
 
 
 def compare_strategies(

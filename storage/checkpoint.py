@@ -7,8 +7,10 @@ Checkpoint of a run after epoch N (run_dir/checkpoints/epoch-000N):
     manifest.json     written last by the engine: epoch, step, seed, plan checksum,
                       model and optimizer configs, every array's checksum
 
-Export (run_dir/model): tables/<name> float32 [rows, dim] in global id order, chunk k
-written by one task; dense/<name>; manifest.json last. Each writer touches only its own
+Export (a version's model/): tables/<name> float32 [rows, dim] in global id order and
+state/<name> float32 [rows] (their row-wise Adagrad sums), chunk k of both written by one
+task; dense/<name> and dense_opt/<slot> (the dense optimiser, whose step count the
+manifest holds as dense_steps); manifest.json last. Each writer touches only its own
 arrays or chunks (zarr 3 has no atomic commit); a store without its manifest is never read.
 """
 
@@ -98,20 +100,22 @@ def verify_export(store: str | Path) -> dict:
     m = read(store, EXPORT)
     expected = dict(m["arrays"])
     for table, rows in m["tables"].items():
-        try:
-            arr = zarr.open_array(str(store / "tables" / table), mode="r")
-        except Exception as e:  # zarr raises several types for missing metadata
-            raise InputError(f"{store}/tables/{table}: unreadable ({type(e).__name__}); the export is damaged") from None
-        for start in range(0, rows, m["chunk_rows"]):
-            name = f"tables/{table}/{start}"
+        for kind in ("tables", "state"):
             try:
-                values = arr[start : start + m["chunk_rows"]]
-            except Exception as e:
-                raise InputError(f"{store}/{name}: unreadable ({type(e).__name__}: {e}); the export is damaged") from None
-            if digest(name, values) != expected.pop(name, None):
-                raise InputError(f"{store}/{name}: rows {start}.. do not match their checksum; the export is damaged")
-    dense = sorted(k.removeprefix("dense/") for k in expected if k.startswith("dense/"))
-    read_arrays(store / "dense", dense, "dense", m["arrays"])
+                arr = zarr.open_array(str(store / kind / table), mode="r")
+            except Exception as e:  # zarr raises several types for missing metadata
+                raise InputError(f"{store}/{kind}/{table}: unreadable ({type(e).__name__}); the export is damaged") from None
+            for start in range(0, rows, m["chunk_rows"]):
+                name = f"{kind}/{table}/{start}"
+                try:
+                    values = arr[start : start + m["chunk_rows"]]
+                except Exception as e:
+                    raise InputError(f"{store}/{name}: unreadable ({type(e).__name__}: {e}); the export is damaged") from None
+                if digest(name, values) != expected.pop(name, None):
+                    raise InputError(f"{store}/{name}: rows {start}.. do not match their checksum; the export is damaged")
+    for group in ("dense", "dense_opt"):
+        names = sorted(k.removeprefix(f"{group}/") for k in expected if k.startswith(f"{group}/"))
+        read_arrays(store / group, names, group, m["arrays"])
     return m
 
 

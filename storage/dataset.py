@@ -451,6 +451,17 @@ class Dataset:
             out[dest] = self._root[f"{seg}/{path}"][:]
         return out[start:stop]
 
+    def event_segments(self) -> np.ndarray:
+        """int16 [events], in user order: the segment (0 = the first part imported) each event came from."""
+        _, starts = self._runs()
+        out = np.zeros(self.info.interactions, dtype=np.int16)
+        if starts is None:
+            return out
+        for index, (s, run_starts) in enumerate(zip(self.segments, starts)):
+            off = self._root[f"{SEGMENTS}/{s['name']}/offsets"][:]
+            out[np.repeat(run_starts - off[:-1], np.diff(off)) + np.arange(off[-1], dtype=np.int64)] = index
+        return out
+
     def ids(self, table: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         self.info.table(table)
         return self.column(f"tables/{table}", start, stop)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import load_topology
-from shardflow.planning import compare_strategies, make_plan
+from shardflow.planning import compare_strategies, keep_or_replan
 from shardflow.profiling import profile_dataset
 from shardflow.training.engine import Engine, TrainConfig
 from shardflow.training.evaluate import evaluate_export
@@ -30,6 +31,9 @@ from storage.staging import check_destination
 from storage.manifest import MANIFEST
 from storage.plan import read_plan
 from storage.profile import Profile
+from storage import versions
+from storage.dataset import segment_checksum
+from storage.versions import write_record
 
 
 def artifact_key(kind: str, run_dir: str | Path) -> str:
@@ -44,23 +48,28 @@ def artifact_key(kind: str, run_dir: str | Path) -> str:
 
 
 def run_paths(config: RetrainConfig) -> dict[str, Path]:
+    """The run_dir's own stores; each model version's are under versions/NNNN (storage.versions)."""
     run = Path(config.run_dir)
-    return {"run": run, "dataset": run / "dataset", "profile": run / "profile", "plan": run / "plan", "model": run / "model"}
+    return {"run": run, "dataset": run / "dataset", "estimate": run / "estimate"}
 
 
 def check_run(config: RetrainConfig) -> None:
     """Everything a run can refuse before its first write, beyond the config's own checks.
 
-    The run_dir's stores must be shardflow stores (or absent, or empty): a directory of
-    someone else's files where the dataset, profile, plan or model would go is never
-    replaced. The dataset must continue the run_dir's own (check_dataset).
+    The run_dir's dataset must be a shardflow store (or absent, or empty): a directory of
+    someone else's files where it would go is never replaced; `versions` must hold only
+    model versions. The dataset must continue the run_dir's own (check_dataset).
     """
-    for name, path in run_paths(config).items():
-        if name != "run":
-            try:
-                check_destination(path, overwrite=True)
-            except InputError as e:
-                raise InputError(f"run_dir {config.run_dir}: {e}") from None
+    try:
+        check_destination(run_paths(config)["dataset"], overwrite=True)
+    except InputError as e:
+        raise InputError(f"run_dir {config.run_dir}: {e}") from None
+    root = Path(config.run_dir) / versions.VERSIONS
+    foreign = sorted(p.name for p in root.iterdir() if not (p.name.isdigit() and len(p.name) == 4)) \
+        if root.is_dir() else []
+    if foreign:
+        raise InputError(f"run_dir {config.run_dir}: {root} holds {', '.join(foreign[:5])}, not model versions; "
+                         "accepted: a versions directory shardflow made (NNNN subdirectories only), or a new run_dir")
     check_dataset(config)
 
 
@@ -69,19 +78,48 @@ def check_dataset(config: RetrainConfig) -> None:
 
     The run_dir's imported dataset grows only by new parts of the same source; a source
     whose parts vanished or changed is refused (storage.importers.check_continuation), and
-    so is another source once the run_dir holds checkpoints trained on its own.
+    so is another source once the run_dir holds model versions trained on its own. A
+    dataset store given as such is checked by check_versions.
     """
     source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    if (source / MANIFEST).is_file():
+        check_versions(config, str(source))
+        return
     known = _imported_source(config)
     if known is None:
         return
     if _same_source(known, config):
         check_continuation(config.dataset_format, source, dest, resolve_parts(source), known, {})
-    elif complete_checkpoints(config.run_dir):
+    elif versions.numbers(config.run_dir):
         raise InputError(
             f"run_dir {config.run_dir} was trained on {known.get('path')} ({known.get('format')}); dataset "
             f"{config.dataset} ({config.dataset_format}) is another one; accepted: that dataset (or a directory "
             "of its parts with new ones), or a new run_dir"
+        )
+
+
+def check_versions(config: RetrainConfig, dataset_store: str) -> None:
+    """Refuse a dataset store the run_dir's versions were not trained on, or one that changed underneath them.
+
+    For a dataset given as a store (an imported source is checked part by part by
+    storage.importers.check_continuation instead).
+    """
+    run = config.run_dir
+    made = [versions.started(run, n) for n in versions.numbers(run)]
+    if not made:
+        return
+    last = made[-1]
+    if last["dataset"] != str(Path(dataset_store).resolve()):
+        raise InputError(
+            f"run_dir {run} holds model versions of dataset {last['dataset']}; dataset {dataset_store} is another "
+            "store. Accepted: that dataset (grown with 'shardflow import --append'), or a new run_dir"
+        )
+    have = [segment_checksum(s) for s in Dataset.open(dataset_store).segments]
+    if have[: len(last["segments"])] != last["segments"]:
+        raise InputError(
+            f"dataset {dataset_store} no longer starts with the {len(last['segments'])} parts version "
+            f"{last['version']} of run_dir {run} was trained on (a part was changed or re-imported); accepted: "
+            "the dataset grown only by appends, or a new run_dir"
         )
 
 
@@ -98,24 +136,25 @@ def _same_source(known: dict, config: RetrainConfig) -> bool:
 
 
 @task(name="import-dataset", task_run_name="import-dataset", cache_policy=NONE)
-def prepare_dataset(config: RetrainConfig) -> str:
-    """The dataset store: `dataset` itself if it is one, else its import into RUN_DIR/dataset (kept for resumes).
+def prepare_dataset(config: RetrainConfig) -> dict:
+    """The dataset store and the parts this run added to it: {"path", "parts_added"}.
 
-    A source the run_dir imported before gets its new parts appended (the append refuses,
-    under the store's lock, parts that vanished or changed); the flow's check_run has
-    refused another source on a run_dir with checkpoints.
+    `dataset` itself if it is a store (grown, if at all, by 'shardflow import --append'),
+    else its import into RUN_DIR/dataset. A source the run_dir imported before gets its
+    new parts appended (the append refuses, under the store's lock, parts that vanished
+    or changed); check_run has refused another source on a run_dir with model versions.
     """
     source, dest = Path(config.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file():
-        return str(source)
+        return {"path": str(source), "parts_added": []}
     known = _imported_source(config)
     if known is not None and _same_source(known, config):
         added = import_dataset(config.dataset_format, source, dest, append=True)["parts_added"]
         get_run_logger().info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing",
                               dest, source)
-        return str(dest)
-    import_dataset(config.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file())
-    return str(dest)
+        return {"path": str(dest), "parts_added": [Path(p).name for p in added]}
+    done = import_dataset(config.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file())
+    return {"path": str(dest), "parts_added": [Path(p).name for p in done["parts_added"]]}
 
 
 @task(name="profile", task_run_name="profile", cache_policy=NONE)
@@ -142,35 +181,31 @@ def profile(dataset: str, out: str, client: Client, run_dir: str) -> dict:
 
 
 @task(name="shard", task_run_name="shard", cache_policy=NONE)
-def shard(config: RetrainConfig, profile_path: str, out: str) -> list[dict]:
-    """The configured strategy's plan (reused if the run already has it) and every strategy's figures."""
+def shard(config: RetrainConfig, profile_path: str, out: str, previous_plan: str | None) -> tuple[list[dict], dict]:
+    """(every strategy's figures, the drift decision): the version's plan, the promoted one's kept or replaced.
+
+    A version resumed part-way keeps the plan it was trained with.
+    """
     topology = load_topology(config.topology)
     shape = StepShape(config.batch_size, config.dim, config.dedup)
     kwargs = dict(shape=shape, memory_slack=config.memory_slack, history=config.history, negatives=config.negatives)
     rows = compare_strategies(profile_path, topology, **kwargs)
-    if (Path(out) / MANIFEST).is_file():
-        _, have_topology, have_shape, m = read_plan(out)
-        same = (m["strategy"], have_topology, have_shape, m["source"]["memory_slack"], m["source"]["history"],
-                m["source"]["negatives"], m["source"]["profile_checksum"]) == (
-                config.strategy, topology, shape, config.memory_slack, config.history, config.negatives,
-                Profile.open(profile_path).manifest["checksum"])
-        if same:
-            get_run_logger().info("reusing plan %s", out)
-        elif complete_checkpoints(config.run_dir):
-            raise InputError(
-                f"{config.run_dir} has checkpoints of a run planned differently ({m['strategy']}, {have_shape}); "
-                "accepted: the same strategy, topology, sizes and slack as that run, or a new run_dir"
-            )
-        else:
-            make_plan(profile_path, out, topology, strategy=config.strategy, overwrite=True, **kwargs)
+    decision_file = Path(out) / "decision.json"
+    if (Path(out) / MANIFEST).is_file() and decision_file.is_file():
+        get_run_logger().info("reusing plan %s", out)
+        decision = json.loads(decision_file.read_text())
     else:
-        make_plan(profile_path, out, topology, strategy=config.strategy, **kwargs)
+        decision = keep_or_replan(profile_path, out, topology, previous_plan, strategy=config.strategy,
+                                  margin=config.replan_margin, **kwargs)
+        decision = {k: v for k, v in decision.items() if k != "summary"}
+        write_record(decision_file, decision)
+    get_run_logger().info("plan: %s", decision["reason"])
     create_table_artifact(
         [_comparison_row(r) for r in rows],
         key=artifact_key("plan-comparison", config.run_dir),
         description=f"Every strategy on {config.topology}, batch {config.batch_size}, dedup {config.dedup}",
     )
-    return rows
+    return rows, decision
 
 
 def _comparison_row(r: dict) -> dict:
@@ -198,14 +233,14 @@ def optimizer_config(config: RetrainConfig) -> OptimizerConfig:
     return OptimizerConfig(row_lr=config.row_lr, dense=config.dense_optimizer, dense_lr=config.dense_lr)
 
 
-def train_config(config: RetrainConfig) -> TrainConfig:
+def train_config(config: RetrainConfig, window: tuple[int, int] = (0, 0)) -> TrainConfig:
     return TrainConfig(batch_size=config.batch_size, dedup=config.dedup, epochs=config.epochs,
-                       device=config.device, seed=config.seed, eval_users=config.eval_users)
+                       device=config.device, seed=config.seed, eval_users=config.eval_users, window=tuple(window))
 
 
 @task(name="start-parameter-servers", task_run_name="start-parameter-servers", cache_policy=NONE)
 def start_parameter_servers(config: RetrainConfig, dataset: str, plan_path: str, client: Client,
-                            estimate: bool = False) -> Engine:
+                            estimate: bool = False, window: tuple[int, int] = (0, 0)) -> Engine:
     from shardflow.training.engine import estimation_plan
 
     plan, topology, _, _ = read_plan(plan_path)
@@ -215,7 +250,8 @@ def start_parameter_servers(config: RetrainConfig, dataset: str, plan_path: str,
         plan, scaled, factor = estimation_plan({t.name: t.rows for t in plan.tables}, config.dim,
                                                topology.device_memory_bytes)
         get_run_logger().info("estimation: one parameter server, rows scaled by %.4f", factor)
-    engine = Engine(client, dataset, plan, topology, model, optimizer_config(config), train_config(config), scaled)
+    engine = Engine(client, dataset, plan, topology, model, optimizer_config(config), train_config(config, window),
+                    scaled)
     get_run_logger().info("parameter servers up on %d devices (Dask dashboard: %s)", topology.devices,
                           client.dashboard_link)
     return engine
@@ -267,14 +303,14 @@ def restore_cluster(engine: Engine | None, client: Client, devices: int, attempt
     log.info("restore %d: %d workers up", attempt, len(client.scheduler_info()["workers"]))
 
 
-def publish_epoch_metrics(run_dir: str, modeled_bytes_per_step: float) -> None:
-    """The epoch-metrics table of a run_dir: one row per complete checkpoint, every row with every column.
+def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step: float) -> None:
+    """The epoch-metrics table of a model version: one row per complete checkpoint, every row with every column.
 
     Built from the checkpoints, so it spans resumed runs; under one key per run_dir, so
-    the UI keeps its versions night after night.
+    the UI keeps its history night after night.
     """
     mb, rows = 1e6, []
-    for epoch, path in complete_checkpoints(run_dir):
+    for epoch, path in complete_checkpoints(version_dir):
         info = read_store(path, CHECKPOINT)
         rounded = {k: None if info.get(k) is None else round(info[k], digits)
                    for k, digits in (("loss", 4), ("auc", 4), ("hr_at_10", 4), ("examples_per_s", 0), ("seconds", 1))}
@@ -283,7 +319,7 @@ def publish_epoch_metrics(run_dir: str, modeled_bytes_per_step: float) -> None:
                      "bytes_per_step_MB_measured": None if measured is None else round(measured / mb, 3),
                      "bytes_per_step_MB_modeled": round(modeled_bytes_per_step / mb, 3)})
     create_table_artifact(rows, key=artifact_key("epoch-metrics", run_dir),
-                          description=f"Per epoch: loss, held-out AUC and HR@10, speed, traffic (run_dir {run_dir})")
+                          description=f"Per epoch: loss, held-out AUC and HR@10, speed, traffic ({version_dir})")
 
 
 PROGRESS_EVERY_S = 2.0  # how often a training epoch moves its progress artifact
@@ -355,8 +391,8 @@ def _lost(what: str, e: WorkerLost) -> dict:
 
 
 @task(name="evaluate", task_run_name="evaluate", cache_policy=NONE)
-def evaluate(model_dir: str, dataset: str, users: int | None, seed: int) -> dict:
-    return evaluate_export(model_dir, dataset, users, seed)
+def evaluate(model_dir: str, dataset: str, users: int | None, seed: int, eval_from: int = 0) -> dict:
+    return evaluate_export(model_dir, dataset, users, seed, eval_from)
 
 
 @task(name="exit", task_run_name="exit", cache_policy=NONE)

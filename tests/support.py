@@ -102,3 +102,33 @@ def sequences_by_raw_user(ds, table: str = "item") -> dict:
     ids = ds.ids(table).tolist()
     users = ds.user_ids().tolist()
     return {users[u]: [raw_of_row[i] for i in ids[off[u] : off[u + 1]]] for u in range(ds.info.users)}
+
+
+def daily_parts(src: Path, out: Path, shares: tuple[float, ...], late_users: float = 0.1, seed: int = 0) -> list[Path]:
+    """Split a sasrec log (`user item` lines, each user's in time order) into daily parts day-01.txt, ...
+
+    Each user's events are cut in time order: part d gets the events between the
+    cumulative shares d-1 and d of the user's sequence. A seeded `late_users` fraction of
+    users arrives only later: their whole sequence lands in one of the later parts.
+    """
+    pairs = np.loadtxt(src, dtype=np.int64, ndmin=2)
+    users, items = pairs[:, 0], pairs[:, 1]
+    order = np.argsort(users, kind="stable")
+    users, items = users[order], items[order]
+    starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
+    lengths = np.diff(np.r_[starts, users.size])
+    rank = np.arange(users.size) - np.repeat(starts, lengths)
+    fraction = rank / np.repeat(lengths, lengths)
+    day = np.searchsorted(np.cumsum(shares) / sum(shares), fraction, side="right")
+    rng = np.random.default_rng(seed)
+    late = rng.random(starts.size) < late_users
+    arrival = rng.integers(1, len(shares), starts.size)
+    day = np.where(np.repeat(late, lengths), np.repeat(arrival, lengths), np.minimum(day, len(shares) - 1))
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for d in range(len(shares)):
+        path = out / f"day-{d + 1:02d}.txt"
+        keep = day == d
+        np.savetxt(path, np.stack([users[keep], items[keep]], axis=1), fmt="%d")
+        paths.append(path)
+    return paths

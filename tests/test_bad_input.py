@@ -355,13 +355,17 @@ def case_training_non_finite_gradients(world, client, tmp_path):
 
 
 def _run_dir_trained_on(world, tmp_path, source: Path) -> Path:
-    """A run_dir that imported `source` and holds a checkpoint (the world's, copied)."""
+    """A run_dir that imported `source` and holds a model version of it (its checkpoint the world's, copied)."""
+    from storage import versions
+    from storage.dataset import Dataset, segment_checksum
     from tasks.retrain import prepare_dataset
 
     run = tmp_path / "run"
-    shutil.copytree(world / "run", run)
     cfg = RetrainConfig.build({"dataset": str(source), "topology": str(world / "topo.yaml"), "run_dir": str(run)})
-    prepare_dataset.fn(cfg)
+    dataset = prepare_dataset.fn(cfg)["path"]
+    segments = [segment_checksum(s) for s in Dataset.open(dataset).segments]
+    version = versions.start(run, 1, {"dataset": dataset, "segments": segments, "warm_start_from": None})
+    shutil.copytree(world / "run" / "checkpoints", version / "checkpoints")
     return run
 
 
@@ -399,13 +403,31 @@ def case_config_batch_smaller_than_the_devices(world, client, tmp_path):
     return [world / "ds"], config(world, batch_size=1), r"batch_size 1 < 2 devices of .*topo.yaml; accepted: a batch of at least one"
 
 
-def case_run_dir_model_holds_foreign_files(world, client, tmp_path):
+def case_config_train_window_unknown(world, client, tmp_path):
+    return [world / "ds"], config(world, train_window="yesterday"), r"train_window = 'yesterday': Value error, 'yesterday'; accepted: 'new' \(the parts since the warm-start source\), 'all', or N >= 1"
+
+
+def case_config_replan_margin_out_of_range(world, client, tmp_path):
+    return [world / "ds"], config(world, replan_margin=1.5), r"replan_margin = 1.5: Input should be less than 1"
+
+
+def case_run_dir_dataset_holds_foreign_files(world, client, tmp_path):
     from tasks.retrain import check_run
 
-    (tmp_path / "run" / "model").mkdir(parents=True)
-    (tmp_path / "run" / "model" / "notes.txt").write_text("mine")
+    (tmp_path / "run" / "dataset").mkdir(parents=True)
+    (tmp_path / "run" / "dataset" / "notes.txt").write_text("mine")
+    cfg = config(world, run_dir=str(tmp_path / "run"))
+    return [tmp_path / "run"], lambda: check_run(cfg()), r"run_dir .*run: .*dataset exists, is not empty and is not a shardflow store"
+
+
+def case_run_dir_versions_holds_foreign_files(world, client, tmp_path):
+    from tasks.retrain import check_run
+
+    (tmp_path / "run" / "versions" / "notes").mkdir(parents=True)
+    (tmp_path / "run" / "versions" / "notes" / "todo.txt").write_text("mine")
     cfg = config(world, dataset=str(world / "ds"), run_dir=str(tmp_path / "run"))
-    return [tmp_path / "run"], lambda: check_run(cfg()), r"run_dir .*run: .*model exists, is not empty and is not a shardflow store"
+    return [tmp_path / "run"], lambda: check_run(cfg()), (
+        r"run_dir .*run: .*versions holds notes, not model versions; accepted: a versions directory shardflow made")
 
 
 def case_run_scheduler_with_fewer_workers_than_devices(world, client, tmp_path):

@@ -31,7 +31,14 @@ class TrainData:
     eval_targets: np.ndarray  # int64: event index of every user's held-out last item
 
     @classmethod
-    def load(cls, dataset: str | Dataset, features: tuple[str, ...] = ()) -> "TrainData":
+    def load(cls, dataset: str | Dataset, features: tuple[str, ...] = (), window: tuple[int, int] = (0, 0)) -> "TrainData":
+        """The dataset's training data; `window` = (first segment trained on, first segment evaluated on).
+
+        A model version trains on the events of the newest parts (and on each user's last
+        event before them, which the earlier version held out) and is evaluated on the
+        held-out last items that lie in them, while users' earlier events still serve as
+        history: windows select targets, never history.
+        """
         ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
         item = ds.info.sequence_table
         if item is None:
@@ -44,16 +51,24 @@ class TrainData:
             accepted = list(ds.info.feature_tables)
             raise InputError(f"feature tables {unknown}; accepted: {', '.join(accepted) or 'none in this dataset'}")
         offsets = ds.offsets()
-        targets = target_positions(offsets, "train")
+        targets, held_out = target_positions(offsets, "train"), target_positions(offsets, "eval")
+        if any(window):
+            segment = ds.event_segments()
+            # A target is in the window if it is new, or if the event after it is: a user's
+            # last event before the window was held out by the earlier version, never trained on.
+            targets = targets[np.maximum(segment[targets], segment[targets + 1]) >= window[0]]
+            held_out = held_out[segment[held_out] >= window[1]]
         if targets.size == 0:
-            raise InputError(f"dataset {ds.path}: no training examples (every user has fewer than 3 items)")
+            where = f" in parts {window[0] + 1}.. (the training window)" if window[0] else ""
+            raise InputError(f"dataset {ds.path}: no training examples{where} (a user's examples are their "
+                             "events after the first and before the last)")
         return cls(
             offsets=offsets,
             item=item,
             columns={t: ds.ids(t).astype(np.int64) for t in (item, *features)},
             rows={t: ds.info.table(t).rows for t in (item, *features)},
             targets=targets,
-            eval_targets=target_positions(offsets, "eval"),
+            eval_targets=held_out,
         )
 
     def steps_per_epoch(self, batch_size: int) -> int:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import zarr
 
 from shardflow.arrays import array_module, to_device, to_host
 from shardflow.errors import InputError, TrainingError, WorkerLost
@@ -77,12 +78,13 @@ class DeviceWorker:
         dedup: str,
         array_device: str = "cpu",
         scaled_rows: dict[str, int] | None = None,
+        window: tuple[int, int] = (0, 0),
     ) -> None:
         self.device, self.topology = device, topology
         self.node = int(topology.node_of_device[device])
         self.config, self.batch_size, self.dedup = config, batch_size, dedup
         self.xp = array_module(array_device)
-        self.data = TrainData.load(dataset, config.features)
+        self.data = TrainData.load(dataset, config.features, window)
         self.tables = tables
         self.maps = {t: ShardMap(plan, topology) for t, plan in tables.items()}
         if scaled_rows is None:
@@ -342,12 +344,44 @@ class DeviceWorker:
             sh.dense_optimizer.t = dense_steps
         sh.clock = clock
 
-    async def export_rows(self, table: str, ids: np.ndarray) -> np.ndarray:
-        """Current rows of `ids` for the parameter download (no step check: training is over)."""
-        return to_host(self.shard.weights[table][to_device(self.xp, self.shard.layouts[table].local(ids))])
+    def warm_start(self, model: str, rows: dict, dense_steps: int) -> None:
+        """Take the rows this shard stores and their Adagrad sums, and (device 0) the dense layers and their
+        optimiser, from the exported model at `model`.
 
-    def dense_parameters(self) -> dict:
-        return {k: to_host(v) for k, v in self.shard.dense.items()}
+        Called on a fresh shard: rows at or past the export's `rows[table]` were added since
+        and keep their initial values and a zero sum; versions and the clock stay at zero.
+        """
+        sh, xp = self.shard, self.xp
+        for t, lay in sh.layouts.items():
+            ids = lay.init_ids
+            known = np.flatnonzero(ids < rows.get(t, 0))
+            if not known.size:
+                continue
+            known = known[np.argsort(ids[known], kind="stable")]  # ascending ids read each chunk once
+            for kind, target in (("tables", sh.weights), ("state", sh.state)):
+                values = to_host(target[t])
+                arr = zarr.open_array(str(Path(model) / kind / t), mode="r")
+                values[known] = arr.get_orthogonal_selection((ids[known],) + (slice(None),) * (arr.ndim - 1))
+                target[t] = to_device(xp, values)
+        if sh.dense is not None:
+            for group, target in (("dense", sh.dense), ("dense_opt", sh.dense_optimizer.state)):
+                for k in target:
+                    v = zarr.open_array(str(Path(model) / group / k), mode="r")[...]
+                    if v.shape != tuple(target[k].shape):
+                        raise InputError(f"{model}/{group}/{k}: shape {v.shape}; accepted: {tuple(target[k].shape)}")
+                    target[k] = to_device(xp, v)
+            sh.dense_optimizer.t = dense_steps
+
+    async def export_rows(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Current rows of `ids` and their Adagrad sums, for the parameter download (training is over)."""
+        local = to_device(self.xp, self.shard.layouts[table].local(ids))
+        return to_host(self.shard.weights[table][local]), to_host(self.shard.state[table][local])
+
+    def dense_parameters(self) -> tuple[dict, dict, int]:
+        """(dense layers, their optimiser state, its step count), on the host."""
+        opt = self.shard.dense_optimizer
+        return ({k: to_host(v) for k, v in self.shard.dense.items()}, {k: to_host(v) for k, v in opt.state.items()},
+                opt.t)
 
     def traffic(self) -> dict:
         return {k: v.copy() for k, v in self.shard.traffic.items()}

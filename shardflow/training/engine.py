@@ -49,6 +49,7 @@ class TrainConfig:
     seed: int = 0
     eval_users: int | None = 5000  # users evaluated (a seeded sample; None: all)
     eval_candidates: int = 100
+    window: tuple[int, int] = (0, 0)  # (first segment trained on, first evaluated on): see TrainData.load
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "epochs", "eval_candidates"):
@@ -74,20 +75,24 @@ class TrainResult:
     timings: dict = field(default_factory=dict)  # mean seconds per step: batch, pull, compute, push, sync
 
 
-def export_chunk(actors: list, table: str, home: np.ndarray, start: int, store: str) -> tuple[str, str]:
-    """One chunk of the export: rows start..start+len(home) from their homes, written by this task alone."""
+def export_chunk(actors: list, table: str, home: np.ndarray, start: int, store: str) -> dict[str, str]:
+    """One chunk of the export: rows start..start+len(home) and their Adagrad sums from their homes,
+    written by this task alone; {array chunk name: digest}."""
     ids = np.arange(start, start + home.size, dtype=np.int64)
     calls = [(np.flatnonzero(home == d), int(d)) for d in np.unique(home)]
     calls = [(sel, d, actors[d].export_rows(table, ids[sel])) for sel, d in calls]
-    rows = None
+    rows = state = None
     for sel, d, call in calls:
-        got = answer(call, actors[d])
+        got, got_state = answer(call, actors[d])
         if rows is None:
             rows = np.empty((ids.size, got.shape[1]), dtype=np.float32)
-        rows[sel] = got
-    zarr.open_array(f"{store}/tables/{table}", mode="r+")[start : start + ids.size] = rows
-    name = f"tables/{table}/{start}"
-    return name, digest(name, rows)
+            state = np.empty(ids.size, dtype=np.float32)
+        rows[sel], state[sel] = got, got_state
+    out = {}
+    for kind, values in (("tables", rows), ("state", state)):
+        zarr.open_array(f"{store}/{kind}/{table}", mode="r+")[start : start + ids.size] = values
+        out[f"{kind}/{table}/{start}"] = digest(f"{kind}/{table}/{start}", values)
+    return out
 
 
 def check_plan_matches(data: TrainData, plan: ShardingPlan, topology: Topology) -> None:
@@ -146,7 +151,7 @@ class Engine:
         scaled_rows: dict[str, int] | None = None,
     ) -> None:
         self.client, self.topology, self.model, self.train, self.plan = client, topology, model, train, plan
-        self.data = TrainData.load(dataset, model.features)
+        self.data = TrainData.load(dataset, model.features, train.window)
         check_plan_matches(self.data, plan, topology)
         P = topology.devices
         if train.batch_size < P:
@@ -178,6 +183,7 @@ class Engine:
                 dedup=train.dedup,
                 array_device=train.device,
                 scaled_rows=scaled_rows,
+                window=train.window,
                 actor=True,
                 workers=[workers[d]],
                 allow_other_workers=False,
@@ -350,8 +356,37 @@ class Engine:
         self.step_count = m["step"]
         return m
 
+    def warm_start(self, model: str | Path, manifest: dict) -> None:
+        """Start from an exported model (`manifest` is its verified manifest), placed onto this plan.
+
+        Row r of a table takes the export's row r and its Adagrad sum where the export has
+        it (the dataset's appends keep every raw id's row, so row r is the same item); rows
+        added since keep their fresh initial values and a zero sum. Each shard reads only
+        the rows it stores, straight from the export store: the model is never gathered in
+        one process. The dense layers and their optimiser state (and step count) are
+        carried over: training goes on as if the new days had been more epochs, instead of
+        a reset whose first Adagrad and Adam steps (about lr per coordinate) would throw
+        the carried weights off.
+        """
+        mine = dataclasses.asdict(self.model)
+        theirs = {k: tuple(v) if isinstance(v, list) else v for k, v in manifest["model"].items()}
+        differ = sorted(k for k in mine if k != "seed" and theirs.get(k) != mine[k])
+        if differ:
+            raise InputError(
+                f"{model}: exported with {', '.join(f'{k}={theirs.get(k)!r}' for k in differ)}; accepted for a warm "
+                f"start: {', '.join(f'{k}={mine[k]!r}' for k in differ)} (the run's configuration), or a cold start"
+            )
+        rows = manifest["tables"]
+        grown = {t.name: t.rows for t in self.plan.tables}
+        shrunk = sorted(name for name, n in rows.items() if n > grown.get(name, -1))
+        if shrunk:
+            raise InputError(f"{model}: tables {shrunk} have more rows than this dataset's; accepted: an export of "
+                             "this dataset before an append")
+        self._wait([a.warm_start(str(model), rows, manifest["dense_steps"]) for a in self.actors])
+
     def export(self, out: str | Path, info: dict) -> dict:
-        """The parameter download: every table in global id order, chunk by chunk in parallel.
+        """The parameter download: every table in global id order, chunk by chunk in parallel, with the
+        optimiser state a later model version starts from (row Adagrad sums, the dense optimiser's).
 
         One task per output chunk pulls that chunk's rows from their home shards and writes
         it; no process holds more than one chunk of a table. Built beside `out` and swapped
@@ -365,6 +400,8 @@ class Engine:
                     f"tables/{t.name}", shape=(t.rows, self.model.dim), dtype=np.float32,
                     chunks=(EXPORT_CHUNK_ROWS, self.model.dim), compressors=COMPRESSORS,
                 )
+                root.create_array(f"state/{t.name}", shape=(t.rows,), dtype=np.float32,
+                                  chunks=(EXPORT_CHUNK_ROWS,), compressors=COMPRESSORS)
                 for start in range(0, t.rows, EXPORT_CHUNK_ROWS):
                     home = t.home[start : start + EXPORT_CHUNK_ROWS]
                     tasks.append(self.client.submit(
@@ -372,15 +409,17 @@ class Engine:
                         key=f"export-{t.name}-{start}-{uuid.uuid4().hex[:8]}",
                     ))
             self._wait_futures(tasks)
-            digests = dict(self.client.gather(tasks))
-            dense = self._wait([self.actors[0].dense_parameters()])[0]
+            digests = {k: v for chunk in self.client.gather(tasks) for k, v in chunk.items()}
+            dense, dense_state, dense_steps = self._wait([self.actors[0].dense_parameters()])[0]
             digests.update(write_arrays(stage / "dense", dense, "dense"))
+            digests.update(write_arrays(stage / "dense_opt", dense_state, "dense_opt"))
             manifest = finish(stage, EXPORT, {
                 **info,
                 "tables": {t.name: t.rows for t in self.plan.tables},
                 "dim": self.model.dim,
                 "model": dataclasses.asdict(self.model),
                 "chunk_rows": EXPORT_CHUNK_ROWS,
+                "dense_steps": dense_steps,
             }, digests)
         self.downloads += 1
         return manifest

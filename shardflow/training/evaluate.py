@@ -34,11 +34,17 @@ def hits(logit: np.ndarray) -> tuple[float, float]:
     return auc, float(((neg > pos).sum(axis=1) < 10).sum())
 
 
-def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | None, seed: int) -> dict:
-    """AUC and HR@10 of an exported model on the dataset's held-out items (after verifying every chunk)."""
+def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | None, seed: int,
+                    eval_from: int = 0) -> dict:
+    """AUC and HR@10 of an exported model on the dataset's held-out items (after verifying every chunk).
+
+    With `eval_from`, only the held-out items in segments eval_from.. (the newest parts).
+    An export made before the dataset grew has no rows for the items added since: they
+    score with zero vectors (the model has never seen them).
+    """
     m = verify_export(model_dir)
     config = ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in m["model"].items()})
-    data = TrainData.load(dataset, config.features)
+    data = TrainData.load(dataset, config.features, (0, eval_from))
     root = zarr.open_group(str(model_dir), mode="r")
     dense = {k: root[f"dense/{k}"][...] for k in config.dense_names()}
     targets = eval_targets(data, users, seed)
@@ -46,8 +52,16 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
     for s in range(0, targets.size, EVAL_CHUNK):
         ex = data.examples(targets[s : s + EVAL_CHUNK], config, negative_seed(seed, -1), negatives=CANDIDATES - 1)
         need = lookups(ex, data, config, "device")
-        rows = {t: root[f"tables/{t}"].get_orthogonal_selection((ids, slice(None))) for t, ids in need.fetch.items()}
+        rows = {t: _rows(root[f"tables/{t}"], ids) for t, ids in need.fetch.items()}
         a, h = hits(scores(np, config, dense, rows, need.index, data.item))
         auc, hit = auc + a, hit + h
     n = max(int(targets.size), 1)
     return {"auc": auc / n, "hr_at_10": hit / n, "users": int(targets.size)}
+
+
+def _rows(table, ids: np.ndarray) -> np.ndarray:
+    """Rows `ids` of an exported table; zeros for ids past its end (added to the dataset since)."""
+    out = np.zeros((ids.size, table.shape[1]), dtype=np.float32)
+    known = ids < table.shape[0]
+    out[known] = table.get_orthogonal_selection((ids[known], slice(None)))
+    return out

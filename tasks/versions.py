@@ -1,0 +1,176 @@
+"""The model-version tasks of a nightly run: open a version, plan it against drift, warm-start it, gate it.
+
+The layout and its records are storage.versions; docs/reference.md says what each
+decision means for a user.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NONE
+
+from shardflow.config import RetrainConfig
+from shardflow.errors import InputError, WorkerLost
+from shardflow.planner.topology import load_topology
+from shardflow.training.engine import Engine
+from shardflow.training.evaluate import evaluate_export
+from storage import versions
+from storage.checkpoint import verify_export
+from storage.dataset import Dataset, segment_checksum
+from storage.plan import topology_dict
+from tasks.retrain import artifact_key
+
+# Keys that change nothing a version computes: a version cut off part-way is resumed
+# under any of their values, and made again when any other key changed.
+NOT_FINGERPRINTED = ("run_dir", "scheduler_address", "cluster_class", "cluster_kwargs", "max_restarts",
+                     "restart_timeout_s", "promotion_margin", "keep_versions")
+
+
+def version_paths(path: str | Path) -> dict[str, str]:
+    path = Path(path)
+    return {"version": str(path), **{k: str(path / k) for k in ("profile", "plan", "model")}}
+
+
+def fingerprint(config: RetrainConfig) -> dict:
+    values = {k: v for k, v in config.model_dump(mode="json").items() if k not in NOT_FINGERPRINTED}
+    values["topology"] = topology_dict(load_topology(config.topology))
+    return values
+
+
+@task(name="open-version", task_run_name="open-version", cache_policy=NONE)
+def open_version(config: RetrainConfig, dataset: str) -> dict:
+    """What this run does: {"train": False} when the dataset holds nothing the versions have not seen,
+    else the version to make (a new one, or one cut off part-way, resumed or made again).
+
+    A trained version's training window starts after the parts its warm-start source saw
+    (config.train_window widens it); its held-out items are those of the new parts.
+    """
+    log, run = get_run_logger(), config.run_dir
+    ds = Dataset.open(dataset)
+    segments = [segment_checksum(s) for s in ds.segments]
+    made = versions.numbers(run)
+    last = made[-1] if made else None
+    finished = versions.result(run, last) if last else None
+    if finished is not None and finished["promoted"] and versions.current(run) != last:
+        versions.promote(run, last)  # a run cut off between the version's result and its promotion
+        log.warning("version %d was accepted but its promotion was cut off; promoted now", last)
+    promoted = versions.current(run)
+    if finished is not None and versions.started(run, last)["segments"] == segments:
+        log.info("no new data since version %d: nothing to train", last)
+        return {"train": False, "number": promoted, "parts": len(segments)}
+    mark = fingerprint(config)
+    if last is not None and finished is None:
+        began = versions.started(run, last)
+        if (began["segments"], began["config"]) == (segments, mark):
+            log.info("resuming version %d, cut off part-way", last)
+            return {"train": True, "resumed": True, **began, "path": str(versions.version_dir(run, last))}
+        why = "new data arrived" if began["segments"] != segments else "the configuration changed"
+        log.warning("version %d was cut off part-way and %s: making it again", last, why)
+        number = last
+    else:
+        number = (last or 0) + 1
+    seen = len(versions.started(run, promoted)["segments"]) if promoted else 0
+    window = config.train_window
+    train_from = {"new": seen, "all": 0}.get(window) if isinstance(window, str) else max(0, len(segments) - window)
+    record = {
+        "dataset": str(Path(dataset).resolve()),
+        "segments": segments,
+        "parts": [p["name"] for p in ds.info.source.get("parts", [])] if isinstance(ds.info.source, dict) else [],
+        "warm_start_from": promoted,
+        "window": [train_from, seen],
+        "config": mark,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    path = versions.start(run, number, record)
+    log.info("version %d: %s, training on parts %d..%d", number,
+             f"warm start from version {promoted}" if promoted else "cold start", train_from + 1, len(segments))
+    return {"train": True, "resumed": False, "version": number, **record, "path": str(path)}
+
+
+@task(name="warm-start", task_run_name="warm-start-from-{number}", cache_policy=NONE)
+def warm_start(engine: Engine, model: str, number: int) -> dict:
+    """Load the promoted version's exported model into fresh shards: {"model"}, or {"lost"}."""
+    manifest = verify_export(model)
+    try:
+        engine.warm_start(model, manifest)
+    except WorkerLost as e:
+        get_run_logger().warning("warm start stopped: %s", e)
+        return {"lost": str(e)}
+    get_run_logger().info("warm start from version %d (%s)", number, model)
+    return {"model": model}
+
+
+@task(name="promote", task_run_name="promote-version-{number}", cache_policy=NONE)
+def gate(config: RetrainConfig, dataset: str, number: int, summary: dict) -> dict:
+    """Evaluate the promoted version on the new version's held-out items; promote the new one unless worse.
+
+    The new version is promoted when its AUC is at least the promoted one's minus
+    promotion_margin. Its result.json is written first, then `current` switched; a
+    rejection leaves `current` as it was and emits `shardflow.model.rejected`. Then
+    old versions' checkpoints are pruned (keep_versions; the promoted one never).
+    """
+    log, run = get_run_logger(), config.run_dir
+    began = versions.started(run, number)
+    source = began["warm_start_from"]
+    previous = None
+    if source is not None:
+        model = str(versions.version_dir(run, source) / "model")
+        previous = evaluate_export(model, dataset, config.eval_users, config.seed, began["window"][1])
+    floor = None if previous is None else previous["auc"] - config.promotion_margin
+    promoted = floor is None or summary["auc"] >= floor
+    summary = {**summary, "previous_auc": None if previous is None else previous["auc"],
+               "previous_hr_at_10": None if previous is None else previous["hr_at_10"], "promoted": promoted,
+               "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    versions.finish(run, number, summary)
+    if promoted:
+        versions.promote(run, number)
+        log.info("version %d promoted (AUC %.4f%s)", number, summary["auc"],
+                 "" if previous is None else f" against {previous['auc']:.4f} of version {source}")
+    else:
+        message = (f"version {number} not promoted: AUC {summary['auc']:.4f} is below version {source}'s "
+                   f"{previous['auc']:.4f} by more than promotion_margin {config.promotion_margin}; "
+                   f"version {source} stays current")
+        log.warning(message)
+        _emit_rejected(run, number, source, summary, previous, message)
+    gone = versions.prune_checkpoints(run, config.keep_versions)
+    if gone:
+        log.info("removed the checkpoints of versions %s (keep_versions %d)", gone, config.keep_versions)
+    return {**summary, "current": versions.current(run), "message": None if promoted else message}
+
+
+def _emit_rejected(run: str, number: int, source: int, summary: dict, previous: dict, message: str) -> None:
+    from prefect.events import emit_event
+
+    emit_event(
+        event="shardflow.model.rejected",
+        resource={"prefect.resource.id": f"shardflow.run-dir.{artifact_key('versions', run)}",
+                  "prefect.resource.name": str(Path(run).resolve())},
+        payload={"version": number, "current": source, "auc": summary["auc"], "previous_auc": previous["auc"],
+                 "message": message},
+    )
+
+
+def publish_versions(run: str) -> list[dict]:
+    """The versions table artifact of a run_dir: one row per version, the history the UI keeps."""
+    rows = []
+    for n in versions.numbers(run):
+        began, r = versions.started(run, n), versions.result(run, n)
+        rows.append({
+            "version": n,
+            "started": began["started"],
+            "parts": len(began["segments"]),
+            "warm_start_from": began["warm_start_from"],
+            "auc": None if r is None else round(r["auc"], 4),
+            "hr_at_10": None if r is None else round(r["hr_at_10"], 4),
+            "previous_auc": None if r is None or r["previous_auc"] is None else round(r["previous_auc"], 4),
+            "promoted": None if r is None else r["promoted"],
+            "replanned": None if r is None else r["replanned"],
+            "note": "unfinished" if r is None else ("current" if n == versions.current(run) else ""),
+        })
+    create_table_artifact(rows, key=artifact_key("versions", run),
+                          description=f"Model versions of {run}: data, metrics, promotion, re-planning")
+    return rows
