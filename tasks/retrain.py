@@ -71,6 +71,26 @@ def check_run(config: RetrainConfig) -> None:
         raise InputError(f"run_dir {config.run_dir}: {root} holds {', '.join(foreign[:5])}, not model versions; "
                          "accepted: a versions directory shardflow made (NNNN subdirectories only), or a new run_dir")
     check_dataset(config)
+    check_model_shape(config)
+
+
+# What a warm start cannot carry across: the promoted model's shape and optimiser slots.
+WARM_START_KEYS = ("dim", "mlp", "history", "negatives", "dense_optimizer")
+
+
+def check_model_shape(config: RetrainConfig) -> None:
+    """Refuse a model the promoted version cannot warm-start (another dimension, MLP, ...) before any write."""
+    promoted = versions.current(config.run_dir)
+    if promoted is None:
+        return
+    theirs, mine = versions.started(config.run_dir, promoted)["config"], config.model_dump(mode="json")
+    differ = [k for k in WARM_START_KEYS if theirs.get(k) != mine[k]]
+    if differ:
+        raise InputError(
+            f"run_dir {config.run_dir}: its current model version {promoted} has "
+            f"{', '.join(f'{k} = {theirs.get(k)!r}' for k in differ)}, this run {', '.join(f'{k} = {mine[k]!r}' for k in differ)}; "
+            "a new version warm-starts from the current one. Accepted: the same values, or a new run_dir (a cold start)"
+        )
 
 
 def check_dataset(config: RetrainConfig) -> None:

@@ -22,12 +22,17 @@ from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
 from shardflow.synthetic import SynthTable
 from shardflow.training.batches import TrainData
+from storage import versions
 from storage.checkpoint import checkpoint_dir, complete_checkpoints, verify_export
 from storage.lock import run_lock
 from storage.manifest import MANIFEST
 from support import snapshot
 
 ROWS = 1_000_000
+
+
+def first_version(run: Path) -> Path:
+    return versions.version_dir(run, 1)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +59,7 @@ def whole(prefect_api, client, big):
     """The uninterrupted run every faulty one must end up equal to."""
     summary = retrain(config(big, "whole", client))
     assert summary["restarts"] == 0 and summary["resumed_from"] is None and summary["downloads"] == 1
-    return exported(big / "whole" / "model")
+    return exported(first_version(big / "whole") / "model")
 
 
 def test_a_worker_killed_mid_epoch_is_restored_from_the_last_checkpoint(prefect_api, client, big, whole):
@@ -86,8 +91,8 @@ def test_a_worker_killed_mid_epoch_is_restored_from_the_last_checkpoint(prefect_
     assert {state for name, state in task_run_states(state.state_details.flow_run_id)} == {"COMPLETED"}
     assert len(summary["warnings"]) == 1 and summary["warnings"][0].startswith("restart 1: ")
     assert names.count("download") == 1
-    assert exported(big / "worker-killed" / "model") == whole
-    assert [p.name for _, p in complete_checkpoints(big / "worker-killed")] == ["epoch-000001", "epoch-000002"]
+    assert exported(summary["model"]) == whole
+    assert [p.name for _, p in complete_checkpoints(first_version(big / "worker-killed"))] == ["epoch-000001", "epoch-000002"]
     client.wait_for_workers(4, timeout=60)
     assert live_actors(client) == 0
 
@@ -114,74 +119,76 @@ def test_losing_workers_more_than_max_restarts_fails_and_keeps_the_checkpoints(p
     with pytest.raises(Exception, match=r"lost a worker 2 times .*max_restarts = 1 reached"):
         state.result()
     client.wait_for_workers(4, timeout=60)
-    assert not (big / "keeps-dying" / "model").exists()
+    assert not (first_version(big / "keeps-dying") / "model").exists() and not (big / "keeps-dying" / "current").exists()
 
 
 def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_one_before(prefect_api, client, big, whole):
     run = big / "cut-checkpoint"
+    version = first_version(run)
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
-    second = checkpoint_dir(run, 2)
+    second = checkpoint_dir(version, 2)
 
     def writing_second_checkpoint() -> bool:
         stages = list(second.parent.glob(f".{second.name}.staging-*/shards/*/item"))
         return bool(stages) and not second.exists()
 
     run_until_killed(values(big, "cut-checkpoint", client), env, writing_second_checkpoint, big / "cut-checkpoint-log")
-    assert [p.name for _, p in complete_checkpoints(run)] == ["epoch-000001"]
-    assert not second.exists() and not (run / "model").exists()
+    assert [p.name for _, p in complete_checkpoints(version)] == ["epoch-000001"]
+    assert not second.exists() and not (version / "model").exists() and not (run / "current").exists()
     assert (run / "run.lock").is_file()  # the killed run's lock, released by the kernel
 
     state = retrain(config(big, "cut-checkpoint", client), return_state=True)
     summary = state.result()
-    assert summary["resumed_from"] == str(checkpoint_dir(run, 1)) and summary["skipped_checkpoints"] == []
+    assert summary["resumed_from"] == str(checkpoint_dir(version, 1)) and summary["skipped_checkpoints"] == []
     names = task_runs(state.state_details.flow_run_id)
     assert "train-epoch-1" not in names and names.count("train-epoch-2") == 1
-    assert exported(run / "model") == whole
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch-000001", "epoch-000002"]
+    assert summary["version"] == 1 and summary["promoted"] and exported(version / "model") == whole
+    assert sorted(p.name for p in (version / "checkpoints").iterdir()) == ["epoch-000001", "epoch-000002"]
 
 
-def test_a_run_killed_during_the_download_keeps_the_old_export_and_a_rerun_completes_it(
-    prefect_api, client, big, whole
-):
+def test_a_run_killed_during_the_download_leaves_no_model_and_a_rerun_completes_it(prefect_api, client, big, whole):
     run = big / "cut-download"
-    retrain(config(big, "cut-download", client))
-    before = snapshot(run / "model")
+    version = first_version(run)
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
 
     def exporting() -> bool:
-        return bool(list(run.glob(".model.staging-*/tables/item/c")))
+        return bool(list(version.glob(".model.staging-*/tables/item/c")))
 
     run_until_killed(values(big, "cut-download", client), env, exporting, big / "cut-download-log")
-    partial = next(run.glob(".model.staging-*"))
+    partial = next(version.glob(".model.staging-*"))
     with pytest.raises(InputError, match="incomplete"):
         verify_export(partial)
-    assert snapshot(run / "model") == before  # the complete export is untouched
+    assert not (version / "model").exists() and not (run / "current").exists()  # nothing half-promoted
 
     state = retrain(config(big, "cut-download", client), return_state=True)
     names = task_runs(state.state_details.flow_run_id)
     assert not any(n.startswith("train-epoch") for n in names) and names.count("download") == 1
-    assert exported(run / "model") == whole
-    assert not list(run.glob(".model.*"))  # the partial export was removed
+    assert exported(version / "model") == whole and state.result()["current"] == 1
+    assert not list(version.glob(".model.*"))  # the partial export was removed
 
 
 def test_truncated_and_deleted_chunks_are_found_and_the_resume_falls_back(prefect_api, client, big, whole):
     run = big / "damaged"
-    shutil.copytree(big / "whole", run, ignore=shutil.ignore_patterns("run.lock"))
-    chunk = next(p for p in sorted((checkpoint_dir(run, 2) / "shards").rglob("item/weights/c/*/*")) if p.stat().st_size)
+    shutil.copytree(big / "whole", run, ignore=shutil.ignore_patterns("run.lock"), symlinks=True)
+    version = first_version(run)
+    chunk = next(p for p in sorted((checkpoint_dir(version, 2) / "shards").rglob("item/weights/c/*/*")) if p.stat().st_size)
     chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 2])
-    gone = sorted((run / "model" / "tables" / "item" / "c").rglob("*"))[-1]
+    gone = sorted((version / "model" / "tables" / "item" / "c").rglob("*"))[-1]
     gone.unlink()
     with pytest.raises(InputError, match=r"tables/item/\d+: rows \d+\.\. do not match their checksum"):
-        verify_export(run / "model")
+        verify_export(version / "model")
+    # As a kill before the version's result leaves it: unfinished, nothing promoted.
+    (version / "result.json").unlink()
+    (run / "current").unlink()
 
     state = retrain(config(big, "damaged", client), return_state=True)
     summary = state.result()
-    assert summary["resumed_from"] == str(checkpoint_dir(run, 1))
+    assert summary["resumed_from"] == str(checkpoint_dir(version, 1))
     [skipped] = summary["skipped_checkpoints"]
-    assert skipped["checkpoint"] == str(checkpoint_dir(run, 2)) and "weights" in skipped["reason"]
-    assert exported(run / "model") == whole
-    verify_export(run / "model")
-    assert [p.name for _, p in complete_checkpoints(run)] == ["epoch-000001", "epoch-000002"]
+    assert skipped["checkpoint"] == str(checkpoint_dir(version, 2)) and "weights" in skipped["reason"]
+    assert exported(version / "model") == whole
+    verify_export(version / "model")
+    assert [p.name for _, p in complete_checkpoints(version)] == ["epoch-000001", "epoch-000002"]
 
 
 def test_a_second_run_on_the_same_run_dir_is_refused_and_a_dead_holder_leaves_no_lock(
@@ -214,11 +221,13 @@ def test_a_second_run_on_the_same_run_dir_is_refused_and_a_dead_holder_leaves_no
     assert not (tmp_path / MANIFEST).exists()
 
 
-def test_a_run_with_another_dimension_on_a_run_dir_with_checkpoints_is_refused(prefect_api, client, big, whole):
+def test_a_run_with_another_dimension_on_a_run_dir_with_a_model_is_refused_before_writing(
+    prefect_api, client, big, whole
+):
     run = big / "whole"
     before = snapshot(run)
     state = retrain(config(big, "whole", client, dim=16), return_state=True)
     assert state.is_failed()
-    with pytest.raises(InputError, match=r"has checkpoints of a run planned differently .*accepted: the same strategy"):
+    with pytest.raises(InputError, match=r"current model version 1 has dim = 8, this run dim = 16; .*Accepted: the same"):
         state.result()
     assert snapshot(run) == before

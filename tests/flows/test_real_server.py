@@ -93,15 +93,15 @@ def test_a_run_on_a_real_server_leaves_its_artifacts_there(server, tmp_path):
     out, err = run.communicate()
     assert run.returncode == 0, err[-3000:]
     summary = json.loads(out)
-    assert summary["downloads"] == 1 and summary["epochs"] == 3 and summary["model"] == str(tmp_path / "run" / "model")
+    assert summary["downloads"] == 1 and summary["epochs"] == 3 and summary["model"] == str(tmp_path / "run" / "versions" / "0001" / "model")
     assert len(progress) > 2, progress
     back = subprocess.run([sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120)
     assert back.returncode == 0, back.stderr[-3000:]
     seen = json.loads(back.stdout)
     assert [f"run-{datetime.now(timezone.utc):%Y-%m-%d}-flexshard", "COMPLETED"] in seen["runs"]
-    kinds = ("profile", "plan-comparison", "training-progress", "retrain-summary", "epoch-metrics")
+    kinds = ("profile", "plan-comparison", "training-progress", "retrain-summary", "epoch-metrics", "versions")
     assert {artifact_key(k, tmp_path / "run") for k in kinds} <= set(seen["artifacts"])
-    for kind in ("profile", "plan-comparison", "epoch-metrics"):  # the UI takes a table's columns from its first row
+    for kind in ("profile", "plan-comparison", "epoch-metrics", "versions"):  # the UI takes a table's columns from its first row
         rows = json.loads(artifacts(server, artifact_key(kind, tmp_path / "run"))[-1]["data"])
         assert len({tuple(r) for r in rows}) == 1, (kind, rows)
     assert [r["epoch"] for r in json.loads(artifacts(server, artifact_key("epoch-metrics", tmp_path / "run"))[-1]["data"])] == [1, 2, 3]
@@ -139,7 +139,7 @@ def test_a_run_outlives_an_outage_of_the_prefect_api(server, tmp_path):
     run_config(tmp_path, batch_size=64, epochs=4)
     run = subprocess.Popen([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml"), "--json"],
                            env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = tmp_path / "run" / "checkpoints" / "epoch-000001" / "manifest.json"
+    first = tmp_path / "run" / "versions" / "0001" / "checkpoints" / "epoch-000001" / "manifest.json"
     deadline = time.monotonic() + 300
     while not first.exists():
         assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()[-3000:] if run.poll() else "slow"

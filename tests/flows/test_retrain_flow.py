@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -137,17 +138,27 @@ def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, cl
         assert len(ET.parse(p).findall("{http://www.w3.org/2000/svg}polyline")) + len(
             ET.parse(p).findall("{http://www.w3.org/2000/svg}rect")) > 2
 
-    again = retrain(config(base, "whole", client))  # nothing left to train: the last measured traffic, not 0
-    assert again["epoch_loss"] == [] and again["bytes_per_step"] == whole["bytes_per_step"]
+    again_state = retrain(config(base, "whole", client), return_state=True)  # no new data: nothing to train
+    again = again_state.result()
+    assert again["trained"] is False and again["current"] == 1 and again["epoch_loss"] == []
+    assert again["bytes_per_step"] == whole["bytes_per_step"]  # the last measured traffic, not 0
+    assert not {"train-epoch-1", "download", "profile"} & set(task_runs(again_state.state_details.flow_run_id))
 
-    first = retrain(config(base, "cut", client, epochs=1))
-    assert len(first["checkpoints"]) == 1
+    # What a kill right after the first checkpoint leaves (test_faults kills runs for real):
+    # the version's record, profile, plan and checkpoint 1; no result, no export, nothing promoted.
+    full = retrain(config(base, "cut", client))
+    version = Path(full["model"]).parent
+    for gone in (version / "checkpoints" / "epoch-000002", version / "model", version / "plots"):
+        shutil.rmtree(gone)
+    (version / "result.json").unlink()
+    (base / "cut" / "current").unlink()
     second_state = retrain(config(base, "cut", client), return_state=True)
     second = second_state.result()
     names = task_runs(second_state.state_details.flow_run_id)
     assert "train-epoch-1" not in names and "train-epoch-2" in names and names.count("download") == 1
-    assert second["checkpoints"][-1].endswith("epoch-000002")
-    assert exported(base / "cut" / "model") == exported(base / "whole" / "model")
+    assert second["version"] == 1 and second["resumed_from"].endswith("epoch-000001")
+    assert second["checkpoints"][-1].endswith("epoch-000002") and second["promoted"] and second["current"] == 1
+    assert exported(second["model"]) == exported(whole["model"])
 
 
 def test_a_failing_run_releases_its_parameter_servers(prefect_api, client, base):
@@ -156,7 +167,7 @@ def test_a_failing_run_releases_its_parameter_servers(prefect_api, client, base)
     with pytest.raises(Exception, match="non-finite|the loss is"):
         state.result()
     assert live_actors(client) == 0
-    assert not (base / "fails" / "model").exists()
+    assert not (base / "fails" / "versions" / "0001" / "model").exists() and not (base / "fails" / "current").exists()
 
 
 def test_bad_configuration_is_refused_before_anything_starts(base, tmp_path):
@@ -172,5 +183,5 @@ def test_the_estimation_flow_puts_every_table_on_one_server(prefect_api, client,
 
     s = estimate(config(base, "estimated", client, epochs=1))
     assert s["epochs"] == 1 and s["examples_per_s"] > 0 and s["bytes_per_step"] > 0 and len(s["epoch_loss"]) == 1
-    assert not (base / "estimated" / "checkpoints").exists() and not (base / "estimated" / "model").exists()
+    assert not (base / "estimated" / "versions").exists()
     assert live_actors(client) == 0

@@ -1,53 +1,66 @@
-"""Soak: many short epochs, each a whole run that resumes from the last checkpoint, checkpoints and
-downloads; memory stays flat, no file descriptor, thread or file on disk is left behind.
+"""Soak: many nights, each a whole run that imports a new day, makes a warm-started model version,
+checkpoints, downloads and gates it; memory stays flat, no file descriptor, thread or file on
+disk is left behind, and only the newest versions keep their checkpoints.
 
-Bounded: CYCLES runs of one epoch each (about 3 s per run on 2 cores).
+Bounded: CYCLES runs of one epoch each (a few seconds per run on 2 cores).
 """
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
+import numpy as np
 import psutil
 from flows.retrain import retrain
 from runs import SMALL, TOPOLOGY, live_actors
 from shardflow.config import RetrainConfig
-from shardflow.synthetic import SynthTable
+from storage import versions
 from storage.checkpoint import verify_export
-from storage.synth import synth_dataset
 
 CYCLES = 12
 WARM = 3  # runs before the baseline: imports, caches and the first allocations settle
 RSS_GROWTH_MB = 20  # allowed growth of the flow process over the last CYCLES - WARM runs (measured: 9)
 WORKER_GROWTH_MB = 20
+KEEP = 3  # keep_versions
 
 
 def worker_rss(client) -> dict[str, float]:
     return client.run(lambda: __import__("psutil").Process().memory_info().rss / 2**20)
 
 
-def test_many_resumed_runs_keep_memory_flat_and_leak_nothing(prefect_api, client, tmp_path):
-    synth_dataset(tmp_path / "ds", [SynthTable("item", 400, 1.1)], interactions=4000, seed=8, mean_length=10)
+def write_day(path: Path, day: int) -> None:
+    """One day's sasrec log: 300 users (a third of them new each day), 10 events each, Zipf-read items."""
+    rng = np.random.default_rng(day)
+    users = np.repeat(rng.integers(0, 200 + 100 * day, 300), 10)
+    items = np.minimum(rng.zipf(1.3, users.size), 400)
+    np.savetxt(path, np.stack([np.sort(users, kind="stable"), items], axis=1), fmt="%d")
+
+
+def test_many_nightly_runs_keep_memory_flat_and_leak_nothing(prefect_api, client, tmp_path):
     (tmp_path / "topo.yaml").write_text(TOPOLOGY)
-    run = tmp_path / "run"
+    parts, run = tmp_path / "parts", tmp_path / "run"
+    parts.mkdir()
     me = psutil.Process()
     seen = []
     for cycle in range(1, CYCLES + 1):
+        write_day(parts / f"day-{cycle:02d}.txt", cycle)
         summary = retrain(RetrainConfig.build({
-            **SMALL, "dataset": str(tmp_path / "ds"), "run_dir": str(run), "topology": str(tmp_path / "topo.yaml"),
-            "scheduler_address": client.scheduler.address, "epochs": cycle, "eval_users": 50,
+            **SMALL, "dataset": str(parts), "run_dir": str(run), "topology": str(tmp_path / "topo.yaml"),
+            "scheduler_address": client.scheduler.address, "epochs": 1, "eval_users": 50, "keep_versions": KEEP,
         }))
-        assert summary["epochs"] == cycle and len(summary["epoch_loss"]) == 1 and summary["downloads"] == 1
-        assert summary["resumed_from"] == (str(run / "checkpoints" / f"epoch-{cycle - 1:06d}") if cycle > 1 else None)
-        verify_export(run / "model")
+        assert summary["version"] == cycle and summary["parts_added"] == [f"day-{cycle:02d}.txt"]
+        assert summary["downloads"] == 1 and len(summary["epoch_loss"]) == 1
+        verify_export(run / "current" / "model")
         files = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
         seen.append({"rss": me.memory_info().rss / 2**20, "fds": me.num_fds(), "threads": threading.active_count(),
-                     "workers": worker_rss(client), "files": files, "actors": live_actors(client)})
+                     "workers": worker_rss(client), "files": files, "actors": live_actors(client),
+                     "current": versions.current(run)})
 
-    checkpoint_files = [len([f for f in s["files"] if f.startswith("checkpoints/")]) for s in seen]
-    assert checkpoint_files == [checkpoint_files[0] * (i + 1) for i in range(CYCLES)]  # one more checkpoint per run
-    rest = [sorted(f for f in s["files"] if not f.startswith("checkpoints/") and not f.startswith("plots/")) for s in seen]
-    assert all(r == rest[0] for r in rest), "files other than the new checkpoint appeared or vanished"
+    for s in seen:  # retention: checkpoints of the newest KEEP versions and of the current one, no more
+        kept = {int(f.split("/")[1]) for f in s["files"] if "/checkpoints/" in f}
+        newest = max(int(f.split("/")[1]) for f in s["files"] if f.startswith("versions/"))
+        assert kept == set(range(max(1, newest - KEEP + 1), newest + 1)) | {s["current"]}, (kept, s["current"])
     assert not [f for f in seen[-1]["files"] if ".staging-" in f or ".replaced-" in f]
     base, last = seen[WARM - 1], seen[-1]
     assert last["rss"] - base["rss"] < RSS_GROWTH_MB, [round(s["rss"]) for s in seen]

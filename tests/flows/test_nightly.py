@@ -1,0 +1,142 @@
+"""Scheduled retraining night after night: versions, warm starts, drift-aware plans, the promotion gate.
+
+The bundled amazon-video log is split into daily parts (each user's events cut in time
+order, some users arriving only later); each night copies one more part into the
+dataset directory and runs the flow, as a nightly deployment run would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+
+from flows.retrain import retrain
+from runs import task_runs
+from shardflow.config import RetrainConfig
+from shardflow.training.evaluate import evaluate_export
+from storage import versions
+from storage.dataset import Dataset
+from support import REAL, daily_parts
+from tasks.retrain import artifact_key
+
+TWO = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n"
+       "  - {name: b, devices: 1, uplink_gbytes_per_s: 5}\n")
+THREE = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
+         "  - {name: b, devices: 1, uplink_gbytes_per_s: 5}\n")
+NIGHT = dict(epochs=1, batch_size=1024, dim=16, eval_users=None)
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nightly")
+    parts = daily_parts(REAL["sasrec"], root / "days", (0.8, 0.1, 0.1), late_users=0.1, seed=0)
+    (root / "two.yaml").write_text(TWO)
+    (root / "three.yaml").write_text(THREE)
+    return root, parts
+
+
+def night(root: Path, client, parts: Path, run: str, topology: str, **kw) -> tuple[dict, list[str]]:
+    config = RetrainConfig.build({"dataset": str(parts), "run_dir": str(root / run), "topology": str(root / topology),
+                                  "scheduler_address": client.scheduler.address, **NIGHT, **kw})
+    state = retrain(config, return_state=True)
+    return state.result(), task_runs(state.state_details.flow_run_id)
+
+
+def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect_api, client, days):
+    root, daily = days
+    parts = root / "parts"
+    parts.mkdir()
+    shutil.copy(daily[0], parts)
+    first, _ = night(root, client, parts, "run", "two.yaml")
+    assert (first["version"], first["warm_start_from"], first["parts_added"]) == (1, None, ["day-01.txt"])
+    assert first["trained"] and first["promoted"] and first["current"] == 1 and first["previous_auc"] is None
+    assert first["replanned"] and first["previous_plan_comm_time_us_per_step"] is None
+
+    shutil.copy(daily[1], parts)
+    second, names = night(root, client, parts, "run", "two.yaml")
+    assert (second["version"], second["warm_start_from"], second["parts_added"]) == (2, 1, ["day-02.txt"])
+    assert "warm-start-from-1" in names and names.count("download") == 1
+    # Drift-aware: the decision follows the two predicted times and the 5% margin.
+    fresh, kept = second["fresh_plan_comm_time_us_per_step"], second["previous_plan_comm_time_us_per_step"]
+    assert second["replanned"] == (fresh < kept * 0.95)
+    assert second["previous_auc"] is not None and second["promoted"] == (second["auc"] >= second["previous_auc"] - 0.002)
+    dataset = Dataset.open(root / "run" / "dataset")
+    assert dataset.info.version == 2 and len(dataset.segments) == 2  # only the new part was imported
+
+    shutil.copy(daily[2], parts)
+    third, names = night(root, client, parts, "run", "three.yaml")
+    source = second["current"]
+    assert (third["version"], third["warm_start_from"], third["parts_added"]) == (3, source, ["day-03.txt"])
+    assert f"warm-start-from-{source}" in names
+    assert third["replanned"] and "topology changed (2 devices → 3)" in third["replan_reason"]
+    assert third["window"] == [2, 2] and third["parts"] == 3
+
+    again, names = night(root, client, parts, "run", "three.yaml")
+    assert again["trained"] is False and again["current"] == versions.current(root / "run")
+    assert not {"train-epoch-1", "download", "profile", "shard"} & set(names)
+    assert versions.numbers(root / "run") == [1, 2, 3]
+
+    # A cold start on all three parts with one epoch, scored on the same held-out items.
+    everything = root / "everything"
+    everything.mkdir()
+    for p in daily:
+        shutil.copy(p, everything)
+    cold, _ = night(root, client, everything, "cold", "three.yaml")
+    assert cold["version"] == 1 and cold["warm_start_from"] is None
+    cold_auc = evaluate_export(cold["model"], root / "run" / "dataset", None, 0, eval_from=2)
+    assert cold_auc["users"] == third["eval_users"] > 1000
+    assert third["auc"] >= cold_auc["auc"] - 0.01, (third["auc"], cold_auc)
+
+    rows = artifact_rows_of_versions(root / "run")
+    assert [r["version"] for r in rows] == [1, 2, 3] and len({tuple(r) for r in rows}) == 1
+    assert [r["parts"] for r in rows] == [1, 2, 3] and rows[0]["promoted"] is True
+
+
+def artifact_rows_of_versions(run: Path) -> list[dict]:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async def read():
+        async with get_client() as c:
+            found = await c.read_artifacts(artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[artifact_key("versions", run)])))
+            return max(found, key=lambda a: a.created).data
+    data = asyncio.run(read())
+    return json.loads(data) if isinstance(data, str) else data
+
+
+def test_a_worse_version_is_not_promoted_and_an_event_says_so(prefect_api, client, days):
+    from prefect.events.filters import EventFilter, EventNameFilter
+
+    root, daily = days
+    parts = root / "gate-parts"
+    parts.mkdir()
+    shutil.copy(daily[0], parts)
+    first, _ = night(root, client, parts, "gate", "two.yaml")
+    model_before = sorted(p.name for p in Path(first["model"]).iterdir())
+    shutil.copy(daily[1], parts)
+    worse, _ = night(root, client, parts, "gate", "two.yaml", dense_lr=0.3, row_lr=2.0)  # wrecks the model
+    assert worse["version"] == 2 and worse["promoted"] is False and worse["current"] == 1
+    assert worse["auc"] < worse["previous_auc"] - 0.002
+    assert "version 2 not promoted" in worse["message"] and versions.current(root / "gate") == 1
+    assert sorted(p.name for p in Path(first["model"]).iterdir()) == model_before
+
+    deadline, events = time.monotonic() + 30, []
+    while not events and time.monotonic() < deadline:
+        async def read():
+            async with get_client() as c:
+                return (await c.read_events(EventFilter(event=EventNameFilter(name=["shardflow.model.rejected"])), limit=50)).events
+        events = [e for e in asyncio.run(read()) if e.payload.get("version") == 2
+                  and e.resource.get("prefect.resource.name") == str((root / "gate").resolve())]
+        time.sleep(0.5)
+    assert events and events[0].payload["current"] == 1 and events[0].payload["previous_auc"] == worse["previous_auc"]
+
+    # The next night warm-starts from the promoted version 1, not from the rejected 2.
+    shutil.copy(daily[2], parts)
+    third, _ = night(root, client, parts, "gate", "two.yaml")
+    assert third["version"] == 3 and third["warm_start_from"] == 1 and third["window"] == [1, 1]
