@@ -135,6 +135,8 @@ def test_a_worse_version_is_not_promoted_and_an_event_says_so(prefect_api, clien
                   and e.resource.get("prefect.resource.name") == str((root / "gate").resolve())]
         time.sleep(0.5)
     assert events and events[0].payload["current"] == 1 and events[0].payload["previous_auc"] == worse["previous_auc"]
+    # Emitted inside the flow run: an automation can match the run (or its deployment) it came from.
+    assert "flow-run" in {r.role for r in events[0].related}
 
     # The next night warm-starts from the promoted version 1, not from the rejected 2.
     shutil.copy(daily[2], parts)

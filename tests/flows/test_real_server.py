@@ -183,7 +183,7 @@ def test_the_alerts_file_creates_the_nightly_automations_with_a_notification_blo
     assert made.returncode == 0, made.stderr[-3000:]
     block_id = made.stdout.split()[-1]
     text = (ROOT / "automations.yaml").read_text()
-    assert text.count("block_document_id: REPLACE_WITH_NOTIFICATION_BLOCK_ID") == 3
+    assert text.count("block_document_id: REPLACE_WITH_NOTIFICATION_BLOCK_ID") == 4
     (tmp_path / "a.yaml").write_text(text.replace("REPLACE_WITH_NOTIFICATION_BLOCK_ID", block_id))
     created = subprocess.run([str(BIN / "prefect"), "automation", "create", "--from-file", str(tmp_path / "a.yaml")],
                              env=server.env, capture_output=True, text=True, timeout=120)
@@ -193,7 +193,8 @@ def test_the_alerts_file_creates_the_nightly_automations_with_a_notification_blo
     found = {a["name"]: a for a in json.loads(back.stdout)}
     assert {name: a["expect"] for name, a in found.items()} == {
         "nightly-retrain failed": ["prefect.flow-run.Failed"], "nightly-retrain crashed": ["prefect.flow-run.Crashed"],
-        "nightly-retrain late": ["prefect.flow-run.Late"]}
+        "nightly-retrain late": ["prefect.flow-run.Late"],
+        "nightly-retrain model rejected": ["shardflow.model.rejected"]}
     for a in found.values():
         assert a["match"] == {"prefect.resource.role": "deployment", "prefect.resource.name": "nightly-retrain"}
         assert (a["type"], a["block"]) == ("send-notification", block_id)
