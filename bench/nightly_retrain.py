@@ -28,9 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import shardflow  # noqa: F401  (imported before tests/ joins the path: tests/shardflow would shadow it)
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from support import REAL, daily_parts  # noqa: E402  (the tests' splitter of the bundled log)
+sys.path.append(str(ROOT / "tests"))
+from support import REAL, split_into_days  # noqa: E402  (the tests' splitter of the bundled log)
 
 SHARDFLOW = str(Path(sys.executable).parent / "shardflow")
 
@@ -54,7 +56,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="shardflow-nightly-") as tmp:
         work = Path(tmp)
-        days = daily_parts(REAL["sasrec"], work / "days", (1 - args.new_share, args.new_share), late_users=0.0)
+        days = split_into_days(REAL["sasrec"], work / "days", (1 - args.new_share, args.new_share), late_users=0.0)
         events = [sum(1 for _ in open(d)) for d in days]
         print(f"amazon-video split: {events[0]:,} events, then a new part of {events[1]:,} "
               f"({events[1] / sum(events):.1%}); epochs {args.epochs}")

@@ -16,6 +16,7 @@ from prefect.cache_policies import NONE
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError, WorkerLost
 from shardflow.planner.topology import load_topology
+from shardflow.training.batches import window_start
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import evaluate_export
 from storage import versions
@@ -75,7 +76,11 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
         number = (last or 0) + 1
     seen = len(versions.started(run, promoted)["segments"]) if promoted else 0
     window = config.train_window
-    train_from = {"new": seen, "all": 0}.get(window) if isinstance(window, str) else max(0, len(segments) - window)
+    wanted = {"new": seen, "all": 0}.get(window) if isinstance(window, str) else max(0, len(segments) - window)
+    train_from = window_start(ds, wanted, config.batch_size)
+    if train_from < wanted:
+        log.info("the window from part %d holds less than one batch of %d examples: widened to part %d",
+                 wanted + 1, config.batch_size, train_from + 1)
     record = {
         "dataset": str(Path(dataset).resolve()),
         "segments": segments,

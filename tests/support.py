@@ -69,31 +69,6 @@ def random_plan(data, devices: int, seed: int) -> ShardingPlan:
     )
 
 
-def split_into_days(src: Path, dest: Path, days: int = 3, seed: int = 0) -> list[Path]:
-    """Cut a sasrec log into daily parts: each user's events in time order, cut at random points.
-
-    A user's first day is drawn at random too, so some users arrive only in later parts.
-    Every part is a sasrec file of its own (users grouped, in the source's order).
-    """
-    rng = np.random.default_rng(seed)
-    by_user: dict[str, list[str]] = {}
-    for line in Path(src).read_text().splitlines():
-        user, item = line.split()
-        by_user.setdefault(user, []).append(item)
-    lines: list[list[str]] = [[] for _ in range(days)]
-    for user, items in by_user.items():
-        first = int(rng.integers(0, days))
-        cuts = np.sort(rng.integers(0, len(items) + 1, days - first - 1))
-        for day, chunk in zip(range(first, days), np.split(np.array(items), cuts)):
-            lines[day] += [f"{user} {item}" for item in chunk]
-    dest.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for day, text in enumerate(lines, start=1):
-        paths.append(dest / f"day-{day}.txt")
-        paths[-1].write_text("\n".join(text) + "\n")
-    return paths
-
-
 def sequences_by_raw_user(ds, table: str = "item") -> dict:
     """raw user id -> the raw ids of the user's events in `table`, read back from a dataset store."""
     off = ds.offsets()
@@ -104,12 +79,14 @@ def sequences_by_raw_user(ds, table: str = "item") -> dict:
     return {users[u]: [raw_of_row[i] for i in ids[off[u] : off[u + 1]]] for u in range(ds.info.users)}
 
 
-def daily_parts(src: Path, out: Path, shares: tuple[float, ...], late_users: float = 0.1, seed: int = 0) -> list[Path]:
-    """Split a sasrec log (`user item` lines, each user's in time order) into daily parts day-01.txt, ...
+def split_into_days(src: Path, out: Path, shares: tuple[float, ...] = (1, 1, 1), late_users: float = 1 / 3,
+                    seed: int = 0) -> list[Path]:
+    """Split a sasrec log (`user item` lines, each user's in time order) into daily parts day-1.txt, ...
 
     Each user's events are cut in time order: part d gets the events between the
-    cumulative shares d-1 and d of the user's sequence. A seeded `late_users` fraction of
-    users arrives only later: their whole sequence lands in one of the later parts.
+    cumulative shares d-1 and d of the user's sequence (cut points rounded up or down at
+    random, so the parts hold about `shares` of all events). A seeded `late_users`
+    fraction of users arrives only later: their whole sequence lands in one later part.
     """
     pairs = np.loadtxt(src, dtype=np.int64, ndmin=2)
     users, items = pairs[:, 0], pairs[:, 1]
@@ -118,16 +95,17 @@ def daily_parts(src: Path, out: Path, shares: tuple[float, ...], late_users: flo
     starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
     lengths = np.diff(np.r_[starts, users.size])
     rank = np.arange(users.size) - np.repeat(starts, lengths)
-    fraction = rank / np.repeat(lengths, lengths)
-    day = np.searchsorted(np.cumsum(shares) / sum(shares), fraction, side="right")
     rng = np.random.default_rng(seed)
+    cuts = np.cumsum(shares)[:-1] / sum(shares)
+    bounds = np.floor(lengths[:, None] * cuts[None, :] + rng.random(starts.size)[:, None]).astype(np.int64)
+    day = (rank[:, None] >= np.repeat(bounds, lengths, axis=0)).sum(axis=1)
     late = rng.random(starts.size) < late_users
-    arrival = rng.integers(1, len(shares), starts.size)
-    day = np.where(np.repeat(late, lengths), np.repeat(arrival, lengths), np.minimum(day, len(shares) - 1))
+    arrival = rng.integers(1, len(shares), starts.size) if len(shares) > 1 else np.zeros(starts.size, np.int64)
+    day = np.where(np.repeat(late, lengths), np.repeat(arrival, lengths), day)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for d in range(len(shares)):
-        path = out / f"day-{d + 1:02d}.txt"
+        path = out / f"day-{d + 1}.txt"
         keep = day == d
         np.savetxt(path, np.stack([users[keep], items[keep]], axis=1), fmt="%d")
         paths.append(path)

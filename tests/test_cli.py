@@ -34,7 +34,7 @@ def test_import_and_profile_print_one_json_object(tmp_path):
 
 
 def test_import_of_parts_then_append_prints_what_it_added(tmp_path):
-    days = split_into_days(REAL["sasrec"], tmp_path / "all", days=3)
+    days = split_into_days(REAL["sasrec"], tmp_path / "all")
     src = tmp_path / "logs"
     src.mkdir()
     for day in days[:2]:

@@ -54,9 +54,7 @@ class TrainData:
         targets, held_out = target_positions(offsets, "train"), target_positions(offsets, "eval")
         if any(window):
             segment = ds.event_segments()
-            # A target is in the window if it is new, or if the event after it is: a user's
-            # last event before the window was held out by the earlier version, never trained on.
-            targets = targets[np.maximum(segment[targets], segment[targets + 1]) >= window[0]]
+            targets = targets[window_key(segment, targets) >= window[0]]
             held_out = held_out[segment[held_out] >= window[1]]
         if targets.size == 0:
             where = f" in parts {window[0] + 1}.. (the training window)" if window[0] else ""
@@ -87,6 +85,28 @@ class TrainData:
             negatives=config.negatives if negatives is None else negatives,
             seed=seed,
         )
+
+
+def window_key(segment: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """The part that puts each training target in a window: its own, or the next event's if that is newer.
+
+    A user's last event before a window was held out by the version that saw it, never
+    trained on: it joins the window its successor arrived in.
+    """
+    return np.maximum(segment[targets], segment[targets + 1])
+
+
+def window_start(dataset: str | Dataset, wanted: int, batch_size: int) -> int:
+    """`wanted`, or the latest earlier part whose window holds at least one global batch of training
+    examples (a small day is trained together with the days before it); 0 if none does."""
+    if wanted == 0:
+        return 0
+    ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
+    targets = target_positions(ds.offsets(), "train")
+    per_part = np.bincount(window_key(ds.event_segments(), targets), minlength=len(ds.segments))
+    examples = np.cumsum(per_part[::-1])[::-1]  # examples[s]: training examples in the window from part s
+    fits = np.flatnonzero(examples[: wanted + 1] >= batch_size)
+    return int(fits[-1]) if fits.size else 0
 
 
 def negative_seed(seed: int, epoch: int) -> int:

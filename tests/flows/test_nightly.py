@@ -22,7 +22,7 @@ from shardflow.config import RetrainConfig
 from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.dataset import Dataset
-from support import REAL, daily_parts
+from support import REAL, split_into_days
 from tasks.retrain import artifact_key
 
 TWO = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n"
@@ -35,7 +35,7 @@ NIGHT = dict(epochs=1, batch_size=1024, dim=16, eval_users=None)
 @pytest.fixture(scope="module")
 def days(tmp_path_factory):
     root = tmp_path_factory.mktemp("nightly")
-    parts = daily_parts(REAL["sasrec"], root / "days", (0.8, 0.1, 0.1), late_users=0.1, seed=0)
+    parts = split_into_days(REAL["sasrec"], root / "days", (0.8, 0.1, 0.1), late_users=0.1, seed=0)
     (root / "two.yaml").write_text(TWO)
     (root / "three.yaml").write_text(THREE)
     return root, parts
@@ -54,13 +54,13 @@ def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect
     parts.mkdir()
     shutil.copy(daily[0], parts)
     first, _ = night(root, client, parts, "run", "two.yaml")
-    assert (first["version"], first["warm_start_from"], first["parts_added"]) == (1, None, ["day-01.txt"])
+    assert (first["version"], first["warm_start_from"], first["parts_added"]) == (1, None, ["day-1.txt"])
     assert first["trained"] and first["promoted"] and first["current"] == 1 and first["previous_auc"] is None
     assert first["replanned"] and first["previous_plan_comm_time_us_per_step"] is None
 
     shutil.copy(daily[1], parts)
     second, names = night(root, client, parts, "run", "two.yaml")
-    assert (second["version"], second["warm_start_from"], second["parts_added"]) == (2, 1, ["day-02.txt"])
+    assert (second["version"], second["warm_start_from"], second["parts_added"]) == (2, 1, ["day-2.txt"])
     assert "warm-start-from-1" in names and names.count("download") == 1
     # Drift-aware: the decision follows the two predicted times and the 5% margin.
     fresh, kept = second["fresh_plan_comm_time_us_per_step"], second["previous_plan_comm_time_us_per_step"]
@@ -72,7 +72,7 @@ def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect
     shutil.copy(daily[2], parts)
     third, names = night(root, client, parts, "run", "three.yaml")
     source = second["current"]
-    assert (third["version"], third["warm_start_from"], third["parts_added"]) == (3, source, ["day-03.txt"])
+    assert (third["version"], third["warm_start_from"], third["parts_added"]) == (3, source, ["day-3.txt"])
     assert f"warm-start-from-{source}" in names
     assert third["replanned"] and "topology changed (2 devices → 3)" in third["replan_reason"]
     assert third["window"] == [2, 2] and third["parts"] == 3

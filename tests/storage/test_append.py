@@ -20,7 +20,7 @@ from storage.staging import staged
 
 @pytest.fixture(scope="module")
 def days(tmp_path_factory) -> list[Path]:
-    return split_into_days(REAL["sasrec"], tmp_path_factory.mktemp("days"), days=3)
+    return split_into_days(REAL["sasrec"], tmp_path_factory.mktemp("days"))
 
 
 def source_with(tmp_path: Path, parts: list[Path]) -> Path:

@@ -1,0 +1,103 @@
+"""What a model version trains on (windows over parts) and where it starts from (a warm start onto any plan)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+from support import OPTIMIZER, TOPOLOGIES, random_plan
+from shardflow.errors import InputError
+from shardflow.model import ModelConfig, init_rows
+from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
+from shardflow.planning import extend_plan
+from shardflow.training.batches import TrainData, window_start
+from shardflow.training.engine import Engine, TrainConfig
+from storage.checkpoint import verify_export
+from storage.dataset import Dataset
+from storage.importers import import_dataset
+
+# Three days of a sasrec log: user 1 on every day, user 2 on days 1 and 3, user 3 new on day 3.
+DAYS = ["1 10\n1 11\n1 12\n2 20\n2 21\n2 22\n", "1 13\n1 14\n", "1 15\n2 23\n2 24\n3 30\n3 31\n3 32\n"]
+MODEL = ModelConfig(dim=4, mlp=(4,), history=3, negatives=1)
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory):
+    root = tmp_path_factory.mktemp("windows")
+    (root / "parts").mkdir()
+    stores = []
+    for d, text in enumerate(DAYS, start=1):
+        (root / "parts" / f"day-{d}.txt").write_text(text)
+        import_dataset("sasrec", root / "parts", root / "ds", append=d > 1)
+        stores.append(root / f"ds-{d}")
+        import_dataset("sasrec", root / "parts", stores[-1])  # the same parts at once, for comparisons
+    return root
+
+
+def test_every_event_knows_its_part_in_user_order(days):
+    ds = Dataset.open(days / "ds")
+    # user order: user 1 (days 1,1,1,2,2,3), user 2 (1,1,1,3,3), user 3 (3,3,3)
+    assert ds.event_segments().tolist() == [0, 0, 0, 1, 1, 2, 0, 0, 0, 2, 2, 2, 2, 2]
+    assert ds.ids("item").tolist() == Dataset.open(days / "ds-3").ids("item").tolist()
+
+
+def test_a_window_trains_the_new_events_and_each_users_last_held_out_one(days):
+    every = TrainData.load(days / "ds")
+    assert every.targets.tolist() == [1, 2, 3, 4, 7, 8, 9, 12] and every.eval_targets.tolist() == [5, 10, 13]
+    third = TrainData.load(days / "ds", window=(2, 2))
+    # user 1: event 4 (day 2, held out by the version of days 1-2) joins; 5 is held out now.
+    # user 2: event 8 (day 1, its last before day 3) and 9 (day 3); user 3: event 12.
+    assert third.targets.tolist() == [4, 8, 9, 12] and third.eval_targets.tolist() == [5, 10, 13]
+    second = TrainData.load(days / "ds", window=(1, 1))
+    assert second.eval_targets.tolist() == [5, 10, 13] and 1 not in second.targets.tolist()
+
+
+def test_a_window_too_small_for_one_batch_widens_to_earlier_parts(days):
+    assert window_start(days / "ds", 2, batch_size=4) == 2
+    assert window_start(days / "ds", 2, batch_size=5) == 1
+    assert window_start(days / "ds", 2, batch_size=8) == 0 and window_start(days / "ds", 2, batch_size=99) == 0
+    assert window_start(days / "ds", 0, batch_size=4) == 0
+
+
+def test_an_old_plan_extended_keeps_every_placement_and_stores_new_rows_once_by_id():
+    old = ShardingPlan("flexshard", (TablePlan("item", np.array([0, 2, 1], np.int8), np.array([1, 0, 2], np.int32)),))
+    grown = extend_plan(old, {"item": 6}, devices=4)
+    t = grown.table("item")
+    assert t.tier.tolist() == [0, 2, 1, SINGLE, SINGLE, SINGLE] and t.home.tolist() == [1, 0, 2, 3, 0, 1]
+    assert grown.strategy == "flexshard" and old.table("item").rows == 3
+
+
+def test_a_warm_start_places_the_export_onto_a_plan_for_another_device_count(client, days, tmp_path):
+    two = TrainData.load(days / "ds-2")
+    plan_two = random_plan(two, 2, seed=3)
+    with Engine(client, str(days / "ds-2"), plan_two, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(2)) as e:
+        e.step(0, 0)
+        e.export(tmp_path / "model", {})
+    manifest = verify_export(tmp_path / "model")
+    old_rows = manifest["tables"]["item"]
+    three = TrainData.load(days / "ds-3")
+    plan_three = random_plan(three, 3, seed=5)
+    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], MODEL, OPTIMIZER, TrainConfig(3)) as e:
+        e.warm_start(tmp_path / "model", manifest)
+        shards = e.parameters()
+    exported = zarr.open_array(str(tmp_path / "model" / "tables" / "item"), mode="r")[...]
+    state = zarr.open_array(str(tmp_path / "model" / "state" / "item"), mode="r")[...]
+    fresh = init_rows("item", np.arange(three.rows["item"]), MODEL.dim, MODEL.seed)
+    seen = set()
+    for shard in shards:
+        ids, w = shard["item"]["ids"], shard["item"]["weights"]
+        old = ids < old_rows
+        assert w[old].tobytes() == exported[ids[old]].tobytes()  # carried exactly, wherever it now lives
+        assert shard["item"]["state"][old].tobytes() == state[ids[old]].tobytes()
+        assert w[~old].tobytes() == fresh[ids[~old]].tobytes() and not shard["item"]["state"][~old].any()
+        assert not shard["item"]["version"].any()
+        seen |= set(ids.tolist())
+    assert seen == set(range(three.rows["item"])) and three.rows["item"] > old_rows
+    dense = zarr.open_group(str(tmp_path / "model" / "dense"), mode="r")
+    assert all(shards[0]["dense"][k].tobytes() == dense[k][...].tobytes() for k in shards[0]["dense"])
+
+    other = ModelConfig(dim=8, mlp=(4,), history=3, negatives=1)
+    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], other, OPTIMIZER, TrainConfig(3)) as e:
+        with pytest.raises(InputError, match=r"exported with dim=4; accepted for a warm start: dim=8"):
+            e.warm_start(tmp_path / "model", manifest)
