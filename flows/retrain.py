@@ -243,7 +243,8 @@ def _markdown(s: dict, config: RetrainConfig) -> str:
             f"- version **{s['version']}** ({start}), parts {s['window'][0] + 1}..{s['parts']} trained, "
             f"{len(s['parts_added'])} part(s) imported by this run: {verdict}",
             f"- {auc}{previous}",
-            f"- plan: **{'re-planned' if s['replanned'] else 'kept'}** — {s['replan_reason']} (fresh plan "
+            f"- plan: **{'kept' if not s['replanned'] else 'made' if not s['warm_start_from'] else 're-made'}** — "
+            f"{s['replan_reason']} (fresh plan "
             f"{s['fresh_plan_comm_time_us_per_step']:.1f} {us}" + ("" if old is None else f", kept plan {old:.1f} {us}")
             + " per step, modeled)",
         ]

@@ -244,7 +244,8 @@ def _print_run(s: dict) -> None:
         if s["previous_auc"] is not None:
             print(f"  version {s['warm_start_from']} on the same held-out items: AUC {s['previous_auc']:.4f}")
         print(f"  {'promoted: version ' + str(s['version']) + ' is current' if s['promoted'] else s['message']}")
-        print(f"  plan {'re-planned' if s['replanned'] else 'kept'}: {s['replan_reason']}")
+        verb = "kept" if not s["replanned"] else "made" if s["warm_start_from"] is None else "re-made"
+        print(f"  plan {verb}: {s['replan_reason']}")
     measured = "not measured" if s["bytes_per_step"] is None else f"{s['bytes_per_step'] / mb:,.3f} MB measured"
     print(f"  traffic/step {measured}, {s['modeled_bytes_per_step'] / mb:,.3f} MB modeled for this plan")
     print(f"  comm time/step (modeled) {s['comm_time_us_per_step']:,.1f} µs; row-wise-mod "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -17,12 +18,12 @@ import pytest
 from prefect.client.orchestration import get_client
 
 from flows.retrain import retrain
-from runs import task_runs
+from runs import run_until_killed, task_runs
 from shardflow.config import RetrainConfig
 from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.dataset import Dataset
-from support import REAL, split_into_days
+from support import REAL, snapshot, split_into_days
 from tasks.retrain import artifact_key
 
 TWO = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n"
@@ -142,3 +143,28 @@ def test_a_worse_version_is_not_promoted_and_an_event_says_so(prefect_api, clien
     shutil.copy(daily[2], parts)
     third, _ = night(root, client, parts, "gate", "two.yaml")
     assert third["version"] == 3 and third["warm_start_from"] == 1 and third["window"] == [1, 1]
+
+
+def test_a_version_killed_during_its_download_leaves_the_promoted_model_untouched(prefect_api, client, days):
+    root, daily = days
+    parts, run = root / "kill-parts", root / "killed"
+    parts.mkdir()
+    shutil.copy(daily[0], parts)
+    first, _ = night(root, client, parts, "killed", "two.yaml")
+    promoted = snapshot(Path(first["model"]))
+    shutil.copy(daily[1], parts)
+    second = versions.version_dir(run, 2)
+
+    def downloading() -> bool:
+        return bool(list(second.glob(".model.staging-*/tables/item/c")))
+
+    values = {"dataset": str(parts), "run_dir": str(run), "topology": str(root / "two.yaml"),
+              "scheduler_address": client.scheduler.address, **NIGHT}
+    run_until_killed(values, {**os.environ, "PREFECT_API_URL": prefect_api}, downloading, root / "killed-log")
+    assert versions.current(run) == 1 and snapshot(Path(first["model"])) == promoted
+    assert versions.result(run, 2) is None and not (second / "model").exists()
+
+    resumed, names = night(root, client, parts, "killed", "two.yaml")  # the same data: version 2 is resumed
+    assert resumed["version"] == 2 and resumed["resumed_from"].endswith("epoch-000001")
+    assert not any(n.startswith("train-epoch") for n in names) and names.count("download") == 1
+    assert resumed["current"] == (2 if resumed["promoted"] else 1) and snapshot(Path(first["model"])) == promoted
