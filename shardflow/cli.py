@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from shardflow.errors import InputError, TrainingError
+from shardflow.errors import InputError, TrainingError, WorkerLost
 
 log = logging.getLogger("shardflow")
 
@@ -227,9 +227,11 @@ def _cmd_run(args: argparse.Namespace) -> dict:
     if not args.verbose:  # a quiet terminal: warnings still show
         for noisy in ("distributed", "httpx"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+    from flows.api import embedded_api, terminated_as_interrupt
     from flows.retrain import retrain
 
-    return retrain(config)
+    with terminated_as_interrupt(), embedded_api():
+        return retrain(config)
 
 
 def _print_run(s: dict) -> None:
@@ -330,9 +332,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_KEPT = "every complete checkpoint and store is kept: run the same command again to resume"
+
+
+class _Terminal(logging.Formatter):
+    """Log lines for the terminal: an error shardflow explains in one line (bad input, a run that stopped,
+    an interrupt) is logged without its traceback, which the Prefect API's log (the UI) keeps."""
+
+    EXPLAINED = (InputError, TrainingError, WorkerLost, KeyboardInterrupt)
+
+    def format(self, record: logging.LogRecord) -> str:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, self.EXPLAINED) or type(error).__name__ == "Terminated":
+            record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
+        return super().format(record)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    terminal = logging.StreamHandler(sys.stderr)
+    terminal.setFormatter(_Terminal("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[terminal])
     try:
         summary = args.run(args)
     except InputError as e:
@@ -341,6 +361,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingError as e:
         print(f"shardflow {args.command}: training stopped: {e}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:
+        print(f"shardflow {args.command}: interrupted; {_KEPT}", file=sys.stderr)
+        return 130
+    except BaseException as e:
+        if type(e).__name__ != "Terminated":  # flows.api.Terminated (SIGTERM), not imported unless a run started
+            raise
+        print(f"shardflow {args.command}: terminated (SIGTERM); {_KEPT}", file=sys.stderr)
+        return 143
     if args.json:
         json.dump(summary, sys.stdout)
         sys.stdout.write("\n")

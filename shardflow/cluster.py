@@ -6,10 +6,12 @@ import contextlib
 import importlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 
 import dask
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, WorkerPlugin
 from distributed.deploy import Cluster
 
 from shardflow.errors import InputError
@@ -67,7 +69,18 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
         silence_logs=logging.WARNING,
         **({"resources": {"GPU": 1}} if gpus else {}),
     ) as cluster, Client(cluster) as client:
+        client.register_plugin(IgnoreInterrupts(), name="shardflow-ignore-interrupts")
         yield client
+
+
+class IgnoreInterrupts(WorkerPlugin):
+    """Local worker processes ignore SIGINT: a terminal's Ctrl-C reaches its whole process group, and the
+    command that owns the cluster (which got it too) closes them; each would otherwise die printing a
+    KeyboardInterrupt traceback of its own. Applies to workers started later (restarts) too."""
+
+    def setup(self, worker) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextlib.contextmanager

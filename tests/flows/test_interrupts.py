@@ -1,0 +1,104 @@
+"""Ctrl-C and SIGTERM, sent for real to a `shardflow run`'s process group as a terminal or a supervisor does.
+
+Each run starts in a session of its own and is interrupted once its first checkpoint is
+complete; it must end within seconds with one line on the terminal, leave no process
+behind (its embedded Prefect server, its Dask workers), be recorded as Crashed, and a
+rerun must resume from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+from runs import BIN, SMALL, TOPOLOGY
+from shardflow.synthetic import SynthTable
+from storage.synth import synth_dataset
+from test_real_server import READ_BACK
+
+ENDS_WITHIN_S = 15
+
+
+def start(tmp_path: Path, env: dict) -> subprocess.Popen:
+    synth_dataset(tmp_path / "ds", [SynthTable("item", 400, 1.1)], interactions=40000, seed=3, mean_length=12)
+    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in SMALL.items()}, "epochs": 3,
+        "dataset": str(tmp_path / "ds"), "run_dir": str(tmp_path / "run"), "topology": str(tmp_path / "topo.yaml"),
+    }))
+    return subprocess.Popen([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def interrupt_after_the_first_checkpoint(proc: subprocess.Popen, run: Path, signum: int) -> tuple[int, float, str, list]:
+    """(exit status, seconds from the signal to the exit, stderr, the run's processes before the signal)."""
+    first = run / "versions" / "0001" / "checkpoints" / "epoch-000001" / "manifest.json"
+    deadline = time.monotonic() + 300
+    while not first.exists():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.05)
+    family = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    sent = time.monotonic()
+    os.killpg(proc.pid, signum)  # the whole process group, as a terminal's Ctrl-C
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc.returncode, time.monotonic() - sent, err, family
+
+
+def still_running(pids: list[int]) -> list[str]:
+    time.sleep(2)  # a process being reaped is gone within this
+    alive = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(" ".join(p.cmdline())[:120])
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def one_line(err: str, begins: str) -> None:
+    assert "Traceback" not in err, err[-3000:]
+    ours = [line for line in err.splitlines() if line.startswith("shardflow run:")]
+    assert len(ours) == 1 and ours[0].startswith(begins) and "run the same command again to resume" in ours[0], ours
+
+
+def test_ctrl_c_with_the_embedded_api_ends_at_once_leaves_nothing_running_and_resumes(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    proc = start(tmp_path, env)
+    status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT)
+    assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, err[-3000:])
+    one_line(err, "shardflow run: interrupted;")
+    assert len(family) > 2 and still_running(family) == []  # the embedded server and every Dask process
+    assert "Finished in state Crashed('Execution was aborted by an interrupt signal.')" in err
+
+    rerun = subprocess.run([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml"), "--json"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    summary = json.loads(rerun.stdout)
+    assert summary["version"] == 1 and summary["resumed_from"].endswith("epoch-000001") and summary["promoted"]
+    assert [Path(c).name for c in summary["checkpoints"]] == ["epoch-000001", "epoch-000002", "epoch-000003"]
+
+
+def test_sigterm_to_the_group_is_recorded_as_crashed_and_the_same_command_resumes(server, tmp_path):
+    proc = start(tmp_path, server.env)
+    status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGTERM)
+    assert status == 143 and seconds < ENDS_WITHIN_S, (status, seconds, err[-3000:])
+    one_line(err, "shardflow run: terminated (SIGTERM);")
+    assert still_running(family) == []
+    back = subprocess.run([str(Path(BIN) / "python"), "-c", READ_BACK], env=server.env, capture_output=True, text=True,
+                          timeout=120)
+    assert back.returncode == 0, back.stderr[-3000:]
+    assert [state for _, state in json.loads(back.stdout)["runs"]] == ["CRASHED"]
