@@ -26,7 +26,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
-from shardflow.errors import TrainingError, WorkerLost
+from shardflow.errors import SchedulerLost, TrainingError, WorkerLost
 from shardflow.planner.topology import load_topology
 from storage.checkpoint import complete_checkpoints
 from storage.lock import run_lock
@@ -179,6 +179,7 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
     ends with the parameters of an uninterrupted one.
     """
     log = get_run_logger()
+    kept = f"the checkpoints in {paths['version']} are kept: a new run resumes from the last complete one"
     losses: dict[int, float] = {}
     warnings: list[str] = []
     progress = None
@@ -215,16 +216,20 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
             unless_lost(download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy}))
             return {"losses": losses, "steps": steps, "bytes_per_step": measured, "downloads": engine.downloads,
                     "resumed": resumed, "restarts": attempt, "warnings": warnings}
+        except SchedulerLost as e:
+            raise TrainingError(f"{e}; {kept}") from None
         except WorkerLost as e:
             if attempt == config.max_restarts:
                 raise TrainingError(
-                    f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.max_restarts} reached. "
-                    f"Checkpoints in {paths['version']} are kept: a new run resumes from the last complete one"
-                ) from e
+                    f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.max_restarts} reached; {kept}"
+                ) from None
             log.warning("%s; restoring the cluster and resuming from the last complete checkpoint (restart %d of %d)",
                         e, attempt + 1, config.max_restarts)
             warnings.append(f"restart {attempt + 1}: {e}; resumed from the last complete checkpoint")
-            restore_cluster(engine, client, devices, attempt + 1, config.restart_timeout_s)
+            try:
+                restore_cluster(engine, client, devices, attempt + 1, config.restart_timeout_s)
+            except TrainingError as gone:
+                raise TrainingError(f"lost a worker ({e}), and {gone}; {kept}") from None
         finally:
             release_parameter_servers(engine)
 

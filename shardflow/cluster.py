@@ -8,15 +8,17 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import dask
 from distributed import Client, LocalCluster, WorkerPlugin
 from distributed.deploy import Cluster
 
-from shardflow.errors import InputError
+from shardflow.errors import InputError, SchedulerLost
 
 
+RECONNECT_S = 35.0  # a client gives a lost scheduler 30 s (comm.timeouts.connect) before it closes
 LOCAL_WORKERS_PER_CORE = 4  # a local cluster beyond this only thrashes (each worker is a process)
 
 
@@ -152,7 +154,7 @@ def check_workers(client: Client, devices: int, timeout_s: float = 10.0) -> None
     try:
         client.wait_for_workers(devices, timeout=timeout_s)
     except TimeoutError:
-        workers = len(client.scheduler_info()["workers"])
+        workers = len(live_workers(client))
         raise InputError(
             f"the scheduler at {client.scheduler.address} has {workers} workers; the topology has {devices} "
             f"devices; accepted: at least one worker per device (waited {timeout_s:.0f} s for more)"
@@ -160,4 +162,20 @@ def check_workers(client: Client, devices: int, timeout_s: float = 10.0) -> None
 
 
 def worker_count(client: Client) -> int:
-    return max(1, len(client.scheduler_info()["workers"]))
+    return max(1, len(live_workers(client)))
+
+
+def live_workers(client: Client) -> dict:
+    """The scheduler's workers (address -> info), asked afresh; SchedulerLost once the scheduler is gone.
+
+    A client whose scheduler went away keeps reconnecting for distributed's
+    `comm.timeouts.connect` (30 s by default), then closes; this waits that long at most.
+    """
+    deadline = time.monotonic() + RECONNECT_S
+    while client.status == "connecting" and time.monotonic() < deadline:  # the client is trying to reconnect
+        time.sleep(0.2)
+    info = client.scheduler_info() if client.status == "running" else {}
+    if client.status != "running" or "workers" not in info:
+        where = getattr(client.scheduler, "address", None) or info.get("address") or "of this run"
+        raise SchedulerLost(f"the Dask scheduler {where} is gone (no answer for {RECONNECT_S:.0f} s)")
+    return info["workers"]

@@ -1,6 +1,6 @@
-"""The one exception type for bad input.
+"""shardflow's exceptions: bad input, and the ends of a training run.
 
-Every message names the offending value (file, array, line or position) and
+Every InputError message names the offending value (file, array, line or position) and
 what would have been accepted, so a user can fix the input without reading
 code. Raised before any work that writes to a store starts.
 """
@@ -11,7 +11,8 @@ class InputError(ValueError):
 
 
 class TrainingError(RuntimeError):
-    """Training cannot go on (a non-finite loss or gradient): names the step and the parameter."""
+    """Training cannot go on (a non-finite loss or gradient, a cluster that cannot be restored): says what
+    and where."""
 
 
 class WorkerLost(RuntimeError):
@@ -19,3 +20,7 @@ class WorkerLost(RuntimeError):
 
     Recoverable: the run restores the cluster and every shard from the last complete checkpoint.
     """
+
+
+class SchedulerLost(TrainingError):
+    """The Dask scheduler went away: no cluster is left to restore, so the run stops (its checkpoints stay)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from distributed import Client, wait
 
+from shardflow.cluster import worker_count
 from shardflow.counting import TableStats, count_ids, table_stats
 from storage.dataset import Dataset, open_column
 from storage.profile import finish_profile, start_profile, write_counts
@@ -61,7 +62,7 @@ def profile_dataset(
 ) -> dict:
     """Profile `dataset` into a profile store at `out`; returns the profile's manifest."""
     ds = check_inputs(dataset, out, overwrite=overwrite)
-    blocks = blocks or max(1, len(client.scheduler_info()["workers"]))
+    blocks = blocks or worker_count(client)
     with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
         start_profile(stage)
         per_table, pending = {}, []

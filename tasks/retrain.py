@@ -13,7 +13,8 @@ from prefect.artifacts import create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 
 from shardflow.config import RetrainConfig
-from shardflow.errors import InputError, WorkerLost
+from shardflow.cluster import live_workers
+from shardflow.errors import InputError, TrainingError, WorkerLost
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
@@ -308,19 +309,30 @@ def resume(engine: Engine, run_dir: str) -> dict:
 def restore_cluster(engine: Engine | None, client: Client, devices: int, attempt: int, timeout_s: float) -> None:
     """After a lost worker: release the shards, restart this run's surviving workers, wait for enough.
 
-    The survivors are restarted too, so no actor thread stays blocked on the lost peer.
+    The survivors are restarted too (those with a nanny: a worker started without one
+    cannot be), so no actor thread stays blocked on the lost peer. A TrainingError when
+    fewer workers than devices are back after `timeout_s`.
     """
     log = get_run_logger()
     ours = []
     if engine is not None:
         ours = list(engine.workers)
         engine.close()
-    alive = [w for w in ours if w in client.scheduler_info()["workers"]]
+    workers = live_workers(client)
+    alive = [w for w in ours if workers.get(w, {}).get("nanny")]  # only a nanny can restart its worker
     if alive:
         status = client.restart_workers(alive, timeout=timeout_s, raise_for_error=False)
         log.info("restarted workers %s", status)
-    client.wait_for_workers(devices, timeout=timeout_s)
-    log.info("restore %d: %d workers up", attempt, len(client.scheduler_info()["workers"]))
+    try:
+        client.wait_for_workers(devices, timeout=timeout_s)
+    except TimeoutError:
+        have = len(live_workers(client))
+        raise TrainingError(
+            f"the cluster has {have} of the {devices} workers the plan needs after waiting {timeout_s:.0f} s "
+            "(restart_timeout_s) for lost ones to come back (a worker without a nanny, or whose nanny died, does "
+            "not); bring workers back, or start a cluster, and run again"
+        ) from None
+    log.info("restore %d: %d workers up", attempt, len(live_workers(client)))
 
 
 def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step: float) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import zarr
 from distributed import Client, wait
 
+from shardflow.cluster import live_workers
 from shardflow.errors import InputError, WorkerLost
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
@@ -161,7 +162,7 @@ class Engine:
                 f"batch size {train.batch_size} > {self.data.targets.size} training examples; "
                 f"accepted: at most {self.data.targets.size}"
             )
-        info = client.scheduler_info()["workers"]
+        info = live_workers(client)
         workers = sorted(info)
         if len(workers) < P:
             raise InputError(f"the plan has {P} devices, the cluster {len(workers)} workers; accepted: >= {P} workers")
@@ -221,10 +222,10 @@ class Engine:
         """
         deadline = time.monotonic() + grace_s
         while True:
+            now = live_workers(self.client)  # first: a lost scheduler cancels every actor, and is no worker loss
             for d, f in enumerate(self._futures):
                 if f.status in ("error", "lost", "cancelled"):
                     raise WorkerLost(f"device {d}'s actor is {f.status}: its worker left the cluster, the shard is lost")
-            now = self.client.scheduler_info()["workers"]
             for d, (address, wid) in enumerate(self.workers.items()):
                 if now.get(address, {}).get("id") != wid:
                     raise WorkerLost(f"device {d}'s worker {address} left the cluster; its parameter shard is lost")
@@ -448,9 +449,9 @@ class Engine:
 
     def close(self) -> None:
         self.actors = []
-        if self._futures:
+        if self._futures and self.client.status == "running":  # a closed client's scheduler holds nothing
             self.client.cancel(self._futures)
-            self._futures = []
+        self._futures = []
 
     def __enter__(self) -> "Engine":
         return self
