@@ -168,14 +168,19 @@ def worker_count(client: Client) -> int:
 def live_workers(client: Client) -> dict:
     """The scheduler's workers (address -> info), asked afresh; SchedulerLost once the scheduler is gone.
 
-    A client whose scheduler went away keeps reconnecting for distributed's
-    `comm.timeouts.connect` (30 s by default), then closes; this waits that long at most.
+    Never read from the client's cache: distributed refreshes it in the background with
+    no per-worker detail, so a fresh request that timed out under CPU load would show
+    every worker gone. A request that fails is asked again; a client whose scheduler went
+    away reconnects for distributed's `comm.timeouts.connect` (30 s by default) and then
+    closes, so this gives up after RECONNECT_S at most.
     """
     deadline = time.monotonic() + RECONNECT_S
-    while client.status == "connecting" and time.monotonic() < deadline:  # the client is trying to reconnect
+    while client.status in ("running", "connecting") and time.monotonic() < deadline:
+        if client.status == "running":
+            try:
+                return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+            except OSError:  # slow or briefly unreachable: ask again
+                pass
         time.sleep(0.2)
-    info = client.scheduler_info() if client.status == "running" else {}
-    if client.status != "running" or "workers" not in info:
-        where = getattr(client.scheduler, "address", None) or info.get("address") or "of this run"
-        raise SchedulerLost(f"the Dask scheduler {where} is gone (no answer for {RECONNECT_S:.0f} s)")
-    return info["workers"]
+    where = getattr(client.scheduler, "address", None) or "of this run"
+    raise SchedulerLost(f"the Dask scheduler {where} is gone (no answer for {RECONNECT_S:.0f} s)")
