@@ -8,6 +8,7 @@ bad value and what is accepted.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import sys
@@ -335,15 +336,21 @@ def build_parser() -> argparse.ArgumentParser:
 _KEPT = "every complete checkpoint and store is kept: run the same command again to resume"
 
 
+# A full disk, a quota, a read-only or forbidden directory: the writes stop, nothing stored is lost.
+_STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
+
+
 class _Terminal(logging.Formatter):
     """Log lines for the terminal: an error shardflow explains in one line (bad input, a run that stopped,
-    an interrupt) is logged without its traceback, which the Prefect API's log (the UI) keeps."""
+    an interrupt, a file system that refuses writes) is logged without its traceback, which the Prefect
+    API's log (the UI) keeps."""
 
     EXPLAINED = (InputError, TrainingError, WorkerLost, KeyboardInterrupt)
 
     def format(self, record: logging.LogRecord) -> str:
         error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, self.EXPLAINED) or type(error).__name__ == "Terminated":
+        storage = isinstance(error, OSError) and error.errno in _STORAGE_ERRORS
+        if storage or isinstance(error, self.EXPLAINED) or type(error).__name__ == "Terminated":
             record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
         return super().format(record)
 
@@ -361,6 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingError as e:
         print(f"shardflow {args.command}: training stopped: {e}", file=sys.stderr)
         return 3
+    except OSError as e:
+        if e.errno not in _STORAGE_ERRORS:
+            raise
+        print(f"shardflow {args.command}: stopped: {e}; {_KEPT} once the file system accepts writes again",
+              file=sys.stderr)
+        return 4
     except KeyboardInterrupt:
         print(f"shardflow {args.command}: interrupted; {_KEPT}", file=sys.stderr)
         return 130

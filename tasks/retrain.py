@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -61,6 +62,12 @@ def check_run(config: RetrainConfig) -> None:
     someone else's files where it would go is never replaced; `versions` must hold only
     model versions. The dataset must continue the run_dir's own (check_dataset).
     """
+    where = Path(config.run_dir).expanduser().resolve()
+    while not where.exists():
+        where = where.parent
+    if not os.access(where, os.W_OK):
+        raise InputError(f"run_dir {config.run_dir}: {where} cannot be written (a read-only file system or "
+                         "permissions); accepted: a directory this user can write")
     try:
         check_destination(run_paths(config)["dataset"], overwrite=True)
     except InputError as e:

@@ -1,0 +1,94 @@
+"""A run_dir on a file system that fills up or turns read-only: one line, nothing stored lost, a rerun resumes.
+
+Each test mounts a small tmpfs of its own (root only; skipped where mounting is not allowed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runs import BIN, SMALL, TOPOLOGY
+from shardflow.synthetic import SynthTable
+from storage.synth import synth_dataset
+from support import snapshot
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def write_config(tmp_path: Path, run_dir: Path) -> Path:
+    synth_dataset(tmp_path / "ds", [SynthTable("item", 400, 1.1)], interactions=40000, seed=3, mean_length=12)
+    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in SMALL.items()}, "epochs": 3,
+        "dataset": str(tmp_path / "ds"), "run_dir": str(run_dir), "topology": str(tmp_path / "topo.yaml"),
+    }))
+    return tmp_path / "run.yaml"
+
+
+def test_a_full_disk_stops_the_run_in_one_line_and_the_rerun_resumes(prefect_api, small_fs, tmp_path):
+    config = write_config(tmp_path, small_fs / "run")
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    proc = subprocess.Popen([str(BIN / "shardflow"), "run", "--config", str(config)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = small_fs / "run" / "versions" / "0001" / "checkpoints" / "epoch-000001"
+    deadline = time.monotonic() + 300
+    while not (first / "manifest.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.02)
+    filler = small_fs / "filler"
+    with open(filler, "wb") as f:  # every byte left, as another program filling the disk would
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+    kept = snapshot(first)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 4, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    [line] = [x for x in err.splitlines() if x.startswith("shardflow run:")]
+    assert "No space left on device" in line and "kept" in line, line
+    assert snapshot(first) == kept  # the complete checkpoint is untouched
+
+    filler.unlink()
+    rerun = subprocess.run([str(BIN / "shardflow"), "run", "--config", str(config), "--json"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    summary = json.loads(rerun.stdout)
+    assert summary["resumed_from"] is not None and summary["promoted"]
+    assert not [p for p in (small_fs / "run").rglob("*") if ".staging-" in p.name]
+
+
+def test_a_read_only_run_dir_is_refused_before_anything_starts(small_fs, tmp_path):
+    (small_fs / "run").mkdir()
+    (small_fs / "run" / "notes.txt").write_text("kept")
+    config = write_config(tmp_path, small_fs / "run")
+    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+    started = time.monotonic()
+    done = subprocess.run([str(BIN / "shardflow"), "run", "--config", str(config)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and time.monotonic() - started < 30, done.stderr[-3000:]
+    assert f"run_dir {small_fs / 'run'}: {small_fs / 'run'} cannot be written (a read-only file system" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in (small_fs / "run").iterdir()) == ["notes.txt"]
+    assert shutil.disk_usage(small_fs).used < 1 << 20
