@@ -19,6 +19,7 @@ from shardflow.errors import InputError, TrainingError, WorkerLost
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
+from shardflow.planner.plan import row_bytes
 from shardflow.planner.topology import load_topology
 from shardflow.planning import compare_strategies, keep_or_replan
 from shardflow.profiling import profile_dataset
@@ -80,6 +81,31 @@ def check_run(config: RetrainConfig) -> None:
                          "accepted: a versions directory shardflow made (NNNN subdirectories only), or a new run_dir")
     check_dataset(config)
     check_model_shape(config)
+    check_budget(config)
+
+
+def check_budget(config: RetrainConfig) -> None:
+    """Refuse, before any write, tables that cannot fit the topology's device_memory_bytes on all its devices.
+
+    Known before the run when the dataset is a store, or was imported into the run_dir
+    already (an append can only add rows: the plan checks again after it).
+    """
+    topology = load_topology(config.topology)
+    if topology.device_memory_bytes is None:
+        return
+    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    store = source if (source / MANIFEST).is_file() else dest if (dest / MANIFEST).is_file() else None
+    if store is None:
+        return
+    tables = Dataset.open(store).info.tables
+    need = sum(t.rows for t in tables) * row_bytes(config.dim)
+    have = topology.devices * topology.device_memory_bytes
+    if need > have:
+        raise InputError(
+            f"the tables of {store} need {need:,} bytes at dim {config.dim} ({sum(t.rows for t in tables):,} rows), "
+            f"but {topology.devices} devices × {topology.device_memory_bytes:,} bytes of {config.topology} hold "
+            f"{have:,}; accepted: a larger device_memory_bytes, more devices, or a smaller dim"
+        )
 
 
 # What a warm start cannot carry across: the promoted model's shape and optimiser slots.

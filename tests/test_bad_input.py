@@ -399,6 +399,16 @@ def case_config_run_dir_root(world, client, tmp_path):
     return [world / "ds"], config(world, run_dir="/"), r"run_dir = '/': Value error, / is a file system root or the home directory"
 
 
+def case_run_budget_cannot_fit_the_tables(world, client, tmp_path):
+    from tasks.retrain import check_run
+
+    (tmp_path / "tiny.yaml").write_text(TOPOLOGY + "device_memory_bytes: 1000\n")
+    cfg = config(world, topology=str(tmp_path / "tiny.yaml"), run_dir=str(tmp_path / "run"))
+    return [world / "ds"], lambda: check_run(cfg()), (
+        r"the tables of .*ds need 81,120 bytes at dim 64 \(312 rows\), but 2 devices × 1,000 bytes of .*tiny.yaml "
+        r"hold 2,000; accepted: a larger device_memory_bytes")
+
+
 def case_config_batch_smaller_than_the_devices(world, client, tmp_path):
     return [world / "ds"], config(world, batch_size=1), r"batch_size 1 < 2 devices of .*topo.yaml; accepted: a batch of at least one"
 
