@@ -70,17 +70,23 @@ def make_plan(
     model = CostModel(topology, shape)
     budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
     plan = propose(strategy, accesses, topology, budget, model)
-    bound, mod = bound_and_baseline(accesses, topology, budget, model)
-    summary = summarize(plan, accesses, topology, budget, model, bound, mod)
-    source = {
-        "profile": str(Path(profile_path).resolve()),
-        "profile_checksum": profile.manifest["checksum"],
-        "history": history,
-        "negatives": negatives,
-        "memory_slack": memory_slack,
+    source = {"profile_path": profile_path, "profile": profile, "history": history, "negatives": negatives,
+              "memory_slack": memory_slack}
+    return _store(out, plan, accesses, model, budget, source, overwrite=overwrite)
+
+
+def _store(out: str | Path, plan: ShardingPlan, accesses: list[TableAccess], model: CostModel, budget: int,
+           source: dict, *, overwrite: bool) -> dict:
+    """Summarise `plan` against the bound and row-wise-mod and write the plan store; the summary."""
+    bound, mod = bound_and_baseline(accesses, model.topology, budget, model)
+    summary = summarize(plan, accesses, model.topology, budget, model, bound, mod)
+    provenance = {
+        "profile": str(Path(source["profile_path"]).resolve()),
+        "profile_checksum": source["profile"].manifest["checksum"],
+        **{k: source[k] for k in ("history", "negatives", "memory_slack")},
     }
     with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
-        write_plan(stage, plan, topology, shape, budget, source, summary)
+        write_plan(stage, plan, model.topology, model.shape, budget, provenance, summary)
     return summary
 
 
@@ -148,17 +154,9 @@ def keep_or_replan(
                 chosen = extended
                 reason = (f"kept the previous placement: {previous_s * 1e6:.1f} µs/step against a fresh plan's "
                           f"{fresh_s * 1e6:.1f}, within {margin:.0%}")
-    bound, mod = bound_and_baseline(accesses, topology, budget, model)
-    summary = summarize(chosen, accesses, topology, budget, model, bound, mod)
-    source = {
-        "profile": str(Path(profile_path).resolve()),
-        "profile_checksum": profile.manifest["checksum"],
-        "history": history,
-        "negatives": negatives,
-        "memory_slack": memory_slack,
-    }
-    with writer_lock(out), staged(Path(out), overwrite=False) as stage:
-        write_plan(stage, chosen, topology, shape, budget, source, summary)
+    source = {"profile_path": profile_path, "profile": profile, "history": history, "negatives": negatives,
+              "memory_slack": memory_slack}
+    summary = _store(out, chosen, accesses, model, budget, source, overwrite=False)
     return {"replanned": chosen is fresh, "reason": reason, "fresh_comm_time_s": fresh_s,
             "previous_comm_time_s": previous_s, "summary": summary}
 

@@ -49,12 +49,17 @@ def night(root: Path, client, parts: Path, run: str, topology: str, **kw) -> tup
     return state.result(), task_runs(state.state_details.flow_run_id)
 
 
-def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect_api, client, days):
-    root, daily = days
-    parts = root / "parts"
+def first_night(root: Path, client, daily: list[Path], run: str) -> tuple[Path, dict]:
+    """(the run's parts directory, the first night's summary): day 1 only, on two devices."""
+    parts = root / f"{run}-parts"
     parts.mkdir()
     shutil.copy(daily[0], parts)
-    first, _ = night(root, client, parts, "run", "two.yaml")
+    return parts, night(root, client, parts, run, "two.yaml")[0]
+
+
+def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect_api, client, days):
+    root, daily = days
+    parts, first = first_night(root, client, daily, "run")
     assert (first["version"], first["warm_start_from"], first["parts_added"]) == (1, None, ["day-1.txt"])
     assert first["trained"] and first["promoted"] and first["current"] == 1 and first["previous_auc"] is None
     assert first["replanned"] and first["previous_plan_comm_time_us_per_step"] is None
@@ -115,10 +120,7 @@ def test_a_worse_version_is_not_promoted_and_an_event_says_so(prefect_api, clien
     from prefect.events.filters import EventFilter, EventNameFilter
 
     root, daily = days
-    parts = root / "gate-parts"
-    parts.mkdir()
-    shutil.copy(daily[0], parts)
-    first, _ = night(root, client, parts, "gate", "two.yaml")
+    parts, first = first_night(root, client, daily, "gate")
     model_before = sorted(p.name for p in Path(first["model"]).iterdir())
     shutil.copy(daily[1], parts)
     worse, _ = night(root, client, parts, "gate", "two.yaml", dense_lr=0.3, row_lr=2.0)  # wrecks the model
@@ -147,10 +149,8 @@ def test_a_worse_version_is_not_promoted_and_an_event_says_so(prefect_api, clien
 
 def test_a_version_killed_during_its_download_leaves_the_promoted_model_untouched(prefect_api, client, days):
     root, daily = days
-    parts, run = root / "kill-parts", root / "killed"
-    parts.mkdir()
-    shutil.copy(daily[0], parts)
-    first, _ = night(root, client, parts, "killed", "two.yaml")
+    run = root / "killed"
+    parts, first = first_night(root, client, daily, "killed")
     promoted = snapshot(Path(first["model"]))
     shutil.copy(daily[1], parts)
     second = versions.version_dir(run, 2)
