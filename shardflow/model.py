@@ -69,18 +69,28 @@ def init_dense(config: ModelConfig) -> dict[str, np.ndarray]:
     return params
 
 
+INIT_BLOCK_VALUES = 1 << 20  # values initialised at a time (8 MB per 64-bit temporary)
+
+
 def init_rows(table: str, ids: np.ndarray, dim: int, seed: int) -> np.ndarray:
     """Initial rows of `ids`, uniform in ±1/sqrt(dim): a hash of (seed, table, id, column).
 
     Any process gets the same row for the same id, so shards, replicas and the
     reference trainer start identical without exchanging anything.
     """
-    key = np.uint64((seed << 32) ^ zlib.crc32(table.encode()))
-    counter = np.asarray(ids, dtype=np.uint64)[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)
+    ids = np.asarray(ids, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        bits = splitmix64(counter ^ splitmix64(np.full(1, key, dtype=np.uint64)))
-    unit = (bits >> np.uint64(40)).astype(np.float64) / float(1 << 24)  # [0, 1)
-    return ((2.0 * unit - 1.0) / np.sqrt(dim)).astype(np.float32)
+        key = splitmix64(np.full(1, np.uint64((seed << 32) ^ zlib.crc32(table.encode())), dtype=np.uint64))
+    columns = np.arange(dim, dtype=np.uint64)
+    out = np.empty((ids.size, dim), dtype=np.float32)
+    step = max(1, INIT_BLOCK_VALUES // max(dim, 1))  # 64-bit temporaries for one block only, not the table
+    for start in range(0, ids.size, step):
+        counter = ids[start : start + step, None] * np.uint64(dim) + columns
+        with np.errstate(over="ignore"):
+            bits = splitmix64(counter ^ key)
+        unit = (bits >> np.uint64(40)).astype(np.float64) / float(1 << 24)  # [0, 1)
+        out[start : start + step] = (2.0 * unit - 1.0) / np.sqrt(dim)
+    return out
 
 
 @dataclass

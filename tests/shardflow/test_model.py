@@ -82,3 +82,15 @@ def test_row_adagrad_and_dense_optimizers_descend():
         for _ in range(50):
             opt.step(p, {"x": 2 * p["x"]})
         assert float((p["x"] ** 2).sum()) < 0.5 * 13.0, kind  # from 3² + 2²
+
+
+def test_initial_rows_do_not_depend_on_the_block_they_are_made_in(monkeypatch):
+    import shardflow.model as model_module
+
+    ids = np.random.default_rng(1).integers(0, 10**9, 1000)
+    whole = model_module.init_rows("item", ids, 7, 3)
+    monkeypatch.setattr(model_module, "INIT_BLOCK_VALUES", 50)  # 7 rows a block, the last one partial
+    assert model_module.init_rows("item", ids, 7, 3).tobytes() == whole.tobytes()
+    assert [model_module.init_rows("item", ids[i : i + 1], 7, 3).tobytes() for i in (0, 999)] == [
+        whole[0:1].tobytes(), whole[999:1000].tobytes()]
+    assert whole.dtype == np.float32 and np.abs(whole).max() <= 1 / np.sqrt(7)
