@@ -22,7 +22,6 @@ from shardflow.synthetic import SynthTable
 from storage.synth import synth_dataset
 
 RESTART_TIMEOUT_S = 5
-RECONNECT_S = 5  # distributed's comm.timeouts.connect for the run: how long its client retries a lost scheduler
 
 
 class ExternalCluster:
@@ -67,8 +66,7 @@ def test_a_lost_cluster_ends_in_one_line_and_keeps_the_checkpoints(prefect_api, 
             "dataset": str(tmp_path / "ds"), "run_dir": str(tmp_path / "run"), "topology": str(tmp_path / "topo.yaml"),
             "scheduler_address": cluster.address, "restart_timeout_s": RESTART_TIMEOUT_S, "max_restarts": 1,
         }))
-        env = {**os.environ, "PREFECT_API_URL": prefect_api,
-               "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": f"{RECONNECT_S}s"}
+        env = {**os.environ, "PREFECT_API_URL": prefect_api}
         proc = subprocess.Popen([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml")], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         first = tmp_path / "run" / "versions" / "0001" / "checkpoints" / "epoch-000001" / "manifest.json"
@@ -83,7 +81,7 @@ def test_a_lost_cluster_ends_in_one_line_and_keeps_the_checkpoints(prefect_api, 
     finally:
         cluster.close()
     assert proc.returncode == 3, err[-3000:]
-    assert seconds < 60, seconds  # bounded: the reconnect or restart timeout, plus the run's own exit
+    assert seconds < 60, seconds  # bounded: the client's 30 s reconnect window or restart_timeout_s, plus the exit
     assert "Traceback" not in err, err[-3000:]
     [line] = [x for x in err.splitlines() if x.startswith("shardflow run:")]
     assert re.search(says, line) and line.endswith("are kept: a new run resumes from the last complete one"), line
