@@ -179,7 +179,6 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
     ends with the parameters of an uninterrupted one.
     """
     log = get_run_logger()
-    kept = f"the checkpoints in {paths['version']} are kept: a new run resumes from the last complete one"
     losses: dict[int, float] = {}
     warnings: list[str] = []
     progress = None
@@ -217,11 +216,12 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
             return {"losses": losses, "steps": steps, "bytes_per_step": measured, "downloads": engine.downloads,
                     "resumed": resumed, "restarts": attempt, "warnings": warnings}
         except SchedulerLost as e:
-            raise TrainingError(f"{e}; {kept}") from None
+            raise TrainingError(f"{e}; {_kept(paths['version'])}") from None
         except WorkerLost as e:
             if attempt == config.max_restarts:
                 raise TrainingError(
-                    f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.max_restarts} reached; {kept}"
+                    f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.max_restarts} reached; "
+                    f"{_kept(paths['version'])}"
                 ) from None
             log.warning("%s; restoring the cluster and resuming from the last complete checkpoint (restart %d of %d)",
                         e, attempt + 1, config.max_restarts)
@@ -229,9 +229,16 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
             try:
                 restore_cluster(engine, client, devices, attempt + 1, config.restart_timeout_s)
             except TrainingError as gone:
-                raise TrainingError(f"lost a worker ({e}), and {gone}; {kept}") from None
+                raise TrainingError(f"lost a worker ({e}), and {gone}; {_kept(paths['version'])}") from None
         finally:
             release_parameter_servers(engine)
+
+
+def _kept(version: str) -> str:
+    """What a stopped run leaves for the next one."""
+    if complete_checkpoints(version):
+        return f"the checkpoints in {version} are kept: a new run resumes from the last complete one"
+    return f"no checkpoint of {version} was complete yet: a new run starts it from the beginning"
 
 
 def _markdown(s: dict, config: RetrainConfig) -> str:

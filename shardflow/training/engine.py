@@ -38,6 +38,8 @@ from storage.staging import staged
 POLL_S = 0.5
 # How long an unreachable worker may take to be reported lost by the scheduler.
 LOSS_GRACE_S = 10.0
+# A lost worker last seen above this share of its memory limit is reported as probably stopped for memory.
+MEMORY_NOTE_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ class Engine:
         # The worker each device lives on, by address and by the worker's unique id: a
         # worker restarted by its nanny comes back as a different id without the shard.
         self.workers = {workers[d]: info[workers[d]]["id"] for d in range(P)}
+        self._last_seen: dict[str, dict] = {}  # address -> the scheduler's last word on that worker
         self._futures = [
             client.submit(
                 DeviceWorker,
@@ -225,13 +228,25 @@ class Engine:
             now = live_workers(self.client)  # first: a lost scheduler cancels every actor, and is no worker loss
             for d, f in enumerate(self._futures):
                 if f.status in ("error", "lost", "cancelled"):
-                    raise WorkerLost(f"device {d}'s actor is {f.status}: its worker left the cluster, the shard is lost")
+                    raise WorkerLost(f"device {d}'s actor is {f.status}: its worker left the cluster, the shard is lost"
+                                     + self._memory_note(list(self.workers)[d]))
             for d, (address, wid) in enumerate(self.workers.items()):
                 if now.get(address, {}).get("id") != wid:
-                    raise WorkerLost(f"device {d}'s worker {address} left the cluster; its parameter shard is lost")
+                    raise WorkerLost(f"device {d}'s worker {address} left the cluster; its parameter shard is lost"
+                                     + self._memory_note(address))
+                self._last_seen[address] = now[address]
             if time.monotonic() >= deadline:
                 return
             time.sleep(POLL_S)
+
+    def _memory_note(self, address: str) -> str:
+        """What the worker at `address` last reported of its memory, when that was near its limit."""
+        seen = self._last_seen.get(address, {})
+        used, limit = seen.get("metrics", {}).get("memory"), seen.get("memory_limit")
+        if not used or not limit or used < MEMORY_NOTE_SHARE * limit:
+            return ""
+        return (f" (last seen using {used / 2**30:.2f} GiB of its {limit / 2**30:.2f} GiB memory limit: probably "
+                "stopped for exceeding it; a plan with more devices, or a larger memory limit per worker, fits)")
 
     def _wait(self, calls: list) -> list:
         """The results of actor calls, in order; WorkerLost as soon as a device's worker is gone.

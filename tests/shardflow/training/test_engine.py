@@ -187,3 +187,16 @@ def test_a_restored_checkpoint_continues_bitwise_and_the_export_holds_every_row(
     with Engine(client, dataset, plan, TOPOLOGIES[4], bigger, OPTIMIZER, train) as e:
         with pytest.raises(InputError, match="checkpoint of model .*'dim': 8"):
             e.restore(tmp_path / "run" / "checkpoints" / "epoch-000001")
+
+
+def test_a_lost_worker_near_its_memory_limit_is_reported_as_probably_stopped_for_memory():
+    from types import SimpleNamespace
+
+    gib = 2**30
+    seen = {"a": {"metrics": {"memory": 5.6 * gib}, "memory_limit": 5.9 * gib},
+            "b": {"metrics": {"memory": 1.0 * gib}, "memory_limit": 5.9 * gib}}
+    engine = SimpleNamespace(_last_seen=seen)
+    assert Engine._memory_note(engine, "a") == (
+        " (last seen using 5.60 GiB of its 5.90 GiB memory limit: probably stopped for exceeding it; a plan with "
+        "more devices, or a larger memory limit per worker, fits)")
+    assert Engine._memory_note(engine, "b") == "" and Engine._memory_note(engine, "never-seen") == ""
