@@ -24,13 +24,16 @@ import zarr
 
 from shardflow.errors import InputError
 from storage.checksum import ArrayHash, combine
-from storage.dataset import COMPRESSORS
 from storage.manifest import MANIFEST, read_manifest, write_manifest
 
 CHECKPOINT, EXPORT = "checkpoint", "model"
 FORMAT_VERSION = 1
 MADE_BY = "a shardflow training run"
 EXPORT_CHUNK_ROWS = 1 << 16
+# Trained float32 weights barely compress: blosc-zstd saved 7.6% of a 2·10^6 × 64 table at
+# 516-711 MB/s against 1,309-1,650 MB/s written as they are (3 rounds, 2 cores), so
+# checkpoints and exports are stored uncompressed.
+COMPRESSORS = None
 _EPOCH_DIR = re.compile(r"^epoch-(\d{6})$")
 
 

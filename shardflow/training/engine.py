@@ -29,9 +29,8 @@ from shardflow.training.batches import DEDUP_SCOPES, TrainData, negative_seed
 from shardflow.training.device import DeviceWorker, answer
 from shardflow.training.evaluate import eval_targets
 from shardflow.training.shard import TRAFFIC_KINDS
-from storage.checkpoint import CHECKPOINT, EXPORT, EXPORT_CHUNK_ROWS, digest, finish, write_arrays
+from storage.checkpoint import CHECKPOINT, COMPRESSORS, EXPORT, EXPORT_CHUNK_ROWS, digest, finish, write_arrays
 from storage.checkpoint import read as read_checkpoint
-from storage.dataset import COMPRESSORS
 from storage.staging import staged
 
 # How often a wait on the devices checks that their workers are still in the cluster.
