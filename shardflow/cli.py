@@ -350,7 +350,9 @@ class _Terminal(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         error = record.exc_info[1] if record.exc_info else None
         storage = isinstance(error, OSError) and error.errno in _STORAGE_ERRORS
-        if storage or isinstance(error, self.EXPLAINED) or type(error).__name__ == "Terminated":
+        # A Dask connection closing (the cluster shutting down after an interrupt, a worker lost): its line says so.
+        comm = isinstance(error, OSError) and record.name.startswith("distributed")
+        if storage or comm or isinstance(error, self.EXPLAINED) or type(error).__name__ == "Terminated":
             record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
         return super().format(record)
 
