@@ -248,7 +248,7 @@ def _markdown(s: dict, config: RetrainConfig) -> str:
         head = [f"- **no new data**: nothing trained; version **{s['current']}** stays current", f"- version {s['version']}: {auc}"]
     else:
         start = f"warm start from version {s['warm_start_from']}" if s["warm_start_from"] else "cold start"
-        verdict = (f"**promoted** (now current)" if s["promoted"] else f"**not promoted**: {s['message']}")
+        verdict = ("**promoted** (now current)" if s["promoted"] else f"**not promoted**: {s['message']}")
         previous = "" if s["previous_auc"] is None else f"; the version it started from: AUC {s['previous_auc']:.4f}"
         old = s["previous_plan_comm_time_us_per_step"]
         head = [

@@ -155,8 +155,8 @@ def _print_plan(s: dict) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> dict:
-    from shardflow.arrays import array_module
     from shardflow.cluster import dask_client
+    from shardflow.training.device import torch_device
     from shardflow.training.engine import TrainConfig
     from shardflow.training.run import train_from_stores
     from storage.plan import read_plan
@@ -172,7 +172,7 @@ def _cmd_train(args: argparse.Namespace) -> dict:
         seed=args.seed,
         eval_users=args.eval_users or None,
     )
-    array_module(args.device)
+    torch_device(args.device)  # refused here, before a cluster starts, if this machine has no GPU
     with dask_client(args.scheduler, None if args.scheduler else topology.devices, gpus=args.device == "cuda") as client:
         return train_from_stores(
             args.dataset,

@@ -1,4 +1,4 @@
-"""The sequence DLRM: forward and backward written out by hand against an array module.
+"""The sequence DLRM in PyTorch: one code path for CPU and CUDA, gradients by autograd.
 
 One example: a history window of up to L items (PAD-masked), candidates = the positive
 and K sampled negatives, and optionally one id per categorical feature table (the
@@ -9,9 +9,14 @@ target event's). With h the mean of the history rows and t a candidate's row:
 
 The item table is shared by history and candidates. A trainer never holds whole tables:
 it passes the rows it pulled for its sub-batch and indices into them (BatchIndex), and
-gets back gradients for exactly those rows. Losses are summed and divided by `norm`,
-the number of candidates in the whole global batch, so the gradients of sub-batches add
-up to the gradient of the global batch's mean loss.
+gets back gradients for exactly those rows (a dense [rows pulled, dim] tensor: the rows
+pulled are already the sparse slice). The single-process reference passes whole tables
+instead and takes sparse gradients (`sparse=True`), as an EmbeddingBag with sparse
+gradients would. Losses are summed and divided by `norm`, the number of candidates in
+the whole global batch, so the gradients of sub-batches add up to the gradient of the
+global batch's mean loss.
+
+Dense weights are stored [in, out] (x @ W + b), as the exports have always held them.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
-from shardflow.arrays import scatter_add, sparse_matrix
 from shardflow.errors import InputError
 from shardflow.examples import splitmix64
 
@@ -54,8 +60,12 @@ class ModelConfig:
         widths = [self.input_width, *self.mlp, 1]
         return list(zip(widths[:-1], widths[1:]))
 
-    def dense_names(self) -> list[str]:
-        return [f"mlp.{i}.{p}" for i in range(len(self.layers)) for p in ("weight", "bias")]
+    def dense_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every dense parameter's shape, by name: weights [in, out], biases [out]."""
+        out = {}
+        for i, (fan_in, fan_out) in enumerate(self.layers):
+            out[f"mlp.{i}.weight"], out[f"mlp.{i}.bias"] = (fan_in, fan_out), (fan_out,)
+        return out
 
 
 def init_dense(config: ModelConfig) -> dict[str, np.ndarray]:
@@ -101,92 +111,73 @@ class BatchIndex:
     candidates: np.ndarray  # [E, 1 + K] row index into the item rows; column 0 is the positive
     features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [E] row index
 
-    def on(self, xp) -> "BatchIndex":
-        """The same index as arrays of `xp` (a no-op for numpy)."""
-        if xp is np:
-            return self
-        return BatchIndex(
-            xp.asarray(self.history), xp.asarray(self.candidates), {k: xp.asarray(v) for k, v in self.features.items()}
+    def on(self, device: torch.device) -> "TensorIndex":
+        """The index as tensors on `device`, history flattened into bags (one per example)."""
+        valid = self.history >= 0
+        count = valid.sum(axis=1)
+        if count.size and int(count.min()) == 0:
+            raise InputError("an example without any history item; accepted: targets after their user's first event")
+        offsets = np.zeros(count.size, dtype=np.int64)
+        np.cumsum(count[:-1], out=offsets[1:])
+        put = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)  # noqa: E731
+        return TensorIndex(
+            history=put(self.history[valid]), offsets=put(offsets), candidates=put(self.candidates),
+            features={k: put(v) for k, v in self.features.items()},
         )
+
+
+@dataclass
+class TensorIndex:
+    history: torch.Tensor  # [valid lookups] row index, example by example
+    offsets: torch.Tensor  # [E] where each example's history starts in `history`
+    candidates: torch.Tensor  # [E, 1 + K]
+    features: dict
 
 
 @dataclass
 class Gradients:
     loss_sum: float  # summed BCE of the sub-batch (not divided by norm)
-    dense: dict  # name -> array like the parameter
-    rows: dict  # table -> [rows held, dim], the gradient of every held row
+    dense: dict  # name -> tensor like the parameter
+    rows: dict  # table -> gradient of the rows passed ([rows, dim], or sparse with sparse=True)
 
 
-def _forward(xp, config: ModelConfig, dense: dict, rows: dict, index: BatchIndex, item: str):
+def scores(config: ModelConfig, dense: dict, rows: dict, index: TensorIndex, item: str, sparse: bool = False):
+    """Logits [E, 1 + K] of every candidate."""
     D = config.dim
-    E, C = index.candidates.shape
     table = rows[item]
-    valid = index.history >= 0
-    count = valid.sum(axis=1)
-    if E and int(count.min()) == 0:
-        raise InputError("an example without any history item; accepted: targets after their user's first event")
-    # Mean pooling as one sparse product: pool[e, r] = (times row r is in e's history) / count[e].
-    example = xp.nonzero(valid)[0]
-    weight = (1.0 / count.astype(table.dtype))[example]
-    pool = sparse_matrix(xp, weight, example, index.history[valid], (E, table.shape[0]))
-    h = pool @ table
-    t = table[index.candidates]
-    feats = [rows[name][index.features[name]] for name in config.features]
+    h = F.embedding_bag(index.history, table, index.offsets, mode="mean", sparse=sparse)
+    t = F.embedding(index.candidates, table, sparse=sparse)
     # The first layer split by input block: h and the features are the same for every
     # candidate of an example, so their product is taken once per example, not per candidate.
     w0 = dense["mlp.0.weight"]
-    per_example = h @ w0[:D] + dense["mlp.0.bias"]
-    for k, f in enumerate(feats):
+    per_example = torch.addmm(dense["mlp.0.bias"], h, w0[:D])
+    for k, name in enumerate(config.features):
+        f = F.embedding(index.features[name], rows[name], sparse=sparse)
         per_example = per_example + f @ w0[(3 + k) * D : (4 + k) * D]
-    pair = xp.concatenate([t, h[:, None, :] * t], axis=2).reshape(E * C, 2 * D)
-    z = (pair @ w0[D : 3 * D]).reshape(E, C, -1) + per_example[:, None, :]
-    z = z.reshape(E * C, -1)
-    acts = [None]
-    n = len(config.layers)
-    for i in range(1, n):
-        z = xp.maximum(z, 0)
-        acts.append(z)
-        z = z @ dense[f"mlp.{i}.weight"] + dense[f"mlp.{i}.bias"]
-    return z.reshape(E, C), (pool, h, t, feats, pair, acts)
-
-
-def scores(xp, config: ModelConfig, dense: dict, rows: dict, index: BatchIndex, item: str):
-    """Logits [E, 1 + K] of every candidate."""
-    return _forward(xp, config, dense, rows, index, item)[0]
+    pair = torch.cat([t, h[:, None, :] * t], dim=2)
+    z = pair @ w0[D : 3 * D] + per_example[:, None, :]
+    for i in range(1, len(config.layers)):
+        z = torch.relu(z) @ dense[f"mlp.{i}.weight"] + dense[f"mlp.{i}.bias"]
+    return z.squeeze(-1)
 
 
 def forward_backward(
-    xp, config: ModelConfig, dense: dict, rows: dict, index: BatchIndex, item: str, norm: int
+    config: ModelConfig, dense: dict, rows: dict, index: TensorIndex, item: str, norm: int, sparse: bool = False
 ) -> Gradients:
-    """Loss and gradients of a sub-batch; `rows` maps table -> the rows the trainer holds."""
-    D = config.dim
-    E, C = index.candidates.shape
-    logit, (pool, h, t, feats, pair, acts) = _forward(xp, config, dense, rows, index, item)
-    label = xp.zeros((E, C), dtype=logit.dtype)
+    """Loss and gradients of a sub-batch; `rows` maps table -> the rows the trainer holds.
+
+    Neither `dense` nor `rows` is modified: autograd runs on detached leaves of them.
+    """
+    leaves_dense = {k: v.detach().requires_grad_(True) for k, v in dense.items()}
+    leaves_rows = {k: v.detach().requires_grad_(True) for k, v in rows.items()}
+    logit = scores(config, leaves_dense, leaves_rows, index, item, sparse)
+    label = torch.zeros_like(logit)
     label[:, 0] = 1.0
-    loss_sum = float((xp.logaddexp(0, logit) - label * logit).sum())
-    g = ((xp.exp(-xp.logaddexp(0, -logit)) - label) / logit.dtype.type(norm)).reshape(E * C, 1)
-
-    grads: dict = {}
-    n = len(config.layers)
-    for i in reversed(range(1, n)):
-        grads[f"mlp.{i}.weight"] = acts[i].T @ g
-        grads[f"mlp.{i}.bias"] = g.sum(axis=0)
-        g = (g @ dense[f"mlp.{i}.weight"].T) * (acts[i] > 0)
-    w0 = dense["mlp.0.weight"]
-    g_example = g.reshape(E, C, -1).sum(axis=1)
-    grads["mlp.0.weight"] = xp.concatenate(
-        [h.T @ g_example, pair.T @ g] + [f.T @ g_example for f in feats], axis=0
+    loss_sum = F.binary_cross_entropy_with_logits(logit, label, reduction="sum")
+    grads = torch.autograd.grad(loss_sum / norm, [*leaves_dense.values(), *leaves_rows.values()])
+    n = len(leaves_dense)
+    return Gradients(
+        loss_sum=float(loss_sum.detach()),
+        dense=dict(zip(leaves_dense, grads[:n])),
+        rows=dict(zip(leaves_rows, grads[n:])),
     )
-    grads["mlp.0.bias"] = g.sum(axis=0)
-    d_pair = (g @ w0[D : 3 * D].T).reshape(E, C, 2 * D)
-    d_t, d_ht = d_pair[..., :D], d_pair[..., D:]
-    dh = g_example @ w0[:D].T + (d_ht * t).sum(axis=1)
-    dt = d_t + d_ht * h[:, None, :]
-
-    row_grads = {name: xp.zeros_like(r) for name, r in rows.items()}
-    row_grads[item] += pool.T @ dh
-    scatter_add(xp, row_grads[item], index.candidates.reshape(-1), dt.reshape(E * C, D))
-    for k, name in enumerate(config.features):
-        scatter_add(xp, row_grads[name], index.features[name], g_example @ w0[(3 + k) * D : (4 + k) * D].T)
-    return Gradients(loss_sum=loss_sum, dense=grads, rows=row_grads)

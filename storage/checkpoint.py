@@ -122,6 +122,61 @@ def verify_export(store: str | Path) -> dict:
     return m
 
 
+def create_export(store: Path, tables: dict[str, int], dim: int) -> None:
+    """The empty arrays of an export: `tables/<t>` [rows, dim] and `state/<t>` [rows], chunked by EXPORT_CHUNK_ROWS."""
+    root = zarr.open_group(str(store), mode="w")
+    for name, rows in tables.items():
+        root.create_array(f"tables/{name}", shape=(rows, dim), dtype=np.float32, chunks=(EXPORT_CHUNK_ROWS, dim),
+                          compressors=COMPRESSORS)
+        root.create_array(f"state/{name}", shape=(rows,), dtype=np.float32, chunks=(EXPORT_CHUNK_ROWS,),
+                          compressors=COMPRESSORS)
+
+
+def write_export_chunk(store: str | Path, table: str, start: int, rows: np.ndarray, state: np.ndarray) -> dict[str, str]:
+    """Rows start.. of `table` and their Adagrad sums, one chunk only this writer writes; {chunk name: digest}."""
+    out = {}
+    for kind, values in (("tables", rows), ("state", state)):
+        zarr.open_array(f"{store}/{kind}/{table}", mode="r+")[start : start + values.shape[0]] = values
+        out[f"{kind}/{table}/{start}"] = digest(f"{kind}/{table}/{start}", values)
+    return out
+
+
+def read_export_rows(store: str | Path, table: str, ids: np.ndarray, zeros_past_end: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, Adagrad sums) of `ids` from an export, reading each chunk once whatever the ids' order.
+
+    With `zeros_past_end`, ids past the exported table's end (added to the dataset since)
+    get zero rows and sums; otherwise they are refused.
+    """
+    weights = zarr.open_array(str(Path(store) / "tables" / table), mode="r")
+    state = zarr.open_array(str(Path(store) / "state" / table), mode="r")
+    ids = np.asarray(ids, dtype=np.int64)
+    known = ids < weights.shape[0]
+    if not zeros_past_end and not known.all():
+        raise InputError(f"{store}/tables/{table}: id {int(ids[~known][0])} past its {weights.shape[0]:,} rows")
+    rows = np.zeros((ids.size, weights.shape[1]), dtype=np.float32)
+    sums = np.zeros(ids.size, dtype=np.float32)
+    where = np.flatnonzero(known)
+    if where.size:
+        order = where[np.argsort(ids[where], kind="stable")]  # ascending ids: each chunk read once
+        rows[order] = weights.get_orthogonal_selection((ids[order], slice(None)))
+        sums[order] = state.get_orthogonal_selection((ids[order],))
+    return rows, sums
+
+
+def read_export_dense(store: str | Path, shapes: dict[str, tuple], optimizer_state: list[str]
+                      ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(dense layers, their optimiser state) of an export; a layer whose shape is not `shapes[name]` is refused."""
+    dense = {}
+    for k, shape in shapes.items():
+        v = zarr.open_array(str(Path(store) / "dense" / k), mode="r")[...]
+        if v.shape != tuple(shape):
+            raise InputError(f"{store}/dense/{k}: shape {v.shape}; accepted: {tuple(shape)}")
+        dense[k] = v
+    state = {k: zarr.open_array(str(Path(store) / "dense_opt" / k), mode="r")[...] for k in optimizer_state}
+    return dense, state
+
+
 def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """(epochs done, path) of every checkpoint with a manifest, oldest first."""
     root = Path(run_dir) / "checkpoints"

@@ -16,7 +16,6 @@ from prefect.cache_policies import NONE
 from shardflow.config import RetrainConfig
 from shardflow.cluster import live_workers
 from shardflow.errors import InputError, TrainingError, WorkerLost
-from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.plan import row_bytes
@@ -24,6 +23,7 @@ from shardflow.planner.topology import load_topology
 from shardflow.planning import compare_strategies, keep_or_replan
 from shardflow.profiling import profile_dataset
 from shardflow.training.engine import Engine, TrainConfig
+from shardflow.training.run import prepare, start_engine
 from shardflow.training.evaluate import evaluate_export
 from storage.checkpoint import CHECKPOINT, checkpoint_dir, complete_checkpoints
 from storage.checkpoint import read as read_store
@@ -276,13 +276,6 @@ def _comparison_row(r: dict) -> dict:
     }
 
 
-def model_config(config: RetrainConfig, dataset: str) -> ModelConfig:
-    return ModelConfig(
-        dim=config.dim, mlp=tuple(config.mlp), history=config.history, negatives=config.negatives,
-        features=Dataset.open(dataset).info.feature_tables, seed=config.seed,
-    )
-
-
 def optimizer_config(config: RetrainConfig) -> OptimizerConfig:
     return OptimizerConfig(row_lr=config.row_lr, dense=config.dense_optimizer, dense_lr=config.dense_lr)
 
@@ -295,18 +288,12 @@ def train_config(config: RetrainConfig, window: tuple[int, int] = (0, 0)) -> Tra
 @task(name="start-parameter-servers", task_run_name="start-parameter-servers", cache_policy=NONE)
 def start_parameter_servers(config: RetrainConfig, dataset: str, plan_path: str, client: Client,
                             estimate: bool = False, window: tuple[int, int] = (0, 0)) -> Engine:
-    from shardflow.training.engine import estimation_plan
-
-    plan, topology, _, _ = read_plan(plan_path)
-    model = model_config(config, dataset)
-    scaled = None
-    if estimate:
-        plan, scaled, factor = estimation_plan({t.name: t.rows for t in plan.tables}, config.dim,
-                                               topology.device_memory_bytes)
-        get_run_logger().info("estimation: one parameter server, rows scaled by %.4f", factor)
-    engine = Engine(client, dataset, plan, topology, model, optimizer_config(config), train_config(config, window),
-                    scaled)
-    get_run_logger().info("parameter servers up on %d devices (Dask dashboard: %s)", topology.devices,
+    job = prepare(dataset, plan_path, train_config(config, window), mlp=tuple(config.mlp),
+                  optimizer=optimizer_config(config), estimate=estimate)
+    if job.scaled_rows is not None:
+        get_run_logger().info("estimation: one parameter server, rows scaled to %s", job.scaled_rows)
+    engine = start_engine(client, job)
+    get_run_logger().info("parameter servers up on %d devices (Dask dashboard: %s)", job.topology.devices,
                           client.dashboard_link)
     return engine
 

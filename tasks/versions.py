@@ -14,7 +14,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NONE
 
 from shardflow.config import RetrainConfig
-from shardflow.errors import InputError, WorkerLost
+from shardflow.errors import WorkerLost
 from shardflow.planner.topology import load_topology
 from shardflow.training.batches import window_start
 from shardflow.training.engine import Engine

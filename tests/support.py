@@ -10,8 +10,13 @@ import numpy as np
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
+from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.plan import ShardingPlan, TablePlan
+from shardflow.planner.strategies import budget_bytes_per_device, propose
 from shardflow.planner.topology import Node, Topology
+from shardflow.training.device import Device
+from shardflow.training.reference import ReferenceTrainer
+from storage.dataset import Dataset
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 REAL = {
@@ -67,6 +72,56 @@ def random_plan(data, devices: int, seed: int) -> ShardingPlan:
             for t, rows in data.rows.items()
         ),
     )
+
+
+# -- the engine against the single-process reference -------------------------------------------
+def accesses(dataset) -> list[TableAccess]:
+    ds = Dataset.open(dataset)
+    return [
+        TableAccess.from_counts(t, np.bincount(ds.ids(t), minlength=ds.info.table(t).rows), 1.0)
+        for t in ("item", "genre")
+    ]
+
+
+def planned(dataset, strategy: str, devices: int) -> ShardingPlan:
+    topo = TOPOLOGIES[devices]
+    acc = accesses(dataset)
+    model = CostModel(topo, StepShape(BATCH, MODEL.dim))
+    return propose(strategy, acc, topo, budget_bytes_per_device(acc, topo, MODEL.dim, 3.0), model)
+
+
+def reference(data, steps: int) -> ReferenceTrainer:
+    ref = ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, seed=0)
+    for i in range(steps):
+        ref.step(0, i)
+    return ref
+
+
+def check_against(ref: ReferenceTrainer, shards: list[dict]) -> None:
+    """Every stored row within float32 rounding of the reference; every replica bitwise equal to the others."""
+    for t, table in ref.weights.items():
+        scale = np.abs(table).max()
+        copies: dict[int, np.ndarray] = {}
+        for p in shards:
+            ids, w = p[t]["ids"], p[t]["weights"]
+            assert np.abs(w - table[ids]).max(initial=0.0) <= 1e-5 * scale, t
+            np.testing.assert_allclose(p[t]["state"], ref.state[t][ids], rtol=1e-5, atol=1e-12)
+            for i, row, acc in zip(ids.tolist(), w, p[t]["state"]):
+                if i in copies:
+                    assert copies[i][0].tobytes() == row.tobytes() and copies[i][1] == acc, f"{t} row {i}: replicas differ"
+                else:
+                    copies[i] = (row, acc)
+        assert sorted(copies) == list(range(table.shape[0])), f"{t}: some row is stored nowhere"
+    for k, v in shards[0]["dense"].items():
+        assert np.abs(v - ref.dense[k]).max() <= 1e-5 * np.abs(ref.dense[k]).max(), k
+
+
+def in_process_devices(data, plan: ShardingPlan, topology: Topology, dedup: str = "device", batch: int = BATCH,
+                       model: ModelConfig = MODEL, optimizer: OptimizerConfig = OPTIMIZER) -> list[Device]:
+    """One Device per device of `topology`, all in this process (for shardflow.training.protocol.InProcess)."""
+    tables = {t.name: t for t in plan.tables}
+    return [Device(d, topology, tables, data, model, optimizer, batch_size=batch, dedup=dedup)
+            for d in range(topology.devices)]
 
 
 def sequences_by_raw_user(ds, table: str = "item") -> dict:

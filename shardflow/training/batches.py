@@ -153,3 +153,12 @@ def lookups(ex: Examples, data: TrainData, config: ModelConfig, dedup: str) -> L
         features={name: where[name] for name in config.features},
     )
     return Lookups(fetch=fetch, index=index)
+
+
+def table_index(ex: Examples, data: TrainData, config: ModelConfig) -> BatchIndex:
+    """Where each lookup of `ex` finds its row in whole tables (row = id): the reference trainer's index."""
+    return BatchIndex(
+        history=ex.history.astype(np.int64),  # PAD is -1
+        candidates=np.concatenate([ex.positive[:, None], ex.negatives], axis=1).astype(np.int64),
+        features={name: data.columns[name][ex.position] for name in config.features},
+    )

@@ -1,22 +1,25 @@
-"""The training engine: one DeviceWorker actor per device on a Dask cluster, driven step by step.
+"""The Dask layer: one actor per device carrying a shardflow.training.device.Device, and the engine.
 
 Device d runs on the d-th worker (workers sorted by address); the engine holds the
-actors' futures for as long as it lives, and `close` releases them. Each step is the
-rounds described in shardflow.training.device; the engine waits for every device
-between rounds, so a step starts only when every update of the one before is applied.
+actors' futures for as long as it lives, and `close` releases them. The actors only
+carry messages: for each step the engine makes one call per device, and inside it the
+devices exchange the protocol's rounds directly, one message per peer per round
+(shardflow.training.protocol), each waiting in one place (`Mailbox.wait`) that also
+checks its peers are alive. A step starts only when every update of the one before is
+applied.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import zarr
 from distributed import Client, wait
 
 from shardflow.cluster import live_workers
@@ -26,10 +29,11 @@ from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.topology import Topology
 from shardflow.training.batches import DEDUP_SCOPES, TrainData, negative_seed
-from shardflow.training.device import DeviceWorker, answer
+from shardflow.training.device import Device
 from shardflow.training.evaluate import eval_targets
-from shardflow.training.shard import TRAFFIC_KINDS
-from storage.checkpoint import CHECKPOINT, COMPRESSORS, EXPORT, EXPORT_CHUNK_ROWS, digest, finish, write_arrays
+from shardflow.training.protocol import TRAFFIC_KINDS, Message, PeerStopped, Round
+from storage.checkpoint import (CHECKPOINT, EXPORT, EXPORT_CHUNK_ROWS, create_export, finish, write_arrays,
+                                write_export_chunk)
 from storage.checkpoint import read as read_checkpoint
 from storage.staging import staged
 
@@ -39,6 +43,11 @@ POLL_S = 0.5
 LOSS_GRACE_S = 10.0
 # A lost worker last seen above this share of its memory limit is reported as probably stopped for memory.
 MEMORY_NOTE_SHARE = 0.8
+# Steps left out of the steady-state speed (the first ones pay for allocations and warm caches).
+WARMUP_STEPS = 2
+# Steps one call to the devices runs: they overlap each step's batch building and requests with
+# the step before, and the engine's round trip is paid once per call (progress is heard per call).
+STEPS_PER_CALL = 8
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,209 @@ class TrainResult:
     examples: int = 0
     seconds: float = 0.0
     epoch_loss: list = field(default_factory=list)  # mean BCE per epoch (per candidate)
-    timings: dict = field(default_factory=dict)  # mean seconds per step: batch, pull, compute, push, sync
+    timings: dict = field(default_factory=dict)  # mean seconds per step: batch, each round, compute
+    steady: dict = field(default_factory=lambda: {"steps": 0, "examples": 0, "seconds": 0.0})  # after warm-up
+
+    @property
+    def examples_per_s(self) -> float:
+        """Over the steady-state steps (after the first WARMUP_STEPS), or all of them if there are no others."""
+        if self.steady["seconds"] > 0:
+            return self.steady["examples"] / self.steady["seconds"]
+        return self.examples / self.seconds if self.seconds else 0.0
+
+
+# A peer that has not answered for PROBE_S is asked whether it still exists: a call to an
+# actor released meanwhile (its run ended or died) never returns in distributed 2026.8,
+# and the waiting thread must not stay blocked (the worker's next actor would queue
+# behind it). PEER_TIMEOUT_S bounds the wait even for a peer that exists but is stuck.
+PROBE_S = 1.0
+PEER_TIMEOUT_S = 300.0
+
+
+def _probe(peer) -> None:
+    try:
+        peer.alive
+    except Exception as e:  # KeyError (actor released), OSError (worker gone), RuntimeError (lost)
+        raise WorkerLost(f"a peer device is gone ({type(e).__name__}: {e})") from None
+
+
+def answer(call, peer):
+    """The result of `call` to the actor `peer`; WorkerLost once the peer is gone or silent too long."""
+    deadline = time.monotonic() + PEER_TIMEOUT_S
+    while True:
+        try:
+            return call.result(timeout=PROBE_S)
+        except TimeoutError:
+            _probe(peer)
+            if time.monotonic() > deadline:
+                raise WorkerLost(f"no answer from a peer device in {PEER_TIMEOUT_S:.0f} s") from None
+
+
+class Mailbox:
+    """Messages delivered to one device (on the worker's event loop), taken by its step (on the actor's thread).
+
+    Messages are filed by the engine's call tag, step and round: a message that arrives
+    for a round or a step this device has not reached yet waits for it; those of a call
+    that ended (a failed step) are dropped when the next call begins.
+    """
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._box: dict[tuple[int, int, Round], list[Message]] = {}
+
+    def put(self, tag: int, message: Message) -> None:
+        with self._ready:
+            self._box.setdefault((tag, message.step, message.round), []).append(message)
+            self._ready.notify_all()
+
+    def forget_before(self, tag: int) -> None:
+        with self._ready:
+            self._box = {k: v for k, v in self._box.items() if k[0] >= tag}
+
+    def wait(self, tag: int, step: int, round: Round, peers: dict[int, object]) -> list[Message]:
+        """The round's message of `step` from every one of `peers` ({device: actor}), in device order.
+
+        The only place a device waits for others: every PROBE_S it checks that each peer it
+        still waits for exists, and gives up after PEER_TIMEOUT_S.
+        """
+        deadline = time.monotonic() + PEER_TIMEOUT_S
+        key = (tag, step, round)
+        with self._ready:
+            while True:
+                got = self._box.get(key, [])
+                if len(got) >= len(peers) or any(m.error is not None for m in got):
+                    self._box.pop(key, None)
+                    return sorted(got, key=lambda m: m.sender)
+                if not self._ready.wait(timeout=PROBE_S):
+                    missing = set(peers) - {m.sender for m in got}
+                    self._ready.release()
+                    try:
+                        for d in sorted(missing):
+                            _probe(peers[d])
+                    finally:
+                        self._ready.acquire()
+                    if time.monotonic() > deadline:
+                        raise WorkerLost(f"no {round.value} message from devices {sorted(missing)} in "
+                                         f"{PEER_TIMEOUT_S:.0f} s")
+
+
+class DeviceActor:
+    """The Dask actor of one device: loads the training data, carries a Device and its messages."""
+
+    alive = True  # an attribute, not a method: reading it remotely fails at once if the actor is gone
+
+    def __init__(self, device: int, topology: Topology, tables: dict[str, TablePlan], dataset: str,
+                 config: ModelConfig, optimizer: OptimizerConfig, *, batch_size: int, dedup: str,
+                 array_device: str = "cpu", scaled_rows: dict[str, int] | None = None,
+                 window: tuple[int, int] = (0, 0)) -> None:
+        data = TrainData.load(dataset, config.features, window)
+        self.device = Device(device, topology, tables, data, config, optimizer, batch_size=batch_size, dedup=dedup,
+                             array_device=array_device, scaled_rows=scaled_rows)
+        self.index = device
+        self.peers: list = []
+        self.mail = Mailbox()
+
+    def connect(self, peers: list) -> int:
+        self.peers = peers
+        return self.index
+
+    # -- on the worker's event loop: messages and reads from other devices ----------------
+    async def deliver(self, tag: int, message: Message) -> None:
+        self.mail.put(tag, message)
+
+    async def read_rows(self, table: str, ids: np.ndarray, sender: int) -> np.ndarray:
+        return self.device.serve_rows(table, ids, sender)
+
+    async def read_dense(self, sender: int) -> dict:
+        return self.device.serve_dense(sender)
+
+    async def export_rows(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.device.export_rows(table, ids)
+
+    # -- on the actor's thread -------------------------------------------------------------
+    def steps(self, tag: int, epoch: int, first: int, count: int, step: int, seed: int) -> list[dict]:
+        """Steps first..first+count-1 of `epoch` (global step numbers from `step`): every round's messages out
+        to the peers, theirs in; this device's stats of each step.
+
+        While it waits for the peers' gradients, the device builds the next step's batch and
+        sends its requests: batch building and the first round of a step overlap the step before.
+        """
+        self.mail.forget_before(tag)
+        peers = {d: a for d, a in enumerate(self.peers) if d != self.index}
+        device, sent, stats = self.device, [], []
+        try:
+            prefetched = False
+            for k in range(count):
+                out = device.start(epoch, first + k, step + k, seed)
+                if not prefetched:
+                    sent += self._send(tag, out)
+                prefetched = False
+                for round in device.rounds:
+                    if round is Round.GRADIENTS and k + 1 < count:  # while the peers compute
+                        sent += self._send(tag, device.prepare(epoch, first + k + 1, step + k + 1, seed))
+                        prefetched = True
+                    out = device.receive(round, self.mail.wait(tag, step + k, round, peers))
+                    if out:
+                        sent += self._send(tag, out)
+                stats.append(device.finish())
+                sent = self._settled(sent)
+        except BaseException as e:
+            if not isinstance(e, WorkerLost):
+                sent += self._send(tag, device.failed(e) or {})
+            else:
+                device.abort()
+            for peer, call in sent:
+                try:
+                    answer(call, self.peers[peer])
+                except Exception:  # the step failed already; its first error is the one to report
+                    pass
+            raise
+        for peer, call in sent:
+            answer(call, self.peers[peer])
+        return stats
+
+    def _settled(self, sent: list) -> list:
+        """The deliveries not yet acknowledged; raises a delivery's error."""
+        left = []
+        for peer, call in sent:
+            if call.done():
+                call.result()
+            else:
+                left.append((peer, call))
+        return left
+
+    def clock(self) -> int:
+        return self.device.clock
+
+    def _send(self, tag: int, out: dict[int, Message]) -> list:
+        return [(peer, self.peers[peer].deliver(tag, m)) for peer, m in out.items()]
+
+    def evaluate(self, targets: np.ndarray, candidates: int, seed: int) -> dict:
+        def rows(peer: int, table: str, ids: np.ndarray) -> np.ndarray:
+            return answer(self.peers[peer].read_rows(table, ids, self.index), self.peers[peer])
+
+        def dense() -> dict:
+            return answer(self.peers[0].read_dense(self.index), self.peers[0])
+
+        return self.device.evaluate(targets, candidates, seed, rows, dense)
+
+    def save(self, path: str) -> dict:
+        return self.device.save(path)
+
+    def load(self, path: str, digests: dict, clock: int, dense_steps: int) -> None:
+        self.device.load(path, digests, clock, dense_steps)
+
+    def warm_start(self, model: str, rows: dict, dense_steps: int) -> None:
+        self.device.warm_start(model, rows, dense_steps)
+
+    def dense_parameters(self) -> tuple[dict, dict, int]:
+        return self.device.dense_parameters()
+
+    def traffic(self) -> dict:
+        return self.device.traffic()
+
+    def parameters(self) -> dict:
+        return self.device.parameters()
 
 
 def export_chunk(actors: list, table: str, home: np.ndarray, start: int, store: str) -> dict[str, str]:
@@ -90,11 +301,7 @@ def export_chunk(actors: list, table: str, home: np.ndarray, start: int, store: 
             rows = np.empty((ids.size, got.shape[1]), dtype=np.float32)
             state = np.empty(ids.size, dtype=np.float32)
         rows[sel], state[sel] = got, got_state
-    out = {}
-    for kind, values in (("tables", rows), ("state", state)):
-        zarr.open_array(f"{store}/{kind}/{table}", mode="r+")[start : start + ids.size] = values
-        out[f"{kind}/{table}/{start}"] = digest(f"{kind}/{table}/{start}", values)
-    return out
+    return write_export_chunk(store, table, start, rows, state)
 
 
 def check_plan_matches(data: TrainData, plan: ShardingPlan, topology: Topology) -> None:
@@ -175,7 +382,7 @@ class Engine:
         self._last_seen: dict[str, dict] = {}  # address -> the scheduler's last word on that worker
         self._futures = [
             client.submit(
-                DeviceWorker,
+                DeviceActor,
                 d,
                 topology,
                 {t.name: t for t in plan.tables},
@@ -202,10 +409,8 @@ class Engine:
         except BaseException:
             self.close()
             raise
-        replicated = any((t.tier != SINGLE).any() for t in plan.tables)
-        several_nodes = len(topology.nodes) > 1
-        self.rounds = (["to_primaries"] if replicated and several_nodes else []) + ["apply"]
         self.step_count = 0
+        self._tag = 0  # numbers every step call, so a failed call's late messages are never taken for the next
         self.downloads = 0  # parameter downloads (exports) this engine has written
 
     def _all(self, method: str, *args) -> list:
@@ -273,44 +478,74 @@ class Engine:
             except TimeoutError:
                 self.check_workers()
 
-    def step(self, epoch: int, step_in_epoch: int) -> tuple[list[dict], float]:
-        """One synchronous step on every device; (per-trainer stats, seconds spent in the sync rounds)."""
-        s = self.step_count
+    def step(self, epoch: int, step_in_epoch: int) -> list[dict]:
+        """One synchronous step on every device; per-device stats (loss, examples, seconds per part)."""
+        return self.steps(epoch, step_in_epoch, 1)[0]
+
+    def steps(self, epoch: int, first: int, count: int) -> list[list[dict]]:
+        """Steps first..first+count-1 of `epoch` in one call per device; per step, per-device stats.
+
+        If a step fails, the steps before it stay applied (and counted) and the error is the
+        failing device's own, not a peer's relay of it.
+        """
+        self._tag += 1
+        args = (self._tag, epoch, first, count, self.step_count, self.train.seed)
         try:
-            stats = self._all("compute", epoch, step_in_epoch, s, self.train.seed)
-            t = time.perf_counter()
-            for r in self.rounds:
-                self._all(r, s)
-        except WorkerLost:
+            calls = [a.steps(*args) for a in self.actors]
+        except RuntimeError:  # distributed refuses calls to an actor whose worker is known lost
+            self.check_workers()
             raise
-        except Exception:
-            self._all("discard")
-            raise
-        self.step_count += 1
-        return stats, time.perf_counter() - t
+        results, errors = [], []
+        for call in calls:  # every device ends its part (a failed one tells the others) before this returns
+            try:
+                results.extend(self._wait([call]))
+            except WorkerLost:
+                raise
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            self.step_count = min(self._all("clock"))
+            raise next((e for e in errors if not isinstance(e, PeerStopped)), errors[0])
+        self.step_count += count
+        return [list(per_step) for per_step in zip(*results)]
 
     def train_epoch(self, epoch: int, max_steps: int | None = None, on_step=None) -> dict:
         """Every step of `epoch` (at most `max_steps`); loss, examples, steps, seconds and the time split.
 
         `on_step(done, steps, loss, examples, seconds)`, if given, hears after every step
-        how far the epoch is (the mean loss and the examples so far).
+        how far the epoch is (the mean loss and the examples so far). The split is the
+        slowest device's seconds per part: building the batch, each round (the wait for
+        its messages included) and the forward and backward.
         """
         candidates = 1 + self.model.negatives
         per_epoch = self.data.steps_per_epoch(self.train.batch_size)
         steps = per_epoch if max_steps is None else min(per_epoch, max_steps)
-        parts = {k: 0.0 for k in ("batch", "pull", "compute", "push", "sync")}
+        parts: dict[str, float] = {}
         loss = examples = 0.0
+        steady = {"steps": 0, "examples": 0, "seconds": 0.0}
         t0 = time.perf_counter()
-        for i in range(steps):
-            stats, sync_s = self.step(epoch, i)
-            loss += sum(x["loss_sum"] for x in stats)
-            examples += sum(x["examples"] for x in stats)
-            for k in ("batch", "pull", "compute", "push"):
-                parts[k] += max(x[f"{k}_s"] for x in stats)
-            parts["sync"] += sync_s
-            if on_step is not None:
-                on_step(i + 1, steps, loss / (examples * candidates) if examples else float("nan"), int(examples),
-                        time.perf_counter() - t0)
+        i = 0
+        while i < steps:
+            # The first steps alone (they are the warm-up), then several per call.
+            count = 1 if self.step_count < WARMUP_STEPS else min(STEPS_PER_CALL, steps - i)
+            ts = time.perf_counter()
+            per_step = self.steps(epoch, i, count)
+            took = time.perf_counter() - ts
+            for stats in per_step:
+                i += 1
+                loss += sum(x["loss_sum"] for x in stats)
+                n = sum(x["examples"] for x in stats)
+                examples += n
+                for k in stats[0]:
+                    if k.endswith("_s"):
+                        parts[k[:-2]] = parts.get(k[:-2], 0.0) + max(x[k] for x in stats)
+                if self.step_count > WARMUP_STEPS:
+                    steady["steps"] += 1
+                    steady["examples"] += n
+                    steady["seconds"] += took / count
+                if on_step is not None:
+                    on_step(i, steps, loss / (examples * candidates) if examples else float("nan"), int(examples),
+                            time.perf_counter() - t0)
         return {
             "epoch": epoch,
             "steps": steps,
@@ -318,11 +553,12 @@ class Engine:
             "loss": loss / (examples * candidates) if examples else float("nan"),
             "seconds": time.perf_counter() - t0,
             "parts": parts,
+            "steady": steady,
         }
 
     def fit(self, start_epoch: int = 0) -> TrainResult:
         result = TrainResult()
-        parts = {k: 0.0 for k in ("batch", "pull", "compute", "push", "sync")}
+        parts: dict[str, float] = {}
         for epoch in range(start_epoch, self.train.epochs):
             left = None if self.train.max_steps is None else self.train.max_steps - result.steps
             if left is not None and left <= 0:
@@ -333,7 +569,9 @@ class Engine:
             result.seconds += e["seconds"]
             result.epoch_loss.append(e["loss"])
             for k, v in e["parts"].items():
-                parts[k] += v
+                parts[k] = parts.get(k, 0.0) + v
+            for k, v in e["steady"].items():
+                result.steady[k] += v
         result.timings = {k: v / max(result.steps, 1) for k, v in parts.items()}
         return result
 
@@ -408,15 +646,9 @@ class Engine:
         in when its manifest is written.
         """
         with staged(Path(out), overwrite=True) as stage:
-            root = zarr.open_group(str(stage), mode="w")
+            create_export(stage, {t.name: t.rows for t in self.plan.tables}, self.model.dim)
             tasks = []
             for t in self.plan.tables:
-                root.create_array(
-                    f"tables/{t.name}", shape=(t.rows, self.model.dim), dtype=np.float32,
-                    chunks=(EXPORT_CHUNK_ROWS, self.model.dim), compressors=COMPRESSORS,
-                )
-                root.create_array(f"state/{t.name}", shape=(t.rows,), dtype=np.float32,
-                                  chunks=(EXPORT_CHUNK_ROWS,), compressors=COMPRESSORS)
                 for start in range(0, t.rows, EXPORT_CHUNK_ROWS):
                     home = t.home[start : start + EXPORT_CHUNK_ROWS]
                     tasks.append(self.client.submit(

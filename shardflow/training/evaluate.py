@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import zarr
+import torch
 
 from shardflow.model import ModelConfig, scores
 from shardflow.training.batches import TrainData, lookups, negative_seed
-from storage.checkpoint import verify_export
+from storage.checkpoint import read_export_dense, read_export_rows, verify_export
 
 EVAL_CHUNK = 256  # examples scored at a time
 CANDIDATES = 100
@@ -45,23 +45,16 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
     m = verify_export(model_dir)
     config = ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in m["model"].items()})
     data = TrainData.load(dataset, config.features, (0, eval_from))
-    root = zarr.open_group(str(model_dir), mode="r")
-    dense = {k: root[f"dense/{k}"][...] for k in config.dense_names()}
+    dense = {k: torch.from_numpy(v) for k, v in read_export_dense(model_dir, config.dense_shapes(), [])[0].items()}
     targets = eval_targets(data, users, seed)
     auc = hit = 0.0
     for s in range(0, targets.size, EVAL_CHUNK):
         ex = data.examples(targets[s : s + EVAL_CHUNK], config, negative_seed(seed, -1), negatives=CANDIDATES - 1)
         need = lookups(ex, data, config, "device")
-        rows = {t: _rows(root[f"tables/{t}"], ids) for t, ids in need.fetch.items()}
-        a, h = hits(scores(np, config, dense, rows, need.index, data.item))
+        rows = {t: torch.from_numpy(read_export_rows(model_dir, t, ids, zeros_past_end=True)[0])
+                for t, ids in need.fetch.items()}
+        with torch.no_grad():
+            a, h = hits(scores(config, dense, rows, need.index.on(torch.device("cpu")), data.item).numpy())
         auc, hit = auc + a, hit + h
     n = max(int(targets.size), 1)
     return {"auc": auc / n, "hr_at_10": hit / n, "users": int(targets.size)}
-
-
-def _rows(table, ids: np.ndarray) -> np.ndarray:
-    """Rows `ids` of an exported table; zeros for ids past its end (added to the dataset since)."""
-    out = np.zeros((ids.size, table.shape[1]), dtype=np.float32)
-    known = ids < table.shape[0]
-    out[known] = table.get_orthogonal_selection((ids[known], slice(None)))
-    return out

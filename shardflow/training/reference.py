@@ -2,26 +2,30 @@
 
 What the distributed engine must reproduce under any plan: it shares the model, the
 optimizers, the batch order and the initial values, and differs only in where rows live
-and in which order partial gradients are added.
+and in which order partial gradients are added. It reads whole tables, so its embedding
+gradients are sparse (as an EmbeddingBag's with sparse=True): only the rows the batch
+read are updated.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from shardflow.model import ModelConfig, forward_backward, init_dense, init_rows
 from shardflow.optim import DenseOptimizer, OptimizerConfig, row_adagrad
-from shardflow.training.batches import TrainData, lookups, negative_seed
+from shardflow.training.batches import TrainData, negative_seed, table_index
 
 
 class ReferenceTrainer:
     def __init__(self, data: TrainData, config: ModelConfig, optimizer: OptimizerConfig, batch_size: int, seed: int):
         self.data, self.config, self.optimizer = data, config, optimizer
         self.batch_size, self.seed = batch_size, seed
-        self.weights = {t: init_rows(t, np.arange(rows), config.dim, config.seed) for t, rows in data.rows.items()}
-        self.state = {t: np.zeros(rows, dtype=np.float32) for t, rows in data.rows.items()}
-        self.dense = init_dense(config)
-        self.dense_optimizer = DenseOptimizer(np, optimizer, self.dense)
+        self.tables = {t: torch.from_numpy(init_rows(t, np.arange(rows), config.dim, config.seed))
+                       for t, rows in data.rows.items()}
+        self.sums = {t: torch.zeros(rows, dtype=torch.float32) for t, rows in data.rows.items()}
+        self.dense_tensors = {k: torch.from_numpy(v) for k, v in init_dense(config).items()}
+        self.dense_optimizer = DenseOptimizer(optimizer, self.dense_tensors)
         self._order: tuple[int, np.ndarray] | None = None
 
     def step(self, epoch: int, step_in_epoch: int) -> float:
@@ -31,12 +35,23 @@ class ReferenceTrainer:
         B = self.batch_size
         targets = self._order[1][step_in_epoch * B : (step_in_epoch + 1) * B]
         ex = self.data.examples(targets, self.config, negative_seed(self.seed, epoch))
-        need = lookups(ex, self.data, self.config, "device")
-        rows = {t: self.weights[t][ids] for t, ids in need.fetch.items()}
-        grads = forward_backward(
-            np, self.config, self.dense, rows, need.index, self.data.item, B * (1 + self.config.negatives)
-        )
-        for t, ids in need.fetch.items():
-            row_adagrad(np, self.optimizer, self.weights[t], self.state[t], ids, grads.rows[t])
-        self.dense_optimizer.step(self.dense, grads.dense)
+        index = table_index(ex, self.data, self.config).on(torch.device("cpu"))
+        grads = forward_backward(self.config, self.dense_tensors, self.tables, index, self.data.item,
+                                 B * (1 + self.config.negatives), sparse=True)
+        for t, g in grads.rows.items():
+            g = g.coalesce()
+            row_adagrad(self.optimizer, self.tables[t], self.sums[t], g.indices()[0], g.values())
+        self.dense_optimizer.step(grads.dense)
         return grads.loss_sum
+
+    @property
+    def weights(self) -> dict[str, np.ndarray]:
+        return {t: w.numpy() for t, w in self.tables.items()}
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        return {t: s.numpy() for t, s in self.sums.items()}
+
+    @property
+    def dense(self) -> dict[str, np.ndarray]:
+        return {k: v.numpy() for k, v in self.dense_tensors.items()}

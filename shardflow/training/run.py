@@ -1,14 +1,17 @@
-"""Training from stores without Prefect: dataset + plan -> trained shards, traffic and metrics.
+"""A training job from stores: the one place a dataset and a plan become an engine.
 
-`shardflow train` calls `train_from_stores`; the orchestrated run builds on the same parts.
-The model takes the plan's embedding dimension, history window and negatives (the plan's
-cost model assumed them), and every table of the dataset other than the item sequence
-as a categorical feature.
+`prepare` reads the plan and checks it against the dataset, builds the model from the
+plan's shape (its cost model assumed the dimension, history window and negatives) with
+every table of the dataset other than the item sequence as a categorical feature, and
+predicts the bytes per step; `start_engine` starts the Dask engine on it and
+`in_process` runs all its devices in this process. `shardflow train` (train_from_stores)
+and the retraining flow both build their engines this way.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from distributed import Client
@@ -17,13 +20,79 @@ from shardflow.errors import InputError
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.plan import ShardingPlan
+from shardflow.planner.topology import Topology
 from shardflow.planning import accesses_from_profile
+from shardflow.training.batches import TrainData
+from shardflow.training.device import Device
 from shardflow.training.engine import Engine, TrainConfig, estimation_plan
+from shardflow.training.protocol import InProcess
 from storage.dataset import Dataset
 from storage.plan import read_plan
 from storage.profile import Profile
 
 log = logging.getLogger("shardflow.train")
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    dataset: str
+    plan: ShardingPlan  # the plan to train (the estimation plan in estimation mode)
+    topology: Topology
+    model: ModelConfig
+    optimizer: OptimizerConfig
+    train: TrainConfig
+    scaled_rows: dict[str, int] | None  # estimation mode: rows per table on the one server
+    predicted_bytes_per_step: float  # the cost model's figure for `plan`
+
+
+def prepare(
+    dataset: str | Path,
+    plan_path: str | Path,
+    train: TrainConfig,
+    *,
+    mlp: tuple[int, ...] = ModelConfig.mlp,
+    optimizer: OptimizerConfig | None = None,
+    estimate: bool = False,
+    server_memory_bytes: int | None = None,
+) -> TrainingJob:
+    """The job of training `dataset` on the plan at `plan_path`, refused before any work if they do not match."""
+    ds = Dataset.open(dataset)
+    plan, topology, shape, manifest = read_plan(plan_path)
+    profile = Profile.open(manifest["source"]["profile"])
+    made_from = profile.manifest["dataset"]["checksum"]
+    if made_from != ds.info.checksum:
+        raise InputError(
+            f"plan {plan_path} was made from a profile of dataset {profile.manifest['dataset']['path']} "
+            f"(checksum {made_from}), not of {dataset} ({ds.info.checksum}); accepted: a plan of this dataset"
+        )
+    source = manifest["source"]
+    model = ModelConfig(dim=shape.dim, mlp=tuple(mlp), history=source["history"], negatives=source["negatives"],
+                        features=ds.info.feature_tables, seed=train.seed)
+    scaled = None
+    if estimate:
+        budget = server_memory_bytes if server_memory_bytes is not None else topology.device_memory_bytes
+        plan, scaled, factor = estimation_plan({t.name: t.rows for t in plan.tables}, shape.dim, budget)
+        log.info("estimation: every table on device 0, rows scaled by %.4f", factor)
+    accesses = {a.name: a for a in accesses_from_profile(profile, source["history"], source["negatives"])}
+    predicted = CostModel(topology, StepShape(train.batch_size, shape.dim, train.dedup)).evaluate(plan, accesses)
+    return TrainingJob(str(dataset), plan, topology, model, optimizer or OptimizerConfig(), train, scaled,
+                       predicted.bytes_per_step)
+
+
+def start_engine(client: Client, job: TrainingJob) -> Engine:
+    return Engine(client, job.dataset, job.plan, job.topology, job.model, job.optimizer, job.train, job.scaled_rows)
+
+
+def in_process(job: TrainingJob, data: TrainData | None = None) -> InProcess:
+    """Every device of the job in this process (no cluster): for tests and single-machine checks."""
+    data = data or TrainData.load(job.dataset, job.model.features, job.train.window)
+    tables = {t.name: t for t in job.plan.tables}
+    return InProcess([
+        Device(d, job.topology, tables, data, job.model, job.optimizer, batch_size=job.train.batch_size,
+               dedup=job.train.dedup, array_device=job.train.device, scaled_rows=job.scaled_rows)
+        for d in range(job.topology.devices)
+    ])
 
 
 def train_from_stores(
@@ -38,29 +107,11 @@ def train_from_stores(
     server_memory_bytes: int | None = None,
 ) -> dict:
     """Train for train.epochs (or train.max_steps) and evaluate; the summary `shardflow train --json` prints."""
-    ds = Dataset.open(dataset)
-    plan, topology, shape, manifest = read_plan(plan_path)
-    profile = Profile.open(manifest["source"]["profile"])
-    made_from = profile.manifest["dataset"]["checksum"]
-    if made_from != ds.info.checksum:
-        raise InputError(
-            f"plan {plan_path} was made from a profile of dataset {profile.manifest['dataset']['path']} "
-            f"(checksum {made_from}), not of {dataset} ({ds.info.checksum}); accepted: a plan of this dataset"
-        )
-    source = manifest["source"]
-    model = ModelConfig(
-        dim=shape.dim, mlp=tuple(mlp), history=source["history"], negatives=source["negatives"],
-        features=ds.info.feature_tables,
-    )
-    accesses = {a.name: a for a in accesses_from_profile(profile, source["history"], source["negatives"])}
-    scaled = None
-    if estimate:
-        budget = server_memory_bytes if server_memory_bytes is not None else topology.device_memory_bytes
-        plan, scaled, factor = estimation_plan({t.name: t.rows for t in plan.tables}, shape.dim, budget)
-        log.info("estimation: every table on device 0, rows scaled by %.4f", factor)
-    predicted = CostModel(topology, StepShape(train.batch_size, shape.dim, train.dedup)).evaluate(plan, accesses)
-    with Engine(client, str(dataset), plan, topology, model, optimizer or OptimizerConfig(), train, scaled) as engine:
-        log.info("training %s on %d devices: batch %d, dedup %s", plan.strategy, topology.devices, train.batch_size, train.dedup)
+    job = prepare(dataset, plan_path, train, mlp=mlp, optimizer=optimizer, estimate=estimate,
+                  server_memory_bytes=server_memory_bytes)
+    with start_engine(client, job) as engine:
+        log.info("training %s on %d devices: batch %d, dedup %s", job.plan.strategy, job.topology.devices,
+                 train.batch_size, train.dedup)
         result = engine.fit()
         metrics = engine.evaluate()
         traffic = engine.traffic()
@@ -68,14 +119,15 @@ def train_from_stores(
     return {
         "steps": result.steps,
         "examples": result.examples,
-        "examples_per_s": result.examples / result.seconds if result.seconds else 0.0,
+        "examples_per_s": result.examples_per_s,
+        "steady_steps": result.steady["steps"],
         "measured_bytes_per_step": float(traffic["lookup"].sum() + traffic["sync"].sum()) / steps,
-        "predicted_bytes_per_step": predicted.bytes_per_step,
+        "predicted_bytes_per_step": job.predicted_bytes_per_step,
         "auc": metrics["auc"],
         "hr_at_10": metrics["hr_at_10"],
         "loss": result.epoch_loss[-1] if result.epoch_loss else float("nan"),
-        "strategy": plan.strategy,
-        "devices": topology.devices,
+        "strategy": job.plan.strategy,
+        "devices": job.topology.devices,
         "dedup": train.dedup,
         "batch_size": train.batch_size,
         "eval_users": metrics["users"],

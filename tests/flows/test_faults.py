@@ -69,8 +69,8 @@ def test_a_worker_killed_mid_epoch_is_restored_from_the_last_checkpoint(prefect_
     def kill_in_the_second_epoch():
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            seen = client.run(lambda dask_worker: (os.getpid(), [a.shard.clock for a in dask_worker.state.actors.values()
-                                                                 if hasattr(a, "shard")]))
+            seen = client.run(lambda dask_worker: (os.getpid(), [
+                a.device.shard.clock for a in dask_worker.state.actors.values() if hasattr(a, "device")]))
             for address, (pid, clocks) in sorted(seen.items()):
                 if clocks and clocks[0] >= per_epoch + 3:
                     os.kill(pid, signal.SIGKILL)

@@ -1,23 +1,22 @@
-"""The hand-written backward against central finite differences, in float64."""
+"""The PyTorch model against a plain per-candidate computation, its gradients against finite differences."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from shardflow.model import BatchIndex, ModelConfig, forward_backward, init_dense, init_rows, scores
 from shardflow.optim import DenseOptimizer, OptimizerConfig, row_adagrad
 
 CONFIG = ModelConfig(dim=4, mlp=(5, 3), history=3, negatives=2, features=("genre",), seed=3)
+CPU = torch.device("cpu")
 
 
 def _problem():
     rng = np.random.default_rng(0)
-    dense = {k: v.astype(np.float64) for k, v in init_dense(CONFIG).items()}
-    rows = {
-        "item": rng.normal(size=(6, 4)),
-        "genre": rng.normal(size=(3, 4)),
-    }
+    dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in init_dense(CONFIG).items()}
+    rows = {"item": torch.from_numpy(rng.normal(size=(6, 4))), "genre": torch.from_numpy(rng.normal(size=(3, 4)))}
     index = BatchIndex(
         history=np.array([[-1, 0, 1], [2, 3, 3], [-1, -1, 5]]),
         candidates=np.array([[2, 4, 5], [0, 1, 2], [3, 3, 0]]),
@@ -26,38 +25,66 @@ def _problem():
     return dense, rows, index
 
 
+def _plain_logits(dense, rows, index) -> np.ndarray:
+    """Every candidate on its own: z = [mean of history rows, t, h * t, genre row] through the MLP."""
+    d = {k: v.numpy() for k, v in dense.items()}
+    item, genre = rows["item"].numpy(), rows["genre"].numpy()
+    out = np.zeros(index.candidates.shape)
+    for e, hist in enumerate(index.history):
+        h = item[hist[hist >= 0]].mean(axis=0)
+        for c, cand in enumerate(index.candidates[e]):
+            t = item[cand]
+            z = np.concatenate([h, t, h * t, genre[index.features["genre"][e]]]) @ d["mlp.0.weight"] + d["mlp.0.bias"]
+            z = np.maximum(z, 0) @ d["mlp.1.weight"] + d["mlp.1.bias"]
+            out[e, c] = (np.maximum(z, 0) @ d["mlp.2.weight"] + d["mlp.2.bias"])[0]
+    return out
+
+
+def test_the_forward_is_the_plain_per_candidate_model_with_padding_masked():
+    dense, rows, index = _problem()
+    fast = scores(CONFIG, dense, rows, index.on(CPU), "item").numpy()
+    np.testing.assert_allclose(fast, _plain_logits(dense, rows, index), rtol=1e-12, atol=1e-12)
+    rows["item"][0] += 100.0  # row 0: example 0's history, example 1's first and example 2's last candidate
+    after = scores(CONFIG, dense, rows, index.on(CPU), "item").numpy()
+    np.testing.assert_array_equal(fast[2, :2], after[2, :2])
+    assert not np.allclose(fast[0], after[0])
+
+
 def _loss(dense, rows, index) -> float:
-    return forward_backward(np, CONFIG, dense, rows, index, "item", norm=7).loss_sum / 7
+    logit = scores(CONFIG, dense, rows, index.on(CPU), "item").numpy()
+    label = np.zeros_like(logit)
+    label[:, 0] = 1
+    return float((np.logaddexp(0, logit) - label * logit).sum()) / 7
 
 
 @pytest.mark.parametrize("which", ["dense", "item", "genre"])
 def test_gradients_match_finite_differences(which):
     dense, rows, index = _problem()
-    grads = forward_backward(np, CONFIG, dense, rows, index, "item", norm=7)
+    grads = forward_backward(CONFIG, dense, rows, index.on(CPU), "item", norm=7)
     targets = dense if which == "dense" else {which: rows[which]}
     analytic = grads.dense if which == "dense" else {which: grads.rows[which]}
     eps = 1e-6
     for name, param in targets.items():
-        numeric = np.zeros_like(param)
-        for i in np.ndindex(param.shape):
-            keep = param[i]
+        numeric = np.zeros(tuple(param.shape))
+        for i in np.ndindex(*param.shape):
+            keep = float(param[i])
             param[i] = keep + eps
             up = _loss(dense, rows, index)
             param[i] = keep - eps
             down = _loss(dense, rows, index)
             param[i] = keep
             numeric[i] = (up - down) / (2 * eps)
-        np.testing.assert_allclose(analytic[name], numeric, rtol=1e-5, atol=1e-8, err_msg=name)
+        np.testing.assert_allclose(analytic[name].numpy(), numeric, rtol=1e-5, atol=1e-8, err_msg=name)
         assert np.abs(numeric).max() > 1e-4, f"{name}: a gradient this small checks nothing"
 
 
-def test_padding_is_masked_and_scores_are_the_forward():
+def test_sparse_gradients_of_whole_tables_equal_the_dense_ones():
     dense, rows, index = _problem()
-    before = scores(np, CONFIG, dense, rows, index, "item")
-    rows["item"][0] += 100.0  # row 0 is read only by example 0's history and example 1's candidate
-    after = scores(np, CONFIG, dense, rows, index, "item")
-    np.testing.assert_array_equal(before[2, :2], after[2, :2])  # example 2 never reads row 0 except candidate 2
-    assert not np.allclose(before[0], after[0])
+    plain = forward_backward(CONFIG, dense, rows, index.on(CPU), "item", norm=7)
+    sparse = forward_backward(CONFIG, dense, rows, index.on(CPU), "item", norm=7, sparse=True)
+    for t in rows:
+        assert sparse.rows[t].is_sparse
+        np.testing.assert_allclose(sparse.rows[t].to_dense().numpy(), plain.rows[t].numpy(), rtol=1e-12, atol=1e-15)
 
 
 def test_init_rows_depend_only_on_table_id_and_seed():
@@ -71,17 +98,37 @@ def test_init_rows_depend_only_on_table_id_and_seed():
 
 
 def test_row_adagrad_and_dense_optimizers_descend():
-    w = np.ones((3, 2), dtype=np.float32)
-    state = np.zeros(3, dtype=np.float32)
-    row_adagrad(np, OptimizerConfig(row_lr=0.1), w, state, np.array([2, 0]), np.array([[1, 1], [-2, 0]], np.float32))
-    np.testing.assert_allclose(state, [2.0, 0, 1.0])
-    np.testing.assert_allclose(w, [[1 + 0.1 * 2 / np.sqrt(2), 1], [1, 1], [0.9, 0.9]], rtol=1e-6)
+    w = torch.ones((3, 2))
+    state = torch.zeros(3)
+    row_adagrad(OptimizerConfig(row_lr=0.1), w, state, torch.tensor([2, 0]), torch.tensor([[1.0, 1], [-2, 0]]))
+    np.testing.assert_allclose(state.numpy(), [2.0, 0, 1.0])
+    np.testing.assert_allclose(w.numpy(), [[1 + 0.1 * 2 / np.sqrt(2), 1], [1, 1], [0.9, 0.9]], rtol=1e-6)
     for kind in ("adam", "adagrad"):
-        p = {"x": np.array([3.0, -2.0], dtype=np.float32)}
-        opt = DenseOptimizer(np, OptimizerConfig(dense=kind, dense_lr=0.1), p)
+        p = {"x": torch.tensor([3.0, -2.0])}
+        opt = DenseOptimizer(OptimizerConfig(dense=kind, dense_lr=0.1), p)
         for _ in range(50):
-            opt.step(p, {"x": 2 * p["x"]})
+            opt.step({"x": 2 * p["x"]})
         assert float((p["x"] ** 2).sum()) < 0.5 * 13.0, kind  # from 3² + 2²
+
+
+@pytest.mark.parametrize("kind", ["adam", "adagrad"])
+def test_a_dense_optimizer_reloaded_from_its_saved_state_continues_bitwise(kind):
+    config = OptimizerConfig(dense=kind, dense_lr=0.05)
+    grads = [{"x": torch.tensor([0.3 * i, -1.0 + i, 2.0])} for i in range(6)]
+    p = {"x": torch.tensor([1.0, 2.0, -3.0])}
+    opt = DenseOptimizer(config, p)
+    for g in grads[:3]:
+        opt.step(g)
+    saved, steps, at = {k: v.clone() for k, v in opt.state.items()}, opt.t, p["x"].clone()
+    assert sorted(saved) == (["x.m", "x.v"] if kind == "adam" else ["x.sum"])
+    for g in grads[3:]:
+        opt.step(g)
+    q = {"x": at}
+    again = DenseOptimizer(config, q)
+    again.load(saved, steps)
+    for g in grads[3:]:
+        again.step(g)
+    assert q["x"].numpy().tobytes() == p["x"].numpy().tobytes()
 
 
 def test_initial_rows_do_not_depend_on_the_block_they_are_made_in(monkeypatch):

@@ -1,0 +1,448 @@
+"""The step protocol of one device, as a state machine: messages in, messages out, no Dask, no threads.
+
+A synchronous step is a fixed sequence of rounds (`step_rounds`, the same on every
+device for a plan). In each round every device sends exactly one message to every
+other device (empty when it has nothing for it), and it moves on once it holds the
+round's message from every peer:
+
+  REQUEST     the ids each trainer reads from a peer's copies (its own copies it reads
+              without a message);
+  REPLY       those rows, and device 0's dense parameters;
+  GRADIENTS   after the forward and backward: each row's gradient to the copy it was read
+              from, the partial sums of global rows to their node's leader, and the dense
+              gradients to device 0;
+  TO_PRIMARY  (several nodes, replicated rows) a non-home node's copy passes its node's
+              partial sum to the row's home;
+  TOTALS      (replicated rows) every home has summed its rows' contributions in sender
+              order and applied them; it sends the totals of replicated rows to the other
+              nodes' copies and, for global rows, to the devices of its node;
+  FORWARD     (global rows, several nodes) a node's leader passes the totals it received
+              on inside its node.
+
+Every copy applies the same total, so replicas stay bitwise equal; nothing is applied
+before the last GRADIENTS message is in, so a step that fails before then changes
+nothing. `StepProtocol` does the routing and the summing; the rows themselves live in a
+ParameterShard it is given, and the forward and backward belong to the caller (between
+`rows` and `gradients`). A driver moves the messages: `InProcess` below for all devices
+in one process (the tests), the Dask engine for a cluster.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from shardflow.errors import TrainingError
+from shardflow.planner.plan import GLOBAL, SINGLE, TablePlan, replica_device
+from shardflow.planner.shardmap import ShardMap
+from shardflow.planner.topology import Topology
+
+
+class Round(enum.Enum):
+    REQUEST = "request"
+    REPLY = "reply"
+    GRADIENTS = "gradients"
+    TO_PRIMARY = "to-primary"
+    TOTALS = "totals"
+    FORWARD = "forward"
+
+
+class Kind(enum.Enum):
+    """What the bytes of a block are counted as (the cost model's terms)."""
+
+    LOOKUP = "lookup"  # a trainer's reads and the gradients of what it read
+    SYNC = "sync"  # partial sums and totals between the copies of replicated rows
+    DENSE = "dense"  # dense parameters and their gradients
+    EVAL = "eval"  # reads of the evaluation (outside any step)
+
+
+TRAFFIC_KINDS = tuple(k.value for k in Kind)
+
+
+class PeerStopped(TrainingError):
+    """Another device stopped the step; the message is that device's own error."""
+
+
+NO_IDS = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class Block:
+    """One table's ids (and rows or gradients) inside a message."""
+
+    kind: Kind
+    table: str
+    ids: np.ndarray  # NO_IDS in a REPLY: its rows come in the order the REQUEST named them
+    values: np.ndarray | None = None  # [rows, dim] float32; None in a REQUEST
+
+    @property
+    def nbytes(self) -> int:
+        return self.ids.nbytes + (0 if self.values is None else self.values.nbytes)
+
+
+@dataclass
+class Message:
+    """Everything one device sends one peer in one round of one step."""
+
+    round: Round
+    step: int
+    sender: int
+    blocks: list[Block] = field(default_factory=list)
+    dense: dict[str, np.ndarray] | None = None  # device 0's parameters (REPLY) or a trainer's gradients
+    error: str | None = None  # the sender stopped this step: why
+
+    def count(self, traffic: dict[str, np.ndarray], receiver: int) -> None:
+        """Add this message's bytes to traffic[kind][sender, receiver]."""
+        for b in self.blocks:
+            traffic[b.kind.value][self.sender, receiver] += b.nbytes
+        if self.dense is not None:
+            traffic[Kind.DENSE.value][self.sender, receiver] += sum(v.nbytes for v in self.dense.values())
+
+
+@dataclass
+class Requests:
+    """A step's REQUEST messages and, per table, the ids the trainer needs and the device it reads each from."""
+
+    step: int
+    owners: dict[str, tuple[np.ndarray, np.ndarray]]
+    outbox: dict[int, Message]
+
+
+def step_rounds(tables: dict[str, TablePlan], topology: Topology) -> tuple[Round, ...]:
+    """The rounds of every step under this plan (the same on every device)."""
+    several_nodes = len(topology.nodes) > 1
+    has_global = any((t.tier == GLOBAL).any() for t in tables.values())
+    replicated = any((t.tier != SINGLE).any() for t in tables.values())
+    rounds = [Round.REQUEST, Round.REPLY, Round.GRADIENTS]
+    if topology.devices == 1:
+        return tuple(rounds)
+    if replicated and several_nodes:
+        rounds.append(Round.TO_PRIMARY)
+    if has_global or (replicated and several_nodes):
+        rounds.append(Round.TOTALS)
+    if has_global and several_nodes:
+        rounds.append(Round.FORWARD)
+    return tuple(rounds)
+
+
+def to_host(x: torch.Tensor) -> np.ndarray:
+    return x.detach().cpu().numpy()
+
+
+def combine(contributions: list[tuple[int, np.ndarray, torch.Tensor]], dim: int, device: torch.device):
+    """Sum (sender, ids, grads) contributions per distinct id, in sender order; (ids, sums)."""
+    if not contributions:
+        return np.zeros(0, dtype=np.int64), torch.zeros((0, dim), dtype=torch.float32, device=device)
+    contributions = sorted(contributions, key=lambda c: c[0])  # stable: a sender's own order is kept
+    ids = np.concatenate([c[1] for c in contributions])
+    grads = torch.cat([c[2] for c in contributions])
+    distinct, where = np.unique(ids, return_inverse=True)
+    if distinct.size == ids.size and (ids[1:] > ids[:-1]).all():
+        return ids, grads
+    total = torch.zeros((distinct.size, dim), dtype=grads.dtype, device=device)
+    total.index_add_(0, torch.from_numpy(where).to(device), grads)
+    return distinct, total
+
+
+class StepProtocol:
+    """One device's side of every step; see the module's description of the rounds.
+
+    Events, in order, each answered by the next round's outbox ({peer: Message}, one per
+    other device): `start` (the ids the trainer needs), then `receive(round, inbox)` for
+    each round, where the REPLY round answers with the rows the trainer computes on and
+    `gradients` then gives the GRADIENTS outbox. `receive` of the last round answers None:
+    the step is applied on this device.
+    """
+
+    def __init__(self, device: int, topology: Topology, tables: dict[str, TablePlan], shard,
+                 maps: dict[str, ShardMap] | None = None) -> None:
+        self.device, self.topology, self.tables, self.shard = device, topology, tables, shard
+        self.maps = maps if maps is not None else {t: ShardMap(p, topology) for t, p in tables.items()}
+        self.node = int(topology.node_of_device[device])
+        self.peers = [d for d in range(topology.devices) if d != device]
+        start = int(topology.node_start[self.node])
+        self.node_peers = [d for d in range(start, start + int(topology.node_devices[self.node])) if d != device]
+        self.rounds = step_rounds(tables, topology)
+        self.traffic = {k: np.zeros((topology.devices, topology.devices)) for k in TRAFFIC_KINDS}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.step: int | None = None
+        self._expect: Round | None = None  # the round whose messages come next
+        self._sending: Round | None = None  # the round this device sends next (its peers wait for it)
+        self._computing = False
+        self._fetch: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # table -> (ids, owner)
+        self._requests: list[Message] = []
+        self._pending: dict[str, list] = {t: [] for t in self.tables}  # table -> [(sender, ids, grads)]
+        self._dense: list[tuple[int, dict]] = []
+
+    # -- the events -----------------------------------------------------------------------
+    def requests(self, step: int, fetch: dict[str, np.ndarray]) -> "Requests":
+        """What step `step` asks of each peer for the rows `fetch[table]` (the trainer's lookups, de-duplicated
+        or not). Changes nothing: a driver may compute (and send) a step's requests while the step
+        before is still under way, since which rows a batch reads does not depend on their values."""
+        out = {p: Message(Round.REQUEST, step, self.device) for p in self.peers}
+        owners = {}
+        for table, ids in fetch.items():
+            owner = self.maps[table].locate(ids, self.device)[0]
+            owners[table] = (ids, owner)
+            for peer in np.unique(owner[owner != self.device]).tolist():
+                out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[owner == peer]))
+        return Requests(step, owners, out)
+
+    def start(self, requests: "Requests") -> dict[int, Message]:
+        """Step `requests.step` begins (every earlier step applied here); its REQUEST outbox."""
+        step = requests.step
+        if self.step is not None:
+            raise RuntimeError(f"device {self.device}: step {step} started inside step {self.step}")
+        self.shard.check_clock(step)
+        self.step, self._sending = step, Round.REQUEST
+        self._fetch = requests.owners
+        return self._sent(Round.REQUEST, requests.outbox)
+
+    def receive(self, round: Round, inbox: list[Message]):
+        """The round's message from every peer; the next round's outbox (the rows, after REPLY)."""
+        if round is not self._expect or self._computing:
+            raise RuntimeError(f"device {self.device}: round {round.value} arrived, expected "
+                               f"{self._expect.value if self._expect else 'no round'}")
+        for m in inbox:
+            if m.error is not None:
+                self._reset()
+                raise PeerStopped(m.error)
+        senders = sorted(m.sender for m in inbox)
+        if senders != self.peers:
+            raise RuntimeError(f"device {self.device}: round {round.value} from devices {senders}, expected {self.peers}")
+        for m in inbox:
+            if m.step != self.step or m.round is not round:
+                raise RuntimeError(f"device {self.device}: a message of step {m.step} round {m.round.value} in "
+                                   f"step {self.step} round {round.value}")
+        handler = {
+            Round.REQUEST: self._on_requests,
+            Round.REPLY: self._on_replies,
+            Round.GRADIENTS: self._on_gradients,
+            Round.TO_PRIMARY: self._on_to_primary,
+            Round.TOTALS: self._on_totals,
+            Round.FORWARD: self._on_forward,
+        }[round]
+        return handler(inbox)
+
+    def gradients(self, rows: dict[str, torch.Tensor], dense: dict[str, torch.Tensor] | None) -> dict[int, Message]:
+        """The trainer's gradients of the rows it was given (same order) and of the dense parameters."""
+        if not self._computing:
+            raise RuntimeError(f"device {self.device}: gradients outside step {self.step}'s compute")
+        out = self._outbox(Round.GRADIENTS)
+        for table, (ids, owner) in self._fetch.items():
+            g = rows[table]
+            mine = np.flatnonzero(owner == self.device)
+            if mine.size:
+                self._keep_own(table, ids[mine], g[torch.from_numpy(mine).to(g.device)])
+            for peer in np.unique(owner[owner != self.device]).tolist():
+                sel = np.flatnonzero(owner == peer)
+                out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[sel], to_host(g[torch.from_numpy(sel).to(g.device)])))
+        for table, plan in self.tables.items():  # own partial sums of global rows, to the node's leader
+            ids, total = self._take(table, lambda ids, plan=plan: (plan.tier[ids] == GLOBAL)
+                                    & (self._holder(plan, ids, self.node) != self.device))
+            self._blocks(out, table, Kind.SYNC, ids, total, self._holder(plan, ids, self.node))
+        if self.device == 0:
+            self._dense.append((0, dense))
+        else:
+            out[0].dense = {k: to_host(v) for k, v in dense.items()}
+        self._computing = False
+        return self._sent(Round.GRADIENTS, out)
+
+    # -- the rounds -----------------------------------------------------------------------
+    def _on_requests(self, inbox: list[Message]) -> dict[int, Message]:
+        out = self._outbox(Round.REPLY)
+        for m in inbox:
+            for b in m.blocks:
+                # The rows in the order asked for: the asker knows their ids, they do not travel back.
+                out[m.sender].blocks.append(Block(b.kind, b.table, NO_IDS, to_host(self.shard.read(b.table, b.ids))))
+            if self.device == 0:
+                out[m.sender].dense = {k: to_host(v) for k, v in self.shard.dense.items()}
+        return self._sent(Round.REPLY, out)
+
+    def _on_replies(self, inbox: list[Message]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(rows the trainer computes on, in `fetch` order; the dense parameters)."""
+        by_peer = {m.sender: {b.table: b for b in m.blocks} for m in inbox}
+        rows = {}
+        for table, (ids, owner) in self._fetch.items():
+            r = torch.empty((ids.size, self.shard.dim), dtype=torch.float32, device=self.shard.device)
+            mine = np.flatnonzero(owner == self.device)
+            r[torch.from_numpy(mine).to(r.device)] = self.shard.read(table, ids[mine])
+            for peer in np.unique(owner[owner != self.device]).tolist():
+                sel = torch.from_numpy(np.flatnonzero(owner == peer)).to(r.device)
+                r[sel] = torch.from_numpy(by_peer[peer][table].values).to(r.device)
+            rows[table] = r
+        if self.device == 0:
+            dense = self.shard.dense
+        else:
+            dense = {k: torch.from_numpy(v).to(self.shard.device) for k, v in next(m for m in inbox if m.sender == 0).dense.items()}
+        self._expect, self._computing = Round.GRADIENTS, True
+        return rows, dense
+
+    def _on_gradients(self, inbox: list[Message]):
+        self._accept(inbox)
+        if Round.TO_PRIMARY in self.rounds:
+            out = self._outbox(Round.TO_PRIMARY)
+            for table, plan in self.tables.items():
+                ids, total = self._take(table, lambda ids, plan=plan: (plan.tier[ids] != SINGLE) & (plan.home[ids] != self.device))
+                if ids.size and (self._holder(plan, ids, self.node) != self.device).any():
+                    raise RuntimeError(f"device {self.device}: gradients of replicated rows it does not hold")
+                self._blocks(out, table, Kind.SYNC, ids, total, plan.home[ids].astype(np.int64))
+            return self._sent(Round.TO_PRIMARY, out)
+        return self._apply_owned()
+
+    def _on_to_primary(self, inbox: list[Message]):
+        self._accept(inbox)
+        return self._apply_owned()
+
+    def _apply_owned(self):
+        """Sum and apply the rows this device owns; send replicated rows' totals to their other copies."""
+        out = self._outbox(Round.TOTALS)
+        for table, plan in self.tables.items():
+            ids, total = self._take(table, lambda ids: np.ones(ids.size, dtype=bool))
+            if ids.size and (plan.home[ids] != self.device).any():
+                raise RuntimeError(f"device {self.device}: gradients left for rows it does not own")
+            self.shard.apply(table, ids, total, self.step)
+            replicated = np.flatnonzero(plan.tier[ids] != SINGLE)
+            r_ids = ids[replicated]
+            r_total = to_host(total[torch.from_numpy(replicated).to(total.device)]) if replicated.size else None
+            for node in range(len(self.topology.nodes)):
+                if node != self.node and r_ids.size:
+                    self._blocks(out, table, Kind.SYNC, r_ids, r_total, self._holder(plan, r_ids, node))
+            is_global = plan.tier[r_ids] == GLOBAL
+            if is_global.any():
+                for peer in self.node_peers:
+                    out[peer].blocks.append(Block(Kind.SYNC, table, r_ids[is_global], r_total[is_global]))
+        if self.device == 0:
+            contributions = sorted(self._dense, key=lambda c: c[0])
+            total = {k: v.clone() for k, v in contributions[0][1].items()}
+            for _, grads in contributions[1:]:
+                for k in total:
+                    total[k] += grads[k].to(total[k].device)
+            self.shard.apply_dense(total)
+        self._dense = []
+        if Round.TOTALS not in self.rounds:
+            return self._finish()
+        return self._sent(Round.TOTALS, out)
+
+    def _on_totals(self, inbox: list[Message]):
+        out = self._outbox(Round.FORWARD)
+        for m in inbox:
+            for b in m.blocks:
+                self.shard.apply(b.table, b.ids, torch.from_numpy(b.values).to(self.shard.device), self.step)
+                if self.topology.node_of_device[m.sender] == self.node:
+                    continue
+                is_global = self.tables[b.table].tier[b.ids] == GLOBAL
+                if is_global.any():
+                    for peer in self.node_peers:
+                        out[peer].blocks.append(Block(Kind.SYNC, b.table, b.ids[is_global], b.values[is_global]))
+        if Round.FORWARD not in self.rounds:
+            return self._finish()
+        return self._sent(Round.FORWARD, out)
+
+    def _on_forward(self, inbox: list[Message]):
+        for m in inbox:
+            for b in m.blocks:
+                self.shard.apply(b.table, b.ids, torch.from_numpy(b.values).to(self.shard.device), self.step)
+        return self._finish()
+
+    def _finish(self) -> None:
+        left = {t: len(p) for t, p in self._pending.items() if p}
+        if left or self._dense:
+            raise RuntimeError(f"device {self.device}: step {self.step} ends with unapplied gradients {left}")
+        self.shard.finish_step(self.step)
+        self._reset()
+        return None
+
+    def abort(self) -> None:
+        """Forget the step under way (a peer failed); applied parameters are untouched."""
+        self._reset()
+
+    def failed(self, error: BaseException) -> dict[int, Message] | None:
+        """Messages telling every peer that this device stopped the step, for the round they wait on."""
+        waiting, step = self._sending, self.step
+        self._reset()
+        if waiting is None or step is None:
+            return None
+        return {p: Message(waiting, step, self.device, error=str(error)) for p in self.peers}
+
+    @property
+    def expecting(self) -> Round | None:
+        """The round whose messages this device waits for (None between steps)."""
+        return self._expect
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _outbox(self, round: Round) -> dict[int, Message]:
+        return {p: Message(round, self.step, self.device) for p in self.peers}
+
+    def _sent(self, round: Round, out: dict[int, Message]) -> dict[int, Message]:
+        """Count the outbox's bytes; its round is the one to receive next, the one after it the next to send."""
+        for peer, m in out.items():
+            m.count(self.traffic, peer)
+        i = self.rounds.index(round)
+        self._expect, self._sending = round, self.rounds[i + 1] if i + 1 < len(self.rounds) else None
+        return out
+
+    def _accept(self, inbox: list[Message]) -> None:
+        for m in inbox:
+            for b in m.blocks:
+                self._pending[b.table].append((m.sender, b.ids, torch.from_numpy(b.values).to(self.shard.device)))
+            if m.dense is not None:
+                self._dense.append((m.sender, {k: torch.from_numpy(v).to(self.shard.device) for k, v in m.dense.items()}))
+
+    def _keep_own(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> None:
+        self._pending[table].append((self.device, ids, grads))
+
+    def _take(self, table: str, select) -> tuple[np.ndarray, torch.Tensor]:
+        """Remove the pending contributions for ids where `select(ids)`; (distinct ids, sums in sender order)."""
+        kept, taken = [], []
+        for sender, ids, grads in self._pending[table]:
+            mask = select(ids)
+            if mask.all():
+                taken.append((sender, ids, grads))
+                continue
+            if mask.any():
+                taken.append((sender, ids[mask], grads[torch.from_numpy(np.flatnonzero(mask)).to(grads.device)]))
+            kept.append((sender, ids[~mask], grads[torch.from_numpy(np.flatnonzero(~mask)).to(grads.device)]))
+        self._pending[table] = kept
+        return combine(taken, self.shard.dim, self.shard.device)
+
+    def _blocks(self, out: dict[int, Message], table: str, kind: Kind, ids: np.ndarray, values, dest: np.ndarray) -> None:
+        """One block per destination device for the ids `dest` names."""
+        if not ids.size:
+            return
+        host = values if isinstance(values, np.ndarray) else to_host(values)
+        for peer in np.unique(dest).tolist():
+            sel = np.flatnonzero(dest == peer)
+            out[peer].blocks.append(Block(kind, table, ids[sel], host[sel]))
+
+    def _holder(self, plan: TablePlan, ids: np.ndarray, node: int) -> np.ndarray:
+        return replica_device(plan.home[ids].astype(np.int64), self.topology, node)
+
+
+class InProcess:
+    """Runs the protocol of every device in this process, round by round: the tests' cluster-free driver.
+
+    `devices` are objects with `start(...) -> outbox` and `receive(round, inbox)` (a
+    shardflow.training.device.Device); their messages go straight from outbox to inbox.
+    """
+
+    def __init__(self, devices: list) -> None:
+        self.devices = devices
+
+    def step(self, *start_args) -> list[dict]:
+        """One step on every device (`start_args` go to each device's `start`); each device's stats."""
+        try:
+            outboxes = [d.start(*start_args) for d in self.devices]
+            for round in self.devices[0].rounds:
+                inboxes = [[out[r] for out in outboxes if r in out] for r in range(len(self.devices))]
+                outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(self.devices, inboxes)]
+        except BaseException:
+            for d in self.devices:
+                d.abort()
+            raise
+        return [d.finish() for d in self.devices]

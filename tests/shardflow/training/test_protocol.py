@@ -1,0 +1,152 @@
+"""The step protocol without a cluster: every device in this process, messages handed over by InProcess."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from support import (BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, in_process_devices, planned,
+                     random_plan, reference)
+from shardflow.errors import TrainingError
+from shardflow.optim import OptimizerConfig
+from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan
+from shardflow.planner.strategies import STRATEGIES
+from shardflow.training.protocol import InProcess, PeerStopped, Round, step_rounds
+from shardflow.training.reference import ReferenceTrainer
+
+
+@pytest.mark.parametrize("dedup", ["none", "device"])
+@pytest.mark.parametrize("devices", [1, 2, 3, 4])
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_every_strategy_and_scope_learns_what_the_reference_learns(dataset, data, strategy, devices, dedup):
+    devs = in_process_devices(data, planned(dataset, strategy, devices), TOPOLOGIES[devices], dedup)
+    driver = InProcess(devs)
+    for i in range(STEPS):
+        stats = driver.step(0, i, i, 0)
+        assert sum(s["examples"] for s in stats) == BATCH
+    check_against(reference(data, STEPS), [d.parameters() for d in devs])
+
+
+@pytest.mark.parametrize("dedup", ["none", "device"])
+def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(data, dedup):
+    plan = random_plan(data, 4, seed=1)
+    tiers = np.concatenate([t.tier for t in plan.tables])
+    assert (tiers == NODE).any() and (tiers == GLOBAL).any()
+    devs = in_process_devices(data, plan, TOPOLOGIES[4], dedup)
+    driver, ref = InProcess(devs), ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, seed=0)
+    for i in range(6):
+        driver.step(0, i, i, 0)
+        ref.step(0, i)
+        shards = [d.parameters() for d in devs]
+        check_against(ref, shards)
+        assert max(s["item"]["version"].max() for s in shards) == i + 1
+    start = ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, 0).weights["item"][shards[0]["item"]["ids"]]
+    assert np.abs(shards[0]["item"]["weights"] - start).max() > 1e-4, "training changed nothing: the comparison proves nothing"
+
+
+def test_rounds_follow_the_plan():
+    topo2, topo1 = TOPOLOGIES[4], TOPOLOGIES[1]
+
+    def plan(tier: int) -> dict:
+        return {"t": TablePlan("t", np.full(8, tier, np.int8), np.arange(8, dtype=np.int32) % 4)}
+
+    base = (Round.REQUEST, Round.REPLY, Round.GRADIENTS)
+    assert step_rounds(plan(SINGLE), topo2) == base
+    assert step_rounds(plan(NODE), topo2) == base + (Round.TO_PRIMARY, Round.TOTALS)
+    assert step_rounds(plan(GLOBAL), topo2) == base + (Round.TO_PRIMARY, Round.TOTALS, Round.FORWARD)
+    one_node = TOPOLOGIES[2].__class__(TOPOLOGIES[3].nodes[:1], 100.0)  # 2 devices on one node
+    assert step_rounds({"t": TablePlan("t", np.full(4, GLOBAL, np.int8), np.arange(4, dtype=np.int32) % 2)},
+                       one_node) == base + (Round.TOTALS,)
+    assert step_rounds(plan(GLOBAL), topo1) == base
+
+
+def test_every_device_sends_one_message_to_every_peer_in_every_round(data):
+    devs = in_process_devices(data, random_plan(data, 4, seed=2), TOPOLOGIES[4])
+    outboxes = [d.start(0, 0, 0, 0) for d in devs]
+    for round in devs[0].rounds:
+        for sender, out in enumerate(outboxes):
+            assert sorted(out) == [p for p in range(4) if p != sender], round
+            assert all(m.round is round and m.sender == sender and m.step == 0 for m in out.values())
+        inboxes = [[out[r] for out in outboxes if r in out] for r in range(4)]
+        outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(devs, inboxes)]
+    assert outboxes == [{}] * 4  # the last round answers nothing: the step is applied
+    assert all(d.shard.clock == 1 for d in devs)
+
+
+def test_a_round_out_of_order_or_from_the_wrong_step_is_refused(data):
+    devs = in_process_devices(data, random_plan(data, 2, seed=2), TOPOLOGIES[2])
+    out = [d.start(0, 0, 0, 0) for d in devs]
+    with pytest.raises(RuntimeError, match="round reply arrived, expected request"):
+        devs[0].receive(Round.REPLY, [out[1][0]])
+    stale = out[1][0]
+    stale.step = 7
+    with pytest.raises(RuntimeError, match="a message of step 7"):
+        devs[0].receive(Round.REQUEST, [stale])
+
+
+def test_a_non_finite_gradient_stops_the_step_naming_it(data):
+    exploding = OptimizerConfig(row_lr=1e30, dense_lr=1e30, dense="adagrad")
+    devs = in_process_devices(data, random_plan(data, 3, seed=3), TOPOLOGIES[3], optimizer=exploding)
+    driver = InProcess(devs)
+    with pytest.raises(TrainingError, match=r"step \d+: (the loss is|non-finite gradient in)"):
+        for i in range(20):
+            driver.step(0, i, i, 0)
+    assert all(d.protocol.expecting is None for d in devs)
+
+
+def test_a_device_that_fails_tells_its_peers_and_nothing_is_applied_anywhere(data):
+    devs = in_process_devices(data, random_plan(data, 3, seed=3), TOPOLOGIES[3])
+    before = [d.parameters() for d in devs]
+    outboxes = [d.start(0, 0, 0, 0) for d in devs]
+    inboxes = [[out[r] for out in outboxes if r in out] for r in range(3)]
+    outboxes = [d.receive(Round.REQUEST, inbox) for d, inbox in zip(devs, inboxes)]
+    inboxes = [[out[r] for out in outboxes if r in out] for r in range(3)]
+    outboxes = [devs[0].receive(Round.REPLY, inboxes[0]),
+                devs[1].failed(TrainingError("step 0: device 1 gave up")),  # instead of computing
+                devs[2].receive(Round.REPLY, inboxes[2])]
+    assert all(m.round is Round.GRADIENTS for m in outboxes[1].values())
+    inboxes = [[out[r] for out in outboxes if r in out] for r in range(3)]
+    for d in (0, 2):
+        with pytest.raises(PeerStopped, match="step 0: device 1 gave up"):
+            devs[d].receive(Round.GRADIENTS, inboxes[d])
+    for b, d in zip(before, devs):
+        assert d.shard.clock == 0 and d.protocol.expecting is None
+        for t in ("item", "genre"):
+            assert b[t]["weights"].tobytes() == d.parameters()[t]["weights"].tobytes()
+    driver = InProcess(devs)  # the same step again, as if nothing had happened
+    for i in range(STEPS):
+        driver.step(0, i, i, 0)
+    check_against(reference(data, STEPS), [d.parameters() for d in devs])
+
+
+def test_estimation_sums_ids_that_share_a_scaled_row(data):
+    from shardflow.training.device import Device
+
+    tables = {t: TablePlan(t, np.full(r, SINGLE, np.int8), np.zeros(r, np.int32)) for t, r in data.rows.items()}
+    scaled = {"item": 50, "genre": 5}
+    devs = [Device(d, TOPOLOGIES[2], tables, data, MODEL, OPTIMIZER, batch_size=BATCH, dedup="device",
+                   scaled_rows=scaled) for d in range(2)]
+    before = devs[0].parameters()["item"]["weights"]
+    stats = InProcess(devs).step(0, 0, 0, 0)
+    after = devs[0].parameters()["item"]
+    assert after["weights"].shape == (50, MODEL.dim) and devs[1].parameters()["item"]["weights"].shape == (0, MODEL.dim)
+    assert np.isfinite(stats[0]["loss_sum"]) and (after["version"] == 1).any()
+    assert not np.array_equal(before, after["weights"])
+    traffic = devs[1].traffic()
+    assert traffic["lookup"][1, 0] > 0 and traffic["dense"][1, 0] > 0  # trainer 1 reads from the one server
+
+
+def test_a_table_plan_with_no_remote_rows_sends_only_empty_messages(data):
+    """Every row global on one node of two devices: a trainer reads nothing remotely; only totals travel."""
+    tables = {t: TablePlan(t, np.full(r, GLOBAL, np.int8), (np.arange(r) % 2).astype(np.int32))
+              for t, r in data.rows.items()}
+    one_node = TOPOLOGIES[2].__class__(TOPOLOGIES[3].nodes[:1], 100.0)
+    devs = in_process_devices(data, ShardingPlan("all-global", tuple(tables.values())), one_node)
+    InProcess(devs).step(0, 0, 0, 0)
+    t = sum(d.traffic()["lookup"] for d in devs)
+    assert t.sum() == 0
+    assert sum(d.traffic()["sync"] for d in devs).sum() > 0
+    a, b = (d.parameters()["item"]["weights"] for d in devs)
+    assert a.tobytes() == b.tobytes()
+    assert torch.equal(devs[0].shard.weights["item"], devs[1].shard.weights["item"])
