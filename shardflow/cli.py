@@ -55,8 +55,7 @@ def _cmd_import(args: argparse.Namespace) -> dict:
 
 
 def _cmd_synth(args: argparse.Namespace) -> dict:
-    from shardflow.synthetic import parse_synth_table
-    from storage.synth import synth_dataset
+    from shardflow.synthetic import parse_synth_table, synth_dataset
 
     tables = [parse_synth_table(t) for t in args.tables]
     m = synth_dataset(
@@ -159,7 +158,7 @@ def _cmd_train(args: argparse.Namespace) -> dict:
     from shardflow.training.device import torch_device
     from shardflow.training.engine import TrainConfig
     from shardflow.training.run import train_from_stores
-    from storage.plan import read_plan
+    from shardflow.planning import read_plan
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
     _, topology, shape, _ = read_plan(args.plan)

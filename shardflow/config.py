@@ -126,16 +126,16 @@ class RetrainConfig(BaseModel):
     @model_validator(mode="after")
     def _batch_covers_devices(self) -> "RetrainConfig":
         from shardflow.planner.topology import load_topology
+        from shardflow.training.batches import check_batch
 
         try:
             devices = load_topology(self.topology).devices
         except InputError as e:
             raise ValueError(str(e)) from None
-        if self.batch_size < devices:
-            raise ValueError(
-                f"batch_size {self.batch_size} < {devices} devices of {self.topology}; accepted: a batch of at least "
-                "one example per device"
-            )
+        try:
+            check_batch(self.batch_size, devices)
+        except InputError as e:
+            raise ValueError(f"{e} (a trainer per device of {self.topology})") from None
         return self
 
     @classmethod

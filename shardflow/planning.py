@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -9,12 +10,12 @@ import numpy as np
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
-from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
+from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.report import bound_and_baseline, summarize
 from shardflow.planner.strategies import STRATEGIES, budget_bytes_per_device, propose
-from shardflow.planner.topology import Topology
+from shardflow.planner.topology import Topology, parse_topology
 from storage.dataset import Dataset
-from storage.plan import read_plan, write_plan
+from storage.plan import read_plan_arrays, write_plan
 from storage.profile import Profile
 from storage.lock import writer_lock
 from storage.staging import check_destination, staged
@@ -85,9 +86,22 @@ def _store(out: str | Path, plan: ShardingPlan, accesses: list[TableAccess], mod
         "profile_checksum": source["profile"].manifest["checksum"],
         **{k: source[k] for k in ("history", "negatives", "memory_slack")},
     }
+    description = {"strategy": plan.strategy, "topology": model.topology.to_dict(),
+                   "step": dataclasses.asdict(model.shape), "budget_bytes_per_device": int(budget),
+                   "source": provenance}
     with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
-        write_plan(stage, plan, model.topology, model.shape, budget, provenance, summary)
+        write_plan(stage, {t.name: (t.tier, t.home) for t in plan.tables}, description, summary)
     return summary
+
+
+def read_plan(path: str | Path) -> tuple[ShardingPlan, Topology, StepShape, dict]:
+    """(plan, topology, step shape, manifest) of a complete plan store, checked against each other."""
+    arrays, m = read_plan_arrays(path)
+    topology = parse_topology(m["topology"], f"{path}/manifest.json topology")
+    shape = StepShape(**m["step"])
+    plan = ShardingPlan(m["strategy"], tuple(TablePlan(name, tier, home) for name, (tier, home) in arrays.items()))
+    check_plan(plan, m["tables"], topology)
+    return plan, topology, shape, m
 
 
 def extend_plan(old: ShardingPlan, rows: dict[str, int], devices: int) -> ShardingPlan:
@@ -113,8 +127,12 @@ def keep_or_replan(
     memory_slack: float = 0.0,
     history: int = DEFAULT_HISTORY,
     negatives: int = DEFAULT_NEGATIVES,
+    fresh: ShardingPlan | None = None,
 ) -> dict:
     """Drift-aware planning for a new model version: keep `previous`'s placement unless a fresh plan pays.
+
+    `fresh`: the strategy's plan of this profile if the caller made it already (with the
+    same budget and cost model), so it is not made twice.
 
     The previous plan, extended to the new rows (extend_plan), and a fresh plan of the
     new profile are costed by the same model on the new profile. The run re-plans when
@@ -132,7 +150,8 @@ def keep_or_replan(
     by_name = {a.name: a for a in accesses}
     model = CostModel(topology, shape)
     budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
-    fresh = propose(strategy, accesses, topology, budget, model)
+    if fresh is None:
+        fresh = propose(strategy, accesses, topology, budget, model)
     fresh_s = model.evaluate(fresh, by_name).comm_time_s_per_step
     chosen, previous_s, reason = fresh, None, "no previous plan (a cold start)"
     if previous is not None:
@@ -169,18 +188,19 @@ def compare_strategies(
     memory_slack: float,
     history: int = DEFAULT_HISTORY,
     negatives: int = DEFAULT_NEGATIVES,
-) -> list[dict]:
-    """Every strategy's summary under the same budget; a strategy that fits no plan says why."""
+) -> tuple[list[dict], dict[str, ShardingPlan]]:
+    """(every strategy's summary under the same budget, the plans made); a strategy that fits no plan
+    says why and has no plan."""
     accesses = accesses_from_profile(Profile.open(profile_path), history, negatives)
     model = CostModel(topology, shape)
     budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
     bound, mod = bound_and_baseline(accesses, topology, budget, model)
-    rows = []
+    rows, plans = [], {}
     for name in STRATEGIES:
         try:
-            plan = propose(name, accesses, topology, budget, model)
+            plans[name] = propose(name, accesses, topology, budget, model)
         except InputError as e:
             rows.append({"strategy": name, "error": str(e)})
             continue
-        rows.append(summarize(plan, accesses, topology, budget, model, bound, mod))
-    return rows
+        rows.append(summarize(plans[name], accesses, topology, budget, model, bound, mod))
+    return rows, plans

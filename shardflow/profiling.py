@@ -15,7 +15,7 @@ import numpy as np
 from distributed import Client, wait
 
 from shardflow.cluster import worker_count
-from shardflow.counting import TableStats, count_ids, table_stats
+from shardflow.counting import count_ids, table_stats
 from storage.dataset import Dataset, open_column
 from storage.profile import finish_profile, start_profile, write_counts
 from storage.lock import writer_lock
@@ -79,6 +79,6 @@ def profile_dataset(
         return finish_profile(
             stage,
             {"path": str(ds.path.resolve()), "checksum": ds.info.checksum},
-            {name: TableStats(**stats) for name, (stats, _) in results.items()},
+            {name: stats for name, (stats, _) in results.items()},
             {name: digest for name, (_, digest) in results.items()},
         )

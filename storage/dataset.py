@@ -41,7 +41,7 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from shardflow.errors import InputError
-from shardflow.tables import TableSpec, parse_table_name
+from storage.tables import TableSpec, parse_table_name
 from storage.checksum import ArrayHash, combine
 from storage.manifest import MANIFEST, read_manifest
 

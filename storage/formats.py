@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from shardflow.errors import InputError
-from shardflow.tables import parse_table_name
+from storage.tables import parse_table_name
 from storage.sources import Block, count_lines, excerpt
 
 FORMATS = ("sasrec", "s3rec", "recbole", "criteo")

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shardflow.errors import InputError
-from shardflow.tables import TableSpec
+from storage.tables import TableSpec
 from storage.dataset import (
     EVENTS_PER_CHUNK,
     FORMAT_VERSION,

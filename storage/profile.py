@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from shardflow.counting import TableStats
 from shardflow.errors import InputError
 from storage.checksum import ArrayHash, combine
 from storage.dataset import COMPRESSORS
@@ -44,12 +43,13 @@ def write_counts(stage: str | Path, table: str, counts: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def finish_profile(stage: Path, dataset: dict, stats: dict[str, TableStats], digests: dict[str, str]) -> dict:
+def finish_profile(stage: Path, dataset: dict, stats: dict[str, dict], digests: dict[str, str]) -> dict:
+    """The manifest, written last: `stats[table]` is that table's figures (rows, accesses, skew)."""
     manifest = {
         "format": f"shardflow.{KIND}",
         "format_version": FORMAT_VERSION,
         "dataset": dataset,
-        "tables": {name: s.to_dict() for name, s in stats.items()},
+        "tables": {name: dict(s) for name, s in stats.items()},
         "checksum": combine({f"counts/{name}": d for name, d in digests.items()}),
     }
     write_manifest(stage, manifest)
@@ -62,7 +62,8 @@ class Profile:
     def __init__(self, path: Path, manifest: dict) -> None:
         self.path = Path(path)
         self.manifest = manifest
-        self.stats = {name: TableStats(**s) for name, s in manifest["tables"].items()}
+        self.stats = {name: dict(s) for name, s in manifest["tables"].items()}  # table -> its figures
+        self.rows = {name: int(s["rows"]) for name, s in self.stats.items()}
 
     @classmethod
     def open(cls, path: str | Path) -> "Profile":
@@ -70,18 +71,17 @@ class Profile:
         manifest = read_manifest(path, KIND, FORMAT_VERSION, MADE_BY)
         try:
             profile = cls(path, manifest)
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"{path}/manifest.json: malformed profile manifest ({type(e).__name__}: {e})") from None
         root = zarr.open_group(str(path), mode="r")
-        for name, s in profile.stats.items():
+        for name in profile.stats:
             try:
                 arr = root[f"counts/{name}"]
             except KeyError:
                 raise InputError(f"{path}: array 'counts/{name}' is missing; the manifest lists it") from None
-            if arr.dtype != np.int64 or arr.shape != (s.rows,):
-                raise InputError(
-                    f"{path}/counts/{name}: {arr.dtype} {arr.shape}; accepted: int64 ({s.rows},) as the manifest says"
-                )
+            if arr.dtype != np.int64 or arr.shape != (profile.rows[name],):
+                raise InputError(f"{path}/counts/{name}: {arr.dtype} {arr.shape}; accepted: int64 "
+                                 f"({profile.rows[name]},) as the manifest says")
         return profile
 
     def counts(self, table: str) -> np.ndarray:

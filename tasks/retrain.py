@@ -20,7 +20,7 @@ from shardflow.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.plan import row_bytes
 from shardflow.planner.topology import load_topology
-from shardflow.planning import compare_strategies, keep_or_replan
+from shardflow.planning import compare_strategies, keep_or_replan, read_plan
 from shardflow.profiling import profile_dataset
 from shardflow.training.engine import Engine, TrainConfig
 from shardflow.training.run import prepare, start_engine
@@ -32,7 +32,6 @@ from storage.importers import check_continuation, import_dataset
 from storage.sources import resolve_parts
 from storage.staging import check_destination
 from storage.manifest import MANIFEST
-from storage.plan import read_plan
 from storage.profile import Profile
 from storage import versions
 from storage.dataset import segment_checksum
@@ -243,14 +242,14 @@ def shard(config: RetrainConfig, profile_path: str, out: str, previous_plan: str
     topology = load_topology(config.topology)
     shape = StepShape(config.batch_size, config.dim, config.dedup)
     kwargs = dict(shape=shape, memory_slack=config.memory_slack, history=config.history, negatives=config.negatives)
-    rows = compare_strategies(profile_path, topology, **kwargs)
+    rows, plans = compare_strategies(profile_path, topology, **kwargs)
     decision_file = Path(out) / "decision.json"
     if (Path(out) / MANIFEST).is_file() and decision_file.is_file():
         get_run_logger().info("reusing plan %s", out)
         decision = json.loads(decision_file.read_text())
     else:
         decision = keep_or_replan(profile_path, out, topology, previous_plan, strategy=config.strategy,
-                                  margin=config.replan_margin, **kwargs)
+                                  margin=config.replan_margin, fresh=plans.get(config.strategy), **kwargs)
         decision = {k: v for k, v in decision.items() if k != "summary"}
         write_record(decision_file, decision)
     get_run_logger().info("plan: %s", decision["reason"])

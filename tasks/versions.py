@@ -22,7 +22,6 @@ from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.checkpoint import verify_export
 from storage.dataset import Dataset, segment_checksum
-from storage.plan import topology_dict
 from tasks.retrain import artifact_key
 
 # Keys that change nothing a version computes: a version cut off part-way is resumed
@@ -38,7 +37,7 @@ def version_paths(path: str | Path) -> dict[str, str]:
 
 def fingerprint(config: RetrainConfig) -> dict:
     values = {k: v for k, v in config.model_dump(mode="json").items() if k not in NOT_FINGERPRINTED}
-    values["topology"] = topology_dict(load_topology(config.topology))
+    values["topology"] = load_topology(config.topology).to_dict()
     return values
 
 

@@ -23,7 +23,7 @@ from shardflow.planner.plan import ShardingPlan, TablePlan
 from shardflow.planner.topology import load_topology, parse_topology
 from shardflow.planning import make_plan
 from shardflow.profiling import profile_dataset
-from shardflow.synthetic import SynthTable
+from shardflow.synthetic import SynthTable, synth_dataset
 from shardflow.training.batches import TrainData
 from shardflow.training.engine import Engine, TrainConfig
 from storage.checkpoint import checkpoint_dir
@@ -31,7 +31,6 @@ from storage.dataset import Dataset
 from storage.importers import import_dataset
 from storage.lock import run_lock
 from storage.manifest import MANIFEST
-from storage.synth import synth_dataset
 
 GOOD_SASREC = "".join(f"{u} {i}\n" for u in range(1, 30) for i in range(1, 8))
 TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
@@ -410,7 +409,7 @@ def case_run_budget_cannot_fit_the_tables(world, client, tmp_path):
 
 
 def case_config_batch_smaller_than_the_devices(world, client, tmp_path):
-    return [world / "ds"], config(world, batch_size=1), r"batch_size 1 < 2 devices of .*topo.yaml; accepted: a batch of at least one"
+    return [world / "ds"], config(world, batch_size=1), r"batch size 1 < 2 trainers; accepted: batch size >= 2, one example per trainer \(a trainer per device of .*topo.yaml"
 
 
 def case_config_train_window_unknown(world, client, tmp_path):

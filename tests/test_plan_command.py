@@ -15,11 +15,10 @@ from shardflow.examples import PAD, build_examples
 from shardflow.planner.access import sequence_lookups
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import uniform
-from shardflow.planning import make_plan
+from shardflow.planning import make_plan, read_plan
 from shardflow.profiling import profile_dataset
 from storage.dataset import Dataset
 from storage.importers import import_dataset
-from storage.plan import read_plan
 
 SHARDFLOW = str(Path(sys.executable).parent / "shardflow")
 TOPOLOGY = "intra_node_gbytes_per_s: 600\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 12.5}\n  - {name: b, devices: 2, uplink_gbytes_per_s: 3}\n"

@@ -42,6 +42,13 @@ from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, 
 from shardflow.planner.topology import Topology
 
 DEDUP_SCOPES = ("none", "device")
+
+
+def check_dedup(scope: str) -> str:
+    """A de-duplication scope: `none` (every id occurrence travels) or `device` (each distinct id once)."""
+    if scope not in DEDUP_SCOPES:
+        raise InputError(f"dedup scope {scope!r}; accepted: {', '.join(DEDUP_SCOPES)}")
+    return scope
 ROWS_PER_PASS = 1 << 24  # rows aggregated at a time: bounds memory for 10^8-row tables
 
 
@@ -56,8 +63,7 @@ class StepShape:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1")
-        if self.dedup not in DEDUP_SCOPES:
-            raise InputError(f"dedup scope {self.dedup!r}; accepted: {', '.join(DEDUP_SCOPES)}")
+        check_dedup(self.dedup)
 
     @property
     def message_bytes(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +54,14 @@ class Topology:
     @property
     def devices(self) -> int:
         return sum(n.devices for n in self.nodes)
+
+    def to_dict(self) -> dict:
+        """The topology as its YAML file holds it (parse_topology reads it back)."""
+        return {
+            "intra_node_gbytes_per_s": self.intra_node_gbytes_per_s,
+            "nodes": [dataclasses.asdict(n) for n in self.nodes],
+            **({"device_memory_bytes": self.device_memory_bytes} if self.device_memory_bytes else {}),
+        }
 
     @property
     def node_of_device(self) -> np.ndarray:

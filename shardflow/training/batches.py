@@ -18,7 +18,6 @@ from shardflow.examples import PAD, Examples, examples_at, target_positions
 from shardflow.model import BatchIndex, ModelConfig
 from storage.dataset import Dataset
 
-DEDUP_SCOPES = ("none", "device")
 
 
 @dataclass(frozen=True)
@@ -114,9 +113,18 @@ def negative_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch + 1) & 0x7FFF_FFFF_FFFF_FFFF
 
 
+def check_batch(batch_size: int, trainers: int, examples: int | None = None) -> None:
+    """The one check of a global batch against the trainers it is split over (and the examples it is
+    drawn from): every trainer gets at least one example, every epoch at least one step."""
+    if batch_size < trainers:
+        raise InputError(f"batch size {batch_size} < {trainers} trainers; accepted: batch size >= {trainers}, "
+                         "one example per trainer")
+    if examples is not None and batch_size > examples:
+        raise InputError(f"batch size {batch_size} > {examples} training examples; accepted: at most {examples}")
+
+
 def sub_batches(batch: np.ndarray, trainers: int) -> list[np.ndarray]:
-    if batch.size < trainers:
-        raise InputError(f"batch size {batch.size} < {trainers} trainers; accepted: batch size >= trainers")
+    """One contiguous sub-batch per trainer, sizes differing by at most one (check_batch holds)."""
     return np.array_split(batch, trainers)
 
 
@@ -130,8 +138,6 @@ class Lookups:
 
 def lookups(ex: Examples, data: TrainData, config: ModelConfig, dedup: str) -> Lookups:
     """Which rows a trainer needs for `ex`; with scope `none` each occurrence is fetched on its own."""
-    if dedup not in DEDUP_SCOPES:
-        raise InputError(f"dedup scope {dedup!r}; accepted: {', '.join(DEDUP_SCOPES)}")
     candidates = np.concatenate([ex.positive[:, None], ex.negatives], axis=1)
     valid = ex.history != PAD
     item_ids = np.concatenate([ex.history[valid], candidates.reshape(-1)])

@@ -28,7 +28,8 @@ from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.topology import Topology
-from shardflow.training.batches import DEDUP_SCOPES, TrainData, negative_seed
+from shardflow.planner.costmodel import check_dedup
+from shardflow.training.batches import TrainData, check_batch, negative_seed
 from shardflow.training.device import Device
 from shardflow.training.evaluate import eval_targets
 from shardflow.training.protocol import TRAFFIC_KINDS, Message, PeerStopped, Round
@@ -73,8 +74,7 @@ class TrainConfig:
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1, or none")
         if self.eval_candidates < 2:
             raise InputError(f"eval_candidates = {self.eval_candidates}; accepted: >= 2 (the positive and a negative)")
-        if self.dedup not in DEDUP_SCOPES:
-            raise InputError(f"dedup scope {self.dedup!r}; accepted: {', '.join(DEDUP_SCOPES)}")
+        check_dedup(self.dedup)
 
 
 @dataclass
@@ -363,13 +363,7 @@ class Engine:
         self.data = TrainData.load(dataset, model.features, train.window)
         check_plan_matches(self.data, plan, topology)
         P = topology.devices
-        if train.batch_size < P:
-            raise InputError(f"batch size {train.batch_size} < {P} trainers; accepted: batch size >= {P}")
-        if self.data.steps_per_epoch(train.batch_size) == 0:
-            raise InputError(
-                f"batch size {train.batch_size} > {self.data.targets.size} training examples; "
-                f"accepted: at most {self.data.targets.size}"
-            )
+        check_batch(train.batch_size, P, int(self.data.targets.size))
         info = live_workers(client)
         workers = sorted(info)
         if len(workers) < P:

@@ -22,13 +22,12 @@ from shardflow.optim import OptimizerConfig
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.plan import ShardingPlan
 from shardflow.planner.topology import Topology
-from shardflow.planning import accesses_from_profile
+from shardflow.planning import accesses_from_profile, read_plan
 from shardflow.training.batches import TrainData
 from shardflow.training.device import Device
 from shardflow.training.engine import Engine, TrainConfig, estimation_plan
 from shardflow.training.protocol import InProcess
 from storage.dataset import Dataset
-from storage.plan import read_plan
 from storage.profile import Profile
 
 log = logging.getLogger("shardflow.train")

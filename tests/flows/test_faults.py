@@ -37,7 +37,7 @@ def first_version(run: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    from storage.synth import synth_dataset
+    from shardflow.synthetic import synth_dataset
 
     root = tmp_path_factory.mktemp("faults")
     synth_dataset(root / "ds", [SynthTable("item", ROWS, 1.1)], interactions=8000, seed=3, mean_length=12)

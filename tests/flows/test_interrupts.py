@@ -19,8 +19,7 @@ import psutil
 import yaml
 
 from runs import BIN, SMALL, TOPOLOGY
-from shardflow.synthetic import SynthTable
-from storage.synth import synth_dataset
+from shardflow.synthetic import SynthTable, synth_dataset
 from test_real_server import READ_BACK
 
 ENDS_WITHIN_S = 15

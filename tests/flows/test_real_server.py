@@ -13,8 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from shardflow.synthetic import SynthTable
-from storage.synth import synth_dataset
+from shardflow.synthetic import SynthTable, synth_dataset
 from tasks.retrain import artifact_key
 
 BIN = Path(sys.executable).parent

@@ -16,8 +16,7 @@ import pytest
 import yaml
 
 from runs import BIN, SMALL, TOPOLOGY
-from shardflow.synthetic import SynthTable
-from storage.synth import synth_dataset
+from shardflow.synthetic import SynthTable, synth_dataset
 from support import snapshot
 
 

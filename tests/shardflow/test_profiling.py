@@ -10,11 +10,10 @@ import zarr
 from support import REAL, siblings, snapshot
 from shardflow.errors import InputError
 from shardflow.profiling import profile_dataset
-from shardflow.synthetic import SynthTable
+from shardflow.synthetic import SynthTable, synth_dataset
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 from storage.profile import Profile
-from storage.synth import synth_dataset
 
 
 def raw_counters(fmt: str) -> dict[str, Counter]:

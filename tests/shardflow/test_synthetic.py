@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 
 from shardflow.errors import InputError
-from shardflow.synthetic import SynthTable, ZipfRows, parse_synth_table, user_lengths
+from shardflow.synthetic import SynthTable, ZipfRows, parse_synth_table, synth_dataset, user_lengths
 from storage.dataset import Dataset
-from storage.synth import synth_dataset
 
 
 def test_parse_synth_table():

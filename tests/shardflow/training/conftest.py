@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from support import MODEL
-from shardflow.synthetic import SynthTable
+from shardflow.synthetic import SynthTable, synth_dataset
 from shardflow.training.batches import TrainData
-from storage.synth import synth_dataset
 
 
 @pytest.fixture(scope="module")
