@@ -22,10 +22,9 @@ import numpy as np
 
 from shardflow.cluster import dask_client
 from shardflow.profiling import profile_dataset
-from shardflow.synthetic import SynthTable
+from shardflow.synthetic import SynthTable, synth_dataset
 from storage.dataset import Dataset
 from storage.profile import Profile
-from storage.synth import synth_dataset
 
 
 def best_of(repeat: int, fn) -> float:

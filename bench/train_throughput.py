@@ -1,32 +1,41 @@
-"""Training throughput on the bundled dataset: the engine on 1 and 2 devices beside single-process peers.
+"""Training throughput on the bundled dataset: the engine on 1 and 2 devices beside PyTorch and TorchRec peers.
 
-    python bench/train_throughput.py [--steps 20] [--batch-size 4096] [--epoch-auc]
+    python bench/train_throughput.py [--rounds 3] [--steps 20] [--batch-size 4096]
+                                     [--torchrec-python PYTHON] [--epoch-auc]
 
 Imports data/amazon-video into a scratch directory, plans it with FlexShard (10% memory
-slack) for one node of 1 and of 2 devices, and measures in the same run, on the same
-global batches (same example builder, order and negatives) and the same model
-(dim 64, MLP 64-32, history 20, 4 negatives, row-wise Adagrad + Adam):
-  - reference: shardflow's single-process numpy trainer (whole tables in one process);
-  - pytorch:   the same model in PyTorch on the CPU (nn.EmbeddingBag mean pooling, the
-               same MLP, BCE, row-wise Adagrad written on sparse gradients, Adam), one
-               process using every core; only when torch is importable;
-  - engine:    the Dask engine with one worker process per device (the cluster already
-               started; its start-up is reported apart).
-Each line is examples per second over --steps steps after 2 warm-up steps, the ratio to
-the PyTorch peer (or to the reference without torch), and for the engine the step time
-split into batch building, pull, compute, push and the sync rounds (slowest trainer).
-With --epoch-auc the 2-device engine also trains one full epoch and reports
-leave-last-out AUC and HR@10.
+slack) for one node of 1 and of 2 devices, and measures, round after round in
+alternation, on the same global batches (same example builder, order and negatives)
+and the same model (dim 64, MLP 64-32, history 20, 4 negatives, row-wise Adagrad + Adam):
+  - engine:   the Dask engine, one worker process (one thread) per device; its figure is
+              `shardflow train`'s steady-state examples/s (steps after the first 2);
+  - pytorch:  shardflow's single-process reference trainer (PyTorch, whole tables,
+              sparse embedding gradients) with 1 and with 2 threads, after 2 warm-up
+              steps: no communication at all, the limit of this machine;
+  - torchrec: TorchRec on 2 CPU ranks (bench/torchrec_peer.py, run by --torchrec-python,
+              this interpreter by default), after 2 warm-up steps; skipped when torchrec
+              is not importable there.
+Every round runs each trainer once. The 1-minute load average is read before the first
+round (a machine not quiet then, above half its cores, is reported: its figures are
+worth less) and printed before every later one, where it includes the benchmark's own
+previous round. The table gives min/median/max examples/s per trainer and of the ratios
+the engine is judged by. With --epoch-auc the 2-device engine also trains one epoch
+and reports leave-last-out AUC and HR@10.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from shardflow.cluster import dask_client
 from shardflow.model import ModelConfig
@@ -35,13 +44,14 @@ from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.strategies import budget_bytes_per_device, propose
 from shardflow.planner.topology import uniform
-from shardflow.training.batches import TrainData, negative_seed
+from shardflow.training.batches import TrainData
 from shardflow.training.engine import Engine, TrainConfig
 from shardflow.training.reference import ReferenceTrainer
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "amazon-video" / "Video.txt"
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parent / "data" / "amazon-video" / "Video.txt"
 MODEL = ModelConfig()
 OPTIMIZER = OptimizerConfig()
 WARMUP = 2
@@ -57,121 +67,114 @@ def plan_for(dataset: Path, devices: int, batch_size: int):
     return propose("flexshard", access, topo, budget_bytes_per_device(access, topo, MODEL.dim, 0.1), model), topo
 
 
-def reference_rate(data: TrainData, batch_size: int, steps: int) -> float:
-    ref = ReferenceTrainer(data, MODEL, OPTIMIZER, batch_size, seed=0)
-    for i in range(WARMUP):
-        ref.step(0, i)
-    t = time.perf_counter()
-    for i in range(WARMUP, WARMUP + steps):
-        ref.step(0, i)
-    return steps * batch_size / (time.perf_counter() - t)
-
-
-def pytorch_rate(data: TrainData, batch_size: int, steps: int) -> float | None:
+def pytorch_rate(data: TrainData, batch_size: int, steps: int, threads: int) -> float:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
-        import torch
-    except ImportError:
-        return None
-    from torch import nn
-
-    rows = data.rows[data.item]
-    D = MODEL.dim
-    emb = nn.Parameter(torch.empty(rows, D).uniform_(-1 / D**0.5, 1 / D**0.5))
-    row_state = torch.zeros(rows)
-    widths = [3 * D, *MODEL.mlp]
-    layers: list = []
-    for a, b in zip(widths[:-1], widths[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    mlp = nn.Sequential(*layers, nn.Linear(widths[-1], 1))
-    dense_opt = torch.optim.Adam(mlp.parameters(), lr=OPTIMIZER.dense_lr)
-    order = data.epoch_order(0, 0)
-
-    def step(i: int) -> None:
-        targets = order[i * batch_size : (i + 1) * batch_size]
-        ex = data.examples(targets, MODEL, negative_seed(0, 0))
-        valid = ex.history >= 0
-        flat = torch.from_numpy(ex.history[valid])
-        offsets = torch.from_numpy(np.r_[0, np.cumsum(valid.sum(axis=1))[:-1]])
-        cand = torch.from_numpy(np.concatenate([ex.positive[:, None], ex.negatives], axis=1))
-        h = nn.functional.embedding_bag(flat, emb, offsets, mode="mean", sparse=True)
-        t = nn.functional.embedding(cand, emb, sparse=True)
-        hb = h[:, None, :].expand_as(t)
-        logit = mlp(torch.cat([hb, t, hb * t], dim=2)).squeeze(-1)
-        label = torch.zeros_like(logit)
-        label[:, 0] = 1.0
-        loss = nn.functional.binary_cross_entropy_with_logits(logit, label)
-        dense_opt.zero_grad()
-        emb.grad = None
-        loss.backward()
-        dense_opt.step()
-        with torch.no_grad():
-            g = emb.grad.coalesce()
-            idx, val = g.indices()[0], g.values()
-            acc = row_state[idx] + (val * val).mean(dim=1)
-            row_state[idx] = acc
-            emb[idx] -= OPTIMIZER.row_lr * val / (acc.sqrt()[:, None] + OPTIMIZER.eps)
-
-    for i in range(WARMUP):
-        step(i)
-    t = time.perf_counter()
-    for i in range(WARMUP, WARMUP + steps):
-        step(i)
-    return steps * batch_size / (time.perf_counter() - t)
+        ref = ReferenceTrainer(data, MODEL, OPTIMIZER, batch_size, seed=0)
+        for i in range(WARMUP):
+            ref.step(0, i)
+        t = time.perf_counter()
+        for i in range(WARMUP, WARMUP + steps):
+            ref.step(0, i)
+        return steps * batch_size / (time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(before)
 
 
-def engine_rate(dataset: Path, devices: int, batch_size: int, steps: int, epoch_auc: bool) -> dict:
-    plan, topo = plan_for(dataset, devices, batch_size)
-    t = time.perf_counter()
-    with dask_client(workers=devices) as client:
-        startup = time.perf_counter() - t
-        train = TrainConfig(batch_size=batch_size, max_steps=steps, eval_users=None)
-        with Engine(client, str(dataset), plan, topo, MODEL, OPTIMIZER, train) as engine:
-            for i in range(WARMUP):
-                engine.step(1, i)  # warm-up on other batches than the measured ones
-            result = engine.fit()
-        out = {"rate": result.examples / result.seconds, "timings": result.timings, "startup": startup}
-        if epoch_auc:
-            full = TrainConfig(batch_size=batch_size, eval_users=None)
-            with Engine(client, str(dataset), plan, topo, MODEL, OPTIMIZER, full) as engine:
-                fit = engine.fit()
-                out.update(engine.evaluate(), epoch_steps=fit.steps, epoch_s=fit.seconds, loss=fit.epoch_loss[-1])
-    return out
+def torchrec_rate(python: str, dataset: Path, batch_size: int, steps: int) -> tuple[float | None, str]:
+    done = subprocess.run([python, str(HERE / "torchrec_peer.py"), str(dataset), "--batch-size", str(batch_size),
+                           "--steps", str(steps)], capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return None, f"failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}"
+    out = json.loads(lines[-1])
+    return out.get("rate"), out.get("skipped", "")
+
+
+def engine_rate(client, dataset: Path, plan, topo, batch_size: int, steps: int) -> dict:
+    train = TrainConfig(batch_size=batch_size, max_steps=WARMUP + steps, eval_users=None)
+    with Engine(client, str(dataset), plan, topo, MODEL, OPTIMIZER, train) as engine:
+        result = engine.fit()
+    return {"rate": result.examples_per_s, "timings": result.timings}
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):>9.2f} {float(np.median(values)):>7.2f} {max(values):>7.2f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--torchrec-python", default=sys.executable)
     parser.add_argument("--epoch-auc", action="store_true")
     args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    B, n = args.batch_size, args.steps
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-") as scratch:
         dataset = Path(scratch) / "amazon-video"
         import_dataset("sasrec", DATA, dataset)
         data = TrainData.load(dataset)
-        B, n = args.batch_size, args.steps
-        ref = reference_rate(data, B, n)
-        peer = pytorch_rate(data, B, n)
-        base, base_name = (peer, "pytorch") if peer else (ref, "reference")
-        print(f"amazon-video: {data.targets.size:,} training examples, batch {B}, {n} steps after {WARMUP} warm-up")
-        print(f"{'trainer':<22} {'examples/s':>11} {'vs ' + base_name:>12}   ms/step: batch   pull compute   push   sync")
-        print(f"{'reference (1 process)':<22} {ref:>11,.0f} {ref / base:>11.2f}x")
-        if peer:
-            print(f"{'pytorch (1 process)':<22} {peer:>11,.0f} {1.0:>11.2f}x")
-        else:
-            print("pytorch                (torch not installed: peer skipped)")
-        epoch = None
+        plans = {d: plan_for(dataset, d, B) for d in (1, 2)}
+        print(f"amazon-video: {data.targets.size:,} training examples, batch {B}, {n} steps after {WARMUP} warm-up, "
+              f"{args.rounds} rounds, {cores} cores, torch {torch.__version__}")
+        rates: dict[str, list[float]] = {}
+        splits: dict[int, list[dict]] = {1: [], 2: []}
+        loads = []
+        skipped = ""
+        idle = os.getloadavg()[0]
+        print(f"load before the first round: {idle:.2f}"
+              + (f"  (not quiet: above {cores / 2:.1f}; these figures are worth less)" if idle > cores / 2 else ""))
+        with dask_client(workers=1) as one, dask_client(workers=2) as two:
+            clients = {1: one, 2: two}
+            for r in range(args.rounds):
+                load = os.getloadavg()[0]
+                loads.append(load)
+                print(f"round {r + 1}: load {load:.2f}", flush=True)
+                for devices in (1, 2):
+                    e = engine_rate(clients[devices], dataset, *plans[devices], B, n)
+                    rates.setdefault(f"engine, {devices} device(s)", []).append(e["rate"])
+                    splits[devices].append(e["timings"])
+                for threads in (1, 2):
+                    rates.setdefault(f"pytorch, {threads} thread(s)", []).append(pytorch_rate(data, B, n, threads))
+                if not skipped:
+                    rate, skipped = torchrec_rate(args.torchrec_python, dataset, B, n)
+                    if rate is not None:
+                        rates.setdefault("torchrec, 2 ranks", []).append(rate)
+            epoch = None
+            if args.epoch_auc:
+                full = TrainConfig(batch_size=B, eval_users=None)
+                with Engine(two, str(dataset), *plans[2], MODEL, OPTIMIZER, full) as engine:
+                    fit = engine.fit()
+                    epoch = {**engine.evaluate(), "steps": fit.steps, "seconds": fit.seconds, "loss": fit.epoch_loss[-1]}
+        print(f"\nload average {idle:.2f} before, {min(loads):.2f}-{max(loads):.2f} at the rounds' starts, {cores} cores")
+        print(f"{'trainer':<24} {'examples/s: min':>15} {'median':>9} {'max':>9}")
+        for name, v in rates.items():
+            print(f"{name:<24} {min(v):>15,.0f} {float(np.median(v)):>9,.0f} {max(v):>9,.0f}")
+        if skipped:
+            print(f"torchrec, 2 ranks        skipped: {skipped}")
+        print(f"\n{'ratio (per round)':<36} {'min':>9} {'median':>7} {'max':>7}")
+        e1, e2 = rates["engine, 1 device(s)"], rates["engine, 2 device(s)"]
+        p1, p2 = rates["pytorch, 1 thread(s)"], rates["pytorch, 2 thread(s)"]
+        ratios = {
+            "engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2)],
+            "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1)],
+            "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1)],
+        }
+        if "torchrec, 2 ranks" in rates:
+            ratios["engine 2 devices / torchrec 2 ranks"] = [a / b for a, b in zip(e2, rates["torchrec, 2 ranks"])]
+        for name, v in ratios.items():
+            print(f"{name:<36} {spread(v)}")
         for devices in (1, 2):
-            e = engine_rate(dataset, devices, B, n, args.epoch_auc and devices == 2)
-            t = e["timings"]
-            split = "  ".join(f"{t[k] * 1e3:6.1f}" for k in ("batch", "pull", "compute", "push", "sync"))
-            print(f"{f'engine, {devices} device(s)':<22} {e['rate']:>11,.0f} {e['rate'] / base:>11.2f}x   "
-                  f"        {split}   (cluster start {e['startup']:.1f} s)")
-            if "auc" in e:
-                epoch = e
+            keys = list(splits[devices][0])
+            mean = {k: float(np.median([s[k] for s in splits[devices]])) for k in keys}
+            print(f"engine, {devices} device(s), ms/step (median of rounds): "
+                  + "  ".join(f"{k} {v * 1e3:.1f}" for k, v in mean.items()))
         if epoch:
-            print(f"one epoch on 2 devices: {epoch['epoch_steps']} steps in {epoch['epoch_s']:.1f} s, loss "
-                  f"{epoch['loss']:.4f}, AUC {epoch['auc']:.4f}, HR@10 {epoch['hr_at_10']:.4f} "
-                  f"({epoch['users']:,} held-out users, {MODEL.negatives} negatives per example)")
+            print(f"one epoch on 2 devices: {epoch['steps']} steps in {epoch['seconds']:.1f} s, loss {epoch['loss']:.4f}, "
+                  f"AUC {epoch['auc']:.4f}, HR@10 {epoch['hr_at_10']:.4f} ({epoch['users']:,} held-out users)")
 
 
 if __name__ == "__main__":
