@@ -177,7 +177,7 @@ class Device:
             need = lookups(ex, self.data, self.config, "device")
             rows = {}
             for table, ids in need.fetch.items():
-                owner = self.protocol.maps[table].locate(ids, self.index)[0]
+                owner = self.protocol.maps[table].read_from(ids, self.index)
                 r = torch.empty((ids.size, self.config.dim), dtype=torch.float32, device=self.torch)
                 mine = np.flatnonzero(owner == self.index)
                 r[torch.from_numpy(mine).to(self.torch)] = self.shard.read(table, ids[mine])

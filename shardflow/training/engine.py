@@ -326,6 +326,24 @@ def check_plan_matches(data: TrainData, plan: ShardingPlan, topology: Topology) 
             )
 
 
+def check_worker_memory(plan: ShardingPlan, topology: Topology, dim: int, scaled_rows: dict[str, int] | None,
+                        workers: dict[str, dict]) -> None:
+    """Refuse, before any shard starts, a plan whose rows and optimiser state on a device exceed the memory
+    limit of the worker that would hold them (the scheduler's figure; a worker without a limit takes any)."""
+    need = plan.memory_bytes_per_device(topology, dim)
+    if scaled_rows is not None:  # estimation: device 0 holds the scaled tables, the others nothing
+        need = np.zeros(topology.devices, dtype=np.int64)
+        need[0] = sum(scaled_rows.values()) * row_bytes(dim)
+    for d, (address, info) in enumerate(workers.items()):
+        limit = info.get("memory_limit") or 0
+        if limit and need[d] > limit:
+            raise InputError(
+                f"device {d}'s shard needs {need[d] / 2**30:.2f} GiB for its rows and their Adagrad sums at dim {dim}, "
+                f"but its worker {address} may use {limit / 2**30:.2f} GiB; accepted: workers with more memory, a plan "
+                f"over more devices, less memory_slack (fewer replicas) or a smaller dim"
+            )
+
+
 def estimation_plan(
     rows: dict[str, int], dim: int, server_bytes: int | None
 ) -> tuple[ShardingPlan, dict[str, int], float]:
@@ -368,6 +386,7 @@ class Engine:
         workers = sorted(info)
         if len(workers) < P:
             raise InputError(f"the plan has {P} devices, the cluster {len(workers)} workers; accepted: >= {P} workers")
+        check_worker_memory(plan, topology, model.dim, scaled_rows, {workers[d]: info[workers[d]] for d in range(P)})
         resources = {"GPU": 1} if train.device == "cuda" else None
         run = uuid.uuid4().hex[:8]
         # The worker each device lives on, by address and by the worker's unique id: a

@@ -187,7 +187,7 @@ class StepProtocol:
         out = {p: Message(Round.REQUEST, step, self.device) for p in self.peers}
         owners = {}
         for table, ids in fetch.items():
-            owner = self.maps[table].locate(ids, self.device)[0]
+            owner = self.maps[table].read_from(ids, self.device)
             owners[table] = (ids, owner)
             for peer in np.unique(owner[owner != self.device]).tolist():
                 out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[owner == peer]))

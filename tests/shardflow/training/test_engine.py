@@ -178,3 +178,16 @@ def test_a_lost_worker_near_its_memory_limit_is_reported_as_probably_stopped_for
         " (last seen using 5.60 GiB of its 5.90 GiB memory limit: probably stopped for exceeding it; a plan with "
         "more devices, or a larger memory limit per worker, fits)")
     assert Engine._memory_note(engine, "b") == "" and Engine._memory_note(engine, "never-seen") == ""
+
+
+def test_a_shard_larger_than_its_workers_memory_limit_is_refused_before_any_actor_starts(dataset, data):
+    from distributed import Client, LocalCluster
+
+    wide = ModelConfig(dim=60_000, mlp=(4,), history=MODEL.history, negatives=MODEL.negatives, features=MODEL.features)
+    plan = random_plan(data, 2, seed=0)  # about 36 MB a device at dim 60,000
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit="30MB",
+                      dashboard_address=":0") as cluster, Client(cluster) as small:
+        with pytest.raises(InputError, match=r"device \d's shard needs 0\.0\d GiB .* at dim 60000, but its worker "
+                                             r"\S+ may use 0\.03 GiB; accepted: workers with more memory"):
+            Engine(small, dataset, plan, TOPOLOGIES[2], wide, OPTIMIZER, TrainConfig(BATCH))
+        assert live_actors(small) == 0
