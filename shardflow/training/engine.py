@@ -257,6 +257,35 @@ class DeviceActor:
     def clock(self) -> int:
         return self.device.clock
 
+    def write_export(self, store: str, table: str, starts: list[int], chunk_rows: int) -> dict[str, str]:
+        """Write chunks `starts` of `table`'s export (this device's share; no other writer touches them):
+        rows and Adagrad sums from their homes, its own read directly, the next chunk's requested from
+        the other homes while this one is written. {array chunk name: digest}."""
+        plan = self.device.protocol.tables[table]
+        rows_total = plan.rows
+
+        def request(start: int):
+            ids = np.arange(start, min(start + chunk_rows, rows_total), dtype=np.int64)
+            home = plan.home[start : start + ids.size]
+            calls = [(home == d, d, self.peers[d].export_rows(table, ids[home == d]))
+                     for d in np.unique(home).tolist() if d != self.index]
+            return start, ids, home, calls
+
+        digests: dict[str, str] = {}
+        upcoming = request(starts[0]) if starts else None
+        for i in range(len(starts)):
+            start, ids, home, calls = upcoming
+            upcoming = request(starts[i + 1]) if i + 1 < len(starts) else None
+            rows = np.empty((ids.size, self.device.config.dim), dtype=np.float32)
+            state = np.empty(ids.size, dtype=np.float32)
+            mine = home == self.index
+            if mine.any():
+                rows[mine], state[mine] = self.device.export_rows(table, ids[mine])
+            for sel, d, call in calls:
+                rows[sel], state[sel] = answer(call, self.peers[d])
+            digests.update(write_export_chunk(store, table, start, rows, state))
+        return digests
+
     def _send(self, tag: int, out: dict[int, Message]) -> list:
         return [(peer, self.peers[peer].deliver(tag, m)) for peer, m in out.items()]
 
@@ -286,22 +315,6 @@ class DeviceActor:
 
     def parameters(self) -> dict:
         return self.device.parameters()
-
-
-def export_chunk(actors: list, table: str, home: np.ndarray, start: int, store: str) -> dict[str, str]:
-    """One chunk of the export: rows start..start+len(home) and their Adagrad sums from their homes,
-    written by this task alone; {array chunk name: digest}."""
-    ids = np.arange(start, start + home.size, dtype=np.int64)
-    calls = [(np.flatnonzero(home == d), int(d)) for d in np.unique(home)]
-    calls = [(sel, d, actors[d].export_rows(table, ids[sel])) for sel, d in calls]
-    rows = state = None
-    for sel, d, call in calls:
-        got, got_state = answer(call, actors[d])
-        if rows is None:
-            rows = np.empty((ids.size, got.shape[1]), dtype=np.float32)
-            state = np.empty(ids.size, dtype=np.float32)
-        rows[sel], state[sel] = got, got_state
-    return write_export_chunk(store, table, start, rows, state)
 
 
 def check_plan_matches(data: TrainData, plan: ShardingPlan, topology: Topology) -> None:
@@ -656,22 +669,18 @@ class Engine:
         """The parameter download: every table in global id order, chunk by chunk in parallel, with the
         optimiser state a later model version starts from (row Adagrad sums, the dense optimiser's).
 
-        One task per output chunk pulls that chunk's rows from their home shards and writes
-        it; no process holds more than one chunk of a table. Built beside `out` and swapped
-        in when its manifest is written.
+        Device d writes chunks d, d + P, d + 2P, ... of every table: it reads the rows it
+        homes itself and asks the other homes for theirs, the next chunk's while it writes
+        this one; no process holds more than two chunks of a table. Built beside `out` and
+        swapped in when its manifest is written.
         """
         with staged(Path(out), overwrite=True) as stage:
             create_export(stage, {t.name: t.rows for t in self.plan.tables}, self.model.dim)
-            tasks = []
-            for t in self.plan.tables:
-                for start in range(0, t.rows, EXPORT_CHUNK_ROWS):
-                    home = t.home[start : start + EXPORT_CHUNK_ROWS]
-                    tasks.append(self.client.submit(
-                        export_chunk, self.actors, t.name, home, start, str(stage), pure=False,
-                        key=f"export-{t.name}-{start}-{uuid.uuid4().hex[:8]}",
-                    ))
-            self._wait_futures(tasks)
-            digests = {k: v for chunk in self.client.gather(tasks) for k, v in chunk.items()}
+            P = len(self.actors)
+            calls = [a.write_export(str(stage), t.name, list(range(d * EXPORT_CHUNK_ROWS, t.rows, P * EXPORT_CHUNK_ROWS)),
+                                    EXPORT_CHUNK_ROWS)
+                     for t in self.plan.tables for d, a in enumerate(self.actors)]
+            digests = {k: v for part in self._wait(calls) for k, v in part.items()}
             dense, dense_state, dense_steps = self._wait([self.actors[0].dense_parameters()])[0]
             digests.update(write_arrays(stage / "dense", dense, "dense"))
             digests.update(write_arrays(stage / "dense_opt", dense_state, "dense_opt"))
