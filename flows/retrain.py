@@ -26,7 +26,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
-from shardflow.errors import SchedulerLost, TrainingError, WorkerLost
+from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory
 from shardflow.planner.topology import load_topology
 from storage.checkpoint import complete_checkpoints
 from storage.lock import run_lock
@@ -218,6 +218,9 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
         except SchedulerLost as e:
             raise TrainingError(f"{e}; {_kept(paths['version'])}") from None
         except WorkerLost as e:
+            if engine is None and isinstance(e, WorkerOutOfMemory):
+                raise TrainingError(f"the parameter servers ran out of memory while starting ({e}); a restart would run out "
+                                    f"again, so none was tried; {_kept(paths['version'])}") from None
             if attempt == config.max_restarts:
                 raise TrainingError(
                     f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.max_restarts} reached; "

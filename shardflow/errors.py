@@ -22,5 +22,13 @@ class WorkerLost(RuntimeError):
     """
 
 
+class WorkerOutOfMemory(WorkerLost):
+    """A worker was lost when it had last been seen near its memory limit: probably stopped for memory.
+
+    Restoring from a checkpoint may succeed once (a spike); a start-up that ran out of memory
+    would only run out again, so the run stops instead of retrying it.
+    """
+
+
 class SchedulerLost(TrainingError):
     """The Dask scheduler went away: no cluster is left to restore, so the run stops (its checkpoints stay)."""

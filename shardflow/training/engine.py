@@ -23,7 +23,7 @@ import numpy as np
 from distributed import Client, wait
 
 from shardflow.cluster import live_workers
-from shardflow.errors import InputError, WorkerLost
+from shardflow.errors import InputError, WorkerLost, WorkerOutOfMemory
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
@@ -340,9 +340,10 @@ def check_plan_matches(data: TrainData, plan: ShardingPlan, topology: Topology) 
 
 
 def check_worker_memory(plan: ShardingPlan, topology: Topology, dim: int, scaled_rows: dict[str, int] | None,
-                        workers: dict[str, dict]) -> None:
+                        workers: dict[str, dict]) -> np.ndarray:
     """Refuse, before any shard starts, a plan whose rows and optimiser state on a device exceed the memory
-    limit of the worker that would hold them (the scheduler's figure; a worker without a limit takes any)."""
+    limit of the worker that would hold them (the scheduler's figure; a worker without a limit takes any).
+    Returns those bytes per device."""
     need = plan.memory_bytes_per_device(topology, dim)
     if scaled_rows is not None:  # estimation: device 0 holds the scaled tables, the others nothing
         need = np.zeros(topology.devices, dtype=np.int64)
@@ -355,6 +356,7 @@ def check_worker_memory(plan: ShardingPlan, topology: Topology, dim: int, scaled
                 f"but its worker {address} may use {limit / 2**30:.2f} GiB; accepted: workers with more memory, a plan "
                 f"over more devices, less memory_slack (fewer replicas) or a smaller dim"
             )
+    return need
 
 
 def estimation_plan(
@@ -399,7 +401,8 @@ class Engine:
         workers = sorted(info)
         if len(workers) < P:
             raise InputError(f"the plan has {P} devices, the cluster {len(workers)} workers; accepted: >= {P} workers")
-        check_worker_memory(plan, topology, model.dim, scaled_rows, {workers[d]: info[workers[d]] for d in range(P)})
+        self.need_bytes = check_worker_memory(plan, topology, model.dim, scaled_rows,
+                                              {workers[d]: info[workers[d]] for d in range(P)})
         resources = {"GPU": 1} if train.device == "cuda" else None
         run = uuid.uuid4().hex[:8]
         # The worker each device lives on, by address and by the worker's unique id: a
@@ -460,25 +463,28 @@ class Engine:
             now = live_workers(self.client)  # first: a lost scheduler cancels every actor, and is no worker loss
             for d, f in enumerate(self._futures):
                 if f.status in ("error", "lost", "cancelled"):
-                    raise WorkerLost(f"device {d}'s actor is {f.status}: its worker left the cluster, the shard is lost"
-                                     + self._memory_note(list(self.workers)[d]))
+                    self._lost(d, f"device {d}'s actor is {f.status}: its worker left the cluster, the shard is lost")
             for d, (address, wid) in enumerate(self.workers.items()):
                 if now.get(address, {}).get("id") != wid:
-                    raise WorkerLost(f"device {d}'s worker {address} left the cluster; its parameter shard is lost"
-                                     + self._memory_note(address))
+                    self._lost(d, f"device {d}'s worker {address} left the cluster; its parameter shard is lost")
                 self._last_seen[address] = now[address]
             if time.monotonic() >= deadline:
                 return
             time.sleep(POLL_S)
 
-    def _memory_note(self, address: str) -> str:
+    def _lost(self, device: int, what: str) -> None:
+        note = self._memory_note(list(self.workers)[device], device)
+        raise (WorkerOutOfMemory if note else WorkerLost)(what + note)
+
+    def _memory_note(self, address: str, device: int) -> str:
         """What the worker at `address` last reported of its memory, when that was near its limit."""
         seen = self._last_seen.get(address, {})
         used, limit = seen.get("metrics", {}).get("memory"), seen.get("memory_limit")
         if not used or not limit or used < MEMORY_NOTE_SHARE * limit:
             return ""
-        return (f" (last seen using {used / 2**30:.2f} GiB of its {limit / 2**30:.2f} GiB memory limit: probably "
-                "stopped for exceeding it; a plan with more devices, or a larger memory limit per worker, fits)")
+        return (f" (last seen using {used / 2**30:.2f} GiB of its {limit / 2**30:.2f} GiB memory limit, the plan's "
+                f"rows and sums there {self.need_bytes[device] / 2**30:.2f} GiB: probably stopped for exceeding it; a "
+                "plan with more devices, less memory_slack, a smaller dim or a larger memory limit per worker fits)")
 
     def _wait(self, calls: list) -> list:
         """The results of actor calls, in order; WorkerLost as soon as a device's worker is gone.

@@ -170,14 +170,23 @@ def test_a_restored_checkpoint_continues_bitwise_and_the_export_holds_every_row(
 def test_a_lost_worker_near_its_memory_limit_is_reported_as_probably_stopped_for_memory():
     from types import SimpleNamespace
 
+    from shardflow.errors import WorkerLost, WorkerOutOfMemory
+
     gib = 2**30
     seen = {"a": {"metrics": {"memory": 5.6 * gib}, "memory_limit": 5.9 * gib},
             "b": {"metrics": {"memory": 1.0 * gib}, "memory_limit": 5.9 * gib}}
-    engine = SimpleNamespace(_last_seen=seen)
-    assert Engine._memory_note(engine, "a") == (
-        " (last seen using 5.60 GiB of its 5.90 GiB memory limit: probably stopped for exceeding it; a plan with "
-        "more devices, or a larger memory limit per worker, fits)")
-    assert Engine._memory_note(engine, "b") == "" and Engine._memory_note(engine, "never-seen") == ""
+    engine = SimpleNamespace(_last_seen=seen, need_bytes=np.array([4.0 * gib, 4.0 * gib]), workers={"a": 1, "b": 2})
+    assert Engine._memory_note(engine, "a", 0) == (
+        " (last seen using 5.60 GiB of its 5.90 GiB memory limit, the plan's rows and sums there 4.00 GiB: probably "
+        "stopped for exceeding it; a plan with more devices, less memory_slack, a smaller dim or a larger memory "
+        "limit per worker fits)")
+    assert Engine._memory_note(engine, "b", 1) == "" and Engine._memory_note(engine, "never-seen", 0) == ""
+    engine._memory_note = lambda address, device: Engine._memory_note(engine, address, device)
+    with pytest.raises(WorkerOutOfMemory, match="device 0's worker a left.*probably stopped for exceeding it"):
+        Engine._lost(engine, 0, "device 0's worker a left the cluster")
+    with pytest.raises(WorkerLost) as lost:
+        Engine._lost(engine, 1, "device 1's worker b left the cluster")
+    assert type(lost.value) is WorkerLost
 
 
 def test_a_shard_larger_than_its_workers_memory_limit_is_refused_before_any_actor_starts(dataset, data):
