@@ -219,8 +219,8 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
             raise TrainingError(f"{e}; {_kept(paths['version'])}") from None
         except WorkerLost as e:
             if engine is None and isinstance(e, WorkerOutOfMemory):
-                raise TrainingError(f"the parameter servers ran out of memory while starting ({e}); a restart would run out "
-                                    f"again, so none was tried; {_kept(paths['version'])}") from None
+                raise TrainingError(f"the parameter servers ran out of memory while starting ({e}); a restart "
+                                    f"would run out again, so none was tried; {_kept(paths['version'])}") from None
             if attempt == config.max_restarts:
                 raise TrainingError(
                     f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.max_restarts} reached; "
