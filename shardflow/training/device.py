@@ -183,7 +183,8 @@ class Device:
                 r[torch.from_numpy(mine).to(self.torch)] = self.shard.read(table, ids[mine])
                 for peer in np.unique(owner[owner != self.index]).tolist():
                     sel = np.flatnonzero(owner == peer)
-                    r[torch.from_numpy(sel).to(self.torch)] = torch.from_numpy(remote_rows(peer, table, ids[sel])).to(self.torch)
+                    got = torch.from_numpy(remote_rows(peer, table, ids[sel]))
+                    r[torch.from_numpy(sel).to(self.torch)] = got.to(self.torch)
                 rows[table] = r
             with torch.no_grad():
                 logit = scores(self.config, dense, rows, need.index.on(self.torch), self.data.item)

@@ -683,7 +683,8 @@ class Engine:
         with staged(Path(out), overwrite=True) as stage:
             create_export(stage, {t.name: t.rows for t in self.plan.tables}, self.model.dim)
             P = len(self.actors)
-            calls = [a.write_export(str(stage), t.name, list(range(d * EXPORT_CHUNK_ROWS, t.rows, P * EXPORT_CHUNK_ROWS)),
+            step = P * EXPORT_CHUNK_ROWS
+            calls = [a.write_export(str(stage), t.name, list(range(d * EXPORT_CHUNK_ROWS, t.rows, step)),
                                     EXPORT_CHUNK_ROWS)
                      for t in self.plan.tables for d, a in enumerate(self.actors)]
             digests = {k: v for part in self._wait(calls) for k, v in part.items()}

@@ -214,7 +214,8 @@ class StepProtocol:
                 raise PeerStopped(m.error)
         senders = sorted(m.sender for m in inbox)
         if senders != self.peers:
-            raise RuntimeError(f"device {self.device}: round {round.value} from devices {senders}, expected {self.peers}")
+            raise RuntimeError(f"device {self.device}: round {round.value} from devices {senders}, "
+                               f"expected {self.peers}")
         for m in inbox:
             if m.step != self.step or m.round is not round:
                 raise RuntimeError(f"device {self.device}: a message of step {m.step} round {m.round.value} in "
@@ -241,7 +242,8 @@ class StepProtocol:
                 self._keep_own(table, ids[mine], g[torch.from_numpy(mine).to(g.device)])
             for peer in np.unique(owner[owner != self.device]).tolist():
                 sel = np.flatnonzero(owner == peer)
-                out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[sel], to_host(g[torch.from_numpy(sel).to(g.device)])))
+                values = to_host(g[torch.from_numpy(sel).to(g.device)])
+                out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[sel], values))
         for table, plan in self.tables.items():  # own partial sums of global rows, to the node's leader
             ids, total = self._take(table, lambda ids, plan=plan: (plan.tier[ids] == GLOBAL)
                                     & (self._holder(plan, ids, self.node) != self.device))
@@ -279,7 +281,8 @@ class StepProtocol:
         if self.device == 0:
             dense = self.shard.dense
         else:
-            dense = {k: torch.from_numpy(v).to(self.shard.device) for k, v in next(m for m in inbox if m.sender == 0).dense.items()}
+            sent = next(m for m in inbox if m.sender == 0).dense
+            dense = {k: torch.from_numpy(v).to(self.shard.device) for k, v in sent.items()}
         self._expect, self._computing = Round.GRADIENTS, True
         return rows, dense
 
@@ -288,7 +291,8 @@ class StepProtocol:
         if Round.TO_PRIMARY in self.rounds:
             out = self._outbox(Round.TO_PRIMARY)
             for table, plan in self.tables.items():
-                ids, total = self._take(table, lambda ids, plan=plan: (plan.tier[ids] != SINGLE) & (plan.home[ids] != self.device))
+                ids, total = self._take(table, lambda ids, plan=plan: (plan.tier[ids] != SINGLE)
+                                        & (plan.home[ids] != self.device))
                 if ids.size and (self._holder(plan, ids, self.node) != self.device).any():
                     raise RuntimeError(f"device {self.device}: gradients of replicated rows it does not hold")
                 self._blocks(out, table, Kind.SYNC, ids, total, plan.home[ids].astype(np.int64))
@@ -392,7 +396,8 @@ class StepProtocol:
             for b in m.blocks:
                 self._pending[b.table].append((m.sender, b.ids, torch.from_numpy(b.values).to(self.shard.device)))
             if m.dense is not None:
-                self._dense.append((m.sender, {k: torch.from_numpy(v).to(self.shard.device) for k, v in m.dense.items()}))
+                grads = {k: torch.from_numpy(v).to(self.shard.device) for k, v in m.dense.items()}
+                self._dense.append((m.sender, grads))
 
     def _keep_own(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> None:
         self._pending[table].append((self.device, ids, grads))
@@ -411,7 +416,8 @@ class StepProtocol:
         self._pending[table] = kept
         return combine(taken, self.shard.dim, self.shard.device)
 
-    def _blocks(self, out: dict[int, Message], table: str, kind: Kind, ids: np.ndarray, values, dest: np.ndarray) -> None:
+    def _blocks(self, out: dict[int, Message], table: str, kind: Kind, ids: np.ndarray, values,
+                dest: np.ndarray) -> None:
         """One block per destination device for the ids `dest` names."""
         if not ids.size:
             return
