@@ -213,27 +213,37 @@ class DeviceActor:
         self.mail.forget_before(tag)
         peers = {d: a for d, a in enumerate(self.peers) if d != self.index}
         device, sent, stats = self.device, [], []
+        current = step
         try:
-            prefetched = False
+            prefetched, deferred = False, None
             for k in range(count):
+                current = step + k
+                if deferred is not None:  # preparing this step failed: it fails now, the one before is applied
+                    raise deferred
                 out = device.start(epoch, first + k, step + k, seed)
                 if not prefetched:
                     sent += self._send(tag, out)
                 prefetched = False
                 for round in device.rounds:
                     if round is Round.GRADIENTS and k + 1 < count:  # while the peers compute
-                        sent += self._send(tag, device.prepare(epoch, first + k + 1, step + k + 1, seed))
-                        prefetched = True
+                        try:
+                            sent += self._send(tag, device.prepare(epoch, first + k + 1, step + k + 1, seed))
+                            prefetched = True
+                        except Exception as e:  # this step's messages are out: finish it, fail the next
+                            deferred = e
                     out = device.receive(round, self.mail.wait(tag, step + k, round, peers))
                     if out:
                         sent += self._send(tag, out)
                 stats.append(device.finish())
                 sent = self._settled(sent)
         except BaseException as e:
+            device.abort()
             if not isinstance(e, WorkerLost):
-                sent += self._send(tag, device.failed(e) or {})
-            else:
-                device.abort()
+                # Whatever round a peer waits for now (of this step, or the next one's requests if this
+                # device failed while preparing it), it finds this device's error there.
+                waits = [(current, r) for r in device.rounds] + [(current + 1, Round.REQUEST)]
+                sent += [(p, self.peers[p].deliver(tag, Message(r, s_, self.index, error=str(e))))
+                         for s_, r in waits for p in peers]
             for peer, call in sent:
                 try:
                     answer(call, self.peers[peer])

@@ -200,3 +200,32 @@ def test_a_shard_larger_than_its_workers_memory_limit_is_refused_before_any_acto
                                              r"\S+ may use 0\.03 GiB; accepted: workers with more memory"):
             Engine(small, dataset, plan, TOPOLOGIES[2], wide, OPTIMIZER, TrainConfig(BATCH))
         assert live_actors(small) == 0
+
+
+def _fail_preparing(step: int, dask_worker=None) -> int:
+    """On this worker's device: preparing step `step` (while the step before waits for gradients) raises."""
+    actor = next(a for a in dask_worker.state.actors.values() if hasattr(a, "device"))
+    prepare = actor.device.prepare
+
+    def failing(epoch, step_in_epoch, global_step, seed):
+        if global_step == step:
+            raise RuntimeError(f"device {actor.index} could not build step {global_step}'s batch")
+        return prepare(epoch, step_in_epoch, global_step, seed)
+
+    actor.device.prepare = failing
+    return actor.index
+
+
+def test_a_device_failing_while_it_prepares_the_next_step_stops_every_device_at_once(client, dataset, data):
+    import time
+
+    plan = random_plan(data, 2, seed=4)
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH)) as e:
+        worker = sorted(e.workers)[1]
+        assert client.run(_fail_preparing, 3, workers=[worker]) == {worker: 1}
+        t = time.monotonic()
+        with pytest.raises(RuntimeError, match="device 1 could not build step 3's batch"):
+            e.steps(0, 0, 6)
+        assert time.monotonic() - t < 30, "a peer waited for messages that never came"
+        assert e.step_count == 3  # steps 0-2 applied on both devices, nothing of step 3
+        assert all(p["item"]["version"].max() == 3 for p in e.parameters())
