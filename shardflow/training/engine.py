@@ -419,14 +419,12 @@ class Engine:
         # worker restarted by its nanny comes back as a different id without the shard.
         self.workers = {workers[d]: info[workers[d]]["id"] for d in range(P)}
         self._last_seen: dict[str, dict] = {}  # address -> the scheduler's last word on that worker
-        # The plan (5 bytes a row) goes to each worker once, not inside every actor's task.
-        [tables] = client.scatter([{t.name: t for t in plan.tables}], broadcast=True, hash=False)
         self._futures = [
             client.submit(
                 DeviceActor,
                 d,
                 topology,
-                tables,
+                {t.name: t for t in plan.tables},
                 str(dataset),
                 model,
                 optimizer,
