@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 from distributed import Client, wait
+from distributed.client import FutureCancelledError, FuturesCancelledError
 
 from shardflow.cluster import live_workers
 from shardflow.errors import InputError, WorkerLost, WorkerOutOfMemory
@@ -442,8 +443,13 @@ class Engine:
             for d in range(P)
         ]
         try:
-            self._wait_futures(self._futures)
-            self.actors = [f.result() for f in self._futures]
+            try:
+                self._wait_futures(self._futures)
+                self.actors = [f.result() for f in self._futures]
+            except (FutureCancelledError, FuturesCancelledError):
+                # An actor's worker died while the actor was being made: a lost worker, not a failed run.
+                self.check_workers(grace_s=LOSS_GRACE_S)
+                raise
             self._wait([a.connect(self.actors) for a in self.actors])
         except BaseException:
             self.close()
