@@ -141,27 +141,25 @@ def write_export_chunk(store: str | Path, table: str, start: int, rows: np.ndarr
     return out
 
 
-def read_export_rows(store: str | Path, table: str, ids: np.ndarray, zeros_past_end: bool = False
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, Adagrad sums) of `ids` from an export, reading each chunk once whatever the ids' order.
+def read_export(store: str | Path, kind: str, table: str, ids: np.ndarray, zeros_past_end: bool = False
+                ) -> np.ndarray:
+    """Entries `ids` of an export's `kind` array of `table` (`tables`: rows, `state`: Adagrad sums), each
+    chunk read once whatever the ids' order.
 
     With `zeros_past_end`, ids past the exported table's end (added to the dataset since)
-    get zero rows and sums; otherwise they are refused.
+    get zeros; otherwise they are refused.
     """
-    weights = zarr.open_array(str(Path(store) / "tables" / table), mode="r")
-    state = zarr.open_array(str(Path(store) / "state" / table), mode="r")
+    arr = zarr.open_array(str(Path(store) / kind / table), mode="r")
     ids = np.asarray(ids, dtype=np.int64)
-    known = ids < weights.shape[0]
+    known = ids < arr.shape[0]
     if not zeros_past_end and not known.all():
-        raise InputError(f"{store}/tables/{table}: id {int(ids[~known][0])} past its {weights.shape[0]:,} rows")
-    rows = np.zeros((ids.size, weights.shape[1]), dtype=np.float32)
-    sums = np.zeros(ids.size, dtype=np.float32)
+        raise InputError(f"{store}/{kind}/{table}: id {int(ids[~known][0])} past its {arr.shape[0]:,} rows")
+    out = np.zeros((ids.size,) + arr.shape[1:], dtype=np.float32)
     where = np.flatnonzero(known)
     if where.size:
         order = where[np.argsort(ids[where], kind="stable")]  # ascending ids: each chunk read once
-        rows[order] = weights.get_orthogonal_selection((ids[order], slice(None)))
-        sums[order] = state.get_orthogonal_selection((ids[order],))
-    return rows, sums
+        out[order] = arr.get_orthogonal_selection((ids[order],) + (slice(None),) * (arr.ndim - 1))
+    return out
 
 
 def read_export_dense(store: str | Path, shapes: dict[str, tuple], optimizer_state: list[str]

@@ -25,7 +25,7 @@ from shardflow.training.batches import TrainData, lookups, negative_seed, sub_ba
 from shardflow.training.evaluate import EVAL_CHUNK, hits
 from shardflow.training.protocol import Kind, Round, StepProtocol, to_host
 from shardflow.training.shard import ParameterShard, RowLayout
-from storage.checkpoint import read_arrays, read_export_dense, read_export_rows, write_arrays
+from storage.checkpoint import read_arrays, read_export, read_export_dense, write_arrays
 
 DEVICES = ("cpu", "cuda")
 
@@ -281,9 +281,8 @@ class Device:
             if not known.size:
                 continue
             local = torch.from_numpy(known).to(self.torch)
-            weights, state = read_export_rows(model, t, ids[known])
-            sh.weights[t][local] = torch.from_numpy(weights).to(self.torch)
-            sh.state[t][local] = torch.from_numpy(state).to(self.torch)
+            sh.weights[t][local] = torch.from_numpy(read_export(model, "tables", t, ids[known])).to(self.torch)
+            sh.state[t][local] = torch.from_numpy(read_export(model, "state", t, ids[known])).to(self.torch)
         if sh.dense is not None:
             shapes = {k: tuple(p.shape) for k, p in sh.dense.items()}
             dense, dense_state = read_export_dense(model, shapes, list(sh.dense_optimizer.state))

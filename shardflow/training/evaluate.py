@@ -13,7 +13,7 @@ import torch
 
 from shardflow.model import ModelConfig, scores
 from shardflow.training.batches import TrainData, lookups, negative_seed
-from storage.checkpoint import read_export_dense, read_export_rows, verify_export
+from storage.checkpoint import read_export, read_export_dense, verify_export
 
 EVAL_CHUNK = 256  # examples scored at a time
 CANDIDATES = 100
@@ -51,7 +51,7 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
     for s in range(0, targets.size, EVAL_CHUNK):
         ex = data.examples(targets[s : s + EVAL_CHUNK], config, negative_seed(seed, -1), negatives=CANDIDATES - 1)
         need = lookups(ex, data, config, "device")
-        rows = {t: torch.from_numpy(read_export_rows(model_dir, t, ids, zeros_past_end=True)[0])
+        rows = {t: torch.from_numpy(read_export(model_dir, "tables", t, ids, zeros_past_end=True))
                 for t, ids in need.fetch.items()}
         with torch.no_grad():
             a, h = hits(scores(config, dense, rows, need.index.on(torch.device("cpu")), data.item).numpy())
