@@ -318,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, help="global batch (default: the plan's)")
     p.add_argument("--dedup", choices=["none", "device"], help="de-duplication scope (default: the plan's)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="numpy on CPU or CuPy on a GPU per worker")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where each device computes: the CPU, or CUDA device d on worker d (resource GPU=1)")
     p.add_argument("--seed", type=int, default=0, help="batch order and negatives")
     p.add_argument("--eval-users", type=int, default=5000, help="held-out users evaluated (0: all)")
     p.add_argument("--estimate", action="store_true", help="estimation mode: every table on one parameter server")
@@ -351,9 +352,22 @@ class _Terminal(logging.Formatter):
         storage = isinstance(error, OSError) and error.errno in _STORAGE_ERRORS
         # A Dask connection closing (the cluster shutting down after an interrupt, a worker lost): its line says so.
         comm = isinstance(error, OSError) and record.name.startswith("distributed")
-        if storage or comm or isinstance(error, self.EXPLAINED) or type(error).__name__ == "Terminated":
+        if storage or comm or isinstance(error, self.EXPLAINED) or type(error).__name__ == "Terminated" or (
+                error is not None and _interrupted(error)):
             record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
         return super().format(record)
+
+
+def _interrupted(error: BaseException) -> bool:
+    """Whether `error` was raised while a Ctrl-C was being handled: Prefect's task engine can fail on
+    its own (ValueError 'Task run is not set') when the interrupt lands while a task run begins."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -370,15 +384,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"shardflow {args.command}: training stopped: {e}", file=sys.stderr)
         return 3
     except OSError as e:
+        if _interrupted(e):
+            print(f"shardflow {args.command}: interrupted; {_KEPT}", file=sys.stderr)
+            return 130
         if e.errno not in _STORAGE_ERRORS:
             raise
         print(f"shardflow {args.command}: stopped: {e}; {_KEPT} once the file system accepts writes again",
               file=sys.stderr)
         return 4
-    except KeyboardInterrupt:
-        print(f"shardflow {args.command}: interrupted; {_KEPT}", file=sys.stderr)
-        return 130
     except BaseException as e:
+        if _interrupted(e):
+            print(f"shardflow {args.command}: interrupted; {_KEPT}", file=sys.stderr)
+            return 130
         if type(e).__name__ != "Terminated":  # flows.api.Terminated (SIGTERM), not imported unless a run started
             raise
         print(f"shardflow {args.command}: terminated (SIGTERM); {_KEPT}", file=sys.stderr)

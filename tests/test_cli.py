@@ -93,3 +93,22 @@ def test_a_successful_run_keeps_the_terminal_quiet_unless_asked(tmp_path):
     assert not [line for line in quiet if "Traceback" in line or " distributed." in line]
     verbose = stderr("verbose", "--verbose")
     assert any(" distributed.scheduler INFO " in line for line in verbose)
+
+
+def test_an_error_raised_while_a_ctrl_c_is_handled_counts_as_the_interrupt():
+    from shardflow.cli import _interrupted
+
+    def prefect_fails_while_interrupted():  # as Prefect's task engine does when Ctrl-C lands as a task begins
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ValueError("Task run is not set")
+
+    try:
+        prefect_fails_while_interrupted()
+    except ValueError as e:
+        assert _interrupted(e)
+    assert not _interrupted(ValueError("Task run is not set")) and _interrupted(KeyboardInterrupt())
+    wrapped = RuntimeError("wrapped")
+    wrapped.__cause__ = KeyboardInterrupt()
+    assert _interrupted(wrapped)
