@@ -93,11 +93,10 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> None:
                                    sharders=[sharder], device=torch.device("cpu"))
     dense = [p for n, p in dmp.named_parameters() if "ebc" not in n]
     dense_opt = torch.optim.Adam(dense, lr=opt.dense_lr, eps=opt.eps)
-    order = data.epoch_order(0, 0)
     norm = float(args.batch_size * C)
 
     def batch(i: int):
-        targets = sub_batches(order[i * args.batch_size : (i + 1) * args.batch_size], world)[rank]
+        targets = sub_batches(data.batch(0, 0, i, args.batch_size), world)[rank]
         ex = data.examples(targets, model_config, negative_seed(0, 0))
         valid = ex.history >= 0
         cand = np.concatenate([ex.positive[:, None], ex.negatives], axis=1)

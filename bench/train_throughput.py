@@ -118,7 +118,7 @@ def main() -> None:
         import_dataset("sasrec", DATA, dataset)
         data = TrainData.load(dataset)
         plans = {d: plan_for(dataset, d, B) for d in (1, 2)}
-        print(f"amazon-video: {data.targets.size:,} training examples, batch {B}, {n} steps after {WARMUP} warm-up, "
+        print(f"amazon-video: {data.targets:,} training examples, batch {B}, {n} steps after {WARMUP} warm-up, "
               f"{args.rounds} rounds, {cores} cores, torch {torch.__version__}")
         rates: dict[str, list[float]] = {}
         splits: dict[int, list[dict]] = {1: [], 2: []}

@@ -12,7 +12,8 @@ The planner's cost model counts lookups from these examples; the trainer trains 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +30,7 @@ class Examples:
     negatives: np.ndarray  # int64 [E, K], never equal to the positive
     user: np.ndarray  # int64 [E]
     position: np.ndarray  # int64 [E], the target's event index in the dataset
+    features: dict = field(default_factory=dict)  # feature table -> int64 [E], its id at the target's event
 
     def __len__(self) -> int:
         return len(self.positive)
@@ -55,17 +57,43 @@ def sample_negatives(positive: np.ndarray, position: np.ndarray, rows: int, k: i
     return neg + (neg >= positive[:, None])
 
 
-def target_positions(offsets: np.ndarray, split: str = "train") -> np.ndarray:
-    """Absolute event indices of the targets of every user `offsets` delimits (offsets[0] = 0)."""
+def target_positions(offsets: np.ndarray, split: str = "train", start: int | None = None,
+                     stop: int | None = None) -> np.ndarray:
+    """Absolute event indices of the targets that lie in events start:stop (all of them by default)
+    of the users `offsets` delimits; memory is that of the range, not of the log."""
     if split not in SPLITS:
         raise InputError(f"split {split!r}; accepted: {', '.join(SPLITS)}")
     offsets = np.asarray(offsets, dtype=np.int64)
-    lengths = np.diff(offsets)
-    user = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-    pos = np.arange(int(offsets[-1] - offsets[0]), dtype=np.int64) - (offsets[:-1][user] - offsets[0])
-    n = lengths[user]
+    start = int(offsets[0]) if start is None else max(int(start), int(offsets[0]))
+    stop = int(offsets[-1]) if stop is None else min(int(stop), int(offsets[-1]))
+    if stop <= start:
+        return np.zeros(0, dtype=np.int64)
+    events = np.arange(start, stop, dtype=np.int64)
+    user = np.searchsorted(offsets, events, side="right") - 1
+    pos = events - offsets[user]
+    n = offsets[user + 1] - offsets[user]
     mask = (pos >= 1) & (pos <= n - 2) if split == "train" else (pos == n - 1) & (n >= 2)
-    return np.flatnonzero(mask) + offsets[0]
+    return events[mask]
+
+
+def count_train_targets(offsets: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Training targets in each event range bounds[i]:bounds[i+1], from `offsets` alone: every event
+    but users' first ones and the last ones of users with two or more."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    firsts, lasts = offsets[:-1][lengths >= 1], offsets[1:][lengths >= 2] - 1
+    bounds = np.asarray(bounds, dtype=np.int64)
+    cut = lambda at: np.diff(np.searchsorted(at, bounds, side="left"))  # noqa: E731
+    return np.diff(bounds) - cut(firsts) - cut(lasts)
+
+
+def held_out_positions(offsets: np.ndarray) -> np.ndarray:
+    """The eval target (last event) of every user with at least two events: target_positions(offsets, "eval")."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    return offsets[1:][np.diff(offsets) >= 2] - 1
+
+
+Gather = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (targets [E], positions [E, n]) -> ids [E, n]
 
 
 def examples_at(
@@ -84,23 +112,39 @@ def examples_at(
     `ids` holds the sequence table's ids of events offsets[0]:offsets[-1]; every target
     must lie inside that span (and not be its user's first event).
     """
-    if history < 1 or negatives < 0:
-        raise InputError(f"history = {history}, negatives = {negatives}; accepted: history >= 1, negatives >= 0")
     offsets = np.asarray(offsets, dtype=np.int64)
     base = int(offsets[0])
     if len(ids) != offsets[-1] - base:
         raise InputError(f"{len(ids)} ids for offsets spanning {int(offsets[-1] - base)} events")
+    ids = np.asarray(ids)
+    return examples_from(offsets, lambda _, positions: ids[positions - base], targets, rows, history=history,
+                         negatives=negatives, seed=seed, first_user=first_user)
+
+
+def examples_from(
+    offsets: np.ndarray,
+    gather: Gather,
+    targets: np.ndarray,
+    rows: int,
+    *,
+    history: int,
+    negatives: int,
+    seed: int,
+    first_user: int = 0,
+) -> Examples:
+    """examples_at with the sequence's ids read through `gather`: for each target, its own event and
+    the `history` events before it (clipped to its user's first), never an event of another user."""
+    if history < 1 or negatives < 0:
+        raise InputError(f"history = {history}, negatives = {negatives}; accepted: history >= 1, negatives >= 0")
+    offsets = np.asarray(offsets, dtype=np.int64)
     targets = np.asarray(targets, dtype=np.int64)
     user = np.searchsorted(offsets, targets, side="right") - 1
-    start = offsets[user] - base
-    local = targets - base
-    window = local[:, None] - history + np.arange(history, dtype=np.int64)[None, :]
-    valid = window >= start[:, None]
-    ids = np.asarray(ids)
-    hist = np.where(valid, ids[np.maximum(window, 0)].astype(np.int64), PAD)
-    positive = ids[local].astype(np.int64)
+    start = offsets[user][:, None]
+    window = targets[:, None] - history + np.arange(history + 1, dtype=np.int64)[None, :]  # last column: the target
+    got = gather(targets, np.maximum(window, start)).astype(np.int64)
+    positive = got[:, history]
     return Examples(
-        history=hist,
+        history=np.where(window[:, :history] >= start, got[:, :history], PAD),
         positive=positive,
         negatives=sample_negatives(positive, targets, rows, negatives, seed),
         user=user + first_user,

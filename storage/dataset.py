@@ -263,6 +263,29 @@ def build_manifest(
     return manifest
 
 
+class SegmentRuns:
+    """Where one segment's runs lie in user order: run r's events, stored at offsets[r]:offsets[r+1],
+    are events starts[r]... of the user-ordered view. Runs are disjoint there, so sorted by start
+    the runs a range covers are one slice."""
+
+    def __init__(self, starts: np.ndarray, offsets: np.ndarray) -> None:
+        self.offsets, self.lengths = offsets, np.diff(offsets)
+        self.order = np.argsort(starts, kind="stable")
+        self.starts = starts[self.order]
+        self.ends = self.starts + self.lengths[self.order]
+
+    def between(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(user-order position, stored position) of this segment's events in user-order range start:stop."""
+        lo, hi = np.searchsorted(self.ends, start, side="right"), np.searchsorted(self.starts, stop, side="left")
+        runs = self.order[lo:hi]
+        lengths = self.lengths[runs]
+        within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        logical = np.repeat(self.starts[lo:hi], lengths) + within
+        stored = np.repeat(self.offsets[runs], lengths) + within
+        keep = (logical >= start) & (logical < stop)
+        return logical[keep], stored[keep]
+
+
 class Dataset:
     """A complete dataset store, validated when opened; read in user order."""
 
@@ -271,7 +294,7 @@ class Dataset:
         self.info = info
         self._root = root
         self.segments = segments
-        self._layout: tuple[np.ndarray, list[np.ndarray] | None] | None = None
+        self._layout: tuple[np.ndarray, list[SegmentRuns] | None] | None = None
 
     @classmethod
     def open(cls, path: str | Path) -> "Dataset":
@@ -404,8 +427,8 @@ class Dataset:
 
     # -- the user-ordered view -------------------------------------------------------------
 
-    def _runs(self) -> tuple[np.ndarray, list[np.ndarray] | None]:
-        """(offsets over users, per segment the user-order position of each of its events' runs).
+    def _runs(self) -> tuple[np.ndarray, list[SegmentRuns] | None]:
+        """(offsets over users, per segment where its runs lie in user order).
 
         The second is None when the store is already in user order (one segment whose runs
         are users 0, 1, 2, ...): then every column is read as stored.
@@ -427,39 +450,44 @@ class Dataset:
         starts = np.empty_like(all_lengths)
         starts[order] = np.concatenate([[0], np.cumsum(all_lengths[order])[:-1]])
         bounds = np.cumsum([0] + [len(u) for u in users])
-        self._layout = (user_offsets, [starts[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+        self._layout = (user_offsets, [SegmentRuns(starts[a:b], off) for a, b, off in
+                                       zip(bounds[:-1], bounds[1:], offsets)])
         return self._layout
 
     def offsets(self) -> np.ndarray:
         """int64 [users + 1]: user u owns events offsets[u]:offsets[u+1] of every column."""
         return self._runs()[0]
 
-    def column(self, path: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Events start:stop of column `path` ('tables/item', 'dense/rating', 'labels'), in user order."""
-        stop = self.info.interactions if stop is None else stop
-        _, starts = self._runs()
-        if starts is None:
-            return self._root[f"{SEGMENTS}/{self.segments[0]['name']}/{path}"][start:stop]
-        out = np.empty(self.info.interactions, dtype=np.result_type(
-            *(self._root[f"{SEGMENTS}/{s['name']}/{path}"].dtype for s in self.segments)
-        ))
-        for s, run_starts in zip(self.segments, starts):
-            seg = f"{SEGMENTS}/{s['name']}"
-            off = self._root[f"{seg}/offsets"][:]
-            lengths = np.diff(off)
-            dest = np.repeat(run_starts - off[:-1], lengths) + np.arange(off[-1], dtype=np.int64)
-            out[dest] = self._root[f"{seg}/{path}"][:]
-        return out[start:stop]
+    def _span(self, start: int, stop: int | None) -> tuple[int, int]:
+        stop = self.info.interactions if stop is None else min(stop, self.info.interactions)
+        return max(0, start), max(max(0, start), stop)
 
-    def event_segments(self) -> np.ndarray:
-        """int16 [events], in user order: the segment (0 = the first part imported) each event came from."""
-        _, starts = self._runs()
-        out = np.zeros(self.info.interactions, dtype=np.int16)
-        if starts is None:
-            return out
-        for index, (s, run_starts) in enumerate(zip(self.segments, starts)):
-            off = self._root[f"{SEGMENTS}/{s['name']}/offsets"][:]
-            out[np.repeat(run_starts - off[:-1], np.diff(off)) + np.arange(off[-1], dtype=np.int64)] = index
+    def column(self, path: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Events start:stop of column `path` ('tables/item', 'dense/rating', 'labels'), in user order.
+
+        Reads only the stored events of the users' runs that the range covers, so a block
+        of a log far larger than memory costs the block, not the log.
+        """
+        start, stop = self._span(start, stop)
+        _, segments = self._runs()
+        if segments is None:
+            return self._root[f"{SEGMENTS}/{self.segments[0]['name']}/{path}"][start:stop]
+        arrays = [self._root[f"{SEGMENTS}/{s['name']}/{path}"] for s in self.segments]
+        out = np.empty(stop - start, dtype=np.result_type(*(a.dtype for a in arrays)))
+        for runs, arr in zip(segments, arrays):
+            logical, stored = runs.between(start, stop)
+            if stored.size:
+                lo = int(stored.min())
+                out[logical - start] = arr[lo : int(stored.max()) + 1][stored - lo]
+        return out
+
+    def event_segments(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """int16 [stop - start], in user order: the segment (0 = the first part imported) each event came from."""
+        start, stop = self._span(start, stop)
+        _, segments = self._runs()
+        out = np.zeros(stop - start, dtype=np.int16)
+        for index, runs in enumerate(segments or ()):
+            out[runs.between(start, stop)[0] - start] = index
         return out
 
     def ids(self, table: str, start: int = 0, stop: int | None = None) -> np.ndarray:

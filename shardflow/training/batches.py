@@ -1,36 +1,65 @@
 """Global batches in a deterministic order, their split into sub-batches, and what each looks up.
 
-Every trainer loads the same TrainData and derives the epoch's order itself (a seeded
-permutation of the training targets), so no batch ever travels over the network. An
-epoch has floor(targets / batch_size) steps; the remainder of the permutation is left
-for that epoch (a different remainder every epoch). A global batch is split into one
-contiguous sub-batch per trainer (sizes differ by at most one).
+The data streams: a trainer holds the users' offsets, the count of training targets in
+each block of ORDER_BLOCK_EVENTS events, and the blocks its current batches read (at
+most a few shuffle groups); never a column of the whole log. Every trainer derives the
+epoch's order itself, so no batch travels over the network: a seeded permutation of the
+blocks, cut into groups of SHUFFLE_BLOCKS, each group's targets permuted together
+(seeded by the epoch and group). A batch thus draws from SHUFFLE_BLOCKS places of the
+log. An epoch has floor(targets / batch_size) steps; the rest of the order is left for
+that epoch. A global batch is split into one contiguous sub-batch per trainer (sizes
+differ by at most one).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from shardflow.errors import InputError
-from shardflow.examples import PAD, Examples, examples_at, target_positions
+from shardflow.examples import (PAD, Examples, count_train_targets, examples_from, held_out_positions,
+                                target_positions)
 from shardflow.model import BatchIndex, ModelConfig
 from storage.dataset import Dataset
 
+ORDER_BLOCK_EVENTS = 1 << 20  # events per block of the epoch order (8 MB of int64 ids)
+SHUFFLE_BLOCKS = 8  # blocks whose targets are shuffled together
+CACHED_BLOCKS = 2 * SHUFFLE_BLOCKS + 2  # a batch may straddle two groups
 
 
-@dataclass(frozen=True)
 class TrainData:
-    offsets: np.ndarray  # int64 [users + 1]
-    item: str  # the sequence table
-    columns: dict  # table -> int64 [events]: the item sequence and the feature columns
-    rows: dict  # table -> rows
-    targets: np.ndarray  # int64: event index of every training target
-    eval_targets: np.ndarray  # int64: event index of every user's held-out last item
+    """A dataset as its trainers read it: the order of an epoch, and the examples of any targets."""
+
+    def __init__(self, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
+                 block_events: int = ORDER_BLOCK_EVENTS) -> None:
+        self.dataset, self.features, self.window, self.block_events = ds, tuple(features), window, block_events
+        self.item = ds.info.sequence_table
+        self.rows = {t: ds.info.table(t).rows for t in (self.item, *self.features)}
+        self.offsets = ds.offsets()
+        self.events = int(self.offsets[-1])
+        self.blocks = -(-self.events // block_events)
+        held_out = held_out_positions(self.offsets)
+        if any(window):
+            counts, keep = np.zeros(self.blocks, dtype=np.int64), []
+            for b in range(self.blocks):
+                counts[b] = self.block_targets(b).size
+                lo, hi = np.searchsorted(held_out, [b * block_events, (b + 1) * block_events])
+                here = held_out[lo:hi]
+                keep.append(here[self._segments(b)[here - b * block_events] >= window[1]])
+            self.targets_per_block, self.eval_targets = counts, np.concatenate(keep)
+        else:
+            bounds = np.minimum(np.arange(self.blocks + 1, dtype=np.int64) * block_events, self.events)
+            self.targets_per_block, self.eval_targets = count_train_targets(self.offsets, bounds), held_out
+        self.targets = int(self.targets_per_block.sum())
+        self._cache: OrderedDict = OrderedDict()  # block -> (history tail, {table: ids})
+        self._epoch: tuple | None = None
+        self._groups: OrderedDict = OrderedDict()
 
     @classmethod
-    def load(cls, dataset: str | Dataset, features: tuple[str, ...] = (), window: tuple[int, int] = (0, 0)) -> "TrainData":
+    def load(cls, dataset: str | Dataset, features: tuple[str, ...] = (), window: tuple[int, int] = (0, 0),
+             block_events: int = ORDER_BLOCK_EVENTS) -> "TrainData":
         """The dataset's training data; `window` = (first segment trained on, first segment evaluated on).
 
         A model version trains on the events of the newest parts (and on each user's last
@@ -49,46 +78,99 @@ class TrainData:
         if unknown:
             accepted = list(ds.info.feature_tables)
             raise InputError(f"feature tables {unknown}; accepted: {', '.join(accepted) or 'none in this dataset'}")
-        offsets = ds.offsets()
-        targets, held_out = target_positions(offsets, "train"), target_positions(offsets, "eval")
-        if any(window):
-            segment = ds.event_segments()
-            targets = targets[window_key(segment, targets) >= window[0]]
-            held_out = held_out[segment[held_out] >= window[1]]
-        if targets.size == 0:
+        data = cls(ds, features, window, block_events)
+        if data.targets == 0:
             where = f" in parts {window[0] + 1}.. (the training window)" if window[0] else ""
             raise InputError(f"dataset {ds.path}: no training examples{where} (a user's examples are their "
                              "events after the first and before the last)")
-        return cls(
-            offsets=offsets,
-            item=item,
-            columns={t: ds.ids(t).astype(np.int64) for t in (item, *features)},
-            rows={t: ds.info.table(t).rows for t in (item, *features)},
-            targets=targets,
-            eval_targets=held_out,
-        )
+        return data
+
+    # -- targets and the order of an epoch ---------------------------------------------------
+    def _segments(self, block: int) -> np.ndarray:
+        """The segment of events block*B .. (block+1)*B, and of the one after (window_key reads it)."""
+        start = block * self.block_events
+        return self.dataset.event_segments(start, min(start + self.block_events + 1, self.events))
+
+    def block_targets(self, block: int) -> np.ndarray:
+        """The training targets (absolute event indices, ascending) in one block."""
+        start = block * self.block_events
+        targets = target_positions(self.offsets, "train", start, start + self.block_events)
+        if any(self.window):
+            targets = targets[window_key(self._segments(block), targets - start) >= self.window[0]]
+        return targets
+
+    def train_targets(self) -> np.ndarray:
+        """Every training target, ascending (for small datasets and tests: it is one int64 per target)."""
+        return np.concatenate([self.block_targets(b) for b in range(self.blocks)])
 
     def steps_per_epoch(self, batch_size: int) -> int:
-        return self.targets.size // batch_size
+        return self.targets // batch_size
 
-    def epoch_order(self, epoch: int, seed: int) -> np.ndarray:
-        return np.random.default_rng([seed, epoch]).permutation(self.targets)
+    def _group(self, epoch: int, seed: int, group: int) -> np.ndarray:
+        if self._epoch is None or self._epoch[:2] != (epoch, seed):
+            perm = np.random.default_rng([seed, epoch]).permutation(self.blocks)
+            groups = [perm[g : g + SHUFFLE_BLOCKS] for g in range(0, self.blocks, SHUFFLE_BLOCKS)]
+            ends = np.cumsum([int(self.targets_per_block[g].sum()) for g in groups])
+            self._epoch, self._groups = (epoch, seed, groups, ends), OrderedDict()
+        if group not in self._groups:
+            targets = np.concatenate([self.block_targets(int(b)) for b in self._epoch[2][group]])
+            self._groups[group] = np.random.default_rng([seed, epoch, group]).permutation(targets)
+            while len(self._groups) > 2:
+                self._groups.popitem(last=False)
+        return self._groups[group]
+
+    def batch(self, epoch: int, seed: int, step_in_epoch: int, batch_size: int) -> np.ndarray:
+        """The targets of one global batch: positions step*B .. (step+1)*B of the epoch's order."""
+        first, stop = step_in_epoch * batch_size, (step_in_epoch + 1) * batch_size
+        self._group(epoch, seed, 0)
+        ends = self._epoch[3]
+        parts, g = [], int(np.searchsorted(ends, first, side="right"))
+        while first < stop and g < len(ends):
+            begin = int(ends[g - 1]) if g else 0
+            targets = self._group(epoch, seed, g)
+            parts.append(targets[first - begin : stop - begin])
+            first, g = begin + targets.size, g + 1
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    # -- examples ----------------------------------------------------------------------------
+    def _block(self, block: int, tail: int) -> dict:
+        """The ids of every table for events block*B - tail .. (block+1)*B (the tail feeds histories)."""
+        held = self._cache.get(block)
+        if held is None or held[0] < tail:
+            start = max(block * self.block_events - tail, 0)
+            stop = min((block + 1) * self.block_events, self.events)
+            held = (tail, start, {t: self.dataset.ids(t, start, stop) for t in (self.item, *self.features)})
+            self._cache[block] = held
+            while len(self._cache) > CACHED_BLOCKS:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(block)
+        return held
+
+    def _gather(self, table: str, tail: int):
+        def gather(targets: np.ndarray, positions: np.ndarray) -> np.ndarray:
+            out = np.empty(positions.shape, dtype=np.int64)
+            blocks = targets // self.block_events
+            for b in np.unique(blocks).tolist():
+                _, start, ids = self._block(b, tail)
+                sel = blocks == b
+                out[sel] = ids[table][positions[sel] - start]
+            return out
+        return gather
 
     def examples(self, targets: np.ndarray, config: ModelConfig, seed: int, negatives: int | None = None) -> Examples:
-        return examples_at(
-            self.offsets,
-            self.columns[self.item],
-            targets,
-            self.rows[self.item],
-            history=config.history,
-            negatives=config.negatives if negatives is None else negatives,
-            seed=seed,
-        )
+        targets = np.asarray(targets, dtype=np.int64)
+        ex = examples_from(self.offsets, self._gather(self.item, config.history), targets, self.rows[self.item],
+                           history=config.history, negatives=config.negatives if negatives is None else negatives,
+                           seed=seed)
+        for name in config.features:
+            ex.features[name] = self._gather(name, config.history)(targets, targets[:, None])[:, 0]
+        return ex
 
 
 def window_key(segment: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """The part that puts each training target in a window: its own, or the next event's if that is newer.
 
+    `segment` holds the part of every event (indexed like `targets`, and one past each).
     A user's last event before a window was held out by the version that saw it, never
     trained on: it joins the window its successor arrived in.
     """
@@ -101,8 +183,12 @@ def window_start(dataset: str | Dataset, wanted: int, batch_size: int) -> int:
     if wanted == 0:
         return 0
     ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
-    targets = target_positions(ds.offsets(), "train")
-    per_part = np.bincount(window_key(ds.event_segments(), targets), minlength=len(ds.segments))
+    data = TrainData(ds, (), (0, 0))
+    per_part = np.zeros(len(ds.segments), dtype=np.int64)
+    for b in range(data.blocks):  # block by block: the log is never held whole
+        start = b * data.block_events
+        key = window_key(data._segments(b), data.block_targets(b) - start)
+        per_part += np.bincount(key, minlength=len(ds.segments))
     examples = np.cumsum(per_part[::-1])[::-1]  # examples[s]: training examples in the window from part s
     fits = np.flatnonzero(examples[: wanted + 1] >= batch_size)
     return int(fits[-1]) if fits.size else 0
@@ -143,7 +229,7 @@ def lookups(ex: Examples, data: TrainData, config: ModelConfig, dedup: str) -> L
     item_ids = np.concatenate([ex.history[valid], candidates.reshape(-1)])
     per_table = {data.item: item_ids}
     for name in config.features:
-        per_table[name] = data.columns[name][ex.position]
+        per_table[name] = ex.features[name]
     fetch, where = {}, {}
     for name, ids in per_table.items():
         if dedup == "device":
@@ -166,5 +252,5 @@ def table_index(ex: Examples, data: TrainData, config: ModelConfig) -> BatchInde
     return BatchIndex(
         history=ex.history.astype(np.int64),  # PAD is -1
         candidates=np.concatenate([ex.positive[:, None], ex.negatives], axis=1).astype(np.int64),
-        features={name: data.columns[name][ex.position] for name in config.features},
+        features={name: ex.features[name] for name in config.features},
     )

@@ -69,15 +69,12 @@ class Device:
         self.shard = ParameterShard(device, layouts, config, optimizer, self.torch, holds_dense=device == 0)
         self.protocol = StepProtocol(device, topology, tables, self.shard, maps)
         self.rounds = self.protocol.rounds
-        self._order: tuple[int, np.ndarray] | None = None
         self._prepared: tuple | None = None
         self._stats: dict = {}
 
     # -- a step ------------------------------------------------------------------------------
     def _sub_batch(self, epoch: int, step_in_epoch: int, seed: int) -> np.ndarray:
-        if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, self.data.epoch_order(epoch, seed))
-        batch = self._order[1][step_in_epoch * self.batch_size : (step_in_epoch + 1) * self.batch_size]
+        batch = self.data.batch(epoch, seed, step_in_epoch, self.batch_size)
         return sub_batches(batch, self.topology.devices)[self.index]
 
     def prepare(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> dict:

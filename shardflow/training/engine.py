@@ -407,7 +407,7 @@ class Engine:
         self.data = TrainData.load(dataset, model.features, train.window)
         check_plan_matches(self.data, plan, topology)
         P = topology.devices
-        check_batch(train.batch_size, P, int(self.data.targets.size))
+        check_batch(train.batch_size, P, self.data.targets)
         info = live_workers(client)
         workers = sorted(info)
         if len(workers) < P:

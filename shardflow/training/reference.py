@@ -26,14 +26,11 @@ class ReferenceTrainer:
         self.sums = {t: torch.zeros(rows, dtype=torch.float32) for t, rows in data.rows.items()}
         self.dense_tensors = {k: torch.from_numpy(v) for k, v in init_dense(config).items()}
         self.dense_optimizer = DenseOptimizer(optimizer, self.dense_tensors)
-        self._order: tuple[int, np.ndarray] | None = None
 
     def step(self, epoch: int, step_in_epoch: int) -> float:
         """One step on the global batch; returns its summed loss."""
-        if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, self.data.epoch_order(epoch, self.seed))
         B = self.batch_size
-        targets = self._order[1][step_in_epoch * B : (step_in_epoch + 1) * B]
+        targets = self.data.batch(epoch, self.seed, step_in_epoch, B)
         ex = self.data.examples(targets, self.config, negative_seed(self.seed, epoch))
         index = table_index(ex, self.data, self.config).on(torch.device("cpu"))
         grads = forward_backward(self.config, self.dense_tensors, self.tables, index, self.data.item,

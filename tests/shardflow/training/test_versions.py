@@ -11,7 +11,9 @@ from shardflow.errors import InputError
 from shardflow.model import ModelConfig, init_rows
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
 from shardflow.planning import extend_plan
-from shardflow.training.batches import TrainData, window_start
+from shardflow.examples import examples_at
+from shardflow.synthetic import SynthTable, synth_dataset
+from shardflow.training.batches import CACHED_BLOCKS, TrainData, window_start
 from shardflow.training.engine import Engine, TrainConfig
 from storage.checkpoint import verify_export
 from storage.dataset import Dataset
@@ -44,13 +46,13 @@ def test_every_event_knows_its_part_in_user_order(days):
 
 def test_a_window_trains_the_new_events_and_each_users_last_held_out_one(days):
     every = TrainData.load(days / "ds")
-    assert every.targets.tolist() == [1, 2, 3, 4, 7, 8, 9, 12] and every.eval_targets.tolist() == [5, 10, 13]
+    assert every.train_targets().tolist() == [1, 2, 3, 4, 7, 8, 9, 12] and every.eval_targets.tolist() == [5, 10, 13]
     third = TrainData.load(days / "ds", window=(2, 2))
     # user 1: event 4 (day 2, held out by the version of days 1-2) joins; 5 is held out now.
     # user 2: event 8 (day 1, its last before day 3) and 9 (day 3); user 3: event 12.
-    assert third.targets.tolist() == [4, 8, 9, 12] and third.eval_targets.tolist() == [5, 10, 13]
+    assert third.train_targets().tolist() == [4, 8, 9, 12] and third.eval_targets.tolist() == [5, 10, 13]
     second = TrainData.load(days / "ds", window=(1, 1))
-    assert second.eval_targets.tolist() == [5, 10, 13] and 1 not in second.targets.tolist()
+    assert second.eval_targets.tolist() == [5, 10, 13] and 1 not in second.train_targets().tolist()
 
 
 def test_a_window_too_small_for_one_batch_widens_to_earlier_parts(days):
@@ -101,3 +103,48 @@ def test_a_warm_start_places_the_export_onto_a_plan_for_another_device_count(cli
     with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], other, OPTIMIZER, TrainConfig(3)) as e:
         with pytest.raises(InputError, match=r"exported with dim=4; accepted for a warm start: dim=8"):
             e.warm_start(tmp_path / "model", manifest)
+
+
+@pytest.mark.parametrize("block_events", [1, 2, 3, 5, 1 << 20])
+@pytest.mark.parametrize("window", [(0, 0), (1, 1), (2, 2)])
+def test_blocks_of_any_size_stream_the_targets_and_examples_of_the_whole_log(days, block_events, window):
+    whole = TrainData.load(days / "ds", window=window)
+    streamed = TrainData.load(days / "ds", window=window, block_events=block_events)
+    assert streamed.train_targets().tolist() == whole.train_targets().tolist()
+    assert streamed.eval_targets.tolist() == whole.eval_targets.tolist() and streamed.targets == whole.targets
+    ds = Dataset.open(days / "ds")
+    for targets in (streamed.train_targets(), streamed.eval_targets):
+        got = streamed.examples(targets[::-1], MODEL, seed=4)
+        want = examples_at(ds.offsets(), ds.ids("item"), targets[::-1], ds.info.table("item").rows, history=3, negatives=1, seed=4)
+        assert got.history.tolist() == want.history.tolist() and got.positive.tolist() == want.positive.tolist()
+        assert got.negatives.tolist() == want.negatives.tolist()
+
+
+def test_a_user_ordered_range_reads_only_its_users_runs_and_equals_the_whole_column(days):
+    ds = Dataset.open(days / "ds")
+    # user order, from the days: user 1 10..15, user 2 20..24, user 3 30..32 (raw ids, as imported)
+    raw, rows = ds.raw_ids("item")
+    whole = [int(raw[np.flatnonzero(rows == r)[0]]) for r in ds.ids("item")]
+    assert whole == [10, 11, 12, 13, 14, 15, 20, 21, 22, 23, 24, 30, 31, 32]
+    for a in range(15):
+        for b in range(a, 16):
+            assert ds.ids("item", a, b).tolist() == ds.ids("item").tolist()[a:b]
+            assert ds.event_segments(a, b).tolist() == ds.event_segments().tolist()[a:b]
+
+
+def test_an_epoch_streams_every_target_at_most_once_in_the_same_order_on_every_trainer(tmp_path):
+    synth_dataset(tmp_path / "ds", [SynthTable("item", 500, 1.1)], interactions=20_000, seed=2, mean_length=10)
+    one, other = (TrainData.load(tmp_path / "ds", block_events=512) for _ in range(2))
+    B = 256
+    steps = one.steps_per_epoch(B)
+    assert one.blocks >= 30 and steps == one.targets // B
+    epoch = [one.batch(0, 7, s, B) for s in range(steps)]
+    assert all(np.array_equal(a, other.batch(0, 7, s, B)) for s, a in enumerate(epoch))
+    seen = np.concatenate(epoch)
+    assert seen.size == steps * B and np.unique(seen).size == seen.size
+    assert np.isin(seen, one.train_targets()).all()
+    blocks_per_batch = [np.unique(b // 512).size for b in epoch]
+    assert min(blocks_per_batch) >= 4  # a batch draws from several places of the log, not one stretch
+    assert not np.array_equal(one.batch(1, 7, 0, B), epoch[0]) and not np.array_equal(one.batch(0, 8, 0, B), epoch[0])
+    one.examples(seen, MODEL, seed=1)
+    assert len(one._cache) <= CACHED_BLOCKS  # what an epoch holds is bounded, whatever the log's length
