@@ -41,6 +41,9 @@ def checkpoint_dir(run_dir: str | Path, epochs_done: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"epoch-{epochs_done:06d}"
 
 
+READ_BLOCK_ROWS = 8 * EXPORT_CHUNK_ROWS  # rows read at a time into a restored shard
+
+
 def digest(name: str, values: np.ndarray) -> str:
     h = ArrayHash(name, values.dtype, values.shape)
     h.update(values)
@@ -60,19 +63,64 @@ def write_arrays(root: Path, arrays: dict[str, np.ndarray], prefix: str) -> dict
     return digests
 
 
-def read_arrays(root: Path, names: list[str], prefix: str, digests: dict[str, str]) -> dict[str, np.ndarray]:
-    """Read and verify arrays written by write_arrays; a missing or altered one is named."""
+def _open(root: Path, name: str) -> zarr.Array:
+    try:
+        return zarr.open_array(str(Path(root) / name), mode="r")
+    except Exception as e:  # zarr raises several types for missing or truncated data
+        raise InputError(f"{root}/{name}: unreadable ({type(e).__name__}: {e}); the checkpoint is damaged") from None
+
+
+def _hashed(root: Path, name: str, prefix: str, digests: dict[str, str], arr: zarr.Array, sink=None) -> None:
+    """Stream `arr` block by block through its checksum (and into `sink`, if given); an InputError if it
+    does not match."""
+    key = f"{prefix}/{name}"
+    h = ArrayHash(key, arr.dtype, arr.shape)
+    try:
+        for a, b in _blocks(arr.shape):
+            block = arr[a:b] if arr.shape else arr[...]
+            h.update(block)
+            if sink is not None:
+                sink[a:b] = block
+    except Exception as e:
+        raise InputError(f"{root}/{name}: unreadable ({type(e).__name__}: {e}); the checkpoint is damaged") from None
+    if digests.get(key) != h.hexdigest():
+        raise InputError(f"{root}/{name}: content does not match its checksum in the manifest; the store is damaged")
+
+
+def verify_arrays(root: Path, names: list[str], prefix: str, digests: dict[str, str]) -> None:
+    """Check arrays written by write_arrays against their checksums, a block at a time; a missing or
+    altered one is named."""
+    for name in names:
+        _hashed(root, name, prefix, digests, _open(root, name))
+
+
+def read_arrays(root: Path, names: list[str], prefix: str, digests: dict[str, str],
+                into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Read and verify arrays written by write_arrays; a missing or altered one is named.
+
+    An array named in `into` is read into that array (of the stored shape) block by block:
+    a restore needs one block of memory, not a second copy of the shard. Call
+    verify_arrays first where a damaged array must leave the targets untouched.
+    """
+    into = into or {}
     out = {}
     for name in names:
-        key = f"{prefix}/{name}"
-        try:
-            values = zarr.open_array(str(Path(root) / name), mode="r")[...]
-        except Exception as e:  # zarr raises several types for missing or truncated data
-            raise InputError(f"{root}/{name}: unreadable ({type(e).__name__}: {e}); the checkpoint is damaged") from None
-        if key not in digests or digest(key, values) != digests[key]:
-            raise InputError(f"{root}/{name}: content does not match its checksum in the manifest; the store is damaged")
-        out[name] = values
+        arr = _open(root, name)
+        target = into.get(name)
+        if target is None:
+            target = np.empty(arr.shape, dtype=arr.dtype)
+        elif tuple(arr.shape) != tuple(target.shape):
+            raise InputError(f"{root}/{name}: shape {tuple(arr.shape)}; accepted: {tuple(target.shape)} (the rows "
+                             "this plan puts on the device, the model's dimension)")
+        _hashed(root, name, prefix, digests, arr, target)
+        out[name] = target
     return out
+
+
+def _blocks(shape: tuple[int, ...]) -> list[tuple[int, int]]:
+    rows = shape[0] if shape else 1
+    step = READ_BLOCK_ROWS
+    return [(a, min(a + step, rows)) for a in range(0, max(rows, 1), step)]
 
 
 def finish(store: Path, kind: str, info: dict, digests: dict[str, str]) -> dict:

@@ -25,7 +25,7 @@ from shardflow.training.batches import TrainData, lookups, negative_seed, sub_ba
 from shardflow.training.evaluate import EVAL_CHUNK, hits
 from shardflow.training.protocol import Kind, Round, StepProtocol, to_host
 from shardflow.training.shard import ParameterShard, RowLayout
-from storage.checkpoint import read_arrays, read_export, read_export_dense, write_arrays
+from storage.checkpoint import read_arrays, read_export, read_export_dense, verify_arrays, write_arrays
 
 DEVICES = ("cpu", "cuda")
 
@@ -39,6 +39,9 @@ def torch_device(name: str, index: int = 0) -> torch.device:
             raise InputError("device 'cuda': no CUDA device is visible to PyTorch; accepted here: cpu")
         return torch.device("cuda", index % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+WARM_START_ROWS = 1 << 19  # rows read from an export at a time
 
 
 class Device:
@@ -239,21 +242,30 @@ class Device:
         out["digests"] = write_arrays(root, arrays, f"shards/{self.index}")
         return out
 
+    def verify(self, path: str, digests: dict) -> None:
+        """Check this shard's arrays in checkpoint `path` against `digests` (an InputError naming a bad one)."""
+        verify_arrays(Path(path) / "shards" / str(self.index), self._arrays(), f"shards/{self.index}", digests)
+
     def load(self, path: str, digests: dict, clock: int, dense_steps: int) -> None:
-        """Restore this shard from checkpoint `path`, verifying every array against `digests`."""
+        """Restore this shard from checkpoint `path` (verified first with `verify` on every device)."""
         sh = self.shard
         root = Path(path) / "shards" / str(self.index)
-        arrays = read_arrays(root, self._arrays(), f"shards/{self.index}", digests)
-        for t, lay in sh.layouts.items():
-            w = arrays[f"{t}/weights"]
-            if w.shape != (lay.rows, self.config.dim):
-                raise InputError(
-                    f"{root}/{t}/weights: shape {w.shape}; accepted: ({lay.rows}, {self.config.dim}) "
-                    "(this plan's rows on the device, the model's dimension)"
-                )
-            sh.weights[t] = torch.from_numpy(w).to(self.torch)
-            sh.state[t] = torch.from_numpy(arrays[f"{t}/state"]).to(self.torch)
-            sh.version[t] = arrays[f"{t}/version"]
+        into = {}
+        if self.torch.type == "cpu":  # read in place: a restore holds one shard, not two
+            for t in sh.layouts:
+                into.update({f"{t}/weights": sh.weights[t].numpy(), f"{t}/state": sh.state[t].numpy(),
+                             f"{t}/version": sh.version[t]})
+        else:
+            into.update({f"{t}/version": sh.version[t] for t in sh.layouts})
+        arrays = read_arrays(root, self._arrays(), f"shards/{self.index}", digests, into)
+        for t in sh.layouts:
+            if self.torch.type != "cpu":
+                w = arrays[f"{t}/weights"]
+                if w.shape != tuple(sh.weights[t].shape):
+                    raise InputError(f"{root}/{t}/weights: shape {w.shape}; accepted: {tuple(sh.weights[t].shape)} "
+                                     "(the rows this plan puts on the device, the model's dimension)")
+                sh.weights[t] = torch.from_numpy(w).to(self.torch)
+                sh.state[t] = torch.from_numpy(arrays[f"{t}/state"]).to(self.torch)
         if sh.dense is not None:
             for k, p in sh.dense.items():
                 v = arrays[f"dense/{k}"]
@@ -277,9 +289,11 @@ class Device:
             known = np.flatnonzero(ids < rows.get(t, 0))
             if not known.size:
                 continue
-            local = torch.from_numpy(known).to(self.torch)
-            sh.weights[t][local] = torch.from_numpy(read_export(model, "tables", t, ids[known])).to(self.torch)
-            sh.state[t][local] = torch.from_numpy(read_export(model, "state", t, ids[known])).to(self.torch)
+            for a in range(0, known.size, WARM_START_ROWS):  # a block at a time: never a second copy of the shard
+                part = known[a : a + WARM_START_ROWS]
+                local = torch.from_numpy(part).to(self.torch)
+                sh.weights[t][local] = torch.from_numpy(read_export(model, "tables", t, ids[part])).to(self.torch)
+                sh.state[t][local] = torch.from_numpy(read_export(model, "state", t, ids[part])).to(self.torch)
         if sh.dense is not None:
             shapes = {k: tuple(p.shape) for k, p in sh.dense.items()}
             dense, dense_state = read_export_dense(model, shapes, list(sh.dense_optimizer.state))

@@ -312,6 +312,9 @@ class DeviceActor:
     def save(self, path: str) -> dict:
         return self.device.save(path)
 
+    def verify(self, path: str, digests: dict) -> None:
+        self.device.verify(path, digests)
+
     def load(self, path: str, digests: dict, clock: int, dense_steps: int) -> None:
         self.device.load(path, digests, clock, dense_steps)
 
@@ -653,6 +656,8 @@ class Engine:
                 f"{path}: checkpoint of model {theirs} on {m['devices']} devices; accepted: model {mine} "
                 f"on {self.topology.devices} devices (the run's configuration)"
             )
+        # Every shard's arrays verified before any is read in place: a damaged checkpoint changes nothing.
+        self._wait([a.verify(str(path), m["arrays"]) for a in self.actors])
         self._wait([a.load(str(path), m["arrays"], m["step"], m["dense_steps"]) for a in self.actors])
         self.step_count = m["step"]
         return m
