@@ -35,9 +35,10 @@ class RowLayout:
         if (self.stored is None) == (self.modulus is None):
             raise ValueError("a RowLayout has either stored ids or a modulus")
         if self.stored is not None:
-            order = np.argsort(self.stored, kind="stable")
+            ascending = self.stored.size < 2 or bool((self.stored[1:] > self.stored[:-1]).all())
+            order = None if ascending else np.argsort(self.stored, kind="stable")  # ascending: no copies
             object.__setattr__(self, "_order", order)
-            object.__setattr__(self, "_sorted", self.stored[order])
+            object.__setattr__(self, "_sorted", self.stored if ascending else self.stored[order])
 
     @property
     def rows(self) -> int:
@@ -57,7 +58,7 @@ class RowLayout:
         missing = (k >= self._sorted.size) | (self._sorted[k_safe] != ids) if ids.size else np.zeros(0, bool)
         if missing.any():
             raise InputError(f"table '{self.table}': id {int(ids[missing][0])} is not stored on this shard")
-        return self._order[k_safe]
+        return k_safe if self._order is None else self._order[k_safe]
 
 
 class ParameterShard:
