@@ -76,15 +76,18 @@ def target_positions(offsets: np.ndarray, split: str = "train", start: int | Non
     return events[mask]
 
 
-def count_train_targets(offsets: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+def count_train_targets(offsets: np.ndarray, bounds: np.ndarray, users_at_a_time: int = 1 << 22) -> np.ndarray:
     """Training targets in each event range bounds[i]:bounds[i+1], from `offsets` alone: every event
-    but users' first ones and the last ones of users with two or more."""
+    but users' first ones and the last ones of users with two or more (users taken a slice at a time)."""
     offsets = np.asarray(offsets, dtype=np.int64)
-    lengths = np.diff(offsets)
-    firsts, lasts = offsets[:-1][lengths >= 1], offsets[1:][lengths >= 2] - 1
     bounds = np.asarray(bounds, dtype=np.int64)
-    cut = lambda at: np.diff(np.searchsorted(at, bounds, side="left"))  # noqa: E731
-    return np.diff(bounds) - cut(firsts) - cut(lasts)
+    counts = np.diff(bounds)
+    for u in range(0, offsets.size - 1, users_at_a_time):
+        part = offsets[u : u + users_at_a_time + 1]
+        lengths = np.diff(part)
+        for cut in (part[:-1][lengths >= 1], part[1:][lengths >= 2] - 1):  # firsts, then lasts
+            counts -= np.diff(np.searchsorted(cut, bounds, side="left"))
+    return counts
 
 
 def held_out_positions(offsets: np.ndarray) -> np.ndarray:

@@ -40,18 +40,19 @@ class TrainData:
         self.offsets = ds.offsets()
         self.events = int(self.offsets[-1])
         self.blocks = -(-self.events // block_events)
-        held_out = held_out_positions(self.offsets)
+        self._eval_targets = None  # every user's held-out event unless a window selects some: computed on demand
         if any(window):
             counts, keep = np.zeros(self.blocks, dtype=np.int64), []
+            held_out = held_out_positions(self.offsets)
             for b in range(self.blocks):
                 counts[b] = self.block_targets(b).size
                 lo, hi = np.searchsorted(held_out, [b * block_events, (b + 1) * block_events])
                 here = held_out[lo:hi]
                 keep.append(here[self._segments(b)[here - b * block_events] >= window[1]])
-            self.targets_per_block, self.eval_targets = counts, np.concatenate(keep)
+            self.targets_per_block, self._eval_targets = counts, np.concatenate(keep)
         else:
             bounds = np.minimum(np.arange(self.blocks + 1, dtype=np.int64) * block_events, self.events)
-            self.targets_per_block, self.eval_targets = count_train_targets(self.offsets, bounds), held_out
+            self.targets_per_block = count_train_targets(self.offsets, bounds)
         self.targets = int(self.targets_per_block.sum())
         self._cache: OrderedDict = OrderedDict()  # block -> (history tail, {table: ids})
         self._epoch: tuple | None = None
@@ -84,6 +85,12 @@ class TrainData:
             raise InputError(f"dataset {ds.path}: no training examples{where} (a user's examples are their "
                              "events after the first and before the last)")
         return data
+
+    @property
+    def eval_targets(self) -> np.ndarray:
+        """The held-out (last) event of every user evaluated, ascending: one int64 per user, made when asked
+        (the flow's evaluation), not held by every trainer."""
+        return held_out_positions(self.offsets) if self._eval_targets is None else self._eval_targets
 
     # -- targets and the order of an epoch ---------------------------------------------------
     def _segments(self, block: int) -> np.ndarray:

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardflow.errors import InputError
-from shardflow.examples import PAD, build_examples
+from shardflow.examples import PAD, build_examples, count_train_targets, held_out_positions, target_positions
 
 OFFSETS = np.array([0, 4, 5, 7])
 IDS = np.array([10, 11, 12, 13, 20, 30, 31])
@@ -89,3 +89,16 @@ def test_bad_arguments_are_refused():
         build_examples(OFFSETS, IDS, 40, history=0, negatives=1, seed=0)
     with pytest.raises(InputError, match="at least 2 rows"):
         build_examples(OFFSETS, np.zeros(7, dtype=np.int64), 1, history=2, negatives=1, seed=0)
+
+
+def test_targets_are_counted_per_range_from_offsets_alone_a_slice_of_users_at_a_time():
+    rng = np.random.default_rng(5)
+    offsets = np.concatenate([[0], np.cumsum(rng.integers(0, 6, size=200))])  # users of 0 to 5 events
+    bounds = np.unique(np.concatenate([[0, offsets[-1]], rng.integers(0, offsets[-1], size=30)]))
+    targets = target_positions(offsets, "train")
+    want = [int(((targets >= a) & (targets < b)).sum()) for a, b in zip(bounds[:-1], bounds[1:])]
+    for at_a_time in (1, 3, 1 << 22):
+        assert count_train_targets(offsets, bounds, at_a_time).tolist() == want
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        assert target_positions(offsets, "train", a, b).tolist() == targets[(targets >= a) & (targets < b)].tolist()
+    assert held_out_positions(offsets).tolist() == target_positions(offsets, "eval").tolist()
