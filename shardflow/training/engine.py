@@ -360,20 +360,34 @@ def check_plan_matches(data: TrainData, plan: ShardingPlan, topology: Topology) 
             )
 
 
+# What a worker holds beside its shard's rows and Adagrad sums, as measured by bench/scale.py on tables of
+# 10^5 to 5*10^7 rows (docs/benchmarks.md): its peak stayed within 1.3 x the plan's bytes + 1.1 GB, of which
+# 0.56 GB is what importing torch's CUDA build and the engine costs any process.
+WORKER_SCALE, WORKER_EXTRA_BYTES = 1.3, 1.1e9
+
+
+def worker_peak_bytes(shard_bytes) -> np.ndarray:
+    """The resident memory a worker whose shard holds `shard_bytes` reaches (the bound bench/scale.py measures)."""
+    return np.ceil(WORKER_SCALE * np.asarray(shard_bytes, dtype=np.float64) + WORKER_EXTRA_BYTES).astype(np.int64)
+
+
 def check_worker_memory(plan: ShardingPlan, topology: Topology, dim: int, scaled_rows: dict[str, int] | None,
                         workers: dict[str, dict]) -> np.ndarray:
-    """Refuse, before any shard starts, a plan whose rows and optimiser state on a device exceed the memory
-    limit of the worker that would hold them (the scheduler's figure; a worker without a limit takes any).
-    Returns those bytes per device."""
+    """Refuse, before any shard starts, a plan whose device would outgrow the memory limit of the worker that
+    would hold it (the scheduler's figure; a worker without a limit takes any): its rows and optimiser state,
+    and what a worker holds beside them (worker_peak_bytes). Returns the shard bytes per device."""
     need = plan.memory_bytes_per_device(topology, dim)
     if scaled_rows is not None:  # estimation: device 0 holds the scaled tables, the others nothing
         need = np.zeros(topology.devices, dtype=np.int64)
         need[0] = sum(scaled_rows.values()) * row_bytes(dim)
+    peak = worker_peak_bytes(need)
     for d, (address, info) in enumerate(workers.items()):
         limit = info.get("memory_limit") or 0
-        if limit and need[d] > limit:
+        if limit and peak[d] > limit:
             raise InputError(
                 f"device {d}'s shard needs {need[d] / 2**30:.2f} GiB for its rows and their Adagrad sums at dim {dim}, "
+                f"and its worker about {peak[d] / 2**30:.2f} GiB in all ({WORKER_SCALE} x that + "
+                f"{WORKER_EXTRA_BYTES / 1e9:.1f} GB for torch, batches and buffers, as measured by bench/scale.py), "
                 f"but its worker {address} may use {limit / 2**30:.2f} GiB; accepted: workers with more memory, a plan "
                 f"over more devices, less memory_slack (fewer replicas) or a smaller dim"
             )

@@ -192,12 +192,14 @@ def test_a_lost_worker_near_its_memory_limit_is_reported_as_probably_stopped_for
 def test_a_shard_larger_than_its_workers_memory_limit_is_refused_before_any_actor_starts(dataset, data):
     from distributed import Client, LocalCluster
 
-    wide = ModelConfig(dim=60_000, mlp=(4,), history=MODEL.history, negatives=MODEL.negatives, features=MODEL.features)
-    plan = random_plan(data, 2, seed=0)  # about 36 MB a device at dim 60,000
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit="30MB",
+    wide = ModelConfig(dim=400_000, mlp=(4,), history=MODEL.history, negatives=MODEL.negatives, features=MODEL.features)
+    plan = random_plan(data, 2, seed=0)  # about 0.4 GiB a device at dim 400,000
+    # 1.3 GB: more than a worker holds beside its shard (1.1 GB), less than that and this shard
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit="1.3GB",
                       dashboard_address=":0") as cluster, Client(cluster) as small:
-        with pytest.raises(InputError, match=r"device \d's shard needs 0\.0\d GiB .* at dim 60000, but its worker "
-                                             r"\S+ may use 0\.03 GiB; accepted: workers with more memory"):
+        with pytest.raises(InputError, match=r"device \d's shard needs 0\.40 GiB .* at dim 400000, and its worker "
+                                             r"about 1\.54 GiB in all .* but its worker \S+ may use 1\.21 GiB; "
+                                             r"accepted: workers with more memory"):
             Engine(small, dataset, plan, TOPOLOGIES[2], wide, OPTIMIZER, TrainConfig(BATCH))
         assert live_actors(small) == 0
 
