@@ -1,6 +1,7 @@
 """How far one machine goes: grow the table and the log; per size, each stage's time and peak memory.
 
     python bench/scale.py --size 100000:1000000 --size 10000000:2000000 [--dim 64] [--epochs 1]
+    python bench/scale.py --size 1000000:1000000000 --steps 300     # a log too long to train an epoch of
 
 Each --size is ROWS:EVENTS (a Zipf(1.1) item table of ROWS rows, a log of EVENTS events).
 Per size: `shardflow synth`, then the whole flow (`shardflow run`, embedded Prefect API,
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import psutil
 
+from shardflow.training.batches import TrainData
 from shardflow.training.engine import WORKER_EXTRA_BYTES, WORKER_SCALE, worker_peak_bytes
 
 HERE = Path(__file__).resolve().parent
@@ -168,6 +170,38 @@ def run_size(work: Path, rows: int, events: int, args, env: dict, imports: float
     shutil.rmtree(run, ignore_errors=True)
 
 
+def run_stages(work: Path, rows: int, events: int, args, env: dict) -> None:
+    """The stages one at a time through the CLI (profile, plan, train for --steps steps): for a log whose
+    epochs outlast the bench, the streaming path measured without training an epoch."""
+    ds, sf = work / f"ds-{rows}-{events}", str(BIN / "shardflow")
+    print(f"\n## item table {rows:,} rows x dim {args.dim}, log {events:,} events, {args.steps} training steps")
+    print(f"{'stage':<34} {'s':>8} {'tree MB':>9} {'worker MB':>10}")
+    commands = {
+        "synth": [sf, "synth", str(ds), "--tables", f"item:{rows}:1.1", "--interactions", str(events), "--seed", "1",
+                  "--mean-length", "20"],
+        "profile": [sf, "profile", str(ds), "--workers", "4"],
+        "plan": [sf, "plan", f"{ds}.profile", "--topology", str(ROOT / "topologies" / "demo-4.yaml"), "--strategy",
+                 "flexshard", "--dim", str(args.dim), "--memory-slack", str(args.memory_slack), "--batch-size",
+                 str(args.batch_size), "--out", str(work / "plan")],
+        "train": [sf, "train", str(ds), "--plan", str(work / "plan"), "--max-steps", str(args.steps), "--batch-size",
+                  str(args.batch_size), "--eval-users", str(args.eval_users), "--json"],
+    }
+    for name, cmd in commands.items():
+        code, sampler, t0, t1 = measured(cmd, env, work / f"{name}.log")
+        tree, worker = sampler.peaks(t0, t1)
+        shown = f"{worker:>10.0f}" if name in ("profile", "train") else f"{'-':>10}"
+        print(f"{name:<34} {t1 - t0:>8.1f} {tree:>9.0f} {shown}", flush=True)
+        if code:
+            sys.exit(f"{name} failed (exit {code}): {(work / f'{name}.log').read_text()[-2000:]}")
+    out = json.loads([ln for ln in (work / "train.log").read_text().splitlines() if ln.startswith("{")][-1])
+    targets = TrainData.load(ds).targets
+    print(f"train: {out['examples_per_s']:,.0f} examples/s over the steady steps; an epoch of this log "
+          f"({targets:,} targets) would take {targets / out['examples_per_s'] / 60:,.0f} min at that rate")
+    shutil.rmtree(ds, ignore_errors=True)
+    shutil.rmtree(f"{ds}.profile", ignore_errors=True)
+    shutil.rmtree(work / "plan", ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", action="append", default=[], help="ROWS:EVENTS (repeatable)")
@@ -177,6 +211,9 @@ def main() -> None:
     parser.add_argument("--memory-slack", type=float, default=0.1)
     parser.add_argument("--eval-users", type=int, default=5000)
     parser.add_argument("--work", default=None, help="directory for the stores (default: a temporary one)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="run the stages through the CLI and train only this many steps (for logs whose epochs "
+                             "outlast the bench) instead of the whole flow")
     parser.add_argument("--flow-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.flow_child:
@@ -193,7 +230,10 @@ def main() -> None:
           f"({mem.available / 1e9:.1f} GB available), load {os.getloadavg()[0]:.2f}; stores in {work}")
     imports = imports_mb(env)
     for rows, events in sizes:
-        run_size(work, rows, events, args, env, imports)
+        if args.steps:
+            run_stages(work, rows, events, args, env)
+        else:
+            run_size(work, rows, events, args, env, imports)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -99,31 +99,6 @@ def held_out_positions(offsets: np.ndarray) -> np.ndarray:
 Gather = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (targets [E], positions [E, n]) -> ids [E, n]
 
 
-def examples_at(
-    offsets: np.ndarray,
-    ids: np.ndarray,
-    targets: np.ndarray,
-    rows: int,
-    *,
-    history: int,
-    negatives: int,
-    seed: int,
-    first_user: int = 0,
-) -> Examples:
-    """The examples whose targets are the absolute event indices `targets`.
-
-    `ids` holds the sequence table's ids of events offsets[0]:offsets[-1]; every target
-    must lie inside that span (and not be its user's first event).
-    """
-    offsets = np.asarray(offsets, dtype=np.int64)
-    base = int(offsets[0])
-    if len(ids) != offsets[-1] - base:
-        raise InputError(f"{len(ids)} ids for offsets spanning {int(offsets[-1] - base)} events")
-    ids = np.asarray(ids)
-    return examples_from(offsets, lambda _, positions: ids[positions - base], targets, rows, history=history,
-                         negatives=negatives, seed=seed, first_user=first_user)
-
-
 def examples_from(
     offsets: np.ndarray,
     gather: Gather,
@@ -135,8 +110,11 @@ def examples_from(
     seed: int,
     first_user: int = 0,
 ) -> Examples:
-    """examples_at with the sequence's ids read through `gather`: for each target, its own event and
-    the `history` events before it (clipped to its user's first), never an event of another user."""
+    """The examples whose targets are the absolute event indices `targets` (none its user's first event).
+
+    The sequence's ids are read through `gather`: for each target, its own event and the
+    `history` events before it (clipped to its user's first), never an event of another user.
+    """
     if history < 1 or negatives < 0:
         raise InputError(f"history = {history}, negatives = {negatives}; accepted: history >= 1, negatives >= 0")
     offsets = np.asarray(offsets, dtype=np.int64)
@@ -172,13 +150,10 @@ def build_examples(
     > 0 for a block of users, the first of them user `first_user`); `ids` holds the
     sequence table's ids of events offsets[0]:offsets[-1].
     """
-    return examples_at(
-        offsets,
-        ids,
-        target_positions(offsets, split),
-        rows,
-        history=history,
-        negatives=negatives,
-        seed=seed,
-        first_user=first_user,
-    )
+    offsets = np.asarray(offsets, dtype=np.int64)
+    base = int(offsets[0])
+    if len(ids) != offsets[-1] - base:
+        raise InputError(f"{len(ids)} ids for offsets spanning {int(offsets[-1] - base)} events")
+    ids = np.asarray(ids)
+    return examples_from(offsets, lambda _, positions: ids[positions - base], target_positions(offsets, split), rows,
+                         history=history, negatives=negatives, seed=seed, first_user=first_user)

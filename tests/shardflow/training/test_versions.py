@@ -11,7 +11,7 @@ from shardflow.errors import InputError
 from shardflow.model import ModelConfig, init_rows
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
 from shardflow.planning import extend_plan
-from shardflow.examples import examples_at
+from shardflow.examples import examples_from
 from shardflow.synthetic import SynthTable, synth_dataset
 from shardflow.training.batches import CACHED_BLOCKS, TrainData, window_start
 from shardflow.training.engine import Engine, TrainConfig
@@ -115,7 +115,9 @@ def test_blocks_of_any_size_stream_the_targets_and_examples_of_the_whole_log(day
     ds = Dataset.open(days / "ds")
     for targets in (streamed.train_targets(), streamed.eval_targets):
         got = streamed.examples(targets[::-1], MODEL, seed=4)
-        want = examples_at(ds.offsets(), ds.ids("item"), targets[::-1], ds.info.table("item").rows, history=3, negatives=1, seed=4)
+        ids = ds.ids("item")
+        want = examples_from(ds.offsets(), lambda _, positions: ids[positions], targets[::-1], ds.info.table("item").rows,
+                             history=3, negatives=1, seed=4)
         assert got.history.tolist() == want.history.tolist() and got.positive.tolist() == want.positive.tolist()
         assert got.negatives.tolist() == want.negatives.tolist()
 
