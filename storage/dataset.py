@@ -435,15 +435,17 @@ class Dataset:
         """
         if self._layout is not None:
             return self._layout
+        if len(self.segments) == 1 and self._in_user_order(self.segments[0]):
+            # a run per user, in user order: the segment's offsets are the users' (no other temporary)
+            offsets = self._root[f"{SEGMENTS}/{self.segments[0]['name']}/offsets"][:]
+            self._layout = (offsets.astype(np.int64, copy=False), None)
+            return self._layout
         users = [self._root[f"{SEGMENTS}/{s['name']}/users"][:] for s in self.segments]
         offsets = [self._root[f"{SEGMENTS}/{s['name']}/offsets"][:] for s in self.segments]
         lengths = [np.diff(o) for o in offsets]
         all_users, all_lengths = np.concatenate(users), np.concatenate(lengths)
         per_user = np.bincount(all_users, weights=all_lengths, minlength=self.info.users).astype(np.int64)
         user_offsets = np.concatenate([[0], np.cumsum(per_user)])
-        if len(users) == 1 and np.array_equal(users[0], np.arange(self.info.users)):
-            self._layout = (user_offsets, None)
-            return self._layout
         # Runs in user order (stable: a user's runs keep their segment and part order); the
         # logical start of each is the sum of the lengths before it in that order.
         order = np.argsort(all_users, kind="stable")
@@ -453,6 +455,15 @@ class Dataset:
         self._layout = (user_offsets, [SegmentRuns(starts[a:b], off) for a, b, off in
                                        zip(bounds[:-1], bounds[1:], offsets)])
         return self._layout
+
+    def _in_user_order(self, segment: dict) -> bool:
+        """Whether a segment's runs are users 0, 1, 2, ... (checked a chunk at a time)."""
+        if segment["runs"] != self.info.users:
+            return False
+        users = self._root[f"{SEGMENTS}/{segment['name']}/users"]
+        step = OFFSETS_PER_CHUNK
+        return all(np.array_equal(users[a : a + step], np.arange(a, min(a + step, users.shape[0])))
+                   for a in range(0, users.shape[0], step))
 
     def offsets(self) -> np.ndarray:
         """int64 [users + 1]: user u owns events offsets[u]:offsets[u+1] of every column."""
