@@ -24,7 +24,7 @@ from distributed import Client, wait
 from distributed.client import FutureCancelledError, FuturesCancelledError
 
 from shardflow.cluster import live_workers
-from shardflow.errors import InputError, WorkerLost, WorkerOutOfMemory
+from shardflow.errors import InputError, TrainingError, WorkerLost, WorkerOutOfMemory
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
@@ -100,6 +100,7 @@ class TrainResult:
 # and the waiting thread must not stay blocked (the worker's next actor would queue
 # behind it). PEER_TIMEOUT_S bounds the wait even for a peer that exists but is stuck.
 PROBE_S = 1.0
+CLOSE_WAIT_S = 10.0  # how long closing waits for the devices' running calls to stop
 PEER_TIMEOUT_S = 300.0
 
 
@@ -122,6 +123,10 @@ def answer(call, peer):
                 raise WorkerLost(f"no answer from a peer device in {PEER_TIMEOUT_S:.0f} s") from None
 
 
+class EngineClosing(TrainingError):
+    """A device's call ended because its engine is closing (an interrupt, a failed run)."""
+
+
 class Mailbox:
     """Messages delivered to one device (on the worker's event loop), taken by its step (on the actor's thread).
 
@@ -133,6 +138,13 @@ class Mailbox:
     def __init__(self) -> None:
         self._ready = threading.Condition()
         self._box: dict[tuple[int, int, Round], list[Message]] = {}
+        self._stopped = False
+
+    def stop(self) -> None:
+        """The engine is closing: every wait, now or later, ends with EngineClosing."""
+        with self._ready:
+            self._stopped = True
+            self._ready.notify_all()
 
     def put(self, tag: int, message: Message) -> None:
         with self._ready:
@@ -153,6 +165,8 @@ class Mailbox:
         key = (tag, step, round)
         with self._ready:
             while True:
+                if self._stopped:
+                    raise EngineClosing("the engine is closing: the step stopped here")
                 got = self._box.get(key, [])
                 if len(got) >= len(peers) or any(m.error is not None for m in got):
                     self._box.pop(key, None)
@@ -193,6 +207,11 @@ class DeviceActor:
     # -- on the worker's event loop: messages and reads from other devices ----------------
     async def deliver(self, tag: int, message: Message) -> None:
         self.mail.put(tag, message)
+
+    async def stop(self) -> None:
+        """On the event loop, so it runs while the actor's thread is inside a step: that step ends at its next
+        wait and sends no more messages of its own."""
+        self.mail.stop()
 
     async def read_rows(self, table: str, ids: np.ndarray, sender: int) -> np.ndarray:
         return self.device.serve_rows(table, ids, sender)
@@ -444,6 +463,7 @@ class Engine:
         # worker restarted by its nanny comes back as a different id without the shard.
         self.workers = {workers[d]: info[workers[d]]["id"] for d in range(P)}
         self._last_seen: dict[str, dict] = {}  # address -> the scheduler's last word on that worker
+        self.actors, self._inflight = [], []  # the running actor calls close() waits for
         self._futures = [
             client.submit(
                 DeviceActor,
@@ -529,18 +549,20 @@ class Engine:
 
         A call to an actor whose worker died may never return, so no wait here is unbounded.
         """
-        out = []
-        for call in calls:
-            while True:
-                try:
-                    out.append(call.result(timeout=POLL_S))
-                    break
-                except TimeoutError:
-                    self.check_workers()
-                except OSError:  # the worker could not be reached, or the method's own I/O error
-                    self.check_workers(grace_s=LOSS_GRACE_S)
-                    raise
+        self._inflight = list(calls)  # what close() waits for if this wait is cut short
+        out = [self._result(call) for call in calls]
+        self._inflight = []
         return out
+
+    def _result(self, call):
+        while True:
+            try:
+                return call.result(timeout=POLL_S)
+            except TimeoutError:
+                self.check_workers()
+            except OSError:  # the worker could not be reached, or the method's own I/O error
+                self.check_workers(grace_s=LOSS_GRACE_S)
+                raise
 
     def _wait_futures(self, futures: list) -> None:
         while True:
@@ -568,15 +590,18 @@ class Engine:
             self.check_workers()
             raise
         results, errors = [], []
+        self._inflight = list(calls)
         for call in calls:  # every device ends its part (a failed one tells the others) before this returns
             try:
-                results.extend(self._wait([call]))
+                results.append(self._result(call))
             except WorkerLost:
                 raise
             except Exception as e:
                 errors.append(e)
+        self._inflight = []
         if errors:
-            self.step_count = min(self._all("clock"))
+            if self.actors:  # else closed meanwhile: nothing left to ask
+                self.step_count = min(self._all("clock"))
             raise next((e for e in errors if not isinstance(e, PeerStopped)), errors[0])
         self.step_count += count
         return [list(per_step) for per_step in zip(*results)]
@@ -765,10 +790,32 @@ class Engine:
         return self._all("parameters")
 
     def close(self) -> None:
-        self.actors = []
-        if self._futures and self.client.status == "running":  # a closed client's scheduler holds nothing
-            self.client.cancel(self._futures)
+        """Release every shard. Calls still running (an interrupt or a failure left them) are stopped and
+        waited for first, at most CLOSE_WAIT_S: a shard released while a peer still sends to it would make
+        that peer's worker log a KeyError."""
+        actors, inflight, self.actors, self._inflight = self.actors, self._inflight, [], []
+        if self.client.status == "running":
+            if any(not c.done() for c in inflight):
+                self._stop_and_wait(actors, inflight)
+            if self._futures:  # a closed client's scheduler holds nothing
+                self.client.cancel(self._futures)
         self._futures = []
+
+    def _stop_and_wait(self, actors: list, inflight: list) -> None:
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        try:
+            stops = [a.stop() for a in actors]
+        except Exception:  # an actor known lost: nothing of it to wait for
+            return
+        for call in stops + inflight:
+            while time.monotonic() < deadline:
+                try:
+                    call.result(timeout=PROBE_S)
+                    break
+                except TimeoutError:
+                    continue
+                except Exception:  # stopped (EngineClosing), failed or lost: it is over either way
+                    break
 
     def __enter__(self) -> "Engine":
         return self

@@ -231,3 +231,39 @@ def test_a_device_failing_while_it_prepares_the_next_step_stops_every_device_at_
         assert time.monotonic() - t < 30, "a peer waited for messages that never came"
         assert e.step_count == 3  # steps 0-2 applied on both devices, nothing of step 3
         assert all(p["item"]["version"].max() == 3 for p in e.parameters())
+
+
+def test_closing_an_engine_mid_call_stops_every_device_before_releasing_its_shard(client, dataset, data):
+    """As an interrupt does: the flow's wait is cut short while the devices run a call of many steps."""
+    import threading
+    import time
+
+    from shardflow.training.engine import CLOSE_WAIT_S
+
+    small = 16  # many short steps: the call outlasts the wait below
+    engine = Engine(client, dataset, random_plan(data, 2, seed=1), TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(small))
+    count = data.steps_per_epoch(small)
+    ended = {}
+
+    def train():
+        try:
+            engine.steps(0, 0, count)
+        except Exception as e:
+            ended["error"] = e
+
+    before = {w: len(log) for w, log in client.get_worker_logs().items()}
+    runner = threading.Thread(target=train)
+    runner.start()
+    while not engine._inflight and runner.is_alive():
+        time.sleep(0.01)
+    time.sleep(0.5)  # the devices are inside their call of `count` steps
+    t0 = time.monotonic()
+    engine.close()
+    closing = time.monotonic() - t0
+    runner.join(timeout=60)
+    assert count > 200 and runner.is_alive() is False and closing < CLOSE_WAIT_S, (count, closing)
+    assert "engine is closing" in str(ended.get("error")), ended
+    assert live_actors(client) == 0
+    after = client.get_worker_logs()
+    new = [msg for w, log in after.items() for _, msg in list(log)[: len(log) - before.get(w, 0)]]
+    assert not [m for m in new if "actor_execute" in m or "KeyError" in m], new
