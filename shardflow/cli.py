@@ -55,7 +55,7 @@ def _cmd_import(args: argparse.Namespace) -> dict:
 
 
 def _cmd_synth(args: argparse.Namespace) -> dict:
-    from shardflow.synthetic import parse_synth_table, synth_dataset
+    from shardflow.synthetic import Repeats, parse_synth_table, synth_dataset
 
     tables = [parse_synth_table(t) for t in args.tables]
     m = synth_dataset(
@@ -65,6 +65,7 @@ def _cmd_synth(args: argparse.Namespace) -> dict:
         seed=args.seed,
         mean_length=args.mean_length,
         overwrite=args.overwrite,
+        repeats=Repeats(args.repeat, args.repeat_window),
     )
     return _dataset_summary(args.dest, m)
 
@@ -289,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interactions", type=int, required=True, help="events (ids per table)")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--mean-length", type=float, default=20.0, help="mean sequence length per user")
+    p.add_argument("--repeat", type=float, default=0.0,
+                   help="share of events that repeat one of the user's last --repeat-window items (session data)")
+    p.add_argument("--repeat-window", type=int, default=5)
     p.add_argument("--overwrite", action="store_true", help="replace a store already at DEST")
 
     p = command("profile", "count every row's accesses, in parallel on Dask", _cmd_profile, _print_profile)

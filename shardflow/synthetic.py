@@ -114,6 +114,45 @@ def synth_blocks(
             yield table.name, sampler.sample(rng, min(block, interactions - start))
 
 
+@dataclass(frozen=True)
+class Repeats:
+    """Session-like sequences: a `share` of events (each user's first excepted) repeat one of the user's
+    last `window` items, picked uniformly among those the user has."""
+
+    share: float = 0.0
+    window: int = 5
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.share, (int, float)) and 0 <= self.share <= 1):
+            raise InputError(f"repeat share = {self.share!r}; accepted: a number from 0 to 1")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise InputError(f"repeat window = {self.window!r}; accepted: an integer >= 1")
+
+    def apply(self, ids: np.ndarray, start: int, offsets: np.ndarray, before: np.ndarray,
+              rng: np.random.Generator) -> np.ndarray:
+        """`ids` (events start.., drawn independently) with repeats; `before` holds the final ids of the
+        `window` events before `start` (fewer at the front of the log)."""
+        n = ids.size
+        pos = np.arange(start, start + n, dtype=np.int64)
+        first = offsets[np.searchsorted(offsets, pos, side="right") - 1]
+        have = np.minimum(pos - first, self.window)  # earlier items of the same user within the window
+        repeat = (rng.random(n) < self.share) & (have >= 1)
+        source = pos - 1 - np.floor(rng.random(n) * np.maximum(have, 1)).astype(np.int64)
+        out = ids.copy()
+        outside = repeat & (source < start)  # a source in the block before: its final id is known
+        out[outside] = before[source[outside] - start + before.size]
+        # inside the block a source may itself be a repeat: follow the chains (pointer doubling)
+        link = np.arange(n)
+        inside = repeat & ~outside
+        link[inside] = source[inside] - start
+        while True:
+            nxt = link[link]
+            if np.array_equal(nxt, link):
+                break
+            link = nxt
+        return out[link]
+
+
 def synth_dataset(
     dest: str | Path,
     tables: list[SynthTable],
@@ -123,10 +162,13 @@ def synth_dataset(
     mean_length: float = 20.0,
     overwrite: bool = False,
     events_per_chunk: int = EVENTS_PER_CHUNK,
+    repeats: Repeats = Repeats(),
 ) -> dict:
     """Generate and store a dataset; the first table is the item sequence, the others feature columns.
 
-    At most one block of `events_per_chunk` ids per table is in memory at a time.
+    At most one block of `events_per_chunk` ids per table is in memory at a time. With
+    `repeats`, the item sequence has session-like repeats (Repeats); without, every id
+    is an independent Zipf draw.
     """
     if not tables:
         raise InputError("no tables given; accepted: at least one NAME:ROWS[:ALPHA]")
@@ -151,9 +193,15 @@ def synth_dataset(
             tables={t.name: t.spec.id_dtype for t in tables},
             events_per_chunk=events_per_chunk,
         )
-        writer.write_runs(np.arange(users), np.concatenate([[0], np.cumsum(lengths)]))
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        writer.write_runs(np.arange(users), offsets)
         writer.write_user_ids(np.arange(users))
-        for name, block in synth_blocks(tables, interactions, seed, events_per_chunk):
+        start, before = 0, np.zeros(0, dtype=np.int64)
+        for k, (name, block) in enumerate(synth_blocks(tables, interactions, seed, events_per_chunk)):
+            if name == tables[0].name and repeats.share > 0:
+                block = repeats.apply(block, start, offsets, before, np.random.default_rng([seed, 0x5E55, k]))
+                start += block.size
+                before = np.concatenate([before, block])[-repeats.window:]
             writer.write(f"tables/{name}", block)
         for t in tables:
             identity = np.arange(t.rows)
@@ -171,6 +219,7 @@ def synth_dataset(
                 "interactions": interactions,
                 "mean_length": mean_length,
                 "seed": seed,
+                **({"repeats": {"share": repeats.share, "window": repeats.window}} if repeats.share else {}),
             },
             segments=[writer.finish(segment_name(0), 1)],
         )

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from shardflow.errors import InputError
-from shardflow.synthetic import SynthTable, ZipfRows, parse_synth_table, synth_dataset, user_lengths
+from shardflow.synthetic import Repeats, SynthTable, ZipfRows, parse_synth_table, synth_dataset, user_lengths
 from storage.dataset import Dataset
 
 
@@ -83,3 +83,39 @@ def test_bad_synth_arguments(tmp_path):
     with pytest.raises(InputError, match="mean length = 0.5"):
         synth_dataset(tmp_path / "ds", t, interactions=10, seed=1, mean_length=0.5)
     assert not (tmp_path / "ds").exists()
+
+
+def repeat_share(ids: np.ndarray, offsets: np.ndarray, window: int) -> float:
+    """Share of events (users' first excepted) whose id is one of the user's previous `window` ids."""
+    hits = total = 0
+    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        for p in range(a + 1, b):
+            total += 1
+            hits += int(ids[p] in ids[max(a, p - window) : p])
+    return hits / total
+
+
+@pytest.mark.parametrize("chunk", [7, 1000, 1 << 22])
+def test_session_repeats_hold_their_share_across_blocks(tmp_path, chunk):
+    uniform = [SynthTable("item", 1_000_000, 0.0)]  # almost no repeat by chance: 5 in 10^6 per event
+    synth_dataset(tmp_path / "plain", uniform, interactions=20_000, seed=4, mean_length=12)
+    synth_dataset(tmp_path / "sessions", uniform, interactions=20_000, seed=4, mean_length=12, events_per_chunk=chunk,
+                  repeats=Repeats(0.3, 5))
+    plain, sessions = Dataset.open(tmp_path / "plain"), Dataset.open(tmp_path / "sessions")
+    offsets = sessions.offsets()
+    assert np.array_equal(offsets, plain.offsets())
+    share = repeat_share(sessions.ids("item"), offsets, 5)
+    assert 0.29 <= share <= 0.31, share  # 18,300 candidate events: one standard deviation is 0.0034
+    assert repeat_share(plain.ids("item"), offsets, 5) < 0.001
+    assert sessions.info.source["repeats"] == {"share": 0.3, "window": 5}
+    again = tmp_path / "again"
+    synth_dataset(again, uniform, interactions=20_000, seed=4, mean_length=12, events_per_chunk=chunk,
+                  repeats=Repeats(0.3, 5))
+    assert np.array_equal(Dataset.open(again).ids("item"), sessions.ids("item"))
+
+
+def test_bad_repeats_are_refused():
+    with pytest.raises(InputError, match=r"repeat share = 1.5; accepted: a number from 0 to 1"):
+        Repeats(1.5)
+    with pytest.raises(InputError, match=r"repeat window = 0; accepted: an integer >= 1"):
+        Repeats(0.3, 0)
