@@ -803,11 +803,13 @@ class Engine:
 
     def _stop_and_wait(self, actors: list, inflight: list) -> None:
         deadline = time.monotonic() + CLOSE_WAIT_S
-        try:
-            stops = [a.stop() for a in actors]
-        except Exception:  # an actor known lost: nothing of it to wait for
-            return
-        for call in stops + inflight:
+        stops = []
+        for a in actors:
+            try:
+                stops.append(a.stop())
+            except Exception:  # an actor known lost: nothing to stop there
+                pass
+        for call in stops + inflight:  # every call made is waited for: none may reach a released shard
             while time.monotonic() < deadline:
                 try:
                     call.result(timeout=PROBE_S)
