@@ -45,10 +45,11 @@ class TrainData:
             counts, keep = np.zeros(self.blocks, dtype=np.int64), []
             held_out = held_out_positions(self.offsets)
             for b in range(self.blocks):
-                counts[b] = self.block_targets(b).size
+                segments = self._segments(b)  # read once for both the targets and the held-out ones
+                counts[b] = self.block_targets(b, segments).size
                 lo, hi = np.searchsorted(held_out, [b * block_events, (b + 1) * block_events])
                 here = held_out[lo:hi]
-                keep.append(here[self._segments(b)[here - b * block_events] >= window[1]])
+                keep.append(here[segments[here - b * block_events] >= window[1]])
             self.targets_per_block, self._eval_targets = counts, np.concatenate(keep)
         else:
             bounds = np.minimum(np.arange(self.blocks + 1, dtype=np.int64) * block_events, self.events)
@@ -98,12 +99,14 @@ class TrainData:
         start = block * self.block_events
         return self.dataset.event_segments(start, min(start + self.block_events + 1, self.events))
 
-    def block_targets(self, block: int) -> np.ndarray:
-        """The training targets (absolute event indices, ascending) in one block."""
+    def block_targets(self, block: int, segments: np.ndarray | None = None) -> np.ndarray:
+        """The training targets (absolute event indices, ascending) in one block; `segments`, if the
+        caller has read them already, are the block's _segments."""
         start = block * self.block_events
         targets = target_positions(self.offsets, "train", start, start + self.block_events)
         if any(self.window):
-            targets = targets[window_key(self._segments(block), targets - start) >= self.window[0]]
+            segments = self._segments(block) if segments is None else segments
+            targets = targets[window_key(segments, targets - start) >= self.window[0]]
         return targets
 
     def train_targets(self) -> np.ndarray:
