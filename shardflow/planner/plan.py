@@ -37,6 +37,65 @@ class TablePlan:
     def rows(self) -> int:
         return int(self.tier.size)
 
+    def tier_of(self, ids: np.ndarray) -> np.ndarray:
+        return self.tier[ids]
+
+    def home_of(self, ids: np.ndarray) -> np.ndarray:
+        return self.home[ids]
+
+    def has_tier(self, tier: int) -> bool:
+        return bool((self.tier == tier).any())
+
+    def single_ids(self, device: int) -> np.ndarray:
+        """Ids of the single rows homed on `device`, ascending."""
+        return np.flatnonzero((self.tier == SINGLE) & (self.home == device))
+
+
+@dataclass(frozen=True)
+class ModuloRows:
+    """A table planned row-wise by `id % devices`, every row single: the rule instead of the rows.
+    What a device receives of such a plan (a few bytes, not 2 a row): it answers the same
+    questions as a TablePlan, computing each row's home from its id."""
+
+    name: str
+    rows: int
+    devices: int
+
+    def tier_of(self, ids: np.ndarray) -> np.ndarray:
+        return np.full(np.shape(ids), SINGLE, dtype=np.int8)
+
+    def home_of(self, ids: np.ndarray) -> np.ndarray:
+        return np.asarray(ids, dtype=np.int64) % self.devices
+
+    def has_tier(self, tier: int) -> bool:
+        return tier == SINGLE and self.rows > 0
+
+    def single_ids(self, device: int) -> np.ndarray:
+        return np.arange(device, self.rows, self.devices, dtype=np.int64)
+
+
+MODULO_CHECK_ROWS = 1 << 22  # rows compared with the rule at a time
+
+
+def for_devices(table: TablePlan, devices: int) -> TablePlan | ModuloRows:
+    """The table's plan as every device receives it: the rule when the plan is row-wise `id % devices`;
+    otherwise homes in the narrowest integer type that holds the devices (1 byte a row instead of 4
+    on up to 127 devices: 2 bytes a row in all with the tier)."""
+    if _is_modulo(table, devices):
+        return ModuloRows(table.name, table.rows, devices)
+    dtype = np.int8 if devices <= 127 else np.int16 if devices <= 32767 else np.int32
+    return TablePlan(table.name, table.tier, table.home.astype(dtype, copy=False))
+
+
+def _is_modulo(table: TablePlan, devices: int) -> bool:
+    for start in range(0, table.rows, MODULO_CHECK_ROWS):
+        stop = min(start + MODULO_CHECK_ROWS, table.rows)
+        if (table.tier[start:stop] != SINGLE).any():
+            return False
+        if (table.home[start:stop] != np.arange(start, stop) % devices).any():
+            return False
+    return True
+
 
 @dataclass(frozen=True)
 class ShardingPlan:

@@ -6,8 +6,9 @@ each part in id order. For row-wise-mod this gives local = id // S, as in Caffe2
 A trainer reads a row from the copy nearest to it: its own (global rows), its node's
 (node rows) or the home (single rows).
 
-The map keeps nothing but the plan's own arrays (tier, home: 5 bytes a row): where a
-trainer reads a row is computed from them per lookup, and the ids a device stores are
+The map keeps nothing but the plan as devices receive it (tier and home, 2 bytes a row; for a
+row-wise `id % S` plan only that rule): where a trainer reads a row is computed from it per
+lookup, and the ids a device stores are
 listed when asked (a shard asks once, when it is made), so no device holds a per-row
 index of the whole table beside its shard.
 """
@@ -17,12 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 from shardflow.errors import InputError
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, TablePlan, replica_device
+from shardflow.planner.plan import GLOBAL, NODE, ModuloRows, TablePlan, replica_device
 from shardflow.planner.topology import Topology
 
 
 class ShardMap:
-    def __init__(self, table: TablePlan, topology: Topology) -> None:
+    def __init__(self, table: TablePlan | ModuloRows, topology: Topology) -> None:
         self.table, self.topology = table, topology
 
     def _checked(self, ids: np.ndarray) -> np.ndarray:
@@ -35,8 +36,8 @@ class ShardMap:
     def read_from(self, ids: np.ndarray, device: int) -> np.ndarray:
         """For a trainer on `device`: the device holding the copy of each id that it reads."""
         ids = self._checked(ids)
-        tier = self.table.tier[ids]
-        owner = self.table.home[ids].astype(np.int64)
+        tier = self.table.tier_of(ids)
+        owner = self.table.home_of(ids).astype(np.int64)
         owner[tier == GLOBAL] = device
         node = tier == NODE
         if node.any():
@@ -45,12 +46,13 @@ class ShardMap:
 
     def stored(self, device: int) -> np.ndarray:
         """Global ids of the rows `device` stores, in local-row order (local row -> id)."""
+        if isinstance(self.table, ModuloRows):
+            return self.table.single_ids(device)
         tier, home = self.table.tier, self.table.home
         node_ids = np.flatnonzero(tier == NODE)
         here = replica_device(home[node_ids].astype(np.int64), self.topology,
                               int(self.topology.node_of_device[device])) == device
-        return np.concatenate([np.flatnonzero(tier == GLOBAL), node_ids[here],
-                               np.flatnonzero((tier == SINGLE) & (home == device))])
+        return np.concatenate([np.flatnonzero(tier == GLOBAL), node_ids[here], self.table.single_ids(device)])
 
     def locate(self, ids: np.ndarray, device: int) -> tuple[np.ndarray, np.ndarray]:
         """For a trainer on `device`: (device holding the copy it reads, local row there) per id."""

@@ -18,7 +18,7 @@ import torch
 from shardflow.errors import InputError, TrainingError
 from shardflow.model import ModelConfig, forward_backward, scores
 from shardflow.optim import OptimizerConfig
-from shardflow.planner.plan import TablePlan
+from shardflow.planner.plan import ModuloRows, TablePlan
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
 from shardflow.training.batches import TrainData, lookups, negative_seed, sub_batches
@@ -49,7 +49,7 @@ class Device:
         self,
         device: int,
         topology: Topology,
-        tables: dict[str, TablePlan],
+        tables: dict[str, TablePlan | ModuloRows],
         data: TrainData,
         config: ModelConfig,
         optimizer: OptimizerConfig,

@@ -27,7 +27,7 @@ from shardflow.cluster import live_workers
 from shardflow.errors import InputError, TrainingError, WorkerLost, WorkerOutOfMemory
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
-from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
+from shardflow.planner.plan import SINGLE, ModuloRows, ShardingPlan, TablePlan, for_devices, row_bytes
 from shardflow.planner.topology import Topology
 from shardflow.planner.costmodel import check_dedup
 from shardflow.training.batches import TrainData, check_batch, negative_seed
@@ -189,7 +189,7 @@ class DeviceActor:
 
     alive = True  # an attribute, not a method: reading it remotely fails at once if the actor is gone
 
-    def __init__(self, device: int, topology: Topology, tables: dict[str, TablePlan], dataset: str,
+    def __init__(self, device: int, topology: Topology, tables: dict[str, TablePlan | ModuloRows], dataset: str,
                  config: ModelConfig, optimizer: OptimizerConfig, *, batch_size: int, dedup: str,
                  array_device: str = "cpu", scaled_rows: dict[str, int] | None = None,
                  window: tuple[int, int] = (0, 0)) -> None:
@@ -296,7 +296,7 @@ class DeviceActor:
 
         def request(start: int):
             ids = np.arange(start, min(start + chunk_rows, rows_total), dtype=np.int64)
-            home = plan.home[start : start + ids.size]
+            home = plan.home_of(ids)
             calls = [(home == d, d, self.peers[d].export_rows(table, ids[home == d]))
                      for d in np.unique(home).tolist() if d != self.index]
             return start, ids, home, calls
@@ -348,13 +348,6 @@ class DeviceActor:
 
     def parameters(self) -> dict:
         return self.device.parameters()
-
-
-def narrow_homes(table: TablePlan, devices: int) -> TablePlan:
-    """The table's plan as every actor receives it: homes in the narrowest integer type that holds the
-    devices (1 byte a row instead of 4 on up to 127 devices: 2 bytes a row in all with the tier)."""
-    dtype = np.int8 if devices <= 127 else np.int16 if devices <= 32767 else np.int32
-    return TablePlan(table.name, table.tier, table.home.astype(dtype, copy=False))
 
 
 def check_plan_matches(data: TrainData, plan: ShardingPlan, topology: Topology) -> None:
@@ -469,7 +462,7 @@ class Engine:
                 DeviceActor,
                 d,
                 topology,
-                {t.name: narrow_homes(t, P) for t in plan.tables},
+                {t.name: for_devices(t, P) for t in plan.tables},
                 str(dataset),
                 model,
                 optimizer,

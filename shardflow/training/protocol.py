@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from shardflow.errors import TrainingError
-from shardflow.planner.plan import GLOBAL, SINGLE, TablePlan, replica_device
+from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ModuloRows, TablePlan, replica_device
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
 
@@ -111,11 +111,11 @@ class Requests:
     outbox: dict[int, Message]
 
 
-def step_rounds(tables: dict[str, TablePlan], topology: Topology) -> tuple[Round, ...]:
+def step_rounds(tables: dict[str, TablePlan | ModuloRows], topology: Topology) -> tuple[Round, ...]:
     """The rounds of every step under this plan (the same on every device)."""
     several_nodes = len(topology.nodes) > 1
-    has_global = any((t.tier == GLOBAL).any() for t in tables.values())
-    replicated = any((t.tier != SINGLE).any() for t in tables.values())
+    has_global = any(t.has_tier(GLOBAL) for t in tables.values())
+    replicated = any(t.has_tier(GLOBAL) or t.has_tier(NODE) for t in tables.values())
     rounds = [Round.REQUEST, Round.REPLY, Round.GRADIENTS]
     if topology.devices == 1:
         return tuple(rounds)
@@ -157,7 +157,7 @@ class StepProtocol:
     the step is applied on this device.
     """
 
-    def __init__(self, device: int, topology: Topology, tables: dict[str, TablePlan], shard,
+    def __init__(self, device: int, topology: Topology, tables: dict[str, TablePlan | ModuloRows], shard,
                  maps: dict[str, ShardMap] | None = None) -> None:
         self.device, self.topology, self.tables, self.shard = device, topology, tables, shard
         self.maps = maps if maps is not None else {t: ShardMap(p, topology) for t, p in tables.items()}
@@ -245,7 +245,7 @@ class StepProtocol:
                 values = to_host(g[torch.from_numpy(sel).to(g.device)])
                 out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[sel], values))
         for table, plan in self.tables.items():  # own partial sums of global rows, to the node's leader
-            ids, total = self._take(table, lambda ids, plan=plan: (plan.tier[ids] == GLOBAL)
+            ids, total = self._take(table, lambda ids, plan=plan: (plan.tier_of(ids) == GLOBAL)
                                     & (self._holder(plan, ids, self.node) != self.device))
             self._blocks(out, table, Kind.SYNC, ids, total, self._holder(plan, ids, self.node))
         if self.device == 0:
@@ -291,11 +291,11 @@ class StepProtocol:
         if Round.TO_PRIMARY in self.rounds:
             out = self._outbox(Round.TO_PRIMARY)
             for table, plan in self.tables.items():
-                ids, total = self._take(table, lambda ids, plan=plan: (plan.tier[ids] != SINGLE)
-                                        & (plan.home[ids] != self.device))
+                ids, total = self._take(table, lambda ids, plan=plan: (plan.tier_of(ids) != SINGLE)
+                                        & (plan.home_of(ids) != self.device))
                 if ids.size and (self._holder(plan, ids, self.node) != self.device).any():
                     raise RuntimeError(f"device {self.device}: gradients of replicated rows it does not hold")
-                self._blocks(out, table, Kind.SYNC, ids, total, plan.home[ids].astype(np.int64))
+                self._blocks(out, table, Kind.SYNC, ids, total, plan.home_of(ids).astype(np.int64))
             return self._sent(Round.TO_PRIMARY, out)
         return self._apply_owned()
 
@@ -308,16 +308,16 @@ class StepProtocol:
         out = self._outbox(Round.TOTALS)
         for table, plan in self.tables.items():
             ids, total = self._take(table, lambda ids: np.ones(ids.size, dtype=bool))
-            if ids.size and (plan.home[ids] != self.device).any():
+            if ids.size and (plan.home_of(ids) != self.device).any():
                 raise RuntimeError(f"device {self.device}: gradients left for rows it does not own")
             self.shard.apply(table, ids, total, self.step)
-            replicated = np.flatnonzero(plan.tier[ids] != SINGLE)
+            replicated = np.flatnonzero(plan.tier_of(ids) != SINGLE)
             r_ids = ids[replicated]
             r_total = to_host(total[torch.from_numpy(replicated).to(total.device)]) if replicated.size else None
             for node in range(len(self.topology.nodes)):
                 if node != self.node and r_ids.size:
                     self._blocks(out, table, Kind.SYNC, r_ids, r_total, self._holder(plan, r_ids, node))
-            is_global = plan.tier[r_ids] == GLOBAL
+            is_global = plan.tier_of(r_ids) == GLOBAL
             if is_global.any():
                 for peer in self.node_peers:
                     out[peer].blocks.append(Block(Kind.SYNC, table, r_ids[is_global], r_total[is_global]))
@@ -340,7 +340,7 @@ class StepProtocol:
                 self.shard.apply(b.table, b.ids, torch.from_numpy(b.values).to(self.shard.device), self.step)
                 if self.topology.node_of_device[m.sender] == self.node:
                     continue
-                is_global = self.tables[b.table].tier[b.ids] == GLOBAL
+                is_global = self.tables[b.table].tier_of(b.ids) == GLOBAL
                 if is_global.any():
                     for peer in self.node_peers:
                         out[peer].blocks.append(Block(Kind.SYNC, b.table, b.ids[is_global], b.values[is_global]))
@@ -426,8 +426,8 @@ class StepProtocol:
             sel = np.flatnonzero(dest == peer)
             out[peer].blocks.append(Block(kind, table, ids[sel], host[sel]))
 
-    def _holder(self, plan: TablePlan, ids: np.ndarray, node: int) -> np.ndarray:
-        return replica_device(plan.home[ids].astype(np.int64), self.topology, node)
+    def _holder(self, plan: TablePlan | ModuloRows, ids: np.ndarray, node: int) -> np.ndarray:
+        return replica_device(plan.home_of(ids).astype(np.int64), self.topology, node)
 
 
 class InProcess:

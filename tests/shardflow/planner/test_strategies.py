@@ -9,7 +9,9 @@ from support import zipf_access
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, row_bytes, table_rows_per_device
+from shardflow.planner import plan as plan_module
+from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, ModuloRows, TablePlan, for_devices, row_bytes,
+                                   table_rows_per_device)
 from shardflow.planner.report import bound_and_baseline
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.strategies import budget_bytes_per_device, propose
@@ -35,6 +37,20 @@ def test_row_wise_mod_is_id_mod_s_and_local_is_id_div_s():
     owner, local = smap.locate(np.arange(10), device=2)
     assert owner.tolist() == [i % 4 for i in range(10)]
     assert local.tolist() == [i // 4 for i in range(10)]
+
+
+def test_devices_receive_a_row_wise_mod_plan_as_its_rule_and_any_other_with_narrow_homes(monkeypatch):
+    monkeypatch.setattr(plan_module, "MODULO_CHECK_ROWS", 3)  # the rule is checked across several passes
+    mod, _, _ = plan_of("row-wise-mod", [flat("t", 10)])
+    sent = for_devices(mod.table("t"), 4)
+    assert sent == ModuloRows("t", 10, 4)
+    assert sent.home_of(np.array([9, 2, 4])).tolist() == [1, 2, 0] and (sent.tier_of(np.arange(3)) == SINGLE).all()
+    off_by_one = TablePlan("t", mod.table("t").tier, mod.table("t").home.copy())
+    off_by_one.home[9] = 0
+    kept = for_devices(off_by_one, 4)
+    assert isinstance(kept, TablePlan) and kept.home.dtype == np.int8 and kept.home.tolist() == off_by_one.home.tolist()
+    flex, _, _ = plan_of("flexshard", [zipf_access("t", 200, 1.2, seed=0)], slack=0.5)
+    assert flex.table("t").has_tier(NODE) and isinstance(for_devices(flex.table("t"), 4), TablePlan)
 
 
 def test_row_wise_block_gives_contiguous_ranges():
@@ -123,8 +139,12 @@ def test_plan_invariants(topo, tables, slack, dedup, strategy):
     copies_expected = {SINGLE: 1, NODE: N, GLOBAL: P}
     for t, t2 in zip(plan.tables, again.tables):
         assert np.array_equal(t.tier, t2.tier) and np.array_equal(t.home, t2.home)  # deterministic
-        smap = ShardMap(t, topo)
+        smap, received = ShardMap(t, topo), ShardMap(for_devices(t, P), topo)  # the flow's, an actor's
         stored = [smap.stored(d) for d in range(P)]
+        for d in range(P):
+            assert np.array_equal(received.stored(d), stored[d])
+            assert all(np.array_equal(a, b) for a, b in zip(received.locate(np.arange(t.rows), d),
+                                                            smap.locate(np.arange(t.rows), d)))
         copies = np.bincount(np.concatenate(stored), minlength=t.rows)
         assert (copies == np.vectorize(copies_expected.get)(t.tier)).all()
         per_device = table_rows_per_device(t, topo)  # the planner's own count, computed apart
