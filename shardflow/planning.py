@@ -14,6 +14,7 @@ from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.report import bound_and_baseline, summarize
 from shardflow.planner.strategies import STRATEGIES, budget_bytes_per_device, propose
 from shardflow.planner.topology import Topology, parse_topology
+from shardflow.touch import fit_touch
 from storage.dataset import Dataset
 from storage.plan import read_plan_arrays, write_plan
 from storage.profile import Profile
@@ -50,6 +51,14 @@ def accesses_from_profile(profile: Profile, history: int, negatives: int) -> lis
     return accesses
 
 
+def cost_model(profile: Profile, accesses: list[TableAccess], topology: Topology, shape: StepShape, history: int,
+               negatives: int) -> CostModel:
+    """The cost model with every table's distinct rows fitted to real batches of the profiled dataset
+    (shardflow.touch)."""
+    dataset = Dataset.open(profile.manifest["dataset"]["path"])
+    return CostModel(topology, shape, fit_touch(dataset, accesses, topology, shape.batch_size, history, negatives))
+
+
 def make_plan(
     profile_path: str | Path,
     out: str | Path,
@@ -68,7 +77,7 @@ def make_plan(
     profile = Profile.open(profile_path)
     check_destination(Path(out), overwrite=overwrite)
     accesses = accesses_from_profile(profile, history, negatives)
-    model = CostModel(topology, shape)
+    model = cost_model(profile, accesses, topology, shape, history, negatives)
     budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
     plan = propose(strategy, accesses, topology, budget, model)
     source = {"profile_path": profile_path, "profile": profile, "history": history, "negatives": negatives,
@@ -148,7 +157,7 @@ def keep_or_replan(
     check_destination(Path(out), overwrite=False)
     accesses = accesses_from_profile(profile, history, negatives)
     by_name = {a.name: a for a in accesses}
-    model = CostModel(topology, shape)
+    model = cost_model(profile, accesses, topology, shape, history, negatives)
     budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
     if fresh is None:
         fresh = propose(strategy, accesses, topology, budget, model)
@@ -191,8 +200,9 @@ def compare_strategies(
 ) -> tuple[list[dict], dict[str, ShardingPlan]]:
     """(every strategy's summary under the same budget, the plans made); a strategy that fits no plan
     says why and has no plan."""
-    accesses = accesses_from_profile(Profile.open(profile_path), history, negatives)
-    model = CostModel(topology, shape)
+    profile = Profile.open(profile_path)
+    accesses = accesses_from_profile(profile, history, negatives)
+    model = cost_model(profile, accesses, topology, shape, history, negatives)
     budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
     bound, mod = bound_and_baseline(accesses, topology, budget, model)
     rows, plans = [], {}

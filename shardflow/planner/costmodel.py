@@ -10,7 +10,10 @@ replica (node rows), or the row's home (single rows). For every row read remotel
 sends the id (ID_BYTES), receives the row (4·dim), and after backward sends the id and
 the gradient (ID_BYTES + 4·dim). With de-duplication scope `none` this happens once
 per occurrence (m·p_r expected per trainer), with scope `device` once per distinct row
-of the sub-batch (probability q_r = 1 - (1 - p_r)^m).
+of the sub-batch (probability q_r = 1 - (1 - p_r)^(f·m)). f (Touch, fitted to real
+batches by shardflow.touch; 1 for independent draws) is how many independent draws per
+lookup would touch as many distinct rows as the data's own batches do: below 1 where an
+example's lookups repeat items, as sessions do. Nodes and whole batches have their own f.
 
 Sync part. Replicas must apply identical updates, so a replicated row's gradient is
 reduced to one place and the sum sent back to every copy, one message of
@@ -32,7 +35,7 @@ links: its bytes over its bandwidth.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -72,6 +75,23 @@ class StepShape:
 
 
 @dataclass(frozen=True)
+class Touch:
+    """Distinct rows real batches touch, as a factor of independent draws (fitted by shardflow.touch).
+
+    A factor f says that the lookups of a trainer's sub-batch (or of a node's trainers, or of a whole
+    batch) touch as many distinct rows as f times as many independent draws would: 1 on data whose
+    lookups are independent, below 1 where a user's examples share their history or repeat items.
+    """
+
+    trainer: float = 1.0
+    node: dict = field(default_factory=dict)  # devices in a node -> factor (1.0 where absent)
+    batch: float = 1.0
+
+
+INDEPENDENT = Touch()
+
+
+@dataclass(frozen=True)
 class ClassRates:
     """Per class of rows of one table: expected wire units and touch probabilities per step."""
 
@@ -81,19 +101,20 @@ class ClassRates:
     q_any: np.ndarray  # P(some trainer reads it)
 
 
-def class_rates(access: TableAccess, topology: Topology, shape: StepShape) -> ClassRates:
-    m = access.lookups_per_example * shape.batch_size / topology.devices
+def touched(access: TableAccess, draws: float) -> np.ndarray:
+    """Per class: the probability that `draws` independent lookups read a given row."""
     log_miss = np.log1p(-np.minimum(access.class_prob, 1.0 - 2.0**-53))
+    return -np.expm1(draws * log_miss)
 
-    def touched(lookups: float) -> np.ndarray:
-        return -np.expm1(lookups * log_miss)
 
-    q = touched(m)
+def class_rates(access: TableAccess, topology: Topology, shape: StepShape, touch: Touch = INDEPENDENT) -> ClassRates:
+    m = access.lookups_per_example * shape.batch_size / topology.devices
+    q = touched(access, m * touch.trainer)
     return ClassRates(
         x=m * access.class_prob if shape.dedup == "none" else q,
         q=q,
-        q_node=np.stack([touched(m * n) for n in topology.node_devices]),
-        q_any=touched(m * topology.devices),
+        q_node=np.stack([touched(access, m * n * touch.node.get(int(n), 1.0)) for n in topology.node_devices]),
+        q_any=touched(access, m * topology.devices * touch.batch),
     )
 
 
@@ -128,15 +149,18 @@ class PlanCost:
 
 
 class CostModel:
-    def __init__(self, topology: Topology, shape: StepShape) -> None:
+    def __init__(self, topology: Topology, shape: StepShape, touch: dict[str, Touch] | None = None) -> None:
+        """`touch`: per table, the distinct rows real batches touch (shardflow.touch); independent draws
+        for a table without one."""
         self.topology = topology
         self.shape = shape
+        self.touch = touch or {}
         node = topology.node_of_device
         self._same_node = node[:, None] == node[None, :]
         self._peers = self._same_node & ~np.eye(topology.devices, dtype=bool)
 
     def rates(self, access: TableAccess) -> ClassRates:
-        return class_rates(access, self.topology, self.shape)
+        return class_rates(access, self.topology, self.shape, self.touch.get(access.name, INDEPENDENT))
 
     def evaluate(self, plan: ShardingPlan, accesses: dict[str, TableAccess]) -> PlanCost:
         topo, P = self.topology, self.topology.devices

@@ -19,10 +19,10 @@ from distributed import Client
 from shardflow.errors import InputError
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
-from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.costmodel import StepShape
 from shardflow.planner.plan import ShardingPlan, for_devices
 from shardflow.planner.topology import Topology
-from shardflow.planning import accesses_from_profile, read_plan
+from shardflow.planning import accesses_from_profile, cost_model, read_plan
 from shardflow.training.batches import TrainData
 from shardflow.training.device import Device
 from shardflow.training.engine import Engine, TrainConfig, estimation_plan
@@ -74,7 +74,9 @@ def prepare(
         plan, scaled, factor = estimation_plan({t.name: t.rows for t in plan.tables}, shape.dim, budget)
         log.info("estimation: every table on device 0, rows scaled by %.4f", factor)
     accesses = {a.name: a for a in accesses_from_profile(profile, source["history"], source["negatives"])}
-    predicted = CostModel(topology, StepShape(train.batch_size, shape.dim, train.dedup)).evaluate(plan, accesses)
+    step = StepShape(train.batch_size, shape.dim, train.dedup)
+    predicted = cost_model(profile, list(accesses.values()), topology, step, source["history"],
+                           source["negatives"]).evaluate(plan, accesses)
     return TrainingJob(str(dataset), plan, topology, model, optimizer or OptimizerConfig(), train, scaled,
                        predicted.bytes_per_step)
 

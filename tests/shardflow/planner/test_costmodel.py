@@ -7,12 +7,13 @@ from hypothesis import strategies as st
 
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
-from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.costmodel import CostModel, StepShape, Touch, touched
 from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.topology import Node, Topology
+from shardflow.touch import FACTOR_RANGE, draws_factor
 
 
-def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape: StepShape):
+def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape: StepShape, touch: Touch = Touch()):
     P = topo.devices
     node_of = topo.node_of_device.tolist()
     starts = topo.node_start.tolist()
@@ -23,8 +24,8 @@ def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape:
     lookup, sync = np.zeros((P, P)), np.zeros((P, P))
     for r in range(access.rows):
         p = float(access.class_prob[access.row_class[r]])
-        q = 1 - (1 - p) ** m
-        q_any = 1 - (1 - p) ** (m * P)
+        q = 1 - (1 - p) ** (m * touch.trainer)
+        q_any = 1 - (1 - p) ** (m * P * touch.batch)
         x = m * p if shape.dedup == "none" else q
         tier, home = int(plan.tier[r]), int(plan.home[r])
         j = home - starts[node_of[home]]
@@ -46,7 +47,7 @@ def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape:
             continue
         for node in range(len(sizes)):
             leader = copy_in(node)
-            q_node = 1 - (1 - p) ** (m * sizes[node])
+            q_node = 1 - (1 - p) ** (m * sizes[node] * touch.node.get(sizes[node], 1.0))
             if node != node_of[home]:
                 sync[leader, home] += q_node * msg
                 sync[home, leader] += q_any * msg
@@ -76,10 +77,20 @@ def test_cost_model_matches_the_reference(sizes, counts, dedup, data):
     home = np.array(data.draw(st.lists(st.integers(0, P - 1), min_size=rows, max_size=rows)), dtype=np.int32)
     plan = TablePlan("t", tier, home)
     shape = StepShape(batch_size=16, dim=4, dedup=dedup)
-    cost = CostModel(topo, shape).evaluate(ShardingPlan("x", (plan,)), {"t": access})
-    lookup, sync = reference_pairs(access, plan, topo, shape)
+    factor = st.floats(0.05, 1.0)
+    touch = Touch(data.draw(factor), {s: data.draw(factor) for s in set(sizes)}, data.draw(factor))
+    cost = CostModel(topo, shape, {"t": touch}).evaluate(ShardingPlan("x", (plan,)), {"t": access})
+    lookup, sync = reference_pairs(access, plan, topo, shape, touch)
     np.testing.assert_allclose(cost.lookup_pairs, lookup, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(cost.sync_pairs, sync, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("factor", [0.01, 0.3, 0.95, 1.0, 2.5])
+def test_a_draws_factor_is_the_one_that_touches_as_many_distinct_rows(factor):
+    access = TableAccess.from_counts("t", np.random.default_rng(0).zipf(1.3, 5_000) % 2_000, 12.0, 0.2)
+    distinct = float((access.class_rows * touched(access, 800 * factor)).sum())
+    assert draws_factor(access, 800, distinct) == pytest.approx(factor, rel=1e-6)
+    assert draws_factor(access, 800, 0.0) == FACTOR_RANGE[0] and draws_factor(access, 800, 1e9) == FACTOR_RANGE[1]
 
 
 def test_time_is_the_busiest_link():
