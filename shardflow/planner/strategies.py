@@ -25,6 +25,10 @@ from shardflow.planner.topology import Topology
 # device (round-robin rounding, or a small node holding a copy of every node row), it
 # retries with fewer spare slots, this many times before giving up replication.
 FIT_RETRIES = 12
+# Memory slacks (over row-wise-mod's rows per device) at which FlexShard also plans when its budget
+# is larger: a plan made at one of them is a candidate under every larger budget, so more memory
+# never makes its plan slower than at these slacks.
+SLACK_LADDER = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 
 
 class Strategy(Protocol):
@@ -92,8 +96,10 @@ class TableWise:
 class FlexShard:
     """Tiered per-row replication from the relaxation, placed for the uneven links.
 
-    Returns the fastest (by the cost model) of its tiered plan, the same placement with
-    no replication, and row-wise-mod's placement: never slower than row-wise-mod.
+    Returns the fastest (by the cost model) of its tiered plan, its tiered plans under the
+    smaller budgets of SLACK_LADDER, the same placement with no replication, and
+    row-wise-mod's placement: never slower than row-wise-mod, nor than its own plan at any
+    smaller slack of the ladder.
     """
 
     name = "flexshard"
@@ -101,8 +107,13 @@ class FlexShard:
     def plan(self, accesses, topology, budget_bytes, model):
         budget_rows = budget_bytes // row_bytes(model.shape.dim)
         flat = [np.full(a.rows, SINGLE, dtype=np.int8) for a in accesses]
+        base_rows = sum(math.ceil(a.rows / topology.devices) for a in accesses)
+        smaller = [int(base_rows * row_bytes(model.shape.dim) * (1 + slack)) // row_bytes(model.shape.dim)
+                   for slack in SLACK_LADDER]
         candidates = (
             lambda: self._tiered(accesses, topology, budget_rows, model),
+            *(lambda rows=rows: self._tiered(accesses, topology, rows, model)
+              for rows in sorted(set(smaller)) if rows < budget_rows),
             lambda: ShardingPlan(self.name, tuple(place(accesses, flat, topology, budget_rows, model))),
             lambda: ShardingPlan(self.name, RowWiseMod().plan(accesses, topology, budget_bytes, model).tables),
         )

@@ -14,7 +14,7 @@ from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, ModuloRows, TablePlan,
                                    table_rows_per_device)
 from shardflow.planner.report import bound_and_baseline
 from shardflow.planner.shardmap import ShardMap
-from shardflow.planner.strategies import budget_bytes_per_device, propose
+from shardflow.planner.strategies import SLACK_LADDER, budget_bytes_per_device, propose
 from shardflow.planner.topology import Node, Topology, uniform
 
 TWO_BY_TWO = uniform(2, 2, 12.5)
@@ -163,3 +163,19 @@ def test_plan_invariants(topo, tables, slack, dedup, strategy):
     assert bound <= time * (1 + 1e-9) + 1e-18
     if strategy == "flexshard":
         assert time <= mod * (1 + 1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    topo=TOPOLOGIES,
+    tables=st.lists(st.tuples(st.integers(20, 400), st.floats(0.6, 1.5)), min_size=1, max_size=2),
+    dedup=st.sampled_from(["none", "device"]),
+)
+def test_more_memory_never_makes_a_flexshard_plan_slower(topo, tables, dedup):
+    accesses = [zipf_access(f"t{i}", rows, alpha, lookups=8.0, seed=i) for i, (rows, alpha) in enumerate(tables)]
+    shape = StepShape(512, 8, dedup)
+    times = []
+    for slack in SLACK_LADDER:
+        plan, model, _ = plan_of("flexshard", accesses, topo=topo, slack=slack, shape=shape)
+        times.append(model.evaluate(plan, {a.name: a for a in accesses}).comm_time_s_per_step)
+    assert all(later <= earlier * (1 + 1e-12) for earlier, later in zip(times, times[1:])), times
