@@ -37,6 +37,10 @@ class RetrainConfig(BaseModel):
     row_lr: float = Field(0.05, gt=0)
     dense_lr: float = Field(1e-3, gt=0)
     epochs: int = Field(2, ge=1)
+    steps_per_epoch: int | None = Field(
+        None, ge=1, description="train only the first N steps of each epoch's order, a different sample of the log "
+        "every epoch (none: the whole epoch): a night's budget on a log whose epoch outlasts it",
+    )
     batch_size: int = Field(4096, ge=1)
     dedup: Literal["none", "device"] = "device"
     device: Literal["cpu", "cuda"] = "cpu"

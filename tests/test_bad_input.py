@@ -222,6 +222,10 @@ def case_config_out_of_range(world, client, tmp_path):
     return [world / "ds"], config(world, epochs=0, batch_size=-1), r"epochs = 0: .*greater than or equal to 1.*batch_size = -1"
 
 
+def case_config_zero_steps_per_epoch(world, client, tmp_path):
+    return [world / "ds"], config(world, steps_per_epoch=0), r"steps_per_epoch = 0: .*greater than or equal to 1"
+
+
 def case_config_unknown_key(world, client, tmp_path):
     return [world / "ds"], config(world, epoch=3), r"epoch = 3: Extra inputs are not permitted \(keys: dataset, "
 

@@ -58,6 +58,7 @@ class TrainConfig:
     dedup: str = "device"
     epochs: int = 1
     max_steps: int | None = None  # stop after this many steps in all (None: run every epoch)
+    steps_per_epoch: int | None = None  # the first steps of each epoch's order (None: all of them)
     device: str = "cpu"
     seed: int = 0
     eval_users: int | None = 5000  # users evaluated (a seeded sample; None: all)
@@ -69,7 +70,7 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1")
-        for name in ("max_steps", "eval_users"):
+        for name in ("max_steps", "steps_per_epoch", "eval_users"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1, or none")
@@ -600,7 +601,8 @@ class Engine:
         return [list(per_step) for per_step in zip(*results)]
 
     def train_epoch(self, epoch: int, max_steps: int | None = None, on_step=None) -> dict:
-        """Every step of `epoch` (at most `max_steps`); loss, examples, steps, seconds and the time split.
+        """Every step of `epoch` (at most `max_steps` and the config's steps_per_epoch); loss, examples,
+        steps, seconds and the time split.
 
         `on_step(done, steps, loss, examples, seconds)`, if given, hears after every step
         how far the epoch is (the mean loss and the examples so far). The split is the
@@ -608,8 +610,8 @@ class Engine:
         its messages included) and the forward and backward.
         """
         candidates = 1 + self.model.negatives
-        per_epoch = self.data.steps_per_epoch(self.train.batch_size)
-        steps = per_epoch if max_steps is None else min(per_epoch, max_steps)
+        caps = [c for c in (max_steps, self.train.steps_per_epoch) if c is not None]
+        steps = min([self.data.steps_per_epoch(self.train.batch_size), *caps])
         parts: dict[str, float] = {}
         loss = examples = 0.0
         steady = {"steps": 0, "examples": 0, "seconds": 0.0}

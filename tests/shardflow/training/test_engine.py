@@ -38,6 +38,20 @@ def test_the_engine_learns_what_the_reference_learns(client, dataset, data, stra
     check_against(reference(data, STEPS), shards)
 
 
+def test_steps_per_epoch_trains_the_first_steps_of_each_epochs_order(client, dataset, data):
+    plan = planned(dataset, "row-wise-mod", 2)
+    train = TrainConfig(BATCH, epochs=2, steps_per_epoch=2)
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, train) as e:
+        result = e.fit()
+        shards = e.parameters()
+    assert data.steps_per_epoch(BATCH) > 2 and result.steps == 4 and len(result.epoch_loss) == 2
+    ref = ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, seed=0)
+    for epoch in range(2):
+        for i in range(2):
+            ref.step(epoch, i)
+    check_against(ref, shards)
+
+
 @pytest.mark.parametrize("dedup", ["none", "device"])
 def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(client, dataset, data, dedup):
     plan = random_plan(data, 4, seed=1)
