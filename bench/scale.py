@@ -1,7 +1,8 @@
 """How far one machine goes: grow the table and the log; per size, each stage's time and peak memory.
 
     python bench/scale.py --size 100000:1000000 --size 10000000:2000000 [--dim 64] [--epochs 1]
-    python bench/scale.py --size 1000000:1000000000 --steps 300     # a log too long to train an epoch of
+    python bench/scale.py --size 1000000:1000000000 --steps-per-epoch 300   # the whole flow, epochs cut short
+    python bench/scale.py --size 1000000:1000000000 --steps 300     # the stages one by one through the CLI
 
 Each --size is ROWS:EVENTS (a Zipf(1.1) item table of ROWS rows, a log of EVENTS events).
 Per size: `shardflow synth`, then the whole flow (`shardflow run`, embedded Prefect API,
@@ -144,7 +145,8 @@ def run_size(work: Path, rows: int, events: int, args, env: dict, imports: float
     print(f"{'synth':<34} {t1 - t0:>8.1f} {tree:>9.0f} {'-':>10}")
     config = {"dataset": str(ds), "run_dir": str(run), "topology": str(ROOT / "topologies" / "demo-4.yaml"),
               "dim": args.dim, "epochs": args.epochs, "batch_size": args.batch_size,
-              "memory_slack": args.memory_slack, "eval_users": args.eval_users}
+              "memory_slack": args.memory_slack, "eval_users": args.eval_users,
+              "steps_per_epoch": args.steps_per_epoch}
     out = work / "flow.json"
     code, sampler, t0, t1 = measured([sys.executable, __file__, "--flow-child", json.dumps(config), str(out)], env,
                                      work / "flow.log")
@@ -214,6 +216,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="run the stages through the CLI and train only this many steps (for logs whose epochs "
                              "outlast the bench) instead of the whole flow")
+    parser.add_argument("--steps-per-epoch", type=int, default=None,
+                        help="the whole flow, each epoch cut to its first N steps (a log whose epoch outlasts the bench)")
     parser.add_argument("--flow-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.flow_child:

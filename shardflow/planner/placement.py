@@ -21,6 +21,7 @@ from shardflow.errors import InputError
 from shardflow.planner.access import CHUNK_ROWS, TableAccess
 from shardflow.planner.costmodel import CostModel
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, TablePlan, replica_device
+from shardflow.planner.refine import refine
 from shardflow.planner.topology import Topology
 
 HEAD_ROWS = 1 << 15  # hottest single rows placed one by one (LPT); the rest are dealt vectorised
@@ -224,6 +225,8 @@ def place(
     weights = np.maximum(uplink_weights(topology, model), 1e-9)
     for acc, tier, home in zip(accesses, tiers, homes):
         place_single(acc, tier, home, weights, room, model.rates(acc).x, topology.node_of_device)
-    return [TablePlan(a.name, t, h) for a, t, h in zip(accesses, tiers, homes)]
+    tables = [TablePlan(a.name, t, h) for a, t, h in zip(accesses, tiers, homes)]
+    refine(tables, accesses, budget_rows, model)
+    return tables
 
 

@@ -236,6 +236,38 @@ def lower_bound(costs: TierCosts, spare_slots: int, iterations: int = 40) -> flo
     return max(best, f1, f2)
 
 
+def node_bound(accesses: list[TableAccess], model: CostModel, budget_rows: int) -> float:
+    """Each node's uplink: what the node cannot hold its trainers read over it.
+
+    Node A holds at most n_A · budget_rows rows (a row held there, on any tier, takes at
+    least one of its slots). Every read by one of its n_A trainers of a row it does not
+    hold crosses its uplink: (2·id + 4·dim) bytes out and 4·dim in a unit of remote-read
+    load x (costmodel.py). So A's uplink carries at least n_A·(2·id + 4·dim)·X_A out, X_A
+    the load of every row but its n_A · budget_rows most-read; any plan's time is at
+    least the largest of those over the uplinks' bandwidths. On uneven links this is
+    what the slow node alone forces, which the pooled bounds above average away.
+    """
+    topo = model.topology
+    if len(topo.nodes) < 2:
+        return 0.0
+    x = np.concatenate([model.rates(a).x for a in accesses])
+    rows = np.concatenate([a.class_rows for a in accesses]).astype(np.float64)
+    order = np.argsort(-x, kind="stable")
+    x, rows = x[order], rows[order]
+    held_rows, held_load = np.cumsum(rows), np.cumsum(rows * x)
+    total = float(held_load[-1])
+    unit = 2 * ID_BYTES + VALUE_BYTES * model.shape.dim
+    worst = 0.0
+    for n, bandwidth in zip(topo.node_devices.tolist(), topo.uplink_bytes_per_s.tolist()):
+        hold = n * budget_rows
+        k = int(np.searchsorted(held_rows, hold, side="right"))  # whole classes held
+        load = float(held_load[k - 1]) if k else 0.0
+        if k < x.size:
+            load += (hold - (float(held_rows[k - 1]) if k else 0.0)) * float(x[k])
+        worst = max(worst, n * unit * max(total - load, 0.0) / bandwidth)
+    return worst
+
+
 def best_tiers(costs: TierCosts, spare_slots: int, grid: int = 33) -> np.ndarray:
     """The greedy's integral solution with the smallest lower-bound time over a grid of θ."""
     thetas = np.linspace(0.0, 1.0, grid) if np.isfinite(costs.up_bytes_per_s) else [0.0]

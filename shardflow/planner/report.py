@@ -7,7 +7,7 @@ import numpy as np
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel
 from shardflow.planner.plan import ShardingPlan, row_bytes
-from shardflow.planner.relaxation import floor_bound, lower_bound, row_floors, tier_costs
+from shardflow.planner.relaxation import floor_bound, lower_bound, node_bound, row_floors, tier_costs
 from shardflow.planner.strategies import RowWiseMod
 from shardflow.planner.topology import Topology
 
@@ -18,8 +18,10 @@ def bound_and_baseline(
     """(lower bound on communication time, row-wise-mod's time) for this memory, scope and model."""
     spare = topology.devices * (budget_bytes // row_bytes(model.shape.dim)) - sum(a.rows for a in accesses)
     spare = max(spare, 0)
-    # Two valid bounds: the fractional relaxation, and the floor indivisible hot rows set.
-    bound = max(lower_bound(tier_costs(accesses, model), spare), floor_bound(row_floors(accesses, model), spare))
+    # Three valid bounds: the fractional relaxation, the floor indivisible hot rows set, and each
+    # node's uplink carrying what the node cannot hold.
+    bound = max(lower_bound(tier_costs(accesses, model), spare), floor_bound(row_floors(accesses, model), spare),
+                node_bound(accesses, model, budget_bytes // row_bytes(model.shape.dim)))
     mod = RowWiseMod().plan(accesses, topology, budget_bytes, model)
     return bound, model.evaluate(mod, {a.name: a for a in accesses}).comm_time_s_per_step
 

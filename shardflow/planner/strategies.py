@@ -96,10 +96,10 @@ class TableWise:
 class FlexShard:
     """Tiered per-row replication from the relaxation, placed for the uneven links.
 
-    Returns the fastest (by the cost model) of its tiered plan, its tiered plans under the
-    smaller budgets of SLACK_LADDER, the same placement with no replication, and
-    row-wise-mod's placement: never slower than row-wise-mod, nor than its own plan at any
-    smaller slack of the ladder.
+    Returns the fastest (by the cost model) of its tiered plan and the same placement with
+    no replication, each also under the smaller budgets of SLACK_LADDER, and row-wise-mod's
+    placement: never slower than row-wise-mod, nor than its own plan at any smaller slack
+    of the ladder.
     """
 
     name = "flexshard"
@@ -110,11 +110,11 @@ class FlexShard:
         base_rows = sum(math.ceil(a.rows / topology.devices) for a in accesses)
         smaller = [int(base_rows * row_bytes(model.shape.dim) * (1 + slack)) // row_bytes(model.shape.dim)
                    for slack in SLACK_LADDER]
+        budgets = [budget_rows, *(rows for rows in sorted(set(smaller)) if rows < budget_rows)]
         candidates = (
-            lambda: self._tiered(accesses, topology, budget_rows, model),
-            *(lambda rows=rows: self._tiered(accesses, topology, rows, model)
-              for rows in sorted(set(smaller)) if rows < budget_rows),
-            lambda: ShardingPlan(self.name, tuple(place(accesses, flat, topology, budget_rows, model))),
+            *(lambda rows=rows: self._tiered(accesses, topology, rows, model) for rows in budgets),
+            *(lambda rows=rows: ShardingPlan(self.name, tuple(place(accesses, flat, topology, rows, model)))
+              for rows in budgets),
             lambda: ShardingPlan(self.name, RowWiseMod().plan(accesses, topology, budget_bytes, model).tables),
         )
         by_name = {a.name: a for a in accesses}

@@ -9,6 +9,7 @@ from support import zipf_access
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.exact import exact_plan
 from shardflow.planner import plan as plan_module
 from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, ModuloRows, TablePlan, for_devices, row_bytes,
                                    table_rows_per_device)
@@ -86,8 +87,9 @@ def test_flexshard_replicates_the_hot_row_everywhere_when_lookups_are_not_dedupl
     plan, model, _ = plan_of("flexshard", [access], topo=topo, slack=0.5, shape=StepShape(64, 4, "none"))
     t = plan.table("t")
     assert t.tier[0] == GLOBAL and (t.tier[1:] == SINGLE).all()
-    # 15 single rows over 4 devices: 4, 4, 4, 3, dealt in serpentine order.
-    assert sorted(np.bincount(t.home[1:], minlength=4).tolist()) == [3, 4, 4, 4]
+    # and the single rows where the cost model is least: the exact optimum of this instance
+    _, best = exact_plan([access], budget_bytes_per_device([access], topo, 4, 0.5), model)
+    assert model.evaluate(plan, {"t": access}).comm_time_s_per_step <= best * (1 + 1e-4)
 
 
 def test_flexshard_replicates_per_node_when_a_global_copy_costs_too_much_memory():
@@ -165,7 +167,7 @@ def test_plan_invariants(topo, tables, slack, dedup, strategy):
         assert time <= mod * (1 + 1e-12)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
     topo=TOPOLOGIES,
     tables=st.lists(st.tuples(st.integers(20, 400), st.floats(0.6, 1.5)), min_size=1, max_size=2),
