@@ -34,7 +34,8 @@ from pathlib import Path
 import psutil
 
 from shardflow.training.batches import TrainData
-from shardflow.training.engine import WORKER_EXTRA_BYTES, WORKER_SCALE, worker_peak_bytes
+from storage.dataset import Dataset
+from shardflow.training.engine import WORKER_BYTES_PER_USER, WORKER_EXTRA_BYTES, WORKER_SCALE, worker_peak_bytes
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -140,7 +141,8 @@ def run_size(work: Path, rows: int, events: int, args, env: dict, imports: float
     if code:
         sys.exit(f"synth failed: {(work / 'synth.log').read_text()[-2000:]}")
     tree, _ = sampler.peaks(t0, t1)
-    print(f"\n## item table {rows:,} rows x dim {args.dim}, log {events:,} events")
+    users = Dataset.open(ds).info.users
+    print(f"\n## item table {rows:,} rows x dim {args.dim}, log {events:,} events, {users:,} users")
     print(f"{'stage':<34} {'s':>8} {'tree MB':>9} {'worker MB':>10}")
     print(f"{'synth':<34} {t1 - t0:>8.1f} {tree:>9.0f} {'-':>10}")
     config = {"dataset": str(ds), "run_dir": str(run), "topology": str(ROOT / "topologies" / "demo-4.yaml"),
@@ -162,11 +164,12 @@ def run_size(work: Path, rows: int, events: int, args, env: dict, imports: float
         summary = result["summary"]
         plan = json.loads((Path(summary["run_dir"]) / "versions" / "0001" / "plan" / "summary.json").read_text())
         need = max(plan["memory_bytes_per_device"]) / MB
-        bound = worker_peak_bytes(need * MB) / MB
+        bound = worker_peak_bytes(need * MB, users) / MB
         print(f"plan: {need:,.0f} MB on the largest device; largest worker peaked at {worker:,.0f} MB = "
               f"{worker / max(need, 1):.2f} x plan, {worker - need:,.0f} MB over it (a worker's imports alone, "
               f"torch's CUDA build included, take {imports:,.0f} MB); the bound the engine checks before it "
-              f"starts ({WORKER_SCALE} x plan + {WORKER_EXTRA_BYTES / 1e9:.1f} GB) is {bound:,.0f} MB: "
+              f"starts ({WORKER_SCALE} x plan + {WORKER_EXTRA_BYTES / 1e9:.1f} GB + {WORKER_BYTES_PER_USER} bytes x "
+              f"{users:,} users) is {bound:,.0f} MB: "
               f"{'within' if worker <= bound else 'OVER'}; AUC {summary['auc']:.4f}, {summary['epochs']} epoch(s)")
     shutil.rmtree(ds, ignore_errors=True)
     shutil.rmtree(run, ignore_errors=True)

@@ -405,25 +405,32 @@ class Dataset:
             self._array(f"{seg}/dense/{d}", "f", events)
         if info.labels:
             self._array(f"{seg}/labels", "f", events)
-        users = self._array(f"{seg}/users", "i", runs)[:]
-        off = self._array(f"{seg}/offsets", "i", runs + 1)[:]
-        if off[0] != 0 or off[-1] != events:
+        users_arr = self._array(f"{seg}/users", "i", runs)
+        off_arr = self._array(f"{seg}/offsets", "i", runs + 1)
+        first, last = int(off_arr[0]), int(off_arr[runs])
+        if first != 0 or last != events:
             raise InputError(
-                f"{self.path}/{seg}/offsets: runs from {int(off[0])} to {int(off[-1])}; "
+                f"{self.path}/{seg}/offsets: runs from {first} to {last}; "
                 f"accepted: from 0 to {events} (the segment's events)"
             )
-        steps = np.diff(off)
-        if (steps < 0).any():
-            bad = int(np.flatnonzero(steps < 0)[0])
-            raise InputError(
-                f"{self.path}/{seg}/offsets[{bad + 1}] = {int(off[bad + 1])} is below offsets[{bad}] = "
-                f"{int(off[bad])}; accepted: non-decreasing offsets"
-            )
-        if users.size and (users.min() < 0 or users.max() >= info.users):
-            bad = int(np.flatnonzero((users < 0) | (users >= info.users))[0])
-            raise InputError(
-                f"{self.path}/{seg}/users[{bad}] = {int(users[bad])}; accepted: 0 <= user < {info.users}"
-            )
+        # A chunk at a time (with the last offset of the chunk before): a 10^8-user segment is
+        # checked in the memory of one chunk, not of its whole offsets and users.
+        for a in range(0, runs, OFFSETS_PER_CHUNK):
+            b = min(a + OFFSETS_PER_CHUNK, runs)
+            off = off_arr[a : b + 1]
+            steps = np.diff(off)
+            if (steps < 0).any():
+                bad = int(np.flatnonzero(steps < 0)[0])
+                raise InputError(
+                    f"{self.path}/{seg}/offsets[{a + bad + 1}] = {int(off[bad + 1])} is below offsets[{a + bad}] = "
+                    f"{int(off[bad])}; accepted: non-decreasing offsets"
+                )
+            users = users_arr[a:b]
+            if users.size and (users.min() < 0 or users.max() >= info.users):
+                bad = int(np.flatnonzero((users < 0) | (users >= info.users))[0])
+                raise InputError(
+                    f"{self.path}/{seg}/users[{a + bad}] = {int(users[bad])}; accepted: 0 <= user < {info.users}"
+                )
 
     # -- the user-ordered view -------------------------------------------------------------
 
@@ -437,8 +444,11 @@ class Dataset:
             return self._layout
         if len(self.segments) == 1 and self._in_user_order(self.segments[0]):
             # a run per user, in user order: the segment's offsets are the users' (no other temporary)
-            offsets = self._root[f"{SEGMENTS}/{self.segments[0]['name']}/offsets"][:]
-            self._layout = (offsets.astype(np.int64, copy=False), None)
+            stored = self._root[f"{SEGMENTS}/{self.segments[0]['name']}/offsets"]
+            offsets = np.empty(stored.shape[0], dtype=np.int64)
+            for a in range(0, offsets.size, OFFSETS_PER_CHUNK):  # into one array: no whole-array temporary
+                offsets[a : a + OFFSETS_PER_CHUNK] = stored[a : a + OFFSETS_PER_CHUNK]
+            self._layout = (offsets, None)
             return self._layout
         users = [self._root[f"{SEGMENTS}/{s['name']}/users"][:] for s in self.segments]
         offsets = [self._root[f"{SEGMENTS}/{s['name']}/offsets"][:] for s in self.segments]

@@ -9,6 +9,7 @@ import zarr
 
 from support import REAL
 from shardflow.errors import InputError
+from storage import dataset as dataset_module
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 
@@ -83,10 +84,17 @@ def test_wrong_dtype(copy):
         Dataset.open(copy)
 
 
-def test_non_monotone_offsets(copy):
+@pytest.mark.parametrize("chunk", [1 << 20, 4096])  # checked a chunk at a time: across two chunks too
+def test_non_monotone_offsets(copy, monkeypatch, chunk):
+    monkeypatch.setattr(dataset_module, "OFFSETS_PER_CHUNK", chunk)
     offsets = zarr.open_array(str(copy / SEG / "offsets"), mode="a")
-    offsets[5] = int(offsets[4]) - 1
-    with pytest.raises(InputError, match=r"offsets\[5\] = \d+ is below offsets\[4\]"):
+    offsets[4097] = int(offsets[4096]) - 1
+    with pytest.raises(InputError, match=r"offsets\[4097\] = \d+ is below offsets\[4096\]"):
+        Dataset.open(copy)
+    offsets[4097] = int(offsets[4096])  # an empty run is fine; a user id out of range in a later chunk is not
+    users = zarr.open_array(str(copy / SEG / "users"), mode="a")
+    users[4099] = Dataset.open(copy).info.users
+    with pytest.raises(InputError, match=r"users\[4099\] = \d+; accepted: 0 <= user <"):
         Dataset.open(copy)
 
 

@@ -212,7 +212,8 @@ def test_a_shard_larger_than_its_workers_memory_limit_is_refused_before_any_acto
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit="1.3GB",
                       dashboard_address=":0") as cluster, Client(cluster) as small:
         with pytest.raises(InputError, match=r"device \d's shard needs 0\.40 GiB .* at dim 400000, and its worker "
-                                             r"about 1\.54 GiB in all .* but its worker \S+ may use 1\.21 GiB; "
+                                             r"about 1\.54 GiB in all .* 16 bytes for each of the log's [\d,]+ users.* but its worker \S+ may use "
+                                             r"1\.21 GiB; "
                                              r"accepted: workers with more memory"):
             Engine(small, dataset, plan, TOPOLOGIES[2], wide, OPTIMIZER, TrainConfig(BATCH))
         assert live_actors(small) == 0
