@@ -1,6 +1,10 @@
 """Sharding plans side by side: traffic and modeled communication time against row-wise-mod.
 
     python bench/plan_traffic.py [--rows 1e7] [--scale-rows 1e6 1e7 1e8] [--skip-scale]
+    python bench/plan_traffic.py --uneven-only [--rows 1e6]
+
+Uneven cells (--uneven-only runs only these): 4 nodes × 4 devices, the last node's uplink
+5× slower (2.5 GB/s against 12.5), the synthetic tables, 10% slack, both scopes.
 
 Synthetic cells: one table of --rows rows with expected Zipf(α) counts (10^9 accesses, rows
 in a seeded random order), α ∈ {0.8, 1.0, 1.2}; P = 8 (one node) and P = 64 (8 nodes × 8,
@@ -33,7 +37,7 @@ from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.report import bound_and_baseline, gap_closed
 from shardflow.planner.strategies import budget_bytes_per_device, propose
-from shardflow.planner.topology import uniform
+from shardflow.planner.topology import Node, Topology, uniform
 
 STRATEGIES = ("row-wise-mod", "row-wise-block", "table-wise", "flexshard")
 DIM = 64
@@ -130,6 +134,18 @@ def synthetic(rows: int) -> None:
     print_summary(cells)
 
 
+def uneven(rows: int) -> None:
+    slow = Topology(tuple(Node(f"n{i}", 4, 2.5 if i == 3 else 12.5) for i in range(4)), 600.0)
+    cells = []
+    for alpha in (0.8, 1.0, 1.2):
+        access = TableAccess.from_counts("item", zipf_counts(rows, alpha), 32.0)
+        for dedup in ("none", "device"):
+            cells.append((f"α={alpha} 4×4 one uplink 5× slower, slack=10% {dedup}",
+                          cell([access], slow, 0.1, dedup, 65536)))
+    print_cells(f"Uneven links, synthetic Zipf, {rows:,} rows", cells)
+    print_summary(cells)
+
+
 def real() -> None:
     from shardflow.cluster import dask_client
     from shardflow.planning import accesses_from_profile
@@ -198,8 +214,12 @@ def main() -> None:
     p.add_argument("--rows", type=float, default=1e7)
     p.add_argument("--scale-rows", type=float, nargs="+", default=[1e6, 1e7, 1e8])
     p.add_argument("--skip-scale", action="store_true")
+    p.add_argument("--uneven-only", action="store_true")
     args = p.parse_args()
+    if args.uneven_only:
+        return uneven(int(args.rows))
     synthetic(int(args.rows))
+    uneven(int(args.rows))
     real()
     if not args.skip_scale:
         scale([int(r) for r in args.scale_rows])
