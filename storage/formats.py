@@ -10,7 +10,9 @@ Formats (see data/README.md for the files they come from):
     sasrec   `user item` per line, a user's lines in time order (SASRec's data/*.txt)
     s3rec    `user i1 i2 ...`, one user per line in time order (S3-Rec / ICLRec)
     recbole  RecBole's atomic `.inter` file: tab-separated, typed header `name:type`
-    criteo   Criteo display-ads CSV/TSV: label, I1..I13 integers, C1..C26 hashed categoricals
+    criteo   Criteo display-ads CSV/TSV: label, I1..I13 integers, C1..C26 hashed categoricals;
+             or Avazu's CSV: id, click (the label), hour (YYMMDDHH: its hour of day is a
+             categorical `hour`), every other column a hashed categorical, id dropped
 
 Numeric ids (sasrec, s3rec) are ASCII decimal digits only, at most 18 of them; recbole
 tokens and criteo categoricals are text.
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from shardflow.errors import InputError
@@ -268,17 +271,24 @@ def _check_float(token: bytes, name: str) -> str | None:
     return None if math.isfinite(value) else f"{name} = {excerpt(token)}; accepted: a finite number or empty"
 
 
+AVAZU_FIRST = ["id", "click"]  # the header of Avazu's CSV starts so
+AVAZU_HOUR = re.compile(rb"[0-9]{8}")
+
+
 class Criteo(Format):
     name, has_header, labels = "criteo", True, True
 
     def __init__(self) -> None:
         self.names: list[str] | None = None
         self.delimiter = ","
+        self.avazu = False
 
     def header(self, path, line):
         text = line.decode("utf-8", errors="replace").rstrip("\r\n")
         delimiter = "\t" if "\t" in text else ","
         fields = text.split(delimiter)
+        if fields[:2] == AVAZU_FIRST:
+            return self._avazu_header(path, fields, delimiter)
         if fields[0] == "label":
             names, headed = fields, True
         else:
@@ -295,7 +305,20 @@ class Criteo(Format):
         self.tables = tuple(n for n in names if n.startswith("C"))
         self.dense = tuple(n for n in names if n.startswith("I"))
 
+    def _avazu_header(self, path, fields: list[str], delimiter: str) -> None:
+        names = [parse_table_name(n) if n not in AVAZU_FIRST else n for n in fields]
+        if "hour" not in names or len(set(names)) != len(names):
+            raise InputError(f"{path}:1: Avazu columns {names}; accepted: id, click, hour and categorical "
+                             "columns, each once")
+        if self.names is not None and (names, delimiter) != (self.names, self.delimiter):
+            raise InputError(f"{path}:1: columns {names}; accepted: those of the first part, {self.names}")
+        self.names, self.delimiter, self.avazu, self.body_starts_at_line_1 = names, delimiter, True, False
+        self.tables = tuple(n for n in names if n not in AVAZU_FIRST)
+        self.dense = ()
+
     def _parse(self, data):
+        if self.avazu:
+            return self._parse_avazu(data)
         types = {n: pa.string() if n.startswith("C") else pa.float64() for n in self.names}
         t = _read(data, self.names, types, self.delimiter)
         labels = _finite(t["label"].combine_chunks())
@@ -308,6 +331,17 @@ class Criteo(Format):
             labels=labels.astype(np.float32),
         )
 
+    def _parse_avazu(self, data):
+        types = {n: pa.float64() if n == "click" else pa.string() for n in self.names}
+        t = _read(data, self.names, types, self.delimiter)
+        labels = _finite(t["click"].combine_chunks())
+        hour = t["hour"].combine_chunks()
+        if not np.isin(labels, (0.0, 1.0)).all() or not pc.all(pc.match_substring_regex(hour, "^[0-9]{8}$")).as_py():
+            raise _Refused
+        tables = {n: t[n].combine_chunks() for n in self.tables}
+        tables["hour"] = pc.utf8_slice_codeunits(hour, 6, 8)  # YYMMDDHH: the hour of the day
+        return Columns(events=t.num_rows, tables=tables, labels=labels.astype(np.float32))
+
     def check_line(self, fields, line):
         if len(fields) != len(self.names):
             return (
@@ -315,9 +349,11 @@ class Criteo(Format):
                 f"({', '.join(self.names[:3])}, ...)"
             )
         for name, value in zip(self.names, fields):
-            if name == "label" and value not in (b"0", b"1"):
-                return f"label {excerpt(value)}; accepted: 0 or 1"
-            if name.startswith("I") and (why := _check_float(value, name)):
+            if name in ("label", "click") and value not in (b"0", b"1"):
+                return f"{name} {excerpt(value)}; accepted: 0 or 1"
+            if self.avazu and name == "hour" and not AVAZU_HOUR.fullmatch(value):
+                return f"hour {excerpt(value)}; accepted: YYMMDDHH, 8 digits"
+            if not self.avazu and name.startswith("I") and (why := _check_float(value, name)):
                 return why
         return None
 

@@ -25,6 +25,7 @@ REAL = {
     "recbole": DATA / "movielens-100k" / "ml-100k.inter",
     "criteo": DATA / "criteo-sample" / "criteo_sample.txt",
 }
+AVAZU = DATA / "avazu-sample" / "avazu_sample.txt"  # the criteo format's other layout
 
 
 def snapshot(root: Path) -> dict[str, str]:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from support import REAL, siblings, snapshot
+from support import AVAZU, REAL, siblings, snapshot
 from shardflow.errors import InputError
 from storage.checksum import combine, file_sha256
 from storage.dataset import Dataset
@@ -116,6 +116,23 @@ def test_criteo_hashes_each_categorical_column_into_its_own_table(tmp_path):
     assert np.isnan(ds.column("dense/I1")[0])
 
 
+def test_criteo_takes_avazus_layout_with_the_hour_of_day_as_a_table(tmp_path):
+    src = AVAZU
+    import_dataset("criteo", src, tmp_path / "ds", table_rows={"hour": 24}, hash_rows=1000)
+    ds = Dataset.open(tmp_path / "ds")
+    lines = [line.split(",") for line in src.read_text().splitlines()]
+    header, body = lines[0], lines[1:]
+    assert ds.info.users == ds.info.interactions == len(body) and ds.info.sequence_table is None
+    assert sorted(t.name for t in ds.info.tables) == sorted(n for n in header if n not in ("id", "click"))
+    assert ds.info.dense == () and ds.info.table("hour").rows == 24 and ds.info.table("site_id").rows == 1000
+    np.testing.assert_array_equal(ds.column("labels"), [float(line[1]) for line in body])
+    for name, value in (("hour", lambda line: line[2][6:]), ("site_id", lambda line: line[5]),
+                        ("C21", lambda line: line[-1])):
+        raw, rows = ds.raw_ids(name)
+        row_of = dict(zip(raw.tolist(), rows.tolist()))
+        assert ds.ids(name).tolist() == [row_of[value(line)] for line in body]
+
+
 def test_import_is_deterministic(tmp_path):
     a = import_dataset("sasrec", REAL["sasrec"], tmp_path / "a")
     b = import_dataset("sasrec", REAL["sasrec"], tmp_path / "b")
@@ -157,6 +174,9 @@ BAD_SOURCES = [
     ("criteo", "label,I1,C1\n0,1,aa\n2,2,bb\n", r"bad\.txt:3: label '2'; accepted: 0 or 1"),
     ("criteo", "label,I1,C1\n0,nan,aa\n", r"bad\.txt:2: I1 = 'nan'"),
     ("criteo", "label,X1,C1\n0,1,aa\n", r"header columns \['X1'\]"),
+    ("criteo", "id,click,hour,site_id\n1,0,14102100,a\n2,2,14102100,b\n", r"bad\.txt:3: click '2'; accepted: 0 or 1"),
+    ("criteo", "id,click,hour,site_id\n1,0,1410210,a\n", r"bad\.txt:2: hour '1410210'; accepted: YYMMDDHH"),
+    ("criteo", "id,click,site_id\n1,0,a\n", r"Avazu columns \['id', 'click', 'site_id'\]; accepted: id, click, hour"),
 ]
 
 
