@@ -75,7 +75,7 @@ def main() -> None:
                     except InputError as e:
                         print(f"| {name} | {strategy} | - | {e} | |", file=sys.stderr)
                         break
-                    for dedup in ("none", "device"):
+                    for dedup in ("none", "device", "node"):
                         cells.setdefault(dedup, []).append(measured_over_predicted(root / "ds", plan, dedup,
                                                                                    args.steps))
                 for dedup, (plain, fitted) in cells.items():

@@ -309,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-slack", type=float, default=0.0, help="budget over row-wise-mod's bytes per device")
     p.add_argument("--batch-size", type=int, default=4096, help="global batch (examples per step)")
     p.add_argument("--dim", type=int, default=64, help="embedding dimension")
-    p.add_argument("--dedup", choices=["none", "device"], default="device", help="de-duplication scope")
+    p.add_argument("--dedup", choices=["none", "device", "node"], default="device",
+                   help="de-duplication scope: none, device (a trainer fetches each row once), node (a node does)")
     p.add_argument("--history", type=int, default=20, help="history window of a training example")
     p.add_argument("--negatives", type=int, default=4, help="sampled negatives per example")
     p.add_argument("--out", help="plan store to create (default: plan-STRATEGY beside the profile)")
@@ -321,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, help="global batch (default: the plan's)")
-    p.add_argument("--dedup", choices=["none", "device"], help="de-duplication scope (default: the plan's)")
+    p.add_argument("--dedup", choices=["none", "device", "node"], help="de-duplication scope (default: the plan's)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where each device computes: the CPU, or CUDA device d on worker d (resource GPU=1)")
     p.add_argument("--seed", type=int, default=0, help="batch order and negatives")

@@ -42,7 +42,7 @@ class RetrainConfig(BaseModel):
         "every epoch (none: the whole epoch): a night's budget on a log whose epoch outlasts it",
     )
     batch_size: int = Field(4096, ge=1)
-    dedup: Literal["none", "device"] = "device"
+    dedup: Literal["none", "device", "node"] = "device"
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = Field(0, ge=0)
     max_restarts: int = Field(

@@ -49,7 +49,7 @@ def sessions(client, tmp_path_factory):
     return plan_every_strategy(root, client)
 
 
-@pytest.mark.parametrize("dedup", ["none", "device"])
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
 @pytest.mark.parametrize("strategy", sorted(SLACK))
 @pytest.mark.parametrize("data", ["planned", "sessions"])
 def test_measured_bytes_agree_with_the_cost_model_within_5_percent(request, data, strategy, dedup):

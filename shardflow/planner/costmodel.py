@@ -44,11 +44,12 @@ from shardflow.planner.access import TableAccess
 from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, ShardingPlan, replica_device
 from shardflow.planner.topology import Topology
 
-DEDUP_SCOPES = ("none", "device")
+DEDUP_SCOPES = ("none", "device", "node")
 
 
 def check_dedup(scope: str) -> str:
-    """A de-duplication scope: `none` (every id occurrence travels) or `device` (each distinct id once)."""
+    """A de-duplication scope: `none` (every id occurrence travels), `device` (each distinct id of a trainer
+    once) or `node` (as device, and a node fetches each row from another node once for all its trainers)."""
     if scope not in DEDUP_SCOPES:
         raise InputError(f"dedup scope {scope!r}; accepted: {', '.join(DEDUP_SCOPES)}")
     return scope
@@ -166,7 +167,9 @@ class CostModel:
         topo, P = self.topology, self.topology.devices
         a, v = ID_BYTES, VALUE_BYTES * self.shape.dim
         msg = a + v
+        relay = self.shape.dedup == "node" and len(topo.nodes) > 1
         single_load = np.zeros(P)  # remote-read units served by each home, per trainer
+        node_units = np.zeros((len(topo.nodes), P))  # scope node: units node A's proxy fetches from each home
         node_load = np.zeros(P)  # ... by each node replica, per trainer of its node
         reduce_in = np.zeros(P)  # global rows: P(a device reads) summed per node leader
         bcast_out = np.zeros(P)  # global rows: P(anyone reads) summed per node leader
@@ -179,6 +182,9 @@ class CostModel:
                 home = table.home[s : s + ROWS_PER_PASS].astype(np.int64)
                 single = tier == SINGLE
                 single_load += np.bincount(home[single], rates.x[cls[single]], minlength=P)
+                if relay:
+                    for n in range(len(topo.nodes)):
+                        node_units[n] += np.bincount(home[single], rates.q_node[n][cls[single]], minlength=P)
                 repl = ~single
                 r_home, r_cls, r_tier = home[repl], cls[repl], tier[repl]
                 primary = topo.node_of_device[r_home]
@@ -194,11 +200,33 @@ class CostModel:
                     sync += np.bincount(up, rates.q_node[node][r_cls[other]] * msg, minlength=P * P)
                     sync += np.bincount(down, rates.q_any[r_cls[other]] * msg, minlength=P * P)
         off_diag = ~np.eye(P, dtype=bool)
-        lookup = off_diag * ((2 * a + v) * single_load[None, :] + v * single_load[:, None])
+        if relay:
+            lookup = self._relayed_lookups(single_load, node_units, a, v)
+        else:
+            lookup = off_diag * ((2 * a + v) * single_load[None, :] + v * single_load[:, None])
         lookup += self._peers * ((2 * a + v) * node_load[None, :] + v * node_load[:, None])
         sync = sync.reshape(P, P) + self._peers * msg * (reduce_in[None, :] + bcast_out[:, None])
         time, link = self._time(lookup + sync)
         return PlanCost(lookup, sync, self._same_node, time, link)
+
+    def _relayed_lookups(self, single_load: np.ndarray, node_units: np.ndarray, a: int, v: int) -> np.ndarray:
+        """Scope node: a trainer reads a single row of its own node from the home; a row of another node
+        from its node's proxy for that home (replica_device), which fetches it from the home once for
+        the node (q_node units) and returns one summed gradient."""
+        topo, P = self.topology, self.topology.devices
+        node = topo.node_of_device
+        lookup = self._peers * ((2 * a + v) * single_load[None, :] + v * single_load[:, None])
+        homes = np.arange(P)
+        for n in range(len(topo.nodes)):
+            away = node != n
+            proxy = replica_device(homes[away], topo, n)
+            relayed = np.bincount(proxy, single_load[away], minlength=P)  # per trainer, asked of each proxy
+            inside = node == n
+            to_proxy = inside[:, None] & inside[None, :] & self._peers
+            lookup += to_proxy * ((2 * a + v) * relayed[None, :] + v * relayed[:, None])
+            np.add.at(lookup, (proxy, homes[away]), (2 * a + v) * node_units[n][away])
+            np.add.at(lookup, (homes[away], proxy), v * node_units[n][away])
+        return lookup
 
     def _time(self, pairs: np.ndarray) -> tuple[float, str]:
         topo = self.topology

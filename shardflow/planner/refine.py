@@ -11,7 +11,10 @@ h sends each 4·dim back):
 
 (a = id bytes, v = 4·dim, H the node of h, n_A devices in node A). So the single rows
 reach the links only through the load homed on each device, W_h: the links carry
-base + Σ_h W_h·L(h), and the modeled time is the busiest link's seconds. Placement by
+base + Σ_h W_h·L(h), and the modeled time is the busiest link's seconds. With scope
+node a row adds its trainers' reads (q, to the home or to their node's proxy) and each
+other node's one fetch (q_node of that node) through vectors per home of their own
+(relayed_unit_loads); the search below is the same. Placement by
 classes deals load by water levels; on a few lumpy rows or uneven uplinks that can miss
 the best split. This pass takes the hottest REFINE_ROWS single rows and, while it helps,
 applies the best single move (to a device with room) or swap (of two rows on different
@@ -69,12 +72,37 @@ def bandwidths(topology: Topology) -> np.ndarray:
                            topology.uplink_bytes_per_s])
 
 
+def relayed_unit_loads(topology: Topology, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scope node: ([P, links] bytes per unit of a trainer's reads of a single row homed on each device,
+    [P, N, links] bytes per unit of node A's one fetch of it). A trainer reads a row of its own node from
+    the home and one of another node from its node's proxy (replica_device), which fetches it once."""
+    P, N = topology.devices, len(topology.nodes)
+    a, v = ID_BYTES, VALUE_BYTES * dim
+    node, n, start = topology.node_of_device, topology.node_devices, topology.node_start
+    per_read = np.zeros((P, 2 * P + 2 * N))
+    per_fetch = np.zeros((P, N, 2 * P + 2 * N))
+    for h in range(P):
+        H = node[h]
+        for A in range(N):
+            server = h if A == H else int(start[A] + (h - start[H]) % n[A])  # the home, or A's proxy
+            readers = (node == A) & (np.arange(P) != server)
+            per_read[h, :P][readers] += 2 * a + v
+            per_read[h, P : 2 * P][readers] += v
+            per_read[h, server] += (n[A] - 1) * v
+            per_read[h, P + server] += (n[A] - 1) * (2 * a + v)
+            if A != H:
+                per_fetch[h, A, 2 * P + A] += 2 * a + v
+                per_fetch[h, A, 2 * P + N + A] += v
+                per_fetch[h, A, 2 * P + H] += v
+                per_fetch[h, A, 2 * P + N + H] += 2 * a + v
+    return per_read, per_fetch
+
+
 def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: int, model: CostModel) -> None:
     """Improve the homes of the hottest single rows of `tables` in place (see the module's doc)."""
     topo = model.topology
     by_name = {a.name: a for a in accesses}
     cost = model.evaluate(ShardingPlan("refine", tuple(tables)), by_name)
-    unit = unit_loads(topo, model.shape.dim) / bandwidths(topo)  # seconds per unit of load, per home
     seconds = link_seconds(cost.lookup_pairs + cost.sync_pairs, topo)
     # The hottest single rows of all tables: (table index, row, load).
     candidates = []
@@ -92,24 +120,36 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
         return
     table_of = np.array([c[0] for c in candidates])
     row = np.array([c[1] for c in candidates])
-    load = np.array([c[2] for c in candidates])
     home = np.array([int(tables[i].home[r]) for i, r in zip(table_of, row)])
+    # vec[k, e]: the seconds row k adds to every link when homed on device e.
+    bw = bandwidths(topo)
+    if model.shape.dedup == "node" and len(topo.nodes) > 1:
+        per_read, per_fetch = relayed_unit_loads(topo, model.shape.dim)
+        rates = {name: model.rates(by_name[name]) for name in {tables[i].name for i in table_of}}
+        cls = [by_name[tables[i].name].row_class[r] for i, r in zip(table_of, row)]
+        q = np.array([rates[tables[i].name].q[c] for i, c in zip(table_of, cls)])
+        q_node = np.array([rates[tables[i].name].q_node[:, c] for i, c in zip(table_of, cls)])  # [K, N]
+        vec = (q[:, None, None] * per_read[None] + np.einsum("kn,pnl->kpl", q_node, per_fetch)) / bw
+    else:
+        load = np.array([c[2] for c in candidates])
+        vec = load[:, None, None] * (unit_loads(topo, model.shape.dim) / bw)[None]
+    K = home.size
+    own = vec[np.arange(K), home]  # [K, links]
     room = budget_rows - sum(table_rows_per_device(t, topo) for t in tables)
+    S = min(SWAP_ROWS, K)
     for _ in range(REFINE_STEPS):
         now = seconds.max()
         # moves: row k from home[k] to e (where e has room)
-        delta = load[:, None, None] * (unit[None, :, :] - unit[home][:, None, :])  # [K, P, links]
-        moved = (seconds[None, None, :] + delta).max(axis=2)
+        moved = (seconds[None, None, :] + vec - own[:, None, :]).max(axis=2)
         moved[:, room <= 0] = np.inf
-        moved[np.arange(home.size), home] = np.inf
+        moved[np.arange(K), home] = np.inf
         k, e = np.unravel_index(np.argmin(moved), moved.shape)
         best, kind = moved[k, e], ("move", int(k), int(e))
-        # swaps: rows k and j on different devices exchange homes
-        s_load, s_home = load[:SWAP_ROWS], home[:SWAP_ROWS]
-        diff = unit[s_home]  # [K, links]
-        change = (s_load[:, None, None] - s_load[None, :, None]) * (diff[None, :, :] - diff[:, None, :])
+        # swaps: rows k and j (of the hottest S) on different devices exchange homes
+        at_other = vec[:S][:, home[:S], :]  # [k, j]: row k homed where row j is
+        change = at_other - own[:S, None, :] + at_other.transpose(1, 0, 2) - own[None, :S, :]
         swapped = (seconds[None, None, :] + change).max(axis=2)
-        swapped[s_home[:, None] == s_home[None, :]] = np.inf
+        swapped[home[:S, None] == home[None, :S]] = np.inf
         k2, j2 = np.unravel_index(np.argmin(swapped), swapped.shape)
         if swapped[k2, j2] < best:
             best, kind = swapped[k2, j2], ("swap", int(k2), int(j2))
@@ -117,14 +157,14 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
             break
         if kind[0] == "move":
             _, k, e = kind
-            seconds = seconds + load[k] * (unit[e] - unit[home[k]])
+            seconds = seconds + vec[k, e] - own[k]
             room[home[k]] += 1
             room[e] -= 1
-            home[k] = e
+            home[k], own[k] = e, vec[k, e]
         else:
             _, k, j = kind
-            seconds = seconds + (load[k] - load[j]) * (unit[home[j]] - unit[home[k]])
+            seconds = seconds + vec[k, home[j]] - own[k] + vec[j, home[k]] - own[j]
             home[k], home[j] = home[j], home[k]
+            own[k], own[j] = vec[k, home[k]], vec[j, home[j]]
     for i, r, h in zip(table_of, row, home):
         tables[i].home[r] = h
-

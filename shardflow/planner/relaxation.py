@@ -245,26 +245,30 @@ def node_bound(accesses: list[TableAccess], model: CostModel, budget_rows: int) 
     load x (costmodel.py). So A's uplink carries at least n_A·(2·id + 4·dim)·X_A out, X_A
     the load of every row but its n_A · budget_rows most-read; any plan's time is at
     least the largest of those over the uplinks' bandwidths. On uneven links this is
-    what the slow node alone forces, which the pooled bounds above average away.
+    what the slow node alone forces, which the pooled bounds above average away. With
+    scope `node` the node fetches such a row once for all its trainers: q_node units.
     """
     topo = model.topology
     if len(topo.nodes) < 2:
         return 0.0
-    x = np.concatenate([model.rates(a).x for a in accesses])
-    rows = np.concatenate([a.class_rows for a in accesses]).astype(np.float64)
-    order = np.argsort(-x, kind="stable")
-    x, rows = x[order], rows[order]
-    held_rows, held_load = np.cumsum(rows), np.cumsum(rows * x)
-    total = float(held_load[-1])
     unit = 2 * ID_BYTES + VALUE_BYTES * model.shape.dim
+    rows = np.concatenate([a.class_rows for a in accesses]).astype(np.float64)
     worst = 0.0
-    for n, bandwidth in zip(topo.node_devices.tolist(), topo.uplink_bytes_per_s.tolist()):
+    for node, (n, bandwidth) in enumerate(zip(topo.node_devices.tolist(), topo.uplink_bytes_per_s.tolist())):
+        if model.shape.dedup == "node":  # the node fetches a row once for all its trainers
+            x, per_unit = np.concatenate([model.rates(a).q_node[node] for a in accesses]), unit
+        else:
+            x, per_unit = np.concatenate([model.rates(a).x for a in accesses]), n * unit
+        order = np.argsort(-x, kind="stable")
+        x, r = x[order], rows[order]
+        held_rows, held_load = np.cumsum(r), np.cumsum(r * x)
+        total = float(held_load[-1])
         hold = n * budget_rows
         k = int(np.searchsorted(held_rows, hold, side="right"))  # whole classes held
         load = float(held_load[k - 1]) if k else 0.0
         if k < x.size:
             load += (hold - (float(held_rows[k - 1]) if k else 0.0)) * float(x[k])
-        worst = max(worst, n * unit * max(total - load, 0.0) / bandwidth)
+        worst = max(worst, per_unit * max(total - load, 0.0) / bandwidth)
     return worst
 
 

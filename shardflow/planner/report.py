@@ -19,9 +19,12 @@ def bound_and_baseline(
     spare = topology.devices * (budget_bytes // row_bytes(model.shape.dim)) - sum(a.rows for a in accesses)
     spare = max(spare, 0)
     # Three valid bounds: the fractional relaxation, the floor indivisible hot rows set, and each
-    # node's uplink carrying what the node cannot hold.
-    bound = max(lower_bound(tier_costs(accesses, model), spare), floor_bound(row_floors(accesses, model), spare),
-                node_bound(accesses, model, budget_bytes // row_bytes(model.shape.dim)))
+    # node's uplink carrying what the node cannot hold. The first two price a trainer's remote reads
+    # one by one, so with scope node (one fetch a node) only the third holds.
+    bound = node_bound(accesses, model, budget_bytes // row_bytes(model.shape.dim))
+    if model.shape.dedup != "node":
+        bound = max(bound, lower_bound(tier_costs(accesses, model), spare),
+                    floor_bound(row_floors(accesses, model), spare))
     mod = RowWiseMod().plan(accesses, topology, budget_bytes, model)
     return bound, model.evaluate(mod, {a.name: a for a in accesses}).comm_time_s_per_step
 

@@ -242,7 +242,7 @@ def lookups(ex: Examples, data: TrainData, config: ModelConfig, dedup: str) -> L
         per_table[name] = ex.features[name]
     fetch, where = {}, {}
     for name, ids in per_table.items():
-        if dedup == "device":
+        if dedup in ("device", "node"):  # a node's proxies de-duplicate again across its trainers
             fetch[name], where[name] = np.unique(ids, return_inverse=True)
         else:
             fetch[name], where[name] = ids, np.arange(ids.size)

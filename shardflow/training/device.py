@@ -70,7 +70,7 @@ class Device:
             layouts = {t: RowLayout(t, modulus=scaled_rows[t]) if device == 0 else RowLayout(t, stored=empty)
                        for t in tables}
         self.shard = ParameterShard(device, layouts, config, optimizer, self.torch, holds_dense=device == 0)
-        self.protocol = StepProtocol(device, topology, tables, self.shard, maps)
+        self.protocol = StepProtocol(device, topology, tables, self.shard, maps, dedup)
         self.rounds = self.protocol.rounds
         self._prepared: tuple | None = None
         self._stats: dict = {}

@@ -7,10 +7,17 @@ round's message from every peer:
 
   REQUEST     the ids each trainer reads from a peer's copies (its own copies it reads
               without a message);
+  RELAY_REQUEST  (scope `node`, several nodes) a node's requests for a row homed in
+              another node went to one device of the node, the row's proxy (the device
+              replica_device names for the row's home); each proxy asks each home once for
+              the distinct rows of its whole node;
+  RELAY_REPLY (scope `node`) the homes answer the proxies;
   REPLY       those rows, and device 0's dense parameters;
   GRADIENTS   after the forward and backward: each row's gradient to the copy it was read
-              from, the partial sums of global rows to their node's leader, and the dense
-              gradients to device 0;
+              from (a relayed row's to its proxy), the partial sums of global rows to their
+              node's leader, and the dense gradients to device 0;
+  RELAY_GRADIENTS  (scope `node`) each proxy sums its node's gradients of a relayed row,
+              in sender order, and sends the one sum to the row's home;
   TO_PRIMARY  (several nodes, replicated rows) a non-home node's copy passes its node's
               partial sum to the row's home;
   TOTALS      (replicated rows) every home has summed its rows' contributions in sender
@@ -43,8 +50,11 @@ from shardflow.planner.topology import Topology
 
 class Round(enum.Enum):
     REQUEST = "request"
+    RELAY_REQUEST = "relay-request"
+    RELAY_REPLY = "relay-reply"
     REPLY = "reply"
     GRADIENTS = "gradients"
+    RELAY_GRADIENTS = "relay-gradients"
     TO_PRIMARY = "to-primary"
     TOTALS = "totals"
     FORWARD = "forward"
@@ -111,12 +121,17 @@ class Requests:
     outbox: dict[int, Message]
 
 
-def step_rounds(tables: dict[str, TablePlan | ModuloRows], topology: Topology) -> tuple[Round, ...]:
-    """The rounds of every step under this plan (the same on every device)."""
+def step_rounds(tables: dict[str, TablePlan | ModuloRows], topology: Topology,
+                dedup: str = "device") -> tuple[Round, ...]:
+    """The rounds of every step under this plan and de-duplication scope (the same on every device)."""
     several_nodes = len(topology.nodes) > 1
     has_global = any(t.has_tier(GLOBAL) for t in tables.values())
     replicated = any(t.has_tier(GLOBAL) or t.has_tier(NODE) for t in tables.values())
-    rounds = [Round.REQUEST, Round.REPLY, Round.GRADIENTS]
+    if dedup == "node" and several_nodes:
+        rounds = [Round.REQUEST, Round.RELAY_REQUEST, Round.RELAY_REPLY, Round.REPLY, Round.GRADIENTS,
+                  Round.RELAY_GRADIENTS]
+    else:
+        rounds = [Round.REQUEST, Round.REPLY, Round.GRADIENTS]
     if topology.devices == 1:
         return tuple(rounds)
     if replicated and several_nodes:
@@ -158,14 +173,15 @@ class StepProtocol:
     """
 
     def __init__(self, device: int, topology: Topology, tables: dict[str, TablePlan | ModuloRows], shard,
-                 maps: dict[str, ShardMap] | None = None) -> None:
+                 maps: dict[str, ShardMap] | None = None, dedup: str = "device") -> None:
         self.device, self.topology, self.tables, self.shard = device, topology, tables, shard
         self.maps = maps if maps is not None else {t: ShardMap(p, topology) for t, p in tables.items()}
         self.node = int(topology.node_of_device[device])
         self.peers = [d for d in range(topology.devices) if d != device]
         start = int(topology.node_start[self.node])
         self.node_peers = [d for d in range(start, start + int(topology.node_devices[self.node])) if d != device]
-        self.rounds = step_rounds(tables, topology)
+        self.rounds = step_rounds(tables, topology, dedup)
+        self.relay = Round.RELAY_REQUEST in self.rounds
         self.traffic = {k: np.zeros((topology.devices, topology.devices)) for k in TRAFFIC_KINDS}
         self._reset()
 
@@ -178,6 +194,9 @@ class StepProtocol:
         self._requests: list[Message] = []
         self._pending: dict[str, list] = {t: [] for t in self.tables}  # table -> [(sender, ids, grads)]
         self._dense: list[tuple[int, dict]] = []
+        self._asked: list[Message] = []  # scope node: the REQUEST messages this device answers after the relay
+        self._relayed: dict[str, tuple[np.ndarray, torch.Tensor]] = {}  # table -> (ids ascending, rows) it relayed
+        self._relay_asked: dict[str, dict[int, np.ndarray]] = {}  # table -> {home: ids asked of it}
 
     # -- the events -----------------------------------------------------------------------
     def requests(self, step: int, fetch: dict[str, np.ndarray]) -> "Requests":
@@ -188,6 +207,9 @@ class StepProtocol:
         owners = {}
         for table, ids in fetch.items():
             owner = self.maps[table].read_from(ids, self.device)
+            if self.relay:  # a row from another node is asked of its proxy in this node
+                away = self.topology.node_of_device[owner] != self.node
+                owner[away] = replica_device(owner[away], self.topology, self.node)
             owners[table] = (ids, owner)
             for peer in np.unique(owner[owner != self.device]).tolist():
                 out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[owner == peer]))
@@ -221,9 +243,12 @@ class StepProtocol:
                 raise RuntimeError(f"device {self.device}: a message of step {m.step} round {m.round.value} in "
                                    f"step {self.step} round {round.value}")
         handler = {
-            Round.REQUEST: self._on_requests,
+            Round.REQUEST: self._on_relayed_requests if self.relay else self._on_requests,
+            Round.RELAY_REQUEST: self._on_requests,
+            Round.RELAY_REPLY: self._on_relay_replies,
             Round.REPLY: self._on_replies,
             Round.GRADIENTS: self._on_gradients,
+            Round.RELAY_GRADIENTS: self._on_relay_gradients,
             Round.TO_PRIMARY: self._on_to_primary,
             Round.TOTALS: self._on_totals,
             Round.FORWARD: self._on_forward,
@@ -257,14 +282,83 @@ class StepProtocol:
 
     # -- the rounds -----------------------------------------------------------------------
     def _on_requests(self, inbox: list[Message]) -> dict[int, Message]:
-        out = self._outbox(Round.REPLY)
+        """The rows asked of this device's own copies (REQUEST; with scope node, RELAY_REQUEST)."""
+        reply = Round.RELAY_REPLY if self.relay else Round.REPLY
+        out = self._outbox(reply)
         for m in inbox:
             for b in m.blocks:
                 # The rows in the order asked for: the asker knows their ids, they do not travel back.
                 out[m.sender].blocks.append(Block(b.kind, b.table, NO_IDS, to_host(self.shard.read(b.table, b.ids))))
+            if self.device == 0 and not self.relay:
+                out[m.sender].dense = {k: to_host(v) for k, v in self.shard.dense.items()}
+        return self._sent(reply, out)
+
+    # -- scope node: a node's proxies relay its requests and gradients for other nodes' rows ----
+    def _is_relayed(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """Which of `ids` are single rows homed in another node (a proxy relays them)."""
+        plan = self.tables[table]
+        home = plan.home_of(ids).astype(np.int64)
+        return (plan.tier_of(ids) == SINGLE) & (self.topology.node_of_device[home] != self.node)
+
+    def _on_relayed_requests(self, inbox: list[Message]) -> dict[int, Message]:
+        """Keep the node's requests; ask each home once for the distinct rows this device relays."""
+        self._asked = inbox
+        wanted: dict[str, list[np.ndarray]] = {t: [] for t in self.tables}
+        for m in inbox:
+            for b in m.blocks:
+                wanted[b.table].append(b.ids[self._is_relayed(b.table, b.ids)])
+        for table, (ids, owner) in self._fetch.items():  # this device's own trainer's relayed rows
+            wanted[table].append(ids[(owner == self.device) & self._is_relayed(table, ids)])
+        out = self._outbox(Round.RELAY_REQUEST)
+        self._relay_asked = {}
+        for table, parts in wanted.items():
+            ids = np.unique(np.concatenate(parts)) if parts else NO_IDS
+            if not ids.size:
+                continue
+            home = self.tables[table].home_of(ids).astype(np.int64)
+            self._relay_asked[table] = {}
+            for peer in np.unique(home).tolist():
+                self._relay_asked[table][peer] = ids[home == peer]
+                out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[home == peer]))
+        return self._sent(Round.RELAY_REQUEST, out)
+
+    def _on_relay_replies(self, inbox: list[Message]) -> dict[int, Message]:
+        """The relayed rows are in: answer the node's requests, own copies and relayed rows alike."""
+        by_peer = {m.sender: {b.table: b for b in m.blocks} for m in inbox}
+        self._relayed = {}
+        for table, asked in self._relay_asked.items():
+            ids = np.concatenate(list(asked.values()))
+            rows = np.concatenate([by_peer[peer][table].values for peer in asked])
+            order = np.argsort(ids, kind="stable")
+            self._relayed[table] = (ids[order], torch.from_numpy(rows[order]).to(self.shard.device))
+        out = self._outbox(Round.REPLY)
+        for m in self._asked:
+            for b in m.blocks:
+                out[m.sender].blocks.append(Block(b.kind, b.table, NO_IDS, to_host(self._read(b.table, b.ids))))
             if self.device == 0:
                 out[m.sender].dense = {k: to_host(v) for k, v in self.shard.dense.items()}
+        self._asked = []
         return self._sent(Round.REPLY, out)
+
+    def _read(self, table: str, ids: np.ndarray) -> torch.Tensor:
+        """Rows of `ids` from this device's copies or, relayed, from the rows it fetched as a proxy."""
+        if not self.relay:
+            return self.shard.read(table, ids)
+        relayed = self._is_relayed(table, ids)
+        rows = torch.empty((ids.size, self.shard.dim), dtype=torch.float32, device=self.shard.device)
+        own = np.flatnonzero(~relayed)
+        if own.size:
+            rows[torch.from_numpy(own).to(rows.device)] = self.shard.read(table, ids[own])
+        far = np.flatnonzero(relayed)
+        if far.size:
+            held, values = self._relayed[table]
+            at = torch.from_numpy(np.searchsorted(held, ids[far])).to(rows.device)
+            rows[torch.from_numpy(far).to(rows.device)] = values[at]
+        return rows
+
+    def _on_relay_gradients(self, inbox: list[Message]):
+        self._accept(inbox)
+        return self._after_gradients()
 
     def _on_replies(self, inbox: list[Message]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(rows the trainer computes on, in `fetch` order; the dense parameters)."""
@@ -273,7 +367,7 @@ class StepProtocol:
         for table, (ids, owner) in self._fetch.items():
             r = torch.empty((ids.size, self.shard.dim), dtype=torch.float32, device=self.shard.device)
             mine = np.flatnonzero(owner == self.device)
-            r[torch.from_numpy(mine).to(r.device)] = self.shard.read(table, ids[mine])
+            r[torch.from_numpy(mine).to(r.device)] = self._read(table, ids[mine])
             for peer in np.unique(owner[owner != self.device]).tolist():
                 sel = torch.from_numpy(np.flatnonzero(owner == peer)).to(r.device)
                 r[sel] = torch.from_numpy(by_peer[peer][table].values).to(r.device)
@@ -288,6 +382,16 @@ class StepProtocol:
 
     def _on_gradients(self, inbox: list[Message]):
         self._accept(inbox)
+        if self.relay:  # the node's gradients of relayed rows, summed here, go to their homes
+            out = self._outbox(Round.RELAY_GRADIENTS)
+            for table, plan in self.tables.items():
+                ids, total = self._take(table, lambda ids, table=table: self._is_relayed(table, ids))
+                self._blocks(out, table, Kind.LOOKUP, ids, total, plan.home_of(ids).astype(np.int64))
+            self._relayed = {}
+            return self._sent(Round.RELAY_GRADIENTS, out)
+        return self._after_gradients()
+
+    def _after_gradients(self):
         if Round.TO_PRIMARY in self.rounds:
             out = self._outbox(Round.TO_PRIMARY)
             for table, plan in self.tables.items():

@@ -33,9 +33,12 @@ def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape:
         def copy_in(node):
             return starts[node] + j % sizes[node]
 
+        relay = shape.dedup == "node" and len(sizes) > 1
         for d in range(P):
             if tier == SINGLE:
                 src = home
+                if relay and node_of[d] != node_of[home]:  # through the node's proxy, fetched once a node
+                    src = copy_in(node_of[d])
             elif tier == NODE:
                 src = copy_in(node_of[d])
             else:
@@ -43,6 +46,12 @@ def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape:
             if src != d:
                 lookup[d, src] += x * (2 * a + v)
                 lookup[src, d] += x * v
+        if relay and tier == SINGLE:
+            for node in range(len(sizes)):
+                if node != node_of[home]:
+                    q_node = 1 - (1 - p) ** (m * sizes[node] * touch.node.get(sizes[node], 1.0))
+                    lookup[copy_in(node), home] += q_node * (2 * a + v)
+                    lookup[home, copy_in(node)] += q_node * v
         if tier == SINGLE:
             continue
         for node in range(len(sizes)):
@@ -63,7 +72,7 @@ def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape:
 @given(
     sizes=st.lists(st.integers(1, 3), min_size=1, max_size=3),
     counts=st.lists(st.integers(0, 50), min_size=2, max_size=12),
-    dedup=st.sampled_from(["none", "device"]),
+    dedup=st.sampled_from(["none", "device", "node"]),
     data=st.data(),
 )
 def test_cost_model_matches_the_reference(sizes, counts, dedup, data):

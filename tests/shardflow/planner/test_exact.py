@@ -9,7 +9,7 @@ from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.exact import exact_plan
 from shardflow.planner.placement import place
 from shardflow.planner.plan import SINGLE, ShardingPlan, row_bytes
-from shardflow.planner.refine import bandwidths, link_seconds, unit_loads
+from shardflow.planner.refine import bandwidths, link_seconds, relayed_unit_loads, unit_loads
 from shardflow.planner.relaxation import floor_bound, lower_bound, node_bound, row_floors, tier_costs
 from shardflow.planner.report import bound_and_baseline
 from shardflow.planner.strategies import STRATEGIES, budget_bytes_per_device, propose
@@ -24,7 +24,7 @@ TOPOLOGIES = {
 
 @pytest.mark.parametrize("alpha", [0.9, 1.2])
 @pytest.mark.parametrize("slack", [0.1, 0.5])
-@pytest.mark.parametrize("dedup", ["none", "device"])
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
 @pytest.mark.parametrize("topology", sorted(TOPOLOGIES))
 def test_bound_exact_optimum_and_strategies_in_order_and_flexshard_within_5_percent(topology, dedup, slack, alpha):
     topo = TOPOLOGIES[topology]
@@ -72,6 +72,22 @@ def test_single_rows_reach_the_links_through_the_load_homed_on_each_device(topol
     homed = np.bincount(plan.table("t").home, model.rates(access).x[access.row_class], minlength=topo.devices)
     np.testing.assert_allclose(link_seconds(cost.lookup_pairs + cost.sync_pairs, topo),
                                homed @ unit_loads(topo, 8) / bandwidths(topo), rtol=1e-12)
+
+
+@pytest.mark.parametrize("topology", sorted(TOPOLOGIES))
+def test_with_scope_node_a_single_row_reaches_the_links_by_its_reads_and_its_nodes_fetches(topology):
+    """refine.relayed_unit_loads (a trainer's reads, and one fetch a node) against the cost model."""
+    topo = TOPOLOGIES[topology]
+    access = zipf_access("t", 40, 1.1, seed=4)
+    model = CostModel(topo, StepShape(512, 8, "node"))
+    plan = ShardingPlan("x", tuple(place([access], [np.full(40, SINGLE, np.int8)], topo, 40, model)))
+    cost = model.evaluate(plan, {"t": access})
+    per_read, per_fetch = relayed_unit_loads(topo, 8)
+    rates, home = model.rates(access), plan.table("t").home
+    q, q_node = rates.q[access.row_class], rates.q_node[:, access.row_class]  # [rows], [nodes, rows]
+    expected = sum(q[r] * per_read[home[r]] + q_node[:, r] @ per_fetch[home[r]] for r in range(40))
+    np.testing.assert_allclose(link_seconds(cost.lookup_pairs + cost.sync_pairs, topo),
+                               expected / bandwidths(topo), rtol=1e-12)
 
 
 def test_on_a_slow_uplink_the_node_bound_is_what_binds():

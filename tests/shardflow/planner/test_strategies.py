@@ -128,7 +128,7 @@ TOPOLOGIES = st.builds(
     topo=TOPOLOGIES,
     tables=st.lists(st.tuples(st.integers(1, 200), st.floats(0.0, 1.5)), min_size=1, max_size=3),
     slack=st.sampled_from([0.0, 0.1, 0.5, 2.0]),
-    dedup=st.sampled_from(["none", "device"]),
+    dedup=st.sampled_from(["none", "device", "node"]),
     strategy=st.sampled_from(["row-wise-mod", "row-wise-block", "flexshard"]),
 )
 def test_plan_invariants(topo, tables, slack, dedup, strategy):
@@ -171,7 +171,7 @@ def test_plan_invariants(topo, tables, slack, dedup, strategy):
 @given(
     topo=TOPOLOGIES,
     tables=st.lists(st.tuples(st.integers(20, 400), st.floats(0.6, 1.5)), min_size=1, max_size=2),
-    dedup=st.sampled_from(["none", "device"]),
+    dedup=st.sampled_from(["none", "device", "node"]),
 )
 def test_more_memory_never_makes_a_flexshard_plan_slower(topo, tables, dedup):
     accesses = [zipf_access(f"t{i}", rows, alpha, lookups=8.0, seed=i) for i, (rows, alpha) in enumerate(tables)]

@@ -52,7 +52,7 @@ def test_steps_per_epoch_trains_the_first_steps_of_each_epochs_order(client, dat
     check_against(ref, shards)
 
 
-@pytest.mark.parametrize("dedup", ["none", "device"])
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
 def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(client, dataset, data, dedup):
     plan = random_plan(data, 4, seed=1)
     tiers = np.concatenate([t.tier for t in plan.tables])

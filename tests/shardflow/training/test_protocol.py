@@ -16,7 +16,7 @@ from shardflow.training.protocol import InProcess, PeerStopped, Round, step_roun
 from shardflow.training.reference import ReferenceTrainer
 
 
-@pytest.mark.parametrize("dedup", ["none", "device"])
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
 @pytest.mark.parametrize("devices", [1, 2, 3, 4])
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_every_strategy_and_scope_learns_what_the_reference_learns(dataset, data, strategy, devices, dedup):
@@ -28,7 +28,7 @@ def test_every_strategy_and_scope_learns_what_the_reference_learns(dataset, data
     check_against(reference(data, STEPS), [d.parameters() for d in devs])
 
 
-@pytest.mark.parametrize("dedup", ["none", "device"])
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
 def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(data, dedup):
     plan = random_plan(data, 4, seed=1)
     tiers = np.concatenate([t.tier for t in plan.tables])
