@@ -23,7 +23,7 @@ def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape:
     m = access.lookups_per_example * shape.batch_size / P
     lookup, sync = np.zeros((P, P)), np.zeros((P, P))
     for r in range(access.rows):
-        p = float(access.class_prob[access.row_class[r]])
+        p = min(float(access.class_prob[access.row_class[r]]), 1 - 2**-53)  # as the model: no log of 0
         q = 1 - (1 - p) ** (m * touch.trainer)
         q_any = 1 - (1 - p) ** (m * P * touch.batch)
         x = m * p if shape.dedup == "none" else q
