@@ -11,7 +11,7 @@ from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
-from shardflow.planner.plan import ShardingPlan, TablePlan, for_devices
+from shardflow.planner.plan import ShardingPlan, TablePlan
 from shardflow.planner.strategies import budget_bytes_per_device, propose
 from shardflow.planner.topology import Node, Topology
 from shardflow.training.device import Device
@@ -121,7 +121,7 @@ def in_process_devices(data, plan: ShardingPlan, topology: Topology, dedup: str 
                        model: ModelConfig = MODEL, optimizer: OptimizerConfig = OPTIMIZER) -> list[Device]:
     """One Device per device of `topology`, all in this process (for shardflow.training.protocol.InProcess),
     each given the plan as the engine gives it to its actors."""
-    tables = {t.name: for_devices(t, topology.devices) for t in plan.tables}
+    tables = plan.for_devices(topology.devices)
     return [Device(d, topology, tables, data, model, optimizer, batch_size=batch, dedup=dedup)
             for d in range(topology.devices)]
 

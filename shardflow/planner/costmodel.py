@@ -149,6 +149,28 @@ class PlanCost:
         return pairs.sum(axis=1) + pairs.sum(axis=0)
 
 
+def link_bytes(pairs: np.ndarray, topology: Topology) -> np.ndarray:
+    """The bytes of a [P, P] sender -> receiver matrix on every link direction, ordered [intra-node port
+    out of each device, into each device, uplink out of each node, into each node]: inside a node a
+    byte uses both devices' ports, between nodes both nodes' uplinks."""
+    same = topology.node_of_device[:, None] == topology.node_of_device[None, :]
+    intra, inter = pairs * same, pairs * ~same
+    starts = topology.node_start
+    return np.concatenate([intra.sum(axis=1), intra.sum(axis=0), np.add.reduceat(inter.sum(axis=1), starts),
+                           np.add.reduceat(inter.sum(axis=0), starts)])
+
+
+def bandwidths(topology: Topology) -> np.ndarray:
+    """Bytes per second of every link direction, in link_bytes' order."""
+    P = topology.devices
+    return np.concatenate([np.full(2 * P, topology.intra_bytes_per_s), topology.uplink_bytes_per_s,
+                           topology.uplink_bytes_per_s])
+
+
+def link_seconds(pairs: np.ndarray, topology: Topology) -> np.ndarray:
+    return link_bytes(pairs, topology) / bandwidths(topology)
+
+
 class CostModel:
     def __init__(self, topology: Topology, shape: StepShape, touch: dict[str, Touch] | None = None) -> None:
         """`touch`: per table, the distinct rows real batches touch (shardflow.touch); independent draws
@@ -229,15 +251,10 @@ class CostModel:
         return lookup
 
     def _time(self, pairs: np.ndarray) -> tuple[float, str]:
-        topo = self.topology
-        intra = pairs * self._same_node
-        inter = pairs * ~self._same_node
-        intra_s = np.maximum(intra.sum(axis=1), intra.sum(axis=0)) / topo.intra_bytes_per_s
-        starts = topo.node_start
-        up_s = (
-            np.maximum(np.add.reduceat(inter.sum(axis=1), starts), np.add.reduceat(inter.sum(axis=0), starts))
-            / topo.uplink_bytes_per_s
-        )
+        topo, P, N = self.topology, self.topology.devices, len(self.topology.nodes)
+        seconds = link_seconds(pairs, topo)
+        intra_s = np.maximum(seconds[:P], seconds[P : 2 * P])
+        up_s = np.maximum(seconds[2 * P : 2 * P + N], seconds[2 * P + N :])
         d, n = int(np.argmax(intra_s)), int(np.argmax(up_s))
         if up_s[n] > intra_s[d]:
             return float(up_s[n]), f"uplink of node {topo.nodes[n].name}"

@@ -24,8 +24,8 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
-from shardflow.planner.costmodel import CostModel
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, replica_device, row_bytes
+from shardflow.planner.costmodel import CostModel, bandwidths, link_bytes
+from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, row_bytes, table_rows_per_device
 
 TIERS = (SINGLE, NODE, GLOBAL)
 MAX_VARIABLES = 20_000
@@ -33,36 +33,20 @@ MIP_GAP = 1e-4  # the solver stops within 0.01% of the optimum (its proven bound
 
 
 def link_loads(access: TableAccess, cls: int, tier: int, home: int, model: CostModel) -> np.ndarray:
-    """Bytes one row of class `cls` placed at (tier, home) adds to each link direction, in the order
-    [intra out of every device, intra into every device, uplink out of every node, uplink into every node]."""
+    """Bytes one row of class `cls` placed at (tier, home) adds to each link direction (costmodel.link_bytes)."""
     one = TableAccess(access.name, 1, access.lookups_per_example, access.class_prob[cls : cls + 1],
                       np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int32))
-    plan = ShardingPlan("one row", (TablePlan(access.name, np.array([tier], np.int8), np.array([home], np.int32)),))
-    cost = model.evaluate(plan, {access.name: one})
-    pairs = cost.lookup_pairs + cost.sync_pairs
-    intra, inter = pairs * cost.same_node, pairs * ~cost.same_node
-    starts = model.topology.node_start
-    return np.concatenate([intra.sum(axis=1), intra.sum(axis=0),
-                           np.add.reduceat(inter.sum(axis=1), starts), np.add.reduceat(inter.sum(axis=0), starts)])
+    cost = model.evaluate(ShardingPlan("one row", (one_row(access.name, tier, home),)), {access.name: one})
+    return link_bytes(cost.lookup_pairs + cost.sync_pairs, model.topology)
 
 
-def copies(tier: int, home: int, model: CostModel) -> np.ndarray:
-    """Copies per device of a row placed at (tier, home)."""
-    topo = model.topology
-    if tier == GLOBAL:
-        return np.ones(topo.devices)
-    out = np.zeros(topo.devices)
-    if tier == SINGLE:
-        out[home] = 1
-    else:
-        for node in range(len(topo.nodes)):
-            out[int(replica_device(np.array([home]), topo, node)[0])] += 1
-    return out
+def one_row(name: str, tier: int, home: int) -> TablePlan:
+    return TablePlan(name, np.array([tier], np.int8), np.array([home], np.int32))
 
 
 def exact_plan(accesses: list[TableAccess], budget_bytes: int, model: CostModel,
                time_limit_s: float = 120.0) -> tuple[ShardingPlan, float]:
-    """(a plan of least modeled communication time under the budget, that time)."""
+    """(a plan of least modeled communication time under the budget, that time as the program found it)."""
     topo = model.topology
     P, N = topo.devices, len(topo.nodes)
     placements = [(t, d) for t in TIERS for d in range(P)]
@@ -80,11 +64,9 @@ def exact_plan(accesses: list[TableAccess], budget_bytes: int, model: CostModel,
         for j, (t, d) in enumerate(placements):
             k = i * len(placements) + j
             load[:, k] = link_loads(a, c, t, d, model)
-            memory[:, k] = copies(t, d, model)
+            memory[:, k] = table_rows_per_device(one_row(a.name, t, d), topo)
             rows[i, k] = 1
-    bandwidth = np.concatenate([np.full(2 * P, topo.intra_bytes_per_s), topo.uplink_bytes_per_s,
-                                topo.uplink_bytes_per_s])
-    load = load / bandwidth[:, None] * 1e6  # microseconds: well above the solver's absolute tolerances
+    load = load / bandwidths(topo)[:, None] * 1e6  # microseconds: well above the solver's absolute tolerances
     load[:, -1] = -1.0  # a link's microseconds - T <= 0
     counts = np.array([a.class_rows[c] for a, c in classes], dtype=np.float64)
     objective = np.zeros(n_vars)
@@ -103,15 +85,15 @@ def exact_plan(accesses: list[TableAccess], budget_bytes: int, model: CostModel,
         raise InputError(f"the exact program found no optimal plan: {result.message}; accepted: an instance whose "
                          f"tables fit {P} devices x {budget_rows:,} rows, solved within {time_limit_s:g} s")
     n = np.rint(result.x[:-1]).astype(np.int64).reshape(len(classes), len(placements))
+    placed_tier = np.array([t for t, _ in placements], dtype=np.int8)
+    placed_home = np.array([d for _, d in placements], dtype=np.int32)
     tables, i = [], 0
     for a in accesses:
         tier, home = np.empty(a.rows, np.int8), np.empty(a.rows, np.int32)
         for c in range(a.class_prob.size):
             members = np.flatnonzero(a.row_class == c)
             at = np.repeat(np.arange(len(placements)), n[i])
-            tier[members] = np.array([placements[j][0] for j in at], dtype=np.int8)
-            home[members] = np.array([placements[j][1] for j in at], dtype=np.int32)
+            tier[members], home[members] = placed_tier[at], placed_home[at]
             i += 1
         tables.append(TablePlan(a.name, tier, home))
-    plan = ShardingPlan("exact", tuple(tables))
-    return plan, model.evaluate(plan, {a.name: a for a in accesses}).comm_time_s_per_step
+    return ShardingPlan("exact", tuple(tables)), float(result.fun) / 1e6

@@ -50,6 +50,10 @@ class TablePlan:
         """Ids of the single rows homed on `device`, ascending."""
         return np.flatnonzero((self.tier == SINGLE) & (self.home == device))
 
+    def replicated_ids(self, tier: int) -> np.ndarray:
+        """Ids of the rows of tier NODE or GLOBAL, ascending."""
+        return np.flatnonzero(self.tier == tier)
+
 
 @dataclass(frozen=True)
 class ModuloRows:
@@ -72,6 +76,9 @@ class ModuloRows:
 
     def single_ids(self, device: int) -> np.ndarray:
         return np.arange(device, self.rows, self.devices, dtype=np.int64)
+
+    def replicated_ids(self, tier: int) -> np.ndarray:
+        return np.zeros(0, dtype=np.int64)
 
 
 MODULO_CHECK_ROWS = 1 << 22  # rows compared with the rule at a time
@@ -118,6 +125,10 @@ class ShardingPlan:
 
     def memory_bytes_per_device(self, topology: Topology, dim: int) -> np.ndarray:
         return self.rows_per_device(topology) * row_bytes(dim)
+
+    def for_devices(self, devices: int) -> dict[str, "TablePlan | ModuloRows"]:
+        """Every table's plan as the devices receive it (for_devices), by name."""
+        return {t.name: for_devices(t, devices) for t in self.tables}
 
 
 def replica_device(home: np.ndarray, topology: Topology, node: int) -> np.ndarray:

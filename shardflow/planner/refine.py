@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardflow.planner.access import TableAccess
-from shardflow.planner.costmodel import CostModel
+from shardflow.planner.access import CHUNK_ROWS, TableAccess
+from shardflow.planner.costmodel import CostModel, bandwidths, link_seconds
 from shardflow.planner.plan import ID_BYTES, SINGLE, VALUE_BYTES, ShardingPlan, TablePlan, table_rows_per_device
 from shardflow.planner.topology import Topology
 
@@ -35,67 +35,77 @@ SWAP_ROWS = 64  # the hottest of them that may also swap homes
 REFINE_STEPS = 400  # moves and swaps at most
 
 
-def unit_loads(topology: Topology, dim: int) -> np.ndarray:
-    """[P, links]: the bytes one unit of single-row load homed on each device adds to every link,
-    links ordered [intra out per device, intra in per device, uplink out per node, uplink in per node]."""
+def _single_row_parts(topology: Topology, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bytes a single row homed on each device adds to the links (costmodel.py's rules), in three parts:
+    ([P, links] per unit of each trainer's reads, served inside the home's node by the home;
+    [P, links] the same, inside every other node by that node's proxy for the home (replica_device);
+    [P, N, links] per unit of node A's reads crossing its uplink and the home's: one fetch).
+    Links ordered [intra out per device, intra in per device, uplink out per node, uplink in per node]."""
     P, N = topology.devices, len(topology.nodes)
     a, v = ID_BYTES, VALUE_BYTES * dim
-    node, n = topology.node_of_device, topology.node_devices
-    L = np.zeros((P, 2 * P + 2 * N))
+    node, n, start = topology.node_of_device, topology.node_devices, topology.node_start
+    own, proxied = np.zeros((P, 2 * P + 2 * N)), np.zeros((P, 2 * P + 2 * N))
+    fetch = np.zeros((P, N, 2 * P + 2 * N))
     for h in range(P):
         H = node[h]
-        peers = (node == H) & (np.arange(P) != h)
-        L[h, :P][peers] = 2 * a + v
-        L[h, h] = (n[H] - 1) * v
-        L[h, P : 2 * P][peers] = v
-        L[h, P + h] = (n[H] - 1) * (2 * a + v)
-        L[h, 2 * P : 2 * P + N] = n * (2 * a + v)
-        L[h, 2 * P + H] = (P - n[H]) * v
-        L[h, 2 * P + N :] = n * v
-        L[h, 2 * P + N + H] = (P - n[H]) * (2 * a + v)
-    return L
+        for A in range(N):
+            server = h if A == H else int(start[A] + (h - start[H]) % n[A])  # the home, or A's proxy
+            part = own if A == H else proxied
+            readers = (node == A) & (np.arange(P) != server)
+            part[h, :P][readers] += 2 * a + v
+            part[h, P : 2 * P][readers] += v
+            part[h, server] += (n[A] - 1) * v
+            part[h, P + server] += (n[A] - 1) * (2 * a + v)
+            if A != H:
+                fetch[h, A, 2 * P + A] += 2 * a + v
+                fetch[h, A, 2 * P + N + A] += v
+                fetch[h, A, 2 * P + H] += v
+                fetch[h, A, 2 * P + N + H] += 2 * a + v
+    return own, proxied, fetch
 
 
-def link_seconds(pairs: np.ndarray, topology: Topology) -> np.ndarray:
-    """The links' bytes of a [P, P] byte matrix, in unit_loads' order, over their bandwidths."""
-    same = topology.node_of_device[:, None] == topology.node_of_device[None, :]
-    intra, inter = pairs * same, pairs * ~same
-    starts = topology.node_start
-    loads = np.concatenate([intra.sum(axis=1), intra.sum(axis=0), np.add.reduceat(inter.sum(axis=1), starts),
-                            np.add.reduceat(inter.sum(axis=0), starts)])
-    return loads / bandwidths(topology)
-
-
-def bandwidths(topology: Topology) -> np.ndarray:
-    P = topology.devices
-    return np.concatenate([np.full(2 * P, topology.intra_bytes_per_s), topology.uplink_bytes_per_s,
-                           topology.uplink_bytes_per_s])
+def unit_loads(topology: Topology, dim: int) -> np.ndarray:
+    """[P, links]: the bytes one unit of single-row load homed on each device adds to every link, with
+    scopes none and device: the home's node reads it inside, every other node's trainers each over
+    their uplink."""
+    own, _, fetch = _single_row_parts(topology, dim)
+    return own + np.einsum("pnl,n->pl", fetch, topology.node_devices.astype(np.float64))
 
 
 def relayed_unit_loads(topology: Topology, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """Scope node: ([P, links] bytes per unit of a trainer's reads of a single row homed on each device,
     [P, N, links] bytes per unit of node A's one fetch of it). A trainer reads a row of its own node from
     the home and one of another node from its node's proxy (replica_device), which fetches it once."""
-    P, N = topology.devices, len(topology.nodes)
-    a, v = ID_BYTES, VALUE_BYTES * dim
-    node, n, start = topology.node_of_device, topology.node_devices, topology.node_start
-    per_read = np.zeros((P, 2 * P + 2 * N))
-    per_fetch = np.zeros((P, N, 2 * P + 2 * N))
-    for h in range(P):
-        H = node[h]
-        for A in range(N):
-            server = h if A == H else int(start[A] + (h - start[H]) % n[A])  # the home, or A's proxy
-            readers = (node == A) & (np.arange(P) != server)
-            per_read[h, :P][readers] += 2 * a + v
-            per_read[h, P : 2 * P][readers] += v
-            per_read[h, server] += (n[A] - 1) * v
-            per_read[h, P + server] += (n[A] - 1) * (2 * a + v)
-            if A != H:
-                per_fetch[h, A, 2 * P + A] += 2 * a + v
-                per_fetch[h, A, 2 * P + N + A] += v
-                per_fetch[h, A, 2 * P + H] += v
-                per_fetch[h, A, 2 * P + N + H] += 2 * a + v
-    return per_read, per_fetch
+    own, proxied, fetch = _single_row_parts(topology, dim)
+    return own + proxied, fetch
+
+
+def hottest_single_rows(tier: np.ndarray, row_class: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the (at most) k single rows of most load x[class], most first, ties by id. Two passes a chunk
+    at a time: count the single rows per class, which gives the k-th load; then take the rows above it
+    and the first tied ones (a 10^8-row table is never sorted or copied whole)."""
+    counts = np.zeros(x.size, dtype=np.int64)
+    for s in range(0, tier.size, CHUNK_ROWS):
+        cls = row_class[s : s + CHUNK_ROWS][tier[s : s + CHUNK_ROWS] == SINGLE]
+        counts += np.bincount(cls, minlength=x.size)
+    k = min(k, int(counts.sum()))
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(-x, kind="stable")
+    cut = x[order[int(np.searchsorted(np.cumsum(counts[order]), k))]]  # the k-th largest load
+    above, tied = x > cut, x == cut
+    ties_left = k - int(counts[above].sum())
+    ids = []
+    for s in range(0, tier.size, CHUNK_ROWS):
+        cls = row_class[s : s + CHUNK_ROWS]
+        single = tier[s : s + CHUNK_ROWS] == SINGLE
+        ids.append(np.flatnonzero(single & above[cls]) + s)
+        if ties_left:
+            first = np.flatnonzero(single & tied[cls])[:ties_left] + s
+            ids.append(first)
+            ties_left -= first.size
+    ids = np.concatenate(ids)
+    return ids[np.lexsort((ids, -x[row_class[ids]]))]
 
 
 def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: int, model: CostModel) -> None:
@@ -109,11 +119,7 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
     for i, t in enumerate(tables):
         a = by_name[t.name]
         x = model.rates(a).x
-        single = np.flatnonzero(t.tier == SINGLE)
-        if single.size == 0:
-            continue
-        load = x[a.row_class[single]]
-        top = single[np.argsort(-load, kind="stable")[:REFINE_ROWS]]
+        top = hottest_single_rows(t.tier, a.row_class, x, REFINE_ROWS)
         candidates += [(i, int(r), float(x[a.row_class[r]])) for r in top]
     candidates = sorted(candidates, key=lambda c: -c[2])[:REFINE_ROWS]
     if not candidates:

@@ -253,12 +253,14 @@ def node_bound(accesses: list[TableAccess], model: CostModel, budget_rows: int) 
         return 0.0
     unit = 2 * ID_BYTES + VALUE_BYTES * model.shape.dim
     rows = np.concatenate([a.class_rows for a in accesses]).astype(np.float64)
+    rates = [model.rates(a) for a in accesses]
+    per_trainer = np.concatenate([r.x for r in rates])
     worst = 0.0
     for node, (n, bandwidth) in enumerate(zip(topo.node_devices.tolist(), topo.uplink_bytes_per_s.tolist())):
         if model.shape.dedup == "node":  # the node fetches a row once for all its trainers
-            x, per_unit = np.concatenate([model.rates(a).q_node[node] for a in accesses]), unit
+            x, per_unit = np.concatenate([r.q_node[node] for r in rates]), unit
         else:
-            x, per_unit = np.concatenate([model.rates(a).x for a in accesses]), n * unit
+            x, per_unit = per_trainer, n * unit
         order = np.argsort(-x, kind="stable")
         x, r = x[order], rows[order]
         held_rows, held_load = np.cumsum(r), np.cumsum(r * x)

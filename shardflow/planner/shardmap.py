@@ -46,13 +46,10 @@ class ShardMap:
 
     def stored(self, device: int) -> np.ndarray:
         """Global ids of the rows `device` stores, in local-row order (local row -> id)."""
-        if isinstance(self.table, ModuloRows):
-            return self.table.single_ids(device)
-        tier, home = self.table.tier, self.table.home
-        node_ids = np.flatnonzero(tier == NODE)
-        here = replica_device(home[node_ids].astype(np.int64), self.topology,
+        node_ids = self.table.replicated_ids(NODE)
+        here = replica_device(self.table.home_of(node_ids).astype(np.int64), self.topology,
                               int(self.topology.node_of_device[device])) == device
-        return np.concatenate([np.flatnonzero(tier == GLOBAL), node_ids[here], self.table.single_ids(device)])
+        return np.concatenate([self.table.replicated_ids(GLOBAL), node_ids[here], self.table.single_ids(device)])
 
     def locate(self, ids: np.ndarray, device: int) -> tuple[np.ndarray, np.ndarray]:
         """For a trainer on `device`: (device holding the copy it reads, local row there) per id."""

@@ -107,8 +107,7 @@ class FlexShard:
     def plan(self, accesses, topology, budget_bytes, model):
         budget_rows = budget_bytes // row_bytes(model.shape.dim)
         flat = [np.full(a.rows, SINGLE, dtype=np.int8) for a in accesses]
-        base_rows = sum(math.ceil(a.rows / topology.devices) for a in accesses)
-        smaller = [int(base_rows * row_bytes(model.shape.dim) * (1 + slack)) // row_bytes(model.shape.dim)
+        smaller = [slack_budget_bytes(accesses, topology, model.shape.dim, slack) // row_bytes(model.shape.dim)
                    for slack in SLACK_LADDER]
         budgets = [budget_rows, *(rows for rows in sorted(set(smaller)) if rows < budget_rows)]
         candidates = (
@@ -162,6 +161,11 @@ def budget_bytes_per_device(accesses: list[TableAccess], topology: Topology, dim
         raise InputError(f"memory slack = {slack!r}; accepted: a number >= 0 (0.1 = 10% over row-wise-mod)")
     if topology.device_memory_bytes is not None:
         return topology.device_memory_bytes
+    return slack_budget_bytes(accesses, topology, dim, slack)
+
+
+def slack_budget_bytes(accesses: list[TableAccess], topology: Topology, dim: int, slack: float) -> int:
+    """Row-wise-mod's bytes on its fullest device × (1 + slack)."""
     rows = sum(math.ceil(a.rows / topology.devices) for a in accesses)
     return int(rows * row_bytes(dim) * (1 + slack))
 

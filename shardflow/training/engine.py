@@ -27,7 +27,7 @@ from shardflow.cluster import live_workers
 from shardflow.errors import InputError, TrainingError, WorkerLost, WorkerOutOfMemory
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
-from shardflow.planner.plan import SINGLE, ModuloRows, ShardingPlan, TablePlan, for_devices, row_bytes
+from shardflow.planner.plan import SINGLE, ModuloRows, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.topology import Topology
 from shardflow.planner.costmodel import check_dedup
 from shardflow.training.batches import TrainData, check_batch, negative_seed
@@ -468,7 +468,7 @@ class Engine:
                 DeviceActor,
                 d,
                 topology,
-                {t.name: for_devices(t, P) for t in plan.tables},
+                plan.for_devices(P),
                 str(dataset),
                 model,
                 optimizer,

@@ -20,7 +20,7 @@ from shardflow.errors import InputError
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
-from shardflow.planner.plan import ShardingPlan, for_devices
+from shardflow.planner.plan import ShardingPlan
 from shardflow.planner.topology import Topology
 from shardflow.planning import accesses_from_profile, cost_model, read_plan
 from shardflow.training.batches import TrainData
@@ -88,7 +88,7 @@ def start_engine(client: Client, job: TrainingJob) -> Engine:
 def in_process(job: TrainingJob, data: TrainData | None = None) -> InProcess:
     """Every device of the job in this process (no cluster): for tests and single-machine checks."""
     data = data or TrainData.load(job.dataset, job.model.features, job.train.window)
-    tables = {t.name: for_devices(t, job.topology.devices) for t in job.plan.tables}
+    tables = job.plan.for_devices(job.topology.devices)
     return InProcess([
         Device(d, job.topology, tables, data, job.model, job.optimizer, batch_size=job.train.batch_size,
                dedup=job.train.dedup, array_device=job.train.device, scaled_rows=job.scaled_rows)
