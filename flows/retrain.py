@@ -28,6 +28,7 @@ from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory
 from shardflow.planner.topology import load_topology
+from shardflow.training.evaluate import metric_text, metric_values
 from storage.checkpoint import complete_checkpoints
 from storage.lock import run_lock
 from storage.staging import remove_leftovers
@@ -103,8 +104,7 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> dict:
                 "parts": len(version["segments"]),
                 "window": version["window"],
                 "epochs": config.epochs,
-                "auc": metrics["auc"],
-                "hr_at_10": metrics["hr_at_10"],
+                **metric_values(metrics),
                 "eval_users": metrics["users"],
                 "bytes_per_step": trained["bytes_per_step"],
                 "modeled_bytes_per_step": chosen["bytes_per_step"],
@@ -205,7 +205,7 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
                 traffic = engine.traffic()
                 measured = sum(float(traffic[k].sum()) for k in ("lookup", "sync")) / steps
                 unless_lost(checkpoint(engine, paths["version"], epoch, {
-                    "loss": stats["loss"], "auc": stats["auc"], "hr_at_10": stats["hr_at_10"], "seed": config.seed,
+                    "loss": stats["loss"], **metric_values(stats), "seed": config.seed,
                     "bytes_per_step": measured, "examples_per_s": stats["examples"] / stats["seconds"],
                     "seconds": stats["seconds"],
                 }))
@@ -246,7 +246,8 @@ def _kept(version: str) -> str:
 
 def _markdown(s: dict, config: RetrainConfig) -> str:
     mb, us = 1e6, "µs"
-    auc = f"**AUC {s['auc']:.4f}**, **HR@10 {s['hr_at_10']:.4f}** (leave-last-out of the version's newest parts, exported model)"
+    held_out = "the held-out last rows" if s.get("logloss") is not None else "leave-last-out"
+    auc = f"**{metric_text(s)}** ({held_out} of the version's newest parts, exported model)"
     if not s["trained"]:
         head = [f"- **no new data**: nothing trained; version **{s['current']}** stays current", f"- version {s['version']}: {auc}"]
     else:

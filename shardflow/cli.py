@@ -188,7 +188,9 @@ def _print_train(s: dict) -> None:
     mb = 1e6
     print(f"trained {s['strategy']} on {s['devices']} devices: {s['steps']:,} steps, {s['examples']:,} examples,"
           f" {s['examples_per_s']:,.0f} examples/s")
-    print(f"  loss {s['loss']:.4f}   AUC {s['auc']:.4f}   HR@10 {s['hr_at_10']:.4f}  ({s['eval_users']:,} users held out)")
+    from shardflow.training.evaluate import metric_text
+
+    print(f"  loss {s['loss']:.4f}   {metric_text(s)}  ({s['eval_users']:,} held-out examples)")
     print(f"  bytes/step  measured {s['measured_bytes_per_step'] / mb:,.3f} MB,"
           f" cost model {s['predicted_bytes_per_step'] / mb:,.3f} MB (dedup {s['dedup']})")
     t = s["seconds_per_step"]
@@ -236,14 +238,15 @@ def _cmd_run(args: argparse.Namespace) -> dict:
 
 
 def _print_run(s: dict) -> None:
+    from shardflow.training.evaluate import metric_text
+
     mb = 1e6
     if not s["trained"]:
-        print(f"run {s['run_dir']}: {s['message']}; version {s['current']} is current "
-              f"(AUC {s['auc']:.4f}, HR@10 {s['hr_at_10']:.4f})")
+        print(f"run {s['run_dir']}: {s['message']}; version {s['current']} is current ({metric_text(s)})")
     else:
         start = f"warm start from version {s['warm_start_from']}" if s["warm_start_from"] else "cold start"
         print(f"run {s['run_dir']}: version {s['version']} ({start}, {len(s['parts_added'])} part(s) imported), "
-              f"{s['epochs']} epochs, AUC {s['auc']:.4f}, HR@10 {s['hr_at_10']:.4f}")
+              f"{s['epochs']} epochs, {metric_text(s)}")
         if s["previous_auc"] is not None:
             print(f"  version {s['warm_start_from']} on the same held-out items: AUC {s['previous_auc']:.4f}")
         print(f"  {'promoted: version ' + str(s['version']) + ' is current' if s['promoted'] else s['message']}")

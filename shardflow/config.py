@@ -24,13 +24,17 @@ class RetrainConfig(BaseModel):
         str(ROOT / "data" / "amazon-video" / "Video.txt"),
         description="a dataset store, or a source file imported into RUN_DIR/dataset with dataset_format",
     )
-    dataset_format: Literal["sasrec", "s3rec", "recbole"] = "sasrec"
+    dataset_format: Literal["sasrec", "s3rec", "recbole", "criteo"] = "sasrec"
+    hash_rows: int = Field(
+        1 << 20, ge=1, description="criteo: rows of each hashed categorical table (fixed by the first import)"
+    )
     run_dir: str = Field("runs/retrain", description="profile, plan, checkpoints and the exported model go here")
     topology: str = Field(str(ROOT / "topologies" / "demo-4.yaml"), description="topology YAML file")
     strategy: Literal["table-wise", "row-wise-mod", "row-wise-block", "flexshard"] = "flexshard"
     memory_slack: float = Field(0.1, ge=0, description="per-device budget over row-wise-mod's bytes")
     dim: int = Field(64, ge=1, le=4096)
-    mlp: tuple[int, ...] = Field((64, 32), description="hidden layer widths")
+    mlp: tuple[int, ...] = Field((64, 32), description="hidden layer widths (of the top MLP for click logs)")
+    bottom_mlp: tuple[int, ...] = Field((64,), description="click logs: hidden widths of the MLP over numeric columns")
     history: int = Field(20, ge=1)
     negatives: int = Field(4, ge=1)
     dense_optimizer: Literal["adam", "adagrad"] = "adam"
@@ -67,7 +71,7 @@ class RetrainConfig(BaseModel):
     )
     cluster_kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments of cluster_class")
 
-    @field_validator("mlp")
+    @field_validator("mlp", "bottom_mlp")
     @classmethod
     def _widths(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if any(w < 1 for w in v):
@@ -120,6 +124,14 @@ class RetrainConfig(BaseModel):
             except InputError as e:
                 raise ValueError(str(e)) from None
         return v
+
+    @model_validator(mode="after")
+    def _hash_rows_for_criteo(self) -> "RetrainConfig":
+        default = type(self).model_fields["hash_rows"].default
+        if self.hash_rows != default and self.dataset_format != "criteo":
+            raise ValueError(f"hash_rows = {self.hash_rows} with dataset_format {self.dataset_format!r}; accepted: "
+                             f"hash_rows only with dataset_format 'criteo' (hashed categorical columns)")
+        return self
 
     @model_validator(mode="after")
     def _one_cluster(self) -> "RetrainConfig":

@@ -41,6 +41,8 @@ class ModelConfig:
     features: tuple[str, ...] = ()  # categorical feature tables, in input order
     seed: int = 0
 
+    kind = "sequence"
+
     def __post_init__(self) -> None:
         for name in ("dim", "history"):
             v = getattr(self, name)
@@ -50,6 +52,11 @@ class ModelConfig:
             raise InputError(f"model negatives = {self.negatives!r}; accepted: an integer >= 1")
         if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.mlp):
             raise InputError(f"model mlp widths = {list(self.mlp)}; accepted: integers >= 1")
+
+    @property
+    def candidates(self) -> int:
+        """Logits per example: the positive and the negatives."""
+        return 1 + self.negatives
 
     @property
     def input_width(self) -> int:
@@ -66,6 +73,18 @@ class ModelConfig:
         for i, (fan_in, fan_out) in enumerate(self.layers):
             out[f"mlp.{i}.weight"], out[f"mlp.{i}.bias"] = (fan_in, fan_out), (fan_out,)
         return out
+
+    def init_dense(self) -> dict[str, np.ndarray]:
+        return init_dense(self)
+
+    def logits(self, dense: dict, rows: dict, index: "TensorIndex", sparse: bool = False) -> torch.Tensor:
+        return scores(self, dense, rows, index, sparse)
+
+    def labels(self, logit: torch.Tensor, index: "TensorIndex") -> torch.Tensor:
+        """1 for the positive (column 0), 0 for the negatives."""
+        label = torch.zeros_like(logit)
+        label[:, 0] = 1.0
+        return label
 
 
 def init_dense(config: ModelConfig) -> dict[str, np.ndarray]:
@@ -107,6 +126,7 @@ def init_rows(table: str, ids: np.ndarray, dim: int, seed: int) -> np.ndarray:
 class BatchIndex:
     """Where each lookup of a sub-batch finds its row among the rows the trainer holds."""
 
+    item: str  # the item table
     history: np.ndarray  # [E, L] row index into the item rows, -1 where padded
     candidates: np.ndarray  # [E, 1 + K] row index into the item rows; column 0 is the positive
     features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [E] row index
@@ -121,13 +141,14 @@ class BatchIndex:
         np.cumsum(count[:-1], out=offsets[1:])
         put = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)  # noqa: E731
         return TensorIndex(
-            history=put(self.history[valid]), offsets=put(offsets), candidates=put(self.candidates),
+            item=self.item, history=put(self.history[valid]), offsets=put(offsets), candidates=put(self.candidates),
             features={k: put(v) for k, v in self.features.items()},
         )
 
 
 @dataclass
 class TensorIndex:
+    item: str
     history: torch.Tensor  # [valid lookups] row index, example by example
     offsets: torch.Tensor  # [E] where each example's history starts in `history`
     candidates: torch.Tensor  # [E, 1 + K]
@@ -141,10 +162,10 @@ class Gradients:
     rows: dict  # table -> gradient of the rows passed ([rows, dim], or sparse with sparse=True)
 
 
-def scores(config: ModelConfig, dense: dict, rows: dict, index: TensorIndex, item: str, sparse: bool = False):
+def scores(config: ModelConfig, dense: dict, rows: dict, index: TensorIndex, sparse: bool = False):
     """Logits [E, 1 + K] of every candidate."""
     D = config.dim
-    table = rows[item]
+    table = rows[index.item]
     h = F.embedding_bag(index.history, table, index.offsets, mode="mean", sparse=sparse)
     t = F.embedding(index.candidates, table, sparse=sparse)
     # The first layer split by input block: h and the features are the same for every
@@ -161,18 +182,16 @@ def scores(config: ModelConfig, dense: dict, rows: dict, index: TensorIndex, ite
     return z.squeeze(-1)
 
 
-def forward_backward(
-    config: ModelConfig, dense: dict, rows: dict, index: TensorIndex, item: str, norm: int, sparse: bool = False
-) -> Gradients:
-    """Loss and gradients of a sub-batch; `rows` maps table -> the rows the trainer holds.
+def forward_backward(config, dense: dict, rows: dict, index, norm: int, sparse: bool = False) -> Gradients:
+    """Loss and gradients of a sub-batch of either model (this module's ModelConfig, or shardflow.dlrm's
+    ClickConfig with its index); `rows` maps table -> the rows the trainer holds.
 
     Neither `dense` nor `rows` is modified: autograd runs on detached leaves of them.
     """
     leaves_dense = {k: v.detach().requires_grad_(True) for k, v in dense.items()}
     leaves_rows = {k: v.detach().requires_grad_(True) for k, v in rows.items()}
-    logit = scores(config, leaves_dense, leaves_rows, index, item, sparse)
-    label = torch.zeros_like(logit)
-    label[:, 0] = 1.0
+    logit = config.logits(leaves_dense, leaves_rows, index, sparse)
+    label = config.labels(logit, index)
     loss_sum = F.binary_cross_entropy_with_logits(logit, label, reduction="sum")
     grads = torch.autograd.grad(loss_sum / norm, [*leaves_dense.values(), *leaves_rows.values()])
     n = len(leaves_dense)

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardflow.model import ModelConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import Touch, touched
 from shardflow.planner.topology import Topology
-from shardflow.training.batches import TrainData, lookups, negative_seed, sub_batches
+from shardflow.training.batches import TrainData, negative_seed, sub_batches
+from shardflow.training.clicks import ClickData, model_config
 from storage.dataset import Dataset
 
 SAMPLE_BATCHES = 8  # global batches sampled, spread over an epoch
@@ -33,11 +33,13 @@ FACTOR_RANGE = (2.0**-12, 4.0)
 def fit_touch(dataset: Dataset, accesses: list[TableAccess], topology: Topology, batch_size: int, history: int,
               negatives: int, samples: int = SAMPLE_BATCHES) -> dict[str, Touch]:
     """Per table, the Touch of `samples` real global batches of `batch_size` over `topology`'s trainers;
-    {} when the dataset has no item sequence or too few examples for one batch (independent draws)."""
-    if dataset.info.sequence_table is None:
+    {} when the dataset has neither an item sequence nor click labels, or too few examples for one batch
+    (independent draws)."""
+    clicks = dataset.info.sequence_table is None
+    if clicks and not dataset.info.labels:
         return {}
-    config = ModelConfig(history=history, negatives=max(negatives, 1), features=dataset.info.feature_tables)
-    data = TrainData(dataset, config.features, (0, 0))
+    config = model_config(dataset, dim=1, mlp=(1,), bottom=(1,), history=history, negatives=max(negatives, 1), seed=0)
+    data = (ClickData if clicks else TrainData)(dataset, config.features, (0, 0))
     steps = data.steps_per_epoch(batch_size)
     if steps == 0 or batch_size < topology.devices:
         return {}
@@ -47,7 +49,7 @@ def fit_touch(dataset: Dataset, accesses: list[TableAccess], topology: Topology,
         fetched = []
         for targets in sub_batches(data.batch(0, SAMPLE_SEED, step, batch_size), topology.devices):
             ex = data.examples(targets, config, negative_seed(SAMPLE_SEED, 0), negatives=negatives)
-            fetched.append(lookups(ex, data, config, "device").fetch)
+            fetched.append(data.lookups(ex, config, "device").fetch)
         for t in names:
             per_trainer = [f[t] for f in fetched]
             distinct[t]["trainer"] += [ids.size for ids in per_trainer]

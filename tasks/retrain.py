@@ -108,7 +108,7 @@ def check_budget(config: RetrainConfig) -> None:
 
 
 # What a warm start cannot carry across: the promoted model's shape and optimiser slots.
-WARM_START_KEYS = ("dim", "mlp", "history", "negatives", "dense_optimizer")
+WARM_START_KEYS = ("dim", "mlp", "bottom_mlp", "history", "negatives", "dense_optimizer")
 
 
 def check_model_shape(config: RetrainConfig) -> None:
@@ -142,7 +142,7 @@ def check_dataset(config: RetrainConfig) -> None:
     if known is None:
         return
     if _same_source(known, config):
-        check_continuation(config.dataset_format, source, dest, resolve_parts(source), known, {})
+        check_continuation(config.dataset_format, source, dest, resolve_parts(source), known, _import_options(config))
     elif versions.numbers(config.run_dir):
         raise InputError(
             f"run_dir {config.run_dir} was trained on {known.get('path')} ({known.get('format')}); dataset "
@@ -184,6 +184,15 @@ def _imported_source(config: RetrainConfig) -> dict | None:
     return Dataset.open(dest).info.source
 
 
+def _import_options(config: RetrainConfig) -> dict:
+    """The table sizes an import records (criteo's hashed tables; none for the other formats)."""
+    return {"table_rows": {}, "hash_rows": config.hash_rows} if config.dataset_format == "criteo" else {}
+
+
+def _import_kwargs(config: RetrainConfig) -> dict:
+    return {"hash_rows": config.hash_rows} if config.dataset_format == "criteo" else {}
+
+
 def _same_source(known: dict, config: RetrainConfig) -> bool:
     return (known.get("format"), known.get("path")) == (config.dataset_format, str(Path(config.dataset)))
 
@@ -202,11 +211,13 @@ def prepare_dataset(config: RetrainConfig) -> dict:
         return {"path": str(source), "parts_added": []}
     known = _imported_source(config)
     if known is not None and _same_source(known, config):
-        added = import_dataset(config.dataset_format, source, dest, append=True)["parts_added"]
+        added = import_dataset(config.dataset_format, source, dest, append=True,
+                               **_import_kwargs(config))["parts_added"]
         get_run_logger().info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing",
                               dest, source)
         return {"path": str(dest), "parts_added": [Path(p).name for p in added]}
-    done = import_dataset(config.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file())
+    done = import_dataset(config.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file(),
+                          **_import_kwargs(config))
     return {"path": str(dest), "parts_added": [Path(p).name for p in done["parts_added"]]}
 
 
@@ -289,7 +300,7 @@ def train_config(config: RetrainConfig, window: tuple[int, int] = (0, 0)) -> Tra
 def start_parameter_servers(config: RetrainConfig, dataset: str, plan_path: str, client: Client,
                             estimate: bool = False, window: tuple[int, int] = (0, 0)) -> Engine:
     job = prepare(dataset, plan_path, train_config(config, window), mlp=tuple(config.mlp),
-                  optimizer=optimizer_config(config), estimate=estimate)
+                  bottom=tuple(config.bottom_mlp), optimizer=optimizer_config(config), estimate=estimate)
     if job.scaled_rows is not None:
         get_run_logger().info("estimation: one parameter server, rows scaled to %s", job.scaled_rows)
     engine = start_engine(client, job)
@@ -365,13 +376,13 @@ def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step
     for epoch, path in complete_checkpoints(version_dir):
         info = read_store(path, CHECKPOINT)
         rounded = {k: None if info.get(k) is None else round(info[k], digits)
-                   for k, digits in (("loss", 4), ("auc", 4), ("hr_at_10", 4), ("examples_per_s", 0), ("seconds", 1))}
+                   for k, digits in (("loss", 4), ("auc", 4), ("hr_at_10", 4), ("logloss", 4), ("examples_per_s", 0), ("seconds", 1))}
         measured = info.get("bytes_per_step")
         rows.append({"epoch": epoch, **rounded,
                      "bytes_per_step_MB_measured": None if measured is None else round(measured / mb, 3),
                      "bytes_per_step_MB_modeled": round(modeled_bytes_per_step / mb, 3)})
     create_table_artifact(rows, key=artifact_key("epoch-metrics", run_dir),
-                          description=f"Per epoch: loss, held-out AUC and HR@10, speed, traffic ({version_dir})")
+                          description=f"Per epoch: loss, held-out AUC and HR@10 or log-loss, speed, traffic ({version_dir})")
 
 
 PROGRESS_EVERY_S = 2.0  # how often a training epoch moves its progress artifact

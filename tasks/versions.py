@@ -16,9 +16,9 @@ from prefect.cache_policies import NONE
 from shardflow.config import RetrainConfig
 from shardflow.errors import WorkerLost
 from shardflow.planner.topology import load_topology
-from shardflow.training.batches import window_start
+from shardflow.training.clicks import training_window_start
 from shardflow.training.engine import Engine
-from shardflow.training.evaluate import evaluate_export
+from shardflow.training.evaluate import evaluate_export, metric_values
 from storage import versions
 from storage.checkpoint import verify_export
 from storage.dataset import Dataset, segment_checksum
@@ -76,7 +76,7 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
     seen = len(versions.started(run, promoted)["segments"]) if promoted else 0
     window = config.train_window
     wanted = {"new": seen, "all": 0}.get(window) if isinstance(window, str) else max(0, len(segments) - window)
-    train_from = window_start(ds, wanted, config.batch_size)
+    train_from = training_window_start(ds, wanted, config.batch_size, seen)
     if train_from < wanted:
         log.info("the window from part %d holds less than one batch of %d examples: widened to part %d",
                  wanted + 1, config.batch_size, train_from + 1)
@@ -127,7 +127,9 @@ def gate(config: RetrainConfig, dataset: str, number: int, summary: dict) -> dic
     floor = None if previous is None else previous["auc"] - config.promotion_margin
     promoted = floor is None or summary["auc"] >= floor
     summary = {**summary, "previous_auc": None if previous is None else previous["auc"],
-               "previous_hr_at_10": None if previous is None else previous["hr_at_10"], "promoted": promoted,
+               **{f"previous_{k}": None if previous is None else v for k, v in metric_values(previous or {}).items()
+                  if k != "auc"},
+               "promoted": promoted,
                "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     versions.finish(run, number, summary)
     if promoted:
@@ -169,7 +171,7 @@ def publish_versions(run: str) -> list[dict]:
             "parts": len(began["segments"]),
             "warm_start_from": began["warm_start_from"],
             "auc": None if r is None else round(r["auc"], 4),
-            "hr_at_10": None if r is None else round(r["hr_at_10"], 4),
+            **{k: None if r is None or r.get(k) is None else round(r[k], 4) for k in ("hr_at_10", "logloss")},
             "previous_auc": None if r is None or r["previous_auc"] is None else round(r["previous_auc"], 4),
             "promoted": None if r is None else r["promoted"],
             "replanned": None if r is None else r["replanned"],

@@ -80,19 +80,19 @@ def accesses(dataset) -> list[TableAccess]:
     ds = Dataset.open(dataset)
     return [
         TableAccess.from_counts(t, np.bincount(ds.ids(t), minlength=ds.info.table(t).rows), 1.0)
-        for t in ("item", "genre")
+        for t in ds.info.table_names
     ]
 
 
-def planned(dataset, strategy: str, devices: int) -> ShardingPlan:
+def planned(dataset, strategy: str, devices: int, dim: int = MODEL.dim, batch: int = BATCH) -> ShardingPlan:
     topo = TOPOLOGIES[devices]
     acc = accesses(dataset)
-    model = CostModel(topo, StepShape(BATCH, MODEL.dim))
-    return propose(strategy, acc, topo, budget_bytes_per_device(acc, topo, MODEL.dim, 3.0), model)
+    model = CostModel(topo, StepShape(batch, dim))
+    return propose(strategy, acc, topo, budget_bytes_per_device(acc, topo, dim, 3.0), model)
 
 
-def reference(data, steps: int) -> ReferenceTrainer:
-    ref = ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, seed=0)
+def reference(data, steps: int, model=MODEL, batch: int = BATCH) -> ReferenceTrainer:
+    ref = ReferenceTrainer(data, model, OPTIMIZER, batch, seed=0)
     for i in range(steps):
         ref.step(0, i)
     return ref

@@ -22,6 +22,7 @@ from shardflow.errors import InputError
 from shardflow.examples import (PAD, Examples, count_train_targets, examples_from, held_out_positions,
                                 target_positions)
 from shardflow.model import BatchIndex, ModelConfig
+from shardflow.training.metrics import hits
 from storage.dataset import Dataset
 
 ORDER_BLOCK_EVENTS = 1 << 20  # events per block of the epoch order (8 MB of int64 ids)
@@ -29,85 +30,18 @@ SHUFFLE_BLOCKS = 8  # blocks whose targets are shuffled together
 CACHED_BLOCKS = 2 * SHUFFLE_BLOCKS + 2  # a batch may straddle two groups
 
 
-class TrainData:
-    """A dataset as its trainers read it: the order of an epoch, and the examples of any targets."""
+class EpochOrder:
+    """The order of an epoch over training targets counted per block of `block_events` events:
+    a seeded permutation of the blocks, cut into groups of SHUFFLE_BLOCKS, each group's
+    targets permuted together. Subclasses say which targets a block holds (block_targets)."""
 
-    def __init__(self, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
-                 block_events: int = ORDER_BLOCK_EVENTS) -> None:
-        self.dataset, self.features, self.window, self.block_events = ds, tuple(features), window, block_events
-        self.item = ds.info.sequence_table
-        self.rows = {t: ds.info.table(t).rows for t in (self.item, *self.features)}
-        self.offsets = ds.offsets()
-        self.events = int(self.offsets[-1])
-        self.blocks = -(-self.events // block_events)
-        self._eval_targets = None  # every user's held-out event unless a window selects some: computed on demand
-        if any(window):
-            counts, keep = np.zeros(self.blocks, dtype=np.int64), []
-            held_out = held_out_positions(self.offsets)
-            for b in range(self.blocks):
-                segments = self._segments(b)  # read once for both the targets and the held-out ones
-                counts[b] = self.block_targets(b, segments).size
-                lo, hi = np.searchsorted(held_out, [b * block_events, (b + 1) * block_events])
-                here = held_out[lo:hi]
-                keep.append(here[segments[here - b * block_events] >= window[1]])
-            self.targets_per_block, self._eval_targets = counts, np.concatenate(keep)
-        else:
-            bounds = np.minimum(np.arange(self.blocks + 1, dtype=np.int64) * block_events, self.events)
-            self.targets_per_block = count_train_targets(self.offsets, bounds)
-        self.targets = int(self.targets_per_block.sum())
-        self._cache: OrderedDict = OrderedDict()  # block -> (history tail, {table: ids})
-        self._epoch: tuple | None = None
-        self._groups: OrderedDict = OrderedDict()
+    blocks: int
+    targets_per_block: np.ndarray
+    targets: int
+    _epoch: tuple | None = None  # (epoch, seed, its block groups, their cumulative target counts)
 
-    @classmethod
-    def load(cls, dataset: str | Dataset, features: tuple[str, ...] = (), window: tuple[int, int] = (0, 0),
-             block_events: int = ORDER_BLOCK_EVENTS) -> "TrainData":
-        """The dataset's training data; `window` = (first segment trained on, first segment evaluated on).
-
-        A model version trains on the events of the newest parts (and on each user's last
-        event before them, which the earlier version held out) and is evaluated on the
-        held-out last items that lie in them, while users' earlier events still serve as
-        history: windows select targets, never history.
-        """
-        ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
-        item = ds.info.sequence_table
-        if item is None:
-            raise InputError(
-                f"dataset {ds.path} has no item sequence (tables {', '.join(ds.info.table_names)}); "
-                "accepted: a dataset imported from sasrec, s3rec or recbole, or made by 'shardflow synth'"
-            )
-        unknown = [f for f in features if f not in ds.info.table_names or f == item]
-        if unknown:
-            accepted = list(ds.info.feature_tables)
-            raise InputError(f"feature tables {unknown}; accepted: {', '.join(accepted) or 'none in this dataset'}")
-        data = cls(ds, features, window, block_events)
-        if data.targets == 0:
-            where = f" in parts {window[0] + 1}.. (the training window)" if window[0] else ""
-            raise InputError(f"dataset {ds.path}: no training examples{where} (a user's examples are their "
-                             "events after the first and before the last)")
-        return data
-
-    @property
-    def eval_targets(self) -> np.ndarray:
-        """The held-out (last) event of every user evaluated, ascending: one int64 per user, made when asked
-        (the flow's evaluation), not held by every trainer."""
-        return held_out_positions(self.offsets) if self._eval_targets is None else self._eval_targets
-
-    # -- targets and the order of an epoch ---------------------------------------------------
-    def _segments(self, block: int) -> np.ndarray:
-        """The segment of events block*B .. (block+1)*B, and of the one after (window_key reads it)."""
-        start = block * self.block_events
-        return self.dataset.event_segments(start, min(start + self.block_events + 1, self.events))
-
-    def block_targets(self, block: int, segments: np.ndarray | None = None) -> np.ndarray:
-        """The training targets (absolute event indices, ascending) in one block; `segments`, if the
-        caller has read them already, are the block's _segments."""
-        start = block * self.block_events
-        targets = target_positions(self.offsets, "train", start, start + self.block_events)
-        if any(self.window):
-            segments = self._segments(block) if segments is None else segments
-            targets = targets[window_key(segments, targets - start) >= self.window[0]]
-        return targets
+    def block_targets(self, block: int) -> np.ndarray:
+        raise NotImplementedError
 
     def train_targets(self) -> np.ndarray:
         """Every training target, ascending (for small datasets and tests: it is one int64 per target)."""
@@ -142,6 +76,90 @@ class TrainData:
             first, g = begin + targets.size, g + 1
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
+
+class TrainData(EpochOrder):
+    """A dataset as its trainers read it: the order of an epoch, and the examples of any targets."""
+
+    def __init__(self, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
+                 block_events: int = ORDER_BLOCK_EVENTS) -> None:
+        self.dataset, self.features, self.window, self.block_events = ds, tuple(features), window, block_events
+        self.item = ds.info.sequence_table
+        self.rows = {t: ds.info.table(t).rows for t in (self.item, *self.features)}
+        self.offsets = ds.offsets()
+        self.events = int(self.offsets[-1])
+        self.blocks = -(-self.events // block_events)
+        self._eval_targets = None  # every user's held-out event unless a window selects some: computed on demand
+        if any(window):
+            counts, keep = np.zeros(self.blocks, dtype=np.int64), []
+            held_out = held_out_positions(self.offsets)
+            for b in range(self.blocks):
+                segments = self._segments(b)  # read once for both the targets and the held-out ones
+                counts[b] = self.block_targets(b, segments).size
+                lo, hi = np.searchsorted(held_out, [b * block_events, (b + 1) * block_events])
+                here = held_out[lo:hi]
+                keep.append(here[segments[here - b * block_events] >= window[1]])
+            self.targets_per_block, self._eval_targets = counts, np.concatenate(keep)
+        else:
+            bounds = np.minimum(np.arange(self.blocks + 1, dtype=np.int64) * block_events, self.events)
+            self.targets_per_block = count_train_targets(self.offsets, bounds)
+        self.targets = int(self.targets_per_block.sum())
+        self._cache: OrderedDict = OrderedDict()  # block -> (history tail, {table: ids})
+
+    @classmethod
+    def load(cls, dataset: str | Dataset, features: tuple[str, ...] = (), window: tuple[int, int] = (0, 0),
+             block_events: int = ORDER_BLOCK_EVENTS) -> "TrainData":
+        """The dataset's training data; `window` = (first segment trained on, first segment evaluated on).
+
+        A model version trains on the events of the newest parts (and on each user's last
+        event before them, which the earlier version held out) and is evaluated on the
+        held-out last items that lie in them, while users' earlier events still serve as
+        history: windows select targets, never history.
+        """
+        ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
+        item = ds.info.sequence_table
+        if item is None:
+            raise InputError(
+                f"dataset {ds.path} has no item sequence (tables {', '.join(ds.info.table_names)}); "
+                "accepted: a dataset imported from sasrec, s3rec or recbole, or made by 'shardflow synth'"
+            )
+        unknown = [f for f in features if f not in ds.info.table_names or f == item]
+        if unknown:
+            accepted = list(ds.info.feature_tables)
+            raise InputError(f"feature tables {unknown}; accepted: {', '.join(accepted) or 'none in this dataset'}")
+        data = cls(ds, features, window, block_events)
+        if data.targets == 0:
+            where = f" in parts {window[0] + 1}.. (the training window)" if window[0] else ""
+            raise InputError(f"dataset {ds.path}: no training examples{where} (a user's examples are their "
+                             "events after the first and before the last)")
+        return data
+
+    @property
+    def offset_users(self) -> int:
+        """Users whose offsets a trainer holds (the worker memory check counts them)."""
+        return self.offsets.size - 1
+
+    @property
+    def eval_targets(self) -> np.ndarray:
+        """The held-out (last) event of every user evaluated, ascending: one int64 per user, made when asked
+        (the flow's evaluation), not held by every trainer."""
+        return held_out_positions(self.offsets) if self._eval_targets is None else self._eval_targets
+
+    # -- targets and the order of an epoch ---------------------------------------------------
+    def _segments(self, block: int) -> np.ndarray:
+        """The segment of events block*B .. (block+1)*B, and of the one after (window_key reads it)."""
+        start = block * self.block_events
+        return self.dataset.event_segments(start, min(start + self.block_events + 1, self.events))
+
+    def block_targets(self, block: int, segments: np.ndarray | None = None) -> np.ndarray:
+        """The training targets (absolute event indices, ascending) in one block; `segments`, if the
+        caller has read them already, are the block's _segments."""
+        start = block * self.block_events
+        targets = target_positions(self.offsets, "train", start, start + self.block_events)
+        if any(self.window):
+            segments = self._segments(block) if segments is None else segments
+            targets = targets[window_key(segments, targets - start) >= self.window[0]]
+        return targets
+
     # -- examples ----------------------------------------------------------------------------
     def _block(self, block: int, tail: int) -> dict:
         """The ids of every table for events block*B - tail .. (block+1)*B (the tail feeds histories)."""
@@ -175,6 +193,33 @@ class TrainData:
         for name in config.features:
             ex.features[name] = self._gather(name, config.history)(targets, targets[:, None])[:, 0]
         return ex
+
+    def lookups(self, ex: Examples, config: ModelConfig, dedup: str) -> "Lookups":
+        return lookups(ex, self, config, dedup)
+
+    def table_index(self, ex: Examples, config: ModelConfig) -> BatchIndex:
+        return table_index(ex, self, config)
+
+    # -- evaluation: leave-last-out ------------------------------------------------------------
+    def eval_examples(self, targets: np.ndarray, config: ModelConfig, seed: int, candidates: int) -> Examples:
+        """The held-out targets with `candidates` - 1 sampled negatives each."""
+        return self.examples(targets, config, seed, negatives=candidates - 1)
+
+    @staticmethod
+    def eval_part(logit: np.ndarray, ex: Examples) -> dict:
+        """What a chunk of scored examples adds to the metrics: AUC and HR@10 counts."""
+        auc, hit = hits(logit)
+        return {"auc_sum": auc, "hits": hit, "examples": len(ex)}
+
+    @staticmethod
+    def eval_merge(parts: list[dict]) -> dict:
+        return {k: sum(p[k] for p in parts) for k in ("auc_sum", "hits", "examples")}
+
+    @staticmethod
+    def eval_metrics(part: dict) -> dict:
+        """AUC against the first sampled negative and HR@10 among the candidates, over `users` held-out items."""
+        n = max(part["examples"], 1)
+        return {"auc": part["auc_sum"] / n, "hr_at_10": part["hits"] / n, "users": part["examples"]}
 
 
 def window_key(segment: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -250,6 +295,7 @@ def lookups(ex: Examples, data: TrainData, config: ModelConfig, dedup: str) -> L
     history = np.full(ex.history.shape, -1, dtype=np.int64)
     history[valid] = where[data.item][:n_hist]
     index = BatchIndex(
+        item=data.item,
         history=history,
         candidates=where[data.item][n_hist:].reshape(candidates.shape),
         features={name: where[name] for name in config.features},
@@ -260,6 +306,7 @@ def lookups(ex: Examples, data: TrainData, config: ModelConfig, dedup: str) -> L
 def table_index(ex: Examples, data: TrainData, config: ModelConfig) -> BatchIndex:
     """Where each lookup of `ex` finds its row in whole tables (row = id): the reference trainer's index."""
     return BatchIndex(
+        item=data.item,
         history=ex.history.astype(np.int64),  # PAD is -1
         candidates=np.concatenate([ex.positive[:, None], ex.negatives], axis=1).astype(np.int64),
         features={name: ex.features[name] for name in config.features},

@@ -16,13 +16,15 @@ import numpy as np
 import torch
 
 from shardflow.errors import InputError, TrainingError
-from shardflow.model import ModelConfig, forward_backward, scores
+from shardflow.dlrm import ClickConfig
+from shardflow.model import ModelConfig, forward_backward
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import ModuloRows, TablePlan
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
-from shardflow.training.batches import TrainData, lookups, negative_seed, sub_batches
-from shardflow.training.evaluate import EVAL_CHUNK, hits
+from shardflow.training.batches import TrainData, negative_seed, sub_batches
+from shardflow.training.clicks import ClickData
+from shardflow.training.evaluate import EVAL_CHUNK
 from shardflow.training.protocol import Kind, Round, StepProtocol, to_host
 from shardflow.training.shard import ParameterShard, RowLayout
 from storage.checkpoint import read_arrays, read_export, read_export_dense, verify_arrays, write_arrays
@@ -50,8 +52,8 @@ class Device:
         device: int,
         topology: Topology,
         tables: dict[str, TablePlan | ModuloRows],
-        data: TrainData,
-        config: ModelConfig,
+        data: TrainData | ClickData,
+        config: ModelConfig | ClickConfig,
         optimizer: OptimizerConfig,
         *,
         batch_size: int,
@@ -84,8 +86,8 @@ class Device:
         """Build step `step`'s sub-batch, lookups and REQUEST messages ahead of its start; the messages."""
         t0 = time.perf_counter()
         targets = self._sub_batch(epoch, step_in_epoch, seed)
-        need = lookups(self.data.examples(targets, self.config, negative_seed(seed, epoch)), self.data, self.config,
-                       self.dedup)
+        need = self.data.lookups(self.data.examples(targets, self.config, negative_seed(seed, epoch)), self.config,
+                                 self.dedup)
         requests = self.protocol.requests(step, need.fetch)
         self._prepared = (requests, need, int(targets.size), time.perf_counter() - t0)
         return requests.outbox
@@ -112,9 +114,9 @@ class Device:
 
     def _compute(self, rows: dict, dense: dict):
         t0 = time.perf_counter()
-        norm = self.batch_size * (1 + self.config.negatives)
+        norm = self.batch_size * self.config.candidates
         step = self.protocol.step
-        grads = forward_backward(self.config, dense, rows, self._need.index.on(self.torch), self.data.item, norm)
+        grads = forward_backward(self.config, dense, rows, self._need.index.on(self.torch), norm)
         self._check_finite(step, grads)
         self._stats["loss_sum"] = grads.loss_sum
         self._stats["compute_s"] = time.perf_counter() - t0
@@ -165,16 +167,16 @@ class Device:
         return params
 
     def evaluate(self, targets: np.ndarray, candidates: int, seed: int, remote_rows, remote_dense) -> dict:
-        """Leave-last-out on `targets`: AUC against the first sampled negative, HR@10 among `candidates`.
+        """The held-out `targets` scored, as the data's eval_merge part (sequences: `candidates` per item).
 
         `remote_rows(peer, table, ids)` and `remote_dense()` read from the other devices.
         """
         dense = self.shard.dense if self.shard.dense is not None else {
             k: torch.from_numpy(v).to(self.torch) for k, v in remote_dense().items()}
-        auc = hit = 0.0
+        parts = []
         for s in range(0, targets.size, EVAL_CHUNK):
-            ex = self.data.examples(targets[s : s + EVAL_CHUNK], self.config, seed, negatives=candidates - 1)
-            need = lookups(ex, self.data, self.config, "device")
+            ex = self.data.eval_examples(targets[s : s + EVAL_CHUNK], self.config, seed, candidates)
+            need = self.data.lookups(ex, self.config, "device")
             rows = {}
             for table, ids in need.fetch.items():
                 owner = self.protocol.maps[table].read_from(ids, self.index)
@@ -187,10 +189,9 @@ class Device:
                     r[torch.from_numpy(sel).to(self.torch)] = got.to(self.torch)
                 rows[table] = r
             with torch.no_grad():
-                logit = scores(self.config, dense, rows, need.index.on(self.torch), self.data.item)
-            a, h = hits(to_host(logit))
-            auc, hit = auc + a, hit + h
-        return {"auc_sum": auc, "hits": hit, "examples": int(targets.size)}
+                logit = self.config.logits(dense, rows, need.index.on(self.torch))
+            parts.append(self.data.eval_part(to_host(logit), ex))
+        return self.data.eval_merge(parts)
 
     def export_rows(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Current rows of `ids` and their Adagrad sums (training is over)."""

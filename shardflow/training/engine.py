@@ -11,7 +11,6 @@ applied.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 import time
@@ -25,12 +24,14 @@ from distributed.client import FutureCancelledError, FuturesCancelledError
 
 from shardflow.cluster import live_workers
 from shardflow.errors import InputError, TrainingError, WorkerLost, WorkerOutOfMemory
+from shardflow.dlrm import ClickConfig
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import SINGLE, ModuloRows, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.topology import Topology
 from shardflow.planner.costmodel import check_dedup
 from shardflow.training.batches import TrainData, check_batch, negative_seed
+from shardflow.training.clicks import ClickData, config_record, load_training_data, read_record
 from shardflow.training.device import Device
 from shardflow.training.evaluate import eval_targets
 from shardflow.training.protocol import TRAFFIC_KINDS, Message, PeerStopped, Round
@@ -63,7 +64,7 @@ class TrainConfig:
     seed: int = 0
     eval_users: int | None = 5000  # users evaluated (a seeded sample; None: all)
     eval_candidates: int = 100
-    window: tuple[int, int] = (0, 0)  # (first segment trained on, first evaluated on): see TrainData.load
+    window: tuple[int, int] = (0, 0)  # (first segment trained on, first evaluated on): see TrainData.load and ClickData
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "epochs", "eval_candidates"):
@@ -191,10 +192,10 @@ class DeviceActor:
     alive = True  # an attribute, not a method: reading it remotely fails at once if the actor is gone
 
     def __init__(self, device: int, topology: Topology, tables: dict[str, TablePlan | ModuloRows], dataset: str,
-                 config: ModelConfig, optimizer: OptimizerConfig, *, batch_size: int, dedup: str,
+                 config: ModelConfig | ClickConfig, optimizer: OptimizerConfig, *, batch_size: int, dedup: str,
                  array_device: str = "cpu", scaled_rows: dict[str, int] | None = None,
                  window: tuple[int, int] = (0, 0)) -> None:
-        data = TrainData.load(dataset, config.features, window)
+        data = load_training_data(dataset, config.features, window)
         self.device = Device(device, topology, tables, data, config, optimizer, batch_size=batch_size, dedup=dedup,
                              array_device=array_device, scaled_rows=scaled_rows)
         self.index = device
@@ -351,7 +352,7 @@ class DeviceActor:
         return self.device.parameters()
 
 
-def check_plan_matches(data: TrainData, plan: ShardingPlan, topology: Topology) -> None:
+def check_plan_matches(data: TrainData | ClickData, plan: ShardingPlan, topology: Topology) -> None:
     """The plan must hold exactly the tables the model reads, with the dataset's row counts."""
     planned = {t.name: t.rows for t in plan.tables}
     for name, rows in data.rows.items():
@@ -439,13 +440,13 @@ class Engine:
         dataset: str,
         plan: ShardingPlan,
         topology: Topology,
-        model: ModelConfig,
+        model: ModelConfig | ClickConfig,
         optimizer: OptimizerConfig,
         train: TrainConfig,
         scaled_rows: dict[str, int] | None = None,
     ) -> None:
         self.client, self.topology, self.model, self.train, self.plan = client, topology, model, train, plan
-        self.data = TrainData.load(dataset, model.features, train.window)
+        self.data = load_training_data(dataset, model.features, train.window)
         check_plan_matches(self.data, plan, topology)
         P = topology.devices
         check_batch(train.batch_size, P, self.data.targets)
@@ -455,7 +456,7 @@ class Engine:
             raise InputError(f"the plan has {P} devices, the cluster {len(workers)} workers; accepted: >= {P} workers")
         self.need_bytes = check_worker_memory(plan, topology, model.dim, scaled_rows,
                                               {workers[d]: info[workers[d]] for d in range(P)},
-                                              users=self.data.offsets.size - 1)
+                                              users=self.data.offset_users)
         resources = {"GPU": 1} if train.device == "cuda" else None
         run = uuid.uuid4().hex[:8]
         # The worker each device lives on, by address and by the worker's unique id: a
@@ -614,7 +615,7 @@ class Engine:
         slowest device's seconds per part: building the batch, each round (the wait for
         its messages included) and the forward and backward.
         """
-        candidates = 1 + self.model.negatives
+        candidates = self.model.candidates
         caps = [c for c in (max_steps, self.train.steps_per_epoch) if c is not None]
         steps = min([self.data.steps_per_epoch(self.train.batch_size), *caps])
         parts: dict[str, float] = {}
@@ -687,7 +688,7 @@ class Engine:
                 "step": self.step_count,
                 "dense_steps": saved[0]["dense_steps"],
                 "devices": self.topology.devices,
-                "model": dataclasses.asdict(self.model),
+                "model": config_record(self.model),
                 "batch_size": self.train.batch_size,
                 "seed": self.train.seed,
             }, digests)
@@ -695,8 +696,7 @@ class Engine:
     def restore(self, path: str | Path) -> dict:
         """Load every shard from the complete checkpoint at `path`; its manifest."""
         m = read_checkpoint(path, CHECKPOINT)
-        mine = dataclasses.asdict(self.model)
-        theirs = {k: tuple(v) if isinstance(v, list) else v for k, v in m["model"].items()}
+        mine, theirs = config_record(self.model), read_record(m["model"])
         if theirs != mine or m["devices"] != self.topology.devices:
             raise InputError(
                 f"{path}: checkpoint of model {theirs} on {m['devices']} devices; accepted: model {mine} "
@@ -720,8 +720,7 @@ class Engine:
         a reset whose first Adagrad and Adam steps (about lr per coordinate) would throw
         the carried weights off.
         """
-        mine = dataclasses.asdict(self.model)
-        theirs = {k: tuple(v) if isinstance(v, list) else v for k, v in manifest["model"].items()}
+        mine, theirs = config_record(self.model), read_record(manifest["model"])
         differ = sorted(k for k in mine if k != "seed" and theirs.get(k) != mine[k])
         if differ:
             raise InputError(
@@ -760,7 +759,7 @@ class Engine:
                 **info,
                 "tables": {t.name: t.rows for t in self.plan.tables},
                 "dim": self.model.dim,
-                "model": dataclasses.asdict(self.model),
+                "model": config_record(self.model),
                 "chunk_rows": EXPORT_CHUNK_ROWS,
                 "dense_steps": dense_steps,
             }, digests)
@@ -768,18 +767,13 @@ class Engine:
         return manifest
 
     def evaluate(self) -> dict:
-        """Leave-last-out AUC (one sampled negative) and HR@10 (among eval_candidates) over a seeded user sample."""
+        """The model's metrics on a seeded sample of eval_users held-out examples: leave-last-out AUC (one
+        sampled negative) and HR@10 (among eval_candidates) for sequences, AUC and log-loss for click logs."""
         targets = eval_targets(self.data, self.train.eval_users, self.train.seed)
         parts = np.array_split(targets, len(self.actors))
         seed = negative_seed(self.train.seed, -1)
         calls = [a.evaluate(p, self.train.eval_candidates, seed) for a, p in zip(self.actors, parts)]
-        out = self._wait(calls)
-        total = sum(o["examples"] for o in out)
-        return {
-            "auc": sum(o["auc_sum"] for o in out) / max(total, 1),
-            "hr_at_10": sum(o["hits"] for o in out) / max(total, 1),
-            "users": total,
-        }
+        return self.data.eval_metrics(self.data.eval_merge(self._wait(calls)))
 
     def traffic(self) -> dict[str, np.ndarray]:
         """Bytes per kind, [sender, receiver], summed over every shard since the start."""

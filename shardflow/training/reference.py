@@ -12,19 +12,21 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shardflow.model import ModelConfig, forward_backward, init_dense, init_rows
+from shardflow.dlrm import ClickConfig
+from shardflow.model import ModelConfig, forward_backward, init_rows
 from shardflow.optim import DenseOptimizer, OptimizerConfig, row_adagrad
-from shardflow.training.batches import TrainData, negative_seed, table_index
+from shardflow.training.batches import TrainData, negative_seed
+from shardflow.training.clicks import ClickData
 
 
 class ReferenceTrainer:
-    def __init__(self, data: TrainData, config: ModelConfig, optimizer: OptimizerConfig, batch_size: int, seed: int):
+    def __init__(self, data: TrainData | ClickData, config: ModelConfig | ClickConfig, optimizer: OptimizerConfig, batch_size: int, seed: int):
         self.data, self.config, self.optimizer = data, config, optimizer
         self.batch_size, self.seed = batch_size, seed
         self.tables = {t: torch.from_numpy(init_rows(t, np.arange(rows), config.dim, config.seed))
                        for t, rows in data.rows.items()}
         self.sums = {t: torch.zeros(rows, dtype=torch.float32) for t, rows in data.rows.items()}
-        self.dense_tensors = {k: torch.from_numpy(v) for k, v in init_dense(config).items()}
+        self.dense_tensors = {k: torch.from_numpy(v) for k, v in config.init_dense().items()}
         self.dense_optimizer = DenseOptimizer(optimizer, self.dense_tensors)
 
     def step(self, epoch: int, step_in_epoch: int) -> float:
@@ -32,9 +34,9 @@ class ReferenceTrainer:
         B = self.batch_size
         targets = self.data.batch(epoch, self.seed, step_in_epoch, B)
         ex = self.data.examples(targets, self.config, negative_seed(self.seed, epoch))
-        index = table_index(ex, self.data, self.config).on(torch.device("cpu"))
-        grads = forward_backward(self.config, self.dense_tensors, self.tables, index, self.data.item,
-                                 B * (1 + self.config.negatives), sparse=True)
+        index = self.data.table_index(ex, self.config).on(torch.device("cpu"))
+        grads = forward_backward(self.config, self.dense_tensors, self.tables, index, B * self.config.candidates,
+                                 sparse=True)
         for t, g in grads.rows.items():
             g = g.coalesce()
             row_adagrad(self.optimizer, self.tables[t], self.sums[t], g.indices()[0], g.values())

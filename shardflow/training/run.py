@@ -1,9 +1,10 @@
 """A training job from stores: the one place a dataset and a plan become an engine.
 
 `prepare` reads the plan and checks it against the dataset, builds the model from the
-plan's shape (its cost model assumed the dimension, history window and negatives) with
-every table of the dataset other than the item sequence as a categorical feature, and
-predicts the bytes per step; `start_engine` starts the Dask engine on it and
+plan's shape (its cost model assumed the dimension, history window and negatives): the
+sequence model with every table of the dataset other than the item sequence as a
+categorical feature, or for a click log the DLRM over all its tables, and predicts the
+bytes per step; `start_engine` starts the Dask engine on it and
 `in_process` runs all its devices in this process. `shardflow train` (train_from_stores)
 and the retraining flow both build their engines this way.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from distributed import Client
 
 from shardflow.errors import InputError
+from shardflow.dlrm import ClickConfig
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
@@ -24,8 +26,10 @@ from shardflow.planner.plan import ShardingPlan
 from shardflow.planner.topology import Topology
 from shardflow.planning import accesses_from_profile, cost_model, read_plan
 from shardflow.training.batches import TrainData
+from shardflow.training.clicks import ClickData, load_training_data, model_config
 from shardflow.training.device import Device
 from shardflow.training.engine import Engine, TrainConfig, estimation_plan
+from shardflow.training.evaluate import metric_values
 from shardflow.training.protocol import InProcess
 from storage.dataset import Dataset
 from storage.profile import Profile
@@ -38,7 +42,7 @@ class TrainingJob:
     dataset: str
     plan: ShardingPlan  # the plan to train (the estimation plan in estimation mode)
     topology: Topology
-    model: ModelConfig
+    model: ModelConfig | ClickConfig
     optimizer: OptimizerConfig
     train: TrainConfig
     scaled_rows: dict[str, int] | None  # estimation mode: rows per table on the one server
@@ -51,6 +55,7 @@ def prepare(
     train: TrainConfig,
     *,
     mlp: tuple[int, ...] = ModelConfig.mlp,
+    bottom: tuple[int, ...] = ClickConfig.bottom,
     optimizer: OptimizerConfig | None = None,
     estimate: bool = False,
     server_memory_bytes: int | None = None,
@@ -66,8 +71,8 @@ def prepare(
             f"(checksum {made_from}), not of {dataset} ({ds.info.checksum}); accepted: a plan of this dataset"
         )
     source = manifest["source"]
-    model = ModelConfig(dim=shape.dim, mlp=tuple(mlp), history=source["history"], negatives=source["negatives"],
-                        features=ds.info.feature_tables, seed=train.seed)
+    model = model_config(ds, dim=shape.dim, mlp=mlp, bottom=bottom, history=source["history"],
+                         negatives=source["negatives"], seed=train.seed)
     scaled = None
     if estimate:
         budget = server_memory_bytes if server_memory_bytes is not None else topology.device_memory_bytes
@@ -85,9 +90,9 @@ def start_engine(client: Client, job: TrainingJob) -> Engine:
     return Engine(client, job.dataset, job.plan, job.topology, job.model, job.optimizer, job.train, job.scaled_rows)
 
 
-def in_process(job: TrainingJob, data: TrainData | None = None) -> InProcess:
+def in_process(job: TrainingJob, data: TrainData | ClickData | None = None) -> InProcess:
     """Every device of the job in this process (no cluster): for tests and single-machine checks."""
-    data = data or TrainData.load(job.dataset, job.model.features, job.train.window)
+    data = data or load_training_data(job.dataset, job.model.features, job.train.window)
     tables = job.plan.for_devices(job.topology.devices)
     return InProcess([
         Device(d, job.topology, tables, data, job.model, job.optimizer, batch_size=job.train.batch_size,
@@ -103,12 +108,13 @@ def train_from_stores(
     train: TrainConfig,
     *,
     mlp: tuple[int, ...] = ModelConfig.mlp,
+    bottom: tuple[int, ...] = ClickConfig.bottom,
     optimizer: OptimizerConfig | None = None,
     estimate: bool = False,
     server_memory_bytes: int | None = None,
 ) -> dict:
     """Train for train.epochs (or train.max_steps) and evaluate; the summary `shardflow train --json` prints."""
-    job = prepare(dataset, plan_path, train, mlp=mlp, optimizer=optimizer, estimate=estimate,
+    job = prepare(dataset, plan_path, train, mlp=mlp, bottom=bottom, optimizer=optimizer, estimate=estimate,
                   server_memory_bytes=server_memory_bytes)
     with start_engine(client, job) as engine:
         log.info("training %s on %d devices: batch %d, dedup %s", job.plan.strategy, job.topology.devices,
@@ -124,8 +130,7 @@ def train_from_stores(
         "steady_steps": result.steady["steps"],
         "measured_bytes_per_step": float(traffic["lookup"].sum() + traffic["sync"].sum()) / steps,
         "predicted_bytes_per_step": job.predicted_bytes_per_step,
-        "auc": metrics["auc"],
-        "hr_at_10": metrics["hr_at_10"],
+        **metric_values(metrics),
         "loss": result.epoch_loss[-1] if result.epoch_loss else float("nan"),
         "strategy": job.plan.strategy,
         "devices": job.topology.devices,

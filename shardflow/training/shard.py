@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from shardflow.errors import InputError
-from shardflow.model import ModelConfig, init_dense, init_rows
+from shardflow.dlrm import ClickConfig
+from shardflow.model import ModelConfig, init_rows
 from shardflow.optim import DenseOptimizer, OptimizerConfig, row_adagrad
 
 
@@ -66,7 +67,7 @@ class ParameterShard:
         self,
         device: int,
         layouts: dict[str, RowLayout],
-        config: ModelConfig,
+        config: ModelConfig | ClickConfig,
         optimizer: OptimizerConfig,
         torch_device: torch.device = torch.device("cpu"),
         holds_dense: bool = False,
@@ -80,7 +81,7 @@ class ParameterShard:
         self.clock = 0  # steps whose updates this shard has applied
         self.dense = None
         if holds_dense:
-            self.dense = {k: torch.from_numpy(v).to(torch_device) for k, v in init_dense(config).items()}
+            self.dense = {k: torch.from_numpy(v).to(torch_device) for k, v in config.init_dense().items()}
             self.dense_optimizer = DenseOptimizer(optimizer, self.dense)
 
     def check_clock(self, step: int) -> None:

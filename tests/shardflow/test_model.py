@@ -18,6 +18,7 @@ def _problem():
     dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in init_dense(CONFIG).items()}
     rows = {"item": torch.from_numpy(rng.normal(size=(6, 4))), "genre": torch.from_numpy(rng.normal(size=(3, 4)))}
     index = BatchIndex(
+        item="item",
         history=np.array([[-1, 0, 1], [2, 3, 3], [-1, -1, 5]]),
         candidates=np.array([[2, 4, 5], [0, 1, 2], [3, 3, 0]]),
         features={"genre": np.array([0, 2, 2])},
@@ -42,16 +43,16 @@ def _plain_logits(dense, rows, index) -> np.ndarray:
 
 def test_the_forward_is_the_plain_per_candidate_model_with_padding_masked():
     dense, rows, index = _problem()
-    fast = scores(CONFIG, dense, rows, index.on(CPU), "item").numpy()
+    fast = scores(CONFIG, dense, rows, index.on(CPU)).numpy()
     np.testing.assert_allclose(fast, _plain_logits(dense, rows, index), rtol=1e-12, atol=1e-12)
     rows["item"][0] += 100.0  # row 0: example 0's history, example 1's first and example 2's last candidate
-    after = scores(CONFIG, dense, rows, index.on(CPU), "item").numpy()
+    after = scores(CONFIG, dense, rows, index.on(CPU)).numpy()
     np.testing.assert_array_equal(fast[2, :2], after[2, :2])
     assert not np.allclose(fast[0], after[0])
 
 
 def _loss(dense, rows, index) -> float:
-    logit = scores(CONFIG, dense, rows, index.on(CPU), "item").numpy()
+    logit = scores(CONFIG, dense, rows, index.on(CPU)).numpy()
     label = np.zeros_like(logit)
     label[:, 0] = 1
     return float((np.logaddexp(0, logit) - label * logit).sum()) / 7
@@ -60,7 +61,7 @@ def _loss(dense, rows, index) -> float:
 @pytest.mark.parametrize("which", ["dense", "item", "genre"])
 def test_gradients_match_finite_differences(which):
     dense, rows, index = _problem()
-    grads = forward_backward(CONFIG, dense, rows, index.on(CPU), "item", norm=7)
+    grads = forward_backward(CONFIG, dense, rows, index.on(CPU), norm=7)
     targets = dense if which == "dense" else {which: rows[which]}
     analytic = grads.dense if which == "dense" else {which: grads.rows[which]}
     eps = 1e-6
@@ -80,8 +81,8 @@ def test_gradients_match_finite_differences(which):
 
 def test_sparse_gradients_of_whole_tables_equal_the_dense_ones():
     dense, rows, index = _problem()
-    plain = forward_backward(CONFIG, dense, rows, index.on(CPU), "item", norm=7)
-    sparse = forward_backward(CONFIG, dense, rows, index.on(CPU), "item", norm=7, sparse=True)
+    plain = forward_backward(CONFIG, dense, rows, index.on(CPU), norm=7)
+    sparse = forward_backward(CONFIG, dense, rows, index.on(CPU), norm=7, sparse=True)
     for t in rows:
         assert sparse.rows[t].is_sparse
         np.testing.assert_allclose(sparse.rows[t].to_dense().numpy(), plain.rows[t].numpy(), rtol=1e-12, atol=1e-15)

@@ -1,0 +1,137 @@
+"""The click-log DLRM (Naumov et al., 2019) in PyTorch, beside the sequence model of shardflow.model.
+
+One example: the numeric columns x (Criteo's I1..I13; none in Avazu's layout) and one id
+per categorical table. With b = bottom MLP(log(1 + max(x, 0))) of width dim (ReLU after
+every layer) and e_1..e_T the examples' rows of the T tables:
+
+    v = [b, e_1, ..., e_T]                 (n = T + 1 vectors; n = T without numeric columns)
+    z = [b, <v_i, v_j> for i < j]          (every pairwise dot product, the DLRM "dot" interaction)
+    logit = top MLP(z)                     (ReLU hidden layers, one output)
+    loss = binary cross-entropy against the click label
+
+A missing numeric value counts as 0. As in the sequence model, a trainer passes the
+rows it pulled for its sub-batch and indices into them (ClickIndex); the reference
+passes whole tables and takes sparse gradients. Dense weights are stored [in, out].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from shardflow.errors import InputError
+
+
+@dataclass(frozen=True)
+class ClickConfig:
+    dim: int = 16
+    bottom: tuple[int, ...] = (64,)  # hidden widths of the bottom MLP; its output is `dim` wide
+    mlp: tuple[int, ...] = (64, 32)  # hidden widths of the top MLP
+    features: tuple[str, ...] = ()  # categorical tables, in input order
+    numeric: tuple[str, ...] = ()  # numeric columns, in input order
+    seed: int = 0
+
+    kind = "click"
+    candidates = 1  # logits per example (a click label each)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 1:
+            raise InputError(f"model dim = {self.dim!r}; accepted: an integer >= 1")
+        for name in ("bottom", "mlp"):
+            widths = getattr(self, name)
+            if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+                raise InputError(f"model {name} widths = {list(widths)}; accepted: integers >= 1")
+        if not self.features:
+            raise InputError("a click model without categorical tables; accepted: at least one table")
+
+    @property
+    def vectors(self) -> int:
+        return len(self.features) + (1 if self.numeric else 0)
+
+    @property
+    def bottom_layers(self) -> list[tuple[int, int]]:
+        if not self.numeric:
+            return []
+        widths = [len(self.numeric), *self.bottom, self.dim]
+        return list(zip(widths[:-1], widths[1:]))
+
+    @property
+    def top_layers(self) -> list[tuple[int, int]]:
+        n = self.vectors
+        widths = [(self.dim if self.numeric else 0) + n * (n - 1) // 2, *self.mlp, 1]
+        return list(zip(widths[:-1], widths[1:]))
+
+    def dense_shapes(self) -> dict[str, tuple[int, ...]]:
+        out = {}
+        for part, layers in (("bottom", self.bottom_layers), ("top", self.top_layers)):
+            for i, (fan_in, fan_out) in enumerate(layers):
+                out[f"{part}.{i}.weight"], out[f"{part}.{i}.bias"] = (fan_in, fan_out), (fan_out,)
+        return out
+
+    def init_dense(self) -> dict[str, np.ndarray]:
+        """Glorot-uniform weights, zero biases, from the config's seed."""
+        rng = np.random.default_rng(self.seed)
+        params = {}
+        for name, shape in self.dense_shapes().items():
+            if len(shape) == 2:
+                a = np.sqrt(6.0 / (shape[0] + shape[1]))
+                params[name] = rng.uniform(-a, a, size=shape).astype(np.float32)
+            else:
+                params[name] = np.zeros(shape, dtype=np.float32)
+        return params
+
+    def logits(self, dense: dict, rows: dict, index: "ClickTensorIndex", sparse: bool = False) -> torch.Tensor:
+        """Logits [E]."""
+        vectors = [F.embedding(index.features[t], rows[t], sparse=sparse) for t in self.features]
+        head = []
+        if self.numeric:
+            b = index.numeric
+            for i in range(len(self.bottom_layers)):
+                b = torch.relu(torch.addmm(dense[f"bottom.{i}.bias"], b, dense[f"bottom.{i}.weight"]))
+            vectors, head = [b, *vectors], [b]
+        v = torch.stack(vectors, dim=1)  # [E, n, dim]
+        n = v.shape[1]
+        i, j = torch.triu_indices(n, n, offset=1, device=v.device)
+        z = torch.cat([*head, torch.bmm(v, v.transpose(1, 2))[:, i, j]], dim=1)
+        top = len(self.top_layers)
+        for k in range(top):
+            z = torch.addmm(dense[f"top.{k}.bias"], z, dense[f"top.{k}.weight"])
+            if k < top - 1:
+                z = torch.relu(z)
+        return z.squeeze(-1)
+
+    def labels(self, logit: torch.Tensor, index: "ClickTensorIndex") -> torch.Tensor:
+        return index.labels
+
+
+def numeric_input(values: np.ndarray) -> np.ndarray:
+    """The bottom MLP's input from raw numeric columns: log(1 + max(x, 0)), 0 where missing."""
+    x = np.nan_to_num(np.asarray(values, dtype=np.float32), nan=0.0)
+    return np.log1p(np.maximum(x, 0.0)).astype(np.float32)
+
+
+@dataclass
+class ClickIndex:
+    """Where each lookup of a sub-batch finds its row, with the examples' numeric inputs and labels."""
+
+    features: dict  # table -> int64 [E] row index
+    numeric: np.ndarray  # float32 [E, numeric columns], already numeric_input
+    labels: np.ndarray  # float32 [E]
+
+    def on(self, device: torch.device) -> "ClickTensorIndex":
+        return ClickTensorIndex(
+            features={k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)).to(device)
+                      for k, v in self.features.items()},
+            numeric=torch.from_numpy(np.ascontiguousarray(self.numeric, dtype=np.float32)).to(device),
+            labels=torch.from_numpy(np.ascontiguousarray(self.labels, dtype=np.float32)).to(device),
+        )
+
+
+@dataclass
+class ClickTensorIndex:
+    features: dict
+    numeric: torch.Tensor
+    labels: torch.Tensor

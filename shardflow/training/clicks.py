@@ -1,0 +1,209 @@
+"""Click logs as their trainers read them, and the choice between the two workloads.
+
+A click-log dataset (imported from Criteo's or Avazu's layout) has no item sequence:
+every row is one example, with one id per categorical table, its numeric columns and a
+0/1 label, and the store keeps the rows in arrival order. The last HELD_OUT of the rows
+(by that order) are held out for evaluation, the rows before them are the training
+targets. With a window (a model version trained on the newest parts), training starts
+at the window's first part and the held-out rows are the last HELD_OUT of the parts
+evaluated on.
+
+The epoch's order, its split into sub-batches and the block cache work as for sequences
+(shardflow.training.batches); what differs is an example and how it is scored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from shardflow.dlrm import ClickConfig, ClickIndex, numeric_input
+from shardflow.errors import InputError
+from shardflow.model import ModelConfig
+from shardflow.training.batches import (CACHED_BLOCKS, ORDER_BLOCK_EVENTS, EpochOrder, Lookups, TrainData,
+                                        window_start)
+from shardflow.training.metrics import log_loss, roc_auc
+from storage.dataset import Dataset
+
+HELD_OUT = 0.1  # the share of the rows (the last ones) held out for evaluation
+
+
+@dataclass(frozen=True)
+class Clicks:
+    ids: dict  # table -> int64 [E]
+    numeric: np.ndarray  # float32 [E, numeric columns], as stored (NaN = missing)
+    labels: np.ndarray  # float32 [E]
+    position: np.ndarray  # int64 [E], the row's index in the dataset
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+class ClickData(EpochOrder):
+    item = None  # no item sequence
+
+    def __init__(self, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
+                 block_events: int = ORDER_BLOCK_EVENTS) -> None:
+        self.dataset, self.features, self.window, self.block_events = ds, tuple(features), window, block_events
+        self.numeric = tuple(ds.info.dense)
+        self.rows = {t: ds.info.table(t).rows for t in self.features}
+        self.events = ds.info.interactions
+        part_starts = np.concatenate([[0], np.cumsum([s["events"] for s in ds.segments])]).astype(np.int64)
+        first_train, first_eval = (int(part_starts[min(w, len(ds.segments))]) for w in window)
+        self.eval_start = self.events - math.ceil(HELD_OUT * (self.events - first_eval))
+        self.train_range = (first_train, self.eval_start)
+        self.blocks = -(-self.events // block_events)
+        starts = np.arange(self.blocks, dtype=np.int64) * block_events
+        lo = np.maximum(starts, first_train)
+        hi = np.minimum(starts + block_events, self.eval_start)
+        self.targets_per_block = np.maximum(hi - lo, 0)
+        self.targets = int(self.targets_per_block.sum())
+        self._cache: OrderedDict = OrderedDict()  # block -> {column: values}
+
+    @classmethod
+    def load(cls, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
+             block_events: int = ORDER_BLOCK_EVENTS) -> "ClickData":
+        if not ds.info.labels:
+            raise InputError(
+                f"dataset {ds.path} has neither an item sequence nor click labels (tables "
+                f"{', '.join(ds.info.table_names)}); accepted: a dataset imported from sasrec, s3rec or recbole "
+                "(sequences) or from criteo (click logs)"
+            )
+        unknown = [f for f in features if f not in ds.info.table_names]
+        if unknown or not features:
+            raise InputError(f"categorical tables {list(features)}; accepted: some of {', '.join(ds.info.table_names)}")
+        data = cls(ds, features, window, block_events)
+        if data.targets == 0:
+            raise InputError(f"dataset {ds.path}: no training rows before the held-out last {HELD_OUT:.0%} "
+                             f"(window from part {window[0] + 1})")
+        return data
+
+    @property
+    def offset_users(self) -> int:
+        """Users whose offsets a trainer holds: none (a click row is its own example)."""
+        return 0
+
+    @property
+    def eval_targets(self) -> np.ndarray:
+        return np.arange(self.eval_start, self.events, dtype=np.int64)
+
+    def block_targets(self, block: int) -> np.ndarray:
+        start = block * self.block_events
+        lo, hi = max(start, self.train_range[0]), min(start + self.block_events, self.train_range[1])
+        return np.arange(lo, max(lo, hi), dtype=np.int64)
+
+    # -- examples ----------------------------------------------------------------------------
+    def _block(self, block: int) -> dict:
+        held = self._cache.get(block)
+        if held is None:
+            start, stop = block * self.block_events, min((block + 1) * self.block_events, self.events)
+            held = {t: self.dataset.ids(t, start, stop) for t in self.features}
+            held.update({f"dense/{n}": self.dataset.column(f"dense/{n}", start, stop) for n in self.numeric})
+            held["labels"] = self.dataset.column("labels", start, stop)
+            self._cache[block] = held
+            while len(self._cache) > CACHED_BLOCKS:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(block)
+        return held
+
+    def _gather(self, column: str, targets: np.ndarray, dtype) -> np.ndarray:
+        out = np.empty(targets.size, dtype=dtype)
+        blocks = targets // self.block_events
+        for b in np.unique(blocks).tolist():
+            sel = blocks == b
+            out[sel] = self._block(b)[column][targets[sel] - b * self.block_events]
+        return out
+
+    def examples(self, targets: np.ndarray, config: ClickConfig, seed: int = 0, negatives: int | None = None) -> Clicks:
+        targets = np.asarray(targets, dtype=np.int64)
+        numeric = np.empty((targets.size, len(self.numeric)), dtype=np.float32)
+        for k, n in enumerate(self.numeric):
+            numeric[:, k] = self._gather(f"dense/{n}", targets, np.float32)
+        return Clicks(ids={t: self._gather(t, targets, np.int64) for t in config.features}, numeric=numeric,
+                      labels=self._gather("labels", targets, np.float32), position=targets)
+
+    def lookups(self, ex: Clicks, config: ClickConfig, dedup: str) -> Lookups:
+        """Which rows a trainer needs for `ex`; with scope `none` each occurrence is fetched on its own."""
+        fetch, where = {}, {}
+        for name in config.features:
+            ids = ex.ids[name]
+            if dedup in ("device", "node"):
+                fetch[name], where[name] = np.unique(ids, return_inverse=True)
+            else:
+                fetch[name], where[name] = ids, np.arange(ids.size)
+        return Lookups(fetch=fetch, index=ClickIndex(where, numeric_input(ex.numeric), ex.labels))
+
+    def table_index(self, ex: Clicks, config: ClickConfig) -> ClickIndex:
+        """Where each lookup finds its row in whole tables (row = id): the reference trainer's index."""
+        return ClickIndex({t: ex.ids[t] for t in config.features}, numeric_input(ex.numeric), ex.labels)
+
+    # -- evaluation: the held-out rows ---------------------------------------------------------
+    def eval_examples(self, targets: np.ndarray, config: ClickConfig, seed: int, candidates: int) -> Clicks:
+        return self.examples(targets, config)
+
+    @staticmethod
+    def eval_part(logit: np.ndarray, ex: Clicks) -> dict:
+        return {"logit": np.asarray(logit, dtype=np.float32).reshape(-1), "label": ex.labels}
+
+    @staticmethod
+    def eval_merge(parts: list[dict]) -> dict:
+        empty = np.zeros(0, dtype=np.float32)
+        return {k: np.concatenate([empty, *(p[k] for p in parts)]) for k in ("logit", "label")}
+
+    @staticmethod
+    def eval_metrics(part: dict) -> dict:
+        """AUC and mean log-loss over `users` held-out rows (each row is its own user in the store)."""
+        return {"auc": roc_auc(part["logit"], part["label"]), "logloss": log_loss(part["logit"], part["label"]),
+                "users": int(part["label"].size)}
+
+
+def load_training_data(dataset: str | Path | Dataset, features: tuple[str, ...] = (), window: tuple[int, int] = (0, 0),
+                       block_events: int = ORDER_BLOCK_EVENTS) -> TrainData | ClickData:
+    """The dataset's training data: its item sequences if it has them, else its click rows."""
+    ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
+    if ds.info.sequence_table is None:
+        return ClickData.load(ds, features, window, block_events)
+    return TrainData.load(ds, features, window, block_events)
+
+
+def training_window_start(dataset: Dataset, wanted: int, batch_size: int, eval_from: int) -> int:
+    """`wanted`, or the latest earlier part whose window holds at least one global batch of training
+    examples (0 if none does): window_start for sequences; for click logs, the rows of the parts from
+    there on before the held-out last rows of the parts from `eval_from`."""
+    if dataset.info.sequence_table is not None:
+        return window_start(dataset, wanted, batch_size)
+    fits = [s for s in range(wanted + 1) if ClickData(dataset, (), (s, eval_from)).targets >= batch_size]
+    return fits[-1] if fits else 0
+
+
+def model_config(dataset: Dataset, *, dim: int, mlp: tuple[int, ...], bottom: tuple[int, ...], history: int,
+                 negatives: int, seed: int) -> ModelConfig | ClickConfig:
+    """The model a dataset trains: the sequence model (every table other than the item sequence a
+    feature) or, for a click log, the DLRM over all its tables and numeric columns."""
+    if dataset.info.sequence_table is None:
+        return ClickConfig(dim=dim, bottom=tuple(bottom), mlp=tuple(mlp), features=tuple(dataset.info.table_names),
+                           numeric=tuple(dataset.info.dense), seed=seed)
+    return ModelConfig(dim=dim, mlp=tuple(mlp), history=history, negatives=negatives,
+                       features=dataset.info.feature_tables, seed=seed)
+
+
+def config_record(config: ModelConfig | ClickConfig) -> dict:
+    """The model's config as an export's manifest keeps it."""
+    return {"kind": config.kind, **asdict(config)}
+
+
+def read_record(record: dict) -> dict:
+    """A kept config record as config_record makes it: lists as tuples, and the kind (records written
+    before click logs trained hold sequence models without one)."""
+    return {"kind": record.get("kind", "sequence"),
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k != "kind"}}
+
+
+def config_from_record(record: dict) -> ModelConfig | ClickConfig:
+    values = read_record(record)
+    kind = values.pop("kind")
+    return (ClickConfig if kind == "click" else ModelConfig)(**values)

@@ -1,0 +1,38 @@
+"""Evaluation metrics of either workload, from logits and labels on the host.
+
+Sequences (leave-last-out): each held-out item's logit against sampled negatives, a
+count per example that adds up over chunks and devices. Click logs: AUC over the whole
+held-out split (a ranking of every example, so the logits are gathered first) and the
+mean log-loss.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import rankdata
+
+
+def hits(logit: np.ndarray) -> tuple[float, float]:
+    """(AUC count, HR@10 count) of logits [E, C] whose column 0 is the positive."""
+    pos, neg = logit[:, :1], logit[:, 1:]
+    auc = float((pos[:, 0] > neg[:, 0]).sum() + 0.5 * (pos[:, 0] == neg[:, 0]).sum())
+    return auc, float(((neg > pos).sum(axis=1) < 10).sum())
+
+
+def roc_auc(logit: np.ndarray, label: np.ndarray) -> float:
+    """The probability that a clicked example scores above an unclicked one (ties count half):
+    the Mann-Whitney statistic from average ranks; NaN without both classes."""
+    positives = int(label.sum())
+    negatives = label.size - positives
+    if positives == 0 or negatives == 0:
+        return float("nan")
+    ranks = rankdata(logit)
+    return float((ranks[label == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+
+
+def log_loss(logit: np.ndarray, label: np.ndarray) -> float:
+    """Mean binary cross-entropy of logits (computed from the logits, so no probability rounds to 0 or 1)."""
+    if logit.size == 0:
+        return float("nan")
+    z = logit.astype(np.float64)
+    return float(np.mean(np.logaddexp(0.0, z) - label * z))

@@ -1,0 +1,110 @@
+"""The click-log DLRM against a plain per-example computation, its gradients against finite differences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shardflow.dlrm import ClickConfig, ClickIndex, numeric_input
+from shardflow.errors import InputError
+from shardflow.model import forward_backward
+
+CPU = torch.device("cpu")
+WITH_NUMERIC = ClickConfig(dim=3, bottom=(4,), mlp=(5,), features=("a", "b"), numeric=("I1", "I2"), seed=2)
+WITHOUT = ClickConfig(dim=3, mlp=(4, 2), features=("a", "b", "c"), seed=5)
+
+
+def _problem(config):
+    rng = np.random.default_rng(1)
+    dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in config.init_dense().items()}
+    rows = {t: torch.from_numpy(rng.normal(size=(4 + k, config.dim))) for k, t in enumerate(config.features)}
+    raw = np.array([[3.0, np.nan], [0.0, 120.0], [-2.0, 7.0], [1.0, 1.0]], dtype=np.float32)[:, : len(config.numeric)]
+    index = ClickIndex(
+        features={t: np.array([0, 3, 1, 3]) for t in config.features},
+        numeric=numeric_input(raw).astype(np.float64),
+        labels=np.array([1.0, 0.0, 0.0, 1.0]),
+    )
+    return dense, rows, index
+
+
+def _tensor_index(index):
+    on = index.on(CPU)
+    on.numeric, on.labels = on.numeric.double(), on.labels.double()
+    return on
+
+
+def _plain_logits(config, dense, rows, index) -> np.ndarray:
+    """Each example on its own: the bottom MLP, every pairwise dot product i < j, the top MLP."""
+    d = {k: v.numpy() for k, v in dense.items()}
+    out = []
+    for e in range(index.labels.size):
+        vectors, head = [rows[t].numpy()[index.features[t][e]] for t in config.features], []
+        if config.numeric:
+            b = index.numeric[e]
+            for i in range(len(config.bottom_layers)):
+                b = np.maximum(b @ d[f"bottom.{i}.weight"] + d[f"bottom.{i}.bias"], 0)
+            vectors, head = [b, *vectors], [b]
+        pairs = [vectors[i] @ vectors[j] for i in range(len(vectors)) for j in range(i + 1, len(vectors))]
+        z = np.concatenate([*head, pairs])
+        for k in range(len(config.top_layers)):
+            z = z @ d[f"top.{k}.weight"] + d[f"top.{k}.bias"]
+            if k < len(config.top_layers) - 1:
+                z = np.maximum(z, 0)
+        out.append(z[0])
+    return np.array(out)
+
+
+@pytest.mark.parametrize("config", [WITH_NUMERIC, WITHOUT], ids=["numeric", "categorical-only"])
+def test_the_forward_is_the_plain_per_example_model(config):
+    dense, rows, index = _problem(config)
+    fast = config.logits(dense, rows, _tensor_index(index)).numpy()
+    np.testing.assert_allclose(fast, _plain_logits(config, dense, rows, index), rtol=1e-12, atol=1e-12)
+    assert fast.shape == (4,) and np.ptp(fast) > 0
+
+
+def test_layer_shapes_follow_the_tables_and_the_numeric_columns():
+    shapes = WITH_NUMERIC.dense_shapes()
+    assert shapes["bottom.0.weight"] == (2, 4) and shapes["bottom.1.weight"] == (4, 3)
+    assert shapes["top.0.weight"] == (3 + 3, 5)  # b and the 3 pairs of [b, a, b]
+    assert WITHOUT.dense_shapes()["top.0.weight"] == (3, 4) and not WITHOUT.bottom_layers  # 3 pairs of [a, b, c]
+    assert list(WITH_NUMERIC.init_dense()) == list(shapes)
+
+
+def _loss(config, dense, rows, index) -> float:
+    logit = config.logits(dense, rows, _tensor_index(index)).numpy()
+    return float((np.logaddexp(0, logit) - index.labels * logit).sum()) / 9
+
+
+@pytest.mark.parametrize("which", ["dense", "a", "b"])
+def test_gradients_match_finite_differences(which):
+    config = WITH_NUMERIC
+    dense, rows, index = _problem(config)
+    grads = forward_backward(config, dense, rows, _tensor_index(index), norm=9)
+    targets = dense if which == "dense" else {which: rows[which]}
+    analytic = grads.dense if which == "dense" else {which: grads.rows[which]}
+    eps = 1e-6
+    for name, param in targets.items():
+        numeric = np.zeros(tuple(param.shape))
+        for i in np.ndindex(*param.shape):
+            keep = float(param[i])
+            param[i] = keep + eps
+            up = _loss(config, dense, rows, index)
+            param[i] = keep - eps
+            down = _loss(config, dense, rows, index)
+            param[i] = keep
+            numeric[i] = (up - down) / (2 * eps)
+        np.testing.assert_allclose(analytic[name].numpy(), numeric, rtol=1e-5, atol=1e-8, err_msg=name)
+    assert grads.loss_sum == pytest.approx(_loss(config, dense, rows, index) * 9, rel=1e-12)
+
+
+def test_numeric_input_is_log1p_of_the_non_negative_part_with_missing_as_zero():
+    np.testing.assert_allclose(numeric_input(np.array([np.nan, -3.0, 0.0, np.e - 1])), [0, 0, 0, 1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ({"dim": 0}, "dim = 0"), ({"bottom": (4, 0)}, "bottom widths = [4, 0]"), ({"features": ()}, "at least one table"),
+])
+def test_bad_configs_are_refused_by_name(bad, fragment):
+    with pytest.raises(InputError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        ClickConfig(**{"features": ("a",), **bad})

@@ -1,0 +1,127 @@
+"""Click logs on the same engine: the DLRM trained under any plan learns what the reference learns.
+
+The bundled Criteo and Avazu samples are imported with small hashed tables (64 rows),
+so ids collide and every table is read by many examples of a batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from support import AVAZU, OPTIMIZER, REAL, TOPOLOGIES, check_against, in_process_devices, planned, reference
+from shardflow.dlrm import ClickConfig
+from shardflow.errors import InputError
+from shardflow.planner.strategies import STRATEGIES
+from shardflow.training.clicks import HELD_OUT, ClickData, load_training_data
+from shardflow.training.engine import Engine, TrainConfig
+from shardflow.training.metrics import log_loss, roc_auc
+from shardflow.training.protocol import InProcess
+from storage.dataset import Dataset
+from storage.importers import import_dataset
+
+CLICK_BATCH = 24
+CLICK_STEPS = 3
+
+
+@pytest.fixture(scope="module", params=["criteo", "avazu"])
+def clicks(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("clicks") / request.param
+    import_dataset("criteo", REAL["criteo"] if request.param == "criteo" else AVAZU, path, hash_rows=64)
+    ds = Dataset.open(path)
+    model = ClickConfig(dim=4, bottom=(8,), mlp=(8,), features=tuple(ds.info.table_names), numeric=ds.info.dense,
+                        seed=1)
+    return str(path), model, load_training_data(ds, model.features)
+
+
+def test_the_held_out_rows_are_the_last_tenth_and_never_trained_on(clicks):
+    path, model, data = clicks
+    assert isinstance(data, ClickData)
+    n = Dataset.open(path).info.interactions
+    held = int(np.ceil(HELD_OUT * n))
+    np.testing.assert_array_equal(data.eval_targets, np.arange(n - held, n))
+    np.testing.assert_array_equal(np.sort(data.train_targets()), np.arange(n - held))
+    batch = data.batch(0, 0, 0, CLICK_BATCH)
+    assert batch.size == CLICK_BATCH and np.unique(batch).size == CLICK_BATCH and batch.max() < n - held
+    assert not np.array_equal(batch, data.batch(1, 0, 0, CLICK_BATCH)), "every epoch has its own order"
+
+
+def test_examples_carry_the_stored_ids_numeric_columns_and_labels(clicks):
+    path, model, data = clicks
+    ds = Dataset.open(path)
+    rows = np.array([0, 7, ds.info.interactions - 5, 3])
+    ex = data.examples(rows, model)
+    np.testing.assert_array_equal(ex.labels, ds.column("labels")[rows])
+    for t in model.features:
+        np.testing.assert_array_equal(ex.ids[t], ds.ids(t)[rows])
+    for k, n in enumerate(model.numeric):
+        np.testing.assert_array_equal(ex.numeric[:, k], ds.column(f"dense/{n}")[rows])
+    assert ex.numeric.shape == (4, len(model.numeric))
+
+
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
+@pytest.mark.parametrize("devices", [1, 2, 3, 4])
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_every_strategy_and_scope_learns_what_the_reference_learns(clicks, strategy, devices, dedup):
+    path, model, data = clicks
+    plan = planned(path, strategy, devices, dim=model.dim, batch=CLICK_BATCH)
+    devs = in_process_devices(data, plan, TOPOLOGIES[devices], dedup, batch=CLICK_BATCH, model=model)
+    driver = InProcess(devs)
+    for i in range(CLICK_STEPS):
+        stats = driver.step(0, i, i, 0)
+        assert sum(s["examples"] for s in stats) == CLICK_BATCH
+    ref = reference(data, CLICK_STEPS, model, CLICK_BATCH)
+    check_against(ref, [d.parameters() for d in devs])
+    start = {k: v for k, v in model.init_dense().items()}
+    assert max(np.abs(ref.dense[k] - start[k]).max() for k in start) > 1e-4, "training changed nothing"
+
+
+def test_the_engine_trains_evaluates_and_exports_a_click_model(client, clicks, tmp_path):
+    path, model, data = clicks
+    plan = planned(path, "flexshard", 4, dim=model.dim, batch=CLICK_BATCH)
+    train = TrainConfig(CLICK_BATCH, "node", epochs=2, eval_users=None)
+    with Engine(client, path, plan, TOPOLOGIES[4], model, OPTIMIZER, train) as e:
+        result = e.fit()
+        shards = e.parameters()
+        metrics = e.evaluate()
+        manifest = e.export(tmp_path / "model", {})
+    steps = data.steps_per_epoch(CLICK_BATCH)
+    assert result.steps == 2 * steps and len(result.epoch_loss) == 2
+    ref = reference(data, 0, model, CLICK_BATCH)
+    for epoch in range(2):
+        for i in range(steps):
+            ref.step(epoch, i)
+    check_against(ref, shards)
+    assert manifest["model"]["kind"] == "click"
+    assert metrics["users"] == data.eval_targets.size and set(metrics) == {"auc", "logloss", "users"}
+    logit = _reference_logits(ref, data, model)
+    labels = data.examples(data.eval_targets, model).labels
+    assert metrics["auc"] == pytest.approx(roc_auc(logit, labels), abs=1e-6)
+    assert metrics["logloss"] == pytest.approx(log_loss(logit, labels), rel=1e-4)
+
+
+def _reference_logits(ref, data, model) -> np.ndarray:
+    import torch
+
+    ex = data.examples(data.eval_targets, model)
+    index = data.table_index(ex, model).on(torch.device("cpu"))
+    with torch.no_grad():
+        return model.logits(ref.dense_tensors, ref.tables, index).numpy()
+
+
+def test_auc_and_log_loss_against_their_definitions():
+    rng = np.random.default_rng(3)
+    logit = rng.normal(size=60).round(1)  # ties among positives and negatives
+    label = (rng.random(60) < 0.4).astype(np.float32)
+    pos, neg = logit[label == 1], logit[label == 0]
+    pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    assert roc_auc(logit, label) == pytest.approx(pairs / (pos.size * neg.size), rel=1e-12)
+    p = 1 / (1 + np.exp(-logit))
+    assert log_loss(logit, label) == pytest.approx(-np.mean(label * np.log(p) + (1 - label) * np.log(1 - p)), rel=1e-9)
+    assert np.isnan(roc_auc(logit, np.ones(60)))
+
+
+def test_unknown_categorical_tables_are_refused_by_name(clicks):
+    path, model, data = clicks
+    with pytest.raises(InputError, match="categorical tables \\['nope'\\]; accepted: some of .*C1"):
+        load_training_data(path, ("nope",))
