@@ -22,9 +22,15 @@ log = logging.getLogger("shardflow")
 
 def _key_value_rows(text: str) -> tuple[str, int]:
     name, sep, rows = text.partition("=")
-    if not sep or not rows.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}; accepted: NAME=ROWS, e.g. C1=100000")
-    return name, int(rows)
+    if not sep or not (rows.isdigit() or rows == "exact"):
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: NAME=ROWS or NAME=exact, e.g. C1=100000")
+    return name, rows if rows == "exact" else int(rows)
+
+
+def _hash_rows(text: str) -> int | str:
+    if not (text.isdigit() or text == "exact"):
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: ROWS (an integer) or exact")
+    return text if text == "exact" else int(text)
 
 
 def _cmd_import(args: argparse.Namespace) -> dict:
@@ -283,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="scan several parts in parallel on a local cluster of this size")
     p.add_argument("--scheduler", help="address of an existing Dask scheduler to scan parts on")
     p.add_argument("--table-rows", type=_key_value_rows, action="append", metavar="NAME=ROWS",
-                   help="criteo: rows of one hashed categorical table (repeatable)")
-    p.add_argument("--hash-rows", type=int, help="criteo: rows of every other categorical table (default 2^20)")
+                   help="criteo: rows of one hashed categorical table, or exact: a row per value (repeatable)")
+    p.add_argument("--hash-rows", type=_hash_rows,
+                   help="criteo: rows of every other categorical table (default 2^20), or exact")
 
     p = command("synth", "generate a seeded synthetic Zipf dataset store", _cmd_synth, _print_dataset)
     p.add_argument("dest", help="dataset store to create")

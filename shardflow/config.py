@@ -25,8 +25,9 @@ class RetrainConfig(BaseModel):
         description="a dataset store, or a source file imported into RUN_DIR/dataset with dataset_format",
     )
     dataset_format: Literal["sasrec", "s3rec", "recbole", "criteo"] = "sasrec"
-    hash_rows: int = Field(
-        1 << 20, ge=1, description="criteo: rows of each hashed categorical table (fixed by the first import)"
+    hash_rows: int | Literal["exact"] = Field(
+        1 << 20, description="criteo: rows of each hashed categorical table, or exact (a row per distinct value); "
+        "fixed by the first import",
     )
     run_dir: str = Field("runs/retrain", description="profile, plan, checkpoints and the exported model go here")
     topology: str = Field(str(ROOT / "topologies" / "demo-4.yaml"), description="topology YAML file")
@@ -76,6 +77,13 @@ class RetrainConfig(BaseModel):
     def _widths(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if any(w < 1 for w in v):
             raise ValueError(f"widths {list(v)}; accepted: integers >= 1")
+        return v
+
+    @field_validator("hash_rows")
+    @classmethod
+    def _hash_rows(cls, v: int | str) -> int | str:
+        if v != "exact" and v < 1:
+            raise ValueError(f"{v!r}; accepted: an integer >= 1 or 'exact'")
         return v
 
     @field_validator("train_window", mode="before")

@@ -53,6 +53,7 @@ from storage.sources import BLOCK_BYTES, Block, Part, PartReader, resolve_parts,
 from storage.staging import check_destination, staged
 
 DEFAULT_HASH_ROWS = 1 << 20
+EXACT = "exact"  # a criteo table size: a row per distinct value (rows grow with appends), not hashed
 REGROUP_EVENTS = 1 << 20  # events sorted at a time when a part is regrouped by user and time
 
 
@@ -363,8 +364,9 @@ def _check_options(fmt: str, table_rows: dict[str, int], hash_rows: int) -> None
     if fmt != "criteo" and (table_rows or hash_rows != DEFAULT_HASH_ROWS):
         raise InputError(f"table sizes are set only for hashed criteo columns, not for format {fmt!r}")
     for name, rows in [*table_rows.items(), ("--hash-rows", hash_rows)]:
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise InputError(f"{name}: {rows!r} rows; accepted: an integer >= 1")
+        if rows != EXACT and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+            raise InputError(f"{name}: {rows!r} rows; accepted: an integer >= 1 (hashed into that many rows), "
+                             f"or {EXACT!r} (a row per distinct value)")
 
 
 def _first_line(part: Part) -> bytes:
@@ -484,7 +486,8 @@ def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, 
     sniff_delimiter(fmt, first)
     if fmt.has_header:
         fmt.header(parts[0].path, first)
-    hash_rows = {t: options["table_rows"].get(t, options["hash_rows"]) for t in fmt.tables} if options else {}
+    sizes = {t: options["table_rows"].get(t, options["hash_rows"]) for t in fmt.tables} if options else {}
+    hash_rows = {t: rows for t, rows in sizes.items() if rows != EXACT}
     unknown = [t for t in options.get("table_rows", {}) if t not in fmt.tables] if options else []
     if unknown:
         raise InputError(f"--table-rows {unknown[0]}: no such categorical column; accepted: {', '.join(fmt.tables)}")

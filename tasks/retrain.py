@@ -20,6 +20,7 @@ from shardflow.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.plan import row_bytes
 from shardflow.planner.topology import load_topology
+from shardflow.planner.report import table_tiers
 from shardflow.planning import compare_strategies, keep_or_replan, read_plan
 from shardflow.profiling import profile_dataset
 from shardflow.training.engine import Engine, TrainConfig
@@ -268,6 +269,11 @@ def shard(config: RetrainConfig, profile_path: str, out: str, previous_plan: str
         [_comparison_row(r) for r in rows],
         key=artifact_key("plan-comparison", config.run_dir),
         description=f"Every strategy on {config.topology}, batch {config.batch_size}, dedup {config.dedup}",
+    )
+    create_table_artifact(
+        table_tiers(plans, topology),
+        key=artifact_key("plan-tables", config.run_dir),
+        description="Where each strategy puts every table: a device (a whole table), or its rows per tier",
     )
     return rows, decision
 

@@ -326,7 +326,7 @@ def case_checkpoint_dimension_mismatch(world, client, tmp_path):
     from dataclasses import replace
 
     return [world / "run"], lambda: _restore(client, world, checkpoint_dir(world / "run", 1), replace(MODEL, dim=16)), (
-        r"checkpoint of model \{'dim': 8.*accepted: model \{'dim': 16")
+        r"checkpoint of model \{'kind': 'sequence', 'dim': 8.*accepted: model \{'kind': 'sequence', 'dim': 16")
 
 
 def case_checkpoint_altered_chunk(world, client, tmp_path):

@@ -13,6 +13,7 @@ from shardflow.planner.topology import load_topology
 from shardflow.planning import make_plan
 from shardflow.profiling import profile_dataset
 from shardflow.synthetic import Repeats, SynthTable, synth_dataset
+from shardflow.synthetic_clicks import synth_click_log
 from shardflow.training.engine import TrainConfig
 from shardflow.training.run import in_process, prepare, train_from_stores
 from storage.importers import import_dataset
@@ -49,9 +50,19 @@ def sessions(client, tmp_path_factory):
     return plan_every_strategy(root, client)
 
 
+@pytest.fixture(scope="module")
+def clicks(client, tmp_path_factory):
+    """A click log of 26 categorical tables (three of 20,000 values, ten of 1,000, thirteen of 50), hashed
+    into 2^14 rows each: the DLRM reads one row of every table per example."""
+    root = tmp_path_factory.mktemp("clicks")
+    tables = [(20_000, 1.1)] * 3 + [(1_000, 0.8)] * 10 + [(50, 0.5)] * 13
+    import_dataset("criteo", synth_click_log(root / "log.csv", 40_000, tables, seed=2), root / "ds", hash_rows=1 << 14)
+    return plan_every_strategy(root, client)
+
+
 @pytest.mark.parametrize("dedup", ["none", "device", "node"])
 @pytest.mark.parametrize("strategy", sorted(SLACK))
-@pytest.mark.parametrize("data", ["planned", "sessions"])
+@pytest.mark.parametrize("data", ["planned", "sessions", "clicks"])
 def test_measured_bytes_agree_with_the_cost_model_within_5_percent(request, data, strategy, dedup):
     """On the in-process driver: the same devices and messages as on a cluster, in milliseconds per step."""
     planned = request.getfixturevalue(data)

@@ -174,3 +174,72 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
             own[k], own[j] = vec[k, home[k]], vec[j, home[j]]
     for i, r, h in zip(table_of, row, home):
         tables[i].home[r] = h
+
+
+def table_home_seconds(accesses: list[TableAccess], model: CostModel) -> np.ndarray:
+    """[T, P, links]: the seconds a whole table homed (every row single) on each device adds to every link,
+    the sum of its rows' vectors above: additive, so placing whole tables is priced exactly."""
+    topo = model.topology
+    bw = bandwidths(topo)
+    out = []
+    for a in accesses:
+        r = model.rates(a)
+        if model.shape.dedup == "node" and len(topo.nodes) > 1:
+            per_read, per_fetch = relayed_unit_loads(topo, model.shape.dim)
+            q, q_node = float(a.class_rows @ r.q), r.q_node @ a.class_rows  # [N]
+            out.append((q * per_read + np.einsum("n,pnl->pl", q_node, per_fetch)) / bw)
+        else:
+            out.append(float(a.class_rows @ r.x) * unit_loads(topo, model.shape.dim) / bw)
+    return np.array(out)
+
+
+def pack_tables(vec: np.ndarray, rows: np.ndarray, budget_rows: int) -> np.ndarray | None:
+    """Homes of whole tables (vec: table_home_seconds, rows: their sizes) that fit budget_rows per device
+    and keep the busiest link's seconds low; None if no packing is found.
+
+    Tables go heaviest first, each to the device with room where the busiest link ends up least busy
+    (largest first by rows if that leaves a table without room); then the best single move or swap
+    of two tables is applied while it lowers the busiest link.
+    """
+    T, P, _ = vec.shape
+    weight = vec.max(axis=(1, 2))
+    for order in (np.argsort(-weight, kind="stable"), np.argsort(-rows, kind="stable")):
+        home, seconds, room = np.full(T, -1), np.zeros(vec.shape[2]), np.full(P, budget_rows, dtype=np.int64)
+        for t in order.tolist():
+            fits = np.flatnonzero(room >= rows[t])
+            if not fits.size:
+                break
+            d = int(fits[np.argmin((seconds[None, :] + vec[t, fits]).max(axis=1))])
+            home[t], seconds, room[d] = d, seconds + vec[t, d], room[d] - rows[t]
+        if (home >= 0).all():
+            break
+    else:
+        return None
+    for _ in range(REFINE_STEPS):
+        now = seconds.max()
+        own = vec[np.arange(T), home]
+        moved = (seconds[None, None, :] + vec - own[:, None, :]).max(axis=2)
+        moved[room[None, :] < rows[:, None]] = np.inf
+        moved[np.arange(T), home] = np.inf
+        k, e = np.unravel_index(np.argmin(moved), moved.shape)
+        at_other = vec[:, home, :]  # [k, j]: table k homed where table j is
+        swapped = (seconds[None, None, :] + at_other - own[:, None, :] + at_other.transpose(1, 0, 2)
+                   - own[None, :, :]).max(axis=2)
+        free = room[home]  # room left where each table is homed
+        fits = (free[None, :] + rows[None, :] >= rows[:, None]) & (free[:, None] + rows[:, None] >= rows[None, :])
+        swapped[~fits | (home[:, None] == home[None, :])] = np.inf
+        k2, j2 = np.unravel_index(np.argmin(swapped), swapped.shape)
+        if min(moved[k, e], swapped[k2, j2]) >= now * (1 - 1e-9):
+            break
+        if moved[k, e] <= swapped[k2, j2]:
+            seconds = seconds + vec[k, e] - own[k]
+            room[home[k]] += rows[k]
+            room[e] -= rows[k]
+            home[k] = e
+        else:
+            hk, hj = home[k2], home[j2]
+            seconds = seconds + vec[k2, hj] - own[k2] + vec[j2, hk] - own[j2]
+            room[hk] += rows[k2] - rows[j2]
+            room[hj] += rows[j2] - rows[k2]
+            home[k2], home[j2] = hj, hk
+    return home

@@ -6,7 +6,7 @@ import numpy as np
 
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel
-from shardflow.planner.plan import ShardingPlan, row_bytes
+from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.relaxation import floor_bound, lower_bound, node_bound, row_floors, tier_costs
 from shardflow.planner.strategies import RowWiseMod
 from shardflow.planner.topology import Topology
@@ -64,3 +64,23 @@ def summarize(
         "tiers": plan.tier_counts(),
         "device_bytes_per_step": [float(b) for b in np.round(cost.device_bytes_per_step(), 3)],
     }
+
+
+def tier_text(t: TablePlan, devices: int) -> str:
+    """Where one table's rows are: 'device 2' (a whole table on one device), or its tiers' row counts,
+    e.g. 'global 120 · node 4,000 · single 95,880 on 4 devices'."""
+    tiers = np.bincount(t.tier, minlength=3)
+    homes = np.flatnonzero(np.bincount(t.home[t.tier == SINGLE], minlength=devices))
+    if tiers[SINGLE] == t.rows and homes.size == 1:
+        return f"device {int(homes[0])}"
+    parts = [f"{name} {int(tiers[k]):,}" for name, k in (("global", GLOBAL), ("node", NODE)) if tiers[k]]
+    if tiers[SINGLE]:
+        parts.append(f"single {int(tiers[SINGLE]):,} on {homes.size} device{'s' if homes.size > 1 else ''}")
+    return " · ".join(parts)
+
+
+def table_tiers(plans: dict[str, ShardingPlan], topology: Topology) -> list[dict]:
+    """One row per table, a column per strategy: where each plan puts the table's rows (tier_text)."""
+    names = [t.name for t in next(iter(plans.values())).tables] if plans else []
+    return [{"table": name, "rows": plans[next(iter(plans))].table(name).rows,
+             **{s: tier_text(p.table(name), topology.devices) for s, p in plans.items()}} for name in names]

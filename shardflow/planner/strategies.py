@@ -18,6 +18,7 @@ from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel
 from shardflow.planner.placement import place, tiers_from_counts
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
+from shardflow.planner.refine import pack_tables, table_home_seconds
 from shardflow.planner.relaxation import best_tiers, tier_costs
 from shardflow.planner.topology import Topology
 
@@ -66,31 +67,31 @@ class RowWiseBlock:
 
 
 class TableWise:
-    """Whole tables to devices: heaviest expected load first, each to the least-loaded device with room."""
+    """Whole tables to devices: a bin-packing by size and by modeled link time (refine.pack_tables),
+    the heaviest tables first, then moves and swaps while the busiest link gets less busy."""
 
     name = "table-wise"
 
     def plan(self, accesses, topology, budget_bytes, model):
-        P = topology.devices
         budget_rows = budget_bytes // row_bytes(model.shape.dim)
-        load = np.zeros(P)
-        used = np.zeros(P, dtype=np.int64)
-        homes = {}
-        expected = {a.name: float((a.class_rows * model.rates(a).x).sum()) for a in accesses}
-        for a in sorted(accesses, key=lambda a: (-expected[a.name], a.name)):
-            fits = np.flatnonzero(used + a.rows <= budget_rows)
-            if fits.size == 0:
-                short = (int(used.min()) + a.rows - budget_rows) * row_bytes(model.shape.dim)
+        rows = np.array([a.rows for a in accesses], dtype=np.int64)
+        homes = pack_tables(table_home_seconds(accesses, model), rows, budget_rows)
+        if homes is None:
+            big = int(np.argmax(rows))
+            if rows[big] > budget_rows:
+                short = (int(rows[big]) - budget_rows) * row_bytes(model.shape.dim)
                 raise InputError(
-                    f"table-wise: table '{a.name}' ({a.rows:,} rows) fits on no device: it needs {short:,} bytes more "
-                    f"than the budget of {budget_bytes:,} bytes per device leaves; accepted: a larger "
-                    "device_memory_bytes or --memory-slack, or a row-wise strategy"
+                    f"table-wise: table '{accesses[big].name}' ({rows[big]:,} rows) fits on no device: it needs "
+                    f"{short:,} bytes more than the budget of {budget_bytes:,} bytes per device leaves; accepted: a "
+                    "larger device_memory_bytes or --memory-slack, or a row-wise strategy"
                 )
-            d = int(fits[np.argmin(load[fits])])
-            homes[a.name] = d
-            load[d] += expected[a.name]
-            used[d] += a.rows
-        return ShardingPlan(self.name, tuple(_single(a.name, a.rows, np.full(a.rows, homes[a.name])) for a in accesses))
+            raise InputError(
+                f"table-wise: {rows.size} tables of {rows.sum():,} rows in all (the largest '{accesses[big].name}', "
+                f"{rows[big]:,} rows) do not pack onto {topology.devices} devices of {budget_rows:,} rows "
+                f"({budget_bytes:,} bytes) each; accepted: a larger device_memory_bytes or --memory-slack, or a "
+                "row-wise strategy"
+            )
+        return ShardingPlan(self.name, tuple(_single(a.name, a.rows, np.full(a.rows, h)) for a, h in zip(accesses, homes)))
 
 
 class FlexShard:

@@ -116,6 +116,31 @@ def test_criteo_hashes_each_categorical_column_into_its_own_table(tmp_path):
     assert np.isnan(ds.column("dense/I1")[0])
 
 
+def test_criteo_tables_sized_exact_get_a_row_per_distinct_value_that_appends_extend(tmp_path):
+    lines = REAL["criteo"].read_text().splitlines()
+    header, body = lines[0], lines[1:]
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "day1.csv").write_text("\n".join([header, *body[:120]]) + "\n")
+    import_dataset("criteo", parts, tmp_path / "ds", table_rows={"C1": 7}, hash_rows="exact")
+    first = {t.name: t.rows for t in Dataset.open(tmp_path / "ds").info.tables}
+    (parts / "day2.csv").write_text("\n".join([header, *body[120:]]) + "\n")
+    import_dataset("criteo", parts, tmp_path / "ds", append=True, table_rows={"C1": 7}, hash_rows="exact")
+    ds = Dataset.open(tmp_path / "ds")
+    names = header.split(",")
+    for name in ("C2", "C10", "C26"):
+        col = names.index(name)
+        values = [line.split(",")[col] for line in body]
+        assert first[name] == len(set(values[:120])) and ds.info.table(name).rows == len(set(values))
+        raw, rows = ds.raw_ids(name)
+        row_of = dict(zip(raw.tolist(), rows.tolist()))
+        assert sorted(rows.tolist()) == list(range(len(set(values))))
+        assert ds.ids(name).tolist() == [row_of[v] for v in values]
+    assert ds.info.table("C1").rows == 7
+    with pytest.raises(InputError, match="'many' rows; accepted: an integer >= 1 .* or 'exact'"):
+        import_dataset("criteo", parts, tmp_path / "other", hash_rows="many")
+
+
 def test_criteo_takes_avazus_layout_with_the_hour_of_day_as_a_table(tmp_path):
     src = AVAZU
     import_dataset("criteo", src, tmp_path / "ds", table_rows={"hour": 24}, hash_rows=1000)

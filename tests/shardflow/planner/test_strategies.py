@@ -1,5 +1,7 @@
 """Strategies on tiny hand-built topologies (exact placements) and their invariants (property tests)."""
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,8 +13,8 @@ from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.exact import exact_plan
 from shardflow.planner import plan as plan_module
-from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, ModuloRows, TablePlan, for_devices, row_bytes,
-                                   table_rows_per_device)
+from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, ModuloRows, ShardingPlan, TablePlan, for_devices,
+                                   row_bytes, table_rows_per_device)
 from shardflow.planner.report import bound_and_baseline
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.strategies import SLACK_LADDER, budget_bytes_per_device, propose
@@ -59,16 +61,42 @@ def test_row_wise_block_gives_contiguous_ranges():
     assert plan.table("t").home.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
 
 
-def test_table_wise_puts_the_heaviest_table_first_on_the_least_loaded_device():
-    tables = [flat("a", 4, 1.0), flat("b", 4, 5.0), flat("c", 4, 3.0), flat("d", 4, 2.0), flat("e", 4, 0.5)]
-    plan, _, _ = plan_of("table-wise", tables, slack=10.0)
-    homes = {t.name: set(t.home.tolist()) for t in plan.tables}
-    # b (heaviest) -> 0, c -> 1, d -> 2, a -> 3, e -> the least loaded: device 3 (a, lightest so far)
-    assert homes == {"b": {0}, "c": {1}, "d": {2}, "a": {3}, "e": {3}}
+def test_table_wise_packs_whole_tables_near_the_best_packing_by_size_and_link_time():
+    """Seeded instances small enough to try every assignment: 3-5 tables of 2-11 rows on three topologies
+    (one with a 5x slower node), budgets from just enough rows to 1.6x, every dedup scope. Table-wise
+    finds a packing whenever one exists and is within 5% of the fastest (measured: exact in 35 of 38,
+    worst 3.6% above; the greedy by load it replaced missed a packing once and was up to 20.5% above)."""
+    topologies = [TWO_BY_TWO, Topology((Node("a", 2, 10.0), Node("b", 1, 2.0)), 100.0), uniform(1, 3, 12.5)]
+    feasible = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        topo = topologies[seed % 3]
+        accesses = [TableAccess.from_counts(f"t{i}", rng.integers(1, 50, int(rng.integers(2, 12))),
+                                            float(rng.uniform(0.5, 5))) for i in range(int(rng.integers(3, 6)))]
+        rows = np.array([a.rows for a in accesses])
+        budget_rows = int(max(rows.max(), np.ceil(rows.sum() / topo.devices * rng.uniform(1.0, 1.6))))
+        model = CostModel(topo, StepShape(64, 4, ("none", "device", "node")[seed % 3]))
+        by_name = {a.name: a for a in accesses}
+        best = np.inf
+        for homes in itertools.product(range(topo.devices), repeat=len(accesses)):
+            if (np.bincount(homes, weights=rows, minlength=topo.devices) <= budget_rows).all():
+                plan = ShardingPlan("any", tuple(TablePlan(a.name, np.full(a.rows, SINGLE, np.int8),
+                                                           np.full(a.rows, h, np.int32)) for a, h in zip(accesses, homes)))
+                best = min(best, model.evaluate(plan, by_name).comm_time_s_per_step)
+        if not np.isfinite(best):
+            with pytest.raises(InputError, match="do not pack onto"):
+                propose("table-wise", accesses, topo, budget_rows * row_bytes(4), model)
+            continue
+        feasible += 1
+        plan = propose("table-wise", accesses, topo, budget_rows * row_bytes(4), model)
+        assert all(np.unique(t.home).size == 1 and (t.tier == SINGLE).all() for t in plan.tables)
+        assert plan.rows_per_device(topo).max() <= budget_rows
+        assert model.evaluate(plan, by_name).comm_time_s_per_step <= 1.05 * best, seed
+    assert feasible >= 30
 
 
 def test_a_plan_that_cannot_fit_names_the_shortfall():
-    with pytest.raises(InputError, match=r"table-wise: table 't' \(10 rows\) fits on no device"):
+    with pytest.raises(InputError, match=r"table-wise: table 't' \(10 rows\) fits on no device: it needs 140 bytes"):
         plan_of("table-wise", [flat("t", 10)])
     topo = Topology(TWO_BY_TWO.nodes, 600.0, device_memory_bytes=2 * row_bytes(4))
     with pytest.raises(InputError, match=r"short by 20 bytes"):

@@ -1,0 +1,231 @@
+"""Click logs: the DLRM's held-out quality against logistic regression, and its training speed.
+
+    python bench/click_logs.py [--rows 1000000] [--seeds 3] [--rounds 3] [--steps 20]
+                               [--batch-size 4096] [--skip-quality] [--skip-throughput]
+
+Quality, on the bundled Criteo sample (200 rows) and Avazu sample (100 rows), imported
+with 2^16-row hashed tables, and on a synthetic Criteo-layout log of --rows rows whose
+labels come from a planted model with pairwise interactions (shardflow.synthetic_clicks):
+every dataset's last 10% of rows are held out (the split shardflow evaluates on), and
+  - constant: the training rows' click rate for every row;
+  - logistic regression: one weight per (table, row) and per numeric input (log(1 + x)),
+    a bias, L2 = 1e-3 on the mean log-loss, fitted to convergence by full-batch L-BFGS;
+  - DLRM: shardflow's model (dim 16, bottom MLP 64, top MLP 64-32, row Adagrad 0.05 +
+    Adam 1e-3), 3 epochs of batch 32 on the samples (15 steps), one epoch of batch 1,024
+    on the synthetic log (click models overfit from the second epoch on: Zhang et al.,
+    "Towards Understanding the Overfitting Phenomenon of Deep Click-Through Rate
+    Prediction Models", CIKM 2022),
+    trained by the single-process reference trainer, which the engine reproduces under
+    any plan (tests/shardflow/training/test_clicks.py); --seeds initialisations and
+    batch orders, min/median/max printed.
+Both are fixed before looking at the held-out rows (no tuning on them). The samples
+hold out 20 and 10 rows: their AUCs are worth little, and the table says so.
+
+Throughput, on the synthetic log: the engine on 1 and 2 devices (FlexShard plan, 10%
+slack) beside its PyTorch peer, the same DLRM in one process with whole tables and
+sparse gradients (1 and 2 threads), alternating --rounds rounds, --steps steps after 2
+warm-up steps each; min/median/max of examples/s and of the ratios, with the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from shardflow.cluster import dask_client
+from shardflow.dlrm import ClickConfig, numeric_input
+from shardflow.optim import OptimizerConfig
+from shardflow.planner.access import TableAccess
+from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.strategies import budget_bytes_per_device, propose
+from shardflow.planner.topology import uniform
+from shardflow.synthetic_clicks import synth_click_log
+from shardflow.training.clicks import load_training_data
+from shardflow.training.engine import Engine, TrainConfig
+from shardflow.training.metrics import log_loss, roc_auc
+from shardflow.training.reference import ReferenceTrainer
+from storage.dataset import Dataset
+from storage.importers import import_dataset
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+SAMPLES = {"criteo-sample": DATA / "criteo-sample" / "criteo_sample.txt",
+           "avazu-sample": DATA / "avazu-sample" / "avazu_sample.txt"}
+# Synthetic tables: (values, Zipf alpha); three large, ten medium, thirteen small, as Criteo's spread.
+SYNTH_TABLES = [(100_000, 1.1)] * 3 + [(1_000, 0.8)] * 10 + [(50, 0.5)] * 13
+HASH_ROWS = 1 << 16
+OPTIMIZER = OptimizerConfig()
+LR_L2 = 1e-3
+WARMUP = 2
+
+
+def model_for(ds: Dataset, seed: int) -> ClickConfig:
+    return ClickConfig(dim=16, bottom=(64,), mlp=(64, 32), features=tuple(ds.info.table_names),
+                       numeric=tuple(ds.info.dense), seed=seed)
+
+
+def dlrm_quality(path: Path, batch: int, epochs: int, seed: int) -> tuple[float, float]:
+    ds = Dataset.open(path)
+    model = model_for(ds, seed)
+    data = load_training_data(ds, model.features)
+    ref = ReferenceTrainer(data, model, OPTIMIZER, batch, seed=seed)
+    for epoch in range(epochs):
+        for i in range(data.steps_per_epoch(batch)):
+            ref.step(epoch, i)
+    ex = data.examples(data.eval_targets, model)
+    with torch.no_grad():
+        logit = model.logits(ref.dense_tensors, ref.tables, data.table_index(ex, model).on(torch.device("cpu")))
+    return roc_auc(logit.numpy(), ex.labels), log_loss(logit.numpy(), ex.labels)
+
+
+def lr_quality(path: Path) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((AUC, log-loss) of logistic regression, of the constant training click rate)."""
+    ds = Dataset.open(path)
+    model = model_for(ds, 0)
+    data = load_training_data(ds, model.features)
+    train, test = data.examples(data.train_targets(), model), data.examples(data.eval_targets, model)
+
+    def inputs(ex):
+        return ({t: torch.from_numpy(ex.ids[t]) for t in model.features}, torch.from_numpy(numeric_input(ex.numeric)))
+
+    weights = {t: torch.zeros(data.rows[t], dtype=torch.float64, requires_grad=True) for t in model.features}
+    linear = torch.zeros(len(model.numeric), dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    params = [*weights.values(), linear, bias]
+
+    def logit(ids, x):
+        return bias + x.double() @ linear + sum(weights[t][ids[t]] for t in model.features)
+
+    ids, x = inputs(train)
+    y = torch.from_numpy(train.labels).double()
+    opt = torch.optim.LBFGS(params, max_iter=500, tolerance_grad=1e-9, tolerance_change=1e-12,
+                            line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logit(ids, x), y)
+        loss = loss + 0.5 * LR_L2 * sum((p * p).sum() for p in params[:-1])
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        z = logit(*inputs(test)).numpy()
+    rate = float(train.labels.mean())
+    constant = np.full(test.labels.size, np.log(rate / (1 - rate)))
+    return (roc_auc(z, test.labels), log_loss(z, test.labels)), (0.5, log_loss(constant, test.labels))
+
+
+def spread(values: list[float], digits: int = 4) -> str:
+    return f"{min(values):.{digits}f} / {float(np.median(values)):.{digits}f} / {max(values):.{digits}f}"
+
+
+def quality(scratch: Path, synthetic: Path, seeds: int) -> None:
+    print(f"\nheld-out quality (last 10% of rows); DLRM min / median / max over {seeds} seeds")
+    print(f"{'dataset':<22} {'held out':>8} {'CTR':>6}  {'':<8} {'AUC':>24} {'log-loss':>24}")
+    sets = {name: (scratch / name, 32, 3) for name in SAMPLES}
+    sets["synthetic"] = (synthetic, 1024, 1)
+    for name, (path, batch, epochs) in sets.items():
+        ds = Dataset.open(path)
+        data = load_training_data(ds, tuple(ds.info.table_names))
+        labels = ds.column("labels")[data.eval_start:]
+        (lr_auc, lr_ll), (_, const_ll) = lr_quality(path)
+        runs = [dlrm_quality(path, batch, epochs, s) for s in range(seeds)]
+        head = f"{name:<22} {labels.size:>8,} {labels.mean():>6.3f}"
+        print(f"{head}  {'constant':<8} {'0.5':>24} {const_ll:>24.4f}")
+        print(f"{'':<38}  {'LR':<8} {lr_auc:>24.4f} {lr_ll:>24.4f}")
+        print(f"{'':<38}  {'DLRM':<8} {spread([r[0] for r in runs]):>24} {spread([r[1] for r in runs]):>24}")
+
+
+def plan_for(path: Path, devices: int, batch: int, dim: int):
+    ds = Dataset.open(path)
+    access = [TableAccess.from_counts(t, np.bincount(ds.ids(t), minlength=ds.info.table(t).rows), 1.0)
+              for t in ds.info.table_names]
+    topo = uniform(1, devices, 12.5)
+    model = CostModel(topo, StepShape(batch, dim))
+    return propose("flexshard", access, topo, budget_bytes_per_device(access, topo, dim, 0.1), model), topo
+
+
+def pytorch_rate(data, model: ClickConfig, batch: int, steps: int, threads: int) -> float:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ref = ReferenceTrainer(data, model, OPTIMIZER, batch, seed=0)
+        for i in range(WARMUP):
+            ref.step(0, i)
+        t = time.perf_counter()
+        for i in range(WARMUP, WARMUP + steps):
+            ref.step(0, i)
+        return steps * batch / (time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(before)
+
+
+def throughput(synthetic: Path, rounds: int, steps: int, batch: int) -> None:
+    ds = Dataset.open(synthetic)
+    model = model_for(ds, 0)
+    data = load_training_data(ds, model.features)
+    plans = {d: plan_for(synthetic, d, batch, model.dim) for d in (1, 2)}
+    cores = os.cpu_count() or 1
+    idle = os.getloadavg()[0]
+    print(f"\nthroughput on the synthetic log: batch {batch}, {steps} steps after {WARMUP} warm-up, {rounds} rounds, "
+          f"{cores} cores, torch {torch.__version__}; load before the first round {idle:.2f}"
+          + (f" (not quiet: above {cores / 2:.1f})" if idle > cores / 2 else ""))
+    rates: dict[str, list[float]] = {}
+    loads = []
+    with dask_client(workers=1) as one, dask_client(workers=2) as two:
+        clients = {1: one, 2: two}
+        for r in range(rounds):
+            loads.append(os.getloadavg()[0])
+            for devices in (1, 2):
+                train = TrainConfig(batch_size=batch, max_steps=WARMUP + steps, eval_users=None)
+                with Engine(clients[devices], str(synthetic), *plans[devices], model, OPTIMIZER, train) as engine:
+                    rates.setdefault(f"engine, {devices} device(s)", []).append(engine.fit().examples_per_s)
+            for threads in (1, 2):
+                rates.setdefault(f"pytorch, {threads} thread(s)", []).append(
+                    pytorch_rate(data, model, batch, steps, threads))
+    print(f"load {min(loads):.2f}-{max(loads):.2f} at the rounds' starts")
+    print(f"{'trainer':<24} {'examples/s: min':>15} {'median':>9} {'max':>9}")
+    for name, v in rates.items():
+        print(f"{name:<24} {min(v):>15,.0f} {float(np.median(v)):>9,.0f} {max(v):>9,.0f}")
+    e1, e2 = rates["engine, 1 device(s)"], rates["engine, 2 device(s)"]
+    p1, p2 = rates["pytorch, 1 thread(s)"], rates["pytorch, 2 thread(s)"]
+    print(f"\n{'ratio (per round)':<36} {'min / median / max':>24}")
+    for name, v in {"engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2)],
+                    "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1)],
+                    "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1)]}.items():
+        print(f"{name:<36} {spread(v, 2):>24}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="shardflow-bench-") as scratch:
+        scratch = Path(scratch)
+        for name, src in SAMPLES.items():
+            import_dataset("criteo", src, scratch / name, hash_rows=HASH_ROWS)
+        synthetic = scratch / "synthetic"
+        import_dataset("criteo", synth_click_log(scratch / "synthetic.csv", args.rows, SYNTH_TABLES, seed=1),
+                       synthetic, hash_rows=HASH_ROWS)
+        print(f"synthetic log: {args.rows:,} rows, {len(SYNTH_TABLES)} tables hashed into {HASH_ROWS:,} rows, "
+              f"13 numeric columns, click rate {Dataset.open(synthetic).column('labels').mean():.3f}")
+        if not args.skip_quality:
+            quality(scratch, synthetic, args.seeds)
+        if not args.skip_throughput:
+            throughput(synthetic, args.rounds, args.steps, args.batch_size)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The retraining flow on a click log: the Criteo sample imported night by night, a DLRM per version."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from flows.retrain import retrain
+from runs import SMALL, TOPOLOGY
+from support import REAL
+from test_retrain_flow import artifact_rows
+from shardflow.config import RetrainConfig
+from shardflow.errors import InputError
+from storage.checkpoint import verify_export
+from tasks.retrain import artifact_key
+
+
+@pytest.fixture(scope="module")
+def nights(tmp_path_factory):
+    """The sample's 200 rows as two nights' logs: 140 rows, then 60."""
+    root = tmp_path_factory.mktemp("clicks")
+    lines = REAL["criteo"].read_text().splitlines()
+    (root / "logs").mkdir()
+    (root / "topo.yaml").write_text(TOPOLOGY)
+    return root, lines[0], lines[1:]
+
+
+def config(root, client, **kw) -> RetrainConfig:
+    values = dict(dataset=str(root / "logs"), dataset_format="criteo", hash_rows=256, run_dir=str(root / "run"),
+                  topology=str(root / "topo.yaml"), scheduler_address=client.scheduler.address,
+                  **{**SMALL, "batch_size": 16, "bottom_mlp": (8,), "eval_users": None})
+    return RetrainConfig.build({**values, **kw})
+
+
+def test_two_nights_of_a_click_log_make_two_dlrm_versions(prefect_api, client, nights):
+    root, header, rows = nights
+    (root / "logs" / "day1.csv").write_text("\n".join([header, *rows[:140]]) + "\n")
+    state = retrain(config(root, client), return_state=True)
+    first = state.result()
+    assert first["trained"] and first["promoted"] and first["window"] == [0, 0]
+    assert first["hr_at_10"] is None and 0 <= first["auc"] <= 1 and math.isfinite(first["logloss"])
+    assert first["eval_users"] == 14  # the last 10% of 140 rows
+    assert first["bytes_per_step"] == pytest.approx(first["modeled_bytes_per_step"], rel=0.05)
+    model = verify_export(first["model"])
+    assert model["model"]["kind"] == "click" and len(model["tables"]) == 26
+    tiers = artifact_rows(state.state_details.flow_run_id, artifact_key("plan-tables", root / "run"))
+    assert [r["table"] for r in tiers] == [f"C{i}" for i in range(1, 27)]
+    assert all(r["rows"] == 256 and r["table-wise"].startswith("device ") for r in tiers)
+    assert len({r["table-wise"] for r in tiers}) == 2, "26 tables packed onto both devices"
+
+    (root / "logs" / "day2.csv").write_text("\n".join([header, *rows[140:]]) + "\n")
+    second = retrain(config(root, client))
+    assert second["trained"] and second["warm_start_from"] == 1 and second["window"] == [1, 1]
+    assert second["eval_users"] == 6 and second["previous_logloss"] is not None and second["previous_hr_at_10"] is None
+    assert second["promoted"] == (second["auc"] >= second["previous_auc"] - 0.002)
+    assert second["parts_added"] == ["day2.csv"]
+
+
+def test_click_settings_are_checked_before_any_work(nights):
+    root, _, _ = nights
+    base = dict(dataset=str(root / "logs"), run_dir=str(root / "bad"), topology=str(root / "topo.yaml"))
+    with pytest.raises(InputError, match="hash_rows = 64 with dataset_format 'sasrec'; accepted: hash_rows only with"):
+        RetrainConfig.build({**base, "hash_rows": 64})
+    with pytest.raises(InputError, match="hash_rows = 0: .*accepted: an integer >= 1 or 'exact'"):
+        RetrainConfig.build({**base, "dataset_format": "criteo", "hash_rows": 0})
+    with pytest.raises(InputError, match=r"bottom_mlp = \[8, 0\]: .*accepted: integers >= 1"):
+        RetrainConfig.build({**base, "dataset_format": "criteo", "bottom_mlp": [8, 0]})
+    assert not (root / "bad").exists()
+    assert RetrainConfig.build({**base, "dataset_format": "criteo", "hash_rows": "exact"}).hash_rows == "exact"
+    np.testing.assert_equal(RetrainConfig.build({**base, "dataset_format": "criteo"}).bottom_mlp, (64,))
