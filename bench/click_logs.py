@@ -1,7 +1,7 @@
 """Click logs: the DLRM's held-out quality against logistic regression, and its training speed.
 
     python bench/click_logs.py [--rows 1000000] [--seeds 3] [--rounds 3] [--steps 20]
-                               [--batch-size 4096] [--skip-quality] [--skip-throughput]
+                               [--batch-size 4096] [--skip-quality] [--skip-traffic] [--skip-throughput]
 
 Quality, on the bundled Criteo sample (200 rows) and Avazu sample (100 rows), imported
 with 2^16-row hashed tables, and on a synthetic Criteo-layout log of --rows rows whose
@@ -20,6 +20,13 @@ every dataset's last 10% of rows are held out (the split shardflow evaluates on)
     batch orders, min/median/max printed.
 Both are fixed before looking at the held-out rows (no tuning on them). The samples
 hold out 20 and 10 rows: their AUCs are worth little, and the table says so.
+
+Traffic, on all three over topologies/demo-4.yaml (2 nodes x 2 devices), dim 16, scope
+device: every strategy planned from the dataset's profile (table-wise at 300% memory
+slack, so that whole tables fit; the others at 10%), the cost model's bytes and time per
+step beside the bytes the devices send in 6 steps (in process: the same messages as on a
+cluster; the samples' epochs have 5 and 2 steps), and where flexshard and table-wise put
+the tables.
 
 Throughput, on the synthetic log: the engine on 1 and 2 devices (FlexShard plan, 10%
 slack) beside its PyTorch peer, the same DLRM in one process with whole tables and
@@ -44,7 +51,7 @@ from shardflow.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.strategies import budget_bytes_per_device, propose
-from shardflow.planner.topology import uniform
+from shardflow.planner.topology import load_topology, uniform
 from shardflow.synthetic_clicks import synth_click_log
 from shardflow.training.clicks import load_training_data
 from shardflow.training.engine import Engine, TrainConfig
@@ -59,6 +66,7 @@ SAMPLES = {"criteo-sample": DATA / "criteo-sample" / "criteo_sample.txt",
 # Synthetic tables: (values, Zipf alpha); three large, ten medium, thirteen small, as Criteo's spread.
 SYNTH_TABLES = [(100_000, 1.1)] * 3 + [(1_000, 0.8)] * 10 + [(50, 0.5)] * 13
 HASH_ROWS = 1 << 16
+DEMO = Path(__file__).resolve().parents[1] / "topologies" / "demo-4.yaml"
 OPTIMIZER = OptimizerConfig()
 LR_L2 = 1e-3
 WARMUP = 2
@@ -142,6 +150,46 @@ def quality(scratch: Path, synthetic: Path, seeds: int) -> None:
         print(f"{'':<38}  {'DLRM':<8} {spread([r[0] for r in runs]):>24} {spread([r[1] for r in runs]):>24}")
 
 
+TRAFFIC_SLACK = {"table-wise": 3.0, "row-wise-mod": 0.1, "row-wise-block": 0.1, "flexshard": 0.1}
+TRAFFIC_STEPS = 6
+
+
+def traffic(scratch: Path, synthetic: Path, batch: int) -> None:
+    from shardflow.planner.report import table_tiers
+    from shardflow.planning import make_plan, read_plan
+    from shardflow.profiling import profile_dataset
+    from shardflow.training.run import in_process, prepare
+
+    topology = load_topology(DEMO)
+    print(f"\ntraffic per step on {DEMO.name}, dim 16, scope device (the first {TRAFFIC_STEPS} steps of an epoch, or "
+          "all of them, measured in process)")
+    print(f"{'dataset':<16} {'batch':>6} {'strategy':<15} {'modeled MB':>11} {'measured MB':>12} {'ratio':>6} "
+          f"{'comm µs':>8}")
+    with dask_client(workers=2) as client:
+        for name, path, b in [(n, scratch / n, 32) for n in SAMPLES] + [("synthetic", synthetic, batch)]:
+            profile_dataset(path, scratch / f"{name}.profile", client=client)
+            plans = {}
+            for strategy, slack in TRAFFIC_SLACK.items():
+                out = scratch / f"{name}.{strategy}"
+                s = make_plan(scratch / f"{name}.profile", out, topology, strategy=strategy,
+                              shape=StepShape(b, 16, "device"), memory_slack=slack)
+                job = prepare(path, out, TrainConfig(batch_size=b, dedup="device"), mlp=(64, 32))
+                driver = in_process(job)
+                steps = min(TRAFFIC_STEPS, driver.devices[0].data.steps_per_epoch(b))  # whole batches only
+                for i in range(steps):
+                    driver.step(0, i, i, 0)
+                sent = sum(float(t["lookup"].sum() + t["sync"].sum()) for t in (d.traffic() for d in driver.devices))
+                measured = sent / steps
+                print(f"{name:<16} {b:>6,} {strategy:<15} {job.predicted_bytes_per_step / 1e6:>11.4f} "
+                      f"{measured / 1e6:>12.4f} {measured / job.predicted_bytes_per_step:>6.3f} "
+                      f"{s['comm_time_s_per_step'] * 1e6:>8.2f}")
+                plans[strategy] = read_plan(out)[0]
+            tiers = table_tiers({k: plans[k] for k in ("table-wise", "flexshard")}, topology)
+            print(f"  {name} tables (table-wise | flexshard): "
+                  + "; ".join(f"{r['table']} {r['table-wise']} | {r['flexshard']}" for r in tiers[:6])
+                  + (f"; ... {len(tiers) - 6} more" if len(tiers) > 6 else ""))
+
+
 def plan_for(path: Path, devices: int, batch: int, dim: int):
     ds = Dataset.open(path)
     access = [TableAccess.from_counts(t, np.bincount(ds.ids(t), minlength=ds.info.table(t).rows), 1.0)
@@ -210,6 +258,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument("--skip-traffic", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-") as scratch:
@@ -223,6 +272,8 @@ def main() -> None:
               f"13 numeric columns, click rate {Dataset.open(synthetic).column('labels').mean():.3f}")
         if not args.skip_quality:
             quality(scratch, synthetic, args.seeds)
+        if not args.skip_traffic:
+            traffic(scratch, synthetic, args.batch_size)
         if not args.skip_throughput:
             throughput(synthetic, args.rounds, args.steps, args.batch_size)
 

@@ -110,21 +110,21 @@ class ClickData(EpochOrder):
         self._cache.move_to_end(block)
         return held
 
-    def _gather(self, column: str, targets: np.ndarray, dtype) -> np.ndarray:
-        out = np.empty(targets.size, dtype=dtype)
-        blocks = targets // self.block_events
-        for b in np.unique(blocks).tolist():
-            sel = blocks == b
-            out[sel] = self._block(b)[column][targets[sel] - b * self.block_events]
-        return out
-
     def examples(self, targets: np.ndarray, config: ClickConfig, seed: int = 0, negatives: int | None = None) -> Clicks:
         targets = np.asarray(targets, dtype=np.int64)
+        ids = {t: np.empty(targets.size, dtype=np.int64) for t in config.features}
         numeric = np.empty((targets.size, len(self.numeric)), dtype=np.float32)
-        for k, n in enumerate(self.numeric):
-            numeric[:, k] = self._gather(f"dense/{n}", targets, np.float32)
-        return Clicks(ids={t: self._gather(t, targets, np.int64) for t in config.features}, numeric=numeric,
-                      labels=self._gather("labels", targets, np.float32), position=targets)
+        labels = np.empty(targets.size, dtype=np.float32)
+        blocks = targets // self.block_events
+        for b in np.unique(blocks).tolist():  # each block's rows found once, for every column
+            sel = np.flatnonzero(blocks == b)
+            at, held = targets[sel] - b * self.block_events, self._block(b)
+            for t in config.features:
+                ids[t][sel] = held[t][at]
+            for k, n in enumerate(self.numeric):
+                numeric[sel, k] = held[f"dense/{n}"][at]
+            labels[sel] = held["labels"][at]
+        return Clicks(ids=ids, numeric=numeric, labels=labels, position=targets)
 
     def lookups(self, ex: Clicks, config: ClickConfig, dedup: str) -> Lookups:
         """Which rows a trainer needs for `ex`; with scope `none` each occurrence is fetched on its own."""

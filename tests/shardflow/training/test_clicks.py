@@ -125,3 +125,43 @@ def test_unknown_categorical_tables_are_refused_by_name(clicks):
     path, model, data = clicks
     with pytest.raises(InputError, match="categorical tables \\['nope'\\]; accepted: some of .*C1"):
         load_training_data(path, ("nope",))
+
+
+def test_a_click_checkpoint_resumes_bitwise_and_its_export_warm_starts_another_plan(client, clicks, tmp_path):
+    from storage.checkpoint import verify_export
+
+    path, model, data = clicks
+    train = TrainConfig(CLICK_BATCH, "device")
+    with Engine(client, path, planned(path, "flexshard", 4, dim=model.dim, batch=CLICK_BATCH), TOPOLOGIES[4], model,
+                OPTIMIZER, train) as e:
+        plan = e.plan
+        for i in range(2):
+            e.step(0, i)
+        e.checkpoint(tmp_path / "run" / "checkpoints" / "epoch-000001", {"epochs_done": 1})
+        for i in range(2, 4):
+            e.step(0, i)
+        uninterrupted = e.parameters()
+        e.export(tmp_path / "model", {"epochs": 1})
+    with Engine(client, path, plan, TOPOLOGIES[4], model, OPTIMIZER, train) as e:
+        assert e.restore(tmp_path / "run" / "checkpoints" / "epoch-000001")["step"] == 2
+        for i in range(2, 4):
+            e.step(0, i)
+        resumed = e.parameters()
+    for a, b in zip(uninterrupted, resumed):
+        for t in model.features:
+            assert a[t]["weights"].tobytes() == b[t]["weights"].tobytes()
+        for k in a.get("dense", {}):
+            assert a["dense"][k].tobytes() == b["dense"][k].tobytes()
+    other = planned(path, "table-wise", 2, dim=model.dim, batch=CLICK_BATCH)
+    with Engine(client, path, other, TOPOLOGIES[2], model, OPTIMIZER, train) as e:
+        e.warm_start(tmp_path / "model", verify_export(tmp_path / "model"))
+        started = e.parameters()
+    for k, v in uninterrupted[0]["dense"].items():
+        assert started[0]["dense"][k].tobytes() == v.tobytes()
+    for t in model.features:
+        exported = {}
+        for shard in uninterrupted:
+            exported.update(zip(shard[t]["ids"].tolist(), shard[t]["weights"]))
+        for shard in started:
+            for i, row in zip(shard[t]["ids"].tolist(), shard[t]["weights"]):
+                assert row.tobytes() == exported[i].tobytes(), (t, i)
