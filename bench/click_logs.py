@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +58,7 @@ from shardflow.training.metrics import log_loss, roc_auc
 from shardflow.training.reference import ReferenceTrainer
 from storage.dataset import Dataset
 from storage.importers import import_dataset
+from train_throughput import WARMUP, pytorch_rate  # this directory: the sequence benchmark's PyTorch peer
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SAMPLES = {"criteo-sample": DATA / "criteo-sample" / "criteo_sample.txt",
@@ -69,7 +69,6 @@ HASH_ROWS = 1 << 16
 DEMO = Path(__file__).resolve().parents[1] / "topologies" / "demo-4.yaml"
 OPTIMIZER = OptimizerConfig()
 LR_L2 = 1e-3
-WARMUP = 2
 
 
 def model_for(ds: Dataset, seed: int) -> ClickConfig:
@@ -197,21 +196,6 @@ def plan_for(path: Path, devices: int, batch: int, dim: int):
     topo = uniform(1, devices, 12.5)
     model = CostModel(topo, StepShape(batch, dim))
     return propose("flexshard", access, topo, budget_bytes_per_device(access, topo, dim, 0.1), model), topo
-
-
-def pytorch_rate(data, model: ClickConfig, batch: int, steps: int, threads: int) -> float:
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        ref = ReferenceTrainer(data, model, OPTIMIZER, batch, seed=0)
-        for i in range(WARMUP):
-            ref.step(0, i)
-        t = time.perf_counter()
-        for i in range(WARMUP, WARMUP + steps):
-            ref.step(0, i)
-        return steps * batch / (time.perf_counter() - t)
-    finally:
-        torch.set_num_threads(before)
 
 
 def throughput(synthetic: Path, rounds: int, steps: int, batch: int) -> None:

@@ -67,11 +67,13 @@ def plan_for(dataset: Path, devices: int, batch_size: int):
     return propose("flexshard", access, topo, budget_bytes_per_device(access, topo, MODEL.dim, 0.1), model), topo
 
 
-def pytorch_rate(data: TrainData, batch_size: int, steps: int, threads: int) -> float:
+def pytorch_rate(data, model, batch_size: int, steps: int, threads: int) -> float:
+    """The PyTorch peer: shardflow's reference trainer of `model` with `threads` threads, examples/s after
+    WARMUP steps."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        ref = ReferenceTrainer(data, MODEL, OPTIMIZER, batch_size, seed=0)
+        ref = ReferenceTrainer(data, model, OPTIMIZER, batch_size, seed=0)
         for i in range(WARMUP):
             ref.step(0, i)
         t = time.perf_counter()
@@ -138,7 +140,7 @@ def main() -> None:
                     rates.setdefault(f"engine, {devices} device(s)", []).append(e["rate"])
                     splits[devices].append(e["timings"])
                 for threads in (1, 2):
-                    rates.setdefault(f"pytorch, {threads} thread(s)", []).append(pytorch_rate(data, B, n, threads))
+                    rates.setdefault(f"pytorch, {threads} thread(s)", []).append(pytorch_rate(data, MODEL, B, n, threads))
                 if not skipped:
                     rate, skipped = torchrec_rate(args.torchrec_python, dataset, B, n)
                     if rate is not None:

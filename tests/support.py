@@ -167,3 +167,17 @@ def split_into_days(src: Path, out: Path, shares: tuple[float, ...] = (1, 1, 1),
         np.savetxt(path, np.stack([users[keep], items[keep]], axis=1), fmt="%d")
         paths.append(path)
     return paths
+
+
+def numeric_gradient(param, loss, eps: float = 1e-6) -> np.ndarray:
+    """Central finite differences of `loss()` in every entry of the float64 tensor `param` (restored after)."""
+    out = np.zeros(tuple(param.shape))
+    for i in np.ndindex(*param.shape):
+        keep = float(param[i])
+        param[i] = keep + eps
+        up = loss()
+        param[i] = keep - eps
+        down = loss()
+        param[i] = keep
+        out[i] = (up - down) / (2 * eps)
+    return out

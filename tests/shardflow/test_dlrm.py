@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from support import numeric_gradient
 from shardflow.dlrm import ClickConfig, ClickIndex, numeric_input
 from shardflow.errors import InputError
 from shardflow.model import forward_backward
@@ -83,17 +84,8 @@ def test_gradients_match_finite_differences(which):
     grads = forward_backward(config, dense, rows, _tensor_index(index), norm=9)
     targets = dense if which == "dense" else {which: rows[which]}
     analytic = grads.dense if which == "dense" else {which: grads.rows[which]}
-    eps = 1e-6
     for name, param in targets.items():
-        numeric = np.zeros(tuple(param.shape))
-        for i in np.ndindex(*param.shape):
-            keep = float(param[i])
-            param[i] = keep + eps
-            up = _loss(config, dense, rows, index)
-            param[i] = keep - eps
-            down = _loss(config, dense, rows, index)
-            param[i] = keep
-            numeric[i] = (up - down) / (2 * eps)
+        numeric = numeric_gradient(param, lambda: _loss(config, dense, rows, index))
         np.testing.assert_allclose(analytic[name].numpy(), numeric, rtol=1e-5, atol=1e-8, err_msg=name)
     assert grads.loss_sum == pytest.approx(_loss(config, dense, rows, index) * 9, rel=1e-12)
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from support import numeric_gradient
 from shardflow.model import BatchIndex, ModelConfig, forward_backward, init_dense, init_rows, scores
 from shardflow.optim import DenseOptimizer, OptimizerConfig, row_adagrad
 
@@ -64,17 +65,8 @@ def test_gradients_match_finite_differences(which):
     grads = forward_backward(CONFIG, dense, rows, index.on(CPU), norm=7)
     targets = dense if which == "dense" else {which: rows[which]}
     analytic = grads.dense if which == "dense" else {which: grads.rows[which]}
-    eps = 1e-6
     for name, param in targets.items():
-        numeric = np.zeros(tuple(param.shape))
-        for i in np.ndindex(*param.shape):
-            keep = float(param[i])
-            param[i] = keep + eps
-            up = _loss(dense, rows, index)
-            param[i] = keep - eps
-            down = _loss(dense, rows, index)
-            param[i] = keep
-            numeric[i] = (up - down) / (2 * eps)
+        numeric = numeric_gradient(param, lambda: _loss(dense, rows, index))
         np.testing.assert_allclose(analytic[name].numpy(), numeric, rtol=1e-5, atol=1e-8, err_msg=name)
         assert np.abs(numeric).max() > 1e-4, f"{name}: a gradient this small checks nothing"
 
