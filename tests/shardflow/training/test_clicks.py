@@ -165,3 +165,22 @@ def test_a_click_checkpoint_resumes_bitwise_and_its_export_warm_starts_another_p
         for shard in started:
             for i, row in zip(shard[t]["ids"].tolist(), shard[t]["weights"]):
                 assert row.tobytes() == exported[i].tobytes(), (t, i)
+
+
+def test_a_window_trains_its_parts_and_holds_out_the_last_tenth_of_those_it_is_evaluated_on(tmp_path):
+    from shardflow.training.clicks import training_window_start
+
+    lines = REAL["criteo"].read_text().splitlines()
+    (tmp_path / "logs").mkdir()
+    for name, rows in (("day1.csv", lines[1:101]), ("day2.csv", lines[101:191]), ("day3.csv", lines[191:])):
+        (tmp_path / "logs" / name).write_text("\n".join([lines[0], *rows]) + "\n")
+    import_dataset("criteo", tmp_path / "logs", tmp_path / "ds", hash_rows=64)
+    ds = Dataset.open(tmp_path / "ds")
+    late = ClickData(ds, ("C1",), (2, 2))
+    np.testing.assert_array_equal(late.eval_targets, [199])  # ceil(10% of day 3's 9 rows)
+    np.testing.assert_array_equal(late.train_targets(), np.arange(190, 199))
+    wide = ClickData(ds, ("C1",), (1, 2))
+    np.testing.assert_array_equal(wide.train_targets(), np.arange(100, 199))
+    assert training_window_start(ds, 2, batch_size=8, eval_from=2) == 2
+    assert training_window_start(ds, 2, batch_size=16, eval_from=2) == 1  # day 3 alone holds 9 training rows
+    assert training_window_start(ds, 2, batch_size=500, eval_from=2) == 0
