@@ -56,7 +56,7 @@ def clicks(client, tmp_path_factory):
     into 2^14 rows each: the DLRM reads one row of every table per example."""
     root = tmp_path_factory.mktemp("clicks")
     tables = [(20_000, 1.1)] * 3 + [(1_000, 0.8)] * 10 + [(50, 0.5)] * 13
-    import_dataset("criteo", synth_click_log(root / "log.csv", 40_000, tables, seed=2), root / "ds", hash_rows=1 << 14)
+    import_dataset("criteo", synth_click_log(root / "log.csv", 20_000, tables, seed=2), root / "ds", hash_rows=1 << 14)
     return plan_every_strategy(root, client)
 
 

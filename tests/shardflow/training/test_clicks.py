@@ -24,14 +24,26 @@ CLICK_BATCH = 24
 CLICK_STEPS = 3
 
 
-@pytest.fixture(scope="module", params=["criteo", "avazu"])
-def clicks(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp("clicks") / request.param
-    import_dataset("criteo", REAL["criteo"] if request.param == "criteo" else AVAZU, path, hash_rows=64)
+def _imported(tmp_path_factory, name: str):
+    path = tmp_path_factory.mktemp("clicks") / name
+    import_dataset("criteo", REAL["criteo"] if name == "criteo" else AVAZU, path, hash_rows=64)
     ds = Dataset.open(path)
     model = ClickConfig(dim=4, bottom=(8,), mlp=(8,), features=tuple(ds.info.table_names), numeric=ds.info.dense,
                         seed=1)
     return str(path), model, load_training_data(ds, model.features)
+
+
+@pytest.fixture(scope="module", params=["criteo", "avazu"])
+def clicks(request, tmp_path_factory):
+    """Either sample: the checks of the data and of exactness in process run on both layouts."""
+    return _imported(tmp_path_factory, request.param)
+
+
+@pytest.fixture(scope="module")
+def criteo(tmp_path_factory):
+    """The Criteo sample alone: the full grid in process and the cluster's checks (the Avazu layout differs
+    only in its examples, which the cells on `clicks` cover)."""
+    return _imported(tmp_path_factory, "criteo")
 
 
 def test_the_held_out_rows_are_the_last_tenth_and_never_trained_on(clicks):
@@ -59,11 +71,7 @@ def test_examples_carry_the_stored_ids_numeric_columns_and_labels(clicks):
     assert ex.numeric.shape == (4, len(model.numeric))
 
 
-@pytest.mark.parametrize("dedup", ["none", "device", "node"])
-@pytest.mark.parametrize("devices", [1, 2, 3, 4])
-@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
-def test_every_strategy_and_scope_learns_what_the_reference_learns(clicks, strategy, devices, dedup):
-    path, model, data = clicks
+def _learns_what_the_reference_learns(path, model, data, strategy, devices, dedup):
     plan = planned(path, strategy, devices, dim=model.dim, batch=CLICK_BATCH)
     devs = in_process_devices(data, plan, TOPOLOGIES[devices], dedup, batch=CLICK_BATCH, model=model)
     driver = InProcess(devs)
@@ -76,8 +84,20 @@ def test_every_strategy_and_scope_learns_what_the_reference_learns(clicks, strat
     assert max(np.abs(ref.dense[k] - start[k]).max() for k in start) > 1e-4, "training changed nothing"
 
 
-def test_the_engine_trains_evaluates_and_exports_a_click_model(client, clicks, tmp_path):
-    path, model, data = clicks
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
+@pytest.mark.parametrize("devices", [1, 2, 3, 4])
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_every_strategy_and_scope_learns_what_the_reference_learns(criteo, strategy, devices, dedup):
+    _learns_what_the_reference_learns(*criteo, strategy, devices, dedup)
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_every_strategy_learns_what_the_reference_learns_on_both_layouts(clicks, strategy):
+    _learns_what_the_reference_learns(*clicks, strategy, 3, "node")
+
+
+def test_the_engine_trains_evaluates_and_exports_a_click_model(client, criteo, tmp_path):
+    path, model, data = criteo
     plan = planned(path, "flexshard", 4, dim=model.dim, batch=CLICK_BATCH)
     train = TrainConfig(CLICK_BATCH, "node", epochs=2, eval_users=None)
     with Engine(client, path, plan, TOPOLOGIES[4], model, OPTIMIZER, train) as e:
@@ -127,10 +147,10 @@ def test_unknown_categorical_tables_are_refused_by_name(clicks):
         load_training_data(path, ("nope",))
 
 
-def test_a_click_checkpoint_resumes_bitwise_and_its_export_warm_starts_another_plan(client, clicks, tmp_path):
+def test_a_click_checkpoint_resumes_bitwise_and_its_export_warm_starts_another_plan(client, criteo, tmp_path):
     from storage.checkpoint import verify_export
 
-    path, model, data = clicks
+    path, model, data = criteo
     train = TrainConfig(CLICK_BATCH, "device")
     with Engine(client, path, planned(path, "flexshard", 4, dim=model.dim, batch=CLICK_BATCH), TOPOLOGIES[4], model,
                 OPTIMIZER, train) as e:
