@@ -195,10 +195,31 @@ class TrainData(EpochOrder):
         return ex
 
     def lookups(self, ex: Examples, config: ModelConfig, dedup: str) -> "Lookups":
-        return lookups(ex, self, config, dedup)
+        """Which rows a trainer needs for `ex` (the history, the candidates, the features) and where each
+        lookup finds its row among them."""
+        candidates = np.concatenate([ex.positive[:, None], ex.negatives], axis=1)
+        valid = ex.history != PAD
+        per_table = {self.item: np.concatenate([ex.history[valid], candidates.reshape(-1)]),
+                     **{name: ex.features[name] for name in config.features}}
+        fetch, where = {}, {}
+        for name, ids in per_table.items():
+            fetch[name], where[name] = fetched(ids, dedup)
+        n_hist = int(valid.sum())
+        history = np.full(ex.history.shape, -1, dtype=np.int64)
+        history[valid] = where[self.item][:n_hist]
+        index = BatchIndex(item=self.item, history=history,
+                           candidates=where[self.item][n_hist:].reshape(candidates.shape),
+                           features={name: where[name] for name in config.features})
+        return Lookups(fetch=fetch, index=index)
 
     def table_index(self, ex: Examples, config: ModelConfig) -> BatchIndex:
-        return table_index(ex, self, config)
+        """Where each lookup of `ex` finds its row in whole tables (row = id): the reference trainer's index."""
+        return BatchIndex(
+            item=self.item,
+            history=ex.history.astype(np.int64),  # PAD is -1
+            candidates=np.concatenate([ex.positive[:, None], ex.negatives], axis=1).astype(np.int64),
+            features={name: ex.features[name] for name in config.features},
+        )
 
     # -- evaluation: leave-last-out ------------------------------------------------------------
     def eval_examples(self, targets: np.ndarray, config: ModelConfig, seed: int, candidates: int) -> Examples:
@@ -277,37 +298,9 @@ class Lookups:
     index: BatchIndex  # positions into the fetched rows
 
 
-def lookups(ex: Examples, data: TrainData, config: ModelConfig, dedup: str) -> Lookups:
-    """Which rows a trainer needs for `ex`; with scope `none` each occurrence is fetched on its own."""
-    candidates = np.concatenate([ex.positive[:, None], ex.negatives], axis=1)
-    valid = ex.history != PAD
-    item_ids = np.concatenate([ex.history[valid], candidates.reshape(-1)])
-    per_table = {data.item: item_ids}
-    for name in config.features:
-        per_table[name] = ex.features[name]
-    fetch, where = {}, {}
-    for name, ids in per_table.items():
-        if dedup in ("device", "node"):  # a node's proxies de-duplicate again across its trainers
-            fetch[name], where[name] = np.unique(ids, return_inverse=True)
-        else:
-            fetch[name], where[name] = ids, np.arange(ids.size)
-    n_hist = int(valid.sum())
-    history = np.full(ex.history.shape, -1, dtype=np.int64)
-    history[valid] = where[data.item][:n_hist]
-    index = BatchIndex(
-        item=data.item,
-        history=history,
-        candidates=where[data.item][n_hist:].reshape(candidates.shape),
-        features={name: where[name] for name in config.features},
-    )
-    return Lookups(fetch=fetch, index=index)
-
-
-def table_index(ex: Examples, data: TrainData, config: ModelConfig) -> BatchIndex:
-    """Where each lookup of `ex` finds its row in whole tables (row = id): the reference trainer's index."""
-    return BatchIndex(
-        item=data.item,
-        history=ex.history.astype(np.int64),  # PAD is -1
-        candidates=np.concatenate([ex.positive[:, None], ex.negatives], axis=1).astype(np.int64),
-        features={name: ex.features[name] for name in config.features},
-    )
+def fetched(ids: np.ndarray, dedup: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the ids a trainer fetches, where each lookup finds its row among them): distinct ids with scopes
+    device and node (a node's proxies de-duplicate again across its trainers), every occurrence with none."""
+    if dedup in ("device", "node"):
+        return np.unique(ids, return_inverse=True)
+    return ids, np.arange(ids.size)

@@ -25,7 +25,7 @@ from shardflow.dlrm import ClickConfig, ClickIndex, numeric_input
 from shardflow.errors import InputError
 from shardflow.model import ModelConfig
 from shardflow.training.batches import (CACHED_BLOCKS, ORDER_BLOCK_EVENTS, EpochOrder, Lookups, TrainData,
-                                        window_start)
+                                        fetched, window_start)
 from shardflow.training.metrics import log_loss, roc_auc
 from storage.dataset import Dataset
 
@@ -130,11 +130,7 @@ class ClickData(EpochOrder):
         """Which rows a trainer needs for `ex`; with scope `none` each occurrence is fetched on its own."""
         fetch, where = {}, {}
         for name in config.features:
-            ids = ex.ids[name]
-            if dedup in ("device", "node"):
-                fetch[name], where[name] = np.unique(ids, return_inverse=True)
-            else:
-                fetch[name], where[name] = ids, np.arange(ids.size)
+            fetch[name], where[name] = fetched(ex.ids[name], dedup)
         return Lookups(fetch=fetch, index=ClickIndex(where, numeric_input(ex.numeric), ex.labels))
 
     def table_index(self, ex: Clicks, config: ClickConfig) -> ClickIndex:
