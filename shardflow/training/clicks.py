@@ -37,7 +37,6 @@ class Clicks:
     ids: dict  # table -> int64 [E]
     numeric: np.ndarray  # float32 [E, numeric columns], as stored (NaN = missing)
     labels: np.ndarray  # float32 [E]
-    position: np.ndarray  # int64 [E], the row's index in the dataset
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -124,7 +123,7 @@ class ClickData(EpochOrder):
             for k, n in enumerate(self.numeric):
                 numeric[sel, k] = held[f"dense/{n}"][at]
             labels[sel] = held["labels"][at]
-        return Clicks(ids=ids, numeric=numeric, labels=labels, position=targets)
+        return Clicks(ids=ids, numeric=numeric, labels=labels)
 
     def lookups(self, ex: Clicks, config: ClickConfig, dedup: str) -> Lookups:
         """Which rows a trainer needs for `ex`; with scope `none` each occurrence is fetched on its own."""
