@@ -99,7 +99,8 @@ def _store(out: str | Path, plan: ShardingPlan, accesses: list[TableAccess], mod
                    "step": dataclasses.asdict(model.shape), "budget_bytes_per_device": int(budget),
                    "source": provenance}
     with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
-        write_plan(stage, {t.name: (t.tier, t.home) for t in plan.tables}, description, summary)
+        write_plan(stage, {t.name: {"tier": t.tier, "home": t.home, "partial_ids": t.partial_ids,
+                                    "partial_nodes": t.partial_nodes} for t in plan.tables}, description, summary)
     return summary
 
 
@@ -108,7 +109,7 @@ def read_plan(path: str | Path) -> tuple[ShardingPlan, Topology, StepShape, dict
     arrays, m = read_plan_arrays(path)
     topology = parse_topology(m["topology"], f"{path}/manifest.json topology")
     shape = StepShape(**m["step"])
-    plan = ShardingPlan(m["strategy"], tuple(TablePlan(name, tier, home) for name, (tier, home) in arrays.items()))
+    plan = ShardingPlan(m["strategy"], tuple(TablePlan(name, **a) for name, a in arrays.items()))
     check_plan(plan, m["tables"], topology)
     return plan, topology, shape, m
 
@@ -120,7 +121,8 @@ def extend_plan(old: ShardingPlan, rows: dict[str, int], devices: int) -> Shardi
     for t in old.tables:
         new = np.arange(t.rows, rows[t.name], dtype=np.int64)
         tables.append(TablePlan(t.name, np.concatenate([t.tier, np.full(new.size, SINGLE, dtype=np.int8)]),
-                                np.concatenate([t.home, (new % devices).astype(np.int32)])))
+                                np.concatenate([t.home, (new % devices).astype(np.int32)]), t.partial_ids,
+                                t.partial_nodes))
     return ShardingPlan(old.strategy, tuple(tables))
 
 

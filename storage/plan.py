@@ -3,6 +3,8 @@
 Layout:
     tables/<name>/tier   int8  [rows]   0 single, 1 node, 2 global
     tables/<name>/home   int32 [rows]   device of the (primary) copy
+    tables/<name>/partial_ids    int64  node rows copied onto some nodes only (ascending;
+    tables/<name>/partial_nodes  int64  only where there are any): a bit per node with a copy
     summary.json                        what `shardflow plan --json` prints
     manifest.json                       written last: strategy, topology, step shape,
                                         budget, the profile it came from, checksum
@@ -29,13 +31,16 @@ MADE_BY = "'shardflow plan'"
 ROWS_PER_CHUNK = 1 << 22
 
 
-def write_plan(stage: Path, tables: dict[str, tuple[np.ndarray, np.ndarray]], manifest: dict, summary: dict) -> dict:
-    """`tables[name]` = (tier, home); `manifest` the plan's description (strategy, topology, step,
-    budget, source), completed with the format, the tables' rows and the checksum and written last."""
+def write_plan(stage: Path, tables: dict[str, dict[str, np.ndarray]], manifest: dict, summary: dict) -> dict:
+    """`tables[name]` = {"tier", "home"[, "partial_ids", "partial_nodes"]: array}; `manifest` the plan's
+    description (strategy, topology, step, budget, source), completed with the format, the tables' rows
+    and the checksum and written last."""
     root = zarr.open_group(str(stage), mode="w")
     digests = {}
-    for name, (tier, home) in tables.items():
-        for field, values in (("tier", tier), ("home", home)):
+    for name, arrays in tables.items():
+        for field, values in arrays.items():
+            if field.startswith("partial") and not values.size:
+                continue
             path = f"tables/{name}/{field}"
             arr = root.create_array(
                 path, shape=values.shape, dtype=values.dtype, chunks=(min(ROWS_PER_CHUNK, values.size),),
@@ -50,15 +55,16 @@ def write_plan(stage: Path, tables: dict[str, tuple[np.ndarray, np.ndarray]], ma
         "format": f"shardflow.{KIND}",
         "format_version": FORMAT_VERSION,
         **manifest,
-        "tables": {name: int(tier.size) for name, (tier, _) in tables.items()},
+        "tables": {name: int(arrays["tier"].size) for name, arrays in tables.items()},
         "checksum": combine(digests),
     }
     write_manifest(stage, manifest)
     return manifest
 
 
-def read_plan_arrays(path: str | Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict]:
-    """({table: (tier int8, home int32)}, manifest) of a complete plan store."""
+def read_plan_arrays(path: str | Path) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
+    """({table: {"tier": int8, "home": int32, "partial_ids": int64, "partial_nodes": int64}}, manifest) of a
+    complete plan store (the partial arrays empty where the table has none)."""
     path = Path(path)
     m = read_manifest(path, KIND, FORMAT_VERSION, MADE_BY)
     root = zarr.open_group(str(path), mode="r")
@@ -68,5 +74,8 @@ def read_plan_arrays(path: str | Path) -> tuple[dict[str, tuple[np.ndarray, np.n
             tier, home = root[f"tables/{name}/tier"][:], root[f"tables/{name}/home"][:]
         except KeyError:
             raise InputError(f"{path}: arrays of table '{name}' are missing; the manifest lists them") from None
-        tables[name] = (tier.astype(np.int8), home.astype(np.int32))
+        group = root[f"tables/{name}"]
+        partial = {f: group[f][:].astype(np.int64) if f in group else np.zeros(0, np.int64)
+                   for f in ("partial_ids", "partial_nodes")}
+        tables[name] = {"tier": tier.astype(np.int8), "home": home.astype(np.int32), **partial}
     return tables, m

@@ -6,7 +6,8 @@ lookups, row r read by each with probability p_r (profile classes, access.py).
 
 All-to-all ("lookup") part. A trainer reads every row it needs from the nearest copy:
 its own device (global rows, and rows whose copy lives on it: no traffic), its node's
-replica (node rows), or the row's home (single rows). For every row read remotely it
+replica (node rows), or the row's home (single rows, and node rows copied onto some
+nodes only, read by a node without a copy). For every row read remotely it
 sends the id (ID_BYTES), receives the row (4·dim), and after backward sends the id and
 the gradient (ID_BYTES + 4·dim). With de-duplication scope `none` this happens once
 per occurrence (m·p_r expected per trainer), with scope `device` once per distinct row
@@ -20,7 +21,8 @@ reduced to one place and the sum sent back to every copy, one message of
 (ID_BYTES + 4·dim) per hop:
   node rows   each non-primary node's replica sends its node's partial sum to the
               primary copy if any trainer of that node read the row; the primary sends
-              the total to every other node's replica if anyone read it;
+              the total to every other node's replica if anyone read it (only the nodes
+              holding a copy, for a row copied onto some nodes);
   global rows inside each node, every device that read the row sends its partial sum
               to the node's leader, the leaders reduce to the primary and get the total
               back as above, and each leader sends the total to the other devices of its
@@ -41,7 +43,7 @@ import numpy as np
 
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
-from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, ShardingPlan, replica_device
+from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, ShardingPlan, TablePlan, replica_device
 from shardflow.planner.topology import Topology
 
 DEDUP_SCOPES = ("none", "device", "node")
@@ -189,9 +191,10 @@ class CostModel:
         topo, P = self.topology, self.topology.devices
         a, v = ID_BYTES, VALUE_BYTES * self.shape.dim
         msg = a + v
-        relay = self.shape.dedup == "node" and len(topo.nodes) > 1
-        single_load = np.zeros(P)  # remote-read units served by each home, per trainer
-        node_units = np.zeros((len(topo.nodes), P))  # scope node: units node A's proxy fetches from each home
+        N = len(topo.nodes)
+        relay = self.shape.dedup == "node" and N > 1
+        home_load = np.zeros((N, P))  # remote-read units served by each home, per trainer of each node
+        node_units = np.zeros((N, P))  # scope node: units node A's proxy fetches from each home
         node_load = np.zeros(P)  # ... by each node replica, per trainer of its node
         reduce_in = np.zeros(P)  # global rows: P(a device reads) summed per node leader
         bcast_out = np.zeros(P)  # global rows: P(anyone reads) summed per node leader
@@ -203,46 +206,52 @@ class CostModel:
                 tier = table.tier[s : s + ROWS_PER_PASS]
                 home = table.home[s : s + ROWS_PER_PASS].astype(np.int64)
                 single = tier == SINGLE
-                single_load += np.bincount(home[single], rates.x[cls[single]], minlength=P)
-                if relay:
-                    for n in range(len(topo.nodes)):
-                        node_units[n] += np.bincount(home[single], rates.q_node[n][cls[single]], minlength=P)
                 repl = ~single
+                r_ids = np.flatnonzero(repl) + s
                 r_home, r_cls, r_tier = home[repl], cls[repl], tier[repl]
                 primary = topo.node_of_device[r_home]
-                for node in range(len(topo.nodes)):
+                is_node, is_global = r_tier == NODE, r_tier == GLOBAL
+                for node in range(N):
+                    held = is_global | (is_node & table.node_holds(r_ids, node))
+                    far = single.copy()  # read from the home by this node's trainers
+                    far[np.flatnonzero(repl)[~held]] = True
+                    home_load[node] += np.bincount(home[far], rates.x[cls[far]], minlength=P)
+                    if relay:
+                        node_units[node] += np.bincount(home[far], rates.q_node[node][cls[far]], minlength=P)
                     device = replica_device(r_home, topo, node)
-                    is_node, is_global = r_tier == NODE, r_tier == GLOBAL
-                    node_load += np.bincount(device[is_node], rates.x[r_cls[is_node]], minlength=P)
+                    held_node = is_node & held
+                    node_load += np.bincount(device[held_node], rates.x[r_cls[held_node]], minlength=P)
                     reduce_in += np.bincount(device[is_global], rates.q[r_cls[is_global]], minlength=P)
                     bcast_out += np.bincount(device[is_global], rates.q_any[r_cls[is_global]], minlength=P)
-                    other = primary != node
+                    other = (primary != node) & held
                     up = device[other] * P + r_home[other]
                     down = r_home[other] * P + device[other]
                     sync += np.bincount(up, rates.q_node[node][r_cls[other]] * msg, minlength=P * P)
                     sync += np.bincount(down, rates.q_any[r_cls[other]] * msg, minlength=P * P)
         off_diag = ~np.eye(P, dtype=bool)
         if relay:
-            lookup = self._relayed_lookups(single_load, node_units, a, v)
+            lookup = self._relayed_lookups(home_load, node_units, a, v)
         else:
-            lookup = off_diag * ((2 * a + v) * single_load[None, :] + v * single_load[:, None])
+            per_trainer = home_load[topo.node_of_device]  # [trainer, home]
+            lookup = off_diag * ((2 * a + v) * per_trainer + v * per_trainer.T)
         lookup += self._peers * ((2 * a + v) * node_load[None, :] + v * node_load[:, None])
         sync = sync.reshape(P, P) + self._peers * msg * (reduce_in[None, :] + bcast_out[:, None])
         time, link = self._time(lookup + sync)
         return PlanCost(lookup, sync, self._same_node, time, link)
 
-    def _relayed_lookups(self, single_load: np.ndarray, node_units: np.ndarray, a: int, v: int) -> np.ndarray:
+    def _relayed_lookups(self, home_load: np.ndarray, node_units: np.ndarray, a: int, v: int) -> np.ndarray:
         """Scope node: a trainer reads a single row of its own node from the home; a row of another node
         from its node's proxy for that home (replica_device), which fetches it from the home once for
         the node (q_node units) and returns one summed gradient."""
         topo, P = self.topology, self.topology.devices
         node = topo.node_of_device
-        lookup = self._peers * ((2 * a + v) * single_load[None, :] + v * single_load[:, None])
+        per_trainer = home_load[node]  # [trainer, home]
+        lookup = self._peers * ((2 * a + v) * per_trainer + v * per_trainer.T)
         homes = np.arange(P)
         for n in range(len(topo.nodes)):
             away = node != n
             proxy = replica_device(homes[away], topo, n)
-            relayed = np.bincount(proxy, single_load[away], minlength=P)  # per trainer, asked of each proxy
+            relayed = np.bincount(proxy, home_load[n][away], minlength=P)  # per trainer, asked of each proxy
             inside = node == n
             to_proxy = inside[:, None] & inside[None, :] & self._peers
             lookup += to_proxy * ((2 * a + v) * relayed[None, :] + v * relayed[:, None])
@@ -259,3 +268,18 @@ class CostModel:
         if up_s[n] > intra_s[d]:
             return float(up_s[n]), f"uplink of node {topo.nodes[n].name}"
         return float(intra_s[d]), f"intra-node port of device {d}"
+
+
+def one_row(name: str, tier: int, home: int, nodes: int = 0) -> TablePlan:
+    """A one-row plan: (tier, home), and for a node row copied onto some nodes only, their bits in `nodes`."""
+    partial = np.array([0] if nodes else [], np.int64), np.array([nodes] if nodes else [], np.int64)
+    return TablePlan(name, np.array([tier], np.int8), np.array([home], np.int32), *partial)
+
+
+def row_link_bytes(access: TableAccess, cls: int, tier: int, home: int, model: CostModel, nodes: int = 0) -> np.ndarray:
+    """Bytes one row of class `cls` placed at (tier, home[, nodes]) adds to each link direction (link_bytes):
+    every quantity the model prices is a sum of such vectors over rows."""
+    one = TableAccess(access.name, 1, access.lookups_per_example, access.class_prob[cls : cls + 1],
+                      np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int32))
+    cost = model.evaluate(ShardingPlan("one row", (one_row(access.name, tier, home, nodes),)), {access.name: one})
+    return link_bytes(cost.lookup_pairs + cost.sync_pairs, model.topology)

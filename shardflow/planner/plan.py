@@ -5,11 +5,15 @@ device). For a replicated row, `home` is its primary copy; in every other node A
 row lives on (or its sync is led by) device start(A) + (j mod devices(A)), where j is
 home's index inside its own node. Copies per device are counted from exactly that rule,
 which the shard map and the training engine follow too.
+
+A NODE row may be copied onto some nodes only (`partial_ids`, with a bit per node that
+holds a copy in `partial_nodes`; the home's node always among them): a trainer of a node
+without a copy reads the row from its home, as it reads a single row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,6 +24,11 @@ SINGLE, NODE, GLOBAL = 0, 1, 2
 TIERS = ("single", "node", "global")
 VALUE_BYTES = 4  # float32 embeddings, gradients and optimizer state
 ID_BYTES = 8  # int64 ids on the wire
+MAX_PARTIAL_NODES = 63  # a node row's copies are named by the bits of an int64
+
+
+def _no_ids() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
 
 
 def row_bytes(dim: int) -> int:
@@ -32,6 +41,8 @@ class TablePlan:
     name: str
     tier: np.ndarray  # int8 [rows]
     home: np.ndarray  # int32 [rows]
+    partial_ids: np.ndarray = field(default_factory=_no_ids)  # int64, ascending: NODE rows on some nodes only
+    partial_nodes: np.ndarray = field(default_factory=_no_ids)  # int64: bit A set = node A holds a copy
 
     @property
     def rows(self) -> int:
@@ -53,6 +64,17 @@ class TablePlan:
     def replicated_ids(self, tier: int) -> np.ndarray:
         """Ids of the rows of tier NODE or GLOBAL, ascending."""
         return np.flatnonzero(self.tier == tier)
+
+    def node_holds(self, ids: np.ndarray, node: int) -> np.ndarray:
+        """For NODE rows `ids`: whether `node` holds a copy of each (every node does, but where
+        the plan names the nodes)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        held = np.ones(ids.shape, dtype=bool)
+        if self.partial_ids.size and ids.size:
+            at = np.minimum(np.searchsorted(self.partial_ids, ids), self.partial_ids.size - 1)
+            named = self.partial_ids[at] == ids
+            held[named] = (self.partial_nodes[at[named]] >> node) & 1 == 1
+        return held
 
 
 @dataclass(frozen=True)
@@ -80,6 +102,9 @@ class ModuloRows:
     def replicated_ids(self, tier: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
 
+    def node_holds(self, ids: np.ndarray, node: int) -> np.ndarray:
+        return np.ones(np.shape(ids), dtype=bool)
+
 
 MODULO_CHECK_ROWS = 1 << 22  # rows compared with the rule at a time
 
@@ -91,7 +116,8 @@ def for_devices(table: TablePlan, devices: int) -> TablePlan | ModuloRows:
     if _is_modulo(table, devices):
         return ModuloRows(table.name, table.rows, devices)
     dtype = np.int8 if devices <= 127 else np.int16 if devices <= 32767 else np.int32
-    return TablePlan(table.name, table.tier, table.home.astype(dtype, copy=False))
+    return TablePlan(table.name, table.tier, table.home.astype(dtype, copy=False), table.partial_ids,
+                     table.partial_nodes)
 
 
 def _is_modulo(table: TablePlan, devices: int) -> bool:
@@ -141,9 +167,11 @@ def table_rows_per_device(t: TablePlan, topology: Topology) -> np.ndarray:
     P = topology.devices
     counts = np.bincount(t.home[t.tier == SINGLE], minlength=P).astype(np.int64)
     counts += int(np.count_nonzero(t.tier == GLOBAL))
-    node_homes = t.home[t.tier == NODE]
+    node_ids = np.flatnonzero(t.tier == NODE)
+    node_homes = t.home[node_ids].astype(np.int64)
     for a in range(len(topology.nodes)):
-        counts += np.bincount(replica_device(node_homes, topology, a), minlength=P)
+        held = t.node_holds(node_ids, a)
+        counts += np.bincount(replica_device(node_homes[held], topology, a), minlength=P)
     return counts
 
 
@@ -160,3 +188,27 @@ def check_plan(plan: ShardingPlan, rows: dict[str, int], topology: Topology) -> 
             raise InputError(
                 f"plan of table '{t.name}': homes outside 0..{topology.devices - 1} for {topology.devices} devices"
             )
+        if t.partial_ids.size:
+            _check_partial(t, topology)
+
+
+def _check_partial(t: TablePlan, topology: Topology) -> None:
+    """Rows copied onto some nodes: NODE rows named once, in id order, each on its home's node and at least
+    one other, on nodes that exist."""
+    ids, nodes, N = t.partial_ids, t.partial_nodes, len(topology.nodes)
+    where = f"plan of table '{t.name}': rows copied onto some nodes"
+    if ids.shape != nodes.shape or ids.ndim != 1:
+        raise InputError(f"{where}: {ids.size} ids but {nodes.size} node sets; accepted: one set per id")
+    if (ids[1:] <= ids[:-1]).any() or ids.min() < 0 or ids.max() >= t.rows:
+        raise InputError(f"{where}: ids not ascending, repeated or outside 0..{t.rows - 1}; accepted: ascending "
+                         "distinct row ids")
+    if (t.tier[ids] != NODE).any():
+        bad = int(ids[t.tier[ids] != NODE][0])
+        raise InputError(f"{where}: row {bad} has tier {TIERS[t.tier[bad]]}; accepted: node rows only")
+    if N > MAX_PARTIAL_NODES or (nodes >> N).any() or (nodes <= 0).any():
+        raise InputError(f"{where}: node sets outside the {N} nodes (bits 0..{N - 1}); accepted: sets of existing "
+                         f"nodes, on at most {MAX_PARTIAL_NODES} nodes")
+    home_node = topology.node_of_device[t.home[ids].astype(np.int64)]
+    if ((nodes >> home_node) & 1 == 0).any() or (np.bitwise_count(nodes.astype(np.uint64)) < 2).any():
+        raise InputError(f"{where}: a set without its home's node, or with one node only; accepted: the home's "
+                         "node and at least one other (one node is the single tier)")

@@ -4,7 +4,7 @@ Each device lays out one table's rows it stores as
     [global rows] [node rows whose copy in this node is here] [single rows homed here]
 each part in id order. For row-wise-mod this gives local = id // S, as in Caffe2.
 A trainer reads a row from the copy nearest to it: its own (global rows), its node's
-(node rows) or the home (single rows).
+(node rows its node holds) or the home (single rows, and node rows its node does not hold).
 
 The map keeps nothing but the plan as devices receive it (tier and home, 2 bytes a row; for a
 row-wise `id % S` plan only that rule): where a trainer reads a row is computed from it per
@@ -39,16 +39,19 @@ class ShardMap:
         tier = self.table.tier_of(ids)
         owner = self.table.home_of(ids).astype(np.int64)
         owner[tier == GLOBAL] = device
-        node = tier == NODE
-        if node.any():
-            owner[node] = replica_device(owner[node], self.topology, int(self.topology.node_of_device[device]))
+        here = int(self.topology.node_of_device[device])
+        node = np.flatnonzero(tier == NODE)
+        if node.size:
+            node = node[self.table.node_holds(ids[node], here)]
+            owner[node] = replica_device(owner[node], self.topology, here)
         return owner
 
     def stored(self, device: int) -> np.ndarray:
         """Global ids of the rows `device` stores, in local-row order (local row -> id)."""
+        node = int(self.topology.node_of_device[device])
         node_ids = self.table.replicated_ids(NODE)
-        here = replica_device(self.table.home_of(node_ids).astype(np.int64), self.topology,
-                              int(self.topology.node_of_device[device])) == device
+        node_ids = node_ids[self.table.node_holds(node_ids, node)]
+        here = replica_device(self.table.home_of(node_ids).astype(np.int64), self.topology, node) == device
         return np.concatenate([self.table.replicated_ids(GLOBAL), node_ids[here], self.table.single_ids(device)])
 
     def locate(self, ids: np.ndarray, device: int) -> tuple[np.ndarray, np.ndarray]:

@@ -23,6 +23,8 @@ round's message from every peer:
   TOTALS      (replicated rows) every home has summed its rows' contributions in sender
               order and applied them; it sends the totals of replicated rows to the other
               nodes' copies and, for global rows, to the devices of its node;
+              a node row copied onto some nodes only is read by the others' trainers from
+              its home, like a single row (relayed with scope node), and synced among its copies;
   FORWARD     (global rows, several nodes) a node's leader passes the totals it received
               on inside its node.
 
@@ -295,10 +297,15 @@ class StepProtocol:
 
     # -- scope node: a node's proxies relay its requests and gradients for other nodes' rows ----
     def _is_relayed(self, table: str, ids: np.ndarray) -> np.ndarray:
-        """Which of `ids` are single rows homed in another node (a proxy relays them)."""
+        """Which of `ids` this node reads from another node's home (a proxy relays them): single rows
+        homed there, and node rows this node holds no copy of."""
         plan = self.tables[table]
         home = plan.home_of(ids).astype(np.int64)
-        return (plan.tier_of(ids) == SINGLE) & (self.topology.node_of_device[home] != self.node)
+        tier = plan.tier_of(ids)
+        far = tier == SINGLE
+        node = np.flatnonzero(tier == NODE)
+        far[node] = ~plan.node_holds(ids[node], self.node)
+        return far & (self.topology.node_of_device[home] != self.node)
 
     def _on_relayed_requests(self, inbox: list[Message]) -> dict[int, Message]:
         """Keep the node's requests; ask each home once for the distinct rows this device relays."""
@@ -420,7 +427,9 @@ class StepProtocol:
             r_total = to_host(total[torch.from_numpy(replicated).to(total.device)]) if replicated.size else None
             for node in range(len(self.topology.nodes)):
                 if node != self.node and r_ids.size:
-                    self._blocks(out, table, Kind.SYNC, r_ids, r_total, self._holder(plan, r_ids, node))
+                    held = (plan.tier_of(r_ids) == GLOBAL) | plan.node_holds(r_ids, node)
+                    self._blocks(out, table, Kind.SYNC, r_ids[held], r_total[held],
+                                 self._holder(plan, r_ids[held], node))
             is_global = plan.tier_of(r_ids) == GLOBAL
             if is_global.any():
                 for peer in self.node_peers:

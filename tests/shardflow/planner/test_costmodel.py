@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape, Touch, touched
-from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, ShardingPlan, TablePlan
+from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.topology import Node, Topology
 from shardflow.touch import FACTOR_RANGE, draws_factor
 
@@ -29,32 +29,36 @@ def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape:
         x = m * p if shape.dedup == "none" else q
         tier, home = int(plan.tier[r]), int(plan.home[r])
         j = home - starts[node_of[home]]
+        holders = {node_of[home]} if tier == SINGLE else set(range(len(sizes)))
+        if tier == NODE and r in plan.partial_ids.tolist():
+            nodes = int(plan.partial_nodes[plan.partial_ids.tolist().index(r)])
+            holders = {n for n in range(len(sizes)) if nodes >> n & 1}
 
         def copy_in(node):
             return starts[node] + j % sizes[node]
 
         relay = shape.dedup == "node" and len(sizes) > 1
         for d in range(P):
-            if tier == SINGLE:
-                src = home
-                if relay and node_of[d] != node_of[home]:  # through the node's proxy, fetched once a node
-                    src = copy_in(node_of[d])
-            elif tier == NODE:
+            if tier == GLOBAL:
+                src = d
+            elif node_of[d] in holders:
                 src = copy_in(node_of[d])
             else:
-                src = d
+                src = home
+                if relay:  # through the node's proxy, fetched once a node
+                    src = copy_in(node_of[d])
             if src != d:
                 lookup[d, src] += x * (2 * a + v)
                 lookup[src, d] += x * v
-        if relay and tier == SINGLE:
+        if relay and tier != GLOBAL:
             for node in range(len(sizes)):
-                if node != node_of[home]:
+                if node not in holders:
                     q_node = 1 - (1 - p) ** (m * sizes[node] * touch.node.get(sizes[node], 1.0))
                     lookup[copy_in(node), home] += q_node * (2 * a + v)
                     lookup[home, copy_in(node)] += q_node * v
         if tier == SINGLE:
             continue
-        for node in range(len(sizes)):
+        for node in sorted(holders):
             leader = copy_in(node)
             q_node = 1 - (1 - p) ** (m * sizes[node] * touch.node.get(sizes[node], 1.0))
             if node != node_of[home]:
@@ -84,7 +88,14 @@ def test_cost_model_matches_the_reference(sizes, counts, dedup, data):
     rows = len(counts)
     tier = np.array(data.draw(st.lists(st.integers(0, 2), min_size=rows, max_size=rows)), dtype=np.int8)
     home = np.array(data.draw(st.lists(st.integers(0, P - 1), min_size=rows, max_size=rows)), dtype=np.int32)
-    plan = TablePlan("t", tier, home)
+    node_rows = np.flatnonzero(tier == NODE)
+    partial = node_rows[np.array(data.draw(st.lists(st.booleans(), min_size=node_rows.size,
+                                                    max_size=node_rows.size)), dtype=bool)]
+    others = [data.draw(st.integers(0, 2 ** len(sizes) - 1)) for _ in partial]  # nodes besides the home's
+    nodes = np.array([o | 1 << int(topo.node_of_device[home[r]]) for r, o in zip(partial, others)], dtype=np.int64)
+    keep = np.bitwise_count(nodes.astype(np.uint64)) >= 2  # one node is the single tier
+    plan = TablePlan("t", tier, home, partial[keep].astype(np.int64), nodes[keep])
+    check_plan(ShardingPlan("x", (plan,)), {"t": rows}, topo)
     shape = StepShape(batch_size=16, dim=4, dedup=dedup)
     factor = st.floats(0.05, 1.0)
     touch = Touch(data.draw(factor), {s: data.draw(factor) for s in set(sizes)}, data.draw(factor))

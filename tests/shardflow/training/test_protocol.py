@@ -10,7 +10,8 @@ from support import (BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, 
                      random_plan, reference)
 from shardflow.errors import TrainingError
 from shardflow.optim import OptimizerConfig
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan
+from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
+from shardflow.planner.topology import Node, Topology
 from shardflow.planner.strategies import STRATEGIES
 from shardflow.training.protocol import InProcess, PeerStopped, Round, step_rounds
 from shardflow.training.reference import ReferenceTrainer
@@ -43,6 +44,39 @@ def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(data, dedu
         assert max(s["item"]["version"].max() for s in shards) == i + 1
     start = ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, 0).weights["item"][shards[0]["item"]["ids"]]
     assert np.abs(shards[0]["item"]["weights"] - start).max() > 1e-4, "training changed nothing: the comparison proves nothing"
+
+
+THREE_NODES = Topology((Node("a", 2, 10.0), Node("b", 1, 10.0), Node("c", 1, 5.0)), 100.0)
+
+
+def partial_plan(data, seed: int) -> ShardingPlan:
+    """A random plan on THREE_NODES where about half the node rows are copied onto two of the three nodes."""
+    plan, rng = random_plan(data, 4, seed), np.random.default_rng(seed)
+    tables = []
+    for t in plan.tables:
+        node = np.flatnonzero(t.tier == NODE)
+        ids = np.sort(rng.choice(node, node.size // 2, replace=False)).astype(np.int64)
+        home_node = THREE_NODES.node_of_device[t.home[ids]]
+        other = (home_node + rng.integers(1, 3, ids.size)) % 3
+        tables.append(TablePlan(t.name, t.tier, t.home, ids, (1 << home_node) | (1 << other)))
+    return ShardingPlan("partial", tuple(tables))
+
+
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
+def test_rows_copied_onto_some_nodes_learn_what_the_reference_learns_and_their_copies_stay_equal(data, dedup):
+    plan = partial_plan(data, seed=2)
+    check_plan(plan, data.rows, THREE_NODES)
+    item = plan.table("item")
+    assert item.partial_ids.size > 10 and (item.tier == SINGLE).any() and (item.tier == GLOBAL).any()
+    devs = in_process_devices(data, plan, THREE_NODES, dedup)
+    driver, ref = InProcess(devs), ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, seed=0)
+    for i in range(STEPS):
+        driver.step(0, i, i, 0)
+        ref.step(0, i)
+        check_against(ref, [d.parameters() for d in devs])  # every row within rounding, copies bitwise equal
+    stored = np.concatenate([d.parameters()["item"]["ids"] for d in devs])
+    copies = np.bincount(stored, minlength=item.rows)[item.partial_ids]
+    assert (copies == 2).all(), "a row named for two nodes is stored on two devices"
 
 
 def test_rounds_follow_the_plan():
