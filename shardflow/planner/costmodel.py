@@ -206,6 +206,8 @@ class CostModel:
                 tier = table.tier[s : s + ROWS_PER_PASS]
                 home = table.home[s : s + ROWS_PER_PASS].astype(np.int64)
                 single = tier == SINGLE
+                s_home, s_cls = home[single], cls[single]
+                home_load += np.bincount(s_home, rates.x[s_cls], minlength=P)  # every node's trainers
                 repl = ~single
                 r_ids = np.flatnonzero(repl) + s
                 r_home, r_cls, r_tier = home[repl], cls[repl], tier[repl]
@@ -213,11 +215,11 @@ class CostModel:
                 is_node, is_global = r_tier == NODE, r_tier == GLOBAL
                 for node in range(N):
                     held = is_global | (is_node & table.node_holds(r_ids, node))
-                    far = single.copy()  # read from the home by this node's trainers
-                    far[np.flatnonzero(repl)[~held]] = True
-                    home_load[node] += np.bincount(home[far], rates.x[cls[far]], minlength=P)
+                    far = ~held  # node rows this node holds no copy of: its trainers read them from the home
+                    home_load[node] += np.bincount(r_home[far], rates.x[r_cls[far]], minlength=P)
                     if relay:
-                        node_units[node] += np.bincount(home[far], rates.q_node[node][cls[far]], minlength=P)
+                        node_units[node] += np.bincount(s_home, rates.q_node[node][s_cls], minlength=P)
+                        node_units[node] += np.bincount(r_home[far], rates.q_node[node][r_cls[far]], minlength=P)
                     device = replica_device(r_home, topo, node)
                     held_node = is_node & held
                     node_load += np.bincount(device[held_node], rates.x[r_cls[held_node]], minlength=P)
