@@ -3,10 +3,15 @@
     python bench/plan_traffic.py [--rows 1e7] [--scale-rows 1e6 1e7 1e8] [--skip-scale]
     python bench/plan_traffic.py --uneven-only [--rows 1e6]
     python bench/plan_traffic.py --aggregation-only [--rows 1e6]
+    python bench/plan_traffic.py --copies-only [--rows 1e6]
 
 Aggregation cells (--aggregation-only runs only these): scope node (a node fetches each row
 once for all its devices) against row-wise-mod with per-device de-duplication, on the
 paper's cell (8 × 8, 600 / 12.5 GB/s) and on 4 × 4 with one uplink 5× slower, 10% slack.
+
+Copy cells (--copies-only runs only these): flexshard with and without rows copied onto
+some nodes only, on 4 × 4 and 3 × 2 with one uplink 5× slower, 10% and 50% slack, every
+scope, on the synthetic tables and on amazon-video.
 
 Uneven cells (--uneven-only runs only these): 4 nodes × 4 devices, the last node's uplink
 5× slower (2.5 GB/s against 12.5), the synthetic tables, 10% slack, both scopes.
@@ -41,7 +46,7 @@ from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.report import bound_and_baseline, gap_closed
-from shardflow.planner.strategies import budget_bytes_per_device, propose
+from shardflow.planner.strategies import FlexShard, budget_bytes_per_device, propose
 from shardflow.planner.topology import Node, Topology, uniform
 
 STRATEGIES = ("row-wise-mod", "row-wise-block", "table-wise", "flexshard")
@@ -151,6 +156,51 @@ def uneven(rows: int) -> None:
     print_summary(cells)
 
 
+def copies(rows: int) -> None:
+    """Flexshard with and without the copy pass (a row copied onto some nodes only), on uneven uplinks."""
+    print(f"\n### Rows copied onto some nodes only (speed-ups over row-wise-mod in the same scope; synthetic Zipf "
+          f"of {rows:,} rows, and amazon-video)\n")
+    print("| cell | slack | scope | flexshard, whole-node copies | flexshard | ratio | rows on some nodes |")
+    print("|---|---|---|---|---|---|---|")
+    topologies = (("4×4 one uplink 5× slower", Topology(tuple(Node(f"n{i}", 4, 2.5 if i == 3 else 12.5)
+                                                                for i in range(4)), 600.0)),
+                  ("3×2 one uplink 5× slower", Topology(tuple(Node(f"n{i}", 2, 2.5 if i == 2 else 12.5)
+                                                                for i in range(3)), 600.0)))
+    data = [(f"α={alpha}", [TableAccess.from_counts("item", zipf_counts(rows, alpha), 32.0)], 65536)
+            for alpha in (0.8, 1.0, 1.2)]
+    data.append(("amazon-video", video_accesses(), 4096))
+    for name, accesses, batch in data:
+        by_name = {a.name: a for a in accesses}
+        for label, topo in topologies:
+            for slack in (0.1, 0.5):
+                budget = budget_bytes_per_device(accesses, topo, DIM, slack)
+                for dedup in ("none", "device", "node"):
+                    model = CostModel(topo, StepShape(batch, DIM, dedup))
+                    mod = model.evaluate(propose("row-wise-mod", accesses, topo, budget, model), by_name)
+                    whole = FlexShard(copies=False).plan(accesses, topo, budget, model)
+                    plan = propose("flexshard", accesses, topo, budget, model)
+                    t_whole, t = (model.evaluate(p, by_name).comm_time_s_per_step for p in (whole, plan))
+                    some = sum(t.partial_ids.size for t in plan.tables)
+                    print(f"| {name} {label} | {slack:.0%} | {dedup} | {mod.comm_time_s_per_step / t_whole:.3f}× | "
+                          f"{mod.comm_time_s_per_step / t:.3f}× | {t_whole / t:.3f} | {some:,} |", flush=True)
+
+
+def video_accesses() -> list[TableAccess]:
+    """The bundled amazon-video dataset's tables as the planner sees them (history 20, 4 negatives)."""
+    from shardflow.cluster import dask_client
+    from shardflow.planning import accesses_from_profile
+    from shardflow.profiling import profile_dataset
+    from storage.importers import import_dataset
+    from storage.profile import Profile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(__file__).resolve().parents[1] / "data" / "amazon-video" / "Video.txt"
+        import_dataset("sasrec", data, Path(tmp) / "ds")
+        with dask_client(workers=1) as client:
+            profile_dataset(Path(tmp) / "ds", Path(tmp) / "profile", client=client)
+        return accesses_from_profile(Profile.open(Path(tmp) / "profile"), 20, 4)
+
+
 def aggregation(rows: int) -> None:
     print(f"\n### Node-level aggregation, synthetic Zipf, {rows:,} rows, 10% slack (speed-ups over row-wise-mod "
           "with scope device)\n")
@@ -175,23 +225,12 @@ def aggregation(rows: int) -> None:
 
 
 def real() -> None:
-    from shardflow.cluster import dask_client
-    from shardflow.planning import accesses_from_profile
-    from shardflow.profiling import profile_dataset
-    from storage.importers import import_dataset
-    from storage.profile import Profile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        data = Path(__file__).resolve().parents[1] / "data" / "amazon-video" / "Video.txt"
-        import_dataset("sasrec", data, Path(tmp) / "ds")
-        with dask_client(workers=1) as client:
-            profile_dataset(Path(tmp) / "ds", Path(tmp) / "profile", client=client)
-        accesses = accesses_from_profile(Profile.open(Path(tmp) / "profile"), 20, 4)
-        cells = []
-        for label, topo in (("P=8", uniform(1, 8, 12.5)), ("P=64", uniform(8, 8, 12.5))):
-            for slack in (0.0, 0.1, 0.25):
-                for dedup in ("none", "device"):
-                    cells.append((f"amazon-video {label} slack={slack:.0%} {dedup}", cell(accesses, topo, slack, dedup, 4096)))
+    accesses = video_accesses()
+    cells = []
+    for label, topo in (("P=8", uniform(1, 8, 12.5)), ("P=64", uniform(8, 8, 12.5))):
+        for slack in (0.0, 0.1, 0.25):
+            for dedup in ("none", "device"):
+                cells.append((f"amazon-video {label} slack={slack:.0%} {dedup}", cell(accesses, topo, slack, dedup, 4096)))
     print_cells("Bundled amazon-video (23,715 items)", cells)
     print_summary(cells)
 
@@ -203,7 +242,7 @@ sys.path.insert(0, {root!r})
 from bench.plan_traffic import zipf_counts
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
-from shardflow.planner.strategies import budget_bytes_per_device, propose
+from shardflow.planner.strategies import FlexShard, budget_bytes_per_device, propose
 from shardflow.planner.topology import uniform
 counts = zipf_counts({rows}, 1.2)
 with open("/proc/self/clear_refs", "w") as f:  # peak memory from here on: planning, not generating
@@ -244,9 +283,12 @@ def main() -> None:
     p.add_argument("--skip-scale", action="store_true")
     p.add_argument("--uneven-only", action="store_true")
     p.add_argument("--aggregation-only", action="store_true")
+    p.add_argument("--copies-only", action="store_true")
     args = p.parse_args()
     if args.uneven_only:
         return uneven(int(args.rows))
+    if args.copies_only:
+        return copies(int(args.rows))
     if args.aggregation_only:
         return aggregation(int(args.rows))
     synthetic(int(args.rows))

@@ -151,7 +151,9 @@ def _print_plan(s: dict) -> None:
     mb = 1e6
     memory = s["memory_bytes_per_device"]
     print(f"plan {s['plan']}: {s['strategy']} on {s['devices']} devices, de-duplication scope '{s['dedup']}'")
-    print(f"  tiers            global {s['tiers']['global']:,}  node {s['tiers']['node']:,}  single {s['tiers']['single']:,}")
+    some = s["node_rows_on_some_nodes"]
+    print(f"  tiers            global {s['tiers']['global']:,}  node {s['tiers']['node']:,}"
+          f"{f' ({some:,} on some nodes only)' if some else ''}  single {s['tiers']['single']:,}")
     print(f"  memory/device    max {max(memory) / mb:,.1f} MB of a {s['budget_bytes_per_device'] / mb:,.1f} MB budget")
     print(f"  bytes/step       lookup {s['lookup_bytes_per_step'] / mb:,.3f} MB  sync {s['sync_bytes_per_step'] / mb:,.3f} MB"
           f"  inter-node {s['inter_node_bytes_per_step'] / mb:,.3f} MB")

@@ -9,8 +9,8 @@ import pytest
 
 from support import REAL
 from shardflow.planner.costmodel import StepShape
-from shardflow.planner.topology import load_topology
-from shardflow.planning import make_plan
+from shardflow.planner.topology import Node, Topology, load_topology
+from shardflow.planning import make_plan, read_plan
 from shardflow.profiling import profile_dataset
 from shardflow.synthetic import Repeats, SynthTable, synth_dataset
 from shardflow.synthetic_clicks import synth_click_log
@@ -23,6 +23,7 @@ DEMO = Path(__file__).resolve().parents[1] / "topologies" / "demo-4.yaml"
 # table-wise must fit the one 23,715-row table on one device: a budget 4× row-wise-mod's.
 SLACK = {"table-wise": 3.0, "row-wise-mod": 0.1, "row-wise-block": 0.1, "flexshard": 0.1}
 BATCH = 2048
+UNEVEN = Topology((Node("a", 2, 12.5), Node("b", 1, 12.5), Node("c", 1, 2.5)), 600.0)
 
 
 def plan_every_strategy(root, client) -> Path:
@@ -60,20 +61,43 @@ def clicks(client, tmp_path_factory):
     return plan_every_strategy(root, client)
 
 
-@pytest.mark.parametrize("dedup", ["none", "device", "node"])
-@pytest.mark.parametrize("strategy", sorted(SLACK))
-@pytest.mark.parametrize("data", ["planned", "sessions", "clicks"])
-def test_measured_bytes_agree_with_the_cost_model_within_5_percent(request, data, strategy, dedup):
-    """On the in-process driver: the same devices and messages as on a cluster, in milliseconds per step."""
-    planned = request.getfixturevalue(data)
-    job = prepare(planned / "ds", planned / strategy, TrainConfig(batch_size=BATCH, dedup=dedup), mlp=(16,))
+@pytest.fixture(scope="module")
+def uneven(planned):
+    """Flexshard's plan of the bundled dataset on three nodes, the last one's uplink 5x slower: it copies hot
+    rows onto the slow node and one other, not onto all three."""
+    make_plan(planned / "profile", planned / "flexshard-uneven", UNEVEN, strategy="flexshard",
+              shape=StepShape(BATCH, 32), memory_slack=0.1)
+    return planned / "flexshard-uneven"
+
+
+def measured_and_predicted(dataset: Path, plan: Path, dedup: str) -> tuple[float, float]:
+    """Bytes per step over 6 steps of the in-process driver (the same devices and messages as on a cluster,
+    in milliseconds per step), and the cost model's."""
+    job = prepare(dataset, plan, TrainConfig(batch_size=BATCH, dedup=dedup), mlp=(16,))
     driver = in_process(job)
     for i in range(6):
         driver.step(0, i, i, 0)
     traffic = [d.traffic() for d in driver.devices]
-    measured = sum(float(t["lookup"].sum() + t["sync"].sum()) for t in traffic) / 6
-    assert job.topology.devices == 4 and measured > 0
-    assert measured == pytest.approx(job.predicted_bytes_per_step, rel=0.05)
+    assert job.topology.devices == 4
+    return sum(float(t["lookup"].sum() + t["sync"].sum()) for t in traffic) / 6, job.predicted_bytes_per_step
+
+
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
+@pytest.mark.parametrize("strategy", sorted(SLACK))
+@pytest.mark.parametrize("data", ["planned", "sessions", "clicks"])
+def test_measured_bytes_agree_with_the_cost_model_within_5_percent(request, data, strategy, dedup):
+    planned = request.getfixturevalue(data)
+    measured, predicted = measured_and_predicted(planned / "ds", planned / strategy, dedup)
+    assert measured > 0 and measured == pytest.approx(predicted, rel=0.05)
+
+
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
+def test_rows_copied_onto_some_nodes_move_the_bytes_the_model_says(planned, uneven, dedup):
+    item = read_plan(uneven)[0].table("item")
+    slow = 1 << 2
+    assert item.partial_ids.size > 50 and (item.partial_nodes & slow).all(), "the slow node holds every such row"
+    measured, predicted = measured_and_predicted(planned / "ds", uneven, dedup)
+    assert measured > 0 and measured == pytest.approx(predicted, rel=0.05)
 
 
 def test_the_cluster_moves_exactly_the_bytes_of_the_in_process_driver(client, planned):

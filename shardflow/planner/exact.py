@@ -2,7 +2,8 @@
 
 Rows of a class are interchangeable (access.py), so a plan is, per class, how many of its
 rows take each placement: single on device d, on every node with home d (one copy a node,
-where replica_device puts it), or on every device with home d. Every quantity the cost
+where replica_device puts it), on some of the nodes (each set holding d's node), or on
+every device with home d. Every quantity the cost
 model prices is a sum over rows of what each row's placement adds: the copies on each
 device, the bytes each device sends and receives inside its node, the bytes each node's
 uplink carries out and in. So with integer counts n[c, placement] all of them are linear,
@@ -12,8 +13,8 @@ exactly by HiGHS (scipy.optimize.milp).
 
 The coefficients come from the cost model itself (CostModel.evaluate on one row of the
 class at a time), so the program optimises exactly what every strategy is judged by; it
-searches the plans the plan format can hold. Its size is classes x 3 x devices
-variables: for tests and benchmarks on small instances, not for planning production
+searches the plans the plan format can hold. Its size is classes x devices x
+(2 + 2^(nodes-1) - 1) variables: for tests and benchmarks on small instances, not for planning production
 tables.
 """
 
@@ -24,7 +25,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
-from shardflow.planner.costmodel import CostModel, bandwidths, link_bytes
+from shardflow.planner.costmodel import CostModel, bandwidths, one_row, row_link_bytes
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, row_bytes, table_rows_per_device
 
 TIERS = (SINGLE, NODE, GLOBAL)
@@ -32,24 +33,16 @@ MAX_VARIABLES = 20_000
 MIP_GAP = 1e-4  # the solver stops within 0.01% of the optimum (its proven bound says how far)
 
 
-def link_loads(access: TableAccess, cls: int, tier: int, home: int, model: CostModel) -> np.ndarray:
-    """Bytes one row of class `cls` placed at (tier, home) adds to each link direction (costmodel.link_bytes)."""
-    one = TableAccess(access.name, 1, access.lookups_per_example, access.class_prob[cls : cls + 1],
-                      np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int32))
-    cost = model.evaluate(ShardingPlan("one row", (one_row(access.name, tier, home),)), {access.name: one})
-    return link_bytes(cost.lookup_pairs + cost.sync_pairs, model.topology)
-
-
-def one_row(name: str, tier: int, home: int) -> TablePlan:
-    return TablePlan(name, np.array([tier], np.int8), np.array([home], np.int32))
-
-
 def exact_plan(accesses: list[TableAccess], budget_bytes: int, model: CostModel,
                time_limit_s: float = 120.0) -> tuple[ShardingPlan, float]:
     """(a plan of least modeled communication time under the budget, that time as the program found it)."""
     topo = model.topology
     P, N = topo.devices, len(topo.nodes)
-    placements = [(t, d) for t in TIERS for d in range(P)]
+    placements = [(t, d, 0) for t in TIERS for d in range(P)]
+    for d in range(P):  # a node row copied onto its home's node and some (not all) others
+        own = 1 << int(topo.node_of_device[d])
+        placements += [(NODE, d, own | other) for other in range(1, 1 << N) if not other & own
+                       and 1 < (own | other).bit_count() < N]
     classes = [(a, c) for a in accesses for c in range(a.class_prob.size)]
     n_vars = len(classes) * len(placements) + 1
     if n_vars > MAX_VARIABLES:
@@ -61,10 +54,10 @@ def exact_plan(accesses: list[TableAccess], budget_bytes: int, model: CostModel,
     memory = np.zeros((P, n_vars))
     rows = np.zeros((len(classes), n_vars))
     for i, (a, c) in enumerate(classes):
-        for j, (t, d) in enumerate(placements):
+        for j, (t, d, nodes) in enumerate(placements):
             k = i * len(placements) + j
-            load[:, k] = link_loads(a, c, t, d, model)
-            memory[:, k] = table_rows_per_device(one_row(a.name, t, d), topo)
+            load[:, k] = row_link_bytes(a, c, t, d, model, nodes)
+            memory[:, k] = table_rows_per_device(one_row(a.name, t, d, nodes), topo)
             rows[i, k] = 1
     load = load / bandwidths(topo)[:, None] * 1e6  # microseconds: well above the solver's absolute tolerances
     load[:, -1] = -1.0  # a link's microseconds - T <= 0
@@ -85,15 +78,17 @@ def exact_plan(accesses: list[TableAccess], budget_bytes: int, model: CostModel,
         raise InputError(f"the exact program found no optimal plan: {result.message}; accepted: an instance whose "
                          f"tables fit {P} devices x {budget_rows:,} rows, solved within {time_limit_s:g} s")
     n = np.rint(result.x[:-1]).astype(np.int64).reshape(len(classes), len(placements))
-    placed_tier = np.array([t for t, _ in placements], dtype=np.int8)
-    placed_home = np.array([d for _, d in placements], dtype=np.int32)
+    placed_tier = np.array([t for t, _, _ in placements], dtype=np.int8)
+    placed_home = np.array([d for _, d, _ in placements], dtype=np.int32)
+    placed_nodes = np.array([nodes for _, _, nodes in placements], dtype=np.int64)
     tables, i = [], 0
     for a in accesses:
-        tier, home = np.empty(a.rows, np.int8), np.empty(a.rows, np.int32)
+        tier, home, nodes = np.empty(a.rows, np.int8), np.empty(a.rows, np.int32), np.zeros(a.rows, np.int64)
         for c in range(a.class_prob.size):
             members = np.flatnonzero(a.row_class == c)
             at = np.repeat(np.arange(len(placements)), n[i])
-            tier[members], home[members] = placed_tier[at], placed_home[at]
+            tier[members], home[members], nodes[members] = placed_tier[at], placed_home[at], placed_nodes[at]
             i += 1
-        tables.append(TablePlan(a.name, tier, home))
+        partial = np.flatnonzero(nodes)
+        tables.append(TablePlan(a.name, tier, home, partial.astype(np.int64), nodes[partial]))
     return ShardingPlan("exact", tuple(tables)), float(result.fun) / 1e6

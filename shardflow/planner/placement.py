@@ -20,6 +20,7 @@ import numpy as np
 from shardflow.errors import InputError
 from shardflow.planner.access import CHUNK_ROWS, TableAccess
 from shardflow.planner.costmodel import CostModel
+from shardflow.planner.copies import choose_copies
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, TablePlan, replica_device
 from shardflow.planner.refine import refine
 from shardflow.planner.topology import Topology
@@ -211,8 +212,12 @@ def place_single(
 
 
 def place(
-    accesses: list[TableAccess], tiers: list[np.ndarray], topology: Topology, budget_rows: int, model: CostModel
+    accesses: list[TableAccess], tiers: list[np.ndarray], topology: Topology, budget_rows: int, model: CostModel,
+    copies: bool = True,
 ) -> list[TablePlan]:
+    """Homes for `tiers` under budget_rows per device: replicated rows dealt round-robin, single rows by
+    load, refine's moves and swaps, then (with `copies`) the copy pass choosing which nodes hold the
+    hottest rows (copies.py)."""
     P = topology.devices
     homes = [np.zeros(a.rows, dtype=np.int32) for a in accesses]
     room = np.full(P, budget_rows, dtype=np.int64)
@@ -226,7 +231,7 @@ def place(
     for acc, tier, home in zip(accesses, tiers, homes):
         place_single(acc, tier, home, weights, room, model.rates(acc).x, topology.node_of_device)
     tables = [TablePlan(a.name, t, h) for a, t, h in zip(accesses, tiers, homes)]
-    refine(tables, accesses, budget_rows, model)
-    return tables
+    seconds, room = refine(tables, accesses, budget_rows, model)
+    return choose_copies(tables, accesses, model, seconds, room) if copies else tables
 
 

@@ -80,13 +80,17 @@ def relayed_unit_loads(topology: Topology, dim: int) -> tuple[np.ndarray, np.nda
     return own + proxied, fetch
 
 
-def hottest_single_rows(tier: np.ndarray, row_class: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
-    """Ids of the (at most) k single rows of most load x[class], most first, ties by id. Two passes a chunk
-    at a time: count the single rows per class, which gives the k-th load; then take the rows above it
-    and the first tied ones (a 10^8-row table is never sorted or copied whole)."""
+def hottest_single_rows(tier: np.ndarray, row_class: np.ndarray, x: np.ndarray, k: int,
+                        tiers: tuple[int, ...] = (SINGLE,)) -> np.ndarray:
+    """Ids of the (at most) k rows of most load x[class] among those of `tiers` (single rows unless told),
+    most first, ties by id. Two passes a chunk at a time: count those rows per class, which gives the k-th
+    load; then take the rows above it and the first tied ones (a 10^8-row table is never sorted or copied
+    whole)."""
+    wanted = np.zeros(3, dtype=bool)
+    wanted[list(tiers)] = True
     counts = np.zeros(x.size, dtype=np.int64)
     for s in range(0, tier.size, CHUNK_ROWS):
-        cls = row_class[s : s + CHUNK_ROWS][tier[s : s + CHUNK_ROWS] == SINGLE]
+        cls = row_class[s : s + CHUNK_ROWS][wanted[tier[s : s + CHUNK_ROWS]]]
         counts += np.bincount(cls, minlength=x.size)
     k = min(k, int(counts.sum()))
     if k == 0:
@@ -98,7 +102,7 @@ def hottest_single_rows(tier: np.ndarray, row_class: np.ndarray, x: np.ndarray, 
     ids = []
     for s in range(0, tier.size, CHUNK_ROWS):
         cls = row_class[s : s + CHUNK_ROWS]
-        single = tier[s : s + CHUNK_ROWS] == SINGLE
+        single = wanted[tier[s : s + CHUNK_ROWS]]
         ids.append(np.flatnonzero(single & above[cls]) + s)
         if ties_left:
             first = np.flatnonzero(single & tied[cls])[:ties_left] + s
@@ -108,8 +112,10 @@ def hottest_single_rows(tier: np.ndarray, row_class: np.ndarray, x: np.ndarray, 
     return ids[np.lexsort((ids, -x[row_class[ids]]))]
 
 
-def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: int, model: CostModel) -> None:
-    """Improve the homes of the hottest single rows of `tables` in place (see the module's doc)."""
+def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: int,
+           model: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """Improve the homes of the hottest single rows of `tables` in place (see the module's doc); (the seconds
+    the plan then puts on every link, the rows of room left on every device)."""
     topo = model.topology
     by_name = {a.name: a for a in accesses}
     cost = model.evaluate(ShardingPlan("refine", tuple(tables)), by_name)
@@ -121,9 +127,10 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
         x = model.rates(a).x
         top = hottest_single_rows(t.tier, a.row_class, x, REFINE_ROWS)
         candidates += [(i, int(r), float(x[a.row_class[r]])) for r in top]
+    room = budget_rows - sum(table_rows_per_device(t, topo) for t in tables)
     candidates = sorted(candidates, key=lambda c: -c[2])[:REFINE_ROWS]
     if not candidates:
-        return
+        return seconds, room
     table_of = np.array([c[0] for c in candidates])
     row = np.array([c[1] for c in candidates])
     home = np.array([int(tables[i].home[r]) for i, r in zip(table_of, row)])
@@ -141,7 +148,6 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
         vec = load[:, None, None] * (unit_loads(topo, model.shape.dim) / bw)[None]
     K = home.size
     own = vec[np.arange(K), home]  # [K, links]
-    room = budget_rows - sum(table_rows_per_device(t, topo) for t in tables)
     S = min(SWAP_ROWS, K)
     for _ in range(REFINE_STEPS):
         now = seconds.max()
@@ -174,6 +180,7 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
             own[k], own[j] = vec[k, home[k]], vec[j, home[j]]
     for i, r, h in zip(table_of, row, home):
         tables[i].home[r] = h
+    return seconds, room
 
 
 def table_home_seconds(accesses: list[TableAccess], model: CostModel) -> np.ndarray:

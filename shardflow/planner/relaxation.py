@@ -22,6 +22,12 @@ plans with the memory, scope and cost model given; the bound is their maximum ov
 (LP(θ) is concave). FlexShard takes the greedy's integral solution (a split class is
 split by whole rows: its rows are interchangeable) at the θ whose solution has the
 smallest T.
+
+A plan may also copy a node row onto some nodes only (plan.py). On nodes of one size such
+a row on k of N nodes costs exactly the mix (k-1)/(N-1) node, the rest single (reads
+fall and sync grows by one node's share per copy), so every LP(θ) still bounds those
+plans; on three or more nodes of different sizes it need not, and the report leaves it
+out there (report.bound_and_baseline).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ class RowFloors:
     own: np.ndarray  # per node shape: seconds per unit of X
     extra: np.ndarray  # per node shape: seconds per unit of the row's own load
     replicated: np.ndarray  # least floor of a replicated copy (node or global)
-    extra_slots: int  # the fewest extra copies a replicated row needs
+    extra_slots: int  # the fewest extra copies a replicated row needs (one: a node row on two nodes)
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,7 @@ def row_floors(accesses: list[TableAccess], model: CostModel) -> RowFloors:
         own=own,
         extra=extra,
         replicated=np.concatenate(replicated),
-        extra_slots=(N - 1) if node_allowed else (P - 1),
+        extra_slots=1 if node_allowed else (P - 1),  # a node row may be copied onto just one more node
     )
 
 

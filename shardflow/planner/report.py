@@ -20,11 +20,15 @@ def bound_and_baseline(
     spare = max(spare, 0)
     # Three valid bounds: the fractional relaxation, the floor indivisible hot rows set, and each
     # node's uplink carrying what the node cannot hold. The first two price a trainer's remote reads
-    # one by one, so with scope node (one fetch a node) only the third holds.
+    # one by one, so with scope node (one fetch a node) only the third holds. The relaxation knows
+    # single, node and global copies; a node row copied onto k of N nodes costs what its mix
+    # (k-1)/(N-1) of node and the rest single costs only when nodes are the same size, so on three or
+    # more nodes of different sizes it is left out.
     bound = node_bound(accesses, model, budget_bytes // row_bytes(model.shape.dim))
     if model.shape.dedup != "node":
-        bound = max(bound, lower_bound(tier_costs(accesses, model), spare),
-                    floor_bound(row_floors(accesses, model), spare))
+        bound = max(bound, floor_bound(row_floors(accesses, model), spare))
+        if len(topology.nodes) <= 2 or len(set(topology.node_devices.tolist())) == 1:
+            bound = max(bound, lower_bound(tier_costs(accesses, model), spare))
     mod = RowWiseMod().plan(accesses, topology, budget_bytes, model)
     return bound, model.evaluate(mod, {a.name: a for a in accesses}).comm_time_s_per_step
 
@@ -62,18 +66,21 @@ def summarize(
         "lower_bound_comm_time_s_per_step": bound_s,
         "gap_closed": gap_closed(cost.comm_time_s_per_step, mod_s, bound_s),
         "tiers": plan.tier_counts(),
+        "node_rows_on_some_nodes": int(sum(t.partial_ids.size for t in plan.tables)),
         "device_bytes_per_step": [float(b) for b in np.round(cost.device_bytes_per_step(), 3)],
     }
 
 
 def tier_text(t: TablePlan, devices: int) -> str:
     """Where one table's rows are: 'device 2' (a whole table on one device), or its tiers' row counts,
-    e.g. 'global 120 · node 4,000 · single 95,880 on 4 devices'."""
+    e.g. 'global 120 · node 4,000 (300 of them on some nodes only) · single 95,880 on 4 devices'."""
     tiers = np.bincount(t.tier, minlength=3)
     homes = np.flatnonzero(np.bincount(t.home[t.tier == SINGLE], minlength=devices))
     if tiers[SINGLE] == t.rows and homes.size == 1:
         return f"device {int(homes[0])}"
     parts = [f"{name} {int(tiers[k]):,}" for name, k in (("global", GLOBAL), ("node", NODE)) if tiers[k]]
+    if t.partial_ids.size:
+        parts[-1] += f" ({t.partial_ids.size:,} of them on some nodes only)"
     if tiers[SINGLE]:
         parts.append(f"single {int(tiers[SINGLE]):,} on {homes.size} device{'s' if homes.size > 1 else ''}")
     return " · ".join(parts)

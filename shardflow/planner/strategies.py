@@ -95,7 +95,9 @@ class TableWise:
 
 
 class FlexShard:
-    """Tiered per-row replication from the relaxation, placed for the uneven links.
+    """Tiered per-row replication from the relaxation, placed for the uneven links; then the nodes that
+    hold each of the hottest rows chosen one by one (copies.py: a row may be copied onto a slow node
+    and not onto the fast ones).
 
     Returns the fastest (by the cost model) of its tiered plan and the same placement with
     no replication, each also under the smaller budgets of SLACK_LADDER, and row-wise-mod's
@@ -105,6 +107,9 @@ class FlexShard:
 
     name = "flexshard"
 
+    def __init__(self, copies: bool = True) -> None:
+        self.copies = copies  # False: whole-node copies only (no row on some nodes only), for comparison
+
     def plan(self, accesses, topology, budget_bytes, model):
         budget_rows = budget_bytes // row_bytes(model.shape.dim)
         flat = [np.full(a.rows, SINGLE, dtype=np.int8) for a in accesses]
@@ -113,7 +118,8 @@ class FlexShard:
         budgets = [budget_rows, *(rows for rows in sorted(set(smaller)) if rows < budget_rows)]
         candidates = (
             *(lambda rows=rows: self._tiered(accesses, topology, rows, model) for rows in budgets),
-            *(lambda rows=rows: ShardingPlan(self.name, tuple(place(accesses, flat, topology, rows, model)))
+            *(lambda rows=rows: ShardingPlan(self.name, tuple(place(accesses, flat, topology, rows, model,
+                                                                   self.copies)))
               for rows in budgets),
             lambda: ShardingPlan(self.name, RowWiseMod().plan(accesses, topology, budget_bytes, model).tables),
         )
@@ -142,7 +148,8 @@ class FlexShard:
                 for a, s, e in zip(accesses, bounds, bounds[1:])
             ]
             try:
-                plan = ShardingPlan(self.name, tuple(place(accesses, tiers, topology, budget_rows, model)))
+                plan = ShardingPlan(self.name, tuple(place(accesses, tiers, topology, budget_rows, model,
+                                                           self.copies)))
             except InputError:
                 over = spare // 4
             else:

@@ -5,10 +5,10 @@ import pytest
 from support import zipf_access
 
 from shardflow.errors import InputError
-from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.copies import copy_unit_seconds
+from shardflow.planner.costmodel import CostModel, StepShape, row_link_bytes
 from shardflow.planner.exact import exact_plan
-from shardflow.planner.placement import place
-from shardflow.planner.plan import SINGLE, ShardingPlan, row_bytes
+from shardflow.planner.plan import NODE, SINGLE, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner import refine as refine_module
 from shardflow.planner.refine import (bandwidths, hottest_single_rows, link_seconds, relayed_unit_loads,
                                      unit_loads)
@@ -63,14 +63,19 @@ def test_the_program_prices_its_plan_as_the_cost_model_does_and_refuses_large_in
         exact_plan(many, budget_bytes_per_device(many, topo, 8, 0.3), model)
 
 
+def single_rows(access, topo) -> ShardingPlan:
+    """Every row single, on a seeded random device."""
+    home = np.random.default_rng(3).integers(0, topo.devices, access.rows).astype(np.int32)
+    return ShardingPlan("x", (TablePlan(access.name, np.full(access.rows, SINGLE, np.int8), home),))
+
+
 @pytest.mark.parametrize("topology", sorted(TOPOLOGIES))
 def test_single_rows_reach_the_links_through_the_load_homed_on_each_device(topology):
     """refine.unit_loads, the linear form the last placement pass searches with, against the cost model."""
     topo = TOPOLOGIES[topology]
     access = zipf_access("t", 40, 1.1, seed=4)
     model = CostModel(topo, StepShape(512, 8, "device"))
-    budget_rows = 40
-    plan = ShardingPlan("x", tuple(place([access], [np.full(40, SINGLE, np.int8)], topo, budget_rows, model)))
+    plan = single_rows(access, topo)
     cost = model.evaluate(plan, {"t": access})
     homed = np.bincount(plan.table("t").home, model.rates(access).x[access.row_class], minlength=topo.devices)
     np.testing.assert_allclose(link_seconds(cost.lookup_pairs + cost.sync_pairs, topo),
@@ -83,7 +88,7 @@ def test_with_scope_node_a_single_row_reaches_the_links_by_its_reads_and_its_nod
     topo = TOPOLOGIES[topology]
     access = zipf_access("t", 40, 1.1, seed=4)
     model = CostModel(topo, StepShape(512, 8, "node"))
-    plan = ShardingPlan("x", tuple(place([access], [np.full(40, SINGLE, np.int8)], topo, 40, model)))
+    plan = single_rows(access, topo)
     cost = model.evaluate(plan, {"t": access})
     per_read, per_fetch = relayed_unit_loads(topo, 8)
     rates, home = model.rates(access), plan.table("t").home
@@ -91,6 +96,25 @@ def test_with_scope_node_a_single_row_reaches_the_links_by_its_reads_and_its_nod
     expected = sum(q[r] * per_read[home[r]] + q_node[:, r] @ per_fetch[home[r]] for r in range(40))
     np.testing.assert_allclose(link_seconds(cost.lookup_pairs + cost.sync_pairs, topo),
                                expected / bandwidths(topo), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
+@pytest.mark.parametrize("topology", sorted(TOPOLOGIES))
+def test_a_copy_in_one_more_node_adds_what_the_cost_model_says(topology, dedup):
+    """copies.copy_unit_seconds, the linear form the copy pass searches with, against the cost model."""
+    topo = TOPOLOGIES[topology]
+    access = zipf_access("t", 40, 1.1, seed=4)
+    model = CostModel(topo, StepShape(512, 8, dedup))
+    units, rates, bw = copy_unit_seconds(model), model.rates(access), bandwidths(topo)
+    for c in range(min(access.class_prob.size, 4)):
+        for h in range(topo.devices):
+            own = int(topo.node_of_device[h])
+            alone = row_link_bytes(access, c, SINGLE, h, model)
+            for a in set(range(len(topo.nodes))) - {own}:
+                expected = (row_link_bytes(access, c, NODE, h, model, nodes=(1 << own) | (1 << a)) - alone) / bw
+                got = rates.x[c] * units[0, h, a] + rates.q_node[a, c] * units[1, h, a] + rates.q_any[c] * units[2, h, a]
+                np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-18)
+                assert np.abs(expected).max() > 0
 
 
 def test_on_a_slow_uplink_the_node_bound_is_what_binds():

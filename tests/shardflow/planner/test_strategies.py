@@ -13,7 +13,7 @@ from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.exact import exact_plan
 from shardflow.planner import plan as plan_module
-from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, ModuloRows, ShardingPlan, TablePlan, for_devices,
+from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, ModuloRows, ShardingPlan, TablePlan, check_plan, for_devices,
                                    row_bytes, table_rows_per_device)
 from shardflow.planner.report import bound_and_baseline
 from shardflow.planner.shardmap import ShardMap
@@ -166,9 +166,11 @@ def test_plan_invariants(topo, tables, slack, dedup, strategy):
     again, _, _ = plan_of(strategy, accesses, topo=topo, slack=slack, shape=shape)
     P, N = topo.devices, len(topo.nodes)
     assert (plan.memory_bytes_per_device(topo, 4) <= budget).all()
+    check_plan(plan, {a.name: a.rows for a in accesses}, topo)
     copies_expected = {SINGLE: 1, NODE: N, GLOBAL: P}
     for t, t2 in zip(plan.tables, again.tables):
         assert np.array_equal(t.tier, t2.tier) and np.array_equal(t.home, t2.home)  # deterministic
+        assert np.array_equal(t.partial_ids, t2.partial_ids) and np.array_equal(t.partial_nodes, t2.partial_nodes)
         smap, received = ShardMap(t, topo), ShardMap(for_devices(t, P), topo)  # the flow's, an actor's
         stored = [smap.stored(d) for d in range(P)]
         for d in range(P):
@@ -176,7 +178,10 @@ def test_plan_invariants(topo, tables, slack, dedup, strategy):
             assert all(np.array_equal(a, b) for a, b in zip(received.locate(np.arange(t.rows), d),
                                                             smap.locate(np.arange(t.rows), d)))
         copies = np.bincount(np.concatenate(stored), minlength=t.rows)
-        assert (copies == np.vectorize(copies_expected.get)(t.tier)).all()
+        expected = np.vectorize(copies_expected.get)(t.tier)
+        node = np.flatnonzero(t.tier == NODE)  # a node row on the nodes that hold it (all but where named)
+        expected[node] = sum(t.node_holds(node, a).astype(int) for a in range(N))
+        assert (copies == expected).all()
         per_device = table_rows_per_device(t, topo)  # the planner's own count, computed apart
         for d in range(P):
             assert stored[d].size == per_device[d]
@@ -209,3 +214,22 @@ def test_more_memory_never_makes_a_flexshard_plan_slower(topo, tables, dedup):
         plan, model, _ = plan_of("flexshard", accesses, topo=topo, slack=slack, shape=shape)
         times.append(model.evaluate(plan, {a.name: a for a in accesses}).comm_time_s_per_step)
     assert all(later <= earlier * (1 + 1e-12) for earlier, later in zip(times, times[1:])), times
+
+
+def test_rows_copied_onto_some_nodes_are_checked_and_counted_where_they_are():
+    topo = Topology((Node("a", 1, 1.0), Node("b", 1, 1.0), Node("c", 1, 1.0)), 10.0)
+    tier, home = np.array([NODE, NODE, SINGLE], np.int8), np.array([0, 1, 2], np.int32)
+
+    def plan(ids, nodes) -> ShardingPlan:
+        return ShardingPlan("x", (TablePlan("t", tier, home, np.array(ids, np.int64), np.array(nodes, np.int64)),))
+
+    good = plan([0], [0b101])  # row 0 on nodes a and c; row 1 on all three
+    check_plan(good, {"t": 3}, topo)
+    assert table_rows_per_device(good.table("t"), topo).tolist() == [2, 1, 3]
+    for ids, nodes, match in [([2], [0b101], "row 2 has tier single; accepted: node rows only"),
+                              ([0], [0b110], "without its home's node"),
+                              ([0], [0b001], "with one node only"),
+                              ([0], [0b1001], "outside the 3 nodes"),
+                              ([1, 0], [0b011, 0b011], "not ascending")]:
+        with pytest.raises(InputError, match=match):
+            check_plan(plan(ids, nodes), {"t": 3}, topo)

@@ -1,0 +1,244 @@
+"""The pass that chooses, row by row, which nodes hold a copy of the hottest rows.
+
+A row's cost splits by node (costmodel.py): node A either holds a copy (its trainers
+read it inside the node, and the copy syncs with the home: a partial sum up, the total
+down) or it does not (its trainers read it from the home over A's uplink, or through
+A's proxy with scope node). Only the home's node must hold it. So for a row of class c
+homed on h, the seconds it puts on the links are
+
+    L(nodes) = L(single on h) + Σ_{A in nodes, A != H} D_A(c, h)
+
+with D_A what a copy in A adds (the sync) less what it saves (the reads): a vector per
+node, linear in the row's rates by the cost model's rules (copy_unit_seconds; checked
+against costmodel.row_link_bytes). A copy in A takes one row of room on
+replica_device(h, A).
+
+The pass takes the hottest COPY_ROWS single and node rows and, while it lowers the
+busiest link, applies the best single change: a copy added on a node with room, or
+dropped. When no such change helps, it tries the best trade on a full device: one row's
+copy there dropped for another's, or a single row moved off it (refine's vectors price
+the move) to make room for a copy. A slow node thus gets copies of the rows its trainers
+read most, while fast nodes need not spend memory or sync on them; a row left on its
+home's node alone is single again, one on every node is a plain node row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardflow.planner.access import TableAccess
+from shardflow.planner.costmodel import CostModel, bandwidths
+from shardflow.planner.plan import ID_BYTES, NODE, SINGLE, VALUE_BYTES, TablePlan, replica_device
+from shardflow.planner.refine import hottest_single_rows, relayed_unit_loads, unit_loads
+
+COPY_ROWS = 256  # hottest single and node rows whose copies the pass may change
+COPY_STEPS = 400  # changes at most
+TRADE_ROWS = 64  # the hottest of them that may move to make room for a copy
+
+
+def copy_unit_seconds(model: CostModel) -> np.ndarray:
+    """[3, P, N, links]: the seconds a copy in node A adds to a row homed on device h, per unit of each of the
+    row's rates: x (a trainer's remote reads), q_A (node A reads it), q_any (anyone reads it); zero for
+    A = h's node, which always holds it. By costmodel.py's rules (link_bytes' order of links): A's trainers
+    read the row from the copy p = replica_device(h, A) if A holds one, and p syncs with the home (a partial
+    sum up, q_A; the total down, q_any); if not, they read it from the home over both uplinks (x each), or
+    with scope node through p, which fetches it once for the node (q_A)."""
+    topo, P, N = model.topology, model.topology.devices, len(model.topology.nodes)
+    a, v = ID_BYTES, VALUE_BYTES * model.shape.dim
+    read, msg = 2 * a + v, a + v  # a remote read: id in, row out, id and gradient in; a sync message
+    H = topo.node_of_device  # [P]: each home's node
+    nodes = np.arange(N)
+    out = np.zeros((3, P, N, 2 * P + 2 * N))
+    up_out, up_in = 2 * P + nodes, 2 * P + N + nodes  # link index of each node's uplink, out and in
+    # q_A: the copy's partial sum, A -> home's node; with scope node, less the fetch it replaces.
+    out[1, :, nodes, up_out[nodes]] += msg
+    out[1, np.arange(P)[:, None], nodes[None, :], (2 * P + N + H)[:, None]] += msg
+    out[2, np.arange(P)[:, None], nodes[None, :], (2 * P + H)[:, None]] += msg  # q_any: the total, back to A
+    out[2, :, nodes, up_in[nodes]] += msg
+    n = topo.node_devices.astype(np.float64)
+    if model.shape.dedup == "node":
+        out[1, :, nodes, up_out[nodes]] -= read
+        out[1, np.arange(P)[:, None], nodes[None, :], (2 * P + N + H)[:, None]] -= read
+        out[1, np.arange(P)[:, None], nodes[None, :], (2 * P + H)[:, None]] -= v
+        out[1, :, nodes, up_in[nodes]] -= v
+    else:
+        # x: inside A, its other trainers read from p (intra ports); no longer over the uplinks from the home.
+        for A in range(N):
+            p = replica_device(np.arange(P), topo, A)  # [P]: the copy's device for each home
+            inside = np.flatnonzero(H == A)
+            out[0, :, A, inside] += read  # each of A's trainers sends ...
+            out[0, np.arange(P), A, p] -= read  # ... but p itself reads locally
+            out[0, np.arange(P), A, p] += (n[A] - 1) * v  # p answers the others
+            out[0, :, A, P + inside] += v
+            out[0, np.arange(P), A, P + p] -= v
+            out[0, np.arange(P), A, P + p] += (n[A] - 1) * read
+        out[0, :, nodes, up_out[nodes]] -= (n * read)[:, None]
+        out[0, np.arange(P)[:, None], nodes[None, :], (2 * P + N + H)[:, None]] -= (n * read)[None, :]
+        out[0, np.arange(P)[:, None], nodes[None, :], (2 * P + H)[:, None]] -= (n * v)[None, :]
+        out[0, :, nodes, up_in[nodes]] -= (n * v)[:, None]
+    out[:, np.arange(P), H] = 0.0  # the home's own node always holds it
+    return out / bandwidths(topo)
+
+
+def choose_copies(tables: list[TablePlan], accesses: list[TableAccess], model: CostModel, seconds: np.ndarray,
+                  room: np.ndarray) -> list[TablePlan]:
+    """`tables` with the copies of their hottest rows chosen node by node (see the module's doc); `seconds`
+    is what the plan puts on every link now (costmodel.link_seconds), `room` the rows each device has left."""
+    topo = model.topology
+    N = len(topo.nodes)
+    if N < 2:
+        return tables
+    by_name = {a.name: a for a in accesses}
+    candidates = []
+    for i, t in enumerate(tables):
+        a = by_name[t.name]
+        x = model.rates(a).x
+        top = hottest_single_rows(t.tier, a.row_class, x, COPY_ROWS, tiers=(SINGLE, NODE))
+        candidates += [(i, int(r), float(x[a.row_class[r]])) for r in top]
+    candidates = sorted(candidates, key=lambda c: -c[2])[:COPY_ROWS]
+    if not candidates:
+        return tables
+    K = len(candidates)
+    table_of = np.array([c[0] for c in candidates])
+    row = np.array([c[1] for c in candidates])
+    home = np.array([int(tables[i].home[r]) for i, r in zip(table_of, row)], dtype=np.int64)
+    own = topo.node_of_device[home]
+    holds = np.zeros((K, N), dtype=bool)
+    holds[np.arange(K), own] = True
+    for k, (i, r) in enumerate(zip(table_of, row)):
+        if tables[i].tier[r] == NODE:
+            holds[k] = [bool(tables[i].node_holds(np.array([r]), a)[0]) for a in range(N)]
+    units = copy_unit_seconds(model)
+    rates = {t.name: model.rates(by_name[t.name]) for t in tables}
+    cls = [by_name[tables[i].name].row_class[r] for i, r in zip(table_of, row)]
+    x = np.array([rates[tables[i].name].x[c] for i, c in zip(table_of, cls)])
+    q_node = np.array([rates[tables[i].name].q_node[:, c] for i, c in zip(table_of, cls)])  # [K, N]
+    q_any = np.array([rates[tables[i].name].q_any[c] for i, c in zip(table_of, cls)])
+    q = np.array([rates[tables[i].name].q[c] for i, c in zip(table_of, cls)])
+
+    def deltas_of(k: int) -> np.ndarray:
+        """[N, links]: what a copy in each node adds to candidate k, homed where it is now."""
+        return x[k] * units[0, home[k]] + q_node[k][:, None] * units[1, home[k]] + q_any[k] * units[2, home[k]]
+
+    delta = np.stack([deltas_of(k) for k in range(K)])
+    single_vec = single_row_seconds(model, x, q, q_node)
+    copy_at = np.stack([replica_device(home, topo, a) for a in range(N)], axis=1)  # [K, N]
+    room = room.copy()
+    for _ in range(COPY_STEPS):
+        sign = np.where(holds, -1.0, 1.0)  # a held copy is dropped, a missing one added
+        after = (seconds[None, None, :] + sign[:, :, None] * delta).max(axis=2)
+        after[np.arange(K), own] = np.inf
+        after[~holds & (room[copy_at] <= 0)] = np.inf
+        k, a = np.unravel_index(np.argmin(after), after.shape)
+        changes, move = [(k, a)], None
+        if after[k, a] >= seconds.max() * (1 - 1e-9):
+            changes = _best_trade(seconds, delta, holds, own, copy_at, room)
+            if changes is None:
+                found = _best_move_for_copy(seconds, delta, single_vec, holds, home, copy_at, room)
+                if found is None:
+                    break
+                move, changes = found
+        if move is not None:  # a single row leaves a full device for one with room: new home, new deltas
+            j, f = move
+            seconds = seconds + single_vec[j, f] - single_vec[j, home[j]]
+            room[home[j]] += 1
+            room[f] -= 1
+            home[j], own[j] = f, topo.node_of_device[f]
+            holds[j] = False
+            holds[j, own[j]] = True
+            copy_at[j] = [replica_device(np.array([f]), topo, a)[0] for a in range(N)]
+            delta[j] = deltas_of(j)
+        for k, a in changes:
+            seconds = seconds + (-1.0 if holds[k, a] else 1.0) * delta[k, a]
+            room[copy_at[k, a]] += 1 if holds[k, a] else -1
+            holds[k, a] = not holds[k, a]
+    for i, r, h in zip(table_of, row, home):
+        tables[i].home[r] = h
+    return [_with_copies(t, row[table_of == i], holds[table_of == i]) for i, t in enumerate(tables)]
+
+
+def _best_trade(seconds, delta, holds, own, copy_at, room) -> list[tuple[int, int]] | None:
+    """On a full device: the copy to drop and the copy to add in its place that lower the busiest link
+    most, as [(row, node) dropped, (row, node) added]; None if no trade lowers it."""
+    K, N = holds.shape
+    droppable = holds.copy()
+    droppable[np.arange(K), own] = False
+    best, found = seconds.max() * (1 - 1e-9), None
+    for e in np.flatnonzero(room <= 0).tolist():
+        adds = np.argwhere(~holds & (copy_at == e))
+        drops = np.argwhere(droppable & (copy_at == e))
+        if not adds.size or not drops.size:
+            continue
+        gain = delta[adds[:, 0], adds[:, 1]][:, None, :] - delta[drops[:, 0], drops[:, 1]][None, :, :]
+        after = (seconds[None, None, :] + gain).max(axis=2)
+        i, j = np.unravel_index(np.argmin(after), after.shape)
+        if after[i, j] < best:
+            best, found = after[i, j], [tuple(drops[j]), tuple(adds[i])]
+    return found
+
+
+def _best_move_for_copy(seconds, delta, single_vec, holds, home, copy_at, room):
+    """On a full device e: a single row homed on e moved to another device, and a copy added in its place,
+    the pair that lowers the busiest link most (where that device is full too, its least useful copy is
+    dropped to make room): ((row, device moved to), [(row, node) dropped there, if any; (row, node) added]);
+    None if none lowers it. (No one change of these helps alone: the move and the drop only make room.)"""
+    K, N = holds.shape
+    P = room.size
+    single = holds.sum(axis=1) == 1
+    droppable = holds & ~single[:, None]
+    droppable[copy_at == home[:, None]] = False  # the home's own copy
+    drop = [None] * P  # the copy dropped on each full device to take a moved row: the least harm alone
+    drop_vec = np.zeros((P, seconds.size))
+    for f in range(P):
+        if room[f] > 0:
+            continue
+        at = np.argwhere(droppable & (copy_at == f))
+        if at.size:
+            i = int(np.argmin((seconds[None, :] - delta[at[:, 0], at[:, 1]]).max(axis=1)))
+            drop[f], drop_vec[f] = tuple(at[i]), -delta[at[i, 0], at[i, 1]]
+    to = np.array([room[f] > 0 or drop[f] is not None for f in range(P)])
+    best, found = seconds.max() * (1 - 1e-9), None
+    hot = np.arange(K) < TRADE_ROWS
+    for e in np.flatnonzero(room <= 0).tolist():
+        adds = np.argwhere(~holds & (copy_at == e) & hot[:, None])
+        movers = np.flatnonzero(single & (home == e) & hot)
+        dest = np.flatnonzero(to & (np.arange(P) != e))
+        if not adds.size or not movers.size or not dest.size:
+            continue
+        moved = single_vec[movers][:, dest] - single_vec[movers, e][:, None] + drop_vec[dest][None]
+        gain = delta[adds[:, 0], adds[:, 1]][:, None, None, :] + moved[None]
+        after = (seconds + gain).max(axis=3)  # [adds, movers, dest]
+        after[adds[:, 0][:, None] == movers[None, :]] = np.inf  # a row does not make room for its own copy
+        i, m, j = np.unravel_index(np.argmin(after), after.shape)
+        if after[i, m, j] < best:
+            best, f = after[i, m, j], int(dest[j])
+            found = ((int(movers[m]), f), ([drop[f]] if room[f] <= 0 else []) + [tuple(adds[i])])
+    return found
+
+
+def single_row_seconds(model: CostModel, x: np.ndarray, q: np.ndarray, q_node: np.ndarray) -> np.ndarray:
+    """[K, P, links]: the seconds each candidate row (rates x, q [K], q_node [K, N]) adds to every link as a
+    single row homed on each device (refine's unit vectors, scaled by the row's rates)."""
+    topo, bw = model.topology, bandwidths(model.topology)
+    if model.shape.dedup == "node" and len(topo.nodes) > 1:
+        per_read, per_fetch = relayed_unit_loads(topo, model.shape.dim)
+        return (q[:, None, None] * per_read[None] + np.einsum("kn,pnl->kpl", q_node, per_fetch)) / bw
+    return x[:, None, None] * (unit_loads(topo, model.shape.dim) / bw)[None]
+
+
+def _with_copies(t: TablePlan, rows: np.ndarray, holds: np.ndarray) -> TablePlan:
+    """`t` with `rows` held by the nodes `holds` names: single on one node, node rows on all, else partial."""
+    if not rows.size:
+        return t
+    count = holds.sum(axis=1)
+    tier = np.where(count == 1, SINGLE, NODE).astype(np.int8)
+    if (t.tier[rows] != tier).any():  # the tiers may be shared with other candidate plans
+        t = TablePlan(t.name, t.tier.copy(), t.home, t.partial_ids, t.partial_nodes)
+        t.tier[rows] = tier
+    bits = (holds.astype(np.int64) << np.arange(holds.shape[1], dtype=np.int64)).sum(axis=1)
+    some = (count > 1) & (count < holds.shape[1])
+    keep = ~np.isin(t.partial_ids, rows)
+    ids = np.concatenate([t.partial_ids[keep], rows[some]])
+    nodes = np.concatenate([t.partial_nodes[keep], bits[some]])
+    order = np.argsort(ids)
+    return TablePlan(t.name, t.tier, t.home, ids[order].astype(np.int64), nodes[order])
