@@ -100,9 +100,10 @@ class ClickData(EpochOrder):
         held = self._cache.get(block)
         if held is None:
             start, stop = block * self.block_events, min((block + 1) * self.block_events, self.events)
-            held = {t: self.dataset.ids(t, start, stop) for t in self.features}
-            held.update({f"dense/{n}": self.dataset.column(f"dense/{n}", start, stop) for n in self.numeric})
-            held["labels"] = self.dataset.column("labels", start, stop)
+            read = self.dataset.stored_column  # rows as they arrived: no per-row user offsets held
+            held = {t: read(f"tables/{t}", start, stop) for t in self.features}
+            held.update({f"dense/{n}": read(f"dense/{n}", start, stop) for n in self.numeric})
+            held["labels"] = read("labels", start, stop)
             self._cache[block] = held
             while len(self._cache) > CACHED_BLOCKS:
                 self._cache.popitem(last=False)

@@ -197,6 +197,13 @@ def test_a_window_trains_its_parts_and_holds_out_the_last_tenth_of_those_it_is_e
     import_dataset("criteo", tmp_path / "logs", tmp_path / "ds", hash_rows=64)
     ds = Dataset.open(tmp_path / "ds")
     late = ClickData(ds, ("C1",), (2, 2))
+    ex = late.examples(np.arange(ds.info.interactions), ClickConfig(dim=4, bottom=(8,), mlp=(8,), features=("C1",),
+                                                                    numeric=ds.info.dense))
+    assert ds._layout is None, "click rows are read as stored: no user-ordered view, no per-row offsets"
+    np.testing.assert_array_equal(ex.ids["C1"], ds.ids("C1"))  # the stored order is the user order
+    np.testing.assert_array_equal(ex.labels, ds.column("labels"))
+    for a, b in ((0, 100), (95, 105), (99, 191), (150, 400), (0, 0)):
+        np.testing.assert_array_equal(ds.stored_column("tables/C2", a, b), ds.ids("C2", a, b))
     np.testing.assert_array_equal(late.eval_targets, [199])  # ceil(10% of day 3's 9 rows)
     np.testing.assert_array_equal(late.train_targets(), np.arange(190, 199))
     wide = ClickData(ds, ("C1",), (1, 2))
