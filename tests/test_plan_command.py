@@ -56,7 +56,7 @@ def test_plan_command_prints_the_summary_and_writes_the_store(profiled):
                       ("memory_bytes_per_device", list), ("lookup_bytes_per_step", float),
                       ("sync_bytes_per_step", float), ("bytes_per_step", float), ("inter_node_bytes_per_step", float),
                       ("comm_time_s_per_step", float), ("lower_bound_comm_time_s_per_step", float),
-                      ("gap_closed", float), ("tiers", dict)]:
+                      ("gap_closed", float), ("tiers", dict), ("node_rows_on_some_nodes", int)]:
         assert isinstance(s[key], kind), key
     assert s["devices"] == 4 and s["dedup"] == "none" and sum(s["tiers"].values()) == 23715
     assert max(s["memory_bytes_per_device"]) <= s["budget_bytes_per_device"]

@@ -3,8 +3,8 @@
 Rows of a class are interchangeable (access.py), so a plan is, per class, how many of its
 rows take each placement: single on device d, on every node with home d (one copy a node,
 where replica_device puts it), on some of the nodes (each set holding d's node), or on
-every device with home d. Every quantity the cost
-model prices is a sum over rows of what each row's placement adds: the copies on each
+every device with home d. Every quantity the cost model prices is a sum over rows of
+what each row's placement adds: the copies on each
 device, the bytes each device sends and receives inside its node, the bytes each node's
 uplink carries out and in. So with integer counts n[c, placement] all of them are linear,
 and the modeled time, the busiest link's seconds, is the least T with T >= every link's
@@ -14,8 +14,8 @@ exactly by HiGHS (scipy.optimize.milp).
 The coefficients come from the cost model itself (CostModel.evaluate on one row of the
 class at a time), so the program optimises exactly what every strategy is judged by; it
 searches the plans the plan format can hold. Its size is classes x devices x
-(2 + 2^(nodes-1) - 1) variables: for tests and benchmarks on small instances, not for planning production
-tables.
+(2 + 2^(nodes-1) - 1) variables: for tests and benchmarks on small instances, not for
+planning production tables.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from shardflow.planner.exact import exact_plan
 from shardflow.planner import plan as plan_module
 from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, ModuloRows, ShardingPlan, TablePlan, check_plan, for_devices,
                                    row_bytes, table_rows_per_device)
-from shardflow.planner.report import bound_and_baseline
+from shardflow.planner.report import bound_and_baseline, tier_text
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.strategies import SLACK_LADDER, budget_bytes_per_device, propose
 from shardflow.planner.topology import Node, Topology, uniform
@@ -226,6 +226,7 @@ def test_rows_copied_onto_some_nodes_are_checked_and_counted_where_they_are():
     good = plan([0], [0b101])  # row 0 on nodes a and c; row 1 on all three
     check_plan(good, {"t": 3}, topo)
     assert table_rows_per_device(good.table("t"), topo).tolist() == [2, 1, 3]
+    assert tier_text(good.table("t"), 3) == "node 2 (1 of them on some nodes only) · single 1 on 1 device"
     for ids, nodes, match in [([2], [0b101], "row 2 has tier single; accepted: node rows only"),
                               ([0], [0b110], "without its home's node"),
                               ([0], [0b001], "with one node only"),
