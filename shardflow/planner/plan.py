@@ -106,15 +106,53 @@ class ModuloRows:
         return np.ones(np.shape(ids), dtype=bool)
 
 
+@dataclass(frozen=True)
+class BlockRows:
+    """A table planned in contiguous blocks, every row single: row id on device first + id // block
+    (row-wise-block's ranges; a whole table on one device when block >= rows, as table-wise places it).
+    Like ModuloRows, what a device receives of such a plan instead of 2 bytes a row."""
+
+    name: str
+    rows: int
+    block: int
+    first: int = 0
+
+    def tier_of(self, ids: np.ndarray) -> np.ndarray:
+        return np.full(np.shape(ids), SINGLE, dtype=np.int8)
+
+    def home_of(self, ids: np.ndarray) -> np.ndarray:
+        return self.first + np.asarray(ids, dtype=np.int64) // self.block
+
+    def has_tier(self, tier: int) -> bool:
+        return tier == SINGLE and self.rows > 0
+
+    def single_ids(self, device: int) -> np.ndarray:
+        k = device - self.first
+        if k < 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.arange(k * self.block, min((k + 1) * self.block, self.rows), dtype=np.int64)
+
+    def replicated_ids(self, tier: int) -> np.ndarray:
+        return np.zeros(0, dtype=np.int64)
+
+    def node_holds(self, ids: np.ndarray, node: int) -> np.ndarray:
+        return np.ones(np.shape(ids), dtype=bool)
+
+
+DevicePlan = TablePlan | ModuloRows | BlockRows  # a table's plan as a device receives it (for_devices)
 MODULO_CHECK_ROWS = 1 << 22  # rows compared with the rule at a time
 
 
-def for_devices(table: TablePlan, devices: int) -> TablePlan | ModuloRows:
-    """The table's plan as every device receives it: the rule when the plan is row-wise `id % devices`;
-    otherwise homes in the narrowest integer type that holds the devices (1 byte a row instead of 4
-    on up to 127 devices: 2 bytes a row in all with the tier)."""
+def for_devices(table: TablePlan, devices: int) -> DevicePlan:
+    """The table's plan as every device receives it: the rule when the plan is row-wise `id % devices`
+    or contiguous blocks (row-wise-block, a whole table on one device); otherwise homes in the
+    narrowest integer type that holds the devices (1 byte a row instead of 4 on up to 127 devices:
+    2 bytes a row in all with the tier)."""
     if _is_modulo(table, devices):
         return ModuloRows(table.name, table.rows, devices)
+    blocks = _blocks(table)
+    if blocks is not None:
+        return blocks
     dtype = np.int8 if devices <= 127 else np.int16 if devices <= 32767 else np.int32
     return TablePlan(table.name, table.tier, table.home.astype(dtype, copy=False), table.partial_ids,
                      table.partial_nodes)
@@ -128,6 +166,27 @@ def _is_modulo(table: TablePlan, devices: int) -> bool:
         if (table.home[start:stop] != np.arange(start, stop) % devices).any():
             return False
     return True
+
+
+def _blocks(table: TablePlan) -> BlockRows | None:
+    """The plan as BlockRows if it is one: every row single, homes first, first + 1, ... in runs of one
+    length (the last run may be shorter)."""
+    if not table.rows:
+        return None
+    first, block = int(table.home[0]), table.rows  # block: the first run's length
+    for start in range(0, table.rows, MODULO_CHECK_ROWS):
+        differ = np.flatnonzero(table.home[start : start + MODULO_CHECK_ROWS] != first)
+        if differ.size:
+            block = start + int(differ[0])
+            break
+    rule = BlockRows(table.name, table.rows, block, first)
+    for start in range(0, table.rows, MODULO_CHECK_ROWS):
+        stop = min(start + MODULO_CHECK_ROWS, table.rows)
+        if (table.tier[start:stop] != SINGLE).any():
+            return None
+        if (table.home[start:stop] != rule.home_of(np.arange(start, stop))).any():
+            return None
+    return rule
 
 
 @dataclass(frozen=True)
@@ -152,7 +211,7 @@ class ShardingPlan:
     def memory_bytes_per_device(self, topology: Topology, dim: int) -> np.ndarray:
         return self.rows_per_device(topology) * row_bytes(dim)
 
-    def for_devices(self, devices: int) -> dict[str, "TablePlan | ModuloRows"]:
+    def for_devices(self, devices: int) -> dict[str, DevicePlan]:
         """Every table's plan as the devices receive it (for_devices), by name."""
         return {t.name: for_devices(t, devices) for t in self.tables}
 

@@ -7,8 +7,8 @@ A trainer reads a row from the copy nearest to it: its own (global rows), its no
 (node rows its node holds) or the home (single rows, and node rows its node does not hold).
 
 The map keeps nothing but the plan as devices receive it (tier and home, 2 bytes a row; for a
-row-wise `id % S` plan only that rule): where a trainer reads a row is computed from it per
-lookup, and the ids a device stores are
+row-wise `id % S` plan, contiguous blocks or a whole table on one device only that rule):
+where a trainer reads a row is computed from it per lookup, and the ids a device stores are
 listed when asked (a shard asks once, when it is made), so no device holds a per-row
 index of the whole table beside its shard.
 """
@@ -18,12 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 from shardflow.errors import InputError
-from shardflow.planner.plan import GLOBAL, NODE, ModuloRows, TablePlan, replica_device
+from shardflow.planner.plan import GLOBAL, NODE, DevicePlan, replica_device
 from shardflow.planner.topology import Topology
 
 
 class ShardMap:
-    def __init__(self, table: TablePlan | ModuloRows, topology: Topology) -> None:
+    def __init__(self, table: DevicePlan, topology: Topology) -> None:
         self.table, self.topology = table, topology
 
     def _checked(self, ids: np.ndarray) -> np.ndarray:

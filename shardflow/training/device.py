@@ -19,7 +19,7 @@ from shardflow.errors import InputError, TrainingError
 from shardflow.dlrm import ClickConfig
 from shardflow.model import ModelConfig, forward_backward
 from shardflow.optim import OptimizerConfig
-from shardflow.planner.plan import ModuloRows, TablePlan
+from shardflow.planner.plan import DevicePlan
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
 from shardflow.training.batches import TrainData, negative_seed, sub_batches
@@ -51,7 +51,7 @@ class Device:
         self,
         device: int,
         topology: Topology,
-        tables: dict[str, TablePlan | ModuloRows],
+        tables: dict[str, DevicePlan],
         data: TrainData | ClickData,
         config: ModelConfig | ClickConfig,
         optimizer: OptimizerConfig,

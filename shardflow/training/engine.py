@@ -27,7 +27,7 @@ from shardflow.errors import InputError, TrainingError, WorkerLost, WorkerOutOfM
 from shardflow.dlrm import ClickConfig
 from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
-from shardflow.planner.plan import SINGLE, ModuloRows, ShardingPlan, TablePlan, row_bytes
+from shardflow.planner.plan import SINGLE, DevicePlan, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.topology import Topology
 from shardflow.planner.costmodel import check_dedup
 from shardflow.training.batches import TrainData, check_batch, negative_seed
@@ -191,7 +191,7 @@ class DeviceActor:
 
     alive = True  # an attribute, not a method: reading it remotely fails at once if the actor is gone
 
-    def __init__(self, device: int, topology: Topology, tables: dict[str, TablePlan | ModuloRows], dataset: str,
+    def __init__(self, device: int, topology: Topology, tables: dict[str, DevicePlan], dataset: str,
                  config: ModelConfig | ClickConfig, optimizer: OptimizerConfig, *, batch_size: int, dedup: str,
                  array_device: str = "cpu", scaled_rows: dict[str, int] | None = None,
                  window: tuple[int, int] = (0, 0)) -> None:

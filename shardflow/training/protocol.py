@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from shardflow.errors import TrainingError
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ModuloRows, TablePlan, replica_device
+from shardflow.planner.plan import GLOBAL, NODE, SINGLE, DevicePlan, replica_device
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
 
@@ -123,7 +123,7 @@ class Requests:
     outbox: dict[int, Message]
 
 
-def step_rounds(tables: dict[str, TablePlan | ModuloRows], topology: Topology,
+def step_rounds(tables: dict[str, DevicePlan], topology: Topology,
                 dedup: str = "device") -> tuple[Round, ...]:
     """The rounds of every step under this plan and de-duplication scope (the same on every device)."""
     several_nodes = len(topology.nodes) > 1
@@ -174,7 +174,7 @@ class StepProtocol:
     the step is applied on this device.
     """
 
-    def __init__(self, device: int, topology: Topology, tables: dict[str, TablePlan | ModuloRows], shard,
+    def __init__(self, device: int, topology: Topology, tables: dict[str, DevicePlan], shard,
                  maps: dict[str, ShardMap] | None = None, dedup: str = "device") -> None:
         self.device, self.topology, self.tables, self.shard = device, topology, tables, shard
         self.maps = maps if maps is not None else {t: ShardMap(p, topology) for t, p in tables.items()}
@@ -539,7 +539,7 @@ class StepProtocol:
             sel = np.flatnonzero(dest == peer)
             out[peer].blocks.append(Block(kind, table, ids[sel], host[sel]))
 
-    def _holder(self, plan: TablePlan | ModuloRows, ids: np.ndarray, node: int) -> np.ndarray:
+    def _holder(self, plan: DevicePlan, ids: np.ndarray, node: int) -> np.ndarray:
         return replica_device(plan.home_of(ids).astype(np.int64), self.topology, node)
 
 

@@ -13,8 +13,8 @@ from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.exact import exact_plan
 from shardflow.planner import plan as plan_module
-from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, ModuloRows, ShardingPlan, TablePlan, check_plan, for_devices,
-                                   row_bytes, table_rows_per_device)
+from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, BlockRows, ModuloRows, ShardingPlan, TablePlan, check_plan,
+                                   for_devices, row_bytes, table_rows_per_device)
 from shardflow.planner.report import bound_and_baseline, tier_text
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.strategies import SLACK_LADDER, budget_bytes_per_device, propose
@@ -59,6 +59,24 @@ def test_devices_receive_a_row_wise_mod_plan_as_its_rule_and_any_other_with_narr
 def test_row_wise_block_gives_contiguous_ranges():
     plan, _, _ = plan_of("row-wise-block", [flat("t", 10)])
     assert plan.table("t").home.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+
+
+def test_devices_receive_blocks_and_whole_tables_as_their_rule(monkeypatch):
+    monkeypatch.setattr(plan_module, "MODULO_CHECK_ROWS", 4)  # the rule is checked across several passes
+    block, _, _ = plan_of("row-wise-block", [flat("t", 10)])
+    whole, _, _ = plan_of("table-wise", [flat("a", 9), flat("b", 7)], slack=3.0)
+    cases = [(block.table("t"), BlockRows("t", 10, 3, 0))]
+    cases += [(t, BlockRows(t.name, t.rows, t.rows, int(t.home[0]))) for t in whole.tables]
+    for table, rule in cases:
+        sent = for_devices(table, 4)
+        assert sent == rule
+        for d in range(4):  # what the actors compute from the rule is what the flow's full plan says
+            assert np.array_equal(ShardMap(sent, TWO_BY_TWO).stored(d), ShardMap(table, TWO_BY_TWO).stored(d))
+            assert np.array_equal(ShardMap(sent, TWO_BY_TWO).read_from(np.arange(table.rows), d),
+                                  ShardMap(table, TWO_BY_TWO).read_from(np.arange(table.rows), d))
+    gap = TablePlan("t", block.table("t").tier, block.table("t").home.copy())
+    gap.home[9] = 2  # not one run per device any more
+    assert isinstance(for_devices(gap, 4), TablePlan)
 
 
 def test_table_wise_packs_whole_tables_near_the_best_packing_by_size_and_link_time():
