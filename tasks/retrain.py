@@ -118,11 +118,14 @@ def check_model_shape(config: RetrainConfig) -> None:
     if promoted is None:
         return
     theirs, mine = versions.started(config.run_dir, promoted)["config"], config.model_dump(mode="json")
-    differ = [k for k in WARM_START_KEYS if theirs.get(k) != mine[k]]
+    # A key newer than the promoted version's record was made with what is now its default (as JSON).
+    theirs = {k: theirs[k] if k in theirs else json.loads(json.dumps(RetrainConfig.model_fields[k].get_default()))
+              for k in WARM_START_KEYS}
+    differ = [k for k in WARM_START_KEYS if theirs[k] != mine[k]]
     if differ:
         raise InputError(
             f"run_dir {config.run_dir}: its current model version {promoted} has "
-            f"{', '.join(f'{k} = {theirs.get(k)!r}' for k in differ)}, this run {', '.join(f'{k} = {mine[k]!r}' for k in differ)}; "
+            f"{', '.join(f'{k} = {theirs[k]!r}' for k in differ)}, this run {', '.join(f'{k} = {mine[k]!r}' for k in differ)}; "
             "a new version warm-starts from the current one. Accepted: the same values, or a new run_dir (a cold start)"
         )
 

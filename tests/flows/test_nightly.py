@@ -170,3 +170,18 @@ def test_a_version_killed_during_its_download_leaves_the_promoted_model_untouche
     assert resumed["version"] == 2 and resumed["resumed_from"].endswith("epoch-000001")
     assert not any(n.startswith("train-epoch") for n in names) and names.count("download") == 1
     assert resumed["current"] == (2 if resumed["promoted"] else 1) and snapshot(Path(first["model"])) == promoted
+
+
+def test_a_version_recorded_before_a_model_key_existed_is_taken_to_have_its_default(tmp_path):
+    """A run_dir promoted by an older shardflow, whose record lacks a newer key (bottom_mlp), warm-starts
+    a run that keeps that key's default, and refuses one that changes it, naming both values."""
+    from shardflow.errors import InputError
+    from tasks.retrain import check_model_shape
+
+    cfg = RetrainConfig(run_dir=str(tmp_path))
+    record = {k: v for k, v in cfg.model_dump(mode="json").items() if k != "bottom_mlp"}
+    versions.start(tmp_path, 1, {"config": record})
+    versions.promote(tmp_path, 1)
+    check_model_shape(cfg)
+    with pytest.raises(InputError, match=r"bottom_mlp = \[64\], this run bottom_mlp = \[32\]"):
+        check_model_shape(cfg.model_copy(update={"bottom_mlp": (32,)}))
