@@ -29,7 +29,7 @@ import numpy as np
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, bandwidths
 from shardflow.planner.plan import ID_BYTES, NODE, SINGLE, VALUE_BYTES, TablePlan, replica_device
-from shardflow.planner.refine import hottest_single_rows, relayed_unit_loads, unit_loads
+from shardflow.planner.refine import hottest_rows, relayed_unit_loads, unit_loads
 
 COPY_ROWS = 256  # hottest single and node rows whose copies the pass may change
 COPY_STEPS = 400  # changes at most
@@ -93,7 +93,7 @@ def choose_copies(tables: list[TablePlan], accesses: list[TableAccess], model: C
     for i, t in enumerate(tables):
         a = by_name[t.name]
         x = model.rates(a).x
-        top = hottest_single_rows(t.tier, a.row_class, x, COPY_ROWS, tiers=(SINGLE, NODE))
+        top = hottest_rows(t.tier, a.row_class, x, COPY_ROWS, tiers=(SINGLE, NODE))
         candidates += [(i, int(r), float(x[a.row_class[r]])) for r in top]
     candidates = sorted(candidates, key=lambda c: -c[2])[:COPY_ROWS]
     if not candidates:
@@ -105,9 +105,11 @@ def choose_copies(tables: list[TablePlan], accesses: list[TableAccess], model: C
     own = topo.node_of_device[home]
     holds = np.zeros((K, N), dtype=bool)
     holds[np.arange(K), own] = True
-    for k, (i, r) in enumerate(zip(table_of, row)):
-        if tables[i].tier[r] == NODE:
-            holds[k] = [bool(tables[i].node_holds(np.array([r]), a)[0]) for a in range(N)]
+    for i, t in enumerate(tables):
+        mine = np.flatnonzero(table_of == i)
+        node_rows = mine[t.tier[row[mine]] == NODE]
+        for a in range(N):
+            holds[node_rows, a] = t.node_holds(row[node_rows], a)
     units = copy_unit_seconds(model)
     rates = {t.name: model.rates(by_name[t.name]) for t in tables}
     cls = [by_name[tables[i].name].row_class[r] for i, r in zip(table_of, row)]

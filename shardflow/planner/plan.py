@@ -77,27 +77,18 @@ class TablePlan:
         return held
 
 
-@dataclass(frozen=True)
-class ModuloRows:
-    """A table planned row-wise by `id % devices`, every row single: the rule instead of the rows.
-    What a device receives of such a plan (a few bytes, not 2 a row): it answers the same
-    questions as a TablePlan, computing each row's home from its id."""
+class _SingleRule:
+    """A plan every row of which is single, its home computed from the id by a rule (home_of,
+    single_ids): what a device receives of such a plan instead of 2 bytes a row. It answers the
+    same questions as a TablePlan."""
 
-    name: str
     rows: int
-    devices: int
 
     def tier_of(self, ids: np.ndarray) -> np.ndarray:
         return np.full(np.shape(ids), SINGLE, dtype=np.int8)
 
-    def home_of(self, ids: np.ndarray) -> np.ndarray:
-        return np.asarray(ids, dtype=np.int64) % self.devices
-
     def has_tier(self, tier: int) -> bool:
         return tier == SINGLE and self.rows > 0
-
-    def single_ids(self, device: int) -> np.ndarray:
-        return np.arange(device, self.rows, self.devices, dtype=np.int64)
 
     def replicated_ids(self, tier: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
@@ -107,36 +98,38 @@ class ModuloRows:
 
 
 @dataclass(frozen=True)
-class BlockRows:
-    """A table planned in contiguous blocks, every row single: row id on device first + id // block
-    (row-wise-block's ranges; a whole table on one device when block >= rows, as table-wise places it).
-    Like ModuloRows, what a device receives of such a plan instead of 2 bytes a row."""
+class ModuloRows(_SingleRule):
+    """A table planned row-wise by `id % devices` (Caffe2's row-wise)."""
+
+    name: str
+    rows: int
+    devices: int
+
+    def home_of(self, ids: np.ndarray) -> np.ndarray:
+        return np.asarray(ids, dtype=np.int64) % self.devices
+
+    def single_ids(self, device: int) -> np.ndarray:
+        return np.arange(device, self.rows, self.devices, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class BlockRows(_SingleRule):
+    """A table planned in contiguous blocks: row id on device first + id // block (row-wise-block's
+    ranges; a whole table on one device when block >= rows, as table-wise places it)."""
 
     name: str
     rows: int
     block: int
     first: int = 0
 
-    def tier_of(self, ids: np.ndarray) -> np.ndarray:
-        return np.full(np.shape(ids), SINGLE, dtype=np.int8)
-
     def home_of(self, ids: np.ndarray) -> np.ndarray:
         return self.first + np.asarray(ids, dtype=np.int64) // self.block
-
-    def has_tier(self, tier: int) -> bool:
-        return tier == SINGLE and self.rows > 0
 
     def single_ids(self, device: int) -> np.ndarray:
         k = device - self.first
         if k < 0:
             return np.zeros(0, dtype=np.int64)
         return np.arange(k * self.block, min((k + 1) * self.block, self.rows), dtype=np.int64)
-
-    def replicated_ids(self, tier: int) -> np.ndarray:
-        return np.zeros(0, dtype=np.int64)
-
-    def node_holds(self, ids: np.ndarray, node: int) -> np.ndarray:
-        return np.ones(np.shape(ids), dtype=bool)
 
 
 DevicePlan = TablePlan | ModuloRows | BlockRows  # a table's plan as a device receives it (for_devices)
@@ -148,45 +141,37 @@ def for_devices(table: TablePlan, devices: int) -> DevicePlan:
     or contiguous blocks (row-wise-block, a whole table on one device); otherwise homes in the
     narrowest integer type that holds the devices (1 byte a row instead of 4 on up to 127 devices:
     2 bytes a row in all with the tier)."""
-    if _is_modulo(table, devices):
-        return ModuloRows(table.name, table.rows, devices)
-    blocks = _blocks(table)
-    if blocks is not None:
-        return blocks
+    for rule in (ModuloRows(table.name, table.rows, devices), _block_rule(table)):
+        if rule is not None and _follows(table, rule):
+            return rule
     dtype = np.int8 if devices <= 127 else np.int16 if devices <= 32767 else np.int32
     return TablePlan(table.name, table.tier, table.home.astype(dtype, copy=False), table.partial_ids,
                      table.partial_nodes)
 
 
-def _is_modulo(table: TablePlan, devices: int) -> bool:
+def _follows(table: TablePlan, rule: ModuloRows | BlockRows) -> bool:
+    """Whether every row of `table` is single and homed where `rule` says (MODULO_CHECK_ROWS at a time)."""
     for start in range(0, table.rows, MODULO_CHECK_ROWS):
         stop = min(start + MODULO_CHECK_ROWS, table.rows)
         if (table.tier[start:stop] != SINGLE).any():
             return False
-        if (table.home[start:stop] != np.arange(start, stop) % devices).any():
+        if (table.home[start:stop] != rule.home_of(np.arange(start, stop))).any():
             return False
     return True
 
 
-def _blocks(table: TablePlan) -> BlockRows | None:
-    """The plan as BlockRows if it is one: every row single, homes first, first + 1, ... in runs of one
-    length (the last run may be shorter)."""
+def _block_rule(table: TablePlan) -> BlockRows | None:
+    """The blocks `table` would follow if it is in blocks: its first home, and the length of the run
+    that starts it as the block (the last run may be shorter)."""
     if not table.rows:
         return None
-    first, block = int(table.home[0]), table.rows  # block: the first run's length
+    first, block = int(table.home[0]), table.rows
     for start in range(0, table.rows, MODULO_CHECK_ROWS):
         differ = np.flatnonzero(table.home[start : start + MODULO_CHECK_ROWS] != first)
         if differ.size:
             block = start + int(differ[0])
             break
-    rule = BlockRows(table.name, table.rows, block, first)
-    for start in range(0, table.rows, MODULO_CHECK_ROWS):
-        stop = min(start + MODULO_CHECK_ROWS, table.rows)
-        if (table.tier[start:stop] != SINGLE).any():
-            return None
-        if (table.home[start:stop] != rule.home_of(np.arange(start, stop))).any():
-            return None
-    return rule
+    return BlockRows(table.name, table.rows, block, first)
 
 
 @dataclass(frozen=True)

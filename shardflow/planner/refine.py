@@ -80,8 +80,8 @@ def relayed_unit_loads(topology: Topology, dim: int) -> tuple[np.ndarray, np.nda
     return own + proxied, fetch
 
 
-def hottest_single_rows(tier: np.ndarray, row_class: np.ndarray, x: np.ndarray, k: int,
-                        tiers: tuple[int, ...] = (SINGLE,)) -> np.ndarray:
+def hottest_rows(tier: np.ndarray, row_class: np.ndarray, x: np.ndarray, k: int,
+                 tiers: tuple[int, ...] = (SINGLE,)) -> np.ndarray:
     """Ids of the (at most) k rows of most load x[class] among those of `tiers` (single rows unless told),
     most first, ties by id. Two passes a chunk at a time: count those rows per class, which gives the k-th
     load; then take the rows above it and the first tied ones (a 10^8-row table is never sorted or copied
@@ -125,7 +125,7 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
     for i, t in enumerate(tables):
         a = by_name[t.name]
         x = model.rates(a).x
-        top = hottest_single_rows(t.tier, a.row_class, x, REFINE_ROWS)
+        top = hottest_rows(t.tier, a.row_class, x, REFINE_ROWS)
         candidates += [(i, int(r), float(x[a.row_class[r]])) for r in top]
     room = budget_rows - sum(table_rows_per_device(t, topo) for t in tables)
     candidates = sorted(candidates, key=lambda c: -c[2])[:REFINE_ROWS]

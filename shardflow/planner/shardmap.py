@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardflow.errors import InputError
-from shardflow.planner.plan import GLOBAL, NODE, DevicePlan, replica_device
+from shardflow.planner.plan import GLOBAL, NODE, SINGLE, DevicePlan, replica_device
 from shardflow.planner.topology import Topology
 
 
@@ -41,10 +41,22 @@ class ShardMap:
         owner[tier == GLOBAL] = device
         here = int(self.topology.node_of_device[device])
         node = np.flatnonzero(tier == NODE)
+        node = node[self.table.node_holds(ids[node], here)]
         if node.size:
-            node = node[self.table.node_holds(ids[node], here)]
             owner[node] = replica_device(owner[node], self.topology, here)
         return owner
+
+    def held_in(self, ids: np.ndarray, node: int) -> np.ndarray:
+        """Whether `node` holds a copy of each id: global rows everywhere, node rows on the nodes the
+        plan puts them (every node, or some), single rows on their home's node only."""
+        ids = np.asarray(ids, dtype=np.int64)
+        tier = self.table.tier_of(ids)
+        held = tier == GLOBAL
+        single = np.flatnonzero(tier == SINGLE)
+        held[single] = self.topology.node_of_device[self.table.home_of(ids[single]).astype(np.int64)] == node
+        replicated = np.flatnonzero(tier == NODE)
+        held[replicated] = self.table.node_holds(ids[replicated], node)
+        return held
 
     def stored(self, device: int) -> np.ndarray:
         """Global ids of the rows `device` stores, in local-row order (local row -> id)."""

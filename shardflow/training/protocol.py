@@ -299,13 +299,7 @@ class StepProtocol:
     def _is_relayed(self, table: str, ids: np.ndarray) -> np.ndarray:
         """Which of `ids` this node reads from another node's home (a proxy relays them): single rows
         homed there, and node rows this node holds no copy of."""
-        plan = self.tables[table]
-        home = plan.home_of(ids).astype(np.int64)
-        tier = plan.tier_of(ids)
-        far = tier == SINGLE
-        node = np.flatnonzero(tier == NODE)
-        far[node] = ~plan.node_holds(ids[node], self.node)
-        return far & (self.topology.node_of_device[home] != self.node)
+        return ~self.maps[table].held_in(ids, self.node)
 
     def _on_relayed_requests(self, inbox: list[Message]) -> dict[int, Message]:
         """Keep the node's requests; ask each home once for the distinct rows this device relays."""
@@ -427,7 +421,7 @@ class StepProtocol:
             r_total = to_host(total[torch.from_numpy(replicated).to(total.device)]) if replicated.size else None
             for node in range(len(self.topology.nodes)):
                 if node != self.node and r_ids.size:
-                    held = (plan.tier_of(r_ids) == GLOBAL) | plan.node_holds(r_ids, node)
+                    held = self.maps[table].held_in(r_ids, node)
                     self._blocks(out, table, Kind.SYNC, r_ids[held], r_total[held],
                                  self._holder(plan, r_ids[held], node))
             is_global = plan.tier_of(r_ids) == GLOBAL

@@ -10,7 +10,7 @@ from shardflow.planner.costmodel import CostModel, StepShape, row_link_bytes
 from shardflow.planner.exact import exact_plan
 from shardflow.planner.plan import NODE, SINGLE, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner import refine as refine_module
-from shardflow.planner.refine import (bandwidths, hottest_single_rows, link_seconds, relayed_unit_loads,
+from shardflow.planner.refine import (bandwidths, hottest_rows, link_seconds, relayed_unit_loads,
                                      unit_loads)
 from shardflow.planner.relaxation import floor_bound, lower_bound, node_bound, row_floors, tier_costs
 from shardflow.planner.report import bound_and_baseline
@@ -130,7 +130,7 @@ def test_on_a_slow_uplink_the_node_bound_is_what_binds():
     assert 2 * pooled <= node <= exact
 
 
-def test_the_hottest_single_rows_are_those_a_stable_sort_by_load_would_give(monkeypatch):
+def test_the_hottest_rows_are_those_a_stable_sort_by_load_would_give(monkeypatch):
     """refine's top-k, a chunk at a time, against a whole-table stable sort (ties by id)."""
     rng = np.random.default_rng(0)
     for _ in range(200):
@@ -141,4 +141,4 @@ def test_the_hottest_single_rows_are_those_a_stable_sort_by_load_would_give(monk
         x = rng.integers(0, 4, classes).astype(np.float64)  # few values: many ties
         single = np.flatnonzero(tier == SINGLE)
         expected = single[np.argsort(-x[row_class[single]], kind="stable")[:k]]
-        assert np.array_equal(hottest_single_rows(tier, row_class, x, k), expected)
+        assert np.array_equal(hottest_rows(tier, row_class, x, k), expected)
