@@ -148,6 +148,11 @@ class Mailbox:
             self._stopped = True
             self._ready.notify_all()
 
+    def check_open(self) -> None:
+        """EngineClosing once stopped: a call that reaches a device after its engine began closing sends nothing."""
+        if self._stopped:
+            raise EngineClosing("the engine is closing: the call was not started")
+
     def put(self, tag: int, message: Message) -> None:
         with self._ready:
             self._box.setdefault((tag, message.step, message.round), []).append(message)
@@ -215,6 +220,9 @@ class DeviceActor:
         wait and sends no more messages of its own."""
         self.mail.stop()
 
+    def settled(self) -> None:
+        """Returns once every call queued before it on the actor's thread (one thread per worker) has ended."""
+
     async def read_rows(self, table: str, ids: np.ndarray, sender: int) -> np.ndarray:
         return self.device.serve_rows(table, ids, sender)
 
@@ -232,6 +240,7 @@ class DeviceActor:
         While it waits for the peers' gradients, the device builds the next step's batch and
         sends its requests: batch building and the first round of a step overlap the step before.
         """
+        self.mail.check_open()
         self.mail.forget_before(tag)
         peers = {d: a for d, a in enumerate(self.peers) if d != self.index}
         device, sent, stats = self.device, [], []
@@ -293,6 +302,7 @@ class DeviceActor:
         """Write chunks `starts` of `table`'s export (this device's share; no other writer touches them):
         rows and Adagrad sums from their homes, its own read directly, the next chunk's requested from
         the other homes while this one is written. {array chunk name: digest}."""
+        self.mail.check_open()
         plan = self.device.protocol.tables[table]
         rows_total = plan.rows
 
@@ -322,6 +332,8 @@ class DeviceActor:
         return [(peer, self.peers[peer].deliver(tag, m)) for peer, m in out.items()]
 
     def evaluate(self, targets: np.ndarray, candidates: int, seed: int) -> dict:
+        self.mail.check_open()
+
         def rows(peer: int, table: str, ids: np.ndarray) -> np.ndarray:
             return answer(self.peers[peer].read_rows(table, ids, self.index), self.peers[peer])
 
@@ -784,26 +796,38 @@ class Engine:
         return self._all("parameters")
 
     def close(self) -> None:
-        """Release every shard. Calls still running (an interrupt or a failure left them) are stopped and
-        waited for first, at most CLOSE_WAIT_S: a shard released while a peer still sends to it would make
-        that peer's worker log a KeyError."""
+        """Release every shard. Each device is stopped first and its actor's thread drained, at most
+        CLOSE_WAIT_S: a shard released while a peer still sends to it (a call an interrupt left running,
+        or one it cut off before it was counted as running) would make that peer's worker log a KeyError."""
         actors, inflight, self.actors, self._inflight = self.actors, self._inflight, [], []
         if self.client.status == "running":
-            if any(not c.done() for c in inflight):
-                self._stop_and_wait(actors, inflight)
+            live = [a for a, f in zip(actors, self._futures) if f.status == "finished"]
+            if live:
+                self._stop_and_wait(live, inflight)
             if self._futures:  # a closed client's scheduler holds nothing
                 self.client.cancel(self._futures)
         self._futures = []
 
     def _stop_and_wait(self, actors: list, inflight: list) -> None:
+        """Stop every device (a call that reaches one later ends before sending anything), then wait for
+        the calls known to run and for each actor's thread to finish whatever was queued on it."""
         deadline = time.monotonic() + CLOSE_WAIT_S
-        stops = []
+        self._until(deadline, self._each(actors, "stop"))
+        self._until(deadline, inflight + self._each(actors, "settled"))
+
+    @staticmethod
+    def _each(actors: list, method: str) -> list:
+        calls = []
         for a in actors:
             try:
-                stops.append(a.stop())
-            except Exception:  # an actor known lost: nothing to stop there
+                calls.append(getattr(a, method)())
+            except Exception:  # an actor known lost: nothing runs there
                 pass
-        for call in stops + inflight:  # every call made is waited for: none may reach a released shard
+        return calls
+
+    @staticmethod
+    def _until(deadline: float, calls: list) -> None:
+        for call in calls:
             while time.monotonic() < deadline:
                 try:
                     call.result(timeout=PROBE_S)

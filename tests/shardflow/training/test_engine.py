@@ -293,3 +293,23 @@ def test_closing_an_engine_mid_call_stops_every_device_before_releasing_its_shar
     after = client.get_worker_logs()
     new = [msg for w, log in after.items() for _, msg in list(log)[: len(log) - before.get(w, 0)]]
     assert not [m for m in new if "actor_execute" in m or "KeyError" in m], new
+
+
+def test_closing_drains_a_call_the_engine_never_saw_start(client, dataset, data):
+    """An interrupt can land between the calls to two devices: the first runs a step the engine has not
+    counted as running, waiting for a peer never called. Closing stops and drains it before any shard
+    goes, and a call that reaches a stopped device sends nothing."""
+    import time
+
+    engine = Engine(client, dataset, random_plan(data, 2, seed=1), TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH))
+    before = {w: len(log) for w, log in client.get_worker_logs().items()}
+    stray = engine.actors[0].steps(1, 0, 0, 1, 0, 0)
+    time.sleep(0.5)  # device 0 has sent its requests and waits for device 1's
+    assert engine._inflight == [] and not stray.done()
+    engine.close()
+    with pytest.raises(Exception, match="engine is closing: the step stopped here"):
+        stray.result(timeout=30)
+    assert actors_after_release(client) == 0
+    after = client.get_worker_logs()
+    new = [msg for w, log in after.items() for _, msg in list(log)[: len(log) - before.get(w, 0)]]
+    assert not [m for m in new if "actor_execute" in m or "KeyError" in m], new
