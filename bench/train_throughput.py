@@ -8,7 +8,9 @@ slack) for one node of 1 and of 2 devices, and measures, round after round in
 alternation, on the same global batches (same example builder, order and negatives)
 and the same model (dim 64, MLP 64-32, history 20, 4 negatives, row-wise Adagrad + Adam):
   - engine:   the Dask engine, one worker process (one thread) per device; its figure is
-              `shardflow train`'s steady-state examples/s (steps after the first 2);
+              `shardflow train`'s steady-state examples/s (steps after the first 2); on 2
+              devices also with the next step's requests answered early (`early_answers`:
+              rows sent while waiting, patched when the step begins), to show what that gains;
   - pytorch:  shardflow's single-process reference trainer (PyTorch, whole tables,
               sparse embedding gradients) with 1 and with 2 threads, after 2 warm-up
               steps: no communication at all, the limit of this machine;
@@ -94,11 +96,13 @@ def torchrec_rate(python: str, dataset: Path, batch_size: int, steps: int) -> tu
     return out.get("rate"), out.get("skipped", "")
 
 
-def engine_rate(client, dataset: Path, plan, topo, batch_size: int, steps: int) -> dict:
-    train = TrainConfig(batch_size=batch_size, max_steps=WARMUP + steps, eval_users=None)
+def engine_rate(client, dataset: Path, plan, topo, batch_size: int, steps: int, early: bool = False) -> dict:
+    train = TrainConfig(batch_size=batch_size, max_steps=WARMUP + steps, eval_users=None, early_answers=early)
     with Engine(client, str(dataset), plan, topo, MODEL, OPTIMIZER, train) as engine:
         result = engine.fit()
-    return {"rate": result.examples_per_s, "timings": result.timings}
+        traffic = engine.traffic()
+    return {"rate": result.examples_per_s, "timings": result.timings,
+            "patch_share": float(traffic["patch"].sum() / max(traffic["lookup"].sum(), 1.0))}
 
 
 def spread(values: list[float]) -> str:
@@ -125,6 +129,7 @@ def main() -> None:
         rates: dict[str, list[float]] = {}
         splits: dict[int, list[dict]] = {1: [], 2: []}
         loads = []
+        patch_share = []  # bytes of patches over bytes of rows read, 2 devices
         skipped = ""
         idle = os.getloadavg()[0]
         print(f"load before the first round: {idle:.2f}"
@@ -139,6 +144,9 @@ def main() -> None:
                     e = engine_rate(clients[devices], dataset, *plans[devices], B, n)
                     rates.setdefault(f"engine, {devices} device(s)", []).append(e["rate"])
                     splits[devices].append(e["timings"])
+                early = engine_rate(clients[2], dataset, *plans[2], B, n, early=True)
+                rates.setdefault("engine, 2, early answers", []).append(early["rate"])
+                patch_share.append(early["patch_share"])
                 for threads in (1, 2):
                     rates.setdefault(f"pytorch, {threads} thread(s)", []).append(pytorch_rate(data, MODEL, B, n, threads))
                 if not skipped:
@@ -164,11 +172,13 @@ def main() -> None:
             "engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2)],
             "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1)],
             "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1)],
+            "early answers / engine 2 devices": [a / b for a, b in zip(rates["engine, 2, early answers"], e2)],
         }
         if "torchrec, 2 ranks" in rates:
             ratios["engine 2 devices / torchrec 2 ranks"] = [a / b for a, b in zip(e2, rates["torchrec, 2 ranks"])]
         for name, v in ratios.items():
             print(f"{name:<36} {spread(v)}")
+        print(f"early answers: patches sent {spread(patch_share).strip()} (min median max) of the bytes of rows read")
         for devices in (1, 2):
             keys = list(splits[devices][0])
             mean = {k: float(np.median([s[k] for s in splits[devices]])) for k in keys}

@@ -174,6 +174,7 @@ def _cmd_train(args: argparse.Namespace) -> dict:
     train = TrainConfig(
         batch_size=shape.batch_size if args.batch_size is None else args.batch_size,
         dedup=shape.dedup if args.dedup is None else args.dedup,
+        early_answers=args.early_answers,
         epochs=args.epochs,
         max_steps=args.max_steps,
         device=args.device,
@@ -200,7 +201,8 @@ def _print_train(s: dict) -> None:
 
     print(f"  loss {s['loss']:.4f}   {metric_text(s)}  ({s['eval_users']:,} held-out examples)")
     print(f"  bytes/step  measured {s['measured_bytes_per_step'] / mb:,.3f} MB,"
-          f" cost model {s['predicted_bytes_per_step'] / mb:,.3f} MB (dedup {s['dedup']})")
+          f" cost model {s['predicted_bytes_per_step'] / mb:,.3f} MB (dedup {s['dedup']}),"
+          f" and {s['bytes_per_step']['patch'] / mb:,.3f} MB of rows changed after an early answer sent again")
     t = s["seconds_per_step"]
     print("  ms/step     " + "  ".join(f"{k} {v * 1e3:.1f}" for k, v in t.items()))
 
@@ -335,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, help="global batch (default: the plan's)")
     p.add_argument("--dedup", choices=["none", "device", "node"], help="de-duplication scope (default: the plan's)")
+    p.add_argument("--early-answers", action="store_true",
+                   help="answer the next step's row requests while waiting, patch them when it begins")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where each device computes: the CPU, or CUDA device d on worker d (resource GPU=1)")
     p.add_argument("--seed", type=int, default=0, help="batch order and negatives")

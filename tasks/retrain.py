@@ -300,7 +300,8 @@ def optimizer_config(config: RetrainConfig) -> OptimizerConfig:
 
 
 def train_config(config: RetrainConfig, window: tuple[int, int] = (0, 0)) -> TrainConfig:
-    return TrainConfig(batch_size=config.batch_size, dedup=config.dedup, epochs=config.epochs,
+    return TrainConfig(batch_size=config.batch_size, dedup=config.dedup, early_answers=config.early_answers,
+                       epochs=config.epochs,
                        steps_per_epoch=config.steps_per_epoch, device=config.device, seed=config.seed,
                        eval_users=config.eval_users, window=tuple(window))
 

@@ -60,6 +60,7 @@ class Device:
         dedup: str,
         array_device: str = "cpu",
         scaled_rows: dict[str, int] | None = None,
+        early: bool = False,
     ) -> None:
         self.index, self.topology, self.data, self.config = device, topology, data, config
         self.batch_size, self.dedup = batch_size, dedup
@@ -72,7 +73,7 @@ class Device:
             layouts = {t: RowLayout(t, modulus=scaled_rows[t]) if device == 0 else RowLayout(t, stored=empty)
                        for t in tables}
         self.shard = ParameterShard(device, layouts, config, optimizer, self.torch, holds_dense=device == 0)
-        self.protocol = StepProtocol(device, topology, tables, self.shard, maps, dedup)
+        self.protocol = StepProtocol(device, topology, tables, self.shard, maps, dedup, early)
         self.rounds = self.protocol.rounds
         self._prepared: tuple | None = None
         self._stats: dict = {}

@@ -65,6 +65,7 @@ class TrainConfig:
     eval_users: int | None = 5000  # users evaluated (a seeded sample; None: all)
     eval_candidates: int = 100
     window: tuple[int, int] = (0, 0)  # (first segment trained on, first evaluated on): see TrainData.load and ClickData
+    early_answers: bool = False  # answer the next step's requests while waiting (protocol.py: PREFETCH)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "epochs", "eval_candidates"):
@@ -78,6 +79,8 @@ class TrainConfig:
         if self.eval_candidates < 2:
             raise InputError(f"eval_candidates = {self.eval_candidates}; accepted: >= 2 (the positive and a negative)")
         check_dedup(self.dedup)
+        if not isinstance(self.early_answers, bool):
+            raise InputError(f"early_answers = {self.early_answers!r}; accepted: true or false")
 
 
 @dataclass
@@ -140,6 +143,7 @@ class Mailbox:
     def __init__(self) -> None:
         self._ready = threading.Condition()
         self._box: dict[tuple[int, int, Round], list[Message]] = {}
+        self._answered: set[tuple[int, int, int]] = set()  # (tag, step, sender) of REQUESTs answered early
         self._stopped = False
 
     def stop(self) -> None:
@@ -161,12 +165,17 @@ class Mailbox:
     def forget_before(self, tag: int) -> None:
         with self._ready:
             self._box = {k: v for k, v in self._box.items() if k[0] >= tag}
+            self._answered = {k for k in self._answered if k[0] >= tag}
 
-    def wait(self, tag: int, step: int, round: Round, peers: dict[int, object]) -> list[Message]:
+    def wait(self, tag: int, step: int, round: Round, peers: dict[int, object], early=None,
+             idle=None) -> list[Message]:
         """The round's message of `step` from every one of `peers` ({device: actor}), in device order.
 
         The only place a device waits for others: every PROBE_S it checks that each peer it
-        still waits for exists, and gives up after PEER_TIMEOUT_S.
+        still waits for exists, and gives up after PEER_TIMEOUT_S. Rather than wait it first
+        hands the next step's REQUESTs not answered yet to `early(requests)` (they stay here
+        for that step's REQUEST round), then calls `idle()`, work that returns whether it did
+        any; both on this thread.
         """
         deadline = time.monotonic() + PEER_TIMEOUT_S
         key = (tag, step, round)
@@ -178,6 +187,24 @@ class Mailbox:
                 if len(got) >= len(peers) or any(m.error is not None for m in got):
                     self._box.pop(key, None)
                     return sorted(got, key=lambda m: m.sender)
+                asked = [m for m in self._box.get((tag, step + 1, Round.REQUEST), [])
+                         if (tag, step + 1, m.sender) not in self._answered] if early is not None else []
+                if asked:
+                    self._answered.update((tag, step + 1, m.sender) for m in asked)
+                    self._ready.release()
+                    try:
+                        early(asked)
+                    finally:
+                        self._ready.acquire()
+                    continue
+                if idle is not None:
+                    self._ready.release()
+                    try:
+                        did = idle()
+                    finally:
+                        self._ready.acquire()
+                    if did:
+                        continue
                 if not self._ready.wait(timeout=PROBE_S):
                     missing = set(peers) - {m.sender for m in got}
                     self._ready.release()
@@ -199,10 +226,10 @@ class DeviceActor:
     def __init__(self, device: int, topology: Topology, tables: dict[str, DevicePlan], dataset: str,
                  config: ModelConfig | ClickConfig, optimizer: OptimizerConfig, *, batch_size: int, dedup: str,
                  array_device: str = "cpu", scaled_rows: dict[str, int] | None = None,
-                 window: tuple[int, int] = (0, 0)) -> None:
+                 window: tuple[int, int] = (0, 0), early: bool = False) -> None:
         data = load_training_data(dataset, config.features, window)
         self.device = Device(device, topology, tables, data, config, optimizer, batch_size=batch_size, dedup=dedup,
-                             array_device=array_device, scaled_rows=scaled_rows)
+                             array_device=array_device, scaled_rows=scaled_rows, early=early)
         self.index = device
         self.peers: list = []
         self.mail = Mailbox()
@@ -237,32 +264,53 @@ class DeviceActor:
         """Steps first..first+count-1 of `epoch` (global step numbers from `step`): every round's messages out
         to the peers, theirs in; this device's stats of each step.
 
-        While it waits for the peers' gradients, the device builds the next step's batch and
-        sends its requests: batch building and the first round of a step overlap the step before.
+        While it waits for the peers (at the latest for their gradients), the device builds the
+        next step's batch and sends its requests, and answers theirs (protocol.py: PREFETCH):
+        batch building and the first rounds of a step overlap the step before.
         """
         self.mail.check_open()
         self.mail.forget_before(tag)
         peers = {d: a for d, a in enumerate(self.peers) if d != self.index}
         device, sent, stats = self.device, [], []
         current = step
+
+        def answer_early(requests: list[Message]) -> None:  # the next step's requests, while this one waits
+            sent.extend((m.sender, self.peers[m.sender].deliver(tag, device.protocol.answer_early(m)))
+                        for m in requests)
+
+        early = answer_early if device.protocol.early else None
+        ahead, deferred = None, None  # the step whose requests are out already; the error of preparing it
+
+        def prepare(k: int) -> bool:
+            """Prepare step k and send its requests, if that is still to do; whether it did."""
+            nonlocal ahead, deferred
+            if k >= count or ahead == k or deferred is not None:
+                return False
+            try:
+                sent.extend(self._send(tag, device.prepare(epoch, first + k, step + k, seed)))
+                ahead = k
+            except Exception as e:  # this step's messages are out: finish it, fail the next
+                deferred = e
+            return True
+
         try:
-            prefetched, deferred = False, None
             for k in range(count):
                 current = step + k
                 if deferred is not None:  # preparing this step failed: it fails now, the one before is applied
                     raise deferred
                 out = device.start(epoch, first + k, step + k, seed)
-                if not prefetched:
+                if ahead != k:
                     sent += self._send(tag, out)
-                prefetched = False
                 for round in device.rounds:
-                    if round is Round.GRADIENTS and k + 1 < count:  # while the peers compute
-                        try:
-                            sent += self._send(tag, device.prepare(epoch, first + k + 1, step + k + 1, seed))
-                            prefetched = True
-                        except Exception as e:  # this step's messages are out: finish it, fail the next
-                            deferred = e
-                    out = device.receive(round, self.mail.wait(tag, step + k, round, peers))
+                    if round is Round.GRADIENTS:  # at the latest while the peers compute
+                        prepare(k + 1)
+                    inbox = self.mail.wait(tag, step + k, round, peers, early if k + 1 < count else None,
+                                           lambda k=k: prepare(k + 1))
+                    if round is Round.REPLY:  # a patch goes with the sender's early answer
+                        patched = {m.sender: peers[m.sender] for m in inbox if m.patch}
+                        for m in self.mail.wait(tag, step + k, Round.PREFETCH, patched) if patched else []:
+                            device.protocol.take_early(m)
+                    out = device.receive(round, inbox)
                     if out:
                         sent += self._send(tag, out)
                 stats.append(device.finish())
@@ -488,6 +536,7 @@ class Engine:
                 batch_size=train.batch_size,
                 dedup=train.dedup,
                 array_device=train.device,
+                early=train.early_answers,
                 scaled_rows=scaled_rows,
                 window=train.window,
                 actor=True,

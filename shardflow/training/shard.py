@@ -95,6 +95,12 @@ class ParameterShard:
         """Rows of `ids` as this shard holds them now."""
         return self.weights[table][self._local(table, ids)]
 
+    def changed_since(self, table: str, ids: np.ndarray, clock: int) -> tuple[np.ndarray, torch.Tensor]:
+        """The positions in `ids` of the rows updated in step `clock` or later, and those rows now."""
+        local = self.layouts[table].local(ids)
+        at = np.flatnonzero(self.version[table][local] > clock)
+        return at, self.weights[table][torch.from_numpy(local[at]).to(self.device)]
+
     def read_state(self, table: str, ids: np.ndarray) -> torch.Tensor:
         return self.state[table][self._local(table, ids)]
 

@@ -81,13 +81,17 @@ def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(client, da
     assert moved.max() > 1e-4, "training changed nothing: the comparison would prove nothing"
 
 
-def test_the_cluster_gives_bitwise_the_parameters_of_the_in_process_driver(client, dataset, data):
-    """Same devices, same messages, same order of sums: only the transport differs."""
+@pytest.mark.parametrize("early", [False, True])
+def test_the_cluster_gives_bitwise_the_parameters_of_the_in_process_driver(client, dataset, data, early):
+    """Same devices, same messages, same order of sums: only the transport differs. Answering the next
+    step's requests early (whenever a device waits) and patching them changes no bit either."""
     plan = random_plan(data, 4, seed=11)
-    with Engine(client, dataset, plan, TOPOLOGIES[4], MODEL, OPTIMIZER, TrainConfig(BATCH)) as e:
+    with Engine(client, dataset, plan, TOPOLOGIES[4], MODEL, OPTIMIZER, TrainConfig(BATCH, early_answers=early)) as e:
         e.steps(0, 0, 2)
         e.steps(0, 2, 5)  # several steps per call: the next batch's requests travel during a step
         on_cluster = e.parameters()
+        patched = e.traffic()["patch"].sum()
+    assert (patched > 0) == early, patched
     driver = InProcess(in_process_devices(data, plan, TOPOLOGIES[4]))
     for i in range(7):
         driver.step(0, i, i, 0)

@@ -79,6 +79,48 @@ def test_rows_copied_onto_some_nodes_learn_what_the_reference_learns_and_their_c
     assert (copies == 2).all(), "a row named for two nodes is stored on two devices"
 
 
+EARLY_POINTS = (Round.GRADIENTS, Round.TO_PRIMARY, Round.TOTALS, Round.FORWARD, None)
+
+
+def bitwise_equal(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    return all(bitwise_equal(a[k], b[k]) if isinstance(a[k], dict) else np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_answering_the_next_steps_requests_early_leaves_every_parameter_bitwise_as_answering_late(
+        dataset, data, strategy, dedup):
+    """The homes answer step i+1's requests at every point of step i (before its gradients, between its
+    applies, once it ended); with the patches every parameter is bitwise what whole late replies give,
+    and the rows read count the same bytes (the patches are counted apart)."""
+    plan, topo, steps = planned(dataset, strategy, 4), TOPOLOGIES[4], 2 * len(EARLY_POINTS) + 1
+    starts = [(0, i, i, 0) for i in range(steps)]
+    early, late = (in_process_devices(data, plan, topo, dedup, early=e) for e in (True, False))
+    InProcess(early).run(starts, lambda i: EARLY_POINTS[i % len(EARLY_POINTS)])
+    InProcess(late).run(starts)
+    for e, l in zip(early, late):
+        assert bitwise_equal(e.parameters(), l.parameters())
+        assert (e.traffic()["lookup"] == l.traffic()["lookup"]).all()
+    patched = sum(d.traffic()["patch"].sum() for d in early)
+    if dedup == "node":  # the proxies relay whole replies: nothing is answered early
+        assert patched == 0 and not any(d.protocol.early for d in early)
+    else:
+        assert patched > 0, "no patch was sent: the test shows nothing about patches"
+    assert np.concatenate([d.parameters()["item"]["version"] for d in early]).max() == steps
+
+
+def test_an_early_answer_outside_the_next_step_is_refused(data):
+    devs = in_process_devices(data, random_plan(data, 2, seed=2), TOPOLOGIES[2])
+    asked = devs[0].prepare(0, 5, 5, 0)[1]
+    with pytest.raises(RuntimeError, match="an early request for step 5 with parameters after step 0"):
+        devs[1].protocol.answer_early(asked)
+    off = in_process_devices(data, random_plan(data, 2, seed=2), TOPOLOGIES[2], early=False)
+    with pytest.raises(RuntimeError, match="answering none early"):
+        off[1].protocol.answer_early(off[0].prepare(0, 1, 1, 0)[1])
+
+
 def test_rounds_follow_the_plan():
     topo2, topo1 = TOPOLOGIES[4], TOPOLOGIES[1]
 
