@@ -153,6 +153,27 @@ class SegmentWriter:
         self._whole("users", np.asarray(users, dtype=np.int64), OFFSETS_PER_CHUNK)
         self._whole("offsets", np.asarray(offsets, dtype=np.int64), OFFSETS_PER_CHUNK)
 
+    def write_own_users(self, first: int) -> None:
+        """Every event its own user (a click log), numbered from `first`: one run per event, and the user's
+        raw id is its number. The users, offsets and user ids are written a chunk at a time, as the
+        arrays `write_runs` and `write_user_ids` would write, without holding one of the part's length."""
+        self.new_users = self.events
+        self._counting("users", first, self.events, OFFSETS_PER_CHUNK)
+        self._counting("offsets", 0, self.events + 1, OFFSETS_PER_CHUNK)
+        self._counting("user_ids", first, self.events, 1 << 20)
+
+    def _counting(self, path: str, first: int, length: int, chunk: int) -> None:
+        """Array `path` holding first, first + 1, ..., first + length - 1."""
+        chunk = max(1, min(length, chunk))
+        arr = self._root.create_array(path, shape=(length,), dtype=np.int64, chunks=(chunk,), compressors=COMPRESSORS)
+        h = ArrayHash(path, arr.dtype, arr.shape)
+        for a in range(0, length, chunk):
+            block = np.arange(first + a, first + min(a + chunk, length), dtype=np.int64)
+            arr[a : a + block.size] = block
+            h.update(block)
+        self._columns[path] = (arr, h)
+        self._written[path] = length
+
     def write_user_ids(self, raw: np.ndarray) -> None:
         """Raw ids of the users this segment introduced, in the order of their indices."""
         self.new_users = len(raw)

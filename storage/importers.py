@@ -209,7 +209,8 @@ class Numbering:
     code_users: np.ndarray | None = None  # recbole: user index of every user code
     lookups: dict = field(default_factory=dict)  # numeric table -> (distinct, rows)
     code_rows: dict = field(default_factory=dict)  # text table -> row of every code
-    new_users: np.ndarray | pa.Array | None = None
+    new_users: np.ndarray | pa.Array | None = None  # raw ids of the users the part introduces
+    own_users_from: int | None = None  # every event its own user, numbered from here (new_users stays None)
     new_raw: dict = field(default_factory=dict)  # table -> (raw values introduced, their rows)
 
 
@@ -228,9 +229,9 @@ class Numberer:
             distinct = scan.user_codes.take(pc.sort_indices(scan.user_codes))
             new, _ = self.users.extend(distinct)
             n.code_users, n.new_users = self.users.rows_of(scan.user_codes), new
-        else:  # every example its own user
-            n.new_users = np.arange(self.user_count, self.user_count + scan.events, dtype=np.int64)
-        self.user_count += len(n.new_users)
+        else:  # every example its own user: numbered, never held (write_segment writes the numbers)
+            n.own_users_from = self.user_count
+        self.user_count += scan.events if n.own_users_from is not None else len(n.new_users)
         for name, idmap in self.tables.items():
             if name in scan.codes:
                 dictionary = scan.codes[name]
@@ -253,20 +254,22 @@ def write_segment(
     """Write one part's segment into `directory`; returns its manifest entry."""
     spill = Path(scan.spill)
     dtypes = {t: TableSpec(t, max(1, rows[t])).id_dtype for t in fmt.tables}
-    perm = None
+    perm, runs = None, scan.events  # every event its own user, unless the part groups them
     if scan.run_users is not None:  # distinct raw users of adjacent runs stay distinct users
         run_users, run_lengths = numbering.run_users, scan.run_lengths
     elif numbering.code_users is not None:
         perm, run_users, run_lengths = _regroup(scan, numbering.code_users, REGROUP_EVENTS)
-    else:
-        run_users = numbering.new_users
-        run_lengths = np.ones(scan.events, dtype=np.int64)
+    if numbering.own_users_from is None:
+        runs = len(run_users)
     writer = SegmentWriter(
-        Path(directory), events=scan.events, runs=len(run_users), tables=dtypes,
+        Path(directory), events=scan.events, runs=runs, tables=dtypes,
         dense=fmt.dense, labels=fmt.labels, events_per_chunk=events_per_chunk,
     )
-    writer.write_runs(run_users, np.concatenate([[0], np.cumsum(run_lengths)]))
-    writer.write_user_ids(_as_numpy(numbering.new_users))
+    if numbering.own_users_from is None:
+        writer.write_runs(run_users, np.concatenate([[0], np.cumsum(run_lengths)]))
+        writer.write_user_ids(_as_numpy(numbering.new_users))
+    else:
+        writer.write_own_users(numbering.own_users_from)
     lookups = {t: RowLookup(*numbering.lookups[t]) for t in numbering.lookups}
     step = events_per_chunk
 

@@ -141,3 +141,21 @@ def test_blocks_are_chunk_aligned_and_cover_every_event(store):
         assert all(b0[2] == b1[1] for b0, b1 in zip(blocks, blocks[1:]))
         chunk = zarr.open_array(str(store / "segments/0000/tables/item")).chunks[0]
         assert all(a % chunk == 0 for _, a, _ in blocks)
+
+
+@pytest.mark.parametrize("events", [0, 1, 5, dataset_module.OFFSETS_PER_CHUNK + 3])
+def test_a_click_part_writes_its_own_users_as_the_whole_arrays_would(tmp_path, events):
+    """Every event its own user: the numbers written a chunk at a time are the arrays, chunks and digests
+    that writing them whole gives."""
+    first = 7
+    streamed = dataset_module.SegmentWriter(tmp_path / "streamed", events=events, runs=events, tables={})
+    streamed.write_own_users(first)
+    whole = dataset_module.SegmentWriter(tmp_path / "whole", events=events, runs=events, tables={})
+    numbers = np.arange(first, first + events, dtype=np.int64)
+    whole.write_runs(numbers, np.arange(events + 1))
+    whole.write_user_ids(numbers)
+    a, b = streamed.finish("s", 1), whole.finish("s", 1)
+    assert a == b and a["new_users"] == events and set(a["arrays"]) == {"users", "offsets", "user_ids"}
+    for path in ("users", "offsets", "user_ids"):
+        x, y = zarr.open_array(str(tmp_path / "streamed" / path)), zarr.open_array(str(tmp_path / "whole" / path))
+        assert x.chunks == y.chunks and np.array_equal(x[:], y[:])
