@@ -264,9 +264,10 @@ class DeviceActor:
         """Steps first..first+count-1 of `epoch` (global step numbers from `step`): every round's messages out
         to the peers, theirs in; this device's stats of each step.
 
-        While it waits for the peers (at the latest for their gradients), the device builds the
-        next step's batch and sends its requests, and answers theirs (protocol.py: PREFETCH):
-        batch building and the first rounds of a step overlap the step before.
+        While it waits for the peers' gradients, the device builds the next step's batch and
+        sends its requests: batch building and the first round of a step overlap the step before.
+        With early answers (protocol.py: PREFETCH) it does so at its first wait instead, and
+        answers the peers' requests for their next step whenever it waits.
         """
         self.mail.check_open()
         self.mail.forget_before(tag)
@@ -278,7 +279,7 @@ class DeviceActor:
             sent.extend((m.sender, self.peers[m.sender].deliver(tag, device.protocol.answer_early(m)))
                         for m in requests)
 
-        early = answer_early if device.protocol.early else None
+        early = device.protocol.early
         ahead, deferred = None, None  # the step whose requests are out already; the error of preparing it
 
         def prepare(k: int) -> bool:
@@ -302,10 +303,10 @@ class DeviceActor:
                 if ahead != k:
                     sent += self._send(tag, out)
                 for round in device.rounds:
-                    if round is Round.GRADIENTS:  # at the latest while the peers compute
+                    if round is Round.GRADIENTS:  # while the peers compute (with early answers, at any wait)
                         prepare(k + 1)
-                    inbox = self.mail.wait(tag, step + k, round, peers, early if k + 1 < count else None,
-                                           lambda k=k: prepare(k + 1))
+                    work = (answer_early, lambda k=k: prepare(k + 1)) if early and k + 1 < count else (None, None)
+                    inbox = self.mail.wait(tag, step + k, round, peers, *work)
                     if round is Round.REPLY:  # a patch goes with the sender's early answer
                         patched = {m.sender: peers[m.sender] for m in inbox if m.patch}
                         for m in self.mail.wait(tag, step + k, Round.PREFETCH, patched) if patched else []:

@@ -34,7 +34,7 @@ and a device that would otherwise wait answers it at once with the rows as they 
 (PREFETCH, outside the step's rounds). When the next step begins, its REPLY to that peer
 only patches the answer: the requested rows updated since, by their positions in the
 request. The hot rows a plan keeps local are the ones most steps change, so the patch is
-the smaller part (13% of the bytes read on amazon-video), and the rows the trainer
+the smaller part (13–14% of the bytes read on amazon-video), and the rows the trainer
 computes on are exactly those a late answer would give.
 
 Every copy applies the same total, so replicas stay bitwise equal; nothing is applied
