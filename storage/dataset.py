@@ -163,16 +163,10 @@ class SegmentWriter:
         self._counting("user_ids", first, self.events, 1 << 20)
 
     def _counting(self, path: str, first: int, length: int, chunk: int) -> None:
-        """Array `path` holding first, first + 1, ..., first + length - 1."""
-        chunk = max(1, min(length, chunk))
-        arr = self._root.create_array(path, shape=(length,), dtype=np.int64, chunks=(chunk,), compressors=COMPRESSORS)
-        h = ArrayHash(path, arr.dtype, arr.shape)
+        """Array `path` holding first, first + 1, ..., first + length - 1, appended a chunk at a time."""
+        self._add(path, np.int64, length, chunk)
         for a in range(0, length, chunk):
-            block = np.arange(first + a, first + min(a + chunk, length), dtype=np.int64)
-            arr[a : a + block.size] = block
-            h.update(block)
-        self._columns[path] = (arr, h)
-        self._written[path] = length
+            self.write(path, np.arange(first + a, first + min(a + chunk, length), dtype=np.int64))
 
     def write_user_ids(self, raw: np.ndarray) -> None:
         """Raw ids of the users this segment introduced, in the order of their indices."""

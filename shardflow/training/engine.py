@@ -191,31 +191,25 @@ class Mailbox:
                          if (tag, step + 1, m.sender) not in self._answered] if early is not None else []
                 if asked:
                     self._answered.update((tag, step + 1, m.sender) for m in asked)
-                    self._ready.release()
-                    try:
-                        early(asked)
-                    finally:
-                        self._ready.acquire()
+                    self._unlocked(early, asked)
                     continue
-                if idle is not None:
-                    self._ready.release()
-                    try:
-                        did = idle()
-                    finally:
-                        self._ready.acquire()
-                    if did:
-                        continue
+                if idle is not None and self._unlocked(idle):
+                    continue
                 if not self._ready.wait(timeout=PROBE_S):
                     missing = set(peers) - {m.sender for m in got}
-                    self._ready.release()
-                    try:
-                        for d in sorted(missing):
-                            _probe(peers[d])
-                    finally:
-                        self._ready.acquire()
+                    for d in sorted(missing):
+                        self._unlocked(_probe, peers[d])
                     if time.monotonic() > deadline:
                         raise WorkerLost(f"no {round.value} message from devices {sorted(missing)} in "
                                          f"{PEER_TIMEOUT_S:.0f} s")
+
+    def _unlocked(self, work, *args):
+        """work(*args) with the mailbox open to deliveries meanwhile (it reads rows, or asks a peer); its result."""
+        self._ready.release()
+        try:
+            return work(*args)
+        finally:
+            self._ready.acquire()
 
 
 class DeviceActor:

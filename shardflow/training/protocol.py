@@ -253,9 +253,7 @@ class StepProtocol:
             raise RuntimeError(f"device {self.device}: an early {request.round.value} for step {request.step} "
                                f"with parameters after step {clock}" + ("" if self.early else ", answering none early"))
         self._answered[request.sender] = (request.step, clock)
-        out = Message(Round.PREFETCH, request.step, self.device)
-        for b in request.blocks:
-            out.blocks.append(Block(b.kind, b.table, NO_IDS, to_host(self.shard.read(b.table, b.ids))))
+        out = Message(Round.PREFETCH, request.step, self.device, [self._rows(b) for b in request.blocks])
         out.count(self.traffic, request.sender)
         return out
 
@@ -330,8 +328,7 @@ class StepProtocol:
             out[m.sender].patch = patch = answered is not None and answered[0] == self.step
             for b in m.blocks:
                 if not patch:
-                    # The rows in the order asked for: the asker knows their ids, they do not travel back.
-                    out[m.sender].blocks.append(Block(b.kind, b.table, NO_IDS, to_host(self.shard.read(b.table, b.ids))))
+                    out[m.sender].blocks.append(self._rows(b))
                     continue
                 at, rows = self.shard.changed_since(b.table, b.ids, answered[1])  # since the early answer
                 if at.size:
@@ -339,6 +336,11 @@ class StepProtocol:
             if self.device == 0 and not self.relay:
                 out[m.sender].dense = {k: to_host(v) for k, v in self.shard.dense.items()}
         return self._sent(reply, out)
+
+    def _rows(self, request: Block) -> Block:
+        """This device's rows of a REQUEST block, in the order asked for: the asker knows their ids, they
+        do not travel back."""
+        return Block(request.kind, request.table, NO_IDS, to_host(self.shard.read(request.table, request.ids)))
 
     # -- scope node: a node's proxies relay its requests and gradients for other nodes' rows ----
     def _is_relayed(self, table: str, ids: np.ndarray) -> np.ndarray:
@@ -610,16 +612,7 @@ class InProcess:
 
     def step(self, *start_args) -> list[dict]:
         """One step on every device (`start_args` go to each device's `start`); each device's stats."""
-        try:
-            outboxes = [d.start(*start_args) for d in self.devices]
-            for round in self.devices[0].rounds:
-                inboxes = [[out[r] for out in outboxes if r in out] for r in range(len(self.devices))]
-                outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(self.devices, inboxes)]
-        except BaseException:
-            for d in self.devices:
-                d.abort()
-            raise
-        return [d.finish() for d in self.devices]
+        return self.run([start_args])[0]
 
     def run(self, starts: list[tuple], early_at=lambda i: Round.GRADIENTS) -> list[list[dict]]:
         """Consecutive steps (`starts[i]` go to each device's `start` and `prepare`) as the engine runs
