@@ -164,12 +164,13 @@ def run_size(work: Path, rows: int, events: int, args, env: dict, imports: float
         summary = result["summary"]
         plan = json.loads((Path(summary["run_dir"]) / "versions" / "0001" / "plan" / "summary.json").read_text())
         need = max(plan["memory_bytes_per_device"]) / MB
-        bound = worker_peak_bytes(need * MB, users) / MB
+        held = TrainData.load(ds).held_bytes(len(plan["memory_bytes_per_device"]))
+        bound = worker_peak_bytes(need * MB, users, held) / MB
         print(f"plan: {need:,.0f} MB on the largest device; largest worker peaked at {worker:,.0f} MB = "
               f"{worker / max(need, 1):.2f} x plan, {worker - need:,.0f} MB over it (a worker's imports alone, "
               f"torch's CUDA build included, take {imports:,.0f} MB); the bound the engine checks before it "
               f"starts ({WORKER_SCALE} x plan + {WORKER_EXTRA_BYTES / 1e9:.1f} GB + {WORKER_BYTES_PER_USER} bytes x "
-              f"{users:,} users) is {bound:,.0f} MB: "
+              f"{users:,} users + {held / MB:,.0f} MB of examples held) is {bound:,.0f} MB: "
               f"{'within' if worker <= bound else 'OVER'}; AUC {summary['auc']:.4f}, {summary['epochs']} epoch(s)")
     shutil.rmtree(ds, ignore_errors=True)
     shutil.rmtree(run, ignore_errors=True)

@@ -43,7 +43,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> None:
 
     from shardflow.model import ModelConfig
     from shardflow.optim import OptimizerConfig
-    from shardflow.training.batches import TrainData, negative_seed, sub_batches
+    from shardflow.training.batches import TrainData, negative_seed
 
     warnings.filterwarnings("ignore")  # TorchRec's deprecation and planner notices, once per rank and call
     logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -96,7 +96,8 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> None:
     norm = float(args.batch_size * C)
 
     def batch(i: int):
-        targets = sub_batches(data.batch(0, 0, i, args.batch_size), world)[rank]
+        # the engine's global batches, in equal contiguous slices: TorchRec's all-gathers take equal sizes
+        targets = np.array_split(data.batch(0, 0, i, args.batch_size), world)[rank]
         ex = data.examples(targets, model_config, negative_seed(0, 0))
         valid = ex.history >= 0
         cand = np.concatenate([ex.positive[:, None], ex.negatives], axis=1)

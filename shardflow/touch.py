@@ -21,7 +21,7 @@ import numpy as np
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import Touch, touched
 from shardflow.planner.topology import Topology
-from shardflow.training.batches import TrainData, negative_seed, sub_batches
+from shardflow.training.batches import TrainData, negative_seed
 from shardflow.training.clicks import ClickData, model_config
 from storage.dataset import Dataset
 
@@ -47,7 +47,7 @@ def fit_touch(dataset: Dataset, accesses: list[TableAccess], topology: Topology,
     distinct = {t: {"trainer": [], "batch": [], **{f"node{n}": [] for n in topology.node_devices}} for t in names}
     for step in np.unique(np.linspace(0, steps - 1, min(samples, steps)).round().astype(int)).tolist():
         fetched = []
-        for targets in sub_batches(data.batch(0, SAMPLE_SEED, step, batch_size), topology.devices):
+        for targets in data.sub_batches(data.batch(0, SAMPLE_SEED, step, batch_size), topology.devices):
             ex = data.examples(targets, config, negative_seed(SAMPLE_SEED, 0), negatives=negatives)
             fetched.append(data.lookups(ex, config, "device").fetch)
         for t in names:

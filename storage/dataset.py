@@ -543,6 +543,10 @@ class Dataset:
             out[runs.between(start, stop)[0] - start] = index
         return out
 
+    def dtype(self, path: str) -> np.dtype:
+        """The type `column` and `stored_column` give for `path` (from the arrays' metadata, reading no chunk)."""
+        return np.result_type(*(self._root[f"{SEGMENTS}/{s['name']}/{path}"].dtype for s in self.segments))
+
     def ids(self, table: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         self.info.table(table)
         return self.column(f"tables/{table}", start, stop)

@@ -1,14 +1,22 @@
 """Global batches in a deterministic order, their split into sub-batches, and what each looks up.
 
 The data streams: a trainer holds the users' offsets, the count of training targets in
-each block of ORDER_BLOCK_EVENTS events, and the blocks its current batches read (at
-most a few shuffle groups); never a column of the whole log. Every trainer derives the
-epoch's order itself, so no batch travels over the network: a seeded permutation of the
-blocks, cut into groups of SHUFFLE_BLOCKS, each group's targets permuted together
-(seeded by the epoch and group). A batch thus draws from SHUFFLE_BLOCKS places of the
-log. An epoch has floor(targets / batch_size) steps; the rest of the order is left for
-that epoch. A global batch is split into one contiguous sub-batch per trainer (sizes
-differ by at most one).
+each block of ORDER_BLOCK_EVENTS events, and its own part of the blocks its current
+batches read (at most a few shuffle groups); never a column of the whole log. Every
+trainer derives the epoch's order itself, so no batch travels over the network: a
+seeded permutation of the blocks, cut into groups of SHUFFLE_BLOCKS, each group's
+targets permuted together (seeded by the epoch and group). A batch thus draws from
+SHUFFLE_BLOCKS places of the log. An epoch has floor(targets / batch_size) steps; the
+rest of the order is left for that epoch.
+
+A global batch is split by where its targets lie: each block is dealt to the trainers in
+runs of at most PART_EVENTS events, in turn (at least RUNS_PER_PART runs each where the
+block is long enough), and a trainer's sub-batch is the batch's targets in its runs (in
+the batch's order). A trainer thus holds only its own part of each block it reads, 1 /
+trainers of it (and each run's history tail); the runs are short, so every part samples
+the whole block and no trainer's part leans to some users or some rows. Sub-batch sizes
+vary around batch_size / trainers as the batch falls (a sub-batch may be empty). The
+global batch, and so the model trained, does not depend on the split.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ from storage.dataset import Dataset
 
 ORDER_BLOCK_EVENTS = 1 << 20  # events per block of the epoch order (8 MB of int64 ids)
 SHUFFLE_BLOCKS = 8  # blocks whose targets are shuffled together
-CACHED_BLOCKS = 2 * SHUFFLE_BLOCKS + 2  # a batch may straddle two groups
+CACHED_BLOCKS = 2 * SHUFFLE_BLOCKS + 2  # parts of blocks held: a batch may straddle two groups
+PART_EVENTS = 1 << 10  # the longest run of a block's events dealt to one trainer
+RUNS_PER_PART = 64  # runs are shortened (down to one event) until each trainer gets this many of a block
 
 
 class EpochOrder:
@@ -35,9 +45,15 @@ class EpochOrder:
     a seeded permutation of the blocks, cut into groups of SHUFFLE_BLOCKS, each group's
     targets permuted together. Subclasses say which targets a block holds (block_targets)."""
 
+    dataset: Dataset
+    columns: tuple[str, ...]  # the columns of the store a trainer reads its examples from
     blocks: int
+    block_events: int
+    events: int
     targets_per_block: np.ndarray
     targets: int
+    parts: int = 1  # a block is read in this many parts (read_in_parts): one per trainer, 1 elsewhere
+    _cache: OrderedDict  # (block, part) -> what the part's reader holds
     _epoch: tuple | None = None  # (epoch, seed, its block groups, their cumulative target counts)
 
     def block_targets(self, block: int) -> np.ndarray:
@@ -49,6 +65,65 @@ class EpochOrder:
 
     def steps_per_epoch(self, batch_size: int) -> int:
         return self.targets // batch_size
+
+    def read_in_parts(self, parts: int) -> None:
+        """Hold only one part of each block read from now on (a trainer's device: one part per trainer)."""
+        if parts != self.parts:
+            self.parts, self._cache = parts, OrderedDict()
+
+    def _run_events(self, block_length, parts: int):
+        """How many consecutive events of a block of `block_length` events go to one trainer in turn."""
+        if parts == 1:
+            return np.maximum(block_length, 1)
+        return np.clip(block_length // (RUNS_PER_PART * parts), 1, PART_EVENTS)
+
+    def part_of(self, targets: np.ndarray, parts: int) -> np.ndarray:
+        """The part (of `parts`) of its block that holds each target: its run's turn."""
+        start = targets // self.block_events * self.block_events
+        return (targets - start) // self._run_events(np.minimum(self.block_events, self.events - start), parts) % parts
+
+    def runs(self, block: int, part: int) -> tuple[np.ndarray, np.ndarray]:
+        """(first, stop) of each run of events of `block` in `part` (of `parts`)."""
+        start = block * self.block_events
+        n = min(self.block_events, self.events - start)
+        run = int(self._run_events(n, self.parts))
+        firsts = start + np.arange(part * run, n, self.parts * run, dtype=np.int64)
+        return firsts, np.minimum(firsts + run, start + n)
+
+    def held_bytes(self, trainers: int) -> int:
+        """The most a trainer's cache of parts holds: CACHED_BLOCKS parts of the columns it reads (without the
+        runs' history tails, at most history / PART_EVENTS more)."""
+        event_bytes = sum(self.dataset.dtype(c).itemsize for c in self.columns)
+        return CACHED_BLOCKS * -(-min(self.block_events, self.events) // trainers) * event_bytes
+
+    def sub_batches(self, batch: np.ndarray, trainers: int) -> list[np.ndarray]:
+        """One sub-batch per trainer: the batch's targets in that trainer's part of their blocks."""
+        owner = self.part_of(batch, trainers)
+        return [batch[owner == d] for d in range(trainers)]
+
+    def _parts_of(self, targets: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
+        """(block, part, which targets) for each part of a block (of `parts`) that `targets` lie in."""
+        key = targets // self.block_events * self.parts + self.part_of(targets, self.parts)
+        return [(k // self.parts, k % self.parts, key == k) for k in np.unique(key).tolist()]
+
+    def _part(self, block: int, part: int, tail: int, read) -> "HeldPart":
+        """One part of a block as this reader holds it: its runs, each with the `tail` events before it (which
+        histories reach back to), of the columns `read(start, stop)` gives; cached."""
+        held = self._cache.get((block, part))
+        if held is None or held.tail < tail:
+            firsts, stops = self.runs(block, part)
+            window = max(block * self.block_events - tail, 0)
+            lo = np.maximum(firsts - tail, window)
+            sizes = stops - lo
+            base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            whole = firsts.size == 1 and lo[0] == window  # one run: the block itself, no copy
+            keep = None if whole else np.repeat(lo - window - base, sizes) + np.arange(int(sizes.sum()))
+            columns = {k: v if whole else v[keep] for k, v in read(window, int(stops[-1])).items()}
+            held = self._cache[block, part] = HeldPart(tail, firsts, lo - base, columns)
+            while len(self._cache) > CACHED_BLOCKS:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end((block, part))
+        return held
 
     def _group(self, epoch: int, seed: int, group: int) -> np.ndarray:
         if self._epoch is None or self._epoch[:2] != (epoch, seed):
@@ -103,7 +178,7 @@ class TrainData(EpochOrder):
             bounds = np.minimum(np.arange(self.blocks + 1, dtype=np.int64) * block_events, self.events)
             self.targets_per_block = count_train_targets(self.offsets, bounds)
         self.targets = int(self.targets_per_block.sum())
-        self._cache: OrderedDict = OrderedDict()  # block -> (history tail, {table: ids})
+        self._cache: OrderedDict = OrderedDict()  # (block, part) -> its HeldPart
 
     @classmethod
     def load(cls, dataset: str | Dataset, features: tuple[str, ...] = (), window: tuple[int, int] = (0, 0),
@@ -161,27 +236,19 @@ class TrainData(EpochOrder):
         return targets
 
     # -- examples ----------------------------------------------------------------------------
-    def _block(self, block: int, tail: int) -> dict:
-        """The ids of every table for events block*B - tail .. (block+1)*B (the tail feeds histories)."""
-        held = self._cache.get(block)
-        if held is None or held[0] < tail:
-            start = max(block * self.block_events - tail, 0)
-            stop = min((block + 1) * self.block_events, self.events)
-            held = (tail, start, {t: self.dataset.ids(t, start, stop) for t in (self.item, *self.features)})
-            self._cache[block] = held
-            while len(self._cache) > CACHED_BLOCKS:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(block)
-        return held
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(f"tables/{t}" for t in (self.item, *self.features))
+
+    def _read(self, start: int, stop: int) -> dict:
+        return {t: self.dataset.ids(t, start, stop) for t in (self.item, *self.features)}
 
     def _gather(self, table: str, tail: int):
         def gather(targets: np.ndarray, positions: np.ndarray) -> np.ndarray:
             out = np.empty(positions.shape, dtype=np.int64)
-            blocks = targets // self.block_events
-            for b in np.unique(blocks).tolist():
-                _, start, ids = self._block(b, tail)
-                sel = blocks == b
-                out[sel] = ids[table][positions[sel] - start]
+            for block, part, sel in self._parts_of(targets):
+                held = self._part(block, part, tail, self._read)
+                out[sel] = held.columns[table][held.at(targets[sel], positions[sel])]
             return out
         return gather
 
@@ -277,7 +344,7 @@ def negative_seed(seed: int, epoch: int) -> int:
 
 def check_batch(batch_size: int, trainers: int, examples: int | None = None) -> None:
     """The one check of a global batch against the trainers it is split over (and the examples it is
-    drawn from): every trainer gets at least one example, every epoch at least one step."""
+    drawn from): at least one example per trainer on average, every epoch at least one step."""
     if batch_size < trainers:
         raise InputError(f"batch size {batch_size} < {trainers} trainers; accepted: batch size >= {trainers}, "
                          "one example per trainer")
@@ -285,9 +352,19 @@ def check_batch(batch_size: int, trainers: int, examples: int | None = None) -> 
         raise InputError(f"batch size {batch_size} > {examples} training examples; accepted: at most {examples}")
 
 
-def sub_batches(batch: np.ndarray, trainers: int) -> list[np.ndarray]:
-    """One contiguous sub-batch per trainer, sizes differing by at most one (check_batch holds)."""
-    return np.array_split(batch, trainers)
+@dataclass
+class HeldPart:
+    """The columns of one part of a block: its runs one after the other, each with the tail before it."""
+
+    tail: int  # events held before each run
+    firsts: np.ndarray  # each run's first event
+    shift: np.ndarray  # event - shift[run] = where that event is held
+    columns: dict  # name -> values
+
+    def at(self, targets: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Where the events `positions` (of the runs holding `targets`, or their tails) are held."""
+        run = np.searchsorted(self.firsts, targets, side="right") - 1
+        return positions - self.shift[run].reshape((-1,) + (1,) * (positions.ndim - 1))
 
 
 @dataclass

@@ -24,7 +24,7 @@ import numpy as np
 from shardflow.dlrm import ClickConfig, ClickIndex, numeric_input
 from shardflow.errors import InputError
 from shardflow.model import ModelConfig
-from shardflow.training.batches import (CACHED_BLOCKS, ORDER_BLOCK_EVENTS, EpochOrder, Lookups, TrainData,
+from shardflow.training.batches import (ORDER_BLOCK_EVENTS, EpochOrder, Lookups, TrainData,
                                         fetched, window_start)
 from shardflow.training.metrics import log_loss, roc_auc
 from storage.dataset import Dataset
@@ -61,7 +61,7 @@ class ClickData(EpochOrder):
         hi = np.minimum(starts + block_events, self.eval_start)
         self.targets_per_block = np.maximum(hi - lo, 0)
         self.targets = int(self.targets_per_block.sum())
-        self._cache: OrderedDict = OrderedDict()  # block -> {column: values}
+        self._cache: OrderedDict = OrderedDict()  # (block, part) -> its HeldPart
 
     @classmethod
     def load(cls, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
@@ -96,29 +96,23 @@ class ClickData(EpochOrder):
         return np.arange(lo, max(lo, hi), dtype=np.int64)
 
     # -- examples ----------------------------------------------------------------------------
-    def _block(self, block: int) -> dict:
-        held = self._cache.get(block)
-        if held is None:
-            start, stop = block * self.block_events, min((block + 1) * self.block_events, self.events)
-            read = self.dataset.stored_column  # rows as they arrived: no per-row user offsets held
-            held = {t: read(f"tables/{t}", start, stop) for t in self.features}
-            held.update({f"dense/{n}": read(f"dense/{n}", start, stop) for n in self.numeric})
-            held["labels"] = read("labels", start, stop)
-            self._cache[block] = held
-            while len(self._cache) > CACHED_BLOCKS:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(block)
-        return held
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (*(f"tables/{t}" for t in self.features), *(f"dense/{n}" for n in self.numeric), "labels")
+
+    def _read(self, start: int, stop: int) -> dict:
+        read = self.dataset.stored_column  # rows as they arrived: no per-row user offsets held
+        columns = {c: read(c, start, stop) for c in self.columns}
+        return {c.removeprefix("tables/"): v for c, v in columns.items()}
 
     def examples(self, targets: np.ndarray, config: ClickConfig, seed: int = 0, negatives: int | None = None) -> Clicks:
         targets = np.asarray(targets, dtype=np.int64)
         ids = {t: np.empty(targets.size, dtype=np.int64) for t in config.features}
         numeric = np.empty((targets.size, len(self.numeric)), dtype=np.float32)
         labels = np.empty(targets.size, dtype=np.float32)
-        blocks = targets // self.block_events
-        for b in np.unique(blocks).tolist():  # each block's rows found once, for every column
-            sel = np.flatnonzero(blocks == b)
-            at, held = targets[sel] - b * self.block_events, self._block(b)
+        for block, part, sel in self._parts_of(targets):  # each part's rows found once, for every column
+            held = self._part(block, part, 0, self._read)
+            at, held = held.at(targets[sel], targets[sel]), held.columns
             for t in config.features:
                 ids[t][sel] = held[t][at]
             for k, n in enumerate(self.numeric):

@@ -22,7 +22,7 @@ from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import DevicePlan
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
-from shardflow.training.batches import TrainData, negative_seed, sub_batches
+from shardflow.training.batches import TrainData, negative_seed
 from shardflow.training.clicks import ClickData
 from shardflow.training.evaluate import EVAL_CHUNK
 from shardflow.training.protocol import Kind, Round, StepProtocol, to_host
@@ -63,6 +63,7 @@ class Device:
         early: bool = False,
     ) -> None:
         self.index, self.topology, self.data, self.config = device, topology, data, config
+        data.read_in_parts(topology.devices)  # this trainer reads its own part of each block
         self.batch_size, self.dedup = batch_size, dedup
         self.torch = torch_device(array_device, device)
         maps = {t: ShardMap(plan, topology) for t, plan in tables.items()}
@@ -81,7 +82,7 @@ class Device:
     # -- a step ------------------------------------------------------------------------------
     def _sub_batch(self, epoch: int, step_in_epoch: int, seed: int) -> np.ndarray:
         batch = self.data.batch(epoch, seed, step_in_epoch, self.batch_size)
-        return sub_batches(batch, self.topology.devices)[self.index]
+        return self.data.sub_batches(batch, self.topology.devices)[self.index]
 
     def prepare(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> dict:
         """Build step `step`'s sub-batch, lookups and REQUEST messages ahead of its start; the messages."""

@@ -433,18 +433,20 @@ def check_plan_matches(data: TrainData | ClickData, plan: ShardingPlan, topology
 # 10^5 to 5*10^7 rows and logs of up to 10^9 events (docs/benchmarks.md): its peak stayed within 1.3 x the
 # plan's bytes + 1.1 GB, of which 0.56 GB is what importing torch's CUDA build and the engine costs any
 # process, + 16 bytes a user of the log (the users' offsets, 8 bytes each, and what loading them takes).
+# The examples a trainer holds (its parts of the blocks it reads: up to 150 MB of a sequence log's ids when
+# that was measured, GBs for a click log's 40 columns) are counted on top, from the data (held_bytes).
 WORKER_SCALE, WORKER_EXTRA_BYTES, WORKER_BYTES_PER_USER = 1.3, 1.1e9, 16
 
 
-def worker_peak_bytes(shard_bytes, users: int = 0) -> np.ndarray:
+def worker_peak_bytes(shard_bytes, users: int = 0, held: int = 0) -> np.ndarray:
     """The resident memory a worker whose shard holds `shard_bytes` reaches, training a log of `users` users
-    (the bound bench/scale.py measures)."""
-    extra = WORKER_EXTRA_BYTES + WORKER_BYTES_PER_USER * users
+    and holding `held` bytes of examples (the bound bench/scale.py measures)."""
+    extra = WORKER_EXTRA_BYTES + WORKER_BYTES_PER_USER * users + held
     return np.ceil(WORKER_SCALE * np.asarray(shard_bytes, dtype=np.float64) + extra).astype(np.int64)
 
 
 def check_worker_memory(plan: ShardingPlan, topology: Topology, dim: int, scaled_rows: dict[str, int] | None,
-                        workers: dict[str, dict], users: int = 0) -> np.ndarray:
+                        workers: dict[str, dict], users: int = 0, held: int = 0) -> np.ndarray:
     """Refuse, before any shard starts, a plan whose device would outgrow the memory limit of the worker that
     would hold it (the scheduler's figure; a worker without a limit takes any): its rows and optimiser state,
     and what a worker holds beside them (worker_peak_bytes). Returns the shard bytes per device."""
@@ -452,7 +454,7 @@ def check_worker_memory(plan: ShardingPlan, topology: Topology, dim: int, scaled
     if scaled_rows is not None:  # estimation: device 0 holds the scaled tables, the others nothing
         need = np.zeros(topology.devices, dtype=np.int64)
         need[0] = sum(scaled_rows.values()) * row_bytes(dim)
-    peak = worker_peak_bytes(need, users)
+    peak = worker_peak_bytes(need, users, held)
     for d, (address, info) in enumerate(workers.items()):
         limit = info.get("memory_limit") or 0
         if limit and peak[d] > limit:
@@ -460,7 +462,8 @@ def check_worker_memory(plan: ShardingPlan, topology: Topology, dim: int, scaled
                 f"device {d}'s shard needs {need[d] / 2**30:.2f} GiB for its rows and their Adagrad sums at dim {dim}, "
                 f"and its worker about {peak[d] / 2**30:.2f} GiB in all ({WORKER_SCALE} x that + "
                 f"{WORKER_EXTRA_BYTES / 1e9:.1f} GB for torch, batches and buffers + {WORKER_BYTES_PER_USER} bytes "
-                f"for each of the log's {users:,} users, as measured by bench/scale.py), "
+                f"for each of the log's {users:,} users + {held / 2**30:.2f} GiB for the examples a trainer holds, "
+                f"as measured by bench/scale.py), "
                 f"but its worker {address} may use {limit / 2**30:.2f} GiB; accepted: workers with more memory, a plan "
                 f"over more devices, less memory_slack (fewer replicas) or a smaller dim"
             )
@@ -511,7 +514,7 @@ class Engine:
             raise InputError(f"the plan has {P} devices, the cluster {len(workers)} workers; accepted: >= {P} workers")
         self.need_bytes = check_worker_memory(plan, topology, model.dim, scaled_rows,
                                               {workers[d]: info[workers[d]] for d in range(P)},
-                                              users=self.data.offset_users)
+                                              users=self.data.offset_users, held=self.data.held_bytes(P))
         resources = {"GPU": 1} if train.device == "cuda" else None
         run = uuid.uuid4().hex[:8]
         # The worker each device lives on, by address and by the worker's unique id: a

@@ -13,6 +13,7 @@ from support import AVAZU, OPTIMIZER, REAL, TOPOLOGIES, check_against, in_proces
 from shardflow.dlrm import ClickConfig
 from shardflow.errors import InputError
 from shardflow.planner.strategies import STRATEGIES
+from shardflow.training.batches import CACHED_BLOCKS
 from shardflow.training.clicks import HELD_OUT, ClickData, load_training_data
 from shardflow.training.engine import Engine, TrainConfig
 from shardflow.training.metrics import log_loss, roc_auc
@@ -89,6 +90,32 @@ def _learns_what_the_reference_learns(path, model, data, strategy, devices, dedu
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_every_strategy_and_scope_learns_what_the_reference_learns(criteo, strategy, devices, dedup):
     _learns_what_the_reference_learns(*criteo, strategy, devices, dedup)
+
+
+def test_a_click_trainer_whose_sub_batch_is_empty_still_takes_its_part_in_the_step(criteo):
+    path, model, data = criteo
+    batch, steps = 4, 8  # one row per trainer on average: some trainer gets none in most steps
+    devs = in_process_devices(data, planned(path, "flexshard", 4, dim=model.dim, batch=batch), TOPOLOGIES[4],
+                              "node", batch=batch, model=model)
+    driver = InProcess(devs)
+    sizes = [[s["examples"] for s in driver.step(0, i, i, 0)] for i in range(steps)]
+    assert all(sum(step) == batch for step in sizes)
+    assert sum(min(step) == 0 for step in sizes) >= 2, sizes
+    check_against(reference(data, steps, model, batch), [d.parameters() for d in devs])
+
+
+@pytest.mark.parametrize("trainers", [1, 2, 3])
+def test_a_trainer_holds_every_column_of_its_part_only_and_the_memory_check_counts_it(criteo, trainers):
+    path, model, _ = criteo
+    data = load_training_data(Dataset.open(path), model.features)
+    data.read_in_parts(trainers)
+    data.examples(data.sub_batches(data.train_targets(), trainers)[-1], model)
+    (part,) = data._cache.values()  # the sample is one block: this trainer's part of it
+    rows, held = Dataset.open(path).info.interactions, part.columns["labels"].size
+    assert abs(held - rows / trainers) < 1 and len(part.columns) == len(data.columns)
+    row_bytes = sum(v.nbytes for v in part.columns.values()) // held
+    assert row_bytes == sum(v.dtype.itemsize for v in part.columns.values())
+    assert data.held_bytes(trainers) == CACHED_BLOCKS * -(-rows // trainers) * row_bytes
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))

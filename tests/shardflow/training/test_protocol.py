@@ -30,6 +30,17 @@ def test_every_strategy_and_scope_learns_what_the_reference_learns(dataset, data
 
 
 @pytest.mark.parametrize("dedup", ["none", "device", "node"])
+def test_a_trainer_whose_sub_batch_is_empty_still_takes_its_part_in_the_step(dataset, data, dedup):
+    batch, steps = 4, 8  # one example per trainer on average: some trainer gets none in most steps
+    devs = in_process_devices(data, planned(dataset, "flexshard", 4), TOPOLOGIES[4], dedup, batch=batch)
+    driver = InProcess(devs)
+    sizes = [[s["examples"] for s in driver.step(0, i, i, 0)] for i in range(steps)]
+    assert all(sum(step) == batch for step in sizes)
+    assert sum(min(step) == 0 for step in sizes) >= 2, sizes
+    check_against(reference(data, steps, batch=batch), [d.parameters() for d in devs])
+
+
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
 def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(data, dedup):
     plan = random_plan(data, 4, seed=1)
     tiers = np.concatenate([t.tier for t in plan.tables])

@@ -134,9 +134,16 @@ def test_a_user_ordered_range_reads_only_its_users_runs_and_equals_the_whole_col
             assert ds.event_segments(a, b).tolist() == ds.event_segments().tolist()[a:b]
 
 
-def test_an_epoch_streams_every_target_at_most_once_in_the_same_order_on_every_trainer(tmp_path):
-    synth_dataset(tmp_path / "ds", [SynthTable("item", 500, 1.1)], interactions=20_000, seed=2, mean_length=10)
-    one, other = (TrainData.load(tmp_path / "ds", block_events=512) for _ in range(2))
+@pytest.fixture(scope="module")
+def log(tmp_path_factory):
+    """A synthetic log of 20,000 events (about 2,000 users)."""
+    path = tmp_path_factory.mktemp("log") / "ds"
+    synth_dataset(path, [SynthTable("item", 500, 1.1)], interactions=20_000, seed=2, mean_length=10)
+    return path
+
+
+def test_an_epoch_streams_every_target_at_most_once_in_the_same_order_on_every_trainer(log):
+    one, other = (TrainData.load(log, block_events=512) for _ in range(2))
     B = 256
     steps = one.steps_per_epoch(B)
     assert one.blocks >= 30 and steps == one.targets // B
@@ -150,3 +157,32 @@ def test_an_epoch_streams_every_target_at_most_once_in_the_same_order_on_every_t
     assert not np.array_equal(one.batch(1, 7, 0, B), epoch[0]) and not np.array_equal(one.batch(0, 8, 0, B), epoch[0])
     one.examples(seen, MODEL, seed=1)
     assert len(one._cache) <= CACHED_BLOCKS  # what an epoch holds is bounded, whatever the log's length
+
+
+@pytest.mark.parametrize("block_events", [61, 512, 1 << 20])
+@pytest.mark.parametrize("trainers", [2, 3, 4])
+def test_a_trainer_holds_only_its_part_of_each_block_and_reads_the_examples_the_whole_log_gives(
+        log, block_events, trainers):
+    whole = TrainData.load(log, block_events=block_events)
+    own = [TrainData.load(log, block_events=block_events) for _ in range(trainers)]
+    for reader in own:
+        reader.read_in_parts(trainers)
+    B, taken = 256, np.zeros(trainers)
+    for step in range(whole.steps_per_epoch(B)):
+        batch = whole.batch(0, 7, step, B)
+        subs = whole.sub_batches(batch, trainers)
+        assert sorted(np.concatenate(subs).tolist()) == sorted(batch.tolist())  # every target once
+        for d, sub in enumerate(subs):
+            assert sub.tolist() == batch[np.isin(batch, sub)].tolist()  # in the batch's order
+            got, want = own[d].examples(sub, MODEL, seed=step), whole.examples(sub, MODEL, seed=step)
+            assert got.history.tolist() == want.history.tolist() and got.positive.tolist() == want.positive.tolist()
+            assert got.negatives.tolist() == want.negatives.tolist()
+            taken[d] += sub.size
+    if block_events >= 512:  # runs of a few events at most: every part samples the whole block
+        assert taken.min() >= 0.85 * taken.mean(), taken
+    for d, reader in enumerate(own):
+        assert {part for _, part in reader._cache} == {d}  # it read no other trainer's part
+    if block_events == 1 << 20:  # one block of 20,000 events: a part and its runs' history tails
+        held = next(iter(own[0]._cache.values()))
+        assert held.columns["item"].size <= 20_000 / trainers + held.firsts.size * (MODEL.history + 1)
+        assert held.columns["item"].size < 1.1 * 20_000 / trainers
