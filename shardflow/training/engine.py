@@ -829,7 +829,7 @@ class Engine:
         """The model's metrics on a seeded sample of eval_users held-out examples: leave-last-out AUC (one
         sampled negative) and HR@10 (among eval_candidates) for sequences, AUC and log-loss for click logs."""
         targets = eval_targets(self.data, self.train.eval_users, self.train.seed)
-        parts = np.array_split(targets, len(self.actors))
+        parts = self.data.sub_batches(targets, len(self.actors))  # each device's in the parts it reads
         seed = negative_seed(self.train.seed, -1)
         calls = [a.evaluate(p, self.train.eval_candidates, seed) for a, p in zip(self.actors, parts)]
         return self.data.eval_metrics(self.data.eval_merge(self._wait(calls)))
