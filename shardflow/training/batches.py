@@ -106,9 +106,12 @@ class EpochOrder:
         key = targets // self.block_events * self.parts + self.part_of(targets, self.parts)
         return [(k // self.parts, k % self.parts, key == k) for k in np.unique(key).tolist()]
 
-    def _part(self, block: int, part: int, tail: int, read) -> "HeldPart":
+    def _column(self, path: str, start: int, stop: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _part(self, block: int, part: int, tail: int) -> "HeldPart":
         """One part of a block as this reader holds it: its runs, each with the `tail` events before it (which
-        histories reach back to), of the columns `read(start, stop)` gives; cached."""
+        histories reach back to), of every one of `columns` (tables by their names); cached."""
         held = self._cache.get((block, part))
         if held is None or held.tail < tail:
             firsts, stops = self.runs(block, part)
@@ -118,7 +121,8 @@ class EpochOrder:
             base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
             whole = firsts.size == 1 and lo[0] == window  # one run: the block itself, no copy
             keep = None if whole else np.repeat(lo - window - base, sizes) + np.arange(int(sizes.sum()))
-            columns = {k: v if whole else v[keep] for k, v in read(window, int(stops[-1])).items()}
+            read = (self._column(c, window, int(stops[-1])) for c in self.columns)  # a column's block at a time
+            columns = {c.removeprefix("tables/"): v if whole else v[keep] for c, v in zip(self.columns, read)}
             held = self._cache[block, part] = HeldPart(tail, firsts, lo - base, columns)
             while len(self._cache) > CACHED_BLOCKS:
                 self._cache.popitem(last=False)
@@ -240,14 +244,14 @@ class TrainData(EpochOrder):
     def columns(self) -> tuple[str, ...]:
         return tuple(f"tables/{t}" for t in (self.item, *self.features))
 
-    def _read(self, start: int, stop: int) -> dict:
-        return {t: self.dataset.ids(t, start, stop) for t in (self.item, *self.features)}
+    def _column(self, path: str, start: int, stop: int) -> np.ndarray:
+        return self.dataset.column(path, start, stop)  # in user order: a user's events one after the other
 
     def _gather(self, table: str, tail: int):
         def gather(targets: np.ndarray, positions: np.ndarray) -> np.ndarray:
             out = np.empty(positions.shape, dtype=np.int64)
             for block, part, sel in self._parts_of(targets):
-                held = self._part(block, part, tail, self._read)
+                held = self._part(block, part, tail)
                 out[sel] = held.columns[table][held.at(targets[sel], positions[sel])]
             return out
         return gather

@@ -100,10 +100,8 @@ class ClickData(EpochOrder):
     def columns(self) -> tuple[str, ...]:
         return (*(f"tables/{t}" for t in self.features), *(f"dense/{n}" for n in self.numeric), "labels")
 
-    def _read(self, start: int, stop: int) -> dict:
-        read = self.dataset.stored_column  # rows as they arrived: no per-row user offsets held
-        columns = {c: read(c, start, stop) for c in self.columns}
-        return {c.removeprefix("tables/"): v for c, v in columns.items()}
+    def _column(self, path: str, start: int, stop: int) -> np.ndarray:
+        return self.dataset.stored_column(path, start, stop)  # rows as they arrived: no per-row user offsets held
 
     def examples(self, targets: np.ndarray, config: ClickConfig, seed: int = 0, negatives: int | None = None) -> Clicks:
         targets = np.asarray(targets, dtype=np.int64)
@@ -111,7 +109,7 @@ class ClickData(EpochOrder):
         numeric = np.empty((targets.size, len(self.numeric)), dtype=np.float32)
         labels = np.empty(targets.size, dtype=np.float32)
         for block, part, sel in self._parts_of(targets):  # each part's rows found once, for every column
-            held = self._part(block, part, 0, self._read)
+            held = self._part(block, part, 0)
             at, held = held.at(targets[sel], targets[sel]), held.columns
             for t in config.features:
                 ids[t][sel] = held[t][at]
