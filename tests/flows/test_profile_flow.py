@@ -6,7 +6,7 @@ import pytest
 from prefect.client.orchestration import get_client
 
 from support import REAL
-from flows.profile import profile_flow
+from flows.profile_counts import profile_flow
 from shardflow.errors import InputError
 from storage.importers import import_dataset
 from storage.profile import Profile
