@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -63,16 +64,46 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
     # threshold at 128 KiB: every chunk-sized buffer is then a fresh mmap that page-faults.
     # Counting 10^8 ids took 1.9 s with it and 1.05 s without (bench/profile_throughput.py).
     no_trim = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
-    with dask.config.set(no_trim), LocalCluster(
-        n_workers=workers,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=":0",
-        silence_logs=logging.WARNING,
-        **({"resources": {"GPU": 1}} if gpus else {}),
-    ) as cluster, Client(cluster) as client:
-        client.register_plugin(IgnoreInterrupts(), name="shardflow-ignore-interrupts")
-        yield client
+    with dask.config.set(no_trim):
+        cluster = LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=logging.WARNING,
+            **({"resources": {"GPU": 1}} if gpus else {}),
+        )
+    try:
+        with Client(cluster) as client:
+            client.register_plugin(IgnoreInterrupts(), name="shardflow-ignore-interrupts")
+            yield client
+    finally:
+        # Our own workers are done: one still busy after the nanny's 4 s (a loaded machine) is killed
+        # without a warning line per worker.
+        with _log_level("distributed.nanny", logging.ERROR):
+            cluster.close()
+
+
+@contextlib.contextmanager
+def _log_level(name: str, level: int) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
+VERBOSE = "SHARDFLOW_VERBOSE"  # set (to anything but empty or 0): Dask's INFO lines reach the logs again
+
+
+def quiet_dask() -> None:
+    """Dask's and the HTTP client's INFO lines (connections, workers starting, dashboards) stay out of a run's
+    terminal and worker log unless VERBOSE is set (`shardflow run --verbose` sets it); warnings still show."""
+    if os.environ.get(VERBOSE, "0") in ("", "0"):
+        for noisy in ("distributed", "httpx"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 class IgnoreInterrupts(WorkerPlugin):
@@ -98,6 +129,7 @@ def run_cluster(
     `cluster_class` is an import path ("dask_jobqueue.SLURMCluster", "dask_kubernetes.KubeCluster")
     built with `cluster_kwargs`, so a run moves off one machine without code changes.
     """
+    quiet_dask()
     if not cluster_class:
         with dask_client(scheduler_address, None if scheduler_address else workers, gpus=gpus) as client:
             if scheduler_address:
@@ -112,31 +144,81 @@ def run_cluster(
         yield client
 
 
-# Packages whose cluster classes a run may name; an operator adds more (comma-separated) in
-# SHARDFLOW_CLUSTER_MODULES. Nothing outside them is imported for a config value.
-CLUSTER_MODULES = ("distributed", "dask_jobqueue", "dask_kubernetes", "dask_cloudprovider", "dask_gateway",
-                   "dask_yarn", "dask_mpi")
+# The cluster classes a run may name, and the only cluster_kwargs each takes. Every value is plain
+# data (a number, a boolean, None, a short word of CLUSTER_WORD characters, or a list / map of them):
+# nothing that names code (preload, plugins, worker_class, scheduler / worker specs, security,
+# job-script lines) is among the keys, so a config value never runs code (docs/reliability.md).
+_JOBQUEUE = ("cores", "memory", "processes", "queue", "account", "walltime", "n_workers", "interface",
+             "local_directory", "death_timeout", "project")
+CLUSTER_KWARGS: dict[str, tuple[str, ...]] = {
+    "distributed.LocalCluster": ("n_workers", "threads_per_worker", "processes", "memory_limit", "host",
+                                 "scheduler_port", "dashboard_address", "worker_dashboard_address", "protocol",
+                                 "interface", "resources"),
+    **{f"dask_jobqueue.{name}": _JOBQUEUE for name in ("SLURMCluster", "PBSCluster", "SGECluster", "LSFCluster",
+                                                        "OARCluster", "HTCondorCluster", "MoabCluster")},
+}
+CLUSTER_WORD = re.compile(r"[A-Za-z0-9_.:@/+=,%-]{0,256}")
 
 
 def resolve_cluster_class(path: str) -> type[Cluster]:
-    """The class `path` names, if it is a Dask Cluster from an allowed package; else an InputError.
+    """The class `path` names, if it is one of CLUSTER_KWARGS' Dask Cluster classes; else an InputError.
 
-    Checked before anything is called: a config value never runs code of its own choosing
-    (`subprocess.Popen`, `os.system` are refused without being imported).
+    Checked before anything is called or imported outside `distributed` / `dask_jobqueue`.
     """
-    allowed = CLUSTER_MODULES + tuple(m.strip() for m in os.environ.get("SHARDFLOW_CLUSTER_MODULES", "").split(",")
-                                      if m.strip())
-    accepted = f"a Dask Cluster subclass from {', '.join(allowed)} (more via SHARDFLOW_CLUSTER_MODULES)"
+    check_cluster_class(path)
+    accepted = f"one of {', '.join(CLUSTER_KWARGS)}"
     module, _, name = path.rpartition(".")
-    if not module or module.split(".")[0] not in allowed:
-        raise InputError(f"cluster_class {path!r}: not from an allowed package; accepted: {accepted}")
     try:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as e:
-        raise InputError(f"cluster_class {path!r}: {e}; accepted: {accepted}") from None
+        raise InputError(f"cluster_class {path!r}: {e}; accepted: {accepted} (its package installed)") from None
     if not (isinstance(cls, type) and issubclass(cls, Cluster)):
         raise InputError(f"cluster_class {path!r} is not a Dask Cluster class; accepted: {accepted}")
     return cls
+
+
+def check_cluster_class(path: str) -> str:
+    """`path` if it names one of CLUSTER_KWARGS' classes (nothing is imported); else an InputError."""
+    if path not in CLUSTER_KWARGS:
+        raise InputError(f"cluster_class {path!r}: not an allowed cluster class; accepted: one of "
+                         f"{', '.join(CLUSTER_KWARGS)}")
+    return path
+
+
+def check_cluster_kwargs(path: str | None, kwargs: dict) -> dict:
+    """`kwargs` if every key is one `path`'s class takes (CLUSTER_KWARGS) and every value plain data; else an
+    InputError naming the first key or value that is not."""
+    if kwargs and path is None:
+        raise InputError(f"cluster_kwargs {sorted(kwargs)} without a cluster_class; accepted: none, or a cluster_class")
+    allowed = CLUSTER_KWARGS.get(path or "", ())
+    for key, value in kwargs.items():
+        if key not in allowed:
+            raise InputError(f"cluster_kwargs key {key!r} for {path}; accepted: {', '.join(allowed) or 'none'} "
+                             "(plain values only: no key that names code)")
+        _check_plain(value, f"cluster_kwargs.{key}")
+    return kwargs
+
+
+def _check_plain(value: object, where: str, depth: int = 0) -> None:
+    if depth > 4:
+        raise InputError(f"{where}: nested deeper than 4; accepted: plain values, lists and maps of them")
+    if value is None or isinstance(value, (bool, int, float)):
+        return
+    if isinstance(value, str):
+        if not CLUSTER_WORD.fullmatch(value):
+            raise InputError(f"{where} = {value[:60]!r}; accepted: up to 256 of A-Z a-z 0-9 _ . : @ / + = , % - "
+                             "(no spaces, quotes or line breaks)")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]", depth + 1)
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_plain(k, f"{where} key", depth + 1)
+            _check_plain(v, f"{where}.{k}", depth + 1)
+        return
+    raise InputError(f"{where}: a {type(value).__name__}; accepted: numbers, booleans, words, lists and maps of them")
 
 
 def check_address(address: str) -> str:

@@ -73,9 +73,13 @@ class RetrainConfig(BaseModel):
     keep_versions: int = Field(3, ge=1, description="versions whose checkpoints are kept (the current one always)")
     scheduler_address: str | None = Field(None, description="an existing Dask scheduler (one worker per device)")
     cluster_class: str | None = Field(
-        None, description="a Dask cluster class by import path, e.g. dask_jobqueue.SLURMCluster"
+        None, description="a Dask cluster class by import path: distributed.LocalCluster or a dask_jobqueue class "
+        "(shardflow.cluster.CLUSTER_KWARGS)"
     )
-    cluster_kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments of cluster_class")
+    cluster_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="arguments of cluster_class: only the keys CLUSTER_KWARGS lists for it, "
+        "plain values only (numbers, booleans, words, lists and maps of them)",
+    )
 
     @field_validator("mlp", "bottom_mlp")
     @classmethod
@@ -128,12 +132,13 @@ class RetrainConfig(BaseModel):
     @field_validator("cluster_class", "scheduler_address")
     @classmethod
     def _cluster(cls, v: str | None, info: ValidationInfo) -> str | None:
-        """Checked by shardflow.cluster before anything is imported or connected."""
+        """Checked by shardflow.cluster before anything is imported or connected (the class is imported once its
+        arguments are checked: _one_cluster)."""
         if v is not None:
-            from shardflow.cluster import check_address, resolve_cluster_class
+            from shardflow.cluster import check_address, check_cluster_class
 
             try:
-                (resolve_cluster_class if info.field_name == "cluster_class" else check_address)(v)
+                (check_cluster_class if info.field_name == "cluster_class" else check_address)(v)
             except InputError as e:
                 raise ValueError(str(e)) from None
         return v
@@ -148,8 +153,16 @@ class RetrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_cluster(self) -> "RetrainConfig":
+        from shardflow.cluster import check_cluster_kwargs, resolve_cluster_class
+
         if self.scheduler_address and self.cluster_class:
             raise ValueError("scheduler_address and cluster_class both set; accepted: at most one of them")
+        try:
+            check_cluster_kwargs(self.cluster_class, self.cluster_kwargs)  # before the class is imported
+            if self.cluster_class:
+                resolve_cluster_class(self.cluster_class)
+        except InputError as e:
+            raise ValueError(str(e)) from None
         return self
 
     @model_validator(mode="after")

@@ -7,7 +7,9 @@ Each case returns (the stores to snapshot, the call that must be refused, the me
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -238,20 +240,71 @@ def case_config_negative_learning_rate(world, client, tmp_path):
     return [world / "ds"], config(world, row_lr=-0.1), r"row_lr = -0.1: Input should be greater than 0"
 
 
-def case_config_cluster_class_runs_a_command(world, client, tmp_path):
-    marker = tmp_path / "ran"
-    cfg = config(world, cluster_class="subprocess.Popen", cluster_kwargs={"args": ["touch", str(marker)]})
-
+def refused_without_running(cfg, marker: Path):
+    """`cfg` built, and the marker file its command would write checked absent whatever happens."""
     def build():
         try:
             cfg()
         finally:
+            time.sleep(0.5)  # a process it started would have written by now
             assert not marker.exists(), "the config ran a command"
-    return [world / "ds"], build, r"cluster_class = 'subprocess.Popen': .*not from an allowed package; accepted: a Dask Cluster subclass from distributed"
+    return build
+
+
+def case_config_cluster_class_runs_a_command(world, client, tmp_path):
+    marker = tmp_path / "ran"
+    cfg = config(world, cluster_class="subprocess.Popen", cluster_kwargs={"args": ["touch", str(marker)]})
+    return [world / "ds"], refused_without_running(cfg, marker), \
+        r"cluster_class = 'subprocess.Popen': .*not an allowed cluster class; accepted: one of distributed.LocalCluster"
 
 
 def case_config_cluster_class_not_a_cluster(world, client, tmp_path):
-    return [world / "ds"], config(world, cluster_class="distributed.Client"), r"cluster_class 'distributed.Client' is not a Dask Cluster class"
+    return [world / "ds"], config(world, cluster_class="distributed.Client"), \
+        r"cluster_class = 'distributed.Client': .*not an allowed cluster class"
+
+
+# Every known way a cluster class's arguments name code: Python text or a module to preload, a
+# worker or scheduler class, specs with a class, plugins, security objects, job-script lines.
+CODE_IN_CLUSTER_KWARGS = {
+    "preload_text": ("distributed.LocalCluster", lambda m: {"preload": [f"import os; os.system('touch {m}')"]},
+                     "key 'preload'"),
+    "worker_preload": ("distributed.LocalCluster", lambda m: {"worker_kwargs": {"preload": [f"open('{m}', 'w')"]}},
+                       "key 'worker_kwargs'"),
+    "scheduler_preload": ("distributed.LocalCluster",
+                          lambda m: {"scheduler_kwargs": {"preload": [f"open('{m}', 'w')"]}}, "key 'scheduler_kwargs'"),
+    "worker_class": ("distributed.LocalCluster", lambda m: {"worker_class": "subprocess.Popen"}, "key 'worker_class'"),
+    "plugins": ("distributed.LocalCluster", lambda m: {"plugins": ["os.system"]}, "key 'plugins'"),
+    "security": ("distributed.LocalCluster", lambda m: {"security": {"require_encryption": True}}, "key 'security'"),
+    "spec_cluster": ("distributed.SpecCluster", lambda m: {"scheduler": {"cls": "subprocess.Popen", "options": {
+        "args": ["sh", "-c", f"touch {m}"]}}}, "cluster_class 'distributed.SpecCluster': not an allowed"),
+    "job_prologue": ("dask_jobqueue.SLURMCluster", lambda m: {"job_script_prologue": [f"touch {m}"]},
+                     "key 'job_script_prologue'"),
+    "line_in_a_value": ("dask_jobqueue.SLURMCluster", lambda m: {"walltime": f"01:00:00\ntouch {m}"},
+                        "cluster_kwargs.walltime = "),
+    "space_in_a_value": ("distributed.LocalCluster", lambda m: {"interface": f"lo; touch {m}"},
+                         "cluster_kwargs.interface = "),
+}
+
+
+def _code_case(name: str):
+    cls, kwargs, message = CODE_IN_CLUSTER_KWARGS[name]
+
+    def case(world, client, tmp_path):
+        marker = tmp_path / "ran"
+        cfg = config(world, cluster_class=cls, cluster_kwargs=kwargs(marker))
+        return [world / "ds"], refused_without_running(cfg, marker), re.escape(message)
+    return case
+
+
+for _name in CODE_IN_CLUSTER_KWARGS:
+    globals()[f"case_config_cluster_kwargs_{_name}"] = _code_case(_name)
+
+
+def case_config_cluster_kwargs_plain_values_pass(world, client, tmp_path):
+    """Not vacuous: allowed keys with plain values build (the failure below is the next check's)."""
+    return [world / "ds"], config(world, cluster_class="distributed.LocalCluster",
+                                  cluster_kwargs={"n_workers": 2, "memory_limit": "2GB", "resources": {"GPU": 1}},
+                                  epochs=0), r"epochs = 0: .*greater than or equal to 1"
 
 
 def case_config_yaml_alias_bomb(world, client, tmp_path):
