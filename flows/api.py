@@ -8,6 +8,11 @@ record that it was interrupted; a SIGTERM to the run leaves it running, re-paren
 signals never reach it) that dies with the run's process (the parent-death signal, on
 Linux); Prefect stops it at exit, once its log and event workers have sent what they hold.
 
+Prefect gives that server PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS to answer, 20 s
+by default: at load 10-15 on 2 cores it needed 120-300 s. Unless that variable is set, a
+run gives it STARTUP_TIMEOUT_S; a server that does not answer in time ends the run with
+one line naming the setting (a TrainingError: exit status 3).
+
 `terminated_as_interrupt` turns SIGTERM into an exception, so a terminated run ends the
 way Ctrl-C ends it: Prefect records the flow run as Crashed, the cluster and the
 parameter servers are released on the way out, and the checkpoints are kept.
@@ -17,11 +22,28 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import subprocess
 from collections.abc import Iterator
 
+from shardflow.errors import TrainingError
+
 PR_SET_PDEATHSIG = 1  # prctl(2)
+STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+STARTUP_TIMEOUT_S = 600  # the embedded API's start-up time unless STARTUP_SETTING is set
+
+
+def startup_timeout_s() -> int:
+    """How long the embedded API may take to start: STARTUP_SETTING if set, else STARTUP_TIMEOUT_S."""
+    text = os.environ.get(STARTUP_SETTING, "").strip()
+    if not text:
+        return STARTUP_TIMEOUT_S
+    if not text.isdigit() or int(text) < 1:
+        from shardflow.errors import InputError
+
+        raise InputError(f"{STARTUP_SETTING}={text!r}; accepted: whole seconds >= 1 (default {STARTUP_TIMEOUT_S})")
+    return int(text)
 
 
 class Terminated(BaseException):
@@ -57,10 +79,19 @@ def embedded_api() -> Iterator[str | None]:
         return
     import prefect.server.api.server as api_server
 
+    timeout_s = startup_timeout_s()
     server = api_server.SubprocessASGIServer()  # the instance Prefect's clients use without PREFECT_API_URL
     api_server.subprocess = _OwnSession()
     try:
-        server.start()  # registers its own stop at exit, after Prefect's log and event workers have drained
+        server.start(timeout=timeout_s)  # registers its own stop at exit, after Prefect's log and event workers drained
+    except RuntimeError as e:
+        if "Timed out" not in str(e):
+            raise
+        server.stop()
+        raise TrainingError(
+            f"the embedded Prefect API did not answer within {timeout_s} s ({STARTUP_SETTING}); nothing was "
+            "written. A busy machine needs more: set it higher, or point PREFECT_API_URL at a running server"
+        ) from None
     finally:
         api_server.subprocess = subprocess
     yield server.api_url

@@ -13,6 +13,7 @@ from prefect import flow, get_run_logger
 
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
+from shardflow.errors import one_line_errors
 from shardflow.planner.topology import load_topology
 from storage.lock import run_lock
 from tasks.retrain import (
@@ -29,6 +30,7 @@ from tasks.retrain import (
 
 @flow(name="estimate", flow_run_name="estimate-{config.epochs}-epochs")
 def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
+    one_line_errors()
     paths = run_paths(config)
     scratch = paths["estimate"]
     devices = load_topology(config.topology).devices

@@ -8,14 +8,13 @@ bad value and what is accepted.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
 
-from shardflow.errors import InputError, TrainingError, WorkerLost
+from shardflow.errors import STORAGE_ERRNOS, InputError, TrainingError, explained, interrupted
 
 log = logging.getLogger("shardflow")
 
@@ -237,9 +236,16 @@ def _cmd_run(args: argparse.Namespace) -> dict:
     from tasks.retrain import check_run
 
     check_run(config)
-    if not args.verbose:  # a quiet terminal: warnings still show
-        for noisy in ("distributed", "httpx"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+    from tasks.versions import nothing_new
+
+    idle = nothing_new(config)  # a night with nothing new: answered from the stores, no Prefect API, no cluster
+    if idle is not None:
+        return idle
+    from shardflow.cluster import VERBOSE, quiet_dask
+
+    if args.verbose:
+        os.environ[VERBOSE] = "1"
+    quiet_dask()
     from flows.api import embedded_api, terminated_as_interrupt
     from flows.retrain import retrain
 
@@ -357,38 +363,15 @@ def build_parser() -> argparse.ArgumentParser:
 _KEPT = "every complete checkpoint and store is kept: run the same command again to resume"
 
 
-# A full disk, a quota, a read-only or forbidden directory: the writes stop, nothing stored is lost.
-_STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
-
-
 class _Terminal(logging.Formatter):
     """Log lines for the terminal: an error shardflow explains in one line (bad input, a run that stopped,
     an interrupt, a file system that refuses writes) is logged without its traceback, which the Prefect
     API's log (the UI) keeps."""
 
-    EXPLAINED = (InputError, TrainingError, WorkerLost, KeyboardInterrupt)
-
     def format(self, record: logging.LogRecord) -> str:
-        error = record.exc_info[1] if record.exc_info else None
-        storage = isinstance(error, OSError) and error.errno in _STORAGE_ERRORS
-        # A Dask connection closing (the cluster shutting down after an interrupt, a worker lost): its line says so.
-        comm = isinstance(error, OSError) and record.name.startswith("distributed")
-        if storage or comm or isinstance(error, self.EXPLAINED) or type(error).__name__ == "Terminated" or (
-                error is not None and _interrupted(error)):
+        if record.exc_info and explained(record.exc_info[1], record.name):
             record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
         return super().format(record)
-
-
-def _interrupted(error: BaseException) -> bool:
-    """Whether `error` was raised while a Ctrl-C was being handled: Prefect's task engine can fail on
-    its own (ValueError 'Task run is not set') when the interrupt lands while a task run begins."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, KeyboardInterrupt):
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -405,16 +388,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"shardflow {args.command}: training stopped: {e}", file=sys.stderr)
         return 3
     except OSError as e:
-        if _interrupted(e):
+        if interrupted(e):
             print(f"shardflow {args.command}: interrupted; {_KEPT}", file=sys.stderr)
             return 130
-        if e.errno not in _STORAGE_ERRORS:
+        if e.errno not in STORAGE_ERRNOS:
             raise
         print(f"shardflow {args.command}: stopped: {e}; {_KEPT} once the file system accepts writes again",
               file=sys.stderr)
         return 4
     except BaseException as e:
-        if _interrupted(e):
+        if interrupted(e):
             print(f"shardflow {args.command}: interrupted; {_KEPT}", file=sys.stderr)
             return 130
         if type(e).__name__ != "Terminated":  # flows.api.Terminated (SIGTERM), not imported unless a run started

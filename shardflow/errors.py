@@ -3,7 +3,17 @@
 Every InputError message names the offending value (file, array, line or position) and
 what would have been accepted, so a user can fix the input without reading
 code. Raised before any work that writes to a store starts.
+
+`explained` says which errors a log shows as their one line: shardflow's own, an interrupt,
+a file system that refuses writes, a Dask connection closing; their tracebacks are noise
+to an operator (the Prefect API's log keeps them for the UI).
 """
+
+import errno
+import logging
+
+# A full disk, a quota, a read-only or forbidden directory: the writes stop, nothing stored is lost.
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
 
 
 class InputError(ValueError):
@@ -32,3 +42,42 @@ class WorkerOutOfMemory(WorkerLost):
 
 class SchedulerLost(TrainingError):
     """The Dask scheduler went away: no cluster is left to restore, so the run stops (its checkpoints stay)."""
+
+
+def interrupted(error: BaseException | None) -> bool:
+    """Whether `error` was raised while a Ctrl-C was being handled: Prefect's task engine can fail on
+    its own (ValueError 'Task run is not set') when the interrupt lands while a task run begins."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def explained(error: BaseException | None, logger: str = "") -> bool:
+    """Whether a log line about `error` says all there is in its message (no traceback wanted)."""
+    if error is None:
+        return False
+    if isinstance(error, (InputError, TrainingError, WorkerLost, KeyboardInterrupt)):
+        return True
+    if isinstance(error, OSError) and (error.errno in STORAGE_ERRNOS or logger.startswith("distributed")):
+        return True
+    return type(error).__name__ == "Terminated" or interrupted(error)
+
+
+class OneLine(logging.Filter):
+    """A handler filter: an explained error's record loses its traceback (its message stays)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and explained(record.exc_info[1], record.name):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def one_line_errors(logger: str = "prefect") -> None:
+    """Put OneLine on the stream handlers of `logger` (Prefect's console: a terminal or a worker's log)."""
+    for handler in logging.getLogger(logger).handlers:
+        if isinstance(handler, logging.StreamHandler) and not any(isinstance(f, OneLine) for f in handler.filters):
+            handler.addFilter(OneLine())

@@ -79,3 +79,8 @@ def read_plan_arrays(path: str | Path) -> tuple[dict[str, dict[str, np.ndarray]]
                    for f in ("partial_ids", "partial_nodes")}
         tables[name] = {"tier": tier.astype(np.int8), "home": home.astype(np.int32), **partial}
     return tables, m
+
+
+def read_summary(path: str | Path) -> dict:
+    """What `shardflow plan --json` printed for the plan stored at `path` (its modeled traffic and time)."""
+    return json.loads((Path(path) / "summary.json").read_text())

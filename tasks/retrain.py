@@ -10,7 +10,7 @@ from pathlib import Path
 
 from distributed import Client
 from prefect import get_run_logger, task
-from prefect.artifacts import create_table_artifact, update_progress_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 
 from shardflow.config import RetrainConfig
@@ -142,11 +142,11 @@ def check_dataset(config: RetrainConfig) -> None:
     if (source / MANIFEST).is_file():
         check_versions(config, str(source))
         return
-    known = _imported_source(config)
+    known = imported_source(config)
     if known is None:
         return
-    if _same_source(known, config):
-        check_continuation(config.dataset_format, source, dest, resolve_parts(source), known, _import_options(config))
+    if same_source(known, config):
+        check_continuation(config.dataset_format, source, dest, resolve_parts(source), known, import_options(config))
     elif versions.numbers(config.run_dir):
         raise InputError(
             f"run_dir {config.run_dir} was trained on {known.get('path')} ({known.get('format')}); dataset "
@@ -180,7 +180,7 @@ def check_versions(config: RetrainConfig, dataset_store: str) -> None:
         )
 
 
-def _imported_source(config: RetrainConfig) -> dict | None:
+def imported_source(config: RetrainConfig) -> dict | None:
     """The source RUN_DIR/dataset was imported from (None: `dataset` is a store itself, or nothing imported yet)."""
     source, dest = Path(config.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file() or not (dest / MANIFEST).is_file():
@@ -188,7 +188,7 @@ def _imported_source(config: RetrainConfig) -> dict | None:
     return Dataset.open(dest).info.source
 
 
-def _import_options(config: RetrainConfig) -> dict:
+def import_options(config: RetrainConfig) -> dict:
     """The table sizes an import records (criteo's hashed tables; none for the other formats)."""
     return {"table_rows": {}, "hash_rows": config.hash_rows} if config.dataset_format == "criteo" else {}
 
@@ -197,7 +197,7 @@ def _import_kwargs(config: RetrainConfig) -> dict:
     return {"hash_rows": config.hash_rows} if config.dataset_format == "criteo" else {}
 
 
-def _same_source(known: dict, config: RetrainConfig) -> bool:
+def same_source(known: dict, config: RetrainConfig) -> bool:
     return (known.get("format"), known.get("path")) == (config.dataset_format, str(Path(config.dataset)))
 
 
@@ -213,8 +213,8 @@ def prepare_dataset(config: RetrainConfig) -> dict:
     source, dest = Path(config.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file():
         return {"path": str(source), "parts_added": []}
-    known = _imported_source(config)
-    if known is not None and _same_source(known, config):
+    known = imported_source(config)
+    if known is not None and same_source(known, config):
         added = import_dataset(config.dataset_format, source, dest, append=True,
                                **_import_kwargs(config))["parts_added"]
         get_run_logger().info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing",
@@ -273,6 +273,12 @@ def shard(config: RetrainConfig, profile_path: str, out: str, previous_plan: str
         key=artifact_key("plan-comparison", config.run_dir),
         description=f"Every strategy on {config.topology}, batch {config.batch_size}, dedup {config.dedup}",
     )
+    refused = [r for r in rows if "error" in r]
+    if refused:  # long reasons in their own artifact: a table cuts them off at the UI's width
+        create_markdown_artifact("\n".join(["# Strategies that made no plan", ""]
+                                           + [f"- **{r['strategy']}**: {r['error']}" for r in refused]),
+                                 key=artifact_key("plan-refusals", config.run_dir),
+                                 description="Why a strategy made no plan under this budget")
     create_table_artifact(
         table_tiers(plans, topology),
         key=artifact_key("plan-tables", config.run_dir),
@@ -291,7 +297,7 @@ def _comparison_row(r: dict) -> dict:
         "comm_time_us_per_step": round(r["comm_time_s_per_step"] * 1e6, 2) if ok else None,
         "lower_bound_us_per_step": round(r["lower_bound_comm_time_s_per_step"] * 1e6, 2) if ok else None,
         "max_memory_MB_per_device": round(max(r["memory_bytes_per_device"]) / mb, 3) if ok else None,
-        "note": "" if ok else r["error"],
+        "note": "" if ok else "no plan: see plan-refusals",
     }
 
 

@@ -10,11 +10,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NONE
 
 from shardflow.config import RetrainConfig
-from shardflow.errors import WorkerLost
+from shardflow.errors import TrainingError, WorkerLost
 from shardflow.planner.topology import load_topology
 from shardflow.training.clicks import training_window_start
 from shardflow.training.engine import Engine
@@ -22,7 +21,10 @@ from shardflow.training.evaluate import evaluate_export, metric_values
 from storage import versions
 from storage.checkpoint import verify_export
 from storage.dataset import Dataset, segment_checksum
-from tasks.retrain import artifact_key
+from storage.importers import check_continuation
+from storage.manifest import MANIFEST
+from storage.sources import resolve_parts
+from tasks.retrain import artifact_key, import_options, imported_source, run_paths, same_source
 
 # Keys that change nothing a version computes: a version cut off part-way is resumed
 # under any of their values, and made again when any other key changed.
@@ -39,6 +41,47 @@ def fingerprint(config: RetrainConfig) -> dict:
     values = {k: v for k, v in config.model_dump(mode="json").items() if k not in NOT_FINGERPRINTED}
     values["topology"] = load_topology(config.topology).to_dict()
     return values
+
+
+def nothing_new(config: RetrainConfig) -> dict | None:
+    """The run's summary, read from the stores alone, when it would train nothing; else None.
+
+    Nothing new: the newest version is finished (and promoted, if it was accepted) and
+    was made from every part the dataset holds, or would hold after this run's append.
+    A run that finds that needs no Prefect API and no Dask cluster; anything else (a new
+    part, a version to resume, a promotion to repeat) goes through the whole flow.
+    """
+    run = config.run_dir
+    made = versions.numbers(run)
+    if not made:
+        return None
+    last = made[-1]
+    finished = versions.result(run, last)
+    if finished is None or (finished["promoted"] and versions.current(run) != last):
+        return None
+    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    if (source / MANIFEST).is_file():
+        store = source
+    else:
+        known = imported_source(config)
+        if known is None or not same_source(known, config) or check_continuation(
+                config.dataset_format, source, dest, resolve_parts(source), known, import_options(config)):
+            return None
+        store = dest
+    segments = [segment_checksum(s) for s in Dataset.open(store).segments]
+    if versions.started(run, last)["segments"] != segments:
+        return None
+    return untrained(run, versions.current(run), [])
+
+
+def untrained(run: str, current: int | None, parts_added: list[str]) -> dict:
+    """A run that found no new data: the current version's figures, nothing trained, nothing downloaded."""
+    figures = versions.result(run, current) if current else None
+    if figures is None:
+        raise TrainingError(f"run_dir {run} has no promoted model version and no new data to make one from")
+    return {**figures, "trained": False, "parts_added": parts_added, "current": current, "downloads": 0,
+            "epoch_loss": [], "resumed_from": None, "skipped_checkpoints": [], "restarts": 0, "warnings": [],
+            "message": f"no new data since version {figures['version']}: nothing trained"}
 
 
 @task(name="open-version", task_run_name="open-version", cache_policy=NONE)
@@ -158,25 +201,3 @@ def _emit_rejected(run: str, number: int, source: int, summary: dict, previous: 
         payload={"version": number, "current": source, "auc": summary["auc"], "previous_auc": previous["auc"],
                  "message": message},
     )
-
-
-def publish_versions(run: str) -> list[dict]:
-    """The versions table artifact of a run_dir: one row per version, the history the UI keeps."""
-    rows = []
-    for n in versions.numbers(run):
-        began, r = versions.started(run, n), versions.result(run, n)
-        rows.append({
-            "version": n,
-            "started": began["started"],
-            "parts": len(began["segments"]),
-            "warm_start_from": began["warm_start_from"],
-            "auc": None if r is None else round(r["auc"], 4),
-            **{k: None if r is None or r.get(k) is None else round(r[k], 4) for k in ("hr_at_10", "logloss")},
-            "previous_auc": None if r is None or r["previous_auc"] is None else round(r["previous_auc"], 4),
-            "promoted": None if r is None else r["promoted"],
-            "replanned": None if r is None else r["replanned"],
-            "note": "unfinished" if r is None else ("current" if n == versions.current(run) else ""),
-        })
-    create_table_artifact(rows, key=artifact_key("versions", run),
-                          description=f"Model versions of {run}: data, metrics, promotion, re-planning")
-    return rows

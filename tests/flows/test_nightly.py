@@ -23,6 +23,7 @@ from shardflow.config import RetrainConfig
 from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.dataset import Dataset
+from storage.plan import read_summary
 from support import REAL, snapshot, split_into_days
 from tasks.retrain import artifact_key
 
@@ -71,6 +72,9 @@ def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect
     # Drift-aware: the decision follows the two predicted times and the 5% margin.
     fresh, kept = second["fresh_plan_comm_time_us_per_step"], second["previous_plan_comm_time_us_per_step"]
     assert second["replanned"] == (fresh < kept * 0.95)
+    # The figures reported are those of the plan that trained, kept or fresh.
+    assert second["comm_time_us_per_step"] == pytest.approx(kept if not second["replanned"] else fresh, rel=1e-9)
+    assert second["modeled_bytes_per_step"] == read_summary(root / "run" / "versions" / "0002" / "plan")["bytes_per_step"]
     assert second["previous_auc"] is not None and second["promoted"] == (second["auc"] >= second["previous_auc"] - 0.002)
     dataset = Dataset.open(root / "run" / "dataset")
     assert dataset.info.version == 2 and len(dataset.segments) == 2  # only the new part was imported

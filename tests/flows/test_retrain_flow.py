@@ -167,6 +167,12 @@ def test_a_failing_run_releases_its_parameter_servers(prefect_api, client, base)
         state.result()
     assert live_actors(client) == 0
     assert not (base / "fails" / "versions" / "0001" / "model").exists() and not (base / "fails" / "current").exists()
+    # The operator's page of a failed night: what failed in one line, what stays current, what comes next.
+    text = artifact_rows(state.state_details.flow_run_id, artifact_key("retrain-summary", base / "fails"))
+    lines = text.splitlines()
+    assert lines[0].endswith(": **failed**") and re.match(r"- what failed: \w+: .*(non-finite|the loss is)", lines[2])
+    assert lines[3] == "- no version is current yet"
+    assert lines[4] == "- the next run starts version 1 again from the beginning (no checkpoint of it was complete)"
 
 
 def test_bad_configuration_is_refused_before_anything_starts(base, tmp_path):

@@ -1,0 +1,202 @@
+"""What an operator reads of a retraining run in the Prefect UI: the run's name and state message,
+its summary, the versions table and the quality of every version beside the model it replaced.
+
+Tables keep short values in every column (the UI cuts a table at about 1600 px and takes
+its columns from the first row); long reasons go into markdown artifacts of their own.
+"""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+from pathlib import Path
+
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from shardflow.config import RetrainConfig
+from shardflow.training.evaluate import metric_text
+from storage import versions
+from storage.checkpoint import complete_checkpoints
+from tasks.retrain import artifact_key
+
+
+def run_label(run_dir: str | Path) -> str:
+    """The run_dir as flow run names show it: its name and the six hex digits of its path (as artifact keys)."""
+    return artifact_key("", run_dir).lstrip("-")
+
+
+def name_run(run_dir: str | Path, what: str) -> None:
+    """Rename this flow run to `<run_dir label>·<what>` (e.g. `nightly-3f2a1c·v3`), once its version is known."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, name=f"{run_label(run_dir)}·{what}")
+
+
+def _figure(x: float | None) -> str:
+    return "" if x is None else f"{x:.4f}"
+
+
+def state_message(s: dict) -> str:
+    """One line for the flow run's final state: what this night did."""
+    if not s["trained"]:
+        return f"no new data since v{s['version']}: v{s['current']} stays current (AUC {s['auc']:.4f})"
+    users = f"on the same {s['eval_users']:,} held-out events"
+    if s["previous_auc"] is None:
+        return f"promoted v{s['version']} (cold start): AUC {s['auc']:.4f} on {s['eval_users']:,} held-out events"
+    verdict = f"promoted v{s['version']}" if s["promoted"] else f"rejected v{s['version']}"
+    tail = "" if s["promoted"] else f"; v{s['current']} stays current"
+    return f"{verdict}: AUC {s['auc']:.4f} vs v{s['warm_start_from']}'s {s['previous_auc']:.4f} {users}{tail}"
+
+
+def next_run(run_dir: str | Path) -> str:
+    """What the next run of `run_dir` does with what a failed run left."""
+    made = versions.numbers(run_dir)
+    last = made[-1] if made else None
+    if last is None or versions.result(run_dir, last) is not None:
+        return "tries again from the stores as they are (nothing of this run is kept)"
+    done = complete_checkpoints(versions.version_dir(run_dir, last))
+    if done:
+        return f"resumes version {last} from its checkpoint after epoch {done[-1][0]} (same data and configuration)"
+    return f"starts version {last} again from the beginning (no checkpoint of it was complete)"
+
+
+def failure_markdown(run_dir: str, error: BaseException) -> str:
+    current = versions.current(run_dir)
+    held = versions.result(run_dir, current) if current else None
+    stays = "no version is current yet" if held is None else f"version **{current}** stays current ({metric_text(held)})"
+    line = " ".join(str(error).split()) or type(error).__name__
+    return "\n".join([
+        f"# Retraining run `{run_dir}`: **failed**",
+        "",
+        f"- what failed: {type(error).__name__}: {line}",
+        f"- {stays}",
+        f"- the next run {next_run(run_dir)}",
+    ])
+
+
+def publish_failure(run_dir: str, error: BaseException) -> None:
+    """The failed night's summary; a run_dir too damaged to read for it gets the failure alone."""
+    try:
+        text = failure_markdown(run_dir, error)
+    except Exception as unreadable:  # noqa: BLE001 (the run's own error is the one to report)
+        text = f"# Retraining run `{run_dir}`: **failed**\n\n- what failed: {type(error).__name__}: {error}\n" \
+               f"- the run_dir could not be read for more ({type(unreadable).__name__}: {unreadable})"
+    create_markdown_artifact(text, key=artifact_key("retrain-summary", run_dir),
+                             description="Retraining run summary (failed)")
+
+
+def version_rows(run: str) -> list[dict]:
+    """One row per version; every row has every column, metrics with four decimals."""
+    rows = []
+    current = versions.current(run)
+    for n in versions.numbers(run):
+        began, r = versions.started(run, n), versions.result(run, n) or {}
+        rows.append({
+            "version": n,
+            "started": began["started"][:16].replace("T", " "),
+            "parts": len(began["segments"]),
+            "from": began["warm_start_from"],
+            "auc": _figure(r.get("auc")),
+            "hr_at_10": _figure(r.get("hr_at_10")),
+            "logloss": _figure(r.get("logloss")),
+            "replaced_auc": _figure(r.get("previous_auc")),
+            "replaced_hr_at_10": _figure(r.get("previous_hr_at_10")),
+            "held_out": r.get("eval_users"),
+            "promoted": r.get("promoted"),
+            "replanned": r.get("replanned"),
+            "state": "unfinished" if not r else "current" if n == current else "promoted" if r["promoted"]
+            else "rejected",
+        })
+    return rows
+
+
+def quality_svg(run: str, rows: list[dict]) -> str | None:
+    """Held-out AUC per version beside the model it replaced on the same events (None before two points)."""
+    from shardflow.plots import line_chart
+
+    done = [r for r in rows if r["auc"]]
+    if not done:
+        return None
+    series = {"new version": ([r["version"] for r in done], [float(r["auc"]) for r in done])}
+    before = [r for r in done if r["replaced_auc"]]
+    if before:
+        series["model it replaced, same events"] = ([r["version"] for r in before],
+                                                     [float(r["replaced_auc"]) for r in before])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = line_chart(Path(tmp) / "quality.svg", series, title="Held-out AUC by version", xlabel="version",
+                          ylabel="AUC")
+        return path.read_text()
+
+
+def publish_versions(run: str) -> list[dict]:
+    """The versions table of a run_dir and the quality plot beside it (the history the UI keeps)."""
+    rows = version_rows(run)
+    create_table_artifact(rows, key=artifact_key("versions", run),
+                          description=f"Model versions of {run}: data, held-out metrics beside the model each "
+                                      "replaced (same events), promotion, re-planning")
+    svg = quality_svg(run, rows)
+    if svg is not None:
+        picture = base64.b64encode(svg.encode()).decode()
+        create_markdown_artifact(
+            f"# Quality by version: `{run}`\n\nHeld-out AUC of each new version and of the model it replaced, "
+            f"measured on the same held-out events of that night.\n\n![quality](data:image/svg+xml;base64,{picture})",
+            key=artifact_key("quality", run), description="Held-out AUC by version, new vs replaced")
+    return rows
+
+
+def summary_markdown(s: dict, config: RetrainConfig) -> str:
+    mb, us = 1e6, "µs"
+    held_out = "the held-out last rows" if s.get("logloss") is not None else "leave-last-out"
+    auc = f"**{metric_text(s)}** ({held_out} of the version's newest parts, exported model)"
+    if not s["trained"]:
+        head = [f"- **no new data**: nothing trained; version **{s['current']}** stays current",
+                f"- version {s['version']}: {auc}"]
+    else:
+        start = f"warm start from version {s['warm_start_from']}" if s["warm_start_from"] else "cold start"
+        verdict = ("**promoted** (now current)" if s["promoted"] else f"**not promoted**: {s['message']}")
+        previous = "" if s["previous_auc"] is None else \
+            f"; version {s['warm_start_from']} on the same held-out events: AUC {s['previous_auc']:.4f}"
+        old = s["previous_plan_comm_time_us_per_step"]
+        head = [
+            f"- version **{s['version']}** ({start}), parts {s['window'][0] + 1}..{s['parts']} trained, "
+            f"{len(s['parts_added'])} part(s) imported by this run: {verdict}",
+            f"- {auc}{previous}",
+            f"- plan: **{'kept' if not s['replanned'] else 'made' if not s['warm_start_from'] else 're-made'}** — "
+            f"{s['replan_reason']} (fresh plan "
+            f"{s['fresh_plan_comm_time_us_per_step']:.1f} {us}" + ("" if old is None else f", kept plan {old:.1f} {us}")
+            + " per step, modeled)",
+        ]
+    lines = [
+        f"# Retraining run `{s['run_dir']}`",
+        "",
+        f"- strategy **{config.strategy}** on `{config.topology}`, {s['epochs']} epochs, batch {config.batch_size}",
+        *head,
+        # Like for like: measured against the trained plan's model; that model against row-wise-mod's.
+        (f"- traffic **{s['bytes_per_step'] / mb:.3f} MB/step measured** (the last epochs trained) against "
+         if s["bytes_per_step"] is not None else "- traffic not measured (no checkpoint recorded it); ")
+        + f"{s['modeled_bytes_per_step'] / mb:.3f} MB/step that the cost model predicts for the plan that trained",
+        f"- modeled communication time per step: **{s['comm_time_us_per_step']:.1f} {us}** with {config.strategy}, "
+        f"{s['row_wise_comm_time_us_per_step']:.1f} {us} with row-wise-mod "
+        f"({s['row_wise_comm_time_us_per_step'] / max(s['comm_time_us_per_step'], 1e-12):.2f}× its time); "
+        f"{s['row_wise_bytes_per_step'] / mb:.3f} MB/step with row-wise-mod",
+        f"- loss per epoch (this run): {', '.join(f'{x:.4f}' for x in s['epoch_loss']) or 'none'}",
+        f"- exported model: `{s['model']}`",
+        f"- resumed from: `{s['resumed_from']}`" if s["resumed_from"] else "- resumed from no checkpoint",
+        *(f"- **skipped damaged checkpoint** `{k['checkpoint']}`: {k['reason']}" for k in s["skipped_checkpoints"]),
+        f"- worker losses recovered from a checkpoint: {s['restarts']} (max_restarts {config.max_restarts})",
+        *(f"- **warning**: {w}" for w in s["warnings"]),
+        "- checkpoints: " + (", ".join(f"`{c}`" for c in s["checkpoints"]) or "none"),
+        "- versions, checkpoints, models and plots (SVG files) on the machine that ran it: `" + s["run_dir"] + "`",
+        "",
+        # Embedded, not linked: a path on the worker host is no picture in a browser elsewhere.
+        *(f"![{Path(p).stem}](data:image/svg+xml;base64,{base64.b64encode(Path(p).read_bytes()).decode()})"
+          for p in s["plots"] if Path(p).is_file()),
+    ]
+    return "\n".join(lines)
+
+
+def publish_summary(s: dict, config: RetrainConfig) -> None:
+    create_markdown_artifact(summary_markdown(s, config), key=artifact_key("retrain-summary", s["run_dir"]),
+                             description="Retraining run summary")

@@ -1,0 +1,156 @@
+"""The deployments the README's way: a real `prefect server`, `prefect deploy --all` of prefect.yaml, and a
+real `prefect worker` of its work pool running them, night after night and when the scheduler says so.
+
+Only this path shows what Prefect does to a deployment run's process (the entrypoint's
+folder first on sys.path, inherited by the Dask workers it spawns): every run here goes
+through the worker, and its state is read back from the API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from conftest import PrefectServer
+from storage import versions
+from support import REAL, split_into_days
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
+TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
+NIGHT = dict(epochs=1, batch_size=512, dim=8, mlp=[8], history=5, negatives=2, eval_users=500, memory_slack=0.5)
+RUN_S = 600  # one deployment run, start-up of its process and cluster included, on a loaded 2-core machine
+
+STATES = """
+import asyncio, json, sys
+from prefect.client.orchestration import get_client
+async def main():
+    async with get_client() as c:
+        runs = await c.read_flow_runs()
+        print(json.dumps([{"id": str(r.id), "name": r.name, "state": r.state_type.value, "message": r.state.message,
+                           "deployment": str(r.deployment_id), "auto": r.auto_scheduled} for r in runs]))
+asyncio.run(main())
+"""
+SCHEDULE = """
+import asyncio, json, sys
+from datetime import datetime, timezone
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import DeploymentUpdate
+from prefect.client.schemas.schedules import RRuleSchedule
+async def main():
+    config, at = json.loads(sys.argv[1]), datetime.fromisoformat(sys.argv[2])
+    async with get_client() as c:
+        d = await c.read_deployment_by_name("retrain/nightly-retrain")
+        await c.update_deployment(d.id, DeploymentUpdate(parameters={"config": config}))
+        rule = RRuleSchedule(rrule=f"DTSTART:{at:%Y%m%dT%H%M%S}Z\\nRRULE:FREQ=DAILY;COUNT=1", timezone="UTC")
+        await c.create_deployment_schedules(d.id, [(rule, True)])
+        print(d.id)
+asyncio.run(main())
+"""
+
+
+@pytest.fixture
+def deployed(tmp_path):
+    """A server (scheduler every 5 s), prefect.yaml deployed from the repository root, and a worker of its pool."""
+    server = PrefectServer(tmp_path)
+    server.env["PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS"] = "5"
+    server.env["PREFECT_WORKER_QUERY_SECONDS"] = "2"
+    server.start()
+    worker = None
+    try:
+        for command in (["work-pool", "create", "shardflow-process", "--type", "process"],
+                        ["--no-prompt", "deploy", "--all"]):
+            done = subprocess.run([str(BIN / "prefect"), *command], env=server.env, cwd=ROOT, capture_output=True,
+                                  text=True, timeout=RUN_S)
+            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        log = open(tmp_path / "worker.log", "w")
+        worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "shardflow-process"],
+                                  env=server.env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        yield server, tmp_path / "worker.log"
+    finally:
+        if worker is not None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=60)
+        server.stop()
+
+
+def flow_runs(server) -> list[dict]:
+    back = subprocess.run([sys.executable, "-c", STATES], env=server.env, capture_output=True, text=True, timeout=120)
+    assert back.returncode == 0, back.stderr[-3000:]
+    return json.loads(back.stdout)
+
+
+def run_deployment(server, name: str, config: dict) -> dict:
+    """`prefect deployment run NAME --params ... --watch`, as an operator types it; the run as the API has it."""
+    before = {r["id"] for r in flow_runs(server)}
+    done = subprocess.run([str(BIN / "prefect"), "deployment", "run", name, "--params", json.dumps({"config": config}),
+                           "--watch"], env=server.env, capture_output=True, text=True, timeout=RUN_S)
+    new = [r for r in flow_runs(server) if r["id"] not in before]
+    assert len(new) == 1, (new, done.stdout[-2000:])
+    return new[0]
+
+
+def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(deployed, tmp_path):
+    server, worker_log = deployed
+    log = tmp_path / "Video-head.txt"
+    log.write_text("".join(open(REAL["sasrec"]).readlines()[:40000]))
+    days = split_into_days(log, tmp_path / "days", (0.6, 0.2, 0.2), late_users=0.1, seed=0)
+    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
+    parts, run = tmp_path / "parts", tmp_path / "nightly"
+    parts.mkdir()
+    config = {"dataset": str(parts), "run_dir": str(run), "topology": str(tmp_path / "topo.yaml"), **NIGHT}
+
+    nights = []
+    for day in days:  # three nights, each with the day's new part
+        shutil.copy(day, parts)
+        nights.append(run_deployment(server, "retrain/nightly-retrain", config))
+    nights.append(run_deployment(server, "retrain/nightly-retrain", config))  # nothing new
+    text = worker_log.read_text()
+    assert [r["state"] for r in nights] == ["COMPLETED"] * 4, (nights, text[-5000:])
+    label = nights[0]["name"].split("·")[0]
+    assert [r["name"] for r in nights] == [f"{label}·v1", f"{label}·v2", f"{label}·v3", f"{label}·no new data"]
+    assert nights[0]["message"].startswith("promoted v1 (cold start): AUC ")
+    assert all(r["message"].startswith((f"promoted v{v}: AUC ", f"rejected v{v}: AUC "))
+               for v, r in zip((2, 3), nights[1:3]))
+    assert nights[3]["message"].startswith("no new data since v3")
+    assert versions.numbers(run) == [1, 2, 3]
+    made = [versions.started(run, n) for n in (1, 2, 3)]
+    promoted_2 = nights[1]["message"].startswith("promoted")  # v3 warm-starts from whichever is current
+    assert [m["warm_start_from"] for m in made] == [None, 1, 2 if promoted_2 else 1]
+    assert [len(m["parts"]) for m in made] == [1, 2, 3]
+    # What the worker's log shows of four successful runs: Prefect's lines, none of Dask's, no traceback.
+    assert "Traceback" not in text and "distributed." not in text, text[-5000:]
+
+    # The scheduler creates a run of the same deployment (a schedule due in 20 s) and the worker completes it.
+    at = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=20)
+    made = subprocess.run([sys.executable, "-c", SCHEDULE, json.dumps(config), at.isoformat()], env=server.env,
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-3000:]
+    deadline, scheduled = time.monotonic() + RUN_S, []
+    while time.monotonic() < deadline:
+        scheduled = [r for r in flow_runs(server) if r["auto"] and r["name"].endswith("no new data")]
+        if scheduled and scheduled[0]["state"] in ("COMPLETED", "FAILED", "CRASHED"):
+            break
+        time.sleep(2)
+    assert scheduled and scheduled[0]["state"] == "COMPLETED", (scheduled, worker_log.read_text()[-5000:])
+
+    estimate = run_deployment(server, "estimate/estimate", {**config, "run_dir": str(tmp_path / "estimate")})
+    assert estimate["state"] == "COMPLETED", (estimate, worker_log.read_text()[-5000:])
+    assert (tmp_path / "estimate" / "estimate" / "plan" / "manifest.json").is_file()
+
+    # A refused night: FAILED with its one line as the state's message, and no traceback in the worker's log.
+    (tmp_path / "foreign" / "versions" / "notes").mkdir(parents=True)
+    refused = run_deployment(server, "retrain/nightly-retrain", {**config, "run_dir": str(tmp_path / "foreign")})
+    text = worker_log.read_text()
+    assert refused["state"] == "FAILED" and "holds notes, not model versions" in refused["message"], refused
+    assert "Traceback" not in text and "distributed." not in text, text[-5000:]

@@ -1,0 +1,73 @@
+"""`shardflow run` with its embedded Prefect API, as a user starts it: on a machine whose every core is busy,
+with an API that cannot start in time, and on a night with nothing new (no API, no cluster at all)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from runs import BIN, SMALL, TOPOLOGY
+from shardflow.synthetic import SynthTable, synth_dataset
+
+HOG = "while True: pass"
+RUN_S = 900  # a whole small run beside a busy loop on every core, on 2 cores (about 3x a quiet run's time)
+
+
+def small_run(tmp_path: Path) -> Path:
+    synth_dataset(tmp_path / "ds", [SynthTable("item", 400, 1.1)], interactions=20000, seed=3, mean_length=12)
+    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in SMALL.items()}, "epochs": 1,
+        "dataset": str(tmp_path / "ds"), "run_dir": str(tmp_path / "run"), "topology": str(tmp_path / "topo.yaml"),
+    }))
+    return tmp_path / "run.yaml"
+
+
+def embedded(tmp_path: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    return env | {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **extra}
+
+
+def shardflow_run(config: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "shardflow"), "run", "--config", str(config), "--json"], env=env,
+                          capture_output=True, text=True, timeout=RUN_S)
+
+
+def test_a_run_beside_a_busy_loop_on_every_core_completes_quietly_and_a_night_with_nothing_new_needs_no_api(
+        tmp_path):
+    config = small_run(tmp_path)
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        done = shardflow_run(config, embedded(tmp_path))
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["version"] == 1
+    # A successful run's terminal: Prefect's own lines, none of Dask's, no traceback.
+    assert "Traceback" not in done.stderr and " distributed." not in done.stderr, done.stderr[-3000:]
+
+    # Nothing new: answered from the stores. The API it is pointed at does not exist: any call to it would
+    # fail (after minutes of retries), and no Dask worker is ever started.
+    again = shardflow_run(config, embedded(tmp_path, PREFECT_API_URL="http://127.0.0.1:9/api"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads(again.stdout)
+    assert summary["trained"] is False and summary["current"] == 1 and summary["downloads"] == 0
+    assert summary["message"] == "no new data since version 1: nothing trained"
+    assert "Starting temporary server" not in again.stderr and "distributed" not in again.stderr
+
+
+def test_an_api_that_cannot_start_in_time_ends_the_run_in_one_line_naming_the_setting(tmp_path):
+    config = small_run(tmp_path)
+    done = shardflow_run(config, embedded(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1"))
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    ours = [line for line in done.stderr.splitlines() if line.startswith("shardflow run:")]
+    assert len(ours) == 1 and "did not answer within 1 s (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)" in ours[0]
+    assert not (tmp_path / "run").exists()  # nothing was written
