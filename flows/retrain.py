@@ -100,7 +100,8 @@ def _make_version(config: RetrainConfig, run: str) -> dict:
         name_run(run, f"v{version['version']}")
         paths = version_paths(version["path"])
         _tidy(paths["version"])
-        profile(dataset, paths["profile"], client, run)
+        # The plan and its cost model are fitted to what this version's window reads, histories included.
+        profile(dataset, paths["profile"], client, run, version["window"][0], config.history)
         source = version["warm_start_from"]
         previous_plan = None if source is None else str(versions.version_dir(run, source) / "plan")
         strategies, decision = shard(config, paths["profile"], paths["plan"], previous_plan)

@@ -29,8 +29,8 @@ def accesses_from_profile(profile: Profile, history: int, negatives: int) -> lis
     """Lookup classes of every profiled table, with lookups per training example from the dataset.
 
     The sequence table is read by every history item, the positive and the negatives of
-    an example (exact counts from the dataset's sequence lengths); a feature table once
-    per example.
+    an example (exact counts from the dataset's sequence lengths, or, for a profile of a
+    training window, from the lookups it counted); a feature table once per example.
     """
     if history < 1 or negatives < 0:
         raise InputError(f"history = {history}, negatives = {negatives}; accepted: history >= 1, negatives >= 0")
@@ -41,9 +41,16 @@ def accesses_from_profile(profile: Profile, history: int, negatives: int) -> lis
             f"but that dataset now has {dataset.info.checksum}; accepted: a profile of the current dataset "
             "(run 'shardflow profile' again)"
         )
+    window = profile.manifest["dataset"].get("window", {})
+    if "history" in window and window["history"] != history:
+        raise InputError(f"{profile.path} counts the lookups of histories of {window['history']} items; this plan's "
+                         f"examples read {history}; accepted: a profile made with history {history}")
     accesses = []
     for name in profile.stats:
-        if name == dataset.info.sequence_table:
+        if name == dataset.info.sequence_table and "examples" in window:
+            per_example = window["item_lookups"] / max(window["examples"], 1) + negatives
+            accesses.append(TableAccess.from_counts(name, profile.counts(name), per_example, negatives / per_example))
+        elif name == dataset.info.sequence_table:
             per_example, uniform = sequence_lookups(dataset.offsets(), history, negatives)
             accesses.append(TableAccess.from_counts(name, profile.counts(name), per_example, uniform))
         else:
@@ -54,9 +61,11 @@ def accesses_from_profile(profile: Profile, history: int, negatives: int) -> lis
 def cost_model(profile: Profile, accesses: list[TableAccess], topology: Topology, shape: StepShape, history: int,
                negatives: int) -> CostModel:
     """The cost model with every table's distinct rows fitted to real batches of the profiled dataset
-    (shardflow.touch)."""
+    (shardflow.touch): of its training window, if the profile counted one."""
     dataset = Dataset.open(profile.manifest["dataset"]["path"])
-    return CostModel(topology, shape, fit_touch(dataset, accesses, topology, shape.batch_size, history, negatives))
+    first = profile.manifest["dataset"].get("window", {}).get("first_part", 0)
+    return CostModel(topology, shape, fit_touch(dataset, accesses, topology, shape.batch_size, history, negatives,
+                                                first=first))
 
 
 def make_plan(

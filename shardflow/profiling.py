@@ -4,6 +4,11 @@ Every table's events are cut into one chunk-aligned block per worker; a task cou
 block chunk group by chunk group (bounded memory), one task per table sums the blocks'
 counts and writes them, and the manifest is published last. The counts never travel
 through the client.
+
+A model version trains on a window of the log (its newest parts); its plan and cost model
+are fitted to what that window's examples read (`profile_window`): every row's lookups by
+the window's training examples, each one's history (up to `history` earlier items of
+its user, from before the window too) and its positive; a feature table once per example.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import numpy as np
 from distributed import Client, wait
 
 from shardflow.cluster import worker_count
+from shardflow.errors import InputError
 from shardflow.counting import count_ids, table_stats
+from shardflow.training.batches import ORDER_BLOCK_EVENTS, window_targets
 from storage.dataset import Dataset, open_column
 from storage.profile import finish_profile, start_profile, write_counts
 from storage.lock import writer_lock
@@ -58,9 +65,11 @@ def check_inputs(dataset: str | Path, out: str | Path, *, overwrite: bool) -> Da
 
 
 def profile_dataset(
-    dataset: str | Path, out: str | Path, *, client: Client, overwrite: bool = False, blocks: int | None = None
+    dataset: str | Path, out: str | Path, *, client: Client, overwrite: bool = False, blocks: int | None = None,
+    first: int = 0, window: dict | None = None,
 ) -> dict:
-    """Profile `dataset` into a profile store at `out`; returns the profile's manifest."""
+    """Profile `dataset` (its events of parts `first` on) into a profile store at `out`; the manifest.
+    `window`: what the manifest records of the window (default: its first part, if not 0)."""
     ds = check_inputs(dataset, out, overwrite=overwrite)
     blocks = blocks or worker_count(client)
     with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
@@ -69,7 +78,7 @@ def profile_dataset(
         for t in ds.info.tables:
             parts = [
                 client.submit(count_block, str(ds.path), array, t.rows, a, b, pure=False)
-                for array, a, b in ds.blocks(t.name, blocks)
+                for array, a, b in ds.blocks(t.name, blocks, first)
             ]
             per_table[t.name] = client.submit(sum_and_write, str(stage), t.name, *parts, pure=False)
             pending += parts + [per_table[t.name]]
@@ -78,7 +87,78 @@ def profile_dataset(
         results = client.gather(per_table)
         return finish_profile(
             stage,
-            {"path": str(ds.path.resolve()), "checksum": ds.info.checksum},
+            {"path": str(ds.path.resolve()), "checksum": ds.info.checksum,
+             **({"window": window} if window else {"window": {"first_part": first}} if first else {})},
             {name: stats for name, (stats, _) in results.items()},
             {name: digest for name, (_, digest) in results.items()},
+        )
+
+
+def window_lookups(dataset: str, table: str, first: int, history: int, start: int, stop: int) -> tuple[np.ndarray, int]:
+    """(lookups of every row of `table`, training examples) by the window-from-part-`first` examples whose
+    targets lie in events start:stop (user order), a block of ORDER_BLOCK_EVENTS at a time."""
+    ds = Dataset.open(dataset)
+    offsets = ds.offsets()
+    item, rows = ds.info.sequence_table, ds.info.table(table).rows
+    counts, examples = np.zeros(rows, dtype=np.int64), 0
+    for a in range(start, stop, ORDER_BLOCK_EVENTS):
+        b = min(a + ORDER_BLOCK_EVENTS, stop)
+        targets = window_targets(ds, offsets, a, b, first)
+        examples += targets.size
+        if not targets.size:
+            continue
+        if table != item:  # a feature table is read at the example's own event
+            counts += np.bincount(ds.column(f"tables/{table}", a, b)[targets - a], minlength=rows)
+            continue
+        user = np.searchsorted(offsets, targets, side="right") - 1
+        reach = np.maximum(targets - history, offsets[user])  # a target's history: events reach .. target - 1
+        lo = int(reach.min())
+        reads = np.cumsum(np.bincount(reach - lo, minlength=b - lo + 1)
+                          - np.bincount(targets - lo, minlength=b - lo + 1))[: b - lo]
+        reads[targets - lo] += 1  # the positive
+        counts += np.bincount(ds.column(f"tables/{table}", lo, b), weights=reads, minlength=rows).astype(np.int64)
+    return counts, examples
+
+
+def sum_lookups(stage: str, table: str, *blocks: tuple[np.ndarray, int]) -> tuple[dict, str, int, int]:
+    """A table's window lookups summed and written: (stats, digest, lookups, examples)."""
+    stats, digest = sum_and_write(stage, table, *(counts for counts, _ in blocks))
+    return stats, digest, int(stats["accesses"]), sum(n for _, n in blocks)
+
+
+def profile_window(dataset: str | Path, out: str | Path, *, client: Client, first: int, history: int,
+                   overwrite: bool = False, blocks: int | None = None) -> dict:
+    """Profile what the training examples of the window from part `first` read (module docstring).
+
+    A click log's examples read each table once per row: its window is the rows of parts
+    `first` on. The manifest's dataset record says the window and, for the item sequence,
+    its lookups per example (history and positive; negatives are uniform and not counted).
+    """
+    ds = check_inputs(dataset, out, overwrite=overwrite)
+    if ds.info.sequence_table is None:
+        return profile_dataset(dataset, out, client=client, overwrite=overwrite, blocks=blocks, first=first,
+                               window={"first_part": first, "history": history})
+    if history < 1:
+        raise InputError(f"history = {history}; accepted: history >= 1")
+    events = int(ds.offsets()[-1])
+    n = blocks or worker_count(client)
+    step = -(-max(events, 1) // (n * ORDER_BLOCK_EVENTS)) * ORDER_BLOCK_EVENTS
+    ranges = [(a, min(a + step, events)) for a in range(0, events, step)]
+    with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
+        start_profile(stage)
+        per_table, pending = {}, []
+        for t in ds.info.tables:
+            parts = [client.submit(window_lookups, str(ds.path), t.name, first, history, a, b, pure=False)
+                     for a, b in ranges]
+            per_table[t.name] = client.submit(sum_lookups, str(stage), t.name, *parts, pure=False)
+            pending += parts + [per_table[t.name]]
+        wait(pending)
+        results = client.gather(per_table)
+        item = results[ds.info.sequence_table]
+        window = {"first_part": first, "history": history, "examples": item[3], "item_lookups": item[2]}
+        return finish_profile(
+            stage,
+            {"path": str(ds.path.resolve()), "checksum": ds.info.checksum, "window": window},
+            {name: r[0] for name, r in results.items()},
+            {name: r[1] for name, r in results.items()},
         )

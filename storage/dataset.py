@@ -564,12 +564,13 @@ class Dataset:
 
     # -- the stored order, for readers that do not care about users (profiling) -------------
 
-    def blocks(self, table: str, parts: int) -> list[tuple[str, int, int]]:
-        """The stored events of `table` in at most about `parts` chunk-aligned (array, start, stop) ranges.
+    def blocks(self, table: str, parts: int, first: int = 0) -> list[tuple[str, int, int]]:
+        """The stored events of `table` (of segments `first` on) in at most about `parts` chunk-aligned
+        (array, start, stop) ranges.
 
         Every event lies in exactly one range; ranges never cross segments.
         """
-        arrays = [(f"{SEGMENTS}/{s['name']}/tables/{table}", s["events"]) for s in self.segments]
+        arrays = [(f"{SEGMENTS}/{s['name']}/tables/{table}", s["events"]) for s in self.segments[first:]]
         chunks = [(path, n, int(self._root[path].chunks[0])) for path, n in arrays if n]
         total = sum(-(-n // c) for _, n, c in chunks)
         out = []

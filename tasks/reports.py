@@ -88,33 +88,36 @@ def publish_failure(run_dir: str, error: BaseException) -> None:
 
 
 def version_rows(run: str) -> list[dict]:
-    """One row per version; every row has every column, metrics with four decimals."""
-    rows = []
-    current = versions.current(run)
-    for n in versions.numbers(run):
-        began, r = versions.started(run, n), versions.result(run, n) or {}
+    """One row per version; every row has every column, metrics with four decimals, short values (the UI cuts
+    a table at 1600 px). `replaced_*`: the model that was current when the version was made, on the same
+    held-out events."""
+    rows, current = [], versions.current(run)
+    results = {n: versions.result(run, n) or {} for n in versions.numbers(run)}
+    metric = "logloss" if any(r.get("logloss") is not None for r in results.values()) else "hr_at_10"
+    for n, r in results.items():
+        began = versions.started(run, n)
+        replanned = r.get("replanned")
         rows.append({
             "version": n,
             "started": began["started"][:16].replace("T", " "),
             "parts": len(began["segments"]),
             "from": began["warm_start_from"],
             "auc": _figure(r.get("auc")),
-            "hr_at_10": _figure(r.get("hr_at_10")),
-            "logloss": _figure(r.get("logloss")),
+            metric: _figure(r.get(metric)),
             "replaced_auc": _figure(r.get("previous_auc")),
-            "replaced_hr_at_10": _figure(r.get("previous_hr_at_10")),
+            f"replaced_{metric}": _figure(r.get(f"previous_{metric}")),
             "held_out": r.get("eval_users"),
-            "promoted": r.get("promoted"),
-            "replanned": r.get("replanned"),
             "state": "unfinished" if not r else "current" if n == current else "promoted" if r["promoted"]
             else "rejected",
+            "plan": None if replanned is None else "kept" if not replanned else "made" if began["warm_start_from"] is None
+            else "re-made",
         })
     return rows
 
 
-def quality_svg(run: str, rows: list[dict]) -> str | None:
-    """Held-out AUC per version beside the model it replaced on the same events (None before two points)."""
-    from shardflow.plots import line_chart
+def quality_svg(rows: list[dict]) -> str | None:
+    """Held-out AUC per version beside the model it replaced on the same events (None before one finished)."""
+    from shardflow.plots import stacked_chart
 
     done = [r for r in rows if r["auc"]]
     if not done:
@@ -122,11 +125,11 @@ def quality_svg(run: str, rows: list[dict]) -> str | None:
     series = {"new version": ([r["version"] for r in done], [float(r["auc"]) for r in done])}
     before = [r for r in done if r["replaced_auc"]]
     if before:
-        series["model it replaced, same events"] = ([r["version"] for r in before],
-                                                     [float(r["replaced_auc"]) for r in before])
+        series["replaced model"] = ([r["version"] for r in before], [float(r["replaced_auc"]) for r in before])
     with tempfile.TemporaryDirectory() as tmp:
-        path = line_chart(Path(tmp) / "quality.svg", series, title="Held-out AUC by version", xlabel="version",
-                          ylabel="AUC")
+        path = stacked_chart(Path(tmp) / "quality.svg", [("held-out AUC", series)],
+                             title="Held-out AUC by version (same events for new and replaced)", xlabel="version",
+                             integer_x=True)
         return path.read_text()
 
 
@@ -136,7 +139,7 @@ def publish_versions(run: str) -> list[dict]:
     create_table_artifact(rows, key=artifact_key("versions", run),
                           description=f"Model versions of {run}: data, held-out metrics beside the model each "
                                       "replaced (same events), promotion, re-planning")
-    svg = quality_svg(run, rows)
+    svg = quality_svg(rows)
     if svg is not None:
         picture = base64.b64encode(svg.encode()).decode()
         create_markdown_artifact(

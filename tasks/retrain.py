@@ -22,7 +22,7 @@ from shardflow.planner.plan import row_bytes
 from shardflow.planner.topology import load_topology
 from shardflow.planner.report import table_tiers
 from shardflow.planning import compare_strategies, keep_or_replan, read_plan
-from shardflow.profiling import profile_dataset
+from shardflow.profiling import profile_dataset, profile_window
 from shardflow.training.engine import Engine, TrainConfig
 from shardflow.training.run import prepare, start_engine
 from shardflow.training.evaluate import evaluate_export
@@ -226,15 +226,21 @@ def prepare_dataset(config: RetrainConfig) -> dict:
 
 
 @task(name="profile", task_run_name="profile", cache_policy=NONE)
-def profile(dataset: str, out: str, client: Client, run_dir: str) -> dict:
-    """Per-row access counts; a complete profile of this very dataset is reused."""
+def profile(dataset: str, out: str, client: Client, run_dir: str, first: int = 0, history: int | None = None) -> dict:
+    """Per-row lookups by the training window's examples (parts `first` on, with their `history`-item
+    histories), or, without `history`, per-row accesses of the whole log; a complete profile of this very
+    dataset and window is reused."""
     log = get_run_logger()
     checksum = Dataset.open(dataset).info.checksum
-    if (Path(out) / MANIFEST).is_file() and Profile.open(out).manifest["dataset"]["checksum"] == checksum:
+    kept = Profile.open(out).manifest["dataset"] if (Path(out) / MANIFEST).is_file() else {}
+    window = kept.get("window", {})
+    if kept.get("checksum") == checksum and (window.get("first_part", 0), window.get("history")) == (first, history):
         log.info("reusing profile %s", out)
         stats = Profile.open(out).manifest["tables"]
+    elif history is None:
+        stats = profile_dataset(dataset, out, client=client, overwrite=bool(kept), first=first)["tables"]
     else:
-        stats = profile_dataset(dataset, out, client=client, overwrite=(Path(out) / MANIFEST).is_file())["tables"]
+        stats = profile_window(dataset, out, client=client, first=first, history=history, overwrite=bool(kept))["tables"]
     create_table_artifact(
         [
             {"table": name, "rows": s["rows"], "accesses": s["accesses"], "rows_read": s["distinct"],
@@ -243,7 +249,9 @@ def profile(dataset: str, out: str, client: Client, run_dir: str) -> dict:
             for name, s in stats.items()
         ],
         key=artifact_key("profile", run_dir),
-        description=f"Row access skew of {dataset} (shares: of all accesses, to the most-read 1% / 10% of the rows read)",
+        description=f"Row access skew of {dataset}" + ("" if history is None else
+                    f", as the training examples of parts {first + 1}.. read it (histories of up to {history} items)")
+        + " (shares: of all accesses, to the most-read 1% / 10% of the rows read)",
     )
     return stats
 
@@ -288,16 +296,17 @@ def shard(config: RetrainConfig, profile_path: str, out: str, previous_plan: str
 
 
 def _comparison_row(r: dict) -> dict:
-    """One strategy's figures; every row has every column (the UI takes its columns from the first row)."""
+    """One strategy's figures; every row has every column (the UI takes its columns from the first row), and
+    short ones: the whole table fits the UI's 1600 px (a strategy with no plan says so in `plan`)."""
     mb, ok = 1e6, "error" not in r
     return {
         "strategy": r["strategy"],
-        "bytes_per_step_MB": round(r["bytes_per_step"] / mb, 3) if ok else None,
-        "inter_node_MB_per_step": round(r["inter_node_bytes_per_step"] / mb, 3) if ok else None,
-        "comm_time_us_per_step": round(r["comm_time_s_per_step"] * 1e6, 2) if ok else None,
-        "lower_bound_us_per_step": round(r["lower_bound_comm_time_s_per_step"] * 1e6, 2) if ok else None,
-        "max_memory_MB_per_device": round(max(r["memory_bytes_per_device"]) / mb, 3) if ok else None,
-        "note": "" if ok else "no plan: see plan-refusals",
+        "plan": "made" if ok else "none: see plan-refusals",
+        "MB_per_step": round(r["bytes_per_step"] / mb, 3) if ok else None,
+        "inter_node_MB": round(r["inter_node_bytes_per_step"] / mb, 3) if ok else None,
+        "comm_us": round(r["comm_time_s_per_step"] * 1e6, 2) if ok else None,
+        "bound_us": round(r["lower_bound_comm_time_s_per_step"] * 1e6, 2) if ok else None,
+        "max_MB_per_device": round(max(r["memory_bytes_per_device"]) / mb, 3) if ok else None,
     }
 
 

@@ -233,11 +233,9 @@ class TrainData(EpochOrder):
         """The training targets (absolute event indices, ascending) in one block; `segments`, if the
         caller has read them already, are the block's _segments."""
         start = block * self.block_events
-        targets = target_positions(self.offsets, "train", start, start + self.block_events)
-        if any(self.window):
-            segments = self._segments(block) if segments is None else segments
-            targets = targets[window_key(segments, targets - start) >= self.window[0]]
-        return targets
+        if not any(self.window):
+            return target_positions(self.offsets, "train", start, start + self.block_events)
+        return window_targets(self.dataset, self.offsets, start, start + self.block_events, self.window[0], segments)
 
     # -- examples ----------------------------------------------------------------------------
     @property
@@ -322,6 +320,18 @@ def window_key(segment: np.ndarray, targets: np.ndarray) -> np.ndarray:
     trained on: it joins the window its successor arrived in.
     """
     return np.maximum(segment[targets], segment[targets + 1])
+
+
+def window_targets(ds: Dataset, offsets: np.ndarray, start: int, stop: int, first: int,
+                   segments: np.ndarray | None = None) -> np.ndarray:
+    """The training targets in events start:stop (user order) of a window from part `first`; `segments`,
+    if read already, are the parts of events start .. stop (one past the range, for window_key)."""
+    targets = target_positions(offsets, "train", start, stop)
+    if first == 0:
+        return targets
+    stop = min(stop, int(offsets[-1]))
+    segments = ds.event_segments(start, min(stop + 1, int(offsets[-1]))) if segments is None else segments
+    return targets[window_key(segments, targets - start) >= first]
 
 
 def window_start(dataset: str | Dataset, wanted: int, batch_size: int) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -107,7 +108,12 @@ def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect
 
     rows = artifact_rows_of_versions(root / "run")
     assert [r["version"] for r in rows] == [1, 2, 3] and len({tuple(r) for r in rows}) == 1
-    assert [r["parts"] for r in rows] == [1, 2, 3] and rows[0]["promoted"] is True
+    assert [r["parts"] for r in rows] == [1, 2, 3] and rows[0]["state"] in ("promoted", "current")
+    # Like for like: each version beside the model it replaced, on the same events, four decimals everywhere.
+    assert [r["plan"] for r in rows] == ["made", "kept" if not second["replanned"] else "re-made", "re-made"]
+    assert rows[1]["replaced_auc"] == f"{second['previous_auc']:.4f}" and rows[1]["auc"] == f"{second['auc']:.4f}"
+    assert all(re.fullmatch(r"0\.\d{4}", r[k]) for r in rows for k in ("auc", "hr_at_10")), rows
+    assert all(len(str(v)) <= 16 for r in rows for v in r.values()), rows  # the whole table fits the UI's width
 
 
 def artifact_rows_of_versions(run: Path) -> list[dict]:
@@ -189,3 +195,30 @@ def test_a_version_recorded_before_a_model_key_existed_is_taken_to_have_its_defa
     check_model_shape(cfg)
     with pytest.raises(InputError, match=r"bottom_mlp = \[64\], this run bottom_mlp = \[32\]"):
         check_model_shape(cfg.model_copy(update={"bottom_mlp": (32,)}))
+
+
+@pytest.fixture(scope="module")
+def five_days(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chain")
+    parts = split_into_days(REAL["sasrec"], root / "days", (0.6, 0.1, 0.1, 0.1, 0.1), late_users=0.1, seed=1)
+    (root / "two.yaml").write_text(TWO)
+    (root / "three.yaml").write_text(THREE)
+    return root, parts
+
+
+def test_measured_bytes_stay_within_two_percent_of_the_model_night_after_night(prefect_api, client, five_days):
+    """Each version's plan and cost model are fitted to its training window (the new part, histories included):
+    measured / modeled bytes per step stay within 2% on every night, for kept and re-made plans, 2 and 3 devices."""
+    root, daily = five_days
+    parts = root / "parts"
+    parts.mkdir()
+    seen = []
+    for day, topology in zip(daily, ("two.yaml", "two.yaml", "three.yaml", "three.yaml", "two.yaml")):
+        shutil.copy(day, parts)
+        s, _ = night(root, client, parts, "chain", topology, replan_margin=0.5)  # kept unless the topology changed
+        seen.append((s["version"], topology, s["replanned"], s["window"], s["bytes_per_step"] / s["modeled_bytes_per_step"]))
+    print("\n" + "\n".join(f"night {v} {t}: {'re-made' if r else 'kept'}, window {w}, measured/modeled {x:.4f}"
+                           for v, t, r, w, x in seen))
+    assert [r for _, _, r, _, _ in seen] == [True, False, True, False, True]  # kept and re-made plans both ran
+    assert all(w[0] > 0 for _, _, _, w, _ in seen[1:])  # every later night trained only its window
+    assert all(abs(x - 1) <= 0.02 for *_, x in seen), seen

@@ -65,10 +65,10 @@ def test_table_artifacts_have_the_same_columns_in_every_row(prefect_api, client,
     state = retrain(config(base, "tables", client, epochs=1), return_state=True)
     run = state.state_details.flow_run_id
     plans = artifact_rows(run, artifact_key("plan-comparison", base / "tables"))
-    assert len({tuple(r) for r in plans}) == 1 and list(plans[0])[-1] == "note"
+    assert len({tuple(r) for r in plans}) == 1 and list(plans[0])[:2] == ["strategy", "plan"]
     flexshard = next(r for r in plans if r["strategy"] == "flexshard")
-    assert flexshard["note"] == "" and flexshard["bytes_per_step_MB"] > 0
-    assert all((r["note"] == "") == (r["bytes_per_step_MB"] is not None) for r in plans)
+    assert flexshard["plan"] == "made" and flexshard["MB_per_step"] > 0
+    assert all((r["plan"] == "made") == (r["MB_per_step"] is not None) for r in plans)
     profiles = artifact_rows(run, artifact_key("profile", base / "tables"))
     assert all(len(str(r["top_1pct_rows_share_of_accesses"]).split(".")[-1]) <= 3 for r in profiles)
     summary = artifact_rows(run, artifact_key("retrain-summary", base / "tables"))  # markdown: the text itself

@@ -112,3 +112,64 @@ def test_profile_store_validation(client, synthetic, tmp_path):
     with pytest.raises(InputError, match="not a complete dataset store"):
         profile_dataset(tmp_path / "p", tmp_path / "p2", client=client)
     assert not (tmp_path / "p2").exists()
+
+
+@pytest.fixture(scope="module")
+def three_days(tmp_path_factory):
+    """The head of the bundled amazon-video log as three daily parts, imported as one three-part store."""
+    from support import split_into_days
+
+    root = tmp_path_factory.mktemp("window")
+    (root / "head.txt").write_text("".join(REAL["sasrec"].read_text().splitlines(keepends=True)[:30000]))
+    parts = root / "parts"
+    parts.mkdir()
+    for day in split_into_days(root / "head.txt", root / "days", (0.6, 0.2, 0.2), late_users=0.1, seed=0):
+        shutil.copy(day, parts)
+    import_dataset("sasrec", parts, root / "ds")
+    return root
+
+
+def window_oracle(ds: Dataset, first: int, history: int, features=()) -> tuple[dict, int]:
+    """Per table, every row's lookups by the window's examples, built one by one as training builds them."""
+    import numpy as np
+
+    from shardflow.training.batches import TrainData
+    from shardflow.training.clicks import model_config
+
+    data = TrainData(ds, features, (first, 0))
+    config = model_config(ds, dim=1, mlp=(1,), bottom=(1,), history=history, negatives=1, seed=0)
+    targets = np.concatenate([data.block_targets(b) for b in range(data.blocks)])
+    ex = data.examples(targets, config, 0)
+    item = ds.info.sequence_table
+    counts = {item: np.bincount(np.concatenate([ex.history[ex.history >= 0], ex.positive]),
+                                minlength=ds.info.table(item).rows)}
+    for f in features:
+        counts[f] = np.bincount(ex.features[f], minlength=ds.info.table(f).rows)
+    return counts, targets.size
+
+
+@pytest.mark.parametrize("first, history", [(0, 5), (1, 20), (2, 5), (2, 1)])
+def test_a_window_profile_counts_what_the_windows_examples_read(client, three_days, first, history):
+    from shardflow.profiling import profile_window
+
+    out = three_days / f"p-{first}-{history}"
+    m = profile_window(three_days / "ds", out, client=client, first=first, history=history)
+    ds = Dataset.open(three_days / "ds")
+    expected, examples = window_oracle(ds, first, history)
+    got = Profile.open(out).counts("item")
+    assert (got == expected["item"]).all()
+    assert m["dataset"]["window"] == {"first_part": first, "history": history, "examples": examples,
+                                      "item_lookups": int(expected["item"].sum())}
+    assert 0 < examples < ds.info.interactions and got.sum() > examples  # histories were counted: not vacuous
+
+
+def test_a_window_profile_counts_feature_tables_once_per_example(client, tmp_path):
+    from shardflow.profiling import profile_window
+
+    synth_dataset(tmp_path / "ds", [SynthTable("item", 300, 1.1), SynthTable("genre", 12, 0.7)], interactions=6000,
+                  seed=4, mean_length=10)
+    profile_window(tmp_path / "ds", tmp_path / "p", client=client, first=0, history=4)
+    expected, examples = window_oracle(Dataset.open(tmp_path / "ds"), 0, 4, features=("genre",))
+    profile = Profile.open(tmp_path / "p")
+    assert (profile.counts("genre") == expected["genre"]).all() and profile.counts("genre").sum() == examples
+    assert (profile.counts("item") == expected["item"]).all()
