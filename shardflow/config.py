@@ -15,6 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from shardflow.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_LOOKUPS = 4096  # history, negatives: rows one example reads, far past any published sequence model's
+MAX_WIDTH = 65536  # an MLP layer's width
+# A step's working set per trainer, in float32 values per looked-up row value: the rows pulled, their
+# gradients, the forward activations and their gradients (a generous bound, not an estimate to plan by).
+STEP_COPIES = 4
+DENSE_COPIES = 4  # weights, gradients and Adam's two moments
 
 
 class RetrainConfig(BaseModel):
@@ -32,15 +38,16 @@ class RetrainConfig(BaseModel):
     run_dir: str = Field("runs/retrain", description="profile, plan, checkpoints and the exported model go here")
     topology: str = Field(str(ROOT / "topologies" / "demo-4.yaml"), description="topology YAML file")
     strategy: Literal["table-wise", "row-wise-mod", "row-wise-block", "flexshard"] = "flexshard"
-    memory_slack: float = Field(0.1, ge=0, description="per-device budget over row-wise-mod's bytes")
+    memory_slack: float = Field(0.1, ge=0, le=100, allow_inf_nan=False,
+                                description="per-device budget over row-wise-mod's bytes (0.1: 10% more)")
     dim: int = Field(64, ge=1, le=4096)
     mlp: tuple[int, ...] = Field((64, 32), description="hidden layer widths (of the top MLP for click logs)")
     bottom_mlp: tuple[int, ...] = Field((64,), description="click logs: hidden widths of the MLP over numeric columns")
-    history: int = Field(20, ge=1)
-    negatives: int = Field(4, ge=1)
+    history: int = Field(20, ge=1, le=MAX_LOOKUPS, description="items of a user's history an example reads")
+    negatives: int = Field(4, ge=1, le=MAX_LOOKUPS, description="sampled negatives per example")
     dense_optimizer: Literal["adam", "adagrad"] = "adam"
-    row_lr: float = Field(0.05, gt=0)
-    dense_lr: float = Field(1e-3, gt=0)
+    row_lr: float = Field(0.05, gt=0, allow_inf_nan=False)
+    dense_lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
     epochs: int = Field(2, ge=1)
     steps_per_epoch: int | None = Field(
         None, ge=1, description="train only the first N steps of each epoch's order, a different sample of the log "
@@ -54,7 +61,7 @@ class RetrainConfig(BaseModel):
         "no core is idle to hide the work (docs/benchmarks.md)",
     )
     device: Literal["cpu", "cuda"] = "cpu"
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="batch order and negatives (a 64-bit signed integer)")
     max_restarts: int = Field(
         3, ge=0, description="times a run restores the cluster and the shards from the last checkpoint after losing a worker"
     )
@@ -84,8 +91,8 @@ class RetrainConfig(BaseModel):
     @field_validator("mlp", "bottom_mlp")
     @classmethod
     def _widths(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if any(w < 1 for w in v):
-            raise ValueError(f"widths {list(v)}; accepted: integers >= 1")
+        if any(w < 1 or w > MAX_WIDTH for w in v) or len(v) > 64:
+            raise ValueError(f"widths {list(v)}; accepted: at most 64 integers from 1 to {MAX_WIDTH:,}")
         return v
 
     @field_validator("hash_rows")
@@ -179,6 +186,38 @@ class RetrainConfig(BaseModel):
         except InputError as e:
             raise ValueError(f"{e} (a trainer per device of {self.topology})") from None
         return self
+
+    @model_validator(mode="after")
+    def _fits_memory(self) -> "RetrainConfig":
+        """A step's working set and the dense model must fit this machine's memory (a bound, checked before
+        anything is read or written: negatives = 10^9 once grew a run past 4.5 GB in 19 s)."""
+        import psutil
+
+        from shardflow.planner.topology import load_topology
+
+        devices = load_topology(self.topology).devices
+        need = self.step_bytes(devices) + self.dense_bytes()
+        have = psutil.virtual_memory().total
+        if need > have:
+            raise ValueError(
+                f"a training step needs about {need / 1e9:,.1f} GB (batch_size {self.batch_size} over {devices} "
+                f"devices × (history {self.history} + 1 + negatives {self.negatives}) rows × dim {self.dim}, and the "
+                f"dense layers {list(self.mlp)} / {list(self.bottom_mlp)}); this machine has {have / 1e9:,.1f} GB; "
+                "accepted: smaller batch_size, history, negatives, dim or layers"
+            )
+        return self
+
+    def step_bytes(self, devices: int) -> int:
+        """A bound on one trainer's working set in a step (bytes)."""
+        rows = -(-self.batch_size // devices) * (self.history + 1 + self.negatives)
+        return rows * self.dim * 4 * STEP_COPIES
+
+    def dense_bytes(self) -> int:
+        """The dense layers' weights, gradients and optimiser state (bytes), for either workload's model."""
+        params = 0
+        for widths in ((3 * self.dim, *self.mlp, 1), (self.dim, *self.bottom_mlp, self.dim)):
+            params += sum(a * b + b for a, b in zip(widths, widths[1:]))
+        return params * 4 * DENSE_COPIES
 
     @classmethod
     def build(cls, values: dict) -> "RetrainConfig":

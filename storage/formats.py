@@ -120,6 +120,16 @@ class _Refused(Exception):
     """A block holds a value arrow accepted but the format does not (a negative id, a label of 2)."""
 
 
+_DECIMAL = b"0123456789 \r\n"  # all a numeric-id format's block may hold (blank lines aside)
+
+
+def _decimal_only(data: bytes) -> None:
+    """Refuse a block with anything but ASCII digits, spaces and line ends: arrow's integer parser alone
+    would take '0x10' as 16."""
+    if data.translate(None, _DECIMAL):
+        raise _Refused
+
+
 def _ids(values: pa.Array) -> np.ndarray:
     out = values.to_numpy()
     if out.size and out.min() < 0:
@@ -153,6 +163,7 @@ class Sasrec(Format):
     delimiter = " "
 
     def _parse(self, data: bytes) -> Columns:
+        _decimal_only(data)
         t = _read(data, ["user", "item"], {"user": pa.int64(), "item": pa.int64()}, self.delimiter)
         users, items = _ids(t["user"].combine_chunks()), _ids(t["item"].combine_chunks())
         run_users, run_lengths = runs_of(users)
@@ -168,6 +179,7 @@ class S3rec(Format):
     name, tables, sequence_table = "s3rec", ("item",), "item"
 
     def _parse(self, data: bytes) -> Columns:
+        _decimal_only(data)
         buf = np.frombuffer(data, dtype=np.uint8)
         ends = np.flatnonzero(buf == 10)
         starts = np.concatenate([[0], ends[:-1] + 1])

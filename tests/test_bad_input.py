@@ -140,6 +140,14 @@ def case_import_non_digit_id(world, client, tmp_path):
     return *importing(world, tmp_path, "1 2\n1 +5\n1 \uff17\n"), r"bad.txt:2: item '\+5' is not accepted; accepted: an integer >= 0 \(ASCII digits, at most 18\)"
 
 
+def case_import_hex_id(world, client, tmp_path):
+    return *importing(world, tmp_path, "1 2\n1 0x10\n"), r"bad.txt:2: item '0x10' is not accepted; accepted: an integer >= 0 \(ASCII digits"
+
+
+def case_import_hex_id_s3rec(world, client, tmp_path):
+    return *importing(world, tmp_path, "1 2 3\n2 0X1F 4\n", "s3rec"), r"bad.txt:2: item '0X1F' is not accepted; accepted: an integer >= 0 \(ASCII digits"
+
+
 def case_import_id_too_long(world, client, tmp_path):
     return *importing(world, tmp_path, "1 2\n1 " + "3" * 5000 + "\n"), r"bad.txt:2: item '3{60}…' \(5,000 characters\) is not accepted"
 
@@ -238,6 +246,32 @@ def case_config_two_clusters(world, client, tmp_path):
 
 def case_config_negative_learning_rate(world, client, tmp_path):
     return [world / "ds"], config(world, row_lr=-0.1), r"row_lr = -0.1: Input should be greater than 0"
+
+
+def case_config_negatives_without_bound(world, client, tmp_path):
+    return [world / "ds"], config(world, negatives=10**9), r"negatives = 1000000000: Input should be less than or equal to 4096"
+
+
+def case_config_history_without_bound(world, client, tmp_path):
+    return [world / "ds"], config(world, history=10**9), r"history = 1000000000: Input should be less than or equal to 4096"
+
+
+def case_config_seed_past_64_bits(world, client, tmp_path):
+    return [world / "ds"], config(world, seed=2**63), r"seed = 9223372036854775808: Input should be less than or equal to 9223372036854775807"
+
+
+def case_config_mlp_too_wide(world, client, tmp_path):
+    return [world / "ds"], config(world, mlp=[10**9]), r"widths \[1000000000\]; accepted: at most 64 integers from 1 to 65,536"
+
+
+def case_config_infinite_rates_and_slack(world, client, tmp_path):
+    return [world / "ds"], config(world, row_lr=float("inf"), dense_lr=float("nan"), memory_slack=float("inf")), \
+        r"memory_slack = inf: Input should be a finite number.*row_lr = inf: Input should be a finite number.*dense_lr = nan"
+
+
+def case_config_step_past_the_machines_memory(world, client, tmp_path):
+    return [world / "ds"], config(world, batch_size=10**8, negatives=4096, history=4096, dim=4096), \
+        r"a training step needs about [\d,.]+ GB \(batch_size 100000000 over 2 devices .*this machine has [\d,.]+ GB"
 
 
 def refused_without_running(cfg, marker: Path):
