@@ -163,7 +163,8 @@ def _tidy(run_dir: str) -> None:
     Called at the start and again at the end: workers of a killed run finish the write
     they were in (a second or so) and may leave a few files after the first sweep.
     """
-    left = remove_leftovers(run_dir) + remove_leftovers(Path(run_dir) / "checkpoints")
+    left = remove_leftovers(run_dir) + remove_leftovers(Path(run_dir) / "checkpoints") + (
+        versions.sweep_temporary(run_dir) if (Path(run_dir) / versions.VERSIONS).is_dir() else [])
     if left:
         get_run_logger().warning("removed %d unfinished stores a cut-off run left behind: %s", len(left), ", ".join(left))
 

@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from shardflow.errors import STORAGE_ERRNOS, InputError, TrainingError, explained, interrupted
 
@@ -123,8 +124,6 @@ def _print_profile(s: dict) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict:
-    from pathlib import Path
-
     from shardflow.planner.costmodel import StepShape
     from shardflow.planner.topology import load_topology
     from shardflow.planning import make_plan
@@ -280,6 +279,26 @@ def _print_run(s: dict) -> None:
     print("  artifacts, logs and task runs: the Prefect UI (prefect server start), or 'prefect flow-run ls'")
 
 
+def _cmd_promote(args: argparse.Namespace) -> dict:
+    from storage import versions
+    from storage.checkpoint import verify_export
+    from storage.lock import run_lock
+
+    if not (Path(args.run_dir) / versions.VERSIONS).is_dir():
+        raise InputError(f"run_dir {args.run_dir} holds no model versions; accepted: a run_dir of 'shardflow run'")
+    with run_lock(args.run_dir):  # never under a running night
+        if args.version in versions.numbers(args.run_dir) and versions.result(args.run_dir, args.version):
+            verify_export(versions.version_dir(args.run_dir, args.version) / "model")
+        record = versions.promote_by_operator(args.run_dir, args.version, args.reason)
+    return {"run_dir": args.run_dir, **record}
+
+
+def _print_promote(s: dict) -> None:
+    was = "no version" if s["previous"] is None else f"version {s['previous']}"
+    print(f"run {s['run_dir']}: version {s['version']} is current (was {was}); recorded: by {s['by']} at {s['at']}"
+          f" ({s['reason']}). The next run warm-starts from version {s['version']}.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardflow", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -352,6 +371,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--estimate", action="store_true", help="estimation mode: every table on one parameter server")
     p.add_argument("--server-memory", type=int, help="estimation: the server's bytes (default: the topology's)")
     p.add_argument("--scheduler", help="address of an existing Dask scheduler (one worker per device)")
+
+    p = command("promote", "make a finished model version current (a rollback), recording who, when and why",
+                _cmd_promote, _print_promote)
+    p.add_argument("run_dir", help="a run directory of 'shardflow run'")
+    p.add_argument("--version", type=int, required=True, help="the finished version to make current")
+    p.add_argument("--reason", default="rollback", help="why (kept in RUN_DIR/promotions.json)")
 
     p = command("run", "the whole retraining run as a Prefect flow (embedded API)", _cmd_run, _print_run)
     p.add_argument("--config", help="YAML file of config keys (see shardflow/config.py)")

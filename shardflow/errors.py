@@ -76,8 +76,10 @@ class OneLine(logging.Filter):
         return True
 
 
-def one_line_errors(logger: str = "prefect") -> None:
-    """Put OneLine on the stream handlers of `logger` (Prefect's console: a terminal or a worker's log)."""
-    for handler in logging.getLogger(logger).handlers:
-        if isinstance(handler, logging.StreamHandler) and not any(isinstance(f, OneLine) for f in handler.filters):
-            handler.addFilter(OneLine())
+def one_line_errors() -> None:
+    """Put OneLine on the stream handlers of the root and `prefect` loggers: Prefect's console (a terminal, or
+    the log of the worker that started the flow run) hangs on the root logger."""
+    for logger in (logging.getLogger(), logging.getLogger("prefect")):
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and not any(isinstance(f, OneLine) for f in handler.filters):
+                handler.addFilter(OneLine())

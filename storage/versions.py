@@ -9,6 +9,7 @@
         result.json                     written last: its metrics, the gate's decision and the
                                         plan's; a version without it is unfinished
     RUN_DIR/current -> versions/NNNN    the promoted version (a symlink, switched atomically)
+    RUN_DIR/promotions.json             an operator's promotions (rollbacks): who, when, why
 
 A version is finished by its result.json; the promotion (the switch of `current`) comes
 after it, and is repeated by the next run if a kill fell in between. An unfinished
@@ -18,14 +19,22 @@ data or another configuration); the promoted version is never touched.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import re
 import shutil
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
+
+from shardflow.errors import InputError
 
 VERSIONS, CURRENT = "versions", "current"
 STARTED, RESULT = "version.json", "result.json"
+PROMOTIONS = "promotions.json"
+# What an atomic write leaves behind when it is cut off: write_record's and promote's temporary names.
+_TEMP = re.compile(r"^\.(.+\.json|current)\.[0-9a-f]{8}$")
 
 
 def version_dir(run_dir: str | Path, number: int) -> Path:
@@ -80,11 +89,21 @@ def finish(run_dir: str | Path, number: int, record: dict) -> None:
 
 
 def current(run_dir: str | Path) -> int | None:
-    """The promoted version, or None before the first promotion."""
+    """The promoted version, or None before the first promotion; an InputError if `current` is not a link
+    to a finished version (a dangling or hand-made link), naming the command that mends it."""
     link = Path(run_dir) / CURRENT
-    if not link.is_symlink():
+    if not link.is_symlink() and not link.exists():
         return None
-    return int(Path(os.readlink(link)).name)
+    target = os.readlink(link) if link.is_symlink() else "(not a link)"
+    name = Path(target).name
+    if link.is_symlink() and Path(target).parent.name == VERSIONS and name.isdigit() and len(name) == 4 \
+            and result(run_dir, int(name)) is not None:
+        return int(name)
+    finished = [n for n in numbers(run_dir) if result(run_dir, n) is not None]
+    raise InputError(
+        f"{link} points at {target!r}, not a finished model version; accepted: a link to one, made by "
+        f"'shardflow promote {run_dir} --version N' (finished versions: {', '.join(map(str, finished)) or 'none'})"
+    )
 
 
 def promote(run_dir: str | Path, number: int) -> None:
@@ -93,6 +112,57 @@ def promote(run_dir: str | Path, number: int) -> None:
     tmp = link.with_name(f".{CURRENT}.{uuid.uuid4().hex[:8]}")
     os.symlink(f"{VERSIONS}/{number:04d}", tmp)
     os.replace(tmp, link)
+
+
+def promotions(run_dir: str | Path) -> list[dict]:
+    """An operator's promotions of `run_dir`, oldest first."""
+    return _read(Path(run_dir) / PROMOTIONS) or []
+
+
+def promote_by_operator(run_dir: str | Path, number: int, reason: str) -> dict:
+    """Make finished version `number` current at an operator's word, and record who, when and why.
+
+    The record names the newest finished version: a run never re-promotes it or an older one
+    (see promotion_cut_off); a version begun before the rollback is made again from it.
+    """
+    if number not in numbers(run_dir) or result(run_dir, number) is None:
+        finished = [n for n in numbers(run_dir) if result(run_dir, n) is not None]
+        raise InputError(f"version {number} of {run_dir} is not a finished model version; accepted: one of "
+                         f"{', '.join(map(str, finished)) or 'none (no version finished yet)'}")
+    try:
+        before = current(run_dir)
+    except InputError:
+        before = None  # a damaged link is what this mends
+    newest = max(n for n in numbers(run_dir) if result(run_dir, n) is not None)
+    record = {"version": number, "previous": before, "newest_finished": newest, "by": getpass.getuser(),
+              "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "reason": reason}
+    write_record(Path(run_dir) / PROMOTIONS, promotions(run_dir) + [record])
+    promote(run_dir, number)
+    return record
+
+
+def promotion_cut_off(run_dir: str | Path, last: int | None) -> bool:
+    """Whether finished version `last` was accepted but `current` never switched to it (a kill between its
+    result and the switch), and no operator has promoted another version since it was made."""
+    finished = None if last is None else result(run_dir, last)
+    if finished is None or not finished["promoted"] or current(run_dir) == last:
+        return False
+    return not any(p["newest_finished"] >= last for p in promotions(run_dir))
+
+
+def sweep_temporary(run_dir: str | Path) -> list[str]:
+    """Delete what cut-off atomic writes left in `run_dir` and its versions (under the run's lock); their paths."""
+    run_dir = Path(run_dir)
+    places = [run_dir, *(version_dir(run_dir, n) for n in numbers(run_dir))]
+    places += [p / "plan" for p in places[1:]]
+    gone = []
+    for place in places:
+        if place.is_dir():
+            for p in place.iterdir():
+                if _TEMP.match(p.name) and (p.is_symlink() or p.is_file()):
+                    p.unlink()
+                    gone.append(str(p.relative_to(run_dir)))
+    return gone
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int) -> list[int]:

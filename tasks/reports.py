@@ -92,6 +92,7 @@ def version_rows(run: str) -> list[dict]:
     a table at 1600 px). `replaced_*`: the model that was current when the version was made, on the same
     held-out events."""
     rows, current = [], versions.current(run)
+    by_operator = {p["version"] for p in versions.promotions(run)}
     results = {n: versions.result(run, n) or {} for n in versions.numbers(run)}
     metric = "logloss" if any(r.get("logloss") is not None for r in results.values()) else "hr_at_10"
     for n, r in results.items():
@@ -107,8 +108,8 @@ def version_rows(run: str) -> list[dict]:
             "replaced_auc": _figure(r.get("previous_auc")),
             f"replaced_{metric}": _figure(r.get(f"previous_{metric}")),
             "held_out": r.get("eval_users"),
-            "state": "unfinished" if not r else "current" if n == current else "promoted" if r["promoted"]
-            else "rejected",
+            "state": "unfinished" if not r else ("current, manual" if n in by_operator else "current")
+            if n == current else "promoted" if r["promoted"] else "rejected",
             "plan": None if replanned is None else "kept" if not replanned else "made" if began["warm_start_from"] is None
             else "re-made",
         })

@@ -57,7 +57,7 @@ def nothing_new(config: RetrainConfig) -> dict | None:
         return None
     last = made[-1]
     finished = versions.result(run, last)
-    if finished is None or (finished["promoted"] and versions.current(run) != last):
+    if finished is None or versions.promotion_cut_off(run, last):
         return None
     source, dest = Path(config.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file():
@@ -98,7 +98,7 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
     made = versions.numbers(run)
     last = made[-1] if made else None
     finished = versions.result(run, last) if last else None
-    if finished is not None and finished["promoted"] and versions.current(run) != last:
+    if versions.promotion_cut_off(run, last):
         versions.promote(run, last)  # a run cut off between the version's result and its promotion
         log.warning("version %d was accepted but its promotion was cut off; promoted now", last)
     promoted = versions.current(run)
@@ -108,10 +108,11 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
     mark = fingerprint(config)
     if last is not None and finished is None:
         began = versions.started(run, last)
-        if (began["segments"], began["config"]) == (segments, mark):
+        if (began["segments"], began["config"], began["warm_start_from"]) == (segments, mark, promoted):
             log.info("resuming version %d, cut off part-way", last)
             return {"train": True, "resumed": True, **began, "path": str(versions.version_dir(run, last))}
-        why = "new data arrived" if began["segments"] != segments else "the configuration changed"
+        why = "new data arrived" if began["segments"] != segments else "the configuration changed" \
+            if began["config"] != mark else f"version {promoted} was made current since it began"
         log.warning("version %d was cut off part-way and %s: making it again", last, why)
         number = last
     else:

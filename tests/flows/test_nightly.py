@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from prefect.client.orchestration import get_client
 
 from flows.retrain import retrain
-from runs import run_until_killed, task_runs
+from runs import BIN, run_until_killed, task_runs
 from shardflow.config import RetrainConfig
 from shardflow.training.evaluate import evaluate_export
 from storage import versions
@@ -217,8 +218,25 @@ def test_measured_bytes_stay_within_two_percent_of_the_model_night_after_night(p
         shutil.copy(day, parts)
         s, _ = night(root, client, parts, "chain", topology, replan_margin=0.5)  # kept unless the topology changed
         seen.append((s["version"], topology, s["replanned"], s["window"], s["bytes_per_step"] / s["modeled_bytes_per_step"]))
+        if s["version"] == 4:  # an operator rolls back to version 2 as the README says; night 5 builds on it
+            back = subprocess.run([str(BIN / "shardflow"), "promote", str(root / "chain"), "--version", "2",
+                                   "--reason", "test rollback"], capture_output=True, text=True, timeout=120)
+            assert back.returncode == 0 and "version 2 is current" in back.stdout, back.stderr[-3000:]
+        if s["version"] == 5:
+            assert s["warm_start_from"] == 2 and versions.current(root / "chain") in (2, 5)
     print("\n" + "\n".join(f"night {v} {t}: {'re-made' if r else 'kept'}, window {w}, measured/modeled {x:.4f}"
                            for v, t, r, w, x in seen))
-    assert [r for _, _, r, _, _ in seen] == [True, False, True, False, True]  # kept and re-made plans both ran
+    # Kept and re-made plans both ran; night 5 builds on version 2 (2 devices, as night 5): its plan is kept.
+    assert [r for _, _, r, _, _ in seen] == [True, False, True, False, False]
     assert all(w[0] > 0 for _, _, _, w, _ in seen[1:])  # every later night trained only its window
     assert all(abs(x - 1) <= 0.02 for *_, x in seen), seen
+
+    # A dangling `current` is one line naming the mend, before anything starts.
+    (root / "chain" / "current").unlink()
+    (root / "chain" / "current").symlink_to("versions/0009")
+    refused = subprocess.run([str(BIN / "shardflow"), "run", "--set", f"dataset={parts}", "--set",
+                              f"run_dir={root / 'chain'}", "--set", f"topology={root / 'two.yaml'}"],
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "points at 'versions/0009', not a finished model version" in refused.stderr
+    assert f"'shardflow promote {root / 'chain'} --version N' (finished versions: 1, 2, 3, 4, 5)" in refused.stderr

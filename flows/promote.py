@@ -1,0 +1,29 @@
+"""An operator's rollback as a deployment: make a finished model version of a run_dir current.
+
+The same as `shardflow promote RUN_DIR --version N --reason TEXT`: it holds the run_dir's
+lock (never under a running night), checks the version's export, switches `current`
+atomically and records who, when and why in RUN_DIR/promotions.json. The next night
+warm-starts from it and never re-promotes a version made before it.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+
+from shardflow.errors import one_line_errors
+from storage import versions
+from storage.checkpoint import verify_export
+from storage.lock import run_lock
+from tasks.reports import publish_versions
+
+
+@flow(name="promote", flow_run_name="promote-v{version}")
+def promote_version(run_dir: str, version: int, reason: str = "rollback") -> dict:
+    one_line_errors()
+    with run_lock(run_dir):
+        if version in versions.numbers(run_dir) and versions.result(run_dir, version):
+            verify_export(versions.version_dir(run_dir, version) / "model")
+        record = versions.promote_by_operator(run_dir, version, reason)
+    get_run_logger().info("version %d of %s is current (was %s): %s", version, run_dir, record["previous"], reason)
+    publish_versions(run_dir)
+    return record
