@@ -22,7 +22,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	touch $@
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # The main job: the whole retraining flow (flows/retrain.py) on the bundled amazon-video
 # dataset over the demo topology (2 nodes × 2 devices), with Prefect's embedded API and a

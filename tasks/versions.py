@@ -22,6 +22,7 @@ from storage import versions
 from storage.checkpoint import verify_export
 from storage.dataset import Dataset, segment_checksum
 from storage.importers import check_continuation
+from storage.lock import run_lock
 from storage.manifest import MANIFEST
 from storage.sources import resolve_parts
 from tasks.retrain import artifact_key, import_options, imported_source, run_paths, same_source
@@ -52,10 +53,14 @@ def nothing_new(config: RetrainConfig) -> dict | None:
     part, a version to resume, a promotion to repeat) goes through the whole flow.
     """
     run = config.run_dir
-    made = versions.numbers(run)
-    if not made:
+    if not versions.numbers(run):
         return None
-    last = made[-1]
+    with run_lock(run):  # a run_dir another run holds is refused, as ever, naming the holder
+        return _nothing_new(config, run)
+
+
+def _nothing_new(config: RetrainConfig, run: str) -> dict | None:
+    last = versions.numbers(run)[-1]
     finished = versions.result(run, last)
     if finished is None or versions.promotion_cut_off(run, last):
         return None
