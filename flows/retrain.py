@@ -30,7 +30,7 @@ from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOut
 from shardflow.planner.topology import load_topology
 from shardflow.training.evaluate import metric_values
 from storage.checkpoint import complete_checkpoints
-from storage.lock import run_lock
+from storage.lock import owned, run_lock
 from storage.staging import remove_leftovers
 from storage import versions
 from tasks.retrain import (
@@ -94,54 +94,60 @@ def _make_version(config: RetrainConfig, run: str) -> dict:
         _tidy(run)
         imported = prepare_dataset(config)
         dataset = imported["path"]
-        version = open_version(config, dataset)
-        if not version["train"]:
-            return untrained(run, version["number"], imported["parts_added"])
-        name_run(run, f"v{version['version']}")
-        paths = version_paths(version["path"])
-        _tidy(paths["version"])
-        # The plan and its cost model are fitted to what this version's window reads, histories included.
-        profile(dataset, paths["profile"], client, run, version["window"][0], config.history)
-        source = version["warm_start_from"]
-        previous_plan = None if source is None else str(versions.version_dir(run, source) / "plan")
-        strategies, decision = shard(config, paths["profile"], paths["plan"], previous_plan)
-        trained_plan = read_summary(paths["plan"])  # the plan that trains: fresh, or the previous one kept
-        trained = _train(config, dataset, paths, run, client, devices, trained_plan["bytes_per_step"], version)
-        metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed, version["window"][1])
-        figures = plots(paths["version"], paths["profile"], paths["plan"], strategies)
-        _tidy(paths["version"])
-        row_wise = next(r for r in strategies if r["strategy"] == "row-wise-mod")
-        return gate(config, dataset, version["version"], {
-            "run_dir": run,
-            "version": version["version"],
-            "trained": True,
-            "warm_start_from": source,
-            "parts_added": imported["parts_added"],
-            "parts": len(version["segments"]),
-            "window": version["window"],
-            "epochs": config.epochs,
-            **metric_values(metrics),
-            "eval_users": metrics["users"],
-            "bytes_per_step": trained["bytes_per_step"],
-            "modeled_bytes_per_step": trained_plan["bytes_per_step"],
-            "row_wise_bytes_per_step": row_wise["bytes_per_step"],
-            "comm_time_us_per_step": trained_plan["comm_time_s_per_step"] * 1e6,
-            "row_wise_comm_time_us_per_step": row_wise["comm_time_s_per_step"] * 1e6,
-            "replanned": decision["replanned"],
-            "replan_reason": decision["reason"],
-            "fresh_plan_comm_time_us_per_step": decision["fresh_comm_time_s"] * 1e6,
-            "previous_plan_comm_time_us_per_step": None if decision["previous_comm_time_s"] is None
-            else decision["previous_comm_time_s"] * 1e6,
-            "checkpoints": [str(p) for _, p in complete_checkpoints(paths["version"])],
-            "model": paths["model"],
-            "downloads": trained["downloads"],
-            "epoch_loss": [trained["losses"][e] for e in sorted(trained["losses"])],
-            "resumed_from": trained["resumed"]["checkpoint"],
-            "skipped_checkpoints": trained["resumed"]["skipped"],
-            "restarts": trained["restarts"],
-            "warnings": trained["warnings"],
-            "plots": figures,
-        })
+        with owned(dataset, run):  # the run owns its data: no append until it ends
+            return _version(config, run, client, devices, dataset, imported)
+
+
+def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str, imported: dict) -> dict:
+    """The model version of this run's data, from open-version to the promotion gate."""
+    version = open_version(config, dataset)
+    if not version["train"]:
+        return untrained(run, version["number"], imported["parts_added"])
+    name_run(run, f"v{version['version']}")
+    paths = version_paths(version["path"])
+    _tidy(paths["version"])
+    # The plan and its cost model are fitted to what this version's window reads, histories included.
+    profile(dataset, paths["profile"], client, run, version["window"][0], config.history)
+    source = version["warm_start_from"]
+    previous_plan = None if source is None else str(versions.version_dir(run, source) / "plan")
+    strategies, decision = shard(config, paths["profile"], paths["plan"], previous_plan)
+    trained_plan = read_summary(paths["plan"])  # the plan that trains: fresh, or the previous one kept
+    trained = _train(config, dataset, paths, run, client, devices, trained_plan["bytes_per_step"], version)
+    metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed, version["window"][1])
+    figures = plots(paths["version"], paths["profile"], paths["plan"], strategies)
+    _tidy(paths["version"])
+    row_wise = next(r for r in strategies if r["strategy"] == "row-wise-mod")
+    return gate(config, dataset, version["version"], {
+        "run_dir": run,
+        "version": version["version"],
+        "trained": True,
+        "warm_start_from": source,
+        "parts_added": imported["parts_added"],
+        "parts": len(version["segments"]),
+        "window": version["window"],
+        "epochs": config.epochs,
+        **metric_values(metrics),
+        "eval_users": metrics["users"],
+        "bytes_per_step": trained["bytes_per_step"],
+        "modeled_bytes_per_step": trained_plan["bytes_per_step"],
+        "row_wise_bytes_per_step": row_wise["bytes_per_step"],
+        "comm_time_us_per_step": trained_plan["comm_time_s_per_step"] * 1e6,
+        "row_wise_comm_time_us_per_step": row_wise["comm_time_s_per_step"] * 1e6,
+        "replanned": decision["replanned"],
+        "replan_reason": decision["reason"],
+        "fresh_plan_comm_time_us_per_step": decision["fresh_comm_time_s"] * 1e6,
+        "previous_plan_comm_time_us_per_step": None if decision["previous_comm_time_s"] is None
+        else decision["previous_comm_time_s"] * 1e6,
+        "checkpoints": [str(p) for _, p in complete_checkpoints(paths["version"])],
+        "model": paths["model"],
+        "downloads": trained["downloads"],
+        "epoch_loss": [trained["losses"][e] for e in sorted(trained["losses"])],
+        "resumed_from": trained["resumed"]["checkpoint"],
+        "skipped_checkpoints": trained["resumed"]["skipped"],
+        "restarts": trained["restarts"],
+        "warnings": trained["warnings"],
+        "plots": figures,
+    })
 
 
 def _tag(config: RetrainConfig) -> None:

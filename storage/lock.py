@@ -11,6 +11,7 @@ it is emptied on release, so a finished run or write leaves it as it found it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import socket
@@ -24,8 +25,9 @@ LOCK = "run.lock"
 
 
 @contextlib.contextmanager
-def _hold(path: Path, refusal) -> Iterator[Path]:
-    """Hold an exclusive flock on `path` (created if need be), naming the holder in it while held."""
+def _hold(path: Path, refusal, label: str = "") -> Iterator[Path]:
+    """Hold an exclusive flock on `path` (created if need be), naming the holder (`label` first) in it while
+    held."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -35,7 +37,8 @@ def _hold(path: Path, refusal) -> Iterator[Path]:
         raise InputError(refusal(holder)) from None
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode(), 0)
+        os.pwrite(fd, f"{label}host {socket.gethostname()}, pid {os.getpid()}, since "
+                      f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode(), 0)
         yield path
     finally:
         os.ftruncate(fd, 0)
@@ -63,8 +66,9 @@ def writer_lock_path(dest: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def writer_lock(dest: str | Path) -> Iterator[Path]:
-    """Hold the lock of the store at `dest` (imports, profiles, plans) while writing it.
+def writer_lock(dest: str | Path, label: str = "") -> Iterator[Path]:
+    """Hold the lock of the store at `dest` (imports, profiles, plans) while writing it, or while a run trains
+    on it (`label`: "run RUN_DIR: "): nothing is appended to a dataset a run reads.
 
     The lock is `.NAME.lock` beside the store, the same kind runs take: a second writer of
     the same store is refused naming the first, and never reports success for a store it
@@ -75,7 +79,25 @@ def writer_lock(dest: str | Path) -> Iterator[Path]:
         raise InputError(f"{dest}: its parent {dest.parent} is not a directory")
     dest.parent.mkdir(parents=True, exist_ok=True)
     with _hold(writer_lock_path(dest), lambda holder: (
-        f"{dest} is being written by another writer ({holder}); accepted: one writer of a store at a time "
-        "(wait for it to end). The lock goes when its process exits, also if it crashes."
-    )) as path:
+        f"{dest} is held by another process ({holder}); accepted: one writer of a store at a time, and no "
+        "append while a run trains on it (wait for it to end). The lock goes when its process exits, also if "
+        "it crashes."
+    ), label) as path:
         yield path
+
+
+@contextlib.contextmanager
+def owned(dataset: str | Path, run_dir: str | Path) -> Iterator[None]:
+    """Hold a dataset store's lock while a run of `run_dir` trains on it: an append is refused naming the run.
+
+    A store whose directory cannot be written needs no lock: nothing can be appended to it.
+    """
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(writer_lock(dataset, f"run {run_dir}: "))
+        except PermissionError:
+            pass
+        except OSError as e:
+            if e.errno != errno.EROFS:
+                raise
+        yield

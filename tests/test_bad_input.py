@@ -193,7 +193,7 @@ def case_profile_destination_being_written(world, client, tmp_path):
     held.__enter__()  # another writer of that profile, still at work
     # `held` referenced from the call: collected, its generator would release the lock.
     return [out], lambda: (held, profile_dataset(world / "ds", out, client=client, overwrite=True)), (
-        r"profile is being written by another writer \(host .*, pid \d+, since .*\); accepted: one writer of a store")
+        r"profile is held by another process \(host .*, pid \d+, since .*\); accepted: one writer of a store")
 
 
 def case_dataset_non_monotone_offsets(world, client, tmp_path):

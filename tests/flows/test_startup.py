@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
 
 from runs import BIN, SMALL, TOPOLOGY
 from shardflow.synthetic import SynthTable, synth_dataset
+from storage import versions
 
 HOG = "while True: pass"
 RUN_S = 900  # a whole small run beside a busy loop on every core, on 2 cores (about 3x a quiet run's time)
@@ -71,3 +74,32 @@ def test_an_api_that_cannot_start_in_time_ends_the_run_in_one_line_naming_the_se
     ours = [line for line in done.stderr.splitlines() if line.startswith("shardflow run:")]
     assert len(ours) == 1 and "did not answer within 1 s (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)" in ours[0]
     assert not (tmp_path / "run").exists()  # nothing was written
+
+
+def test_a_run_owns_its_data_an_append_meanwhile_is_refused_naming_the_run(tmp_path):
+    from support import REAL, split_into_days
+
+    (tmp_path / "head.txt").write_text("".join(REAL["sasrec"].read_text().splitlines(keepends=True)[:30000]))
+    days = split_into_days(tmp_path / "head.txt", tmp_path / "days", (0.8, 0.2), late_users=0.1, seed=0)
+    parts, run = tmp_path / "parts", tmp_path / "run"
+    parts.mkdir()
+    shutil.copy(days[0], parts)
+    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in SMALL.items()}, "epochs": 3,
+        "dataset": str(parts), "run_dir": str(run), "topology": str(tmp_path / "topo.yaml")}))
+    proc = subprocess.Popen([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml"), "--json"],
+                            env=embedded(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = run / "versions" / "0001" / "checkpoints" / "epoch-000001" / "manifest.json"
+    deadline = time.monotonic() + RUN_S
+    while not first.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:] if proc.poll() else "slow"
+        time.sleep(0.05)
+    shutil.copy(days[1], parts)  # the next day's part lands while version 1 trains
+    append = subprocess.run([str(BIN / "shardflow"), "import", "--format", "sasrec", str(parts), str(run / "dataset"),
+                             "--append"], capture_output=True, text=True, timeout=300)
+    out, err = proc.communicate(timeout=RUN_S)
+    assert proc.returncode == 0, err[-3000:]
+    assert append.returncode == 2 and "Traceback" not in append.stderr, append.stderr[-3000:]
+    assert f"dataset is held by another process (run {run}: host " in append.stderr
+    assert json.loads(out)["parts"] == 1 and len(versions.started(run, 1)["parts"]) == 1  # measured on its own data

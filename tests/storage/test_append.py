@@ -136,10 +136,10 @@ def test_two_writers_exclude_each_other(tmp_path, days):
     source_with(tmp_path, days)
     before = snapshot(tmp_path / "ds")
     with writer_lock(tmp_path / "ds"):  # another writer, as far as flock is concerned (its own open file)
-        with pytest.raises(InputError, match=r"ds is being written by another writer \(host .*, pid \d+, since .*\); "
+        with pytest.raises(InputError, match=r"ds is held by another process \(host .*, pid \d+, since .*\); "
                                              "accepted: one writer of a store at a time"):
             import_dataset("sasrec", src, tmp_path / "ds", append=True)
-        with pytest.raises(InputError, match="is being written by another writer"):
+        with pytest.raises(InputError, match="is held by another process"):
             import_dataset("sasrec", src, tmp_path / "ds", overwrite=True)
     assert snapshot(tmp_path / "ds") == before
     assert (tmp_path / ".ds.lock").read_text() == ""  # released, and emptied
