@@ -92,7 +92,7 @@ class RetrainConfig(BaseModel):
     @classmethod
     def _widths(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if any(w < 1 or w > MAX_WIDTH for w in v) or len(v) > 64:
-            raise ValueError(f"widths {list(v)}; accepted: at most 64 integers from 1 to {MAX_WIDTH:,}")
+            raise ValueError(f"widths {list(v)}; accepted: integers >= 1 and <= {MAX_WIDTH:,}, at most 64 of them")
         return v
 
     @field_validator("hash_rows")

@@ -261,7 +261,7 @@ def case_config_seed_past_64_bits(world, client, tmp_path):
 
 
 def case_config_mlp_too_wide(world, client, tmp_path):
-    return [world / "ds"], config(world, mlp=[10**9]), r"widths \[1000000000\]; accepted: at most 64 integers from 1 to 65,536"
+    return [world / "ds"], config(world, mlp=[10**9]), r"widths \[1000000000\]; accepted: integers >= 1 and <= 65,536, at most 64 of them"
 
 
 def case_config_infinite_rates_and_slack(world, client, tmp_path):
