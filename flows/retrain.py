@@ -145,7 +145,10 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         "resumed_from": trained["resumed"]["checkpoint"],
         "skipped_checkpoints": trained["resumed"]["skipped"],
         "restarts": trained["restarts"],
-        "warnings": trained["warnings"],
+        "warnings": trained["warnings"] + ([
+            f"skipped {len(imported['not_parts'])} entries of {config.dataset} that are not parts: "
+            + ", ".join(imported["not_parts"][:5]) + (", …" if len(imported["not_parts"]) > 5 else "")]
+            if imported["not_parts"] else []),
         "plots": figures,
     })
 

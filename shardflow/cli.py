@@ -51,11 +51,14 @@ def _cmd_import(args: argparse.Namespace) -> dict:
         logging.getLogger("distributed").setLevel(logging.WARNING)
         with dask_client(args.scheduler, args.workers) as client:
             m = import_dataset(args.format, args.src, args.dest, client=client, **options)
+    from storage.sources import not_parts
+
     return {
         **_dataset_summary(args.dest, m),
         "version": m["version"],
         "parts_added": m["parts_added"],
         "parts_skipped": m["parts_skipped"],
+        "not_parts": not_parts(args.src),
         "seconds": time.perf_counter() - started,
     }
 
@@ -92,6 +95,8 @@ def _print_dataset(s: dict) -> None:
     if "version" in s:
         print(f"  version {s['version']}: {len(s['parts_added'])} parts added, {len(s['parts_skipped'])} already held"
               f" ({s['seconds']:.1f} s)")
+        if s["not_parts"]:
+            print(f"  skipped {len(s['not_parts'])} entries that are not parts: {', '.join(s['not_parts'][:5])}")
     for name, rows in s["tables"].items():
         role = "item sequence" if name == s["sequence_table"] else "feature"
         print(f"  table {name:<12} {rows:>14,} rows  ({role})")

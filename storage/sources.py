@@ -56,6 +56,24 @@ def resolve_parts(src: str | Path) -> list[Part]:
     raise InputError(f"{src}: no such file or directory; accepted: a file, a .gz file or a directory of parts")
 
 
+def not_parts(src: str | Path) -> list[str]:
+    """What a directory of parts holds besides its parts, each with why it is not one ([] for a file)."""
+    src = Path(src)
+    if not src.is_dir():
+        return []
+    out = []
+    for p in sorted(src.iterdir()):
+        if p.name.startswith("."):
+            out.append(f"{p.name} (hidden)")
+        elif p.is_symlink() and not p.exists():
+            out.append(f"{p.name} (a broken or looping link)")
+        elif p.is_dir():
+            out.append(f"{p.name} (a directory)")
+        elif not p.is_file():
+            out.append(f"{p.name} (not a regular file)")
+    return out
+
+
 def _part(name: str, path: Path) -> Part:
     st = path.stat()
     return Part(name=name, path=path, bytes=st.st_size, mtime_ns=st.st_mtime_ns)

@@ -30,7 +30,7 @@ from storage.checkpoint import CHECKPOINT, checkpoint_dir, complete_checkpoints
 from storage.checkpoint import read as read_store
 from storage.dataset import Dataset
 from storage.importers import check_continuation, import_dataset
-from storage.sources import resolve_parts
+from storage.sources import not_parts, resolve_parts
 from storage.staging import check_destination
 from storage.manifest import MANIFEST
 from storage.profile import Profile
@@ -212,17 +212,21 @@ def prepare_dataset(config: RetrainConfig) -> dict:
     """
     source, dest = Path(config.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file():
-        return {"path": str(source), "parts_added": []}
+        return {"path": str(source), "parts_added": [], "not_parts": []}
+    skipped = not_parts(source)
+    if skipped:
+        get_run_logger().warning("%s: skipped %d entries that are not parts: %s", source, len(skipped),
+                                 ", ".join(skipped[:5]) + (", …" if len(skipped) > 5 else ""))
     known = imported_source(config)
     if known is not None and same_source(known, config):
         added = import_dataset(config.dataset_format, source, dest, append=True,
                                **_import_kwargs(config))["parts_added"]
         get_run_logger().info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing",
                               dest, source)
-        return {"path": str(dest), "parts_added": [Path(p).name for p in added]}
+        return {"path": str(dest), "parts_added": [Path(p).name for p in added], "not_parts": skipped}
     done = import_dataset(config.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file(),
                           **_import_kwargs(config))
-    return {"path": str(dest), "parts_added": [Path(p).name for p in done["parts_added"]]}
+    return {"path": str(dest), "parts_added": [Path(p).name for p in done["parts_added"]], "not_parts": skipped}
 
 
 @task(name="profile", task_run_name="profile", cache_policy=NONE)

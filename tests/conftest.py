@@ -21,5 +21,9 @@ def prefect_api():
 
     from prefect.settings import PREFECT_API_URL
 
-    with prefect_test_harness():
+    # Prefect's harness gives its server 30 s; under load (every core busy) it needs more, as the embedded
+    # API does (flows/api.py): the same bound.
+    from flows.api import STARTUP_TIMEOUT_S
+
+    with prefect_test_harness(server_startup_timeout=STARTUP_TIMEOUT_S):
         yield PREFECT_API_URL.value()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from flows.api import STARTUP_TIMEOUT_S
+
 BIN = Path(sys.executable).parent
 
 
@@ -30,7 +32,7 @@ class PrefectServer:
         env = {k: v for k, v in self.env.items() if k != "PREFECT_API_URL"}
         self.proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
                                       str(self.port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S  # as the embedded API gets: a busy machine needs minutes
         while True:
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:

@@ -84,6 +84,8 @@ def test_a_run_owns_its_data_an_append_meanwhile_is_refused_naming_the_run(tmp_p
     parts, run = tmp_path / "parts", tmp_path / "run"
     parts.mkdir()
     shutil.copy(days[0], parts)
+    (parts / ".day-2.txt.part").write_text("")  # a writer's hidden temporary file, and a folder: not parts
+    (parts / "archive").mkdir()
     (tmp_path / "topo.yaml").write_text(TOPOLOGY)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({
         **{k: list(v) if isinstance(v, tuple) else v for k, v in SMALL.items()}, "epochs": 3,
@@ -102,4 +104,7 @@ def test_a_run_owns_its_data_an_append_meanwhile_is_refused_naming_the_run(tmp_p
     assert proc.returncode == 0, err[-3000:]
     assert append.returncode == 2 and "Traceback" not in append.stderr, append.stderr[-3000:]
     assert f"dataset is held by another process (run {run}: host " in append.stderr
-    assert json.loads(out)["parts"] == 1 and len(versions.started(run, 1)["parts"]) == 1  # measured on its own data
+    summary = json.loads(out)
+    assert summary["parts"] == 1 and len(versions.started(run, 1)["parts"]) == 1  # measured on its own data
+    assert f"skipped 2 entries of {parts} that are not parts: .day-2.txt.part (hidden), archive (a directory)" \
+        in summary["warnings"]

@@ -219,3 +219,22 @@ def test_a_fresh_import_never_replaces_a_store_another_writer_published_meanwhil
             import_dataset("sasrec", REAL["sasrec"], dest)  # the other writer, finishing first
     assert Dataset.open(dest).info.users == 31013
     assert siblings(dest) == []
+
+
+def test_what_a_parts_directory_holds_besides_parts_is_named_not_read(tmp_path):
+    import os
+
+    from storage.sources import not_parts, resolve_parts
+
+    src = tmp_path / "logs"
+    src.mkdir()
+    (src / "day-1.txt").write_text("1 2\n1 3\n")
+    (src / ".day-2.txt.swp").write_text("")
+    (src / "old").mkdir()
+    os.mkfifo(src / "pipe")
+    (src / "gone").symlink_to(src / "nowhere")
+    (src / "loop").symlink_to(src / "loop")
+    assert [p.name for p in resolve_parts(src)] == ["day-1.txt"]
+    assert not_parts(src) == [".day-2.txt.swp (hidden)", "gone (a broken or looping link)",
+                              "loop (a broken or looping link)", "old (a directory)", "pipe (not a regular file)"]
+    assert not_parts(src / "day-1.txt") == []
