@@ -192,6 +192,7 @@ def test_a_version_recorded_before_a_model_key_existed_is_taken_to_have_its_defa
     cfg = RetrainConfig(run_dir=str(tmp_path))
     record = {k: v for k, v in cfg.model_dump(mode="json").items() if k != "bottom_mlp"}
     versions.start(tmp_path, 1, {"config": record})
+    versions.finish(tmp_path, 1, {"promoted": True})
     versions.promote(tmp_path, 1)
     check_model_shape(cfg)
     with pytest.raises(InputError, match=r"bottom_mlp = \[64\], this run bottom_mlp = \[32\]"):

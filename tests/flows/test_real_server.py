@@ -8,12 +8,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import yaml
 
 from shardflow.synthetic import SynthTable, synth_dataset
+from tasks.reports import run_label
 from tasks.retrain import artifact_key
 
 BIN = Path(sys.executable).parent
@@ -97,7 +98,7 @@ def test_a_run_on_a_real_server_leaves_its_artifacts_there(server, tmp_path):
     back = subprocess.run([sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120)
     assert back.returncode == 0, back.stderr[-3000:]
     seen = json.loads(back.stdout)
-    assert [f"run-{datetime.now(timezone.utc):%Y-%m-%d}-flexshard", "COMPLETED"] in seen["runs"]
+    assert [f"{run_label(tmp_path / 'run')}·v1", "COMPLETED"] in seen["runs"]
     kinds = ("profile", "plan-comparison", "training-progress", "retrain-summary", "epoch-metrics", "versions")
     assert {artifact_key(k, tmp_path / "run") for k in kinds} <= set(seen["artifacts"])
     for kind in ("profile", "plan-comparison", "epoch-metrics", "versions"):  # the UI takes a table's columns from its first row
@@ -156,7 +157,7 @@ def test_a_run_outlives_an_outage_of_the_prefect_api(server, tmp_path):
     assert first.stat().st_mtime_ns == written  # nothing redone: epoch 1 was not trained or written again
     back = subprocess.run([sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120)
     assert back.returncode == 0, back.stderr[-3000:]
-    assert [f"run-{datetime.now(timezone.utc):%Y-%m-%d}-flexshard", "COMPLETED"] in json.loads(back.stdout)["runs"]
+    assert [f"{run_label(tmp_path / 'run')}·v1", "COMPLETED"] in json.loads(back.stdout)["runs"]
 
 
 BLOCK = """
