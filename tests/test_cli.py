@@ -96,7 +96,7 @@ def test_a_successful_run_keeps_the_terminal_quiet_unless_asked(tmp_path):
 
 
 def test_an_error_raised_while_a_ctrl_c_is_handled_counts_as_the_interrupt():
-    from shardflow.cli import _interrupted
+    from shardflow.errors import interrupted
 
     def prefect_fails_while_interrupted():  # as Prefect's task engine does when Ctrl-C lands as a task begins
         try:
@@ -107,8 +107,8 @@ def test_an_error_raised_while_a_ctrl_c_is_handled_counts_as_the_interrupt():
     try:
         prefect_fails_while_interrupted()
     except ValueError as e:
-        assert _interrupted(e)
-    assert not _interrupted(ValueError("Task run is not set")) and _interrupted(KeyboardInterrupt())
+        assert interrupted(e)
+    assert not interrupted(ValueError("Task run is not set")) and interrupted(KeyboardInterrupt())
     wrapped = RuntimeError("wrapped")
     wrapped.__cause__ = KeyboardInterrupt()
-    assert _interrupted(wrapped)
+    assert interrupted(wrapped)

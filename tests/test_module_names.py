@@ -34,7 +34,9 @@ def elsewhere(name: str) -> str | None:
     """Where `name` is found outside this repository: the standard library or an installed package."""
     if name in sys.stdlib_module_names or name in sys.builtin_module_names:
         return "the standard library"
-    outside = [p for p in sys.path if p and Path(p).resolve() not in ON_PATH]
+    venv = Path(sys.prefix).resolve()
+    outside = [p for p in sys.path if p and (not Path(p).resolve().is_relative_to(ROOT)
+                                             or Path(p).resolve().is_relative_to(venv))]  # the repo's own folders out
     spec = importlib.machinery.PathFinder.find_spec(name, outside)
     return None if spec is None else str(spec.origin or spec.submodule_search_locations)
 
