@@ -126,8 +126,9 @@ def run_cluster(
 ) -> Iterator[Client]:
     """The one cluster a run's stages share: an existing scheduler, a cluster class, or a LocalCluster.
 
-    `cluster_class` is an import path ("dask_jobqueue.SLURMCluster", "dask_kubernetes.KubeCluster")
-    built with `cluster_kwargs`, so a run moves off one machine without code changes.
+    `cluster_class` is an import path (`distributed.LocalCluster`, "dask_jobqueue.SLURMCluster", ...: the
+    keys of CLUSTER_KWARGS) built with `cluster_kwargs`, checked here again as the config checks them, so a
+    run moves onto a batch system without code changes and a value never runs code.
     """
     quiet_dask()
     if not cluster_class:
@@ -136,6 +137,7 @@ def run_cluster(
                 check_workers(client, workers)
             yield client
         return
+    check_cluster_kwargs(cluster_class, cluster_kwargs)
     cls = resolve_cluster_class(cluster_class)
     with cls(**cluster_kwargs) as cluster, Client(cluster) as client:
         if hasattr(cluster, "scale") and not cluster_kwargs.get("n_workers"):

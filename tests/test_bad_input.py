@@ -334,6 +334,18 @@ for _name in CODE_IN_CLUSTER_KWARGS:
     globals()[f"case_config_cluster_kwargs_{_name}"] = _code_case(_name)
 
 
+def case_config_cluster_kwargs_checked_again_where_the_cluster_starts(world, client, tmp_path):
+    """A caller that skipped the config (the flows' shared run_cluster) is refused all the same."""
+    from shardflow.cluster import run_cluster
+
+    marker = tmp_path / "ran"
+
+    def start():
+        with run_cluster(None, "distributed.LocalCluster", {"preload": [f"open('{marker}', 'w')"]}, 1):
+            pass
+    return [world / "ds"], refused_without_running(start, marker), r"cluster_kwargs key 'preload' for distributed"
+
+
 def case_config_cluster_kwargs_plain_values_pass(world, client, tmp_path):
     """Not vacuous: allowed keys with plain values build (the failure below is the next check's)."""
     return [world / "ds"], config(world, cluster_class="distributed.LocalCluster",
