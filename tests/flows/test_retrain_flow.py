@@ -112,6 +112,18 @@ def test_progress_moves_during_epochs_and_every_epoch_is_in_the_metrics_table(pr
     assert [r["epoch"] for r in metrics] == [1, 2] and len({tuple(r) for r in metrics}) == 1
     assert all(r["auc"] is not None and r["bytes_per_step_MB_measured"] > 0 and r["bytes_per_step_MB_modeled"] > 0
                for r in metrics)
+    assert artifact_count(done["state"].state_details.flow_run_id, artifact_key("epoch-metrics", base / "progress")) == 1
+
+
+def artifact_count(flow_run_id, key: str) -> int:
+    """How many artifacts of `key` one flow run made (each create is one; the UI lists every one)."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    async def read():
+        async with get_client() as c:
+            return len(await c.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), key=ArtifactFilterKey(any_=[key]))))
+    return asyncio.run(read())
 
 
 def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, client, base):
