@@ -76,7 +76,7 @@ def retrain(config: RetrainConfig = RetrainConfig()):
         summary = nothing_new(config)  # a night with nothing new is answered from the stores: no cluster
         if summary is None:
             summary = _make_version(config, run)
-    except BaseException as e:
+    except Exception as e:  # an interrupt is a crash: Prefect records it, nothing more is sent to the API
         publish_failure(run, e)  # what failed, what stays current, what the next run does
         raise
     name_run(run, f"v{summary['version']}" if summary["trained"] else "no new data")
