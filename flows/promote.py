@@ -12,18 +12,13 @@ from prefect import flow, get_run_logger
 
 from shardflow.errors import one_line_errors
 from storage import versions
-from storage.checkpoint import verify_export
-from storage.lock import run_lock
 from tasks.reports import publish_versions
 
 
 @flow(name="promote", flow_run_name="promote-v{version}")
 def promote_version(run_dir: str, version: int, reason: str = "rollback") -> dict:
     one_line_errors()
-    with run_lock(run_dir):
-        if version in versions.numbers(run_dir) and versions.result(run_dir, version):
-            verify_export(versions.version_dir(run_dir, version) / "model")
-        record = versions.promote_by_operator(run_dir, version, reason)
+    record = versions.rollback(run_dir, version, reason)
     get_run_logger().info("version %d of %s is current (was %s): %s", version, run_dir, record["previous"], reason)
     publish_versions(run_dir)
     return record

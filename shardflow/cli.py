@@ -286,16 +286,8 @@ def _print_run(s: dict) -> None:
 
 def _cmd_promote(args: argparse.Namespace) -> dict:
     from storage import versions
-    from storage.checkpoint import verify_export
-    from storage.lock import run_lock
 
-    if not (Path(args.run_dir) / versions.VERSIONS).is_dir():
-        raise InputError(f"run_dir {args.run_dir} holds no model versions; accepted: a run_dir of 'shardflow run'")
-    with run_lock(args.run_dir):  # never under a running night
-        if args.version in versions.numbers(args.run_dir) and versions.result(args.run_dir, args.version):
-            verify_export(versions.version_dir(args.run_dir, args.version) / "model")
-        record = versions.promote_by_operator(args.run_dir, args.version, args.reason)
-    return {"run_dir": args.run_dir, **record}
+    return {"run_dir": args.run_dir, **versions.rollback(args.run_dir, args.version, args.reason)}
 
 
 def _print_promote(s: dict) -> None:

@@ -141,6 +141,20 @@ def promote_by_operator(run_dir: str | Path, number: int, reason: str) -> dict:
     return record
 
 
+def rollback(run_dir: str | Path, number: int, reason: str) -> dict:
+    """An operator's promotion as the CLI and the rollback deployment make it: under the run_dir's lock
+    (never under a running night), of a version whose export verifies; the record (promote_by_operator)."""
+    from storage.checkpoint import verify_export
+    from storage.lock import run_lock
+
+    if not (Path(run_dir) / VERSIONS).is_dir():
+        raise InputError(f"run_dir {run_dir} holds no model versions; accepted: a run_dir of 'shardflow run'")
+    with run_lock(run_dir):
+        if number in numbers(run_dir) and result(run_dir, number) is not None:
+            verify_export(version_dir(run_dir, number) / "model")
+        return promote_by_operator(run_dir, number, reason)
+
+
 def promotion_cut_off(run_dir: str | Path, last: int | None) -> bool:
     """Whether finished version `last` was accepted but `current` never switched to it (a kill between its
     result and the switch), and no operator has promoted another version since it was made."""

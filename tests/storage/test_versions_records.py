@@ -74,3 +74,14 @@ def test_a_cut_off_atomic_write_leaves_temporary_files_the_next_run_sweeps(run):
                                                      "versions/0003/.result.json.deadbeef"]
     assert not any(p.is_symlink() or p.exists() for p in left) and kept.exists()
     assert versions.current(run) == 3
+
+
+def test_a_rollback_holds_the_run_dirs_lock_and_refuses_a_run_dir_without_versions(run, tmp_path_factory):
+    from storage.lock import run_lock
+
+    with run_lock(run):
+        with pytest.raises(InputError, match="is in use by another run"):
+            versions.rollback(run, 1, "during a night")
+    assert versions.current(run) == 3
+    with pytest.raises(InputError, match="holds no model versions"):
+        versions.rollback(tmp_path_factory.mktemp("empty"), 1, "x")
