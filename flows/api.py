@@ -13,6 +13,13 @@ by default: at load 10-15 on 2 cores it needed 120-300 s. Unless that variable i
 run gives it STARTUP_TIMEOUT_S; a server that does not answer in time ends the run with
 one line naming the setting (a TrainingError: exit status 3).
 
+If that server dies while the run goes on (killed, out of memory), the run starts it again
+on the same address and database (`_Watchdog`): Prefect's client retries its calls for
+about a minute, so the flow, its task runs and its training go on, and the terminal gets
+one warning line. A server that cannot be started again stops the run at once with one
+line and exit status 3: nothing can be recorded without it, every store is written by a
+rename, and the same command resumes from the last checkpoint.
+
 `terminated_as_interrupt` turns SIGTERM into an exception, so a terminated run ends the
 way Ctrl-C ends it: Prefect records the flow run as Crashed, the cluster and the
 parameter servers are released on the way out, and the checkpoints are kept.
@@ -23,8 +30,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import logging
 import signal
 import subprocess
+import tempfile
+import threading
 from collections.abc import Iterator
 
 from shardflow.errors import TrainingError
@@ -59,13 +69,18 @@ def _die_with_parent() -> None:
 
 
 class _OwnSession:
-    """`subprocess` as Prefect's server module sees it while it starts the server: its own session."""
+    """`subprocess` as Prefect's server module sees it while it starts the server: its own session, and
+    its output into `output` (a file) if given."""
+
+    def __init__(self, output=None) -> None:
+        self.output = output
 
     def __getattr__(self, name: str):
         return getattr(subprocess, name)
 
-    @staticmethod
-    def Popen(*args, **kwargs):  # noqa: N802 (subprocess's name)
+    def Popen(self, *args, **kwargs):  # noqa: N802 (subprocess's name)
+        if self.output is not None:
+            kwargs |= {"stdout": self.output, "stderr": subprocess.STDOUT}
         return subprocess.Popen(*args, start_new_session=True, preexec_fn=_die_with_parent, **kwargs)
 
 
@@ -81,9 +96,8 @@ def embedded_api() -> Iterator[str | None]:
 
     timeout_s = startup_timeout_s()
     server = api_server.SubprocessASGIServer()  # the instance Prefect's clients use without PREFECT_API_URL
-    api_server.subprocess = _OwnSession()
     try:
-        server.start(timeout=timeout_s)  # registers its own stop at exit, after Prefect's log and event workers drained
+        _start(server, timeout_s)  # registers its own stop at exit, after Prefect's log and event workers drained
     except RuntimeError as e:
         if "Timed out" not in str(e):
             raise
@@ -92,9 +106,75 @@ def embedded_api() -> Iterator[str | None]:
             f"the embedded Prefect API did not answer within {timeout_s} s ({STARTUP_SETTING}); nothing was "
             "written. A busy machine needs more: set it higher, or point PREFECT_API_URL at a running server"
         ) from None
+    watchdog = _Watchdog(server, timeout_s)
+    try:
+        yield server.api_url
+    finally:
+        watchdog.stop()
+
+
+def _start(server, timeout_s: int, output=None) -> None:
+    import prefect.server.api.server as api_server
+
+    api_server.subprocess = _OwnSession(output)
+    try:
+        server.start(timeout=timeout_s)
     finally:
         api_server.subprocess = subprocess
-    yield server.api_url
+
+
+class _Watchdog(threading.Thread):
+    """Starts the embedded API again, on its address and database, when its process dies during the run."""
+
+    POLL_S = 0.5
+
+    def __init__(self, server, timeout_s: int) -> None:
+        super().__init__(name="shardflow-api-watchdog", daemon=True)
+        self.server, self.timeout_s = server, timeout_s
+        self.stopping = threading.Event()
+        self.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=5)
+
+    def run(self) -> None:
+        log = logging.getLogger("shardflow")
+        while not self.stopping.wait(self.POLL_S):
+            process = self.server.server_process
+            if process is None or process.poll() is None:
+                continue
+            status = process.returncode
+            log.warning("the embedded Prefect API stopped (exit status %s); starting it again at %s, the run goes "
+                        "on", status, self.server.address)
+            self.server.running = False
+            with tempfile.TemporaryFile() as output:  # what the server says while it tries: for the one line
+                try:
+                    _start(self.server, self.timeout_s, output)
+                except Exception as e:  # noqa: BLE001 (whatever stopped it: the run cannot go on without an API)
+                    if not self.stopping.is_set():
+                        self._stop_run(f"the embedded Prefect API stopped (exit status {status}) and did not start "
+                                       f"again ({_first_line(e)}{_last_error(output)})")
+                    return
+
+    @staticmethod
+    def _stop_run(why: str) -> None:
+        """End the process now: every call the run would still make (its state, its logs) would retry a dead
+        server for minutes. Its local Dask workers exit with it (they watch their parent)."""
+        os.write(2, f"shardflow run: training stopped: {why}; every complete checkpoint and store is kept: run "
+                    "the same command again to resume\n".encode())
+        os._exit(3)
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0][:200]
+
+
+def _last_error(output) -> str:
+    """The server's last line that names an error (a port in use, say), after a semicolon; "" if none."""
+    output.seek(0)
+    lines = [line for line in output.read().decode(errors="replace").splitlines() if "rror" in line]
+    return f"; the server said: {lines[-1].strip()[:200]}" if lines else ""
 
 
 @contextlib.contextmanager

@@ -89,7 +89,8 @@ def _make_version(config: RetrainConfig, run: str) -> dict:
     log = get_run_logger()
     devices = load_topology(config.topology).devices
     with run_lock(run), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
-                                    devices, gpus=config.device == "cuda") as client:
+                                    devices, gpus=config.device == "cuda",
+                                    worker_log=run_paths(config)["worker_log"]) as client:
         log.info("Dask dashboard: %s", client.dashboard_link)
         _tidy(run)
         imported = prepare_dataset(config)
@@ -102,7 +103,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     """The model version of this run's data, from open-version to the promotion gate."""
     version = open_version(config, dataset)
     if not version["train"]:
-        return untrained(run, version["number"], imported["parts_added"])
+        return untrained(run, version["number"], imported["parts_added"], imported["warnings"])
     name_run(run, f"v{version['version']}")
     paths = version_paths(version["path"])
     _tidy(paths["version"])
@@ -145,10 +146,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         "resumed_from": trained["resumed"]["checkpoint"],
         "skipped_checkpoints": trained["resumed"]["skipped"],
         "restarts": trained["restarts"],
-        "warnings": trained["warnings"] + ([
-            f"skipped {len(imported['not_parts'])} entries of {config.dataset} that are not parts: "
-            + ", ".join(imported["not_parts"][:5]) + (", …" if len(imported["not_parts"]) > 5 else "")]
-            if imported["not_parts"] else []),
+        "warnings": trained["warnings"] + imported["warnings"],
         "plots": figures,
     })
 

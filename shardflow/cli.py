@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,12 +36,24 @@ def _hash_rows(text: str) -> int | str:
     return text if text == "exact" else int(text)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 7 * 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: seconds from 0 to 604800 (a week)")
+    return value
+
+
 def _cmd_import(args: argparse.Namespace) -> dict:
     from storage.importers import DEFAULT_HASH_ROWS, import_dataset
 
     options = dict(
         overwrite=args.overwrite,
         append=args.append,
+        replace_from=args.replace_from,
+        settle_s=args.settle_s,
         table_rows=dict(args.table_rows or []),
         hash_rows=DEFAULT_HASH_ROWS if args.hash_rows is None else args.hash_rows,
     )
@@ -58,6 +73,7 @@ def _cmd_import(args: argparse.Namespace) -> dict:
         "version": m["version"],
         "parts_added": m["parts_added"],
         "parts_skipped": m["parts_skipped"],
+        "parts_waiting": m["parts_waiting"],
         "not_parts": not_parts(args.src),
         "seconds": time.perf_counter() - started,
     }
@@ -97,6 +113,8 @@ def _print_dataset(s: dict) -> None:
               f" ({s['seconds']:.1f} s)")
         if s["not_parts"]:
             print(f"  skipped {len(s['not_parts'])} entries that are not parts: {', '.join(s['not_parts'][:5])}")
+        if s["parts_waiting"]:
+            print(f"  left {len(s['parts_waiting'])} unfinished parts for later: {', '.join(s['parts_waiting'][:5])}")
     for name, rows in s["tables"].items():
         role = "item sequence" if name == s["sequence_table"] else "feature"
         print(f"  table {name:<12} {rows:>14,} rows  ({role})")
@@ -281,6 +299,8 @@ def _print_run(s: dict) -> None:
         print(f"  checkpoint   {c}")
     for p in s["plots"]:
         print(f"  plot         {p}")
+    for w in s["warnings"]:
+        print(f"  warning      {w}")
     print("  artifacts, logs and task runs: the Prefect UI (prefect server start), or 'prefect flow-run ls'")
 
 
@@ -312,6 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dest", help="dataset store to create (or to append to, with --append)")
     p.add_argument("--overwrite", action="store_true", help="replace a store already at DEST")
     p.add_argument("--append", action="store_true", help="add the parts of SRC that DEST does not hold yet")
+    p.add_argument("--replace-from", metavar="PART",
+                   help="read PART (a part DEST holds that changed since) and every later part again, as a new version")
+    p.add_argument("--settle-s", type=_seconds, default=0.0, metavar="SECONDS",
+                   help="read only parts not modified for this long (default 0; parts must still end with a "
+                   "newline, or have a NAME.done marker where the directory uses them)")
     p.add_argument("--workers", type=int, help="scan several parts in parallel on a local cluster of this size")
     p.add_argument("--scheduler", help="address of an existing Dask scheduler to scan parts on")
     p.add_argument("--table-rows", type=_key_value_rows, action="append", metavar="NAME=ROWS",
@@ -385,6 +410,35 @@ def build_parser() -> argparse.ArgumentParser:
 _KEPT = "every complete checkpoint and store is kept: run the same command again to resume"
 
 
+class _Interrupts:
+    """Ctrl-C raises KeyboardInterrupt, as ever, and the command winds down (its cluster, its API server) to
+    say so in one line. A second Ctrl-C ends the process at once: with that line if it was not said yet,
+    silently if it was. Every store is written by a rename, so stopping anywhere keeps what is complete.
+    """
+
+    def __init__(self, command: str) -> None:
+        self.command, self.said = command, False
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._first)
+        # Stopped at once, the process leaves its local workers' semaphores to multiprocessing's resource
+        # tracker, which removes them and warns once per process on the terminal; it takes its warning
+        # filters from these options when it starts.
+        sys.warnoptions.append("ignore:resource_tracker:UserWarning")
+
+    def _first(self, signum, frame) -> None:
+        signal.signal(signal.SIGINT, self._again)
+        raise KeyboardInterrupt
+
+    def _again(self, signum, frame) -> None:
+        if not self.said:
+            os.write(2, f"shardflow {self.command}: interrupted twice, stopped at once; {_KEPT}\n".encode())
+        os._exit(130)
+
+    def say(self, line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+        self.said = True
+
+
 class _Terminal(logging.Formatter):
     """Log lines for the terminal: an error shardflow explains in one line (bad input, a run that stopped,
     an interrupt, a file system that refuses writes) is logged without its traceback, which the Prefect
@@ -401,6 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     terminal = logging.StreamHandler(sys.stderr)
     terminal.setFormatter(_Terminal("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[terminal])
+    interrupts = _Interrupts(args.command)
     try:
         summary = args.run(args)
     except InputError as e:
@@ -411,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     except OSError as e:
         if interrupted(e):
-            print(f"shardflow {args.command}: interrupted; {_KEPT}", file=sys.stderr)
+            interrupts.say(f"shardflow {args.command}: interrupted; {_KEPT}")
             return 130
         if e.errno not in STORAGE_ERRNOS:
             raise
@@ -420,11 +475,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 4
     except BaseException as e:
         if interrupted(e):
-            print(f"shardflow {args.command}: interrupted; {_KEPT}", file=sys.stderr)
+            interrupts.say(f"shardflow {args.command}: interrupted; {_KEPT}")
             return 130
         if type(e).__name__ != "Terminated":  # flows.api.Terminated (SIGTERM), not imported unless a run started
             raise
-        print(f"shardflow {args.command}: terminated (SIGTERM); {_KEPT}", file=sys.stderr)
+        interrupts.say(f"shardflow {args.command}: terminated (SIGTERM); {_KEPT}")
         return 143
     if args.json:
         json.dump(summary, sys.stdout)

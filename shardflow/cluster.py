@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import dask
 from distributed import Client, LocalCluster, WorkerPlugin
@@ -29,12 +30,13 @@ def default_workers() -> int:
 
 @contextlib.contextmanager
 def dask_client(scheduler_address: str | None = None, workers: int | None = None, gpus: bool = False,
-                connect_timeout_s: float = 30.0) -> Iterator[Client]:
+                connect_timeout_s: float = 30.0, worker_log: Path | None = None) -> Iterator[Client]:
     """A client on an existing scheduler, or on a LocalCluster of `workers` single-threaded processes.
 
     Profiling and training kernels are numpy and hold the GIL in parts, so a local
     device is a process with one thread. With `gpus`, every local worker offers the
-    resource GPU=1 (one worker per GPU; CUDA device d for worker d).
+    resource GPU=1 (one worker per GPU; CUDA device d for worker d). With `worker_log`,
+    what local worker processes write to stderr goes to that file (WorkerOutput).
     """
     if scheduler_address:
         if workers is not None:
@@ -74,14 +76,37 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
             **({"resources": {"GPU": 1}} if gpus else {}),
         )
     try:
-        with Client(cluster) as client:
+        quiet = worker_log is not None and os.environ.get(VERBOSE, "0") in ("", "0")
+        with Client(cluster) as client, _dask_log_to(worker_log if quiet else None):
             client.register_plugin(IgnoreInterrupts(), name="shardflow-ignore-interrupts")
+            if quiet:
+                client.register_plugin(WorkerOutput(str(worker_log)), name="shardflow-worker-output")
             yield client
     finally:
         # Our own workers are done: one still busy after the nanny's 4 s (a loaded machine) is killed
         # without a warning line per worker.
         with _log_level("distributed.nanny", logging.ERROR):
             cluster.close()
+
+
+@contextlib.contextmanager
+def _dask_log_to(path: Path | None) -> Iterator[None]:
+    """While a local cluster runs, this process's `distributed` log lines (its scheduler's and nannies':
+    a worker that left, a restart) go to `path` (emptied first: the last run's lines), not the terminal."""
+    if path is None:
+        yield
+        return
+    Path(path).write_text("")
+    logger = logging.getLogger("distributed")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s - %(name)s - %(levelname)s - %(message)s"))
+    before, logger.handlers = logger.handlers, [handler]
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = before, propagate
+        handler.close()
 
 
 @contextlib.contextmanager
@@ -116,6 +141,28 @@ class IgnoreInterrupts(WorkerPlugin):
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class WorkerOutput(WorkerPlugin):
+    """A local worker process writes its stderr (Dask's log lines, tracebacks of its threads) to a file.
+
+    A local cluster's workers share the terminal of the command that started them. What
+    they say when that command is interrupted (heartbeats to a scheduler that is closing)
+    or when a peer is killed (connections that fail before the run restores the cluster)
+    is their own diagnosis of an event the run reports itself in one line; the file keeps
+    it for whoever wants it. Applies to workers started later (restarts) too.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def setup(self, worker) -> None:
+        import sys
+
+        sys.stderr.flush()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def run_cluster(
     scheduler_address: str | None,
@@ -123,16 +170,19 @@ def run_cluster(
     cluster_kwargs: dict,
     workers: int,
     gpus: bool = False,
+    worker_log: Path | None = None,
 ) -> Iterator[Client]:
     """The one cluster a run's stages share: an existing scheduler, a cluster class, or a LocalCluster.
 
     `cluster_class` is an import path (`distributed.LocalCluster`, "dask_jobqueue.SLURMCluster", ...: the
     keys of CLUSTER_KWARGS) built with `cluster_kwargs`, checked here again as the config checks them, so a
-    run moves onto a batch system without code changes and a value never runs code.
+    run moves onto a batch system without code changes and a value never runs code. A local cluster's
+    workers write their output to `worker_log` (dask_client).
     """
     quiet_dask()
     if not cluster_class:
-        with dask_client(scheduler_address, None if scheduler_address else workers, gpus=gpus) as client:
+        with dask_client(scheduler_address, None if scheduler_address else workers, gpus=gpus,
+                         worker_log=worker_log) as client:
             if scheduler_address:
                 check_workers(client, workers)
             yield client

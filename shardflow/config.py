@@ -35,6 +35,11 @@ class RetrainConfig(BaseModel):
         1 << 20, description="criteo: rows of each hashed categorical table, or exact (a row per distinct value); "
         "fixed by the first import",
     )
+    part_settle_s: float = Field(
+        60.0, ge=0, le=7 * 86400, allow_inf_nan=False,
+        description="a part of a dataset directory is read once it ends with a newline and has not been modified "
+        "for this long (or, in a directory of NAME.done markers, once it has its marker); later parts wait with it",
+    )
     run_dir: str = Field("runs/retrain", description="profile, plan, checkpoints and the exported model go here")
     topology: str = Field(str(ROOT / "topologies" / "demo-4.yaml"), description="topology YAML file")
     strategy: Literal["table-wise", "row-wise-mod", "row-wise-block", "flexshard"] = "flexshard"

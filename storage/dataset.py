@@ -553,14 +553,26 @@ class Dataset:
 
     def raw_ids(self, table: str) -> tuple[np.ndarray, np.ndarray]:
         """(source values, the rows they became) of `table`, the values of earlier parts first."""
+        return self.segment_raw_ids(self.segments, table)
+
+    def segment_raw_ids(self, segments: list[dict], table: str) -> tuple[np.ndarray, np.ndarray]:
+        """(source values, the rows they became) that `segments` (of this store) introduced to `table`."""
         self.info.table(table)
-        raw = [self._root[f"{SEGMENTS}/{s['name']}/raw_ids/{table}"][:] for s in self.segments]
-        rows = [self._root[f"{SEGMENTS}/{s['name']}/raw_rows/{table}"][:] for s in self.segments]
+        if not segments:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        raw = [self._root[f"{SEGMENTS}/{s['name']}/raw_ids/{table}"][:] for s in segments]
+        rows = [self._root[f"{SEGMENTS}/{s['name']}/raw_rows/{table}"][:] for s in segments]
         return np.concatenate(raw), np.concatenate(rows)
 
     def user_ids(self) -> np.ndarray:
         """The raw id of every user, by user index."""
-        return np.concatenate([self._root[f"{SEGMENTS}/{s['name']}/user_ids"][:] for s in self.segments])
+        return self.segment_user_ids(self.segments)
+
+    def segment_user_ids(self, segments: list[dict]) -> np.ndarray:
+        """The raw ids of the users `segments` (of this store) introduced, by user index."""
+        if not segments:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([self._root[f"{SEGMENTS}/{s['name']}/user_ids"][:] for s in segments])
 
     # -- the stored order, for readers that do not care about users (profiling) -------------
 

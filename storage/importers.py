@@ -49,7 +49,8 @@ from storage.idmap import IdMap, IntDistinct, RowLookup, TextCodes, TextDistinct
 from storage.lock import writer_lock
 from storage.manifest import MANIFEST, read_manifest, write_manifest
 from storage.checksum import file_sha256
-from storage.sources import BLOCK_BYTES, Block, Part, PartReader, resolve_parts, same_file
+from storage.sources import (BLOCK_BYTES, Block, Part, PartReader, finished, resolve_parts, same_file,
+                             unfinished)
 from storage.staging import check_destination, staged
 
 DEFAULT_HASH_ROWS = 1 << 20
@@ -389,25 +390,43 @@ def import_dataset(
     hash_rows: int = DEFAULT_HASH_ROWS,
     client=None,
     block_bytes: int = BLOCK_BYTES,
+    settle_s: float = 0.0,
+    replace_from: str | None = None,
 ) -> dict:
     """Import `src` (a file, a .gz file or a directory of parts) in format `fmt` into the store `dest`.
 
     With `append`, only the parts `dest` does not hold yet are added, as a new version;
-    without it `dest` must be new (or `overwrite` given). With a Dask `client`, the parts
-    are scanned and written in parallel on its workers. Returns the manifest, with
-    `parts_added` and `parts_skipped` (part paths).
+    without it `dest` must be new (or `overwrite` given). With `replace_from` (a part name
+    the store holds), that part and every later one are read again from `src`, as a new
+    version of the store: the way out when a part changed after it was imported. Only
+    finished parts are read (storage.sources.resolve_parts, with `settle_s`). With a Dask
+    `client`, the parts are scanned and written in parallel on its workers. Returns the
+    manifest, with `parts_added`, `parts_skipped` (part paths) and `parts_waiting` (the
+    unfinished parts left for later, each with why).
     """
     src, dest = Path(src), Path(dest)
     table_rows = dict(table_rows or {})
     _check_options(fmt, table_rows, hash_rows)
-    if overwrite and append:
-        raise InputError("--append and --overwrite together; accepted: one of them")
-    parts = resolve_parts(src)
+    if overwrite and (append or replace_from):
+        raise InputError("--overwrite with --append or --replace-from; accepted: one of them")
+    resolve_parts(src)  # a source that is not there is refused before the store is locked
     with writer_lock(dest):
+        held = [p["name"] for p in read_manifest(dest, KIND, FORMAT_VERSION, MADE_BY)["source"].get("parts", [])] \
+            if (append or replace_from) and (dest / MANIFEST).is_file() else []
+        parts = resolve_parts(src, settle_s, held)
+        waiting = unfinished(parts)
+        if replace_from is not None:
+            return {**_replace(fmt, src, dest, parts, replace_from, table_rows, hash_rows, client, block_bytes),
+                    "parts_waiting": waiting}
         if append and (dest / MANIFEST).is_file():
             manifest = read_manifest(dest, KIND, FORMAT_VERSION, MADE_BY)
-            return _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, block_bytes)
-        return _fresh(fmt, src, dest, parts, overwrite, table_rows, hash_rows, client, block_bytes)
+            done = _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, block_bytes)
+        else:
+            if not finished(parts):
+                raise InputError(f"{src}: no finished part yet ({', '.join(waiting[:3])}); accepted: parts that "
+                                 "end with a newline and have settled, or carry a NAME.done marker")
+            done = _fresh(fmt, src, dest, finished(parts), overwrite, table_rows, hash_rows, client, block_bytes)
+        return {**done, "parts_waiting": waiting}
 
 
 def _fresh(fmt, src, dest, parts, overwrite, table_rows, hash_rows, client, block_bytes) -> dict:
@@ -424,11 +443,11 @@ def _fresh(fmt, src, dest, parts, overwrite, table_rows, hash_rows, client, bloc
 
 
 def check_continuation(fmt: str, src: Path, dest: Path, parts: list[Part], source: dict, options: dict) -> list[Part]:
-    """The parts of `src` that the store at `dest` (whose manifest records `source`) does not hold yet.
+    """The finished parts of `src` that the store at `dest` (whose manifest records `source`) does not hold yet.
 
-    Nothing is written. Refused, naming what differs: another format or table sizes, a
-    part the store holds that is gone or whose content changed, a new part that sorts
-    before the last one held.
+    `parts`: every part of `src` (storage.sources.resolve_parts). Nothing is written.
+    Refused, naming what differs: another format or table sizes, a part the store holds
+    that is gone or whose content changed, a new part that sorts before the last one held.
     """
     if source.get("format") != fmt:
         raise InputError(f"{dest} holds a {source.get('format')} import; accepted: --format {source.get('format')}")
@@ -446,9 +465,13 @@ def check_continuation(fmt: str, src: Path, dest: Path, parts: list[Part], sourc
         if not same_file(part, recorded) and file_sha256(part.path) != recorded["sha256"]:
             raise InputError(
                 f"{part.path}: part {name!r} changed since version {recorded['version']} imported it "
-                f"({recorded['sha256'][:19]}…); accepted: parts that are never rewritten (add a new part instead)"
+                f"({recorded['sha256'][:19]}…); accepted: parts that are never rewritten (add a new part instead). "
+                f"To take the part as it is now: shardflow import --format {fmt}{_option_flags(options)} "
+                f"--replace-from {name} {src} {dest}"
             )
-    new = [p for p in parts if p.name not in known]
+    new = [p for p in finished(parts) if p.name not in known]
+    if not new or not known:
+        return new
     last = max(known)
     early = [p.name for p in new if p.name < last]
     if early:
@@ -459,10 +482,18 @@ def check_continuation(fmt: str, src: Path, dest: Path, parts: list[Part], sourc
     return new
 
 
+def _option_flags(options: dict) -> str:
+    """The command-line flags that give an import `options` (criteo's table sizes)."""
+    if not options:
+        return ""
+    rows = "".join(f" --table-rows {t}={n}" for t, n in sorted(options.get("table_rows", {}).items()))
+    return f" --hash-rows {options['hash_rows']}{rows}"
+
+
 def _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, block_bytes) -> dict:
     options = {"table_rows": table_rows, "hash_rows": hash_rows} if fmt == "criteo" else {}
     new = check_continuation(fmt, src, dest, parts, manifest["source"], options)
-    skipped = [str(p.path) for p in parts if p not in new]
+    skipped = [str(p.path) for p in finished(parts) if p not in new]
     if not new:
         return {**manifest, "parts_added": [], "parts_skipped": skipped}
     segments_dir = dest / SEGMENTS
@@ -482,8 +513,64 @@ def _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, bloc
     return {**updated, "parts_added": [str(p.path) for p in new], "parts_skipped": skipped}
 
 
+def _replace(fmt, src, dest, parts, name, table_rows, hash_rows, client, block_bytes) -> dict:
+    """Replace the store's part `name` and every later one by what `src` holds now (under the writer lock).
+
+    The parts before `name` must be unchanged. The new store is staged beside `dest`: the
+    segments kept are hard links (copies where links cannot be made), the parts from
+    `name` on are imported again, and the result is swapped in with one rename. Every
+    raw id and user the replaced segments introduced keeps its row and index (the first
+    new segment carries them), so model versions trained before stay valid for the rows
+    they hold. The manifest's source records the replacement ("replaced").
+    """
+    if not (dest / MANIFEST).is_file():
+        raise InputError(f"--replace-from {name}: {dest} holds no store yet; accepted: a store to import into")
+    manifest = read_manifest(dest, KIND, FORMAT_VERSION, MADE_BY)
+    source = manifest["source"]
+    names = [p["name"] for p in source.get("parts", [])]
+    if name not in names:
+        raise InputError(f"--replace-from {name}: not a part {dest} holds; accepted: one of {', '.join(names)}")
+    k = names.index(name)
+    if name not in {p.name for p in finished(parts)}:
+        raise InputError(f"--replace-from {name}: {src} holds no finished part {name!r}; accepted: a finished "
+                         "part (ending with a newline, settled, or with its NAME.done marker)")
+    options = {"table_rows": table_rows, "hash_rows": hash_rows} if fmt == "criteo" else {}
+    kept = {**manifest, "segments": manifest["segments"][:k], "source": {**source, "parts": source["parts"][:k]}}
+    early = check_continuation(fmt, src, dest, [p for p in parts if p.name < name], kept["source"], options)
+    if early:
+        raise InputError(f"{src}: new part {early[0].name!r} sorts before {name!r}, which is replaced; accepted: "
+                         "new parts named after the last one imported")
+    again = [p for p in finished(parts) if p.name >= name]
+    dropped = manifest["segments"][k:]
+    with staged(dest, overwrite=True) as stage:
+        start_store(stage)
+        for s in kept["segments"]:
+            shutil.copytree(dest / SEGMENTS / s["name"], stage / SEGMENTS / s["name"], copy_function=_link)
+        existing = (Dataset.open(dest), kept, dropped)
+        updated = _import_parts(fmt, src, stage, again, existing, options, client, block_bytes)
+        updated["source"]["replaced"] = source.get("replaced", []) + [{
+            "part": name, "segment": k, "version": updated["version"],
+            "sha256_before": source["parts"][k]["sha256"], "sha256_after": updated["source"]["parts"][k]["sha256"],
+        }]
+        write_manifest(stage, updated)
+        record_verified(stage)
+    return {**updated, "parts_added": [str(p.path) for p in again],
+            "parts_skipped": [str(p.path) for p in parts if p.name < name]}
+
+
+def _link(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, block_bytes) -> dict:
-    """Scan, number and write `parts` into `stage`/segments; the manifest of the result (not written)."""
+    """Scan, number and write `parts` into `stage`/segments; the manifest of the result (not written).
+
+    `existing`: None (a fresh store), or (the store, its manifest) to continue, or (the
+    store, its manifest cut before the parts replaced, the segments replaced).
+    """
     fmt = make_format(fmt_name)
     first = _first_line(parts[0])
     sniff_delimiter(fmt, first)
@@ -510,6 +597,8 @@ def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, 
 
     numberer = _numberer(fmt, existing, hash_rows)
     numberings = [numberer.number(first_index + i, s) for i, s in enumerate(scans)]
+    if existing is not None and len(existing) == 3:
+        _carry(existing[0], existing[2], numberings[0], fmt)
     rows = {t: m.size for t, m in numberer.tables.items()}
     targets = [str(stage / SEGMENTS / segment_name(n.index)) for n in numberings]
     (stage / SEGMENTS).mkdir(parents=True, exist_ok=True)
@@ -539,6 +628,21 @@ def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, 
     )
 
 
+def _carry(ds: Dataset, dropped: list[dict], first: Numbering, fmt: Format) -> None:
+    """Give the first segment of a replacement the raw ids and users the `dropped` segments introduced,
+    ahead of its own new ones, so each keeps the row and user index it had."""
+    def ahead(stored: np.ndarray, new) -> np.ndarray:
+        stored = stored.astype(object) if stored.dtype.kind == "T" else stored  # zarr's strings, numpy's
+        return np.concatenate([stored, _as_numpy(new)]) if len(stored) else new
+
+    for t in fmt.tables:
+        raw, rows = ds.segment_raw_ids(dropped, t)
+        new_raw, new_rows = first.new_raw[t]
+        first.new_raw[t] = (ahead(raw, new_raw), np.concatenate([rows, np.asarray(new_rows, dtype=np.int64)]))
+    if first.new_users is not None:
+        first.new_users = ahead(ds.segment_user_ids(dropped), first.new_users)
+
+
 def _numberer(fmt: Format, existing, hash_rows: dict[str, int]) -> Numberer:
     text_users = fmt.name == "recbole"
     grouped_or_coded = fmt.name != "criteo"
@@ -546,7 +650,7 @@ def _numberer(fmt: Format, existing, hash_rows: dict[str, int]) -> Numberer:
         users = IdMap.empty(text_users) if grouped_or_coded else None
         tables = {t: IdMap.empty(fmt.name in ("recbole", "criteo"), hash_rows.get(t)) for t in fmt.tables}
         return Numberer(users, tables, 0)
-    ds, manifest = existing
+    ds = existing[0]
     if set(ds.info.table_names) != set(fmt.tables):
         raise InputError(f"the new parts have tables {list(fmt.tables)}; the store has {ds.info.table_names}")
     users = None
@@ -557,7 +661,10 @@ def _numberer(fmt: Format, existing, hash_rows: dict[str, int]) -> Numberer:
     for t in fmt.tables:
         raw, rows = ds.raw_ids(t)
         tables[t] = IdMap(raw, rows, hash_rows=hash_rows.get(t))
-    return Numberer(users, tables, ds.info.users)
+    if grouped_or_coded or len(existing) == 2:
+        return Numberer(users, tables, ds.info.users)
+    # every example its own user (held by no model): a replacement numbers them on from the segments kept
+    return Numberer(users, tables, sum(s["new_users"] for s in existing[1]["segments"]))
 
 
 def _gather(client, futures) -> list:

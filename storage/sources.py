@@ -1,6 +1,8 @@
 """Where an import reads from: one file, a gzip-compressed file, or a directory of parts.
 
-A directory's parts are its regular, non-hidden files in name order (one per day, say).
+A directory's parts are its regular, non-hidden files in name order (one per day, say),
+and only its finished ones are read (`finished`): a part a writer may still be writing is
+left for a later import, and so is every part after it.
 A part is read in blocks of whole lines, each knowing the number of its first line, so
 a bad value is named by file and line however far into a large file it sits. The part's
 sha256 is fed from the same bytes (of the file as stored, compressed or not).
@@ -9,8 +11,9 @@ sha256 is fed from the same bytes (of the file as stored, compressed or not).
 from __future__ import annotations
 
 import hashlib
+import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,30 +37,78 @@ class Part:
     path: Path
     bytes: int
     mtime_ns: int
+    waiting: str = ""  # why the part may still be being written ("": it is finished)
 
     @property
     def compressed(self) -> bool:
         return self.path.name.endswith(".gz")
 
 
-def resolve_parts(src: str | Path) -> list[Part]:
-    """The parts of `src`, in name order; an InputError if it has none."""
+MARKER = ".done"  # a companion marker, NAME.done, says part NAME is complete
+
+
+def resolve_parts(src: str | Path, settle_s: float = 0.0, held: Collection[str] = ()) -> list[Part]:
+    """Every part of `src` in name order, each unfinished one with why it waits; an InputError if it has none.
+
+    Parts named in `held` (those a store imported already) are not judged: a store checks them by content.
+    """
     src = Path(src)
     if src.is_file():
         return [_part(src.name, src)]
     if src.is_dir():
-        files = sorted(p for p in src.iterdir() if not p.name.startswith(".") and p.is_file())
+        entries = sorted(p for p in src.iterdir() if not p.name.startswith(".") and p.is_file())
+        markers = {p.name for p in entries if p.name.endswith(MARKER)}
+        files = [p for p in entries if p.name not in markers]
         if not files:
             raise InputError(f"{src}: a directory with no parts; accepted: a directory holding one file per part")
-        return [_part(p.name, p) for p in files]
+        parts = []
+        for p in files:
+            why = None if p.name in held else "after an unfinished part" if any(q.waiting for q in parts) \
+                else _not_finished(p, markers, settle_s)
+            parts.append(_part(p.name, p, why or ""))
+        return parts
     if src.exists():  # a device, a pipe: endless, or not there to read twice
         raise InputError(f"{src}: not a regular file or directory (a device or a pipe?); accepted: a file, a .gz "
                          "file or a directory of parts")
     raise InputError(f"{src}: no such file or directory; accepted: a file, a .gz file or a directory of parts")
 
 
+def finished(parts: list[Part]) -> list[Part]:
+    """The parts an import reads now: those before the first unfinished one."""
+    return [p for p in parts if not p.waiting]
+
+
+def unfinished(parts: list[Part]) -> list[str]:
+    """The parts left for a later import, each with why."""
+    return [f"{p.name} ({p.waiting})" for p in parts if p.waiting]
+
+
+def _not_finished(path: Path, markers: set[str], settle_s: float) -> str | None:
+    """Why the part at `path` may still be being written (None: it is finished).
+
+    A directory that holds any NAME.done marker uses markers: a part is finished when its
+    marker is there. Otherwise a part is finished when it is not empty, ends with a
+    newline (a .gz part: its stream is checked when it is read) and was last modified at
+    least `settle_s` seconds ago.
+    """
+    if markers:
+        return None if path.name + MARKER in markers else f"no {path.name + MARKER} marker yet"
+    st = path.stat()
+    if st.st_size == 0:
+        return "empty"
+    if not path.name.endswith(".gz"):
+        with open(path, "rb") as f:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                return "does not end with a newline"
+    age = time.time() - st.st_mtime
+    if age < settle_s:
+        return f"modified {max(age, 0):.0f} s ago; part_settle_s {settle_s:g}"
+    return None
+
+
 def not_parts(src: str | Path) -> list[str]:
-    """What a directory of parts holds besides its parts, each with why it is not one ([] for a file)."""
+    """What a directory of parts holds besides its parts and their markers, each with why ([] for a file)."""
     src = Path(src)
     if not src.is_dir():
         return []
@@ -74,9 +125,9 @@ def not_parts(src: str | Path) -> list[str]:
     return out
 
 
-def _part(name: str, path: Path) -> Part:
+def _part(name: str, path: Path, waiting: str = "") -> Part:
     st = path.stat()
-    return Part(name=name, path=path, bytes=st.st_size, mtime_ns=st.st_mtime_ns)
+    return Part(name=name, path=path, bytes=st.st_size, mtime_ns=st.st_mtime_ns, waiting=waiting)
 
 
 def excerpt(line: bytes | str) -> str:

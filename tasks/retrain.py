@@ -30,7 +30,7 @@ from storage.checkpoint import CHECKPOINT, checkpoint_dir, complete_checkpoints
 from storage.checkpoint import read as read_store
 from storage.dataset import Dataset
 from storage.importers import check_continuation, import_dataset
-from storage.sources import not_parts, resolve_parts
+from storage.sources import Part, not_parts, resolve_parts, unfinished
 from storage.staging import check_destination
 from storage.manifest import MANIFEST
 from storage.profile import Profile
@@ -51,9 +51,11 @@ def artifact_key(kind: str, run_dir: str | Path) -> str:
 
 
 def run_paths(config: RetrainConfig) -> dict[str, Path]:
-    """The run_dir's own stores; each model version's are under versions/NNNN (storage.versions)."""
+    """The run_dir's own stores, and the file its local Dask workers write their output to (the last run's);
+    each model version's stores are under versions/NNNN (storage.versions)."""
     run = Path(config.run_dir)
-    return {"run": run, "dataset": run / "dataset", "estimate": run / "estimate"}
+    return {"run": run, "dataset": run / "dataset", "estimate": run / "estimate",
+            "worker_log": run / "dask-workers.log"}
 
 
 def check_run(config: RetrainConfig) -> None:
@@ -146,7 +148,8 @@ def check_dataset(config: RetrainConfig) -> None:
     if known is None:
         return
     if same_source(known, config):
-        check_continuation(config.dataset_format, source, dest, resolve_parts(source), known, import_options(config))
+        check_continuation(config.dataset_format, source, dest, source_parts(config, known), known,
+                           import_options(config))
     elif versions.numbers(config.run_dir):
         raise InputError(
             f"run_dir {config.run_dir} was trained on {known.get('path')} ({known.get('format')}); dataset "
@@ -156,7 +159,8 @@ def check_dataset(config: RetrainConfig) -> None:
 
 
 def check_versions(config: RetrainConfig, dataset_store: str) -> None:
-    """Refuse a dataset store the run_dir's versions were not trained on, or one that changed underneath them.
+    """Refuse a dataset store the run_dir's versions were not trained on, or one that changed underneath them
+    (other than by 'shardflow import --replace-from', which the store records).
 
     For a dataset given as a store (an imported source is checked part by part by
     storage.importers.check_continuation instead).
@@ -171,8 +175,12 @@ def check_versions(config: RetrainConfig, dataset_store: str) -> None:
             f"run_dir {run} holds model versions of dataset {last['dataset']}; dataset {dataset_store} is another "
             "store. Accepted: that dataset (grown with 'shardflow import --append'), or a new run_dir"
         )
-    have = [segment_checksum(s) for s in Dataset.open(dataset_store).segments]
-    if have[: len(last["segments"])] != last["segments"]:
+    ds = Dataset.open(dataset_store)
+    have = [segment_checksum(s) for s in ds.segments]
+    differs = next((i for i, (a, b) in enumerate(zip(have, last["segments"])) if a != b),
+                   None if len(have) >= len(last["segments"]) else len(have))
+    replaced = [r["segment"] for r in ds.info.source.get("replaced", [])] if isinstance(ds.info.source, dict) else []
+    if differs is not None and not any(k <= differs for k in replaced):
         raise InputError(
             f"dataset {dataset_store} no longer starts with the {len(last['segments'])} parts version "
             f"{last['version']} of run_dir {run} was trained on (a part was changed or re-imported); accepted: "
@@ -203,30 +211,47 @@ def same_source(known: dict, config: RetrainConfig) -> bool:
 
 @task(name="import-dataset", task_run_name="import-dataset", cache_policy=NONE)
 def prepare_dataset(config: RetrainConfig) -> dict:
-    """The dataset store and the parts this run added to it: {"path", "parts_added"}.
+    """The dataset store and the parts this run added to it: {"path", "parts_added", "warnings"}.
 
     `dataset` itself if it is a store (grown, if at all, by 'shardflow import --append'),
     else its import into RUN_DIR/dataset. A source the run_dir imported before gets its
-    new parts appended (the append refuses, under the store's lock, parts that vanished
-    or changed); check_run has refused another source on a run_dir with model versions.
+    new finished parts appended (the append refuses, under the store's lock, parts that
+    vanished or changed); check_run has refused another source on a run_dir with model
+    versions. The warnings name what the source holds that is not a part, and the parts
+    left for a later night because they may still be being written.
     """
     source, dest = Path(config.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file():
-        return {"path": str(source), "parts_added": [], "not_parts": []}
-    skipped = not_parts(source)
-    if skipped:
-        get_run_logger().warning("%s: skipped %d entries that are not parts: %s", source, len(skipped),
-                                 ", ".join(skipped[:5]) + (", …" if len(skipped) > 5 else ""))
+        return {"path": str(source), "parts_added": [], "warnings": []}
     known = imported_source(config)
+    warnings = source_warnings(source, source_parts(config, known))
+    for w in warnings:
+        get_run_logger().warning("%s", w)
     if known is not None and same_source(known, config):
-        added = import_dataset(config.dataset_format, source, dest, append=True,
+        added = import_dataset(config.dataset_format, source, dest, append=True, settle_s=config.part_settle_s,
                                **_import_kwargs(config))["parts_added"]
         get_run_logger().info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing",
                               dest, source)
-        return {"path": str(dest), "parts_added": [Path(p).name for p in added], "not_parts": skipped}
+        return {"path": str(dest), "parts_added": [Path(p).name for p in added], "warnings": warnings}
     done = import_dataset(config.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file(),
-                          **_import_kwargs(config))
-    return {"path": str(dest), "parts_added": [Path(p).name for p in done["parts_added"]], "not_parts": skipped}
+                          settle_s=config.part_settle_s, **_import_kwargs(config))
+    return {"path": str(dest), "parts_added": [Path(p).name for p in done["parts_added"]], "warnings": warnings}
+
+
+def source_parts(config: RetrainConfig, known: dict | None) -> list[Part]:
+    """The parts of the dataset directory, each unfinished one marked (those RUN_DIR/dataset holds are not judged)."""
+    held = [p["name"] for p in known.get("parts", [])] if known and same_source(known, config) else []
+    return resolve_parts(config.dataset, config.part_settle_s, held)
+
+
+def source_warnings(source: Path, parts: list[Part]) -> list[str]:
+    """What a run tells about its source directory: entries that are not parts, parts left for a later night."""
+    out = []
+    for what, names in ((f"skipped {{}} entries of {source} that are not parts", not_parts(source)),
+                        (f"left {{}} parts of {source} for a later night (not finished)", unfinished(parts))):
+        if names:
+            out.append(what.format(len(names)) + ": " + ", ".join(names[:5]) + (", …" if len(names) > 5 else ""))
+    return out
 
 
 @task(name="profile", task_run_name="profile", cache_policy=NONE)

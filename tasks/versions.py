@@ -24,13 +24,13 @@ from storage.dataset import Dataset, segment_checksum
 from storage.importers import check_continuation
 from storage.lock import run_lock
 from storage.manifest import MANIFEST
-from storage.sources import resolve_parts
-from tasks.retrain import artifact_key, import_options, imported_source, run_paths, same_source
+from tasks.retrain import (artifact_key, import_options, imported_source, run_paths, same_source, source_parts,
+                           source_warnings)
 
 # Keys that change nothing a version computes: a version cut off part-way is resumed
 # under any of their values, and made again when any other key changed.
 NOT_FINGERPRINTED = ("run_dir", "scheduler_address", "cluster_class", "cluster_kwargs", "max_restarts",
-                     "restart_timeout_s", "promotion_margin", "keep_versions")
+                     "restart_timeout_s", "promotion_margin", "keep_versions", "part_settle_s")
 
 
 def version_paths(path: str | Path) -> dict[str, str]:
@@ -65,27 +65,30 @@ def _nothing_new(config: RetrainConfig, run: str) -> dict | None:
     if finished is None or versions.promotion_cut_off(run, last):
         return None
     source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    warnings = []
     if (source / MANIFEST).is_file():
         store = source
     else:
         known = imported_source(config)
-        if known is None or not same_source(known, config) or check_continuation(
-                config.dataset_format, source, dest, resolve_parts(source), known, import_options(config)):
+        if known is None or not same_source(known, config):
             return None
-        store = dest
+        parts = source_parts(config, known)
+        if check_continuation(config.dataset_format, source, dest, parts, known, import_options(config)):
+            return None
+        warnings, store = source_warnings(source, parts), dest
     segments = [segment_checksum(s) for s in Dataset.open(store).segments]
     if versions.started(run, last)["segments"] != segments:
         return None
-    return untrained(run, versions.current(run), [])
+    return untrained(run, versions.current(run), [], warnings)
 
 
-def untrained(run: str, current: int | None, parts_added: list[str]) -> dict:
+def untrained(run: str, current: int | None, parts_added: list[str], warnings: list[str]) -> dict:
     """A run that found no new data: the current version's figures, nothing trained, nothing downloaded."""
     figures = versions.result(run, current) if current else None
     if figures is None:
         raise TrainingError(f"run_dir {run} has no promoted model version and no new data to make one from")
     return {**figures, "trained": False, "parts_added": parts_added, "current": current, "downloads": 0,
-            "epoch_loss": [], "resumed_from": None, "skipped_checkpoints": [], "restarts": 0, "warnings": [],
+            "epoch_loss": [], "resumed_from": None, "skipped_checkpoints": [], "restarts": 0, "warnings": warnings,
             "message": f"no new data since version {figures['version']}: nothing trained"}
 
 
@@ -122,7 +125,9 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
         number = last
     else:
         number = (last or 0) + 1
-    seen = len(versions.started(run, promoted)["segments"]) if promoted else 0
+    # The parts the warm-start source saw: those its dataset shares with this one (a part replaced since
+    # with 'shardflow import --replace-from' is new to it).
+    seen = common_prefix(versions.started(run, promoted)["segments"], segments) if promoted else 0
     window = config.train_window
     wanted = {"new": seen, "all": 0}.get(window) if isinstance(window, str) else max(0, len(segments) - window)
     train_from = training_window_start(ds, wanted, config.batch_size, seen)
@@ -142,6 +147,11 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
     log.info("version %d: %s, training on parts %d..%d", number,
              f"warm start from version {promoted}" if promoted else "cold start", train_from + 1, len(segments))
     return {"train": True, "resumed": False, "version": number, **record, "path": str(path)}
+
+
+def common_prefix(a: list, b: list) -> int:
+    """How many leading entries `a` and `b` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 @task(name="warm-start", task_run_name="warm-start-from-{number}", cache_policy=NONE)

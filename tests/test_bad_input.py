@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import zarr
 
-from support import MODEL, OPTIMIZER, TOPOLOGIES, random_plan, snapshot
+from support import MODEL, OPTIMIZER, TOPOLOGIES, random_plan, settled, snapshot
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError, TrainingError
 from shardflow.optim import OptimizerConfig
@@ -269,6 +269,30 @@ def case_config_infinite_rates_and_slack(world, client, tmp_path):
         r"memory_slack = inf: Input should be a finite number.*row_lr = inf: Input should be a finite number.*dense_lr = nan"
 
 
+def case_config_part_settle_time_not_a_duration(world, client, tmp_path):
+    return [world / "ds"], config(world, part_settle_s=-1), \
+        r"part_settle_s = -1: Input should be greater than or equal to 0"
+
+
+def case_import_replace_a_part_the_store_does_not_hold(world, client, tmp_path):
+    src = tmp_path / "parts"
+    src.mkdir()
+    (src / "day-1.txt").write_text(GOOD_SASREC)
+    dest = tmp_path / "grown"
+    import_dataset("sasrec", src, dest)
+    return [dest], lambda: import_dataset("sasrec", src, dest, replace_from="day-2.txt"), \
+        r"--replace-from day-2.txt: not a part .*grown holds; accepted: one of day-1.txt"
+
+
+def case_import_only_unfinished_parts(world, client, tmp_path):
+    src = tmp_path / "parts"
+    src.mkdir()
+    (src / "day-1.txt").write_text(GOOD_SASREC.rstrip("\n"))  # its writer is not done
+    dest = copy(world, "imported", tmp_path)
+    return [dest], lambda: import_dataset("sasrec", src, dest, overwrite=True), \
+        r"parts: no finished part yet \(day-1.txt \(does not end with a newline\)\)"
+
+
 def case_config_step_past_the_machines_memory(world, client, tmp_path):
     return [world / "ds"], config(world, batch_size=10**8, negatives=4096, history=4096, dim=4096), \
         r"a training step needs about [\d,.]+ GB \(batch_size 100000000 over 2 devices .*this machine has [\d,.]+ GB"
@@ -486,6 +510,7 @@ def case_run_dir_dataset_part_changed(world, client, tmp_path):
     parts = tmp_path / "parts"
     parts.mkdir()
     (parts / "day-1.txt").write_text(GOOD_SASREC)
+    settled(parts / "day-1.txt")
     run = _run_dir_trained_on(world, tmp_path, parts)
     (parts / "day-1.txt").unlink()
     (parts / "day-1.txt").write_text(GOOD_SASREC.replace("1 1", "1 9", 1))

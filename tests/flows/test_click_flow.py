@@ -9,7 +9,7 @@ import pytest
 
 from flows.retrain import retrain
 from runs import SMALL, TOPOLOGY
-from support import REAL
+from support import REAL, settled
 from test_retrain_flow import artifact_rows
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
@@ -37,6 +37,7 @@ def config(root, client, **kw) -> RetrainConfig:
 def test_two_nights_of_a_click_log_make_two_dlrm_versions(prefect_api, client, nights):
     root, header, rows = nights
     (root / "logs" / "day1.csv").write_text("\n".join([header, *rows[:140]]) + "\n")
+    settled(root / "logs" / "day1.csv")
     state = retrain(config(root, client), return_state=True)
     first = state.result()
     assert first["trained"] and first["promoted"] and first["window"] == [0, 0]
@@ -51,6 +52,7 @@ def test_two_nights_of_a_click_log_make_two_dlrm_versions(prefect_api, client, n
     assert len({r["table-wise"] for r in tiers}) == 2, "26 tables packed onto both devices"
 
     (root / "logs" / "day2.csv").write_text("\n".join([header, *rows[140:]]) + "\n")
+    settled(root / "logs" / "day2.csv")
     second = retrain(config(root, client))
     assert second["trained"] and second["warm_start_from"] == 1 and second["window"] == [1, 1]
     assert second["eval_users"] == 6 and second["previous_logloss"] is not None and second["previous_hr_at_10"] is None

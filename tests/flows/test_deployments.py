@@ -113,7 +113,7 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
 
     nights = []
     for day in days:  # three nights, each with the day's new part
-        shutil.copy(day, parts)
+        shutil.copy2(day, parts)
         nights.append(run_deployment(server, "retrain/nightly-retrain", config))
     nights.append(run_deployment(server, "retrain/nightly-retrain", config))  # nothing new
     text = worker_log.read_text()

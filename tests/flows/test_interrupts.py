@@ -36,17 +36,36 @@ def start(tmp_path: Path, env: dict) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def interrupt_after_the_first_checkpoint(proc: subprocess.Popen, run: Path, signum: int) -> tuple[int, float, str, list]:
-    """(exit status, seconds from the signal to the exit, stderr, the run's processes before the signal)."""
-    first = run / "versions" / "0001" / "checkpoints" / "epoch-000001" / "manifest.json"
+def first_checkpoint(run: Path) -> bool:
+    return (run / "versions" / "0001" / "checkpoints" / "epoch-000001" / "manifest.json").exists()
+
+
+def profiling(run: Path) -> bool:
+    return any((run / "versions" / "0001").glob(".profile.staging-*"))
+
+
+def wait_for(proc: subprocess.Popen, moment, run: Path) -> None:
     deadline = time.monotonic() + 300
-    while not first.exists():
+    while not moment(run):
         assert proc.poll() is None, proc.stderr.read()[-3000:]
-        assert time.monotonic() < deadline, "no checkpoint within 300 s"
-        time.sleep(0.05)
+        assert time.monotonic() < deadline, f"no {moment.__name__} within 300 s"
+        time.sleep(0.01)
+
+
+def interrupt_after_the_first_checkpoint(proc: subprocess.Popen, run: Path, signum: int, moment=first_checkpoint,
+                                         again_after_s: float | None = None) -> tuple[int, float, str, list]:
+    """(exit status, seconds from the last signal to the exit, stderr, the run's processes before the signal).
+
+    `again_after_s`: the same signal a second time, that long after the first."""
+    wait_for(proc, moment, run)
     family = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-    sent = time.monotonic()
     os.killpg(proc.pid, signum)  # the whole process group, as a terminal's Ctrl-C
+    sent = time.monotonic()
+    if again_after_s is not None:
+        time.sleep(again_after_s)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signum)
+            sent = time.monotonic()
     try:
         _, err = proc.communicate(timeout=120)
     finally:
@@ -68,7 +87,7 @@ def still_running(pids: list[int]) -> list[str]:
 
 
 def one_line(err: str, begins: str) -> None:
-    assert "Traceback" not in err, err[-3000:]
+    assert "Traceback" not in err and "distributed." not in err and "Warning" not in err, err[-3000:]
     ours = [line for line in err.splitlines() if line.startswith("shardflow run:")]
     assert len(ours) == 1 and ours[0].startswith(begins) and "run the same command again to resume" in ours[0], ours
 
@@ -101,3 +120,92 @@ def test_sigterm_to_the_group_is_recorded_as_crashed_and_the_same_command_resume
                           timeout=120)
     assert back.returncode == 0, back.stderr[-3000:]
     assert [state for _, state in json.loads(back.stdout)["runs"]] == ["CRASHED"]
+
+
+def embedded(tmp_path: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    return env | {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+def test_ctrl_c_while_profiling_is_one_line_and_the_workers_say_nothing_on_the_terminal(tmp_path):
+    proc = start(tmp_path, embedded(tmp_path))
+    status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT,
+                                                                        moment=profiling)
+    assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, err[-3000:])
+    one_line(err, "shardflow run: interrupted;")
+    assert still_running(family) == []
+
+
+def test_a_second_ctrl_c_ends_the_run_at_once_with_one_line_and_the_same_command_resumes(tmp_path):
+    env = embedded(tmp_path)
+    proc = start(tmp_path, env)
+    status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT,
+                                                                        again_after_s=0.5)
+    assert status == 130 and seconds < 5, (status, seconds, err[-3000:])
+    one_line(err, "shardflow run: interrupted")
+    assert still_running(family) == []
+    rerun = subprocess.run([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml"), "--json"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert json.loads(rerun.stdout)["resumed_from"].endswith("epoch-000001")
+
+
+def test_a_worker_killed_mid_epoch_is_a_warning_in_the_summary_not_tracebacks_on_the_terminal(tmp_path):
+    proc = start(tmp_path, embedded(tmp_path))
+    wait_for(proc, first_checkpoint, tmp_path / "run")
+    workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+    assert len(workers) == 2, [p.cmdline() for p in workers]
+    workers[0].kill()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "distributed." not in err, err[-3000:]
+    assert "restoring the cluster and resuming from the last complete checkpoint (restart 1 of 3)" in err
+    assert "  warning      restart 1: device " in out and "resumed from the last complete checkpoint" in out, out
+    log = (tmp_path / "run" / "dask-workers.log").read_text()
+    assert "Restarting worker" in log  # the workers' own account of it is kept, off the terminal
+
+
+def embedded_server(proc: subprocess.Popen) -> psutil.Process:
+    servers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "uvicorn" in " ".join(p.cmdline())]
+    assert len(servers) == 1, [p.cmdline() for p in servers]
+    return servers[0]
+
+
+def test_the_embedded_api_killed_mid_run_is_started_again_and_the_run_completes(tmp_path):
+    proc = start(tmp_path, embedded(tmp_path))
+    wait_for(proc, first_checkpoint, tmp_path / "run")
+    embedded_server(proc).kill()
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "Error logging to API" not in err, err[-3000:]
+    assert "the embedded Prefect API stopped (exit status -9); starting it again at http://127.0.0.1:" in err
+    assert "epoch 3: " in err and "promoted" in out
+
+
+def test_an_embedded_api_that_cannot_start_again_stops_the_run_in_one_line_and_the_next_run_resumes(tmp_path):
+    import socket
+
+    env = embedded(tmp_path)
+    proc = start(tmp_path, env)
+    wait_for(proc, first_checkpoint, tmp_path / "run")
+    server = embedded_server(proc)
+    port = next(c.laddr.port for c in server.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
+    server.kill()
+    server.wait(10)
+    squatter = socket.socket()  # takes the server's address, listens and never answers
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", port))
+    squatter.listen(16)
+    try:
+        _, err = proc.communicate(timeout=600)
+    finally:
+        squatter.close()
+    assert proc.returncode == 3, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    ours = [line for line in err.splitlines() if line.startswith("shardflow run:")]
+    assert len(ours) == 1 and ours[0].startswith("shardflow run: training stopped: the embedded Prefect API stopped "
+                                                 "(exit status -9) and did not start again"), ours
+    rerun = subprocess.run([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml"), "--json"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert json.loads(rerun.stdout)["resumed_from"] is not None

@@ -26,7 +26,7 @@ from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.dataset import Dataset
 from storage.plan import read_summary
-from support import REAL, snapshot, split_into_days
+from support import REAL, settled, snapshot, split_into_days
 from tasks.retrain import artifact_key
 
 TWO = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n"
@@ -56,7 +56,7 @@ def first_night(root: Path, client, daily: list[Path], run: str) -> tuple[Path, 
     """(the run's parts directory, the first night's summary): day 1 only, on two devices."""
     parts = root / f"{run}-parts"
     parts.mkdir()
-    shutil.copy(daily[0], parts)
+    shutil.copy2(daily[0], parts)
     return parts, night(root, client, parts, run, "two.yaml")[0]
 
 
@@ -67,7 +67,7 @@ def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect
     assert first["trained"] and first["promoted"] and first["current"] == 1 and first["previous_auc"] is None
     assert first["replanned"] and first["previous_plan_comm_time_us_per_step"] is None
 
-    shutil.copy(daily[1], parts)
+    shutil.copy2(daily[1], parts)
     second, names = night(root, client, parts, "run", "two.yaml")
     assert (second["version"], second["warm_start_from"], second["parts_added"]) == (2, 1, ["day-2.txt"])
     assert "warm-start-from-1" in names and names.count("download") == 1
@@ -81,7 +81,7 @@ def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect
     dataset = Dataset.open(root / "run" / "dataset")
     assert dataset.info.version == 2 and len(dataset.segments) == 2  # only the new part was imported
 
-    shutil.copy(daily[2], parts)
+    shutil.copy2(daily[2], parts)
     third, names = night(root, client, parts, "run", "three.yaml")
     source = second["current"]
     assert (third["version"], third["warm_start_from"], third["parts_added"]) == (3, source, ["day-3.txt"])
@@ -98,7 +98,7 @@ def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect
     everything = root / "everything"
     everything.mkdir()
     for p in daily:
-        shutil.copy(p, everything)
+        shutil.copy2(p, everything)
     cold, _ = night(root, client, everything, "cold", "three.yaml")
     assert cold["version"] == 1 and cold["warm_start_from"] is None
     cold_auc = evaluate_export(cold["model"], root / "run" / "dataset", None, 0, eval_from=2)
@@ -135,7 +135,7 @@ def test_a_worse_version_is_not_promoted_and_an_event_says_so(prefect_api, clien
     root, daily = days
     parts, first = first_night(root, client, daily, "gate")
     model_before = sorted(p.name for p in Path(first["model"]).iterdir())
-    shutil.copy(daily[1], parts)
+    shutil.copy2(daily[1], parts)
     worse, _ = night(root, client, parts, "gate", "two.yaml", dense_lr=0.3, row_lr=2.0)  # wrecks the model
     assert worse["version"] == 2 and worse["promoted"] is False and worse["current"] == 1
     assert worse["auc"] < worse["previous_auc"] - 0.002
@@ -155,7 +155,7 @@ def test_a_worse_version_is_not_promoted_and_an_event_says_so(prefect_api, clien
     assert "flow-run" in {r.role for r in events[0].related}
 
     # The next night warm-starts from the promoted version 1, not from the rejected 2.
-    shutil.copy(daily[2], parts)
+    shutil.copy2(daily[2], parts)
     third, _ = night(root, client, parts, "gate", "two.yaml")
     assert third["version"] == 3 and third["warm_start_from"] == 1 and third["window"] == [1, 1]
 
@@ -165,7 +165,7 @@ def test_a_version_killed_during_its_download_leaves_the_promoted_model_untouche
     run = root / "killed"
     parts, first = first_night(root, client, daily, "killed")
     promoted = snapshot(Path(first["model"]))
-    shutil.copy(daily[1], parts)
+    shutil.copy2(daily[1], parts)
     second = versions.version_dir(run, 2)
 
     def downloading() -> bool:
@@ -216,7 +216,7 @@ def test_measured_bytes_stay_within_two_percent_of_the_model_night_after_night(p
     parts.mkdir()
     seen = []
     for day, topology in zip(daily, ("two.yaml", "two.yaml", "three.yaml", "three.yaml", "two.yaml")):
-        shutil.copy(day, parts)
+        shutil.copy2(day, parts)
         s, _ = night(root, client, parts, "chain", topology, replan_margin=0.5)  # kept unless the topology changed
         seen.append((s["version"], topology, s["replanned"], s["window"], s["bytes_per_step"] / s["modeled_bytes_per_step"]))
         if s["version"] == 4:  # an operator rolls back to version 2 as the README says; night 5 builds on it
@@ -241,3 +241,42 @@ def test_measured_bytes_stay_within_two_percent_of_the_model_night_after_night(p
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert "points at 'versions/0009', not a finished model version" in refused.stderr
     assert f"'shardflow promote {root / 'chain'} --version N' (finished versions: 1, 2, 3, 4, 5)" in refused.stderr
+
+
+def test_a_part_rewritten_after_its_import_is_replaced_and_the_next_night_trains_on_it(prefect_api, client, days):
+    """The stuck state: a night imported half a day (its writer busy; the cut line ended the file), the
+    writer then finished the part. The next night is refused with the command that takes the part as it
+    is now; after it, the next night makes a version trained on the whole part, warm-started, and a night
+    on an unfinished new part leaves that part for later, saying so."""
+    root, daily = days
+    run = root / "replaced"
+    parts, first = first_night(root, client, daily, "replaced")
+    whole = daily[1].read_bytes()
+    cut = whole.index(b"\n", len(whole) // 2) + 1
+    (parts / "day-2.txt").write_bytes(whole[:cut - 3] + b"\n")  # half a day, its last line cut short
+    settled(parts / "day-2.txt")
+    half, _ = night(root, client, parts, "replaced", "two.yaml")
+    assert half["version"] == 2 and half["parts_added"] == ["day-2.txt"]
+
+    (parts / "day-2.txt").write_bytes(whole)  # the writer finishes
+    settled(parts / "day-2.txt")
+    stuck = subprocess.run([str(BIN / "shardflow"), "run", "--set", f"dataset={parts}", "--set", f"run_dir={run}",
+                            "--set", f"topology={root / 'two.yaml'}"], capture_output=True, text=True, timeout=300)
+    assert stuck.returncode == 2 and "Traceback" not in stuck.stderr, stuck.stderr[-3000:]
+    command = (f"shardflow import --format sasrec --replace-from day-2.txt {parts} {run / 'dataset'}")
+    assert "part 'day-2.txt' changed since version 2 imported it" in stuck.stderr and command in stuck.stderr
+    assert versions.numbers(run) == [1, 2]
+
+    fixed = subprocess.run([str(BIN / "shardflow"), *command.split()[1:]], capture_output=True, text=True,
+                           timeout=300)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert Dataset.open(run / "dataset").info.source["replaced"][0]["part"] == "day-2.txt"
+
+    (parts / "day-3.txt").write_bytes(daily[2].read_bytes())  # just written: it waits for part_settle_s
+    third, _ = night(root, client, parts, "replaced", "two.yaml")
+    assert (third["version"], third["warm_start_from"], third["window"]) == (3, half["current"], [1, 1])
+    assert third["trained"] and third["parts_added"] == [] and len(third["epoch_loss"]) == 1
+    assert any(w.startswith(f"left 1 parts of {parts} for a later night (not finished): day-3.txt (modified ")
+               for w in third["warnings"]), third["warnings"]
+    assert Dataset.open(run / "dataset").info.interactions == len(daily[0].read_text().splitlines()) \
+        + len(whole.splitlines())

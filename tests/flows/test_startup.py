@@ -83,7 +83,7 @@ def test_a_run_owns_its_data_an_append_meanwhile_is_refused_naming_the_run(tmp_p
     days = split_into_days(tmp_path / "head.txt", tmp_path / "days", (0.8, 0.2), late_users=0.1, seed=0)
     parts, run = tmp_path / "parts", tmp_path / "run"
     parts.mkdir()
-    shutil.copy(days[0], parts)
+    shutil.copy2(days[0], parts)
     (parts / ".day-2.txt.part").write_text("")  # a writer's hidden temporary file, and a folder: not parts
     (parts / "archive").mkdir()
     (tmp_path / "topo.yaml").write_text(TOPOLOGY)
@@ -97,7 +97,7 @@ def test_a_run_owns_its_data_an_append_meanwhile_is_refused_naming_the_run(tmp_p
     while not first.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:] if proc.poll() else "slow"
         time.sleep(0.05)
-    shutil.copy(days[1], parts)  # the next day's part lands while version 1 trains
+    shutil.copy2(days[1], parts)  # the next day's part lands while version 1 trains
     append = subprocess.run([str(BIN / "shardflow"), "import", "--format", "sasrec", str(parts), str(run / "dataset"),
                              "--append"], capture_output=True, text=True, timeout=300)
     out, err = proc.communicate(timeout=RUN_S)
