@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip install --quiet --constraint constraints.txt
 RUN    := runs/demo
 
-.PHONY: install test run bench lock clean
+.PHONY: install test test-quick lint run bench lock clean
 
 install: $(VENV)/.installed
 
@@ -21,8 +21,16 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) --editable '.[test]'
 	touch $@
 
-test: $(VENV)/.installed-test
+# Every tier (tests/conftest.py: unit, cluster, server, fault), after the linter; CI runs this.
+test: lint
 	$(BIN)/python -m pytest -q --durations=15
+
+# The unit tier on every core: pure logic and real zarr stores, no cluster and no Prefect API.
+test-quick: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m unit -n auto
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
 
 # The main job: the whole retraining flow (flows/retrain.py) on the bundled amazon-video
 # dataset over the demo topology (2 nodes × 2 devices), with Prefect's embedded API and a

@@ -42,7 +42,9 @@ rows = sum(batch.num_rows for batch in reader)
 
 def write_log(path: Path, users: np.ndarray, items: np.ndarray) -> None:
     table = pa.table({"user": users, "item": items})
-    pacsv.write_csv(table, path, write_options=pacsv.WriteOptions(include_header=False, delimiter=" ", quoting_style="none"))
+    pacsv.write_csv(
+        table, path, write_options=pacsv.WriteOptions(include_header=False, delimiter=" ", quoting_style="none")
+    )
 
 
 def make_logs(work: Path, lines: int, users: int, items: int, seed: int) -> tuple[Path, Path]:
@@ -96,7 +98,10 @@ def main() -> None:
     try:
         t = time.perf_counter()
         log, part = make_logs(work, int(args.lines), int(args.users), int(args.items), args.seed)
-        print(f"log: {int(args.lines):,} lines, {log.stat().st_size / 1e6:.0f} MB, written in {time.perf_counter() - t:.1f} s")
+        print(
+            f"log: {int(args.lines):,} lines, {log.stat().st_size / 1e6:.0f} "
+            f"MB, written in {time.perf_counter() - t:.1f} s"
+        )
         print(f"{'round':>5} {'reader s':>9} {'import s':>9} {'ratio':>6} {'reader MB':>10} {'import MB':>10}")
         ratios, peaks = [], []
         for r in range(args.rounds):
@@ -120,8 +125,12 @@ def main() -> None:
         for r in range(args.rounds):
             trial = work / f"store-{r}"
             subprocess.run(["cp", "-r", str(store), str(trial)], check=True)
-            append_s, append_mb = measure([shardflow, "import", "--format", "sasrec", "--append", str(work / "parts"), str(trial)])
-            alone_s, alone_mb = measure([shardflow, "import", "--format", "sasrec", str(part), str(work / f"alone-{r}")])
+            append_s, append_mb = measure(
+                [shardflow, "import", "--format", "sasrec", "--append", str(work / "parts"), str(trial)]
+            )
+            alone_s, alone_mb = measure(
+                [shardflow, "import", "--format", "sasrec", str(part), str(work / f"alone-{r}")]
+            )
             print(f"{r + 1:>5} {append_s:>9.2f} {alone_s:>8.2f} {append_mb:>10.0f} {alone_mb:>9.0f}")
             subprocess.run(["rm", "-rf", str(trial), str(work / f"alone-{r}")], check=True)
         print(f"load average {os.getloadavg()[0]:.2f}")

@@ -80,9 +80,13 @@ def main() -> None:
             cold_s, cold = run(work / f"cold-{r}", both, args.epochs)
             assert nightly["version"] == 2 and nightly["warm_start_from"] == 1 and cold["version"] == 1
             ratios.append(nightly_s / cold_s)
-            print(f"round {r + 1}: nightly {nightly_s:6.1f} s (AUC {nightly['auc']:.4f}, {'promoted' if nightly['promoted'] else 'not promoted'}, "
-                  f"{'re-planned' if nightly['replanned'] else 'plan kept'})   cold {cold_s:6.1f} s (AUC {cold['auc']:.4f})   "
-                  f"ratio {nightly_s / cold_s:.2f}")
+            print(
+                f"round {r + 1}: nightly {nightly_s:6.1f} s (AUC {nightly['auc']:.4f}, "
+                f"{'promoted' if nightly['promoted'] else 'not promoted'}, "
+                f"{'re-planned' if nightly['replanned'] else 'plan kept'}) "
+                f"  cold {cold_s:6.1f} s (AUC {cold['auc']:.4f})   "
+                f"ratio {nightly_s / cold_s:.2f}"
+            )
             shutil.rmtree(night)
             shutil.rmtree(work / f"cold-{r}")
         print(f"nightly ÷ cold wall time: min {min(ratios):.2f}, median {statistics.median(ratios):.2f}, "

@@ -51,8 +51,17 @@ def chain(root: Path, split: int, epochs: int, address: str) -> list[tuple]:
             "scheduler_address": address, "epochs": epochs, "batch_size": 1024, "dim": 16, "eval_users": None,
             "replan_margin": 0.5})
         s = retrain(config)
-        rows.append((split, s["version"], devices, "kept" if not s["replanned"] else "made" if s["warm_start_from"] is None else "re-made", s["window"][0] + 1,
-                     s["bytes_per_step"] / 1e6, s["modeled_bytes_per_step"] / 1e6))
+        rows.append(
+            (
+                split,
+                s["version"],
+                devices,
+                "kept" if not s["replanned"] else "made" if s["warm_start_from"] is None else "re-made",
+                s["window"][0] + 1,
+                s["bytes_per_step"] / 1e6,
+                s["modeled_bytes_per_step"] / 1e6,
+            )
+        )
     return rows
 
 

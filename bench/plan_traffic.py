@@ -265,7 +265,9 @@ def real() -> None:
     for label, topo in (("P=8", uniform(1, 8, 12.5)), ("P=64", uniform(8, 8, 12.5))):
         for slack in (0.0, 0.1, 0.25):
             for dedup in ("none", "device"):
-                cells.append((f"amazon-video {label} slack={slack:.0%} {dedup}", cell(accesses, topo, slack, dedup, 4096)))
+                cells.append(
+                    (f"amazon-video {label} slack={slack:.0%} {dedup}", cell(accesses, topo, slack, dedup, 4096))
+                )
     print_cells("Bundled amazon-video (23,715 items)", cells)
     print_summary(cells)
 

@@ -220,8 +220,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="run the stages through the CLI and train only this many steps (for logs whose epochs "
                              "outlast the bench) instead of the whole flow")
-    parser.add_argument("--steps-per-epoch", type=int, default=None,
-                        help="the whole flow, each epoch cut to its first N steps (a log whose epoch outlasts the bench)")
+    parser.add_argument(
+        "--steps-per-epoch",
+        type=int,
+        default=None,
+        help="the whole flow, each epoch cut to its first N steps (a log whose epoch outlasts the bench)",
+    )
     parser.add_argument("--flow-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.flow_child:

@@ -148,7 +148,9 @@ def main() -> None:
                 rates.setdefault("engine, 2, early answers", []).append(early["rate"])
                 patch_share.append(early["patch_share"])
                 for threads in (1, 2):
-                    rates.setdefault(f"pytorch, {threads} thread(s)", []).append(pytorch_rate(data, MODEL, B, n, threads))
+                    rates.setdefault(f"pytorch, {threads} thread(s)", []).append(
+                        pytorch_rate(data, MODEL, B, n, threads)
+                    )
                 if not skipped:
                     rate, skipped = torchrec_rate(args.torchrec_python, dataset, B, n)
                     if rate is not None:
@@ -158,8 +160,15 @@ def main() -> None:
                 full = TrainConfig(batch_size=B, eval_users=None)
                 with Engine(two, str(dataset), *plans[2], MODEL, OPTIMIZER, full) as engine:
                     fit = engine.fit()
-                    epoch = {**engine.evaluate(), "steps": fit.steps, "seconds": fit.seconds, "loss": fit.epoch_loss[-1]}
-        print(f"\nload average {idle:.2f} before, {min(loads):.2f}-{max(loads):.2f} at the rounds' starts, {cores} cores")
+                    epoch = {
+                        **engine.evaluate(),
+                        "steps": fit.steps,
+                        "seconds": fit.seconds,
+                        "loss": fit.epoch_loss[-1],
+                    }
+        print(
+            f"\nload average {idle:.2f} before, {min(loads):.2f}-{max(loads):.2f} at the rounds' starts, {cores} cores"
+        )
         print(f"{'trainer':<24} {'examples/s: min':>15} {'median':>9} {'max':>9}")
         for name, v in rates.items():
             print(f"{name:<24} {min(v):>15,.0f} {float(np.median(v)):>9,.0f} {max(v):>9,.0f}")
@@ -185,8 +194,11 @@ def main() -> None:
             print(f"engine, {devices} device(s), ms/step (median of rounds): "
                   + "  ".join(f"{k} {v * 1e3:.1f}" for k, v in mean.items()))
         if epoch:
-            print(f"one epoch on 2 devices: {epoch['steps']} steps in {epoch['seconds']:.1f} s, loss {epoch['loss']:.4f}, "
-                  f"AUC {epoch['auc']:.4f}, HR@10 {epoch['hr_at_10']:.4f} ({epoch['users']:,} held-out users)")
+            print(
+                f"one epoch on 2 devices: {epoch['steps']} steps in "
+                f"{epoch['seconds']:.1f} s, loss {epoch['loss']:.4f}, "
+                f"AUC {epoch['auc']:.4f}, HR@10 {epoch['hr_at_10']:.4f} ({epoch['users']:,} held-out users)"
+            )
 
 
 if __name__ == "__main__":

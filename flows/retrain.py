@@ -173,7 +173,9 @@ def _tidy(run_dir: str) -> None:
     left = remove_leftovers(run_dir) + remove_leftovers(Path(run_dir) / "checkpoints") + (
         versions.sweep_temporary(run_dir) if (Path(run_dir) / versions.VERSIONS).is_dir() else [])
     if left:
-        get_run_logger().warning("removed %d unfinished stores a cut-off run left behind: %s", len(left), ", ".join(left))
+        get_run_logger().warning(
+            "removed %d unfinished stores a cut-off run left behind: %s", len(left), ", ".join(left)
+        )
 
 
 def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, devices: int, modeled: float,

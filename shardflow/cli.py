@@ -176,8 +176,11 @@ def _print_plan(s: dict) -> None:
     print(f"  tiers            global {s['tiers']['global']:,}  node {s['tiers']['node']:,}"
           f"{f' ({some:,} on some nodes only)' if some else ''}  single {s['tiers']['single']:,}")
     print(f"  memory/device    max {max(memory) / mb:,.1f} MB of a {s['budget_bytes_per_device'] / mb:,.1f} MB budget")
-    print(f"  bytes/step       lookup {s['lookup_bytes_per_step'] / mb:,.3f} MB  sync {s['sync_bytes_per_step'] / mb:,.3f} MB"
-          f"  inter-node {s['inter_node_bytes_per_step'] / mb:,.3f} MB")
+    print(
+        f"  bytes/step       lookup {s['lookup_bytes_per_step'] / mb:,.3f} "
+        f"MB  sync {s['sync_bytes_per_step'] / mb:,.3f} MB"
+        f"  inter-node {s['inter_node_bytes_per_step'] / mb:,.3f} MB"
+    )
     print(f"  comm time/step   {s['comm_time_s_per_step'] * 1e6:,.2f} us (busiest: {s['busiest_link']});"
           f" row-wise-mod {s['row_wise_mod_comm_time_s_per_step'] * 1e6:,.2f} us;"
           f" bound {s['lower_bound_comm_time_s_per_step'] * 1e6:,.2f} us; gap closed {s['gap_closed']:.3f}")
@@ -203,7 +206,9 @@ def _cmd_train(args: argparse.Namespace) -> dict:
         eval_users=args.eval_users or None,
     )
     torch_device(args.device)  # refused here, before a cluster starts, if this machine has no GPU
-    with dask_client(args.scheduler, None if args.scheduler else topology.devices, gpus=args.device == "cuda") as client:
+    with dask_client(
+        args.scheduler, None if args.scheduler else topology.devices, gpus=args.device == "cuda"
+    ) as client:
         return train_from_stores(
             args.dataset,
             args.plan,
@@ -294,7 +299,10 @@ def _print_run(s: dict) -> None:
     print(f"  traffic/step {measured}, {s['modeled_bytes_per_step'] / mb:,.3f} MB modeled for this plan")
     print(f"  comm time/step (modeled) {s['comm_time_us_per_step']:,.1f} µs; row-wise-mod "
           f"{s['row_wise_comm_time_us_per_step']:,.1f} µs, {s['row_wise_bytes_per_step'] / mb:,.3f} MB")
-    print(f"  model        {s['model']} (downloaded {s['downloads']} time{'s' if s['downloads'] != 1 else ''} by this run)")
+    print(
+        f"  model        {s['model']} (downloaded {s['downloads']} "
+        f"time{'s' if s['downloads'] != 1 else ''} by this run)"
+    )
     for c in s["checkpoints"]:
         print(f"  checkpoint   {c}")
     for p in s["plots"]:

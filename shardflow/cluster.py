@@ -46,7 +46,8 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
             client = Client(scheduler_address, timeout=f"{connect_timeout_s}s")
         except (OSError, TimeoutError) as e:
             raise InputError(
-                f"scheduler {scheduler_address!r} did not answer within {connect_timeout_s:.0f} s ({type(e).__name__}); "
+                f"scheduler {scheduler_address!r} did not answer within "
+                f"{connect_timeout_s:.0f} s ({type(e).__name__}); "
                 "accepted: the address of a running Dask scheduler. Nothing was written"
             ) from None
         with client:

@@ -68,7 +68,9 @@ class RetrainConfig(BaseModel):
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = Field(0, ge=0, le=2**63 - 1, description="batch order and negatives (a 64-bit signed integer)")
     max_restarts: int = Field(
-        3, ge=0, description="times a run restores the cluster and the shards from the last checkpoint after losing a worker"
+        3,
+        ge=0,
+        description="times a run restores the cluster and the shards from the last checkpoint after losing a worker",
     )
     restart_timeout_s: float = Field(300.0, gt=0, description="how long a restore waits for enough workers")
     eval_users: int | None = Field(5000, ge=1, description="held-out users evaluated (none: all)")

@@ -63,7 +63,9 @@ class _Box:
             out.append(f'<line x1="{LEFT}" y1="{py:.1f}" x2="{LEFT + self.width}" y2="{py:.1f}" stroke="#e4e4e4"/>')
             out.append(f'<text x="{LEFT - 5}" y="{py + 4:.1f}" text-anchor="end">{_label(v, y.log)}</text>')
         mid = top + height / 2
-        out.append(f'<text x="15" y="{mid}" text-anchor="middle" transform="rotate(-90 15 {mid})">{escape(ylabel)}</text>')
+        out.append(
+            f'<text x="15" y="{mid}" text-anchor="middle" transform="rotate(-90 15 {mid})">{escape(ylabel)}</text>'
+        )
 
     def at(self, x: float, y: float) -> tuple[float, float]:
         return LEFT + self.x.fraction(x) * self.width, self.top + self.height * (1 - self.y.fraction(y))
@@ -80,14 +82,17 @@ def _legend(out: list[str], names: list[str], top: float, first_color: int = 0) 
     x = W - LEGEND + 15
     for i, name in enumerate(names):
         y = top + 10 + 18 * i
-        out.append(f'<rect x="{x}" y="{y - 9}" width="12" height="12" fill="{COLORS[(first_color + i) % len(COLORS)]}"/>')
+        out.append(
+            f'<rect x="{x}" y="{y - 9}" width="12" height="12" fill="{COLORS[(first_color + i) % len(COLORS)]}"/>'
+        )
         out.append(f'<text x="{x + 18}" y="{y + 1}">{escape(name)}</text>')
 
 
 def _open(height: float, title: str, xlabel: str) -> list[str]:
     plot_mid = LEFT + (W - LEFT - LEGEND) / 2
     return [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-family="sans-serif" font-size="12">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" '
+        f'height="{height}" font-family="sans-serif" font-size="12">',
         f'<rect width="{W}" height="{height}" fill="white"/>',
         f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>',
         f'<text x="{plot_mid}" y="{height - 10}" text-anchor="middle">{escape(xlabel)}</text>',

@@ -8,7 +8,8 @@ The label is drawn from sigmoid(logit) with
     logit = bias + sum_t a[t, v_t] + sum_k w_k log(1 + x_k) + sum_{i<j<=P} <u[i, v_i], u[j, v_j]>
 
 where a (first order) and u (INTERACTION_FACTORS-dim; P: the first INTERACTING tables of at
-most INTERACTING_VALUES values, whose pairs a log of 10^5 rows shows often enough) are fixed per (table, value) by a hash of the seed: a logistic regression over one-hot
+most INTERACTING_VALUES values, whose pairs a log of 10^5 rows shows often enough) are fixed
+per (table, value) by a hash of the seed: a logistic regression over one-hot
 values sees the first two terms, only a model with pairwise interactions sees all. The
 file goes through the same importer as real logs (`shardflow import --format criteo`).
 """

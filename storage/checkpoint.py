@@ -155,15 +155,21 @@ def verify_export(store: str | Path) -> dict:
             try:
                 arr = zarr.open_array(str(store / kind / table), mode="r")
             except Exception as e:  # zarr raises several types for missing metadata
-                raise InputError(f"{store}/{kind}/{table}: unreadable ({type(e).__name__}); the export is damaged") from None
+                raise InputError(
+                    f"{store}/{kind}/{table}: unreadable ({type(e).__name__}); the export is damaged"
+                ) from None
             for start in range(0, rows, m["chunk_rows"]):
                 name = f"{kind}/{table}/{start}"
                 try:
                     values = arr[start : start + m["chunk_rows"]]
                 except Exception as e:
-                    raise InputError(f"{store}/{name}: unreadable ({type(e).__name__}: {e}); the export is damaged") from None
+                    raise InputError(
+                        f"{store}/{name}: unreadable ({type(e).__name__}: {e}); the export is damaged"
+                    ) from None
                 if digest(name, values) != expected.pop(name, None):
-                    raise InputError(f"{store}/{name}: rows {start}.. do not match their checksum; the export is damaged")
+                    raise InputError(
+                        f"{store}/{name}: rows {start}.. do not match their checksum; the export is damaged"
+                    )
     for group in ("dense", "dense_opt"):
         names = sorted(k.removeprefix(f"{group}/") for k in expected if k.startswith(f"{group}/"))
         read_arrays(store / group, names, group, m["arrays"])
@@ -180,7 +186,9 @@ def create_export(store: Path, tables: dict[str, int], dim: int) -> None:
                           compressors=COMPRESSORS)
 
 
-def write_export_chunk(store: str | Path, table: str, start: int, rows: np.ndarray, state: np.ndarray) -> dict[str, str]:
+def write_export_chunk(
+    store: str | Path, table: str, start: int, rows: np.ndarray, state: np.ndarray
+) -> dict[str, str]:
     """Rows start.. of `table` and their Adagrad sums, one chunk only this writer writes; {chunk name: digest}."""
     out = {}
     for kind, values in (("tables", rows), ("state", state)):

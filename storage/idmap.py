@@ -32,7 +32,9 @@ class IntDistinct:
         top = int(values.max())
         if self._sorted is None and top < DIRECT_LIMIT:
             if top >= self._seen.size:
-                self._seen = np.concatenate([self._seen, np.zeros(max(top + 1, 2 * self._seen.size) - self._seen.size, bool)])
+                self._seen = np.concatenate(
+                    [self._seen, np.zeros(max(top + 1, 2 * self._seen.size) - self._seen.size, bool)]
+                )
             self._seen[values] = True
             return
         if self._sorted is None:

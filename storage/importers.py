@@ -168,7 +168,9 @@ def scan_part(fmt: Format, part: Part, spill_dir: str, hash_rows: dict[str, int]
     if events == 0:
         what = "a header but no interactions" if fmt.has_header and not fmt.body_starts_at_line_1 else "empty file"
         raise InputError(f"{part.path}: {what}; accepted: at least one interaction")
-    scan = PartScan(part=part, sha256=reader.sha256, lines=reader.lines, events=events, spill=spill_dir, dtypes=spill.dtypes)
+    scan = PartScan(
+        part=part, sha256=reader.sha256, lines=reader.lines, events=events, spill=spill_dir, dtypes=spill.dtypes
+    )
     if run_users:
         # Runs a block boundary cut in two join here.
         scan.run_users, scan.run_lengths = runs_of(np.concatenate(run_users), np.concatenate(run_lengths))

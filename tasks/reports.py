@@ -65,7 +65,9 @@ def next_run(run_dir: str | Path) -> str:
 def failure_markdown(run_dir: str, error: BaseException) -> str:
     current = versions.current(run_dir)
     held = versions.result(run_dir, current) if current else None
-    stays = "no version is current yet" if held is None else f"version **{current}** stays current ({metric_text(held)})"
+    stays = (
+        "no version is current yet" if held is None else f"version **{current}** stays current ({metric_text(held)})"
+    )
     line = " ".join(str(error).split()) or type(error).__name__
     return "\n".join([
         f"# Retraining run `{run_dir}`: **failed**",
@@ -98,21 +100,33 @@ def version_rows(run: str) -> list[dict]:
     for n, r in results.items():
         began = versions.started(run, n)
         replanned = r.get("replanned")
-        rows.append({
-            "version": n,
-            "started": began["started"][:16].replace("T", " "),
-            "parts": len(began["segments"]),
-            "from": began["warm_start_from"],
-            "auc": _figure(r.get("auc")),
-            metric: _figure(r.get(metric)),
-            "replaced_auc": _figure(r.get("previous_auc")),
-            f"replaced_{metric}": _figure(r.get(f"previous_{metric}")),
-            "held_out": r.get("eval_users"),
-            "state": "unfinished" if not r else ("current, manual" if n in by_operator else "current")
-            if n == current else "promoted" if r["promoted"] else "rejected",
-            "plan": None if replanned is None else "kept" if not replanned else "made" if began["warm_start_from"] is None
-            else "re-made",
-        })
+        rows.append(
+            {
+                "version": n,
+                "started": began["started"][:16].replace("T", " "),
+                "parts": len(began["segments"]),
+                "from": began["warm_start_from"],
+                "auc": _figure(r.get("auc")),
+                metric: _figure(r.get(metric)),
+                "replaced_auc": _figure(r.get("previous_auc")),
+                f"replaced_{metric}": _figure(r.get(f"previous_{metric}")),
+                "held_out": r.get("eval_users"),
+                "state": "unfinished"
+                if not r
+                else ("current, manual" if n in by_operator else "current")
+                if n == current
+                else "promoted"
+                if r["promoted"]
+                else "rejected",
+                "plan": None
+                if replanned is None
+                else "kept"
+                if not replanned
+                else "made"
+                if began["warm_start_from"] is None
+                else "re-made",
+            }
+        )
     return rows
 
 

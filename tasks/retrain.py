@@ -127,7 +127,8 @@ def check_model_shape(config: RetrainConfig) -> None:
     if differ:
         raise InputError(
             f"run_dir {config.run_dir}: its current model version {promoted} has "
-            f"{', '.join(f'{k} = {theirs[k]!r}' for k in differ)}, this run {', '.join(f'{k} = {mine[k]!r}' for k in differ)}; "
+            f"{', '.join(f'{k} = {theirs[k]!r}' for k in differ)}, this "
+            f"run {', '.join(f'{k} = {mine[k]!r}' for k in differ)}; "
             "a new version warm-starts from the current one. Accepted: the same values, or a new run_dir (a cold start)"
         )
 
@@ -269,7 +270,9 @@ def profile(dataset: str, out: str, client: Client, run_dir: str, first: int = 0
     elif history is None:
         stats = profile_dataset(dataset, out, client=client, overwrite=bool(kept), first=first)["tables"]
     else:
-        stats = profile_window(dataset, out, client=client, first=first, history=history, overwrite=bool(kept))["tables"]
+        stats = profile_window(dataset, out, client=client, first=first, history=history, overwrite=bool(kept))[
+            "tables"
+        ]
     create_table_artifact(
         [
             {"table": name, "rows": s["rows"], "accesses": s["accesses"], "rows_read": s["distinct"],
@@ -429,14 +432,26 @@ def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step
     mb, rows = 1e6, []
     for epoch, path in complete_checkpoints(version_dir):
         info = read_store(path, CHECKPOINT)
-        rounded = {k: None if info.get(k) is None else round(info[k], digits)
-                   for k, digits in (("loss", 4), ("auc", 4), ("hr_at_10", 4), ("logloss", 4), ("examples_per_s", 0), ("seconds", 1))}
+        rounded = {
+            k: None if info.get(k) is None else round(info[k], digits)
+            for k, digits in (
+                ("loss", 4),
+                ("auc", 4),
+                ("hr_at_10", 4),
+                ("logloss", 4),
+                ("examples_per_s", 0),
+                ("seconds", 1),
+            )
+        }
         measured = info.get("bytes_per_step")
         rows.append({"epoch": epoch, **rounded,
                      "bytes_per_step_MB_measured": None if measured is None else round(measured / mb, 3),
                      "bytes_per_step_MB_modeled": round(modeled_bytes_per_step / mb, 3)})
-    create_table_artifact(rows, key=artifact_key("epoch-metrics", run_dir),
-                          description=f"Per epoch: loss, held-out AUC and HR@10 or log-loss, speed, traffic ({version_dir})")
+    create_table_artifact(
+        rows,
+        key=artifact_key("epoch-metrics", run_dir),
+        description=f"Per epoch: loss, held-out AUC and HR@10 or log-loss, speed, traffic ({version_dir})",
+    )
 
 
 PROGRESS_EVERY_S = 2.0  # how often a training epoch moves its progress artifact

@@ -1,4 +1,14 @@
-"""Session-wide fixtures: one LocalCluster and one Prefect test harness for the whole run."""
+"""Session-wide fixtures: one LocalCluster and one Prefect test harness for the whole run; the test tiers.
+
+Every test is in one tier (a marker, set here from what the test uses):
+
+    fault    processes killed, interrupted or starved, disks filled, soak runs (whole modules)
+    server   a Prefect API: the test harness, a real `prefect server`, or `shardflow run` as a process
+    cluster  a Dask LocalCluster (the session's `client`, or a command that starts one)
+    unit     none of these: pure logic and real zarr stores, milliseconds to seconds
+
+`make test-quick` runs the unit tier; `make test` runs them all.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +17,27 @@ import pytest
 from shardflow.cluster import dask_client
 
 WORKERS = 4  # the training tests place up to four devices, one per worker
+
+FAULT_MODULES = {"test_faults", "test_interrupts", "test_soak", "test_storage_faults", "test_lost_cluster",
+                 "test_startup"}
+SERVER_MODULES = {"test_real_server", "test_deployments", "test_cli"}  # `shardflow run` or `prefect` as processes
+CLUSTER_MODULES = {"test_train_command", "test_plan_command"}  # commands that start a local cluster
+TIERS = ("fault", "server", "cluster", "unit")
+
+
+def tier(module: str, fixtures: set[str]) -> str:
+    if module in FAULT_MODULES:
+        return "fault"
+    if module in SERVER_MODULES or fixtures & {"prefect_api", "server"}:
+        return "server"
+    if module in CLUSTER_MODULES or "client" in fixtures:
+        return "cluster"
+    return "unit"
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        item.add_marker(tier(item.module.__name__.rpartition(".")[2], set(item.fixturenames)))
 
 
 @pytest.fixture(scope="session")

@@ -111,7 +111,9 @@ def check_against(ref: ReferenceTrainer, shards: list[dict]) -> None:
             np.testing.assert_allclose(p[t]["state"], ref.state[t][ids], rtol=1e-5, atol=1e-12)
             for i, row, acc in zip(ids.tolist(), w, p[t]["state"]):
                 if i in copies:
-                    assert copies[i][0].tobytes() == row.tobytes() and copies[i][1] == acc, f"{t} row {i}: replicas differ"
+                    assert copies[i][0].tobytes() == row.tobytes() and copies[i][1] == acc, (
+                        f"{t} row {i}: replicas differ"
+                    )
                 else:
                     copies[i] = (row, acc)
         assert sorted(copies) == list(range(table.shape[0])), f"{t}: some row is stored nowhere"

@@ -48,8 +48,16 @@ def world(tmp_path_factory, client):
                   seed=4, mean_length=10)
     profile_dataset(root / "ds", root / "profile", client=client)
     (root / "topo.yaml").write_text(TOPOLOGY)
-    make_plan(root / "profile", root / "plan", load_topology(root / "topo.yaml"), strategy="flexshard",
-              shape=StepShape(96, MODEL.dim, "device"), memory_slack=0.5, history=MODEL.history, negatives=MODEL.negatives)
+    make_plan(
+        root / "profile",
+        root / "plan",
+        load_topology(root / "topo.yaml"),
+        strategy="flexshard",
+        shape=StepShape(96, MODEL.dim, "device"),
+        memory_slack=0.5,
+        history=MODEL.history,
+        negatives=MODEL.negatives,
+    )
     data = TrainData.load(str(root / "ds"), MODEL.features)
     with engine(client, root, random_plan(data, 2, 1)) as e:
         e.step(0, 0)
@@ -103,11 +111,13 @@ def topology(text: str, tmp_path: Path):
 
 
 def case_import_garbage_token(world, client, tmp_path):
-    return *importing(world, tmp_path, "1 2\n1 abc\n"), r"bad.txt:2: item 'abc' is not accepted; accepted: an integer >= 0"
+    return *importing(world, tmp_path, "1 2\n1 abc\n"), \
+        r"bad.txt:2: item 'abc' is not accepted; accepted: an integer >= 0"
 
 
 def case_import_negative_id(world, client, tmp_path):
-    return *importing(world, tmp_path, "1 2\n1 -3\n"), r"bad.txt:2: item '-3' is not accepted; accepted: an integer >= 0"
+    return *importing(world, tmp_path, "1 2\n1 -3\n"), \
+        r"bad.txt:2: item '-3' is not accepted; accepted: an integer >= 0"
 
 
 def case_import_truncated_line(world, client, tmp_path):
@@ -119,11 +129,13 @@ def case_import_empty_file(world, client, tmp_path):
 
 
 def case_import_not_text(world, client, tmp_path):
-    return *importing(world, tmp_path, b"1 2\n\xff\xfe 3\n"), r"bad.txt:2: not UTF-8 text \(byte 0 of the line\); accepted: a UTF-8 text file"
+    return *importing(world, tmp_path, b"1 2\n\xff\xfe 3\n"), \
+        r"bad.txt:2: not UTF-8 text \(byte 0 of the line\); accepted: a UTF-8 text file"
 
 
 def case_import_recbole_bad_header(world, client, tmp_path):
-    return *importing(world, tmp_path, "user_id:token\titem_id:tokens\n1\t2\n", "recbole"), r"header field 'item_id:tokens'"
+    return *importing(world, tmp_path, "user_id:token\titem_id:tokens\n1\t2\n", "recbole"), \
+        r"header field 'item_id:tokens'"
 
 
 def case_import_criteo_bad_label(world, client, tmp_path):
@@ -137,19 +149,23 @@ def case_import_criteo_nan_feature(world, client, tmp_path):
 
 
 def case_import_non_digit_id(world, client, tmp_path):
-    return *importing(world, tmp_path, "1 2\n1 +5\n1 \uff17\n"), r"bad.txt:2: item '\+5' is not accepted; accepted: an integer >= 0 \(ASCII digits, at most 18\)"
+    return *importing(world, tmp_path, "1 2\n1 +5\n1 \uff17\n"), \
+        r"bad.txt:2: item '\+5' is not accepted; accepted: an integer >= 0 \(ASCII digits, at most 18\)"
 
 
 def case_import_hex_id(world, client, tmp_path):
-    return *importing(world, tmp_path, "1 2\n1 0x10\n"), r"bad.txt:2: item '0x10' is not accepted; accepted: an integer >= 0 \(ASCII digits"
+    return *importing(world, tmp_path, "1 2\n1 0x10\n"), \
+        r"bad.txt:2: item '0x10' is not accepted; accepted: an integer >= 0 \(ASCII digits"
 
 
 def case_import_hex_id_s3rec(world, client, tmp_path):
-    return *importing(world, tmp_path, "1 2 3\n2 0X1F 4\n", "s3rec"), r"bad.txt:2: item '0X1F' is not accepted; accepted: an integer >= 0 \(ASCII digits"
+    return *importing(world, tmp_path, "1 2 3\n2 0X1F 4\n", "s3rec"), \
+        r"bad.txt:2: item '0X1F' is not accepted; accepted: an integer >= 0 \(ASCII digits"
 
 
 def case_import_id_too_long(world, client, tmp_path):
-    return *importing(world, tmp_path, "1 2\n1 " + "3" * 5000 + "\n"), r"bad.txt:2: item '3{60}…' \(5,000 characters\) is not accepted"
+    return *importing(world, tmp_path, "1 2\n1 " + "3" * 5000 + "\n"), \
+        r"bad.txt:2: item '3{60}…' \(5,000 characters\) is not accepted"
 
 
 def case_import_truncated_gzip(world, client, tmp_path):
@@ -158,7 +174,8 @@ def case_import_truncated_gzip(world, client, tmp_path):
     src = tmp_path / "log.txt.gz"
     src.write_bytes(gzip.compress(GOOD_SASREC.encode() * 50)[:-30])
     dest = copy(world, "imported", tmp_path)
-    return [src, dest], lambda: import_dataset("sasrec", src, dest, overwrite=True), r"log.txt.gz: the gzip stream ends early"
+    return [src, dest], lambda: import_dataset("sasrec", src, dest, overwrite=True), \
+        r"log.txt.gz: the gzip stream ends early"
 
 
 def case_import_source_is_an_endless_device(world, client, tmp_path):
@@ -171,11 +188,13 @@ def case_import_source_is_an_endless_device(world, client, tmp_path):
 def case_import_directory_without_parts(world, client, tmp_path):
     (tmp_path / "parts").mkdir()
     dest = copy(world, "imported", tmp_path)
-    return [dest], lambda: import_dataset("sasrec", tmp_path / "parts", dest, overwrite=True), r"parts: a directory with no parts"
+    return [dest], lambda: import_dataset("sasrec", tmp_path / "parts", dest, overwrite=True), \
+        r"parts: a directory with no parts"
 
 
 def case_import_append_part_vanished(world, client, tmp_path):
-    return *appending(world, tmp_path, lambda src: (src / "day-1.txt").unlink()), r"part 'day-1.txt' of .* \(version 1\) is gone"
+    return *appending(world, tmp_path, lambda src: (src / "day-1.txt").unlink()), \
+        r"part 'day-1.txt' of .* \(version 1\) is gone"
 
 
 def case_import_append_part_changed(world, client, tmp_path):
@@ -203,7 +222,8 @@ def case_dataset_non_monotone_offsets(world, client, tmp_path):
 
 def case_dataset_id_out_of_range(world, client, tmp_path):
     ds = tampered_dataset(world, tmp_path, "segments/0000/tables/item", 17, 300)
-    return [ds], lambda: profile_dataset(ds, tmp_path / "p", client=client), r"\[17\] = 300 is outside the table; accepted: 0 <= id < 300"
+    return [ds], lambda: profile_dataset(ds, tmp_path / "p", client=client), \
+        r"\[17\] = 300 is outside the table; accepted: 0 <= id < 300"
 
 
 def case_dataset_empty(world, client, tmp_path):
@@ -219,17 +239,20 @@ def case_dataset_manifest_claims_more_rows(world, client, tmp_path):
     m = json.loads((ds / MANIFEST).read_text())
     m["tables"]["item"]["rows"] += 100
     (ds / MANIFEST).write_text(json.dumps(m))
-    return [ds], lambda: Dataset.open(ds), r"manifest.json: its checksum does not match what it declares \(an edited manifest\?\)"
+    return [ds], lambda: Dataset.open(ds), \
+        r"manifest.json: its checksum does not match what it declares \(an edited manifest\?\)"
 
 
 def case_dataset_changed_since_written(world, client, tmp_path):
     ds = tampered_dataset(world, tmp_path, "segments/0000/tables/genre", 5, 1)
     (ds / "verified.json").unlink()  # the record that its writer hashed it: now it is hashed again
-    return [ds], lambda: Dataset.open(ds), r"segments/0000/tables/genre: its content does not match the manifest's digest"
+    return [ds], lambda: Dataset.open(ds), \
+        r"segments/0000/tables/genre: its content does not match the manifest's digest"
 
 
 def case_config_out_of_range(world, client, tmp_path):
-    return [world / "ds"], config(world, epochs=0, batch_size=-1), r"epochs = 0: .*greater than or equal to 1.*batch_size = -1"
+    return [world / "ds"], config(world, epochs=0, batch_size=-1), \
+        r"epochs = 0: .*greater than or equal to 1.*batch_size = -1"
 
 
 def case_config_zero_steps_per_epoch(world, client, tmp_path):
@@ -241,7 +264,8 @@ def case_config_unknown_key(world, client, tmp_path):
 
 
 def case_config_two_clusters(world, client, tmp_path):
-    return [world / "ds"], config(world, scheduler_address="tcp://x:1", cluster_class="distributed.LocalCluster"), r"accepted: at most one of them"
+    return [world / "ds"], config(world, scheduler_address="tcp://x:1", cluster_class="distributed.LocalCluster"), \
+        r"accepted: at most one of them"
 
 
 def case_config_negative_learning_rate(world, client, tmp_path):
@@ -249,24 +273,32 @@ def case_config_negative_learning_rate(world, client, tmp_path):
 
 
 def case_config_negatives_without_bound(world, client, tmp_path):
-    return [world / "ds"], config(world, negatives=10**9), r"negatives = 1000000000: Input should be less than or equal to 4096"
+    return [world / "ds"], config(world, negatives=10**9), \
+        r"negatives = 1000000000: Input should be less than or equal to 4096"
 
 
 def case_config_history_without_bound(world, client, tmp_path):
-    return [world / "ds"], config(world, history=10**9), r"history = 1000000000: Input should be less than or equal to 4096"
+    return [world / "ds"], config(world, history=10**9), \
+        r"history = 1000000000: Input should be less than or equal to 4096"
 
 
 def case_config_seed_past_64_bits(world, client, tmp_path):
-    return [world / "ds"], config(world, seed=2**63), r"seed = 9223372036854775808: Input should be less than or equal to 9223372036854775807"
+    return [world / "ds"], config(world, seed=2**63), \
+        r"seed = 9223372036854775808: Input should be less than or equal to 9223372036854775807"
 
 
 def case_config_mlp_too_wide(world, client, tmp_path):
-    return [world / "ds"], config(world, mlp=[10**9]), r"widths \[1000000000\]; accepted: integers >= 1 and <= 65,536, at most 64 of them"
+    return [world / "ds"], config(world, mlp=[10**9]), \
+        r"widths \[1000000000\]; accepted: integers >= 1 and <= 65,536, at most 64 of them"
 
 
 def case_config_infinite_rates_and_slack(world, client, tmp_path):
-    return [world / "ds"], config(world, row_lr=float("inf"), dense_lr=float("nan"), memory_slack=float("inf")), \
-        r"memory_slack = inf: Input should be a finite number.*row_lr = inf: Input should be a finite number.*dense_lr = nan"
+    return (
+        [world / "ds"],
+        config(world, row_lr=float("inf"), dense_lr=float("nan"), memory_slack=float("inf")),
+        r"memory_slack = inf: Input should be a finite number.*row_lr "
+        r"= inf: Input should be a finite number.*dense_lr = nan",
+    )
 
 
 def case_config_part_settle_time_not_a_duration(world, client, tmp_path):
@@ -382,14 +414,21 @@ def case_config_yaml_alias_bomb(world, client, tmp_path):
 
     levels = "\n".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 10))
     (tmp_path / "bomb.yaml").write_text("l0: &l0 [lol]\n" + levels + "\n")
-    return [world / "ds"], lambda: load_file(tmp_path / "bomb.yaml", "config"), r"bomb.yaml: line 1: an anchor \(&l0\); accepted: plain YAML without anchors and aliases"
+    return [world / "ds"], lambda: load_file(tmp_path / "bomb.yaml", "config"), \
+        r"bomb.yaml: line 1: an anchor \(&l0\); accepted: plain YAML without anchors and aliases"
 
 
 def case_config_local_cluster_larger_than_the_machine(world, client, tmp_path):
     from shardflow.cluster import run_cluster
 
-    return [world / "ds"], lambda: run_cluster(None, None, {}, 100_000).__enter__(), (
-        r"workers = 100,000: a local cluster of 100,000 processes \(one per device\) on \d+ cores; accepted: at most \d+")
+    return (
+        [world / "ds"],
+        lambda: run_cluster(None, None, {}, 100_000).__enter__(),
+        (
+            r"workers = 100,000: a local cluster of 100,000 processes "
+            r"\(one per device\) on \d+ cores; accepted: at most \d+"
+        ),
+    )
 
 
 def case_topology_too_many_devices(world, client, tmp_path):
@@ -398,7 +437,8 @@ def case_topology_too_many_devices(world, client, tmp_path):
 
 
 def case_topology_without_devices(world, client, tmp_path):
-    return [world / "plan"], topology("intra_node_gbytes_per_s: 10\nnodes: []\n", tmp_path), r"no nodes; accepted: a list of at least one node"
+    return [world / "plan"], topology("intra_node_gbytes_per_s: 10\nnodes: []\n", tmp_path), \
+        r"no nodes; accepted: a list of at least one node"
 
 
 def case_topology_zero_devices(world, client, tmp_path):
@@ -412,7 +452,8 @@ def case_topology_negative_bandwidth(world, client, tmp_path):
 
 
 def case_topology_not_yaml(world, client, tmp_path):
-    return [world / "plan"], topology("nodes: [a, {\n", tmp_path), r"(?s)t.yaml: not valid YAML \(.*\); accepted: a YAML mapping"
+    return [world / "plan"], topology("nodes: [a, {\n", tmp_path), \
+        r"(?s)t.yaml: not valid YAML \(.*\); accepted: a YAML mapping"
 
 
 def case_plan_budget_too_small(world, client, tmp_path):
@@ -436,7 +477,8 @@ def case_plan_home_beyond_devices(world, client, tmp_path):
     home = plan.tables[0].home.copy()
     home[5] = 7
     plan = ShardingPlan("x", (TablePlan(plan.tables[0].name, plan.tables[0].tier, home), *plan.tables[1:]))
-    return [world / "run"], lambda: engine(client, world, plan), r"home 7 on a topology of 2 devices; accepted: homes 0 to 1"
+    return [world / "run"], lambda: engine(client, world, plan), \
+        r"home 7 on a topology of 2 devices; accepted: homes 0 to 1"
 
 
 def _restore(client, world, path, model=MODEL):
@@ -458,7 +500,8 @@ def case_checkpoint_altered_chunk(world, client, tmp_path):
     data = bytearray(chunk.read_bytes())
     data[-1] ^= 0xFF
     chunk.write_bytes(bytes(data))
-    return [run], lambda: _restore(client, world, checkpoint_dir(run, 1)), r"item/weights: (content does not match its checksum|unreadable)"
+    return [run], lambda: _restore(client, world, checkpoint_dir(run, 1)), \
+        r"item/weights: (content does not match its checksum|unreadable)"
 
 
 def case_training_batch_larger_than_dataset(world, client, tmp_path):
@@ -501,7 +544,8 @@ def case_run_dir_trained_on_another_dataset(world, client, tmp_path):
     run = _run_dir_trained_on(world, tmp_path, world / "good.txt")
     (tmp_path / "other.txt").write_text("1 2\n1 3\n2 4\n")
     cfg = config(world, dataset=str(tmp_path / "other.txt"), run_dir=str(run))
-    return [run], lambda: check_dataset(cfg()), r"run_dir .*run was trained on .*good.txt \(sasrec\); dataset .*other.txt \(sasrec\) is another one"
+    return [run], lambda: check_dataset(cfg()), \
+        r"run_dir .*run was trained on .*good.txt \(sasrec\); dataset .*other.txt \(sasrec\) is another one"
 
 
 def case_run_dir_dataset_part_changed(world, client, tmp_path):
@@ -519,11 +563,13 @@ def case_run_dir_dataset_part_changed(world, client, tmp_path):
 
 
 def case_config_run_dir_empty(world, client, tmp_path):
-    return [world / "ds"], config(world, run_dir=""), r"run_dir = '': Value error, an empty path; accepted: a directory of its own"
+    return [world / "ds"], config(world, run_dir=""), \
+        r"run_dir = '': Value error, an empty path; accepted: a directory of its own"
 
 
 def case_config_run_dir_root(world, client, tmp_path):
-    return [world / "ds"], config(world, run_dir="/"), r"run_dir = '/': Value error, / is a file system root or the home directory"
+    return [world / "ds"], config(world, run_dir="/"), \
+        r"run_dir = '/': Value error, / is a file system root or the home directory"
 
 
 def case_run_budget_cannot_fit_the_tables(world, client, tmp_path):
@@ -537,11 +583,21 @@ def case_run_budget_cannot_fit_the_tables(world, client, tmp_path):
 
 
 def case_config_batch_smaller_than_the_devices(world, client, tmp_path):
-    return [world / "ds"], config(world, batch_size=1), r"batch size 1 < 2 trainers; accepted: batch size >= 2, one example per trainer \(a trainer per device of .*topo.yaml"
+    return (
+        [world / "ds"],
+        config(world, batch_size=1),
+        r"batch size 1 < 2 trainers; accepted: batch size >= 2, one "
+        r"example per trainer \(a trainer per device of .*topo.yaml",
+    )
 
 
 def case_config_train_window_unknown(world, client, tmp_path):
-    return [world / "ds"], config(world, train_window="yesterday"), r"train_window = 'yesterday': Value error, 'yesterday'; accepted: 'new' \(the parts since the warm-start source\), 'all', or N >= 1"
+    return (
+        [world / "ds"],
+        config(world, train_window="yesterday"),
+        r"train_window = 'yesterday': Value error, 'yesterday'; accepted: "
+        r"'new' \(the parts since the warm-start source\), 'all', or N >= 1",
+    )
 
 
 def case_config_replan_margin_out_of_range(world, client, tmp_path):
@@ -554,7 +610,8 @@ def case_run_dir_dataset_holds_foreign_files(world, client, tmp_path):
     (tmp_path / "run" / "dataset").mkdir(parents=True)
     (tmp_path / "run" / "dataset" / "notes.txt").write_text("mine")
     cfg = config(world, run_dir=str(tmp_path / "run"))
-    return [tmp_path / "run"], lambda: check_run(cfg()), r"run_dir .*run: .*dataset exists, is not empty and is not a shardflow store"
+    return [tmp_path / "run"], lambda: check_run(cfg()), \
+        r"run_dir .*run: .*dataset exists, is not empty and is not a shardflow store"
 
 
 def case_run_dir_versions_holds_foreign_files(world, client, tmp_path):
@@ -570,8 +627,14 @@ def case_run_dir_versions_holds_foreign_files(world, client, tmp_path):
 def case_run_scheduler_with_fewer_workers_than_devices(world, client, tmp_path):
     from shardflow.cluster import check_workers
 
-    return [world / "ds"], lambda: check_workers(client, 8, timeout_s=1), (
-        r"the scheduler at tcp://.* has 4 workers; the topology has 8 devices; accepted: at least one worker per device")
+    return (
+        [world / "ds"],
+        lambda: check_workers(client, 8, timeout_s=1),
+        (
+            r"the scheduler at tcp://.* has 4 workers; the topology "
+            r"has 8 devices; accepted: at least one worker per device"
+        ),
+    )
 
 
 def case_config_scheduler_address_malformed(world, client, tmp_path):
@@ -593,7 +656,8 @@ def case_run_scheduler_that_never_answers(world, client, tmp_path):
 
 def case_run_dir_is_a_file(world, client, tmp_path):
     (tmp_path / "run").write_text("notes")
-    return [tmp_path / "run"], lambda: run_lock(tmp_path / "run").__enter__(), r"run_dir .* is a file; accepted: a directory"
+    return [tmp_path / "run"], lambda: run_lock(tmp_path / "run").__enter__(), \
+        r"run_dir .* is a file; accepted: a directory"
 
 
 CASES = {name.removeprefix("case_"): fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
@@ -601,7 +665,15 @@ CASES = {name.removeprefix("case_"): fn for name, fn in sorted(globals().items()
 
 def test_the_matrix_covers_every_stage_with_at_least_twenty_cases():
     assert len(CASES) >= 20
-    assert {n.split("_")[0] for n in CASES} >= {"import", "dataset", "config", "topology", "plan", "checkpoint", "training"}
+    assert {n.split("_")[0] for n in CASES} >= {
+        "import",
+        "dataset",
+        "config",
+        "topology",
+        "plan",
+        "checkpoint",
+        "training",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -80,7 +80,9 @@ def test_bad_input_exits_2_with_one_clear_line_and_no_stdout(tmp_path):
 def test_a_successful_run_keeps_the_terminal_quiet_unless_asked(tmp_path):
     run("synth", str(tmp_path / "ds"), "--tables", "item:300:1.1", "--interactions", "3000", "--seed", "1",
         "--mean-length", "10")
-    (tmp_path / "topo.yaml").write_text("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n")
+    (tmp_path / "topo.yaml").write_text(
+        "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
+    )
     keys = [f"dataset={tmp_path / 'ds'}", f"topology={tmp_path / 'topo.yaml'}", "epochs=1", "batch_size=64", "dim=8",
             "mlp=[8]", "eval_users=50"]
 

@@ -21,7 +21,8 @@ from storage.dataset import Dataset
 from storage.importers import import_dataset
 
 SHARDFLOW = str(Path(sys.executable).parent / "shardflow")
-TOPOLOGY = "intra_node_gbytes_per_s: 600\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 12.5}\n  - {name: b, devices: 2, uplink_gbytes_per_s: 3}\n"
+TOPOLOGY = ("intra_node_gbytes_per_s: 600\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 12.5}\n"
+            "  - {name: b, devices: 2, uplink_gbytes_per_s: 3}\n")
 
 
 @pytest.fixture(scope="module")

@@ -155,7 +155,9 @@ def place_single(
     classes = access.class_prob.size
     singles = np.zeros(classes, dtype=np.int64)
     for s in range(0, access.rows, CHUNK_ROWS):
-        singles += np.bincount(access.row_class[s : s + CHUNK_ROWS][tier[s : s + CHUNK_ROWS] == SINGLE], minlength=classes)
+        singles += np.bincount(
+            access.row_class[s : s + CHUNK_ROWS][tier[s : s + CHUNK_ROWS] == SINGLE], minlength=classes
+        )
     n = int(singles.sum())
     if n > room.sum():
         raise InputError(f"table '{access.name}': {n} single rows but room for {int(room.sum())}")
@@ -187,7 +189,9 @@ def place_single(
         inside = node_of == a
         deficit[inside] = water_level(device_load[inside], weights[inside], float(node_deficit[a]))
     if warm_end > head:
-        device[head:warm_end] = interleave(shares(deficit + 1e-12 * deficit.sum() + 1e-300, warm_end - head), warm_end - head)
+        device[head:warm_end] = interleave(
+            shares(deficit + 1e-12 * deficit.sum() + 1e-300, warm_end - head), warm_end - head
+        )
     taken = np.bincount(device[:warm_end], minlength=P)
     if warm_end < n:
         device[warm_end:] = interleave(shares(np.maximum(room - taken, 0) + 1e-9, n - warm_end), n - warm_end)

@@ -91,7 +91,9 @@ class TableWise:
                 f"({budget_bytes:,} bytes) each; accepted: a larger device_memory_bytes or --memory-slack, or a "
                 "row-wise strategy"
             )
-        return ShardingPlan(self.name, tuple(_single(a.name, a.rows, np.full(a.rows, h)) for a, h in zip(accesses, homes)))
+        return ShardingPlan(
+            self.name, tuple(_single(a.name, a.rows, np.full(a.rows, h)) for a, h in zip(accesses, homes))
+        )
 
 
 class FlexShard:

@@ -99,7 +99,9 @@ def uniform(nodes: int, devices_per_node: int, uplink: float, intra: float = 600
 
 def parse_topology(data: object, where: str = "topology") -> Topology:
     if not isinstance(data, dict):
-        raise InputError(f"{where}: a {type(data).__name__}; accepted: a mapping with 'nodes' and 'intra_node_gbytes_per_s'")
+        raise InputError(
+            f"{where}: a {type(data).__name__}; accepted: a mapping with 'nodes' and 'intra_node_gbytes_per_s'"
+        )
     known = {"nodes", "intra_node_gbytes_per_s", "device_memory_bytes"}
     unknown = sorted(set(data) - known)
     if unknown:

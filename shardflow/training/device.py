@@ -143,7 +143,9 @@ class Device:
 
     def _check_finite(self, step: int, grads) -> None:
         if not np.isfinite(grads.loss_sum):
-            raise TrainingError(f"step {step}: the loss is {grads.loss_sum} on device {self.index}; stopped before any update")
+            raise TrainingError(
+                f"step {step}: the loss is {grads.loss_sum} on device {self.index}; stopped before any update"
+            )
         everything = list(grads.rows.items()) + list(grads.dense.items())
         if bool(torch.isfinite(torch.stack([g.sum() for _, g in everything])).all()):
             return  # a NaN or infinity anywhere makes its tensor's sum one

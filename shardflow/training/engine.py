@@ -412,7 +412,9 @@ def check_plan_matches(data: TrainData | ClickData, plan: ShardingPlan, topology
     planned = {t.name: t.rows for t in plan.tables}
     for name, rows in data.rows.items():
         if name not in planned:
-            raise InputError(f"the plan has no table '{name}' (it has {', '.join(planned)}); accepted: a plan of this dataset")
+            raise InputError(
+                f"the plan has no table '{name}' (it has {', '.join(planned)}); accepted: a plan of this dataset"
+            )
         if planned[name] != rows:
             raise InputError(
                 f"the plan's table '{name}' has {planned[name]:,} rows, the dataset's {rows:,}; "

@@ -20,7 +20,14 @@ from shardflow.training.clicks import ClickData
 
 
 class ReferenceTrainer:
-    def __init__(self, data: TrainData | ClickData, config: ModelConfig | ClickConfig, optimizer: OptimizerConfig, batch_size: int, seed: int):
+    def __init__(
+        self,
+        data: TrainData | ClickData,
+        config: ModelConfig | ClickConfig,
+        optimizer: OptimizerConfig,
+        batch_size: int,
+        seed: int,
+    ):
         self.data, self.config, self.optimizer = data, config, optimizer
         self.batch_size, self.seed = batch_size, seed
         self.tables = {t: torch.from_numpy(init_rows(t, np.arange(rows), config.dim, config.seed))

@@ -113,7 +113,9 @@ class ParameterShard:
             local, where = np.unique(local, return_inverse=True)
             summed = torch.zeros((local.size, self.dim), dtype=torch.float32, device=self.device)
             grads = summed.index_add_(0, torch.from_numpy(where).to(self.device), grads)
-        row_adagrad(self.optimizer, self.weights[table], self.state[table], torch.from_numpy(local).to(self.device), grads)
+        row_adagrad(
+            self.optimizer, self.weights[table], self.state[table], torch.from_numpy(local).to(self.device), grads
+        )
         self.version[table][local] = step + 1
 
     def apply_dense(self, total: dict[str, torch.Tensor]) -> None:

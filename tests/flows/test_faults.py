@@ -93,7 +93,10 @@ def test_a_worker_killed_mid_epoch_is_restored_from_the_last_checkpoint(prefect_
     assert len(summary["warnings"]) == 1 and summary["warnings"][0].startswith("restart 1: ")
     assert names.count("download") == 1
     assert exported(summary["model"]) == whole
-    assert [p.name for _, p in complete_checkpoints(first_version(big / "worker-killed"))] == ["epoch-000001", "epoch-000002"]
+    assert [p.name for _, p in complete_checkpoints(first_version(big / "worker-killed"))] == [
+        "epoch-000001",
+        "epoch-000002",
+    ]
     client.wait_for_workers(4, timeout=60)
     assert live_actors(client) == 0
 
@@ -123,7 +126,9 @@ def test_losing_workers_more_than_max_restarts_fails_and_keeps_the_checkpoints(p
     with pytest.raises(Exception, match=r"lost a worker 2 times .*max_restarts = 1 reached; no checkpoint of "
                                         r".*keeps-dying/versions/0001 was complete yet: a new run starts it"):
         state.result()
-    assert not (first_version(big / "keeps-dying") / "model").exists() and not (big / "keeps-dying" / "current").exists()
+    assert (
+        not (first_version(big / "keeps-dying") / "model").exists() and not (big / "keeps-dying" / "current").exists()
+    )
 
 
 def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_one_before(prefect_api, client, big, whole):
@@ -175,7 +180,9 @@ def test_truncated_and_deleted_chunks_are_found_and_the_resume_falls_back(prefec
     run = big / "damaged"
     shutil.copytree(big / "whole", run, ignore=shutil.ignore_patterns("run.lock"), symlinks=True)
     version = first_version(run)
-    chunk = next(p for p in sorted((checkpoint_dir(version, 2) / "shards").rglob("item/weights/c/*/*")) if p.stat().st_size)
+    chunk = next(
+        p for p in sorted((checkpoint_dir(version, 2) / "shards").rglob("item/weights/c/*/*")) if p.stat().st_size
+    )
     chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 2])
     gone = sorted((version / "model" / "tables" / "item" / "c").rglob("*"))[-1]
     gone.unlink()
@@ -232,7 +239,9 @@ def test_a_run_with_another_dimension_on_a_run_dir_with_a_model_is_refused_befor
     before = snapshot(run)
     state = retrain(config(big, "whole", client, dim=16), return_state=True)
     assert state.is_failed()
-    with pytest.raises(InputError, match=r"current model version 1 has dim = 8, this run dim = 16; .*Accepted: the same"):
+    with pytest.raises(
+        InputError, match=r"current model version 1 has dim = 8, this run dim = 16; .*Accepted: the same"
+    ):
         state.result()
     assert snapshot(run) == before
 
@@ -244,7 +253,9 @@ def test_a_run_while_other_processes_keep_every_core_busy_completes_without_a_re
     import subprocess
     import sys
 
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * len(os.sched_getaffinity(0)))]
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * len(os.sched_getaffinity(0)))
+    ]
     try:
         state = retrain(config(big, "loaded", client), return_state=True)
     finally:

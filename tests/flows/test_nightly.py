@@ -76,8 +76,12 @@ def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect
     assert second["replanned"] == (fresh < kept * 0.95)
     # The figures reported are those of the plan that trained, kept or fresh.
     assert second["comm_time_us_per_step"] == pytest.approx(kept if not second["replanned"] else fresh, rel=1e-9)
-    assert second["modeled_bytes_per_step"] == read_summary(root / "run" / "versions" / "0002" / "plan")["bytes_per_step"]
-    assert second["previous_auc"] is not None and second["promoted"] == (second["auc"] >= second["previous_auc"] - 0.002)
+    assert (
+        second["modeled_bytes_per_step"] == read_summary(root / "run" / "versions" / "0002" / "plan")["bytes_per_step"]
+    )
+    assert second["previous_auc"] is not None and second["promoted"] == (
+        second["auc"] >= second["previous_auc"] - 0.002
+    )
     dataset = Dataset.open(root / "run" / "dataset")
     assert dataset.info.version == 2 and len(dataset.segments) == 2  # only the new part was imported
 
@@ -146,7 +150,10 @@ def test_a_worse_version_is_not_promoted_and_an_event_says_so(prefect_api, clien
     while not events and time.monotonic() < deadline:
         async def read():
             async with get_client() as c:
-                return (await c.read_events(EventFilter(event=EventNameFilter(name=["shardflow.model.rejected"])), limit=50)).events
+                return (
+                    await c.read_events(EventFilter(event=EventNameFilter(name=["shardflow.model.rejected"])), limit=50)
+                ).events
+
         events = [e for e in asyncio.run(read()) if e.payload.get("version") == 2
                   and e.resource.get("prefect.resource.name") == str((root / "gate").resolve())]
         time.sleep(0.5)
@@ -218,7 +225,9 @@ def test_measured_bytes_stay_within_two_percent_of_the_model_night_after_night(p
     for day, topology in zip(daily, ("two.yaml", "two.yaml", "three.yaml", "three.yaml", "two.yaml")):
         shutil.copy2(day, parts)
         s, _ = night(root, client, parts, "chain", topology, replan_margin=0.5)  # kept unless the topology changed
-        seen.append((s["version"], topology, s["replanned"], s["window"], s["bytes_per_step"] / s["modeled_bytes_per_step"]))
+        seen.append(
+            (s["version"], topology, s["replanned"], s["window"], s["bytes_per_step"] / s["modeled_bytes_per_step"])
+        )
         if s["version"] == 4:  # an operator rolls back to version 2 as the README says; night 5 builds on it
             back = subprocess.run([str(BIN / "shardflow"), "promote", str(root / "chain"), "--version", "2",
                                    "--reason", "test rollback"], capture_output=True, text=True, timeout=120)

@@ -65,7 +65,9 @@ asyncio.run(main())
 def run_config(tmp_path: Path, **kw) -> Path:
     """A small dataset, a one-node two-device topology and a run config using them."""
     synth_dataset(tmp_path / "ds", [SynthTable("item", 300, 1.1)], interactions=5000, seed=5, mean_length=10)
-    (tmp_path / "topo.yaml").write_text("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n")
+    (tmp_path / "topo.yaml").write_text(
+        "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
+    )
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({
         "dataset": str(tmp_path / "ds"), "run_dir": str(tmp_path / "run"), "topology": str(tmp_path / "topo.yaml"),
         "dim": 8, "mlp": [8], "history": 5, "negatives": 2, "eval_users": 100, **kw,
@@ -93,18 +95,31 @@ def test_a_run_on_a_real_server_leaves_its_artifacts_there(server, tmp_path):
     out, err = run.communicate()
     assert run.returncode == 0, err[-3000:]
     summary = json.loads(out)
-    assert summary["downloads"] == 1 and summary["epochs"] == 3 and summary["model"] == str(tmp_path / "run" / "versions" / "0001" / "model")
+    assert (
+        summary["downloads"] == 1
+        and summary["epochs"] == 3
+        and summary["model"] == str(tmp_path / "run" / "versions" / "0001" / "model")
+    )
     assert len(progress) > 2, progress
-    back = subprocess.run([sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120)
+    back = subprocess.run(
+        [sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120
+    )
     assert back.returncode == 0, back.stderr[-3000:]
     seen = json.loads(back.stdout)
     assert [f"{run_label(tmp_path / 'run')}·v1", "COMPLETED"] in seen["runs"]
     kinds = ("profile", "plan-comparison", "training-progress", "retrain-summary", "epoch-metrics", "versions")
     assert {artifact_key(k, tmp_path / "run") for k in kinds} <= set(seen["artifacts"])
-    for kind in ("profile", "plan-comparison", "epoch-metrics", "versions"):  # the UI takes a table's columns from its first row
+    for kind in (
+        "profile",
+        "plan-comparison",
+        "epoch-metrics",
+        "versions",
+    ):  # the UI takes a table's columns from its first row
         rows = json.loads(artifacts(server, artifact_key(kind, tmp_path / "run"))[-1]["data"])
         assert len({tuple(r) for r in rows}) == 1, (kind, rows)
-    assert [r["epoch"] for r in json.loads(artifacts(server, artifact_key("epoch-metrics", tmp_path / "run"))[-1]["data"])] == [1, 2, 3]
+    assert [
+        r["epoch"] for r in json.loads(artifacts(server, artifact_key("epoch-metrics", tmp_path / "run"))[-1]["data"])
+    ] == [1, 2, 3]
     text = artifacts(server, artifact_key("retrain-summary", tmp_path / "run"))[-1]["data"]
     assert len(re.findall(r"!\[\w+\]\(data:image/svg\+xml;base64,", text)) == 3
 
@@ -116,7 +131,9 @@ def test_prefect_yaml_deploys_the_nightly_and_the_estimation_deployments(server)
     deployed = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env=server.env,
                               capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert deployed.returncode == 0, (deployed.stdout + deployed.stderr)[-3000:]
-    back = subprocess.run([sys.executable, "-c", DEPLOYMENTS], env=server.env, capture_output=True, text=True, timeout=120)
+    back = subprocess.run(
+        [sys.executable, "-c", DEPLOYMENTS], env=server.env, capture_output=True, text=True, timeout=120
+    )
     assert back.returncode == 0, back.stderr[-3000:]
     found = json.loads(back.stdout)
     assert found["nightly-retrain"] == {"cron": ["0 2 * * *"], "limit": 1, "collision": "CANCEL_NEW",
@@ -127,7 +144,9 @@ def test_prefect_yaml_deploys_the_nightly_and_the_estimation_deployments(server)
     deadline, scheduled = time.monotonic() + 90, []
     while len(scheduled) < 3 and time.monotonic() < deadline:
         time.sleep(2)
-        back = subprocess.run([sys.executable, "-c", SCHEDULED], env=server.env, capture_output=True, text=True, timeout=120)
+        back = subprocess.run(
+            [sys.executable, "-c", SCHEDULED], env=server.env, capture_output=True, text=True, timeout=120
+        )
         assert back.returncode == 0, back.stderr[-3000:]
         scheduled = [datetime.fromisoformat(t) for t in json.loads(back.stdout)]
     assert len(scheduled) >= 3, f"the scheduler created {len(scheduled)} nightly runs in 90 s"
@@ -155,7 +174,9 @@ def test_a_run_outlives_an_outage_of_the_prefect_api(server, tmp_path):
     assert summary["epochs"] == 4 and summary["restarts"] == 0 and summary["downloads"] == 1
     assert [Path(p).name for p in summary["checkpoints"]] == [f"epoch-{e:06d}" for e in range(1, 5)]
     assert first.stat().st_mtime_ns == written  # nothing redone: epoch 1 was not trained or written again
-    back = subprocess.run([sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120)
+    back = subprocess.run(
+        [sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120
+    )
     assert back.returncode == 0, back.stderr[-3000:]
     assert [f"{run_label(tmp_path / 'run')}·v1", "COMPLETED"] in json.loads(back.stdout)["runs"]
 
@@ -172,7 +193,8 @@ from prefect.client.orchestration import get_client
 async def main():
     async with get_client() as c:
         found = await c.read_automations()
-        print(json.dumps([{"name": a.name, "expect": sorted(a.trigger.expect), "match": a.trigger.model_dump(mode="json")["match_related"],
+        print(json.dumps([{"name": a.name, "expect": sorted(a.trigger.expect),
+                           "match": a.trigger.model_dump(mode="json")["match_related"],
                            "block": str(a.actions[0].block_document_id), "type": a.actions[0].type} for a in found]))
 asyncio.run(main())
 """
@@ -188,7 +210,9 @@ def test_the_alerts_file_creates_the_nightly_automations_with_a_notification_blo
     created = subprocess.run([str(BIN / "prefect"), "automation", "create", "--from-file", str(tmp_path / "a.yaml")],
                              env=server.env, capture_output=True, text=True, timeout=120)
     assert created.returncode == 0, (created.stdout + created.stderr)[-3000:]
-    back = subprocess.run([sys.executable, "-c", AUTOMATIONS], env=server.env, capture_output=True, text=True, timeout=120)
+    back = subprocess.run(
+        [sys.executable, "-c", AUTOMATIONS], env=server.env, capture_output=True, text=True, timeout=120
+    )
     assert back.returncode == 0, back.stderr[-3000:]
     found = {a["name"]: a for a in json.loads(back.stdout)}
     assert {name: a["expect"] for name, a in found.items()} == {

@@ -40,7 +40,9 @@ def artifacts(flow_run_id) -> set[str]:
 
     async def keys():
         async with get_client() as c:
-            found = await c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            found = await c.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+            )
             return {a.key for a in found if a.key}
     return asyncio.run(keys())
 
@@ -84,7 +86,9 @@ def test_progress_moves_during_epochs_and_every_epoch_is_in_the_metrics_table(pr
     monkeypatch.setattr(stages, "PROGRESS_EVERY_S", 0.0)  # report after every step
     key = artifact_key("training-progress", base / "progress")
     done: dict = {}
-    run = threading.Thread(target=lambda: done.update(state=retrain(config(base, "progress", client), return_state=True)))
+    run = threading.Thread(
+        target=lambda: done.update(state=retrain(config(base, "progress", client), return_state=True))
+    )
     run.start()
 
     async def latest():
@@ -107,12 +111,16 @@ def test_progress_moves_during_epochs_and_every_epoch_is_in_the_metrics_table(pr
     assert {"strategy:flexshard", "dataset:ds"} <= asyncio.run(tags())
     values = sorted(float(x) for x in seen)
     assert len(values) > 2 and 0 < values[1] < 50 and values[-1] == 100.0  # moved within the epochs, ended done
-    assert any(re.fullmatch(r"epoch [12]/2 · step \d+/\d+ · loss \d\.\d{3} · \d+k examples/s", d or "") for d in descriptions)
+    assert any(
+        re.fullmatch(r"epoch [12]/2 · step \d+/\d+ · loss \d\.\d{3} · \d+k examples/s", d or "") for d in descriptions
+    )
     metrics = artifact_rows(done["state"].state_details.flow_run_id, artifact_key("epoch-metrics", base / "progress"))
     assert [r["epoch"] for r in metrics] == [1, 2] and len({tuple(r) for r in metrics}) == 1
     assert all(r["auc"] is not None and r["bytes_per_step_MB_measured"] > 0 and r["bytes_per_step_MB_modeled"] > 0
                for r in metrics)
-    assert artifact_count(done["state"].state_details.flow_run_id, artifact_key("epoch-metrics", base / "progress")) == 1
+    assert (
+        artifact_count(done["state"].state_details.flow_run_id, artifact_key("epoch-metrics", base / "progress")) == 1
+    )
 
 
 def artifact_count(flow_run_id, key: str) -> int:

@@ -95,7 +95,9 @@ def test_a_run_owns_its_data_an_append_meanwhile_is_refused_naming_the_run(tmp_p
     first = run / "versions" / "0001" / "checkpoints" / "epoch-000001" / "manifest.json"
     deadline = time.monotonic() + RUN_S
     while not first.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:] if proc.poll() else "slow"
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            proc.stderr.read()[-3000:] if proc.poll() else "slow"
+        )
         time.sleep(0.05)
     shutil.copy2(days[1], parts)  # the next day's part lands while version 1 trains
     append = subprocess.run([str(BIN / "shardflow"), "import", "--format", "sasrec", str(parts), str(run / "dataset"),

@@ -22,8 +22,15 @@ def plot_right() -> float:
 
 def test_the_legend_sits_beside_the_plot_and_axes_carry_several_ticks(tmp_path):
     counts = [10_000 / r**1.1 for r in range(1, 5001)]
-    path = line_chart(tmp_path / "a.svg", {"item": (list(range(1, 5001)), counts), "genre": ([1, 10, 100], [900, 90, 9])},
-                      title="t", xlabel="row rank", ylabel="accesses", log=True, marks={"item: global | node": 40})
+    path = line_chart(
+        tmp_path / "a.svg",
+        {"item": (list(range(1, 5001)), counts), "genre": ([1, 10, 100], [900, 90, 9])},
+        title="t",
+        xlabel="row rank",
+        ylabel="accesses",
+        log=True,
+        marks={"item: global | node": 40},
+    )
     found = texts(path)
     legend = [x for x, _, text in found if text in ("item", "genre", "┆ item: global | node")]
     assert len(legend) == 3 and all(x > plot_right() for x in legend)
@@ -40,7 +47,9 @@ def test_bars_start_at_zero_with_their_legend_outside(tmp_path):
     y_ticks = [float(text) for x, _, text in found if x == LEFT - 5]
     assert y_ticks[0] == 0 and len(y_ticks) >= 4 and max(y_ticks) <= 3.1
     assert all(x > plot_right() for x, _, text in found if text in ("flexshard", "row-wise-mod"))
-    bars = [r for r in ET.parse(path).iter(f"{SVG}rect") if r.get("fill", "").startswith("#") and r.get("width") != "12"]
+    bars = [
+        r for r in ET.parse(path).iter(f"{SVG}rect") if r.get("fill", "").startswith("#") and r.get("width") != "12"
+    ]
     assert len(bars) == 8 and all(float(r.get("x")) + float(r.get("width")) <= plot_right() for r in bars)
 
 

@@ -90,7 +90,9 @@ def test_an_out_of_range_id_is_named_and_nothing_is_written(client, synthetic, t
     corrupt(ds, "item", 250_001, value)
     profile_dataset(synthetic, tmp_path / "p", client=client)
     before = snapshot(tmp_path / "p")
-    with pytest.raises(InputError, match=rf"tables/item\[250001\] = {value} is outside the table; accepted: 0 <= id < 20000"):
+    with pytest.raises(
+        InputError, match=rf"tables/item\[250001\] = {value} is outside the table; accepted: 0 <= id < 20000"
+    ):
         profile_dataset(ds, tmp_path / "p", client=client, overwrite=True)
     assert snapshot(tmp_path / "p") == before
     assert siblings(tmp_path / "p") == ["ds"]

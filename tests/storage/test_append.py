@@ -167,7 +167,8 @@ def test_recbole_parts_are_regrouped_by_user_and_time_across_parts(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     for name, keep in (("a.inter", lambda ts: ts < cut), ("b.inter", lambda ts: ts >= cut)):
-        (src / name).write_text("\n".join([header] + [l for l in body if keep(float(l.split("\t")[3]))]) + "\n")
+        kept = [line for line in body if keep(float(line.split("\t")[3]))]
+        (src / name).write_text("\n".join([header] + kept) + "\n")
     import_dataset("recbole", REAL["recbole"], tmp_path / "whole")
     whole = Dataset.open(tmp_path / "whole")
     (src / "b.inter").rename(tmp_path / "b.inter")

@@ -186,7 +186,11 @@ BAD_SOURCES = [
     ("sasrec", "1 5\n2 " + "9" * 5000 + "\n", r"bad\.txt:2: item '9{60}…' \(5,000 characters\) is not accepted"),
     ("sasrec", "1 5\n1 6 \n", r"bad\.txt:2: '1 6 ' has 3 fields; accepted: 'user item'"),
     ("sasrec", "1 5\n   \n1 6\n\t\n", None),
-    ("s3rec", "1 2 3\n2 4  5\n", r"bad\.txt:2: '2 4  5': an empty field; accepted: 'user item1 item2 \.\.\.' separated"),
+    (
+        "s3rec",
+        "1 2 3\n2 4  5\n",
+        r"bad\.txt:2: '2 4  5': an empty field; accepted: 'user item1 item2 \.\.\.' separated",
+    ),
     ("s3rec", "1 2 3\n2 4 x5\n", r"bad\.txt:2: item 'x5' is not accepted"),
     ("s3rec", "1 2 3\n2\n", r"bad\.txt:2: '2' has no items"),
     ("recbole", "user_id:token\titem_id:token\n1\t2\n3\n", r"bad\.txt:3: 1 tab-separated fields; accepted: 2"),

@@ -40,7 +40,9 @@ def test_bound_exact_optimum_and_strategies_in_order_and_flexshard_within_5_perc
     times = {}
     for name in STRATEGIES:
         try:
-            times[name] = model.evaluate(propose(name, accesses, topo, budget, model), {"t": accesses[0]}).comm_time_s_per_step
+            times[name] = model.evaluate(
+                propose(name, accesses, topo, budget, model), {"t": accesses[0]}
+            ).comm_time_s_per_step
         except InputError:  # table-wise: one table does not fit one device at this slack
             continue
     assert times["row-wise-mod"] == pytest.approx(mod)
@@ -112,7 +114,9 @@ def test_a_copy_in_one_more_node_adds_what_the_cost_model_says(topology, dedup):
             alone = row_link_bytes(access, c, SINGLE, h, model)
             for a in set(range(len(topo.nodes))) - {own}:
                 expected = (row_link_bytes(access, c, NODE, h, model, nodes=(1 << own) | (1 << a)) - alone) / bw
-                got = rates.x[c] * units[0, h, a] + rates.q_node[a, c] * units[1, h, a] + rates.q_any[c] * units[2, h, a]
+                got = (
+                    rates.x[c] * units[0, h, a] + rates.q_node[a, c] * units[1, h, a] + rates.q_any[c] * units[2, h, a]
+                )
                 np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-18)
                 assert np.abs(expected).max() > 0
 

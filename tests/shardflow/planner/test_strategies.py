@@ -98,8 +98,13 @@ def test_table_wise_packs_whole_tables_near_the_best_packing_by_size_and_link_ti
         best = np.inf
         for homes in itertools.product(range(topo.devices), repeat=len(accesses)):
             if (np.bincount(homes, weights=rows, minlength=topo.devices) <= budget_rows).all():
-                plan = ShardingPlan("any", tuple(TablePlan(a.name, np.full(a.rows, SINGLE, np.int8),
-                                                           np.full(a.rows, h, np.int32)) for a, h in zip(accesses, homes)))
+                plan = ShardingPlan(
+                    "any",
+                    tuple(
+                        TablePlan(a.name, np.full(a.rows, SINGLE, np.int8), np.full(a.rows, h, np.int32))
+                        for a, h in zip(accesses, homes)
+                    ),
+                )
                 best = min(best, model.evaluate(plan, by_name).comm_time_s_per_step)
         if not np.isfinite(best):
             with pytest.raises(InputError, match="do not pack onto"):

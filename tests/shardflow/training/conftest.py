@@ -12,7 +12,9 @@ from shardflow.training.batches import TrainData
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     path = tmp_path_factory.mktemp("train") / "ds"
-    synth_dataset(path, [SynthTable("item", 300, 1.1), SynthTable("genre", 12, 0.7)], interactions=6000, seed=4, mean_length=10)
+    synth_dataset(
+        path, [SynthTable("item", 300, 1.1), SynthTable("genre", 12, 0.7)], interactions=6000, seed=4, mean_length=10
+    )
     return str(path)
 
 

@@ -41,7 +41,9 @@ def actors_after_release(client, wait_s: float = 10.0) -> int:
 def test_the_engine_learns_what_the_reference_learns(client, dataset, data, strategy, devices):
     plan = planned(dataset, strategy, devices)
     dedup = ("device", "none")[devices % 2]
-    with Engine(client, dataset, plan, TOPOLOGIES[devices], MODEL, OPTIMIZER, TrainConfig(BATCH, dedup, max_steps=STEPS)) as e:
+    with Engine(
+        client, dataset, plan, TOPOLOGIES[devices], MODEL, OPTIMIZER, TrainConfig(BATCH, dedup, max_steps=STEPS)
+    ) as e:
         result = e.fit()
         shards = e.parameters()
         assert live_actors(client) == devices
@@ -77,7 +79,10 @@ def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(client, da
             check_against(ref, shards)
             versions = np.concatenate([s["item"]["version"] for s in shards])
             assert versions.max() == i + 1
-    moved = np.abs(shards[0]["item"]["weights"] - ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, 0).weights["item"][shards[0]["item"]["ids"]])
+    moved = np.abs(
+        shards[0]["item"]["weights"]
+        - ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, 0).weights["item"][shards[0]["item"]["ids"]]
+    )
     assert moved.max() > 1e-4, "training changed nothing: the comparison would prove nothing"
 
 
@@ -190,7 +195,9 @@ def test_a_restored_checkpoint_continues_bitwise_and_the_export_holds_every_row(
         assert exported[ids].tobytes() == shard["item"]["weights"].tobytes()
     ref = reference(data, 4)
     assert np.abs(exported - ref.weights["item"]).max() <= 1e-5 * np.abs(ref.weights["item"]).max()
-    bigger = ModelConfig(dim=16, mlp=MODEL.mlp, history=MODEL.history, negatives=MODEL.negatives, features=MODEL.features)
+    bigger = ModelConfig(
+        dim=16, mlp=MODEL.mlp, history=MODEL.history, negatives=MODEL.negatives, features=MODEL.features
+    )
     with Engine(client, dataset, plan, TOPOLOGIES[4], bigger, OPTIMIZER, train) as e:
         with pytest.raises(InputError, match="checkpoint of model .*'dim': 8"):
             e.restore(tmp_path / "run" / "checkpoints" / "epoch-000001")
@@ -226,10 +233,13 @@ def test_a_shard_larger_than_its_workers_memory_limit_is_refused_before_any_acto
     # 1.3 GB: more than a worker holds beside its shard (1.1 GB), less than that and this shard
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit="1.3GB",
                       dashboard_address=":0") as cluster, Client(cluster) as small:
-        with pytest.raises(InputError, match=r"device \d's shard needs 0\.40 GiB .* at dim 400000, and its worker "
-                                             r"about 1\.54 GiB in all .* 16 bytes for each of the log's [\d,]+ users.* but its worker \S+ may use "
-                                             r"1\.21 GiB; "
-                                             r"accepted: workers with more memory"):
+        with pytest.raises(
+            InputError,
+            match=r"device \d's shard needs 0\.40 GiB .* at dim 400000, and its worker "
+            r"about 1\.54 GiB in all .* 16 bytes for each of the log's [\d,]+ users.* but its worker \S+ may use "
+            r"1\.21 GiB; "
+            r"accepted: workers with more memory",
+        ):
             Engine(small, dataset, plan, TOPOLOGIES[2], wide, OPTIMIZER, TrainConfig(BATCH))
         assert live_actors(small) == 0
 

@@ -54,7 +54,9 @@ def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(data, dedu
         check_against(ref, shards)
         assert max(s["item"]["version"].max() for s in shards) == i + 1
     start = ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, 0).weights["item"][shards[0]["item"]["ids"]]
-    assert np.abs(shards[0]["item"]["weights"] - start).max() > 1e-4, "training changed nothing: the comparison proves nothing"
+    assert np.abs(shards[0]["item"]["weights"] - start).max() > 1e-4, (
+        "training changed nothing: the comparison proves nothing"
+    )
 
 
 THREE_NODES = Topology((Node("a", 2, 10.0), Node("b", 1, 10.0), Node("c", 1, 5.0)), 100.0)
@@ -111,9 +113,9 @@ def test_answering_the_next_steps_requests_early_leaves_every_parameter_bitwise_
     early, late = (in_process_devices(data, plan, topo, dedup, early=e) for e in (True, False))
     InProcess(early).run(starts, lambda i: EARLY_POINTS[i % len(EARLY_POINTS)])
     InProcess(late).run(starts)
-    for e, l in zip(early, late):
-        assert bitwise_equal(e.parameters(), l.parameters())
-        assert (e.traffic()["lookup"] == l.traffic()["lookup"]).all()
+    for answered_early, answered_late in zip(early, late):
+        assert bitwise_equal(answered_early.parameters(), answered_late.parameters())
+        assert (answered_early.traffic()["lookup"] == answered_late.traffic()["lookup"]).all()
     patched = sum(d.traffic()["patch"].sum() for d in early)
     if dedup == "node":  # the proxies relay whole replies: nothing is answered early
         assert patched == 0 and not any(d.protocol.early for d in early)

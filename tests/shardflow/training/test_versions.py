@@ -116,8 +116,15 @@ def test_blocks_of_any_size_stream_the_targets_and_examples_of_the_whole_log(day
     for targets in (streamed.train_targets(), streamed.eval_targets):
         got = streamed.examples(targets[::-1], MODEL, seed=4)
         ids = ds.ids("item")
-        want = examples_from(ds.offsets(), lambda _, positions: ids[positions], targets[::-1], ds.info.table("item").rows,
-                             history=3, negatives=1, seed=4)
+        want = examples_from(
+            ds.offsets(),
+            lambda _, positions: ids[positions],
+            targets[::-1],
+            ds.info.table("item").rows,
+            history=3,
+            negatives=1,
+            seed=4,
+        )
         assert got.history.tolist() == want.history.tolist() and got.positive.tolist() == want.positive.tolist()
         assert got.negatives.tolist() == want.negatives.tolist()
 
