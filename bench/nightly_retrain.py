@@ -63,9 +63,9 @@ def main() -> None:
         first, both = work / "first", work / "both"
         first.mkdir()
         both.mkdir()
-        shutil.copy(days[0], first / days[0].name)
+        shutil.copy2(days[0], first / days[0].name)
         for d in days:
-            shutil.copy(d, both / d.name)
+            shutil.copy2(d, both / d.name)
         seconds, _ = run(work / "night-1", first, args.epochs)
         print(f"setup: version 1 on the first part in {seconds:.1f} s (not timed below)")
         # The run_dir remembers its source's path: the nightly copy reads `first`, grown by the new part.
@@ -74,7 +74,7 @@ def main() -> None:
             night = work / f"nightly-{r}"
             shutil.copytree(work / "night-1", night, symlinks=True)
             (night / "run.lock").unlink(missing_ok=True)
-            shutil.copy(days[1], first / days[1].name)
+            shutil.copy2(days[1], first / days[1].name)
             nightly_s, nightly = run(night, first, args.epochs)
             (first / days[1].name).unlink()
             cold_s, cold = run(work / f"cold-{r}", both, args.epochs)

@@ -45,7 +45,7 @@ def chain(root: Path, split: int, epochs: int, address: str) -> list[tuple]:
     (root / "parts").mkdir()
     rows = []
     for day, devices in zip(days, NIGHTS):
-        shutil.copy(day, root / "parts")
+        shutil.copy2(day, root / "parts")  # its day-old mtime: a finished part (part_settle_s)
         config = RetrainConfig.build({
             "dataset": str(root / "parts"), "run_dir": str(root / "run"), "topology": str(root / f"{devices}.yaml"),
             "scheduler_address": address, "epochs": epochs, "batch_size": 1024, "dim": 16, "eval_users": None,

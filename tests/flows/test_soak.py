@@ -17,6 +17,7 @@ from runs import SMALL, TOPOLOGY, live_actors
 from shardflow.config import RetrainConfig
 from storage import versions
 from storage.checkpoint import verify_export
+from support import settled
 
 CYCLES = 12
 WARM = 3  # runs before the baseline: imports, caches and the first allocations settle
@@ -35,6 +36,7 @@ def write_day(path: Path, day: int) -> None:
     users = np.repeat(rng.integers(0, 200 + 100 * day, 300), 10)
     items = np.minimum(rng.zipf(1.3, users.size), 400)
     np.savetxt(path, np.stack([np.sort(users, kind="stable"), items], axis=1), fmt="%d")
+    settled(path)  # finished a while ago, as a night's part is when its run starts
 
 
 def test_many_nightly_runs_keep_memory_flat_and_leak_nothing(prefect_api, client, tmp_path):
