@@ -20,6 +20,13 @@ TOPOLOGY = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, upl
 SMALL = dict(dim=8, mlp=(8,), history=5, negatives=2, batch_size=128, epochs=2, eval_users=200, memory_slack=0.5)
 
 
+def stderr_of(proc: subprocess.Popen) -> str:
+    """The end of a process's stderr for a failed assertion: the process is killed first, so reading never waits
+    on a run that is stuck."""
+    proc.kill()
+    return proc.communicate(timeout=60)[1][-3000:]
+
+
 def task_run_states(flow_run_id) -> list[tuple[str, str]]:
     """(name, state type) of every task run of a flow run."""
     from prefect.client.orchestration import get_client

@@ -17,7 +17,7 @@ import time
 import pytest
 import yaml
 
-from runs import BIN, SMALL, TOPOLOGY
+from runs import BIN, SMALL, TOPOLOGY, stderr_of
 from shardflow.synthetic import SynthTable, synth_dataset
 
 RESTART_TIMEOUT_S = 5
@@ -71,7 +71,7 @@ def test_a_lost_cluster_ends_in_one_line_and_keeps_the_checkpoints(prefect_api, 
         first = tmp_path / "run" / "versions" / "0001" / "checkpoints" / "epoch-000001" / "manifest.json"
         deadline = time.monotonic() + 300
         while not first.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            assert proc.poll() is None and time.monotonic() < deadline, stderr_of(proc)
             time.sleep(0.05)
         cut = time.monotonic()
         cluster.kill(0 if lost == "scheduler" else 1)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runs import BIN, SMALL, TOPOLOGY
+from runs import BIN, SMALL, TOPOLOGY, stderr_of
 from shardflow.synthetic import SynthTable, synth_dataset
 from support import snapshot
 
@@ -53,7 +53,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_rerun_resumes(prefect_api
     first = small_fs / "run" / "versions" / "0001" / "checkpoints" / "epoch-000001"
     deadline = time.monotonic() + 300
     while not (first / "manifest.json").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        assert proc.poll() is None and time.monotonic() < deadline, stderr_of(proc)
         time.sleep(0.02)
     filler = small_fs / "filler"
     with open(filler, "wb") as f:  # every byte left, as another program filling the disk would
