@@ -76,18 +76,19 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
             silence_logs=logging.WARNING,
             **({"resources": {"GPU": 1}} if gpus else {}),
         )
-    try:
-        quiet = worker_log is not None and os.environ.get(VERBOSE, "0") in ("", "0")
-        with Client(cluster) as client, _dask_log_to(worker_log if quiet else None):
-            client.register_plugin(IgnoreInterrupts(), name="shardflow-ignore-interrupts")
-            if quiet:
-                client.register_plugin(WorkerOutput(str(worker_log)), name="shardflow-worker-output")
-            yield client
-    finally:
-        # Our own workers are done: one still busy after the nanny's 4 s (a loaded machine) is killed
-        # without a warning line per worker.
-        with _log_level("distributed.nanny", logging.ERROR):
-            cluster.close()
+    quiet = worker_log is not None and os.environ.get(VERBOSE, "0") in ("", "0")
+    with _dask_log_to(worker_log if quiet else None):  # until the cluster is closed: what it says then too
+        try:
+            with Client(cluster) as client:
+                client.register_plugin(IgnoreInterrupts(), name="shardflow-ignore-interrupts")
+                if quiet:
+                    client.register_plugin(WorkerOutput(str(worker_log)), name="shardflow-worker-output")
+                yield client
+        finally:
+            # Our own workers are done: one still busy after the nanny's 4 s (a loaded machine) is killed
+            # without a warning line per worker.
+            with _log_level("distributed.nanny", logging.ERROR):
+                cluster.close()
 
 
 @contextlib.contextmanager

