@@ -433,7 +433,7 @@ def import_dataset(
 
 def _fresh(fmt, src, dest, parts, overwrite, table_rows, hash_rows, client, block_bytes) -> dict:
     check_destination(dest, overwrite=overwrite)
-    options = {"table_rows": table_rows, "hash_rows": hash_rows} if fmt == "criteo" else {}
+    options = _recorded_options(fmt, table_rows, hash_rows)
     with staged(dest, overwrite=overwrite) as stage:
         start_store(stage)
         manifest = _import_parts(fmt, src, stage, parts, None, options, client, block_bytes)
@@ -484,6 +484,11 @@ def check_continuation(fmt: str, src: Path, dest: Path, parts: list[Part], sourc
     return new
 
 
+def _recorded_options(fmt: str, table_rows: dict, hash_rows) -> dict:
+    """What a store's manifest records of an import's options: criteo's table sizes (nothing for the others)."""
+    return {"table_rows": table_rows, "hash_rows": hash_rows} if fmt == "criteo" else {}
+
+
 def _option_flags(options: dict) -> str:
     """The command-line flags that give an import `options` (criteo's table sizes)."""
     if not options:
@@ -493,7 +498,7 @@ def _option_flags(options: dict) -> str:
 
 
 def _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, block_bytes) -> dict:
-    options = {"table_rows": table_rows, "hash_rows": hash_rows} if fmt == "criteo" else {}
+    options = _recorded_options(fmt, table_rows, hash_rows)
     new = check_continuation(fmt, src, dest, parts, manifest["source"], options)
     skipped = [str(p.path) for p in finished(parts) if p not in new]
     if not new:
@@ -536,7 +541,7 @@ def _replace(fmt, src, dest, parts, name, table_rows, hash_rows, client, block_b
     if name not in {p.name for p in finished(parts)}:
         raise InputError(f"--replace-from {name}: {src} holds no finished part {name!r}; accepted: a finished "
                          "part (ending with a newline, settled, or with its NAME.done marker)")
-    options = {"table_rows": table_rows, "hash_rows": hash_rows} if fmt == "criteo" else {}
+    options = _recorded_options(fmt, table_rows, hash_rows)
     kept = {**manifest, "segments": manifest["segments"][:k], "source": {**source, "parts": source["parts"][:k]}}
     early = check_continuation(fmt, src, dest, [p for p in parts if p.name < name], kept["source"], options)
     if early:
