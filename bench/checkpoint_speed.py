@@ -34,7 +34,8 @@ from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.topology import uniform
 from shardflow.synthetic import SynthTable, synth_dataset
-from shardflow.training.engine import Engine, TrainConfig
+from shardflow.training.config import TrainConfig
+from shardflow.training.engine import Engine
 from storage.checkpoint import EXPORT_CHUNK_ROWS
 
 MB = 1e6

@@ -52,11 +52,13 @@ from shardflow.dlrm import ClickConfig, numeric_input
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
-from shardflow.planner.strategies import budget_bytes_per_device, propose
+from shardflow.planner.strategies import propose
+from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import load_topology, uniform
 from shardflow.synthetic_clicks import synth_click_log
 from shardflow.training.clicks import HELD_OUT, load_training_data
-from shardflow.training.engine import Engine, TrainConfig
+from shardflow.training.config import TrainConfig
+from shardflow.training.engine import Engine
 from shardflow.training.metrics import log_loss, roc_auc
 from shardflow.training.reference import ReferenceTrainer
 from storage.dataset import Dataset

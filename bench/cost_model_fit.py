@@ -26,7 +26,7 @@ from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import load_topology
 from shardflow.profiling import profile_dataset
 from shardflow.synthetic import Repeats, SynthTable, synth_dataset
-from shardflow.training.engine import TrainConfig
+from shardflow.training.config import TrainConfig
 from shardflow.training.run import in_process, prepare
 from storage.importers import import_dataset
 

@@ -47,7 +47,8 @@ from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.report import bound_and_baseline, gap_closed
-from shardflow.planner.strategies import FlexShard, budget_bytes_per_device, propose
+from shardflow.planner.strategies import FlexShard, propose
+from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import Node, Topology, uniform
 
 STRATEGIES = ("row-wise-mod", "row-wise-block", "table-wise", "flexshard")
@@ -279,7 +280,8 @@ sys.path.insert(0, {root!r})
 from bench.plan_traffic import zipf_counts
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
-from shardflow.planner.strategies import FlexShard, budget_bytes_per_device, propose
+from shardflow.planner.strategies import FlexShard, propose
+from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import uniform
 counts = zipf_counts({rows}, 1.2)
 with open("/proc/self/clear_refs", "w") as f:  # peak memory from here on: planning, not generating

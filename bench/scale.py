@@ -15,7 +15,7 @@ process, its API server, the workers) and of the largest worker; then the plan's
 on the largest device (rows, Adagrad sums, versions) beside that worker's peak, and
 what a process holds after importing what a worker imports (torch's CUDA build alone is
 about 0.5 GB, counted in every worker's RSS), and the bound the engine checks against
-each worker's memory limit before any shard starts (engine.worker_peak_bytes).
+each worker's memory limit before any shard starts (shardflow.planner.memory.worker_peak_bytes).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import psutil
 
 from shardflow.training.batches import TrainData
 from storage.dataset import Dataset
-from shardflow.training.engine import WORKER_BYTES_PER_USER, WORKER_EXTRA_BYTES, WORKER_SCALE, worker_peak_bytes
+from shardflow.planner.memory import WORKER_BYTES_PER_USER, WORKER_EXTRA_BYTES, WORKER_SCALE, worker_peak_bytes
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -44,10 +44,12 @@ from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
-from shardflow.planner.strategies import budget_bytes_per_device, propose
+from shardflow.planner.strategies import propose
+from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import uniform
 from shardflow.training.batches import TrainData
-from shardflow.training.engine import Engine, TrainConfig
+from shardflow.training.config import TrainConfig
+from shardflow.training.engine import Engine
 from shardflow.training.reference import ReferenceTrainer
 from storage.dataset import Dataset
 from storage.importers import import_dataset

@@ -189,7 +189,7 @@ def _print_plan(s: dict) -> None:
 def _cmd_train(args: argparse.Namespace) -> dict:
     from shardflow.cluster import dask_client
     from shardflow.training.device import torch_device
-    from shardflow.training.engine import TrainConfig
+    from shardflow.training.config import TrainConfig
     from shardflow.training.run import train_from_stores
     from shardflow.planning import read_plan
 

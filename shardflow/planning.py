@@ -12,7 +12,8 @@ from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.report import bound_and_baseline, summarize
-from shardflow.planner.strategies import STRATEGIES, budget_bytes_per_device, propose
+from shardflow.planner.strategies import STRATEGIES, propose
+from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import Topology, parse_topology
 from shardflow.touch import fit_touch
 from storage.dataset import Dataset

@@ -18,12 +18,13 @@ from shardflow.cluster import live_workers
 from shardflow.errors import InputError, TrainingError, WorkerLost
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
-from shardflow.planner.plan import row_bytes
+from shardflow.planner.memory import check_capacity
 from shardflow.planner.topology import load_topology
 from shardflow.planner.report import table_tiers
 from shardflow.planning import compare_strategies, keep_or_replan, read_plan
 from shardflow.profiling import profile_dataset, profile_window
-from shardflow.training.engine import Engine, TrainConfig
+from shardflow.training.config import TrainConfig
+from shardflow.training.engine import Engine
 from shardflow.training.run import prepare, start_engine
 from shardflow.training.evaluate import evaluate_export
 from storage.checkpoint import CHECKPOINT, checkpoint_dir, complete_checkpoints
@@ -99,15 +100,8 @@ def check_budget(config: RetrainConfig) -> None:
     store = source if (source / MANIFEST).is_file() else dest if (dest / MANIFEST).is_file() else None
     if store is None:
         return
-    tables = Dataset.open(store).info.tables
-    need = sum(t.rows for t in tables) * row_bytes(config.dim)
-    have = topology.devices * topology.device_memory_bytes
-    if need > have:
-        raise InputError(
-            f"the tables of {store} need {need:,} bytes at dim {config.dim} ({sum(t.rows for t in tables):,} rows), "
-            f"but {topology.devices} devices × {topology.device_memory_bytes:,} bytes of {config.topology} hold "
-            f"{have:,}; accepted: a larger device_memory_bytes, more devices, or a smaller dim"
-        )
+    rows = sum(t.rows for t in Dataset.open(store).info.tables)
+    check_capacity(rows, config.dim, topology, topology.device_memory_bytes, f"the tables of {store}", config.topology)
 
 
 # What a warm start cannot carry across: the promoted model's shape and optimiser slots.

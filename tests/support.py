@@ -14,7 +14,8 @@ from shardflow.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.plan import ShardingPlan, TablePlan
-from shardflow.planner.strategies import budget_bytes_per_device, propose
+from shardflow.planner.strategies import propose
+from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import Node, Topology
 from shardflow.training.device import Device
 from shardflow.training.reference import ReferenceTrainer

@@ -27,7 +27,8 @@ from shardflow.planning import make_plan
 from shardflow.profiling import profile_dataset
 from shardflow.synthetic import SynthTable, synth_dataset
 from shardflow.training.batches import TrainData
-from shardflow.training.engine import Engine, TrainConfig
+from shardflow.training.config import TrainConfig
+from shardflow.training.engine import Engine
 from storage.checkpoint import checkpoint_dir
 from storage.dataset import Dataset
 from storage.importers import import_dataset
@@ -579,7 +580,7 @@ def case_run_budget_cannot_fit_the_tables(world, client, tmp_path):
     cfg = config(world, topology=str(tmp_path / "tiny.yaml"), run_dir=str(tmp_path / "run"))
     return [world / "ds"], lambda: check_run(cfg()), (
         r"the tables of .*ds need 81,120 bytes at dim 64 \(312 rows\), but 2 devices × 1,000 bytes of .*tiny.yaml "
-        r"hold 2,000; accepted: a larger device_memory_bytes")
+        r"hold 2,000: short by 79,120 bytes; accepted: a larger device_memory_bytes")
 
 
 def case_config_batch_smaller_than_the_devices(world, client, tmp_path):

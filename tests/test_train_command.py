@@ -14,7 +14,7 @@ from shardflow.planning import make_plan, read_plan
 from shardflow.profiling import profile_dataset
 from shardflow.synthetic import Repeats, SynthTable, synth_dataset
 from shardflow.synthetic_clicks import synth_click_log
-from shardflow.training.engine import TrainConfig
+from shardflow.training.config import TrainConfig
 from shardflow.training.run import in_process, prepare, train_from_stores
 from storage.importers import import_dataset
 

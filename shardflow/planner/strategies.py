@@ -16,6 +16,7 @@ import numpy as np
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel
+from shardflow.planner.memory import check_capacity, slack_budget_bytes
 from shardflow.planner.placement import place, tiers_from_counts
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.refine import pack_tables, table_home_seconds
@@ -165,34 +166,12 @@ class FlexShard:
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (TableWise(), RowWiseMod(), RowWiseBlock(), FlexShard())}
 
 
-def budget_bytes_per_device(accesses: list[TableAccess], topology: Topology, dim: int, slack: float) -> int:
-    """device_memory_bytes if the topology gives it, else row-wise-mod's per-device bytes × (1 + slack)."""
-    if not (isinstance(slack, (int, float)) and math.isfinite(slack) and slack >= 0):
-        raise InputError(f"memory slack = {slack!r}; accepted: a number >= 0 (0.1 = 10% over row-wise-mod)")
-    if topology.device_memory_bytes is not None:
-        return topology.device_memory_bytes
-    return slack_budget_bytes(accesses, topology, dim, slack)
-
-
-def slack_budget_bytes(accesses: list[TableAccess], topology: Topology, dim: int, slack: float) -> int:
-    """Row-wise-mod's bytes on its fullest device × (1 + slack)."""
-    rows = sum(math.ceil(a.rows / topology.devices) for a in accesses)
-    return int(rows * row_bytes(dim) * (1 + slack))
-
-
 def propose(
     strategy: str, accesses: list[TableAccess], topology: Topology, budget_bytes: int, model: CostModel
 ) -> ShardingPlan:
     if strategy not in STRATEGIES:
         raise InputError(f"strategy {strategy!r}; accepted: {', '.join(STRATEGIES)}")
-    total = sum(a.rows for a in accesses) * row_bytes(model.shape.dim)
-    capacity = budget_bytes * topology.devices
-    if total > capacity:
-        raise InputError(
-            f"the tables need {total:,} bytes but {topology.devices} devices × {budget_bytes:,} bytes hold "
-            f"{capacity:,}: short by {total - capacity:,} bytes; accepted: a larger device_memory_bytes, "
-            "more devices, or a smaller --dim"
-        )
+    check_capacity(sum(a.rows for a in accesses), model.shape.dim, topology, budget_bytes)
     plan = STRATEGIES[strategy].plan(accesses, topology, budget_bytes, model)
     memory = plan.memory_bytes_per_device(topology, model.shape.dim)
     d = int(np.argmax(memory))

@@ -28,7 +28,9 @@ from shardflow.planning import accesses_from_profile, cost_model, read_plan
 from shardflow.training.batches import TrainData
 from shardflow.training.clicks import ClickData, load_training_data, model_config
 from shardflow.training.device import Device
-from shardflow.training.engine import Engine, TrainConfig, estimation_plan
+from shardflow.planner.estimation import estimation_plan
+from shardflow.training.config import TrainConfig
+from shardflow.training.engine import Engine
 from shardflow.training.evaluate import metric_values
 from shardflow.training.protocol import InProcess
 from storage.dataset import Dataset

@@ -14,7 +14,8 @@ from shardflow.planner.refine import (bandwidths, hottest_rows, link_seconds, re
                                      unit_loads)
 from shardflow.planner.relaxation import floor_bound, lower_bound, node_bound, row_floors, tier_costs
 from shardflow.planner.report import bound_and_baseline
-from shardflow.planner.strategies import STRATEGIES, budget_bytes_per_device, propose
+from shardflow.planner.strategies import STRATEGIES, propose
+from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import Node, Topology, uniform
 
 TOPOLOGIES = {

@@ -17,7 +17,8 @@ from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, BlockRows, ModuloRows,
                                    for_devices, row_bytes, table_rows_per_device)
 from shardflow.planner.report import bound_and_baseline, tier_text
 from shardflow.planner.shardmap import ShardMap
-from shardflow.planner.strategies import SLACK_LADDER, budget_bytes_per_device, propose
+from shardflow.planner.strategies import SLACK_LADDER, propose
+from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import Node, Topology, uniform
 
 TWO_BY_TWO = uniform(2, 2, 12.5)

@@ -15,7 +15,8 @@ from shardflow.errors import InputError
 from shardflow.planner.strategies import STRATEGIES
 from shardflow.training.batches import CACHED_BLOCKS
 from shardflow.training.clicks import HELD_OUT, ClickData, load_training_data
-from shardflow.training.engine import Engine, TrainConfig
+from shardflow.training.config import TrainConfig
+from shardflow.training.engine import Engine
 from shardflow.training.metrics import log_loss, roc_auc
 from shardflow.training.protocol import InProcess
 from storage.dataset import Dataset

@@ -17,7 +17,9 @@ from shardflow.model import ModelConfig
 from shardflow.optim import OptimizerConfig
 from shardflow.planner.plan import GLOBAL, NODE, ShardingPlan, TablePlan
 from shardflow.planner.topology import Node, Topology
-from shardflow.training.engine import Engine, TrainConfig, estimation_plan
+from shardflow.planner.estimation import estimation_plan
+from shardflow.training.config import TrainConfig
+from shardflow.training.engine import Engine
 from shardflow.training.protocol import InProcess
 from shardflow.training.reference import ReferenceTrainer
 
@@ -278,7 +280,7 @@ def test_closing_an_engine_mid_call_stops_every_device_before_releasing_its_shar
     import threading
     import time
 
-    from shardflow.training.engine import CLOSE_WAIT_S
+    from shardflow.training.transport import CLOSE_WAIT_S
 
     small = 16  # many short steps: the call outlasts the wait below
     engine = Engine(client, dataset, random_plan(data, 2, seed=1), TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(small))

@@ -8,7 +8,8 @@ import torch
 
 from support import BATCH, MODEL, OPTIMIZER, TOPOLOGIES, random_plan
 from shardflow.cluster import dask_client
-from shardflow.training.engine import Engine, TrainConfig
+from shardflow.training.config import TrainConfig
+from shardflow.training.engine import Engine
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to PyTorch")
 

@@ -14,7 +14,8 @@ from shardflow.planning import extend_plan
 from shardflow.examples import examples_from
 from shardflow.synthetic import SynthTable, synth_dataset
 from shardflow.training.batches import CACHED_BLOCKS, TrainData, window_start
-from shardflow.training.engine import Engine, TrainConfig
+from shardflow.training.config import TrainConfig
+from shardflow.training.engine import Engine
 from storage.checkpoint import verify_export
 from storage.dataset import Dataset
 from storage.importers import import_dataset

@@ -1,0 +1,255 @@
+"""The Dask actor that hosts one device: it loads the device's training data, carries its messages to and
+from the peers' actors (shardflow.training.transport) and answers their reads.
+
+Device d runs on the d-th worker (workers sorted by address). For each engine call a
+device runs one or more steps (StepCall); inside it the devices exchange the protocol's
+rounds directly, one message per peer per round (shardflow.training.protocol).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardflow.dlrm import ClickConfig
+from shardflow.errors import TrainingError, WorkerLost
+from shardflow.model import ModelConfig
+from shardflow.optim import OptimizerConfig
+from shardflow.planner.plan import DevicePlan
+from shardflow.planner.topology import Topology
+from shardflow.training.clicks import load_training_data
+from shardflow.training.device import Device
+from shardflow.training.protocol import Message, Round
+from shardflow.training.transport import Mailbox, answer
+from storage.checkpoint import write_export_chunk
+
+
+class DeviceActor:
+    """The Dask actor of one device: loads the training data, carries a Device and its messages."""
+
+    alive = True  # an attribute, not a method: reading it remotely fails at once if the actor is gone
+
+    def __init__(self, device: int, topology: Topology, tables: dict[str, DevicePlan], dataset: str,
+                 config: ModelConfig | ClickConfig, optimizer: OptimizerConfig, *, batch_size: int, dedup: str,
+                 array_device: str = "cpu", scaled_rows: dict[str, int] | None = None,
+                 window: tuple[int, int] = (0, 0), early: bool = False) -> None:
+        data = load_training_data(dataset, config.features, window)
+        self.device = Device(device, topology, tables, data, config, optimizer, batch_size=batch_size, dedup=dedup,
+                             array_device=array_device, scaled_rows=scaled_rows, early=early)
+        self.index = device
+        self.peers: list = []
+        self.mail = Mailbox()
+        self._stepping = False  # inside a call to steps (the actor's thread writes the shard)
+
+    def connect(self, peers: list) -> int:
+        self.peers = peers
+        return self.index
+
+    # -- on the worker's event loop: messages and reads from other devices ----------------
+    async def deliver(self, tag: int, message: Message) -> None:
+        self.mail.put(tag, message)
+
+    async def stop(self) -> None:
+        """On the event loop, so it runs while the actor's thread is inside a step: that step ends at its next
+        wait and sends no more messages of its own."""
+        self.mail.stop()
+
+    def settled(self) -> None:
+        """Returns once every call queued before it on the actor's thread (one thread per worker) has ended."""
+
+    async def read_rows(self, table: str, ids: np.ndarray, sender: int) -> np.ndarray:
+        self._check_not_stepping("read_rows")
+        return self.device.serve_rows(table, ids, sender)
+
+    async def read_dense(self, sender: int) -> dict:
+        self._check_not_stepping("read_dense")
+        return self.device.serve_dense(sender)
+
+    async def export_rows(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self._check_not_stepping("export_rows")
+        return self.device.export_rows(table, ids)
+
+    def _check_not_stepping(self, read: str) -> None:
+        """The threading rule (shardflow.training.transport): rows are read for a peer only between steps."""
+        if self._stepping:
+            raise TrainingError(f"device {self.index}: {read} while a step updates the shard (the engine makes "
+                                "one kind of call at a time)")
+
+    # -- on the actor's thread -------------------------------------------------------------
+    def steps(self, tag: int, epoch: int, first: int, count: int, step: int, seed: int) -> list[dict]:
+        """Steps first..first+count-1 of `epoch` (global step numbers from `step`): every round's messages out
+        to the peers, theirs in; this device's stats of each step (StepCall)."""
+        self.mail.check_open()
+        self.mail.forget_before(tag)
+        self._stepping = True
+        try:
+            return StepCall(self, tag, epoch, first, step, seed).run(count)
+        finally:
+            self._stepping = False
+
+    def clock(self) -> int:
+        return self.device.clock
+
+    def write_export(self, store: str, table: str, starts: list[int], chunk_rows: int) -> dict[str, str]:
+        """Write chunks `starts` of `table`'s export (this device's share; no other writer touches them):
+        rows and Adagrad sums from their homes, its own read directly, the next chunk's requested from
+        the other homes while this one is written. {array chunk name: digest}."""
+        self.mail.check_open()
+        plan = self.device.protocol.tables[table]
+        rows_total = plan.rows
+
+        def request(start: int):
+            ids = np.arange(start, min(start + chunk_rows, rows_total), dtype=np.int64)
+            home = plan.home_of(ids)
+            calls = [(home == d, d, self.peers[d].export_rows(table, ids[home == d]))
+                     for d in np.unique(home).tolist() if d != self.index]
+            return start, ids, home, calls
+
+        digests: dict[str, str] = {}
+        upcoming = request(starts[0]) if starts else None
+        for i in range(len(starts)):
+            start, ids, home, calls = upcoming
+            upcoming = request(starts[i + 1]) if i + 1 < len(starts) else None
+            rows = np.empty((ids.size, self.device.config.dim), dtype=np.float32)
+            state = np.empty(ids.size, dtype=np.float32)
+            mine = home == self.index
+            if mine.any():
+                rows[mine], state[mine] = self.device.export_rows(table, ids[mine])
+            for sel, d, call in calls:
+                rows[sel], state[sel] = answer(call, self.peers[d])
+            digests.update(write_export_chunk(store, table, start, rows, state))
+        return digests
+
+    def evaluate(self, targets: np.ndarray, candidates: int, seed: int) -> dict:
+        self.mail.check_open()
+
+        def rows(peer: int, table: str, ids: np.ndarray) -> np.ndarray:
+            return answer(self.peers[peer].read_rows(table, ids, self.index), self.peers[peer])
+
+        def dense() -> dict:
+            return answer(self.peers[0].read_dense(self.index), self.peers[0])
+
+        return self.device.evaluate(targets, candidates, seed, rows, dense)
+
+    def save(self, path: str) -> dict:
+        return self.device.save(path)
+
+    def verify(self, path: str, digests: dict) -> None:
+        self.device.verify(path, digests)
+
+    def load(self, path: str, digests: dict, clock: int, dense_steps: int) -> None:
+        self.device.load(path, digests, clock, dense_steps)
+
+    def warm_start(self, model: str, rows: dict, dense_steps: int) -> None:
+        self.device.warm_start(model, rows, dense_steps)
+
+    def dense_parameters(self) -> tuple[dict, dict, int]:
+        return self.device.dense_parameters()
+
+    def traffic(self) -> dict:
+        return self.device.traffic()
+
+    def parameters(self) -> dict:
+        return self.device.parameters()
+
+
+class StepCall:
+    """One engine call to `steps` on one device: its steps in order, each step's rounds, and the deliveries still
+    in flight.
+
+    While it waits for the peers' gradients, the device builds the next step's batch and
+    sends its requests: batch building and the first round of a step overlap the step before.
+    With early answers (protocol.py: PREFETCH) it does so at its first wait instead, and
+    answers the peers' requests for their next step whenever it waits.
+    """
+
+    def __init__(self, actor: DeviceActor, tag: int, epoch: int, first: int, step: int, seed: int) -> None:
+        self.actor, self.device, self.tag = actor, actor.device, tag
+        self.epoch, self.first, self.step, self.seed = epoch, first, step, seed
+        self.peers = {d: a for d, a in enumerate(actor.peers) if d != actor.index}
+        self.sent: list = []  # [(peer, delivery call)] not yet acknowledged
+        self.ahead: int | None = None  # the step (of this call) whose requests are out already
+        self.deferred: BaseException | None = None  # the error of preparing it
+        self.current = step  # the global step running
+
+    def run(self, count: int) -> list[dict]:
+        stats = []
+        try:
+            for k in range(count):
+                stats.append(self._one(k, count))
+                self._acknowledged()
+        except BaseException as e:
+            self._fail(e)
+            raise
+        for peer, call in self.sent:
+            answer(call, self.actor.peers[peer])
+        return stats
+
+    def _one(self, k: int, count: int) -> dict:
+        """Step k of this call: its requests (unless out already), then every round in order."""
+        device = self.device
+        self.current = self.step + k
+        if self.deferred is not None:  # preparing this step failed: it fails now, the one before is applied
+            raise self.deferred
+        out = device.start(self.epoch, self.first + k, self.step + k, self.seed)
+        if self.ahead != k:
+            self.sent += self._send(out)
+        more = k + 1 < count
+        for round in device.rounds:
+            if round is Round.GRADIENTS:  # while the peers compute (with early answers, at any wait)
+                self._prepare(k + 1, count)
+            work = (self._answer_early, lambda: self._prepare(k + 1, count)) if device.protocol.early and more \
+                else (None, None)
+            inbox = self.actor.mail.wait(self.tag, self.step + k, round, self.peers, *work)
+            if round is Round.REPLY:  # a patch goes with the sender's early answer
+                patched = {m.sender: self.peers[m.sender] for m in inbox if m.patch}
+                for m in self.actor.mail.wait(self.tag, self.step + k, Round.PREFETCH, patched) if patched else []:
+                    device.protocol.take_early(m)
+            out = device.receive(round, inbox)
+            if out:
+                self.sent += self._send(out)
+        return device.finish()
+
+    def _prepare(self, k: int, count: int) -> bool:
+        """Prepare step k and send its requests, if that is still to do; whether it did."""
+        if k >= count or self.ahead == k or self.deferred is not None:
+            return False
+        try:
+            self.sent += self._send(self.device.prepare(self.epoch, self.first + k, self.step + k, self.seed))
+            self.ahead = k
+        except Exception as e:  # this step's messages are out: finish it, fail the next
+            self.deferred = e
+        return True
+
+    def _answer_early(self, requests: list[Message]) -> None:
+        """The peers' requests of the next step, answered while this one waits."""
+        self.sent.extend((m.sender, self.actor.peers[m.sender].deliver(self.tag, self.device.protocol.answer_early(m)))
+                         for m in requests)
+
+    def _send(self, out: dict[int, Message]) -> list:
+        """Deliver each of `out`'s messages to its peer: [(peer, the delivery's call)]."""
+        return [(peer, self.actor.peers[peer].deliver(self.tag, m)) for peer, m in out.items()]
+
+    def _acknowledged(self) -> None:
+        """Keep only the deliveries not yet acknowledged; raises a delivery's error."""
+        left = []
+        for peer, call in self.sent:
+            if call.done():
+                call.result()
+            else:
+                left.append((peer, call))
+        self.sent = left
+
+    def _fail(self, e: BaseException) -> None:
+        """Abort the step; unless a peer is lost, tell every peer (whatever round it waits for now: of this step,
+        or the next one's requests if this device failed while preparing it), then drain the deliveries."""
+        self.device.abort()
+        index, peers = self.actor.index, self.actor.peers
+        if not isinstance(e, WorkerLost):
+            waits = [(self.current, r) for r in self.device.rounds] + [(self.current + 1, Round.REQUEST)]
+            self.sent += [(p, peers[p].deliver(self.tag, Message(r, s, index, error=str(e))))
+                          for s, r in waits for p in self.peers]
+        for peer, call in self.sent:
+            try:
+                answer(call, peers[peer])
+            except Exception:  # the step failed already; its first error is the one to report
+                pass

@@ -1,0 +1,55 @@
+"""What a training run is asked to do (TrainConfig) and what it did (TrainResult)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shardflow.errors import InputError
+from shardflow.planner.costmodel import check_dedup
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 4096
+    dedup: str = "device"
+    epochs: int = 1
+    max_steps: int | None = None  # stop after this many steps in all (None: run every epoch)
+    steps_per_epoch: int | None = None  # the first steps of each epoch's order (None: all of them)
+    device: str = "cpu"
+    seed: int = 0
+    eval_users: int | None = 5000  # users evaluated (a seeded sample; None: all)
+    eval_candidates: int = 100
+    window: tuple[int, int] = (0, 0)  # (first segment trained on, first evaluated on): see TrainData.load and ClickData
+    early_answers: bool = False  # answer the next step's requests while waiting (protocol.py: PREFETCH)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "epochs", "eval_candidates"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(f"{name} = {v!r}; accepted: an integer >= 1")
+        for name in ("max_steps", "steps_per_epoch", "eval_users"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InputError(f"{name} = {v!r}; accepted: an integer >= 1, or none")
+        if self.eval_candidates < 2:
+            raise InputError(f"eval_candidates = {self.eval_candidates}; accepted: >= 2 (the positive and a negative)")
+        check_dedup(self.dedup)
+        if not isinstance(self.early_answers, bool):
+            raise InputError(f"early_answers = {self.early_answers!r}; accepted: true or false")
+
+
+@dataclass
+class TrainResult:
+    steps: int = 0
+    examples: int = 0
+    seconds: float = 0.0
+    epoch_loss: list = field(default_factory=list)  # mean BCE per epoch (per candidate)
+    timings: dict = field(default_factory=dict)  # mean seconds per step: batch, each round, compute
+    steady: dict = field(default_factory=lambda: {"steps": 0, "examples": 0, "seconds": 0.0})  # after warm-up
+
+    @property
+    def examples_per_s(self) -> float:
+        """Over the steady-state steps (after the engine's WARMUP_STEPS), or all of them if there are none."""
+        if self.steady["seconds"] > 0:
+            return self.steady["examples"] / self.steady["seconds"]
+        return self.examples / self.seconds if self.seconds else 0.0

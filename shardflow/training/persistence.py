@@ -1,0 +1,115 @@
+"""What outlives an engine: checkpoints, restores, warm starts and the parameter download (export).
+
+Every shard writes and reads its own part, so no process ever gathers the model. Each
+store is built in a staging directory beside its path, its manifest written last and
+the directory renamed into place (storage.staging): a store cut off at any point is a
+leftover staging directory, never the store.
+
+`Persistence` is the part of shardflow.training.engine.Engine that does this; it uses
+the engine's actors (`actors`, `_wait`, `_all`), its configuration (`model`, `train`,
+`plan`, `topology`) and its step count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shardflow.errors import InputError
+from shardflow.training.clicks import config_record, read_record
+from storage.checkpoint import (CHECKPOINT, EXPORT, EXPORT_CHUNK_ROWS, create_export, finish, write_arrays)
+from storage.checkpoint import read as read_checkpoint
+from storage.staging import staged
+
+
+class Persistence:
+    def checkpoint(self, path: str | Path, info: dict) -> dict:
+        """Every shard writes itself into a staging directory beside `path`; the manifest is written
+        last and the directory renamed to `path` (replacing a damaged checkpoint a resume skipped).
+
+        A checkpoint cut off at any point is a leftover staging directory, never `path`.
+        """
+        with staged(Path(path), overwrite=True) as stage:
+            saved = self._all("save", str(stage))
+            digests = {k: v for s in saved for k, v in s["digests"].items()}
+            return finish(stage, CHECKPOINT, {
+                **info,
+                "step": self.step_count,
+                "dense_steps": saved[0]["dense_steps"],
+                "devices": self.topology.devices,
+                "model": config_record(self.model),
+                "batch_size": self.train.batch_size,
+                "seed": self.train.seed,
+            }, digests)
+
+    def restore(self, path: str | Path) -> dict:
+        """Load every shard from the complete checkpoint at `path`; its manifest."""
+        m = read_checkpoint(path, CHECKPOINT)
+        mine, theirs = config_record(self.model), read_record(m["model"])
+        if theirs != mine or m["devices"] != self.topology.devices:
+            raise InputError(
+                f"{path}: checkpoint of model {theirs} on {m['devices']} devices; accepted: model {mine} "
+                f"on {self.topology.devices} devices (the run's configuration)"
+            )
+        # Every shard's arrays verified before any is read in place: a damaged checkpoint changes nothing.
+        self._wait([a.verify(str(path), m["arrays"]) for a in self.actors])
+        self._wait([a.load(str(path), m["arrays"], m["step"], m["dense_steps"]) for a in self.actors])
+        self.step_count = m["step"]
+        return m
+
+    def warm_start(self, model: str | Path, manifest: dict) -> None:
+        """Start from an exported model (`manifest` is its verified manifest), placed onto this plan.
+
+        Row r of a table takes the export's row r and its Adagrad sum where the export has
+        it (the dataset's appends keep every raw id's row, so row r is the same item); rows
+        added since keep their fresh initial values and a zero sum. Each shard reads only
+        the rows it stores, straight from the export store: the model is never gathered in
+        one process. The dense layers and their optimiser state (and step count) are
+        carried over: training goes on as if the new days had been more epochs, instead of
+        a reset whose first Adagrad and Adam steps (about lr per coordinate) would throw
+        the carried weights off.
+        """
+        mine, theirs = config_record(self.model), read_record(manifest["model"])
+        differ = sorted(k for k in mine if k != "seed" and theirs.get(k) != mine[k])
+        if differ:
+            raise InputError(
+                f"{model}: exported with {', '.join(f'{k}={theirs.get(k)!r}' for k in differ)}; accepted for a warm "
+                f"start: {', '.join(f'{k}={mine[k]!r}' for k in differ)} (the run's configuration), or a cold start"
+            )
+        rows = manifest["tables"]
+        grown = {t.name: t.rows for t in self.plan.tables}
+        shrunk = sorted(name for name, n in rows.items() if n > grown.get(name, -1))
+        if shrunk:
+            raise InputError(f"{model}: tables {shrunk} have more rows than this dataset's; accepted: an export of "
+                             "this dataset before an append")
+        self._wait([a.warm_start(str(model), rows, manifest["dense_steps"]) for a in self.actors])
+
+    def export(self, out: str | Path, info: dict) -> dict:
+        """The parameter download: every table in global id order, chunk by chunk in parallel, with the
+        optimiser state a later model version starts from (row Adagrad sums, the dense optimiser's).
+
+        Device d writes chunks d, d + P, d + 2P, ... of every table: it reads the rows it
+        homes itself and asks the other homes for theirs, the next chunk's while it writes
+        this one; no process holds more than two chunks of a table. Built beside `out` and
+        swapped in when its manifest is written.
+        """
+        with staged(Path(out), overwrite=True) as stage:
+            create_export(stage, {t.name: t.rows for t in self.plan.tables}, self.model.dim)
+            P = len(self.actors)
+            step = P * EXPORT_CHUNK_ROWS
+            calls = [a.write_export(str(stage), t.name, list(range(d * EXPORT_CHUNK_ROWS, t.rows, step)),
+                                    EXPORT_CHUNK_ROWS)
+                     for t in self.plan.tables for d, a in enumerate(self.actors)]
+            digests = {k: v for part in self._wait(calls) for k, v in part.items()}
+            dense, dense_state, dense_steps = self._wait([self.actors[0].dense_parameters()])[0]
+            digests.update(write_arrays(stage / "dense", dense, "dense"))
+            digests.update(write_arrays(stage / "dense_opt", dense_state, "dense_opt"))
+            manifest = finish(stage, EXPORT, {
+                **info,
+                "tables": {t.name: t.rows for t in self.plan.tables},
+                "dim": self.model.dim,
+                "model": config_record(self.model),
+                "chunk_rows": EXPORT_CHUNK_ROWS,
+                "dense_steps": dense_steps,
+            }, digests)
+        self.downloads += 1
+        return manifest
