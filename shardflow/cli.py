@@ -324,6 +324,30 @@ def _print_promote(s: dict) -> None:
           f" ({s['reason']}). The next run warm-starts from version {s['version']}.")
 
 
+def _config_flag(p: argparse.ArgumentParser, key: str, **given) -> None:
+    """--KEY for the config key `key`, its type, choices, default and help taken from RetrainConfig (the one
+    source of every default: `shardflow plan`, `train` and `run` agree); `given` adds or replaces any of them."""
+    from typing import Literal, get_args, get_origin
+
+    from shardflow.config import RetrainConfig
+
+    field = RetrainConfig.model_fields[key]
+    kind, default = field.annotation, field.default
+    spec: dict = {"default": default, "help": (field.description or key.replace("_", " ")).replace("%", "%%")}
+    if kind is bool:
+        spec["action"] = "store_true"
+    elif get_origin(kind) is Literal:
+        spec["choices"] = list(get_args(kind))
+    else:
+        spec["type"] = kind
+    spec.update(given)
+    if spec.get("required"):
+        spec.pop("default")
+    else:
+        spec["help"] += f" (default: {default})"
+    p.add_argument("--" + key.replace("_", "-"), **spec)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardflow", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -374,30 +398,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("plan", "shard every row of a profiled dataset over a topology", _cmd_plan, _print_plan)
     p.add_argument("profile", help="profile store")
     p.add_argument("--topology", required=True, help="topology YAML file")
-    p.add_argument("--strategy", required=True, choices=["table-wise", "row-wise-mod", "row-wise-block", "flexshard"])
-    p.add_argument("--memory-slack", type=float, default=0.0, help="budget over row-wise-mod's bytes per device")
-    p.add_argument("--batch-size", type=int, default=4096, help="global batch (examples per step)")
-    p.add_argument("--dim", type=int, default=64, help="embedding dimension")
-    p.add_argument("--dedup", choices=["none", "device", "node"], default="device",
-                   help="de-duplication scope: none, device (a trainer fetches each row once), node (a node does)")
-    p.add_argument("--history", type=int, default=20, help="history window of a training example")
-    p.add_argument("--negatives", type=int, default=4, help="sampled negatives per example")
+    _config_flag(p, "strategy", required=True)
+    _config_flag(p, "memory_slack")
+    _config_flag(p, "batch_size", help="global batch (examples per step)")
+    _config_flag(p, "dim", help="embedding dimension")
+    _config_flag(p, "dedup", help="de-duplication scope: none, device (a trainer fetches each row once), node "
+                 "(a node does)")
+    _config_flag(p, "history")
+    _config_flag(p, "negatives")
     p.add_argument("--out", help="plan store to create (default: plan-STRATEGY beside the profile)")
     p.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
 
     p = command("train", "train on a Dask cluster following a plan (no Prefect)", _cmd_train, _print_train)
     p.add_argument("dataset", help="dataset store")
     p.add_argument("--plan", required=True, help="plan store of this dataset")
-    p.add_argument("--epochs", type=int, default=1)
+    _config_flag(p, "epochs")
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, help="global batch (default: the plan's)")
     p.add_argument("--dedup", choices=["none", "device", "node"], help="de-duplication scope (default: the plan's)")
-    p.add_argument("--early-answers", action="store_true",
-                   help="answer the next step's row requests while waiting, patch them when it begins")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="where each device computes: the CPU, or CUDA device d on worker d (resource GPU=1)")
-    p.add_argument("--seed", type=int, default=0, help="batch order and negatives")
-    p.add_argument("--eval-users", type=int, default=5000, help="held-out users evaluated (0: all)")
+    _config_flag(p, "early_answers", help="answer the next step's row requests while waiting, patch them when it "
+                 "begins")
+    _config_flag(p, "device", help="where each device computes: the CPU, or CUDA device d on worker d (resource "
+                 "GPU=1)")
+    _config_flag(p, "seed")
+    _config_flag(p, "eval_users", type=int, help="held-out users evaluated (0: all)")
     p.add_argument("--estimate", action="store_true", help="estimation mode: every table on one parameter server")
     p.add_argument("--server-memory", type=int, help="estimation: the server's bytes (default: the topology's)")
     p.add_argument("--scheduler", help="address of an existing Dask scheduler (one worker per device)")

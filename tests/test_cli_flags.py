@@ -1,0 +1,34 @@
+"""The CLI's flags take their defaults from the one config: `shardflow plan`, `train` and `run` agree."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardflow.cli import build_parser
+from shardflow.config import RetrainConfig
+
+SHARED = {
+    "plan": ["memory_slack", "batch_size", "dim", "dedup", "history", "negatives"],
+    "train": ["epochs", "device", "seed", "eval_users", "early_answers"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(SHARED))
+def test_every_flag_a_config_key_names_defaults_to_the_config(command, tmp_path):
+    positional = {"plan": [str(tmp_path / "profile"), "--topology", "t.yaml", "--strategy", "flexshard"],
+                  "train": [str(tmp_path / "ds"), "--plan", str(tmp_path / "plan")]}[command]
+    args = vars(build_parser().parse_args([command, *positional]))
+    for key in SHARED[command]:
+        assert args[key] == RetrainConfig.model_fields[key].default, key
+    assert len(SHARED[command]) == sum(1 for k in SHARED[command] if k in args)  # every one was read
+
+
+def test_plan_and_run_plan_under_the_same_default_budget(tmp_path):
+    args = build_parser().parse_args(["plan", str(tmp_path), "--topology", "t.yaml", "--strategy", "flexshard"])
+    assert args.memory_slack == RetrainConfig.model_fields["memory_slack"].default == 0.1
+
+
+def test_a_choice_outside_the_configs_is_refused_by_the_flag(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["plan", "p", "--topology", "t.yaml", "--strategy", "random"])
+    assert "invalid choice: 'random'" in capsys.readouterr().err
