@@ -29,11 +29,11 @@ import numpy as np
 import zarr
 
 from shardflow.cluster import dask_client
-from shardflow.model import ModelConfig
-from shardflow.optim import OptimizerConfig
+from shardflow.model.sequence import ModelConfig
+from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.topology import uniform
-from shardflow.synthetic import SynthTable, synth_dataset
+from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from storage.checkpoint import EXPORT_CHUNK_ROWS

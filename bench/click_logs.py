@@ -5,7 +5,7 @@
 
 Quality, on the bundled Criteo sample (200 rows) and Avazu sample (100 rows), imported
 with 2^16-row hashed tables, and on a synthetic Criteo-layout log of --rows rows whose
-labels come from a planted model with pairwise interactions (shardflow.synthetic_clicks):
+labels come from a planted model with pairwise interactions (shardflow.data.synthetic_clicks):
 every dataset's last 10% of rows are held out (the split shardflow evaluates on), and
   - constant: the training rows' click rate for every row;
   - logistic regression: one weight per (table, row) and per numeric input (log(1 + x)),
@@ -48,18 +48,18 @@ import numpy as np
 import torch
 
 from shardflow.cluster import dask_client
-from shardflow.dlrm import ClickConfig, numeric_input
-from shardflow.optim import OptimizerConfig
+from shardflow.model.dlrm import ClickConfig, numeric_input
+from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.strategies import propose
 from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import load_topology, uniform
-from shardflow.synthetic_clicks import synth_click_log
-from shardflow.training.clicks import HELD_OUT, load_training_data
+from shardflow.data.synthetic_clicks import synth_click_log
+from shardflow.data.clicks import HELD_OUT, load_training_data
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
-from shardflow.training.metrics import log_loss, roc_auc
+from shardflow.model.metrics import log_loss, roc_auc
 from shardflow.training.reference import ReferenceTrainer
 from storage.dataset import Dataset
 from storage.importers import import_dataset
@@ -185,8 +185,8 @@ TRAFFIC_STEPS = 6
 
 def traffic(scratch: Path, synthetic: Path, batch: int) -> None:
     from shardflow.planner.report import table_tiers
-    from shardflow.planning import make_plan, read_plan
-    from shardflow.profiling import profile_dataset
+    from shardflow.planning.plans import make_plan, read_plan
+    from shardflow.profiling.profiles import profile_dataset
     from shardflow.training.run import in_process, prepare
 
     topology = load_topology(DEMO)

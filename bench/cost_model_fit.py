@@ -1,5 +1,5 @@
 """Measured against predicted bytes per step, with the cost model's independent draws and with its
-distinct rows fitted to real batches (shardflow/touch.py).
+distinct rows fitted to real batches (shardflow/planning/touch.py).
 
     python bench/cost_model_fit.py [--data sessions sasrec s3rec recbole] [--steps 6]
 
@@ -20,12 +20,12 @@ from pathlib import Path
 
 from distributed import Client, LocalCluster
 
-import shardflow.planning as planning
+import shardflow.planning.plans as planning
 from shardflow.errors import InputError
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import load_topology
-from shardflow.profiling import profile_dataset
-from shardflow.synthetic import Repeats, SynthTable, synth_dataset
+from shardflow.profiling.profiles import profile_dataset
+from shardflow.data.synthetic import Repeats, SynthTable, synth_dataset
 from shardflow.training.config import TrainConfig
 from shardflow.training.run import in_process, prepare
 from storage.importers import import_dataset

@@ -224,8 +224,8 @@ def exact_gap() -> None:
 def video_accesses() -> list[TableAccess]:
     """The bundled amazon-video dataset's tables as the planner sees them (history 20, 4 negatives)."""
     from shardflow.cluster import dask_client
-    from shardflow.planning import accesses_from_profile
-    from shardflow.profiling import profile_dataset
+    from shardflow.planning.plans import accesses_from_profile
+    from shardflow.profiling.profiles import profile_dataset
     from storage.importers import import_dataset
     from storage.profile import Profile
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from shardflow.cluster import dask_client
-from shardflow.profiling import profile_dataset
-from shardflow.synthetic import SynthTable, synth_dataset
+from shardflow.profiling.profiles import profile_dataset
+from shardflow.data.synthetic import SynthTable, synth_dataset
 from storage.dataset import Dataset
 from storage.profile import Profile
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psutil
 
-from shardflow.training.batches import TrainData
+from shardflow.data.batches import TrainData
 from storage.dataset import Dataset
 from shardflow.planner.memory import WORKER_BYTES_PER_USER, WORKER_EXTRA_BYTES, WORKER_SCALE, worker_peak_bytes
 

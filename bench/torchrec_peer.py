@@ -41,9 +41,9 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> None:
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.distributed.types import ShardingEnv, ShardingType
 
-    from shardflow.model import ModelConfig
-    from shardflow.optim import OptimizerConfig
-    from shardflow.training.batches import TrainData, negative_seed
+    from shardflow.model.sequence import ModelConfig
+    from shardflow.model.optim import OptimizerConfig
+    from shardflow.data.batches import TrainData, negative_seed
 
     warnings.filterwarnings("ignore")  # TorchRec's deprecation and planner notices, once per rank and call
     logging.getLogger("torchrec").setLevel(logging.ERROR)

@@ -40,14 +40,14 @@ import numpy as np
 import torch
 
 from shardflow.cluster import dask_client
-from shardflow.model import ModelConfig
-from shardflow.optim import OptimizerConfig
+from shardflow.model.sequence import ModelConfig
+from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.strategies import propose
 from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import uniform
-from shardflow.training.batches import TrainData
+from shardflow.data.batches import TrainData
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from shardflow.training.reference import ReferenceTrainer

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from shardflow.model import ModelConfig
-from shardflow.synthetic import SynthTable, synth_dataset
-from shardflow.training.batches import TrainData, negative_seed
+from shardflow.model.sequence import ModelConfig
+from shardflow.data.synthetic import SynthTable, synth_dataset
+from shardflow.data.batches import TrainData, negative_seed
 
 TRAINERS = (1, 2, 4)
 BATCH = 4096

@@ -182,7 +182,7 @@ class RetrainConfig(BaseModel):
     @model_validator(mode="after")
     def _batch_covers_devices(self) -> "RetrainConfig":
         from shardflow.planner.topology import load_topology
-        from shardflow.training.batches import check_batch
+        from shardflow.data.batches import check_batch
 
         try:
             devices = load_topology(self.topology).devices

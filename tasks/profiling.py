@@ -6,7 +6,7 @@ from distributed import Client
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
-from shardflow.profiling import check_inputs, profile_dataset
+from shardflow.profiling.profiles import check_inputs, profile_dataset
 
 
 @task(name="profile-dataset", task_run_name="profile-{dataset}")

@@ -132,7 +132,7 @@ def version_rows(run: str) -> list[dict]:
 
 def quality_svg(rows: list[dict]) -> str | None:
     """Held-out AUC per version beside the model it replaced on the same events (None before one finished)."""
-    from shardflow.plots import stacked_chart
+    from shardflow.reporting.plots import stacked_chart
 
     done = [r for r in rows if r["auc"]]
     if not done:

@@ -16,13 +16,13 @@ from prefect.cache_policies import NONE
 from shardflow.config import RetrainConfig
 from shardflow.cluster import live_workers
 from shardflow.errors import InputError, TrainingError, WorkerLost
-from shardflow.optim import OptimizerConfig
+from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.memory import check_capacity
 from shardflow.planner.topology import load_topology
 from shardflow.planner.report import table_tiers
-from shardflow.planning import compare_strategies, keep_or_replan, read_plan
-from shardflow.profiling import profile_dataset, profile_window
+from shardflow.planning.plans import compare_strategies, keep_or_replan, read_plan
+from shardflow.profiling.profiles import profile_dataset, profile_window
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from shardflow.training.run import prepare, start_engine
@@ -533,7 +533,7 @@ def plots(run_dir: str, profile_path: str, plan_path: str, strategies: list[dict
     import numpy as np
 
     from shardflow.planner.plan import GLOBAL, NODE
-    from shardflow.plots import bar_chart, line_chart, stacked_chart
+    from shardflow.reporting.plots import bar_chart, line_chart, stacked_chart
 
     out = Path(run_dir) / "plots"
     out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from prefect.cache_policies import NONE
 from shardflow.config import RetrainConfig
 from shardflow.errors import TrainingError, WorkerLost
 from shardflow.planner.topology import load_topology
-from shardflow.training.clicks import training_window_start
+from shardflow.data.clicks import training_window_start
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import evaluate_export, metric_values
 from storage import versions

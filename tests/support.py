@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shardflow.model import ModelConfig
-from shardflow.optim import OptimizerConfig
+from shardflow.model.sequence import ModelConfig
+from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.plan import ShardingPlan, TablePlan

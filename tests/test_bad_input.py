@@ -19,14 +19,14 @@ import zarr
 from support import MODEL, OPTIMIZER, TOPOLOGIES, random_plan, settled, snapshot
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError, TrainingError
-from shardflow.optim import OptimizerConfig
+from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.plan import ShardingPlan, TablePlan
 from shardflow.planner.topology import load_topology, parse_topology
-from shardflow.planning import make_plan
-from shardflow.profiling import profile_dataset
-from shardflow.synthetic import SynthTable, synth_dataset
-from shardflow.training.batches import TrainData
+from shardflow.planning.plans import make_plan
+from shardflow.profiling.profiles import profile_dataset
+from shardflow.data.synthetic import SynthTable, synth_dataset
+from shardflow.data.batches import TrainData
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from storage.checkpoint import checkpoint_dir

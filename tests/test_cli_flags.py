@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardflow.cli import build_parser
+from cli.main import build_parser
 from shardflow.config import RetrainConfig
 
 SHARED = {

@@ -11,12 +11,12 @@ import zarr
 
 from support import REAL, snapshot
 from shardflow.errors import InputError
-from shardflow.examples import PAD, build_examples
+from shardflow.data.examples import PAD, build_examples
 from shardflow.planner.access import sequence_lookups
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import uniform
-from shardflow.planning import make_plan, read_plan
-from shardflow.profiling import profile_dataset
+from shardflow.planning.plans import make_plan, read_plan
+from shardflow.profiling.profiles import profile_dataset
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 

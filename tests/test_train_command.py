@@ -10,10 +10,10 @@ import pytest
 from support import REAL
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import Node, Topology, load_topology
-from shardflow.planning import make_plan, read_plan
-from shardflow.profiling import profile_dataset
-from shardflow.synthetic import Repeats, SynthTable, synth_dataset
-from shardflow.synthetic_clicks import synth_click_log
+from shardflow.planning.plans import make_plan, read_plan
+from shardflow.profiling.profiles import profile_dataset
+from shardflow.data.synthetic import Repeats, SynthTable, synth_dataset
+from shardflow.data.synthetic_clicks import synth_click_log
 from shardflow.training.config import TrainConfig
 from shardflow.training.run import in_process, prepare, train_from_stores
 from storage.importers import import_dataset

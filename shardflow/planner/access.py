@@ -5,7 +5,7 @@ same lookup probability, so it costs and is worth the same. Zipf tables of 10^8 
 have only tens of thousands of distinct counts, so costs, the relaxation and the bound
 are computed per class, and only tiers and homes are per row.
 
-Lookups of one training example (shardflow.examples): the non-padded history, the
+Lookups of one training example (shardflow.data.examples): the non-padded history, the
 positive and K uniform negatives for the sequence table; one per example for a feature
 table. History items and positives follow the profile's occurrence counts; negatives
 are uniform over the rows, so a row's lookup probability mixes the two.

@@ -12,7 +12,7 @@ sends the id (ID_BYTES), receives the row (4·dim), and after backward sends the
 the gradient (ID_BYTES + 4·dim). With de-duplication scope `none` this happens once
 per occurrence (m·p_r expected per trainer), with scope `device` once per distinct row
 of the sub-batch (probability q_r = 1 - (1 - p_r)^(f·m)). f (Touch, fitted to real
-batches by shardflow.touch; 1 for independent draws) is how many independent draws per
+batches by shardflow.planning.touch; 1 for independent draws) is how many independent draws per
 lookup would touch as many distinct rows as the data's own batches do: below 1 where an
 example's lookups repeat items, as sessions do. Nodes and whole batches have their own f.
 
@@ -79,7 +79,7 @@ class StepShape:
 
 @dataclass(frozen=True)
 class Touch:
-    """Distinct rows real batches touch, as a factor of independent draws (fitted by shardflow.touch).
+    """Distinct rows real batches touch, as a factor of independent draws (fitted by shardflow.planning.touch).
 
     A factor f says that the lookups of a trainer's sub-batch (or of a node's trainers, or of a whole
     batch) touch as many distinct rows as f times as many independent draws would: 1 on data whose
@@ -175,7 +175,7 @@ def link_seconds(pairs: np.ndarray, topology: Topology) -> np.ndarray:
 
 class CostModel:
     def __init__(self, topology: Topology, shape: StepShape, touch: dict[str, Touch] | None = None) -> None:
-        """`touch`: per table, the distinct rows real batches touch (shardflow.touch); independent draws
+        """`touch`: per table, the distinct rows real batches touch (shardflow.planning.touch); independent draws
         for a table without one."""
         self.topology = topology
         self.shape = shape

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardflow.dlrm import ClickConfig
+from shardflow.model.dlrm import ClickConfig
 from shardflow.errors import TrainingError, WorkerLost
-from shardflow.model import ModelConfig
-from shardflow.optim import OptimizerConfig
+from shardflow.model.sequence import ModelConfig
+from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import DevicePlan
 from shardflow.planner.topology import Topology
-from shardflow.training.clicks import load_training_data
+from shardflow.data.clicks import load_training_data
 from shardflow.training.device import Device
 from shardflow.training.protocol import Message, Round
 from shardflow.training.transport import Mailbox, answer

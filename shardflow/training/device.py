@@ -16,14 +16,14 @@ import numpy as np
 import torch
 
 from shardflow.errors import InputError, TrainingError
-from shardflow.dlrm import ClickConfig
-from shardflow.model import ModelConfig, forward_backward
-from shardflow.optim import OptimizerConfig
+from shardflow.model.dlrm import ClickConfig
+from shardflow.model.sequence import ModelConfig, forward_backward
+from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import DevicePlan
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
-from shardflow.training.batches import TrainData, negative_seed
-from shardflow.training.clicks import ClickData
+from shardflow.data.batches import TrainData, negative_seed
+from shardflow.data.clicks import ClickData
 from shardflow.training.evaluate import EVAL_CHUNK
 from shardflow.training.protocol import Kind, Round, StepProtocol, to_host
 from shardflow.training.shard import ParameterShard, RowLayout

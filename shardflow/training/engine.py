@@ -19,16 +19,16 @@ from distributed import Client, wait
 from distributed.client import FutureCancelledError, FuturesCancelledError
 
 from shardflow.cluster import live_workers
-from shardflow.dlrm import ClickConfig
+from shardflow.model.dlrm import ClickConfig
 from shardflow.errors import InputError, WorkerLost, WorkerOutOfMemory
-from shardflow.model import ModelConfig
-from shardflow.optim import OptimizerConfig
+from shardflow.model.sequence import ModelConfig
+from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.memory import check_worker_memory
 from shardflow.planner.plan import ShardingPlan
 from shardflow.planner.topology import Topology
 from shardflow.training.actor import DeviceActor
-from shardflow.training.batches import TrainData, check_batch, negative_seed
-from shardflow.training.clicks import ClickData, load_training_data
+from shardflow.data.batches import TrainData, check_batch, negative_seed
+from shardflow.data.clicks import ClickData, load_training_data
 from shardflow.training.config import TrainConfig, TrainResult
 from shardflow.training.evaluate import eval_targets
 from shardflow.training.persistence import Persistence

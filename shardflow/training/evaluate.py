@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shardflow.training.batches import TrainData, negative_seed
-from shardflow.training.clicks import ClickData, config_from_record, load_training_data
+from shardflow.data.batches import TrainData, negative_seed
+from shardflow.data.clicks import ClickData, config_from_record, load_training_data
 from storage.checkpoint import read_export, read_export_dense, verify_export
 
 EVAL_CHUNK = 256  # examples scored at a time

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shardflow.errors import InputError
-from shardflow.training.clicks import config_record, read_record
+from shardflow.data.clicks import config_record, read_record
 from storage.checkpoint import (CHECKPOINT, EXPORT, EXPORT_CHUNK_ROWS, create_export, finish, write_arrays)
 from storage.checkpoint import read as read_checkpoint
 from storage.staging import staged

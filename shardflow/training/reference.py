@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shardflow.dlrm import ClickConfig
-from shardflow.model import ModelConfig, forward_backward, init_rows
-from shardflow.optim import DenseOptimizer, OptimizerConfig, row_adagrad
-from shardflow.training.batches import TrainData, negative_seed
-from shardflow.training.clicks import ClickData
+from shardflow.model.dlrm import ClickConfig
+from shardflow.model.sequence import ModelConfig, forward_backward, init_rows
+from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_adagrad
+from shardflow.data.batches import TrainData, negative_seed
+from shardflow.data.clicks import ClickData
 
 
 class ReferenceTrainer:

@@ -18,15 +18,15 @@ from pathlib import Path
 from distributed import Client
 
 from shardflow.errors import InputError
-from shardflow.dlrm import ClickConfig
-from shardflow.model import ModelConfig
-from shardflow.optim import OptimizerConfig
+from shardflow.model.dlrm import ClickConfig
+from shardflow.model.sequence import ModelConfig
+from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.plan import ShardingPlan
 from shardflow.planner.topology import Topology
-from shardflow.planning import accesses_from_profile, cost_model, read_plan
-from shardflow.training.batches import TrainData
-from shardflow.training.clicks import ClickData, load_training_data, model_config
+from shardflow.planning.plans import accesses_from_profile, cost_model, read_plan
+from shardflow.data.batches import TrainData
+from shardflow.data.clicks import ClickData, load_training_data, model_config
 from shardflow.training.device import Device
 from shardflow.planner.estimation import estimation_plan
 from shardflow.training.config import TrainConfig

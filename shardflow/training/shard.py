@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from shardflow.errors import InputError
-from shardflow.dlrm import ClickConfig
-from shardflow.model import ModelConfig, init_rows
-from shardflow.optim import DenseOptimizer, OptimizerConfig, row_adagrad
+from shardflow.model.dlrm import ClickConfig
+from shardflow.model.sequence import ModelConfig, init_rows
+from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_adagrad
 
 
 @dataclass(frozen=True)

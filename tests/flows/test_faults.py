@@ -21,8 +21,8 @@ from runs import SMALL, TOPOLOGY, exported, live_actors, run_until_killed, task_
 from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
-from shardflow.synthetic import SynthTable
-from shardflow.training.batches import TrainData
+from shardflow.data.synthetic import SynthTable
+from shardflow.data.batches import TrainData
 from storage import versions
 from storage.checkpoint import checkpoint_dir, complete_checkpoints, verify_export
 from storage.lock import run_lock
@@ -38,7 +38,7 @@ def first_version(run: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    from shardflow.synthetic import synth_dataset
+    from shardflow.data.synthetic import synth_dataset
 
     root = tmp_path_factory.mktemp("faults")
     synth_dataset(root / "ds", [SynthTable("item", ROWS, 1.1)], interactions=8000, seed=3, mean_length=12)

@@ -19,7 +19,7 @@ import psutil
 import yaml
 
 from runs import BIN, SMALL, TOPOLOGY
-from shardflow.synthetic import SynthTable, synth_dataset
+from shardflow.data.synthetic import SynthTable, synth_dataset
 from test_real_server import READ_BACK
 
 ENDS_WITHIN_S = 15

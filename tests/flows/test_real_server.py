@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from shardflow.synthetic import SynthTable, synth_dataset
+from shardflow.data.synthetic import SynthTable, synth_dataset
 from tasks.reports import run_label
 from tasks.retrain import artifact_key
 

@@ -18,7 +18,7 @@ from flows.retrain import retrain
 from runs import SMALL, TOPOLOGY, exported, live_actors, task_runs
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
-from shardflow.synthetic import SynthTable, synth_dataset
+from shardflow.data.synthetic import SynthTable, synth_dataset
 from tasks.retrain import artifact_key
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from runs import BIN, SMALL, TOPOLOGY
-from shardflow.synthetic import SynthTable, synth_dataset
+from shardflow.data.synthetic import SynthTable, synth_dataset
 from storage import versions
 
 HOG = "while True: pass"

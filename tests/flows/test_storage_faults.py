@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from runs import BIN, SMALL, TOPOLOGY, stderr_of
-from shardflow.synthetic import SynthTable, synth_dataset
+from shardflow.data.synthetic import SynthTable, synth_dataset
 from support import snapshot
 
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardflow.counting import count_ids, table_stats, top_share, zipf_slope
+from shardflow.profiling.counting import count_ids, table_stats, top_share, zipf_slope
 from shardflow.errors import InputError
 
 

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardflow.errors import InputError
-from shardflow.examples import PAD, build_examples, count_train_targets, held_out_positions, target_positions
+from shardflow.data.examples import PAD, build_examples, count_train_targets, held_out_positions, target_positions
 
 OFFSETS = np.array([0, 4, 5, 7])
 IDS = np.array([10, 11, 12, 13, 20, 30, 31])

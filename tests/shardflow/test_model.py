@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from support import numeric_gradient
-from shardflow.model import BatchIndex, ModelConfig, forward_backward, init_dense, init_rows, scores
-from shardflow.optim import DenseOptimizer, OptimizerConfig, row_adagrad
+from shardflow.model.sequence import BatchIndex, ModelConfig, forward_backward, init_dense, init_rows, scores
+from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_adagrad
 
 CONFIG = ModelConfig(dim=4, mlp=(5, 3), history=3, negatives=2, features=("genre",), seed=3)
 CPU = torch.device("cpu")
@@ -125,7 +125,7 @@ def test_a_dense_optimizer_reloaded_from_its_saved_state_continues_bitwise(kind)
 
 
 def test_initial_rows_do_not_depend_on_the_block_they_are_made_in(monkeypatch):
-    import shardflow.model as model_module
+    import shardflow.model.sequence as model_module
 
     ids = np.random.default_rng(1).integers(0, 10**9, 1000)
     whole = model_module.init_rows("item", ids, 7, 3)

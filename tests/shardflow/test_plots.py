@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardflow.plots import LEFT, LEGEND, W, _Axis, bar_chart, line_chart, stacked_chart
+from shardflow.reporting.plots import LEFT, LEGEND, W, _Axis, bar_chart, line_chart, stacked_chart
 
 SVG = "{http://www.w3.org/2000/svg}"
 

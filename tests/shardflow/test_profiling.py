@@ -9,8 +9,8 @@ import zarr
 
 from support import REAL, siblings, snapshot
 from shardflow.errors import InputError
-from shardflow.profiling import profile_dataset
-from shardflow.synthetic import SynthTable, synth_dataset
+from shardflow.profiling.profiles import profile_dataset
+from shardflow.data.synthetic import SynthTable, synth_dataset
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 from storage.profile import Profile
@@ -135,8 +135,8 @@ def window_oracle(ds: Dataset, first: int, history: int, features=()) -> tuple[d
     """Per table, every row's lookups by the window's examples, built one by one as training builds them."""
     import numpy as np
 
-    from shardflow.training.batches import TrainData
-    from shardflow.training.clicks import model_config
+    from shardflow.data.batches import TrainData
+    from shardflow.data.clicks import model_config
 
     data = TrainData(ds, features, (first, 0))
     config = model_config(ds, dim=1, mlp=(1,), bottom=(1,), history=history, negatives=1, seed=0)
@@ -152,7 +152,7 @@ def window_oracle(ds: Dataset, first: int, history: int, features=()) -> tuple[d
 
 @pytest.mark.parametrize("first, history", [(0, 5), (1, 20), (2, 5), (2, 1)])
 def test_a_window_profile_counts_what_the_windows_examples_read(client, three_days, first, history):
-    from shardflow.profiling import profile_window
+    from shardflow.profiling.profiles import profile_window
 
     out = three_days / f"p-{first}-{history}"
     m = profile_window(three_days / "ds", out, client=client, first=first, history=history)
@@ -166,7 +166,7 @@ def test_a_window_profile_counts_what_the_windows_examples_read(client, three_da
 
 
 def test_a_window_profile_counts_feature_tables_once_per_example(client, tmp_path):
-    from shardflow.profiling import profile_window
+    from shardflow.profiling.profiles import profile_window
 
     synth_dataset(tmp_path / "ds", [SynthTable("item", 300, 1.1), SynthTable("genre", 12, 0.7)], interactions=6000,
                   seed=4, mean_length=10)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from shardflow.errors import InputError
-from shardflow.synthetic import Repeats, SynthTable, ZipfRows, parse_synth_table, synth_dataset, user_lengths
+from shardflow.data.synthetic import Repeats, SynthTable, ZipfRows, parse_synth_table, synth_dataset, user_lengths
 from storage.dataset import Dataset
 
 

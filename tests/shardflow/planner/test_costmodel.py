@@ -10,7 +10,7 @@ from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape, Touch, touched
 from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.topology import Node, Topology
-from shardflow.touch import FACTOR_RANGE, draws_factor
+from shardflow.planning.touch import FACTOR_RANGE, draws_factor
 
 
 def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape: StepShape, touch: Touch = Touch()):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from support import MODEL
-from shardflow.synthetic import SynthTable, synth_dataset
-from shardflow.training.batches import TrainData
+from shardflow.data.synthetic import SynthTable, synth_dataset
+from shardflow.data.batches import TrainData
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from support import AVAZU, OPTIMIZER, REAL, TOPOLOGIES, check_against, in_process_devices, planned, reference
-from shardflow.dlrm import ClickConfig
+from shardflow.model.dlrm import ClickConfig
 from shardflow.errors import InputError
 from shardflow.planner.strategies import STRATEGIES
-from shardflow.training.batches import CACHED_BLOCKS
-from shardflow.training.clicks import HELD_OUT, ClickData, load_training_data
+from shardflow.data.batches import CACHED_BLOCKS
+from shardflow.data.clicks import HELD_OUT, ClickData, load_training_data
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
-from shardflow.training.metrics import log_loss, roc_auc
+from shardflow.model.metrics import log_loss, roc_auc
 from shardflow.training.protocol import InProcess
 from storage.dataset import Dataset
 from storage.importers import import_dataset
@@ -216,7 +216,7 @@ def test_a_click_checkpoint_resumes_bitwise_and_its_export_warm_starts_another_p
 
 
 def test_a_window_trains_its_parts_and_holds_out_the_last_tenth_of_those_it_is_evaluated_on(tmp_path):
-    from shardflow.training.clicks import training_window_start
+    from shardflow.data.clicks import training_window_start
 
     lines = REAL["criteo"].read_text().splitlines()
     (tmp_path / "logs").mkdir()

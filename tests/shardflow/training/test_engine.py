@@ -13,8 +13,8 @@ import pytest
 from support import (BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, in_process_devices, planned,
                      random_plan, reference)
 from shardflow.errors import InputError, TrainingError
-from shardflow.model import ModelConfig
-from shardflow.optim import OptimizerConfig
+from shardflow.model.sequence import ModelConfig
+from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import GLOBAL, NODE, ShardingPlan, TablePlan
 from shardflow.planner.topology import Node, Topology
 from shardflow.planner.estimation import estimation_plan

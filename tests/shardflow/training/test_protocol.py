@@ -9,7 +9,7 @@ import torch
 from support import (BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, in_process_devices, planned,
                      random_plan, reference)
 from shardflow.errors import TrainingError
-from shardflow.optim import OptimizerConfig
+from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.topology import Node, Topology
 from shardflow.planner.strategies import STRATEGIES

@@ -8,12 +8,12 @@ import zarr
 
 from support import OPTIMIZER, TOPOLOGIES, random_plan
 from shardflow.errors import InputError
-from shardflow.model import ModelConfig, init_rows
+from shardflow.model.sequence import ModelConfig, init_rows
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
-from shardflow.planning import extend_plan
-from shardflow.examples import examples_from
-from shardflow.synthetic import SynthTable, synth_dataset
-from shardflow.training.batches import CACHED_BLOCKS, TrainData, window_start
+from shardflow.planning.plans import extend_plan
+from shardflow.data.examples import examples_from
+from shardflow.data.synthetic import SynthTable, synth_dataset
+from shardflow.data.batches import CACHED_BLOCKS, TrainData, window_start
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from storage.checkpoint import verify_export

@@ -80,7 +80,7 @@ def _cmd_import(args: argparse.Namespace) -> dict:
 
 
 def _cmd_synth(args: argparse.Namespace) -> dict:
-    from shardflow.synthetic import Repeats, parse_synth_table, synth_dataset
+    from shardflow.data.synthetic import Repeats, parse_synth_table, synth_dataset
 
     tables = [parse_synth_table(t) for t in args.tables]
     m = synth_dataset(
@@ -123,7 +123,7 @@ def _print_dataset(s: dict) -> None:
 
 def _cmd_profile(args: argparse.Namespace) -> dict:
     from shardflow.cluster import dask_client, worker_count
-    from shardflow.profiling import check_inputs, profile_dataset
+    from shardflow.profiling.profiles import check_inputs, profile_dataset
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
     out = args.out or f"{args.dataset.rstrip('/')}.profile"
@@ -149,7 +149,7 @@ def _print_profile(s: dict) -> None:
 def _cmd_plan(args: argparse.Namespace) -> dict:
     from shardflow.planner.costmodel import StepShape
     from shardflow.planner.topology import load_topology
-    from shardflow.planning import make_plan
+    from shardflow.planning.plans import make_plan
 
     topology = load_topology(args.topology)
     shape = StepShape(args.batch_size, args.dim, args.dedup)
@@ -191,7 +191,7 @@ def _cmd_train(args: argparse.Namespace) -> dict:
     from shardflow.training.device import torch_device
     from shardflow.training.config import TrainConfig
     from shardflow.training.run import train_from_stores
-    from shardflow.planning import read_plan
+    from shardflow.planning.plans import read_plan
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
     _, topology, shape, _ = read_plan(args.plan)

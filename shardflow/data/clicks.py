@@ -9,7 +9,7 @@ at the window's first part and the held-out rows are the last HELD_OUT of the pa
 evaluated on.
 
 The epoch's order, its split into sub-batches and the block cache work as for sequences
-(shardflow.training.batches); what differs is an example and how it is scored.
+(shardflow.data.batches); what differs is an example and how it is scored.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from shardflow.dlrm import ClickConfig, ClickIndex, numeric_input
+from shardflow.model.dlrm import ClickConfig, ClickIndex, numeric_input
 from shardflow.errors import InputError
-from shardflow.model import ModelConfig
-from shardflow.training.batches import (ORDER_BLOCK_EVENTS, EpochOrder, Lookups, TrainData,
+from shardflow.model.sequence import ModelConfig
+from shardflow.data.batches import (ORDER_BLOCK_EVENTS, EpochOrder, Lookups, TrainData,
                                         fetched, window_start)
-from shardflow.training.metrics import log_loss, roc_auc
+from shardflow.model.metrics import log_loss, roc_auc
 from storage.dataset import Dataset
 
 HELD_OUT = 0.1  # the share of the rows (the last ones) held out for evaluation

@@ -15,7 +15,7 @@ from shardflow.planner.report import bound_and_baseline, summarize
 from shardflow.planner.strategies import STRATEGIES, propose
 from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import Topology, parse_topology
-from shardflow.touch import fit_touch
+from shardflow.planning.touch import fit_touch
 from storage.dataset import Dataset
 from storage.plan import read_plan_arrays, write_plan
 from storage.profile import Profile
@@ -62,7 +62,7 @@ def accesses_from_profile(profile: Profile, history: int, negatives: int) -> lis
 def cost_model(profile: Profile, accesses: list[TableAccess], topology: Topology, shape: StepShape, history: int,
                negatives: int) -> CostModel:
     """The cost model with every table's distinct rows fitted to real batches of the profiled dataset
-    (shardflow.touch): of its training window, if the profile counted one."""
+    (shardflow.planning.touch): of its training window, if the profile counted one."""
     dataset = Dataset.open(profile.manifest["dataset"]["path"])
     first = profile.manifest["dataset"].get("window", {}).get("first_part", 0)
     return CostModel(topology, shape, fit_touch(dataset, accesses, topology, shape.batch_size, history, negatives,

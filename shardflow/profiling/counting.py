@@ -1,6 +1,6 @@
 """Profiling kernels: per-row access counts and the skew statistics derived from them.
 
-Pure numpy. The distributed driver (shardflow.profiling) calls `count_ids` on each
+Pure numpy. The distributed driver (shardflow.profiling.profiles) calls `count_ids` on each
 block of a dataset's chunks and `table_stats` once per table on the summed counts.
 """
 

@@ -21,8 +21,8 @@ import numpy as np
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import Touch, touched
 from shardflow.planner.topology import Topology
-from shardflow.training.batches import TrainData, negative_seed
-from shardflow.training.clicks import ClickData, model_config
+from shardflow.data.batches import TrainData, negative_seed
+from shardflow.data.clicks import ClickData, model_config
 from storage.dataset import Dataset
 
 SAMPLE_BATCHES = 8  # global batches sampled, spread over an epoch

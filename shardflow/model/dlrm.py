@@ -1,4 +1,4 @@
-"""The click-log DLRM (Naumov et al., 2019) in PyTorch, beside the sequence model of shardflow.model.
+"""The click-log DLRM (Naumov et al., 2019) in PyTorch, beside the sequence model of shardflow.model.sequence.
 
 One example: the numeric columns x (Criteo's I1..I13; none in Avazu's layout) and one id
 per categorical table. With b = bottom MLP(log(1 + max(x, 0))) of width dim (ReLU after

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardflow.errors import InputError
-from shardflow.examples import (PAD, Examples, count_train_targets, examples_from, held_out_positions,
+from shardflow.data.examples import (PAD, Examples, count_train_targets, examples_from, held_out_positions,
                                 target_positions)
-from shardflow.model import BatchIndex, ModelConfig
-from shardflow.training.metrics import hits
+from shardflow.model.sequence import BatchIndex, ModelConfig
+from shardflow.model.metrics import hits
 from storage.dataset import Dataset
 
 ORDER_BLOCK_EVENTS = 1 << 20  # events per block of the epoch order (8 MB of int64 ids)

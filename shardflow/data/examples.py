@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardflow.errors import InputError
+from shardflow.hashing import splitmix64
 
 PAD = -1
 SPLITS = ("train", "eval")
@@ -34,14 +35,6 @@ class Examples:
 
     def __len__(self) -> int:
         return len(self.positive)
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """A bijective 64-bit mixer (Steele et al., SplitMix64); uint64 arithmetic wraps."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
 
 
 def sample_negatives(positive: np.ndarray, position: np.ndarray, rows: int, k: int, seed: int) -> np.ndarray:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from shardflow.errors import InputError
-from shardflow.examples import splitmix64
+from shardflow.hashing import splitmix64
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def scores(config: ModelConfig, dense: dict, rows: dict, index: TensorIndex, spa
 
 
 def forward_backward(config, dense: dict, rows: dict, index, norm: int, sparse: bool = False) -> Gradients:
-    """Loss and gradients of a sub-batch of either model (this module's ModelConfig, or shardflow.dlrm's
+    """Loss and gradients of a sub-batch of either model (this module's ModelConfig, or shardflow.model.dlrm's
     ClickConfig with its index); `rows` maps table -> the rows the trainer holds.
 
     Neither `dense` nor `rows` is modified: autograd runs on detached leaves of them.
