@@ -17,7 +17,7 @@ from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import DevicePlan
 from shardflow.planner.topology import Topology
 from shardflow.data.clicks import load_training_data
-from shardflow.training.device import Device
+from shardflow.training.device import Device, StepStats
 from shardflow.training.protocol import Message, Round
 from shardflow.training.transport import Mailbox, answer
 from storage.checkpoint import write_export_chunk
@@ -75,7 +75,7 @@ class DeviceActor:
                                 "one kind of call at a time)")
 
     # -- on the actor's thread -------------------------------------------------------------
-    def steps(self, tag: int, epoch: int, first: int, count: int, step: int, seed: int) -> list[dict]:
+    def steps(self, tag: int, epoch: int, first: int, count: int, step: int, seed: int) -> list[StepStats]:
         """Steps first..first+count-1 of `epoch` (global step numbers from `step`): every round's messages out
         to the peers, theirs in; this device's stats of each step (StepCall)."""
         self.mail.check_open()
@@ -171,7 +171,7 @@ class StepCall:
         self.deferred: BaseException | None = None  # the error of preparing it
         self.current = step  # the global step running
 
-    def run(self, count: int) -> list[dict]:
+    def run(self, count: int) -> list[StepStats]:
         stats = []
         try:
             for k in range(count):

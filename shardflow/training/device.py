@@ -10,6 +10,7 @@ calls only these methods, so the same object trains in a test and on a cluster.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,21 @@ def torch_device(name: str, index: int = 0) -> torch.device:
 WARM_START_ROWS = 1 << 19  # rows read from an export at a time
 
 
+@dataclass(frozen=True)
+class StepStats:
+    """One device's figures of one step."""
+
+    examples: int  # in its sub-batch
+    loss_sum: float  # summed BCE over its examples' candidates
+    seconds: dict[str, float]  # part -> seconds: "batch" (building it), each round's name (its wait included),
+    # "compute" (the forward and backward)
+
+    @staticmethod
+    def slowest(per_device: list["StepStats"]) -> dict[str, float]:
+        """Per part, the slowest device's seconds of one step."""
+        return {part: max(s.seconds.get(part, 0.0) for s in per_device) for part in per_device[0].seconds}
+
+
 class Device:
     def __init__(
         self,
@@ -77,7 +93,8 @@ class Device:
         self.protocol = StepProtocol(device, topology, tables, self.shard, maps, dedup, early)
         self.rounds = self.protocol.rounds
         self._prepared: tuple | None = None
-        self._stats: dict = {}
+        self._seconds: dict[str, float] = {}  # the step under way's parts
+        self._examples, self._loss_sum = 0, 0.0
 
     # -- a step ------------------------------------------------------------------------------
     def _sub_batch(self, epoch: int, step_in_epoch: int, seed: int) -> np.ndarray:
@@ -102,7 +119,7 @@ class Device:
         self._prepared = None
         out = self.protocol.start(requests)
         self._mark = time.perf_counter()
-        self._stats = {"examples": examples, "batch_s": batch_s}
+        self._examples, self._loss_sum, self._seconds = examples, 0.0, {"batch": batch_s}
         return out
 
     def receive(self, round: Round, inbox: list):
@@ -110,7 +127,7 @@ class Device:
         if round is Round.REPLY:
             out = self._compute(*out)
         now = time.perf_counter()
-        self._stats[f"{round.value}_s"] = now - self._mark
+        self._seconds[round.value] = now - self._mark
         self._mark = now
         return out
 
@@ -120,13 +137,13 @@ class Device:
         step = self.protocol.step
         grads = forward_backward(self.config, dense, rows, self._need.index.on(self.torch), norm)
         self._check_finite(step, grads)
-        self._stats["loss_sum"] = grads.loss_sum
-        self._stats["compute_s"] = time.perf_counter() - t0
+        self._loss_sum = grads.loss_sum
+        self._seconds["compute"] = time.perf_counter() - t0
         return self.protocol.gradients(grads.rows, grads.dense)
 
-    def finish(self) -> dict:
+    def finish(self) -> StepStats:
         """This device's figures of the step just ended."""
-        return self._stats
+        return StepStats(self._examples, float(self._loss_sum), dict(self._seconds))
 
     def abort(self) -> None:
         self.protocol.abort()

@@ -30,6 +30,7 @@ from shardflow.training.actor import DeviceActor
 from shardflow.data.batches import TrainData, check_batch, negative_seed
 from shardflow.data.clicks import ClickData, load_training_data
 from shardflow.training.config import TrainConfig, TrainResult
+from shardflow.training.device import StepStats
 from shardflow.training.evaluate import eval_targets
 from shardflow.training.persistence import Persistence
 from shardflow.training.protocol import TRAFFIC_KINDS, PeerStopped
@@ -203,11 +204,11 @@ class Engine(Persistence):
             except TimeoutError:
                 self.check_workers()
 
-    def step(self, epoch: int, step_in_epoch: int) -> list[dict]:
+    def step(self, epoch: int, step_in_epoch: int) -> list[StepStats]:
         """One synchronous step on every device; per-device stats (loss, examples, seconds per part)."""
         return self.steps(epoch, step_in_epoch, 1)[0]
 
-    def steps(self, epoch: int, first: int, count: int) -> list[list[dict]]:
+    def steps(self, epoch: int, first: int, count: int) -> list[list[StepStats]]:
         """Steps first..first+count-1 of `epoch` in one call per device; per step, per-device stats.
 
         If a step fails, the steps before it stay applied (and counted) and the error is the
@@ -262,12 +263,11 @@ class Engine(Persistence):
             took = time.perf_counter() - ts
             for stats in per_step:
                 i += 1
-                loss += sum(x["loss_sum"] for x in stats)
-                n = sum(x["examples"] for x in stats)
+                loss += sum(x.loss_sum for x in stats)
+                n = sum(x.examples for x in stats)
                 examples += n
-                for k in stats[0]:
-                    if k.endswith("_s"):
-                        parts[k[:-2]] = parts.get(k[:-2], 0.0) + max(x[k] for x in stats)
+                for part, seconds in StepStats.slowest(stats).items():
+                    parts[part] = parts.get(part, 0.0) + seconds
                 if self.step_count > WARMUP_STEPS:
                     steady["steps"] += 1
                     steady["examples"] += n

@@ -85,6 +85,30 @@ class Kind(enum.Enum):
 TRAFFIC_KINDS = tuple(k.value for k in Kind)
 
 
+class Phase(enum.Enum):
+    """Where one device is in the step protocol."""
+
+    IDLE = "idle"  # between steps: every step it began is applied (or aborted)
+    WAITING = "waiting"  # for the messages of round `StepState.expect`
+    COMPUTING = "computing"  # the rows are in (REPLY); the trainer's forward and backward, until `gradients`
+
+
+@dataclass
+class StepState:
+    """Everything one step keeps on one device, made fresh when the step starts and dropped when it ends."""
+
+    step: int
+    fetch: dict[str, tuple[np.ndarray, np.ndarray]]  # table -> (ids the trainer reads, the device it reads each from)
+    pending: dict[str, list]  # table -> [(sender, ids, grads)] not yet summed
+    phase: Phase = Phase.WAITING
+    expect: Round | None = None  # the round whose messages come next
+    sending: Round | None = None  # the round this device sends next (its peers wait for it)
+    dense: list[tuple[int, dict]] = field(default_factory=list)  # (sender, dense gradients), device 0
+    asked: list = field(default_factory=list)  # scope node: the REQUEST messages answered after the relay
+    relayed: dict[str, tuple[np.ndarray, torch.Tensor]] = field(default_factory=dict)  # table -> (ids, rows) relayed
+    relay_asked: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)  # table -> {home: ids asked of it}
+
+
 class PeerStopped(TrainingError):
     """Another device stopped the step; the message is that device's own error."""
 
@@ -206,17 +230,16 @@ class StepProtocol:
         self._early: dict[int, Message] = {}  # peer -> its PREFETCH answer to this device's next REQUEST
 
     def _reset(self) -> None:
-        self.step: int | None = None
-        self._expect: Round | None = None  # the round whose messages come next
-        self._sending: Round | None = None  # the round this device sends next (its peers wait for it)
-        self._computing = False
-        self._fetch: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # table -> (ids, owner)
-        self._requests: list[Message] = []
-        self._pending: dict[str, list] = {t: [] for t in self.tables}  # table -> [(sender, ids, grads)]
-        self._dense: list[tuple[int, dict]] = []
-        self._asked: list[Message] = []  # scope node: the REQUEST messages this device answers after the relay
-        self._relayed: dict[str, tuple[np.ndarray, torch.Tensor]] = {}  # table -> (ids ascending, rows) it relayed
-        self._relay_asked: dict[str, dict[int, np.ndarray]] = {}  # table -> {home: ids asked of it}
+        self.state: StepState | None = None
+
+    @property
+    def step(self) -> int | None:
+        """The step under way on this device (None between steps)."""
+        return None if self.state is None else self.state.step
+
+    @property
+    def phase(self) -> Phase:
+        return Phase.IDLE if self.state is None else self.state.phase
 
     # -- the events -----------------------------------------------------------------------
     def requests(self, step: int, fetch: dict[str, np.ndarray]) -> "Requests":
@@ -238,11 +261,10 @@ class StepProtocol:
     def start(self, requests: "Requests") -> dict[int, Message]:
         """Step `requests.step` begins (every earlier step applied here); its REQUEST outbox."""
         step = requests.step
-        if self.step is not None:
+        if self.state is not None:
             raise RuntimeError(f"device {self.device}: step {step} started inside step {self.step}")
         self.shard.check_clock(step)
-        self.step, self._sending = step, Round.REQUEST
-        self._fetch = requests.owners
+        self.state = StepState(step, requests.owners, {t: [] for t in self.tables}, sending=Round.REQUEST)
         return self._sent(Round.REQUEST, requests.outbox)
 
     def answer_early(self, request: Message) -> Message:
@@ -265,9 +287,10 @@ class StepProtocol:
 
     def receive(self, round: Round, inbox: list[Message]):
         """The round's message from every peer; the next round's outbox (the rows, after REPLY)."""
-        if round is not self._expect or self._computing:
+        if self.phase is not Phase.WAITING or round is not self.state.expect:
+            expect = self.state.expect if self.phase is Phase.WAITING else None
             raise RuntimeError(f"device {self.device}: round {round.value} arrived, expected "
-                               f"{self._expect.value if self._expect else 'no round'}")
+                               f"{expect.value if expect else 'no round'}")
         for m in inbox:
             if m.error is not None:
                 self._reset()
@@ -295,10 +318,10 @@ class StepProtocol:
 
     def gradients(self, rows: dict[str, torch.Tensor], dense: dict[str, torch.Tensor] | None) -> dict[int, Message]:
         """The trainer's gradients of the rows it was given (same order) and of the dense parameters."""
-        if not self._computing:
+        if self.phase is not Phase.COMPUTING:
             raise RuntimeError(f"device {self.device}: gradients outside step {self.step}'s compute")
         out = self._outbox(Round.GRADIENTS)
-        for table, (ids, owner) in self._fetch.items():
+        for table, (ids, owner) in self.state.fetch.items():
             g = rows[table]
             mine = np.flatnonzero(owner == self.device)
             if mine.size:
@@ -312,10 +335,10 @@ class StepProtocol:
                                     & (self._holder(plan, ids, self.node) != self.device))
             self._blocks(out, table, Kind.SYNC, ids, total, self._holder(plan, ids, self.node))
         if self.device == 0:
-            self._dense.append((0, dense))
+            self.state.dense.append((0, dense))
         else:
             out[0].dense = {k: to_host(v) for k, v in dense.items()}
-        self._computing = False
+        self.state.phase = Phase.WAITING
         return self._sent(Round.GRADIENTS, out)
 
     # -- the rounds -----------------------------------------------------------------------
@@ -350,42 +373,42 @@ class StepProtocol:
 
     def _on_relayed_requests(self, inbox: list[Message]) -> dict[int, Message]:
         """Keep the node's requests; ask each home once for the distinct rows this device relays."""
-        self._asked = inbox
+        self.state.asked = inbox
         wanted: dict[str, list[np.ndarray]] = {t: [] for t in self.tables}
         for m in inbox:
             for b in m.blocks:
                 wanted[b.table].append(b.ids[self._is_relayed(b.table, b.ids)])
-        for table, (ids, owner) in self._fetch.items():  # this device's own trainer's relayed rows
+        for table, (ids, owner) in self.state.fetch.items():  # this device's own trainer's relayed rows
             wanted[table].append(ids[(owner == self.device) & self._is_relayed(table, ids)])
         out = self._outbox(Round.RELAY_REQUEST)
-        self._relay_asked = {}
+        self.state.relay_asked = {}
         for table, parts in wanted.items():
             ids = np.unique(np.concatenate(parts)) if parts else NO_IDS
             if not ids.size:
                 continue
             home = self.tables[table].home_of(ids).astype(np.int64)
-            self._relay_asked[table] = {}
+            self.state.relay_asked[table] = {}
             for peer in np.unique(home).tolist():
-                self._relay_asked[table][peer] = ids[home == peer]
+                self.state.relay_asked[table][peer] = ids[home == peer]
                 out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[home == peer]))
         return self._sent(Round.RELAY_REQUEST, out)
 
     def _on_relay_replies(self, inbox: list[Message]) -> dict[int, Message]:
         """The relayed rows are in: answer the node's requests, own copies and relayed rows alike."""
         by_peer = {m.sender: {b.table: b for b in m.blocks} for m in inbox}
-        self._relayed = {}
-        for table, asked in self._relay_asked.items():
+        self.state.relayed = {}
+        for table, asked in self.state.relay_asked.items():
             ids = np.concatenate(list(asked.values()))
             rows = np.concatenate([by_peer[peer][table].values for peer in asked])
             order = np.argsort(ids, kind="stable")
-            self._relayed[table] = (ids[order], torch.from_numpy(rows[order]).to(self.shard.device))
+            self.state.relayed[table] = (ids[order], torch.from_numpy(rows[order]).to(self.shard.device))
         out = self._outbox(Round.REPLY)
-        for m in self._asked:
+        for m in self.state.asked:
             for b in m.blocks:
                 out[m.sender].blocks.append(Block(b.kind, b.table, NO_IDS, to_host(self._read(b.table, b.ids))))
             if self.device == 0:
                 out[m.sender].dense = {k: to_host(v) for k, v in self.shard.dense.items()}
-        self._asked = []
+        self.state.asked = []
         return self._sent(Round.REPLY, out)
 
     def _read(self, table: str, ids: np.ndarray) -> torch.Tensor:
@@ -399,7 +422,7 @@ class StepProtocol:
             rows[torch.from_numpy(own).to(rows.device)] = self.shard.read(table, ids[own])
         far = np.flatnonzero(relayed)
         if far.size:
-            held, values = self._relayed[table]
+            held, values = self.state.relayed[table]
             at = torch.from_numpy(np.searchsorted(held, ids[far])).to(rows.device)
             rows[torch.from_numpy(far).to(rows.device)] = values[at]
         return rows
@@ -420,7 +443,7 @@ class StepProtocol:
                                        f"of step {self.step}")
                 early[m.sender] = {b.table: b for b in answer.blocks}
         rows = {}
-        for table, (ids, owner) in self._fetch.items():
+        for table, (ids, owner) in self.state.fetch.items():
             r = torch.empty((ids.size, self.shard.dim), dtype=torch.float32, device=self.shard.device)
             mine = np.flatnonzero(owner == self.device)
             r[torch.from_numpy(mine).to(r.device)] = self._read(table, ids[mine])
@@ -439,7 +462,7 @@ class StepProtocol:
         else:
             sent = next(m for m in inbox if m.sender == 0).dense
             dense = {k: torch.from_numpy(v).to(self.shard.device) for k, v in sent.items()}
-        self._expect, self._computing = Round.GRADIENTS, True
+        self.state.expect, self.state.phase = Round.GRADIENTS, Phase.COMPUTING
         return rows, dense
 
     def _on_gradients(self, inbox: list[Message]):
@@ -449,7 +472,7 @@ class StepProtocol:
             for table, plan in self.tables.items():
                 ids, total = self._take(table, lambda ids, table=table: self._is_relayed(table, ids))
                 self._blocks(out, table, Kind.LOOKUP, ids, total, plan.home_of(ids).astype(np.int64))
-            self._relayed = {}
+            self.state.relayed = {}
             return self._sent(Round.RELAY_GRADIENTS, out)
         return self._after_gradients()
 
@@ -490,13 +513,13 @@ class StepProtocol:
                 for peer in self.node_peers:
                     out[peer].blocks.append(Block(Kind.SYNC, table, r_ids[is_global], r_total[is_global]))
         if self.device == 0:
-            contributions = sorted(self._dense, key=lambda c: c[0])
+            contributions = sorted(self.state.dense, key=lambda c: c[0])
             total = {k: v.clone() for k, v in contributions[0][1].items()}
             for _, grads in contributions[1:]:
                 for k in total:
                     total[k] += grads[k].to(total[k].device)
             self.shard.apply_dense(total)
-        self._dense = []
+        self.state.dense = []
         if Round.TOTALS not in self.rounds:
             return self._finish()
         return self._sent(Round.TOTALS, out)
@@ -523,8 +546,8 @@ class StepProtocol:
         return self._finish()
 
     def _finish(self) -> None:
-        left = {t: len(p) for t, p in self._pending.items() if p}
-        if left or self._dense:
+        left = {t: len(p) for t, p in self.state.pending.items() if p}
+        if left or self.state.dense:
             raise RuntimeError(f"device {self.device}: step {self.step} ends with unapplied gradients {left}")
         self.shard.finish_step(self.step)
         self._reset()
@@ -537,7 +560,7 @@ class StepProtocol:
 
     def failed(self, error: BaseException) -> dict[int, Message] | None:
         """Messages telling every peer that this device stopped the step, for the round they wait on."""
-        waiting, step = self._sending, self.step
+        waiting, step = (None, None) if self.state is None else (self.state.sending, self.state.step)
         self._forget_early()
         self._reset()
         if waiting is None or step is None:
@@ -547,7 +570,7 @@ class StepProtocol:
     @property
     def expecting(self) -> Round | None:
         """The round whose messages this device waits for (None between steps)."""
-        return self._expect
+        return None if self.state is None else self.state.expect
 
     # -- helpers ---------------------------------------------------------------------------
     def _outbox(self, round: Round) -> dict[int, Message]:
@@ -558,24 +581,24 @@ class StepProtocol:
         for peer, m in out.items():
             m.count(self.traffic, peer)
         i = self.rounds.index(round)
-        self._expect, self._sending = round, self.rounds[i + 1] if i + 1 < len(self.rounds) else None
+        self.state.expect, self.state.sending = round, self.rounds[i + 1] if i + 1 < len(self.rounds) else None
         return out
 
     def _accept(self, inbox: list[Message]) -> None:
         for m in inbox:
             for b in m.blocks:
-                self._pending[b.table].append((m.sender, b.ids, torch.from_numpy(b.values).to(self.shard.device)))
+                self.state.pending[b.table].append((m.sender, b.ids, torch.from_numpy(b.values).to(self.shard.device)))
             if m.dense is not None:
                 grads = {k: torch.from_numpy(v).to(self.shard.device) for k, v in m.dense.items()}
-                self._dense.append((m.sender, grads))
+                self.state.dense.append((m.sender, grads))
 
     def _keep_own(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> None:
-        self._pending[table].append((self.device, ids, grads))
+        self.state.pending[table].append((self.device, ids, grads))
 
     def _take(self, table: str, select) -> tuple[np.ndarray, torch.Tensor]:
         """Remove the pending contributions for ids where `select(ids)`; (distinct ids, sums in sender order)."""
         kept, taken = [], []
-        for sender, ids, grads in self._pending[table]:
+        for sender, ids, grads in self.state.pending[table]:
             mask = select(ids)
             if mask.all():
                 taken.append((sender, ids, grads))
@@ -583,7 +606,7 @@ class StepProtocol:
             if mask.any():
                 taken.append((sender, ids[mask], grads[torch.from_numpy(np.flatnonzero(mask)).to(grads.device)]))
             kept.append((sender, ids[~mask], grads[torch.from_numpy(np.flatnonzero(~mask)).to(grads.device)]))
-        self._pending[table] = kept
+        self.state.pending[table] = kept
         return combine(taken, self.shard.dim, self.shard.device)
 
     def _blocks(self, out: dict[int, Message], table: str, kind: Kind, ids: np.ndarray, values,
@@ -610,11 +633,11 @@ class InProcess:
     def __init__(self, devices: list) -> None:
         self.devices = devices
 
-    def step(self, *start_args) -> list[dict]:
-        """One step on every device (`start_args` go to each device's `start`); each device's stats."""
+    def step(self, *start_args) -> list:
+        """One step on every device (`start_args` go to each device's `start`); each device's StepStats."""
         return self.run([start_args])[0]
 
-    def run(self, starts: list[tuple], early_at=lambda i: Round.GRADIENTS) -> list[list[dict]]:
+    def run(self, starts: list[tuple], early_at=lambda i: Round.GRADIENTS) -> list[list]:
         """Consecutive steps (`starts[i]` go to each device's `start` and `prepare`) as the engine runs
         them: once step i's rows are in, every device prepares step i+1 and sends its requests, and
         the homes answer them early just before the messages of round `early_at(i)` of step i are

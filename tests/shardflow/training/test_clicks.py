@@ -79,7 +79,7 @@ def _learns_what_the_reference_learns(path, model, data, strategy, devices, dedu
     driver = InProcess(devs)
     for i in range(CLICK_STEPS):
         stats = driver.step(0, i, i, 0)
-        assert sum(s["examples"] for s in stats) == CLICK_BATCH
+        assert sum(s.examples for s in stats) == CLICK_BATCH
     ref = reference(data, CLICK_STEPS, model, CLICK_BATCH)
     check_against(ref, [d.parameters() for d in devs])
     start = {k: v for k, v in model.init_dense().items()}
@@ -99,7 +99,7 @@ def test_a_click_trainer_whose_sub_batch_is_empty_still_takes_its_part_in_the_st
     devs = in_process_devices(data, planned(path, "flexshard", 4, dim=model.dim, batch=batch), TOPOLOGIES[4],
                               "node", batch=batch, model=model)
     driver = InProcess(devs)
-    sizes = [[s["examples"] for s in driver.step(0, i, i, 0)] for i in range(steps)]
+    sizes = [[s.examples for s in driver.step(0, i, i, 0)] for i in range(steps)]
     assert all(sum(step) == batch for step in sizes)
     assert sum(min(step) == 0 for step in sizes) >= 2, sizes
     check_against(reference(data, steps, model, batch), [d.parameters() for d in devs])

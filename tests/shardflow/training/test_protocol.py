@@ -13,7 +13,7 @@ from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.topology import Node, Topology
 from shardflow.planner.strategies import STRATEGIES
-from shardflow.training.protocol import InProcess, PeerStopped, Round, step_rounds
+from shardflow.training.protocol import InProcess, PeerStopped, Phase, Round, step_rounds
 from shardflow.training.reference import ReferenceTrainer
 
 
@@ -25,7 +25,7 @@ def test_every_strategy_and_scope_learns_what_the_reference_learns(dataset, data
     driver = InProcess(devs)
     for i in range(STEPS):
         stats = driver.step(0, i, i, 0)
-        assert sum(s["examples"] for s in stats) == BATCH
+        assert sum(s.examples for s in stats) == BATCH
     check_against(reference(data, STEPS), [d.parameters() for d in devs])
 
 
@@ -34,7 +34,7 @@ def test_a_trainer_whose_sub_batch_is_empty_still_takes_its_part_in_the_step(dat
     batch, steps = 4, 8  # one example per trainer on average: some trainer gets none in most steps
     devs = in_process_devices(data, planned(dataset, "flexshard", 4), TOPOLOGIES[4], dedup, batch=batch)
     driver = InProcess(devs)
-    sizes = [[s["examples"] for s in driver.step(0, i, i, 0)] for i in range(steps)]
+    sizes = [[s.examples for s in driver.step(0, i, i, 0)] for i in range(steps)]
     assert all(sum(step) == batch for step in sizes)
     assert sum(min(step) == 0 for step in sizes) >= 2, sizes
     check_against(reference(data, steps, batch=batch), [d.parameters() for d in devs])
@@ -220,7 +220,7 @@ def test_estimation_sums_ids_that_share_a_scaled_row(data):
     stats = InProcess(devs).step(0, 0, 0, 0)
     after = devs[0].parameters()["item"]
     assert after["weights"].shape == (50, MODEL.dim) and devs[1].parameters()["item"]["weights"].shape == (0, MODEL.dim)
-    assert np.isfinite(stats[0]["loss_sum"]) and (after["version"] == 1).any()
+    assert np.isfinite(stats[0].loss_sum) and (after["version"] == 1).any()
     assert not np.array_equal(before, after["weights"])
     traffic = devs[1].traffic()
     assert traffic["lookup"][1, 0] > 0 and traffic["dense"][1, 0] > 0  # trainer 1 reads from the one server
@@ -265,3 +265,21 @@ def test_a_shard_restores_in_place_and_a_damaged_checkpoint_changes_nothing(data
         for f in ("weights", "state"):
             assert devs[0].parameters()[t][f].tobytes() == at_save[0][t][f].tobytes()
     assert devs[0].shard.weights["item"] is weights  # restored into the same tensor, not a second copy
+
+
+def test_one_phase_per_device_and_a_fresh_state_for_every_step(data):
+    devs = in_process_devices(data, random_plan(data, 3, seed=3), TOPOLOGIES[3])
+    assert all(d.protocol.phase is Phase.IDLE and d.protocol.state is None for d in devs)
+    seen = []
+    for step in range(2):
+        outboxes = [d.start(0, step, step, 0) for d in devs]
+        assert all(d.protocol.phase is Phase.WAITING and d.protocol.state.step == step for d in devs)
+        seen.append(devs[0].protocol.state)
+        for round in devs[0].rounds:
+            inboxes = [[out[r] for out in outboxes if r in out] for r in range(3)]
+            outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(devs, inboxes)]
+            if round is Round.REQUEST:
+                assert [d.protocol.expecting for d in devs] == [Round.REPLY] * 3
+        [d.finish() for d in devs]
+        assert all(d.protocol.phase is Phase.IDLE for d in devs)
+    assert seen[0] is not seen[1] and seen[0].step == 0 and not any(seen[0].pending.values())
