@@ -21,9 +21,14 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) --editable '.[test]'
 	touch $@
 
-# Every tier (tests/conftest.py: unit, cluster, server, fault), after the linter; CI runs this.
+# Every tier (tests/conftest.py), after the linter; CI runs this. The unit and cluster tiers run on
+# two pytest workers (each its own LocalCluster); the server and fault tiers one test at a time, as
+# they start servers and kill processes. Each tier prints its 15 slowest tests.
 test: lint
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -m unit -n 2 --durations=15
+	$(BIN)/python -m pytest -q -m cluster -n 2 --durations=15
+	$(BIN)/python -m pytest -q -m server --durations=15
+	$(BIN)/python -m pytest -q -m fault --durations=15
 
 # The unit tier on every core: pure logic and real zarr stores, no cluster and no Prefect API.
 test-quick: $(VENV)/.installed-test
