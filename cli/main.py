@@ -260,7 +260,7 @@ def _cmd_run(args: argparse.Namespace) -> dict:
             raise InputError(f"--config {args.config}: a {type(values).__name__}; accepted: a YAML mapping")
     values.update(dict(args.set or []))
     config = RetrainConfig.build(values)
-    from tasks.retrain import check_run
+    from shardflow.preflight import check_run
 
     check_run(config)
     from tasks.versions import nothing_new

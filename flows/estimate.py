@@ -20,12 +20,12 @@ from tasks.retrain import (
     prepare_dataset,
     profile,
     release_parameter_servers,
-    run_paths,
     shard,
     start_parameter_servers,
     train_epoch,
     unless_lost,
 )
+from shardflow.preflight import run_paths
 
 
 @flow(name="estimate", flow_run_name="estimate-{config.epochs}-epochs")

@@ -36,7 +36,6 @@ from storage import versions
 from tasks.retrain import (
     artifact_key,
     publish_epoch_metrics,
-    check_run,
     checkpoint,
     download,
     evaluate,
@@ -46,12 +45,12 @@ from tasks.retrain import (
     release_parameter_servers,
     restore_cluster,
     resume,
-    run_paths,
     shard,
     start_parameter_servers,
     train_epoch,
     unless_lost,
 )
+from shardflow.preflight import check_run, run_paths
 from storage.plan import read_summary
 from tasks.reports import name_run, publish_failure, publish_summary, publish_versions, run_label, state_message
 from tasks.versions import gate, nothing_new, open_version, untrained, version_paths, warm_start

@@ -24,8 +24,8 @@ from storage.dataset import Dataset, segment_checksum
 from storage.importers import check_continuation
 from storage.lock import run_lock
 from storage.manifest import MANIFEST
-from tasks.retrain import (artifact_key, import_options, imported_source, run_paths, same_source, source_parts,
-                           source_warnings)
+from tasks.retrain import artifact_key
+from shardflow.preflight import import_options, imported_source, run_paths, same_source, source_parts, source_warnings
 
 # Keys that change nothing a version computes: a version cut off part-way is resumed
 # under any of their values, and made again when any other key changed.

@@ -540,7 +540,7 @@ def _run_dir_trained_on(world, tmp_path, source: Path) -> Path:
 
 
 def case_run_dir_trained_on_another_dataset(world, client, tmp_path):
-    from tasks.retrain import check_dataset
+    from shardflow.preflight import check_dataset
 
     run = _run_dir_trained_on(world, tmp_path, world / "good.txt")
     (tmp_path / "other.txt").write_text("1 2\n1 3\n2 4\n")
@@ -550,7 +550,7 @@ def case_run_dir_trained_on_another_dataset(world, client, tmp_path):
 
 
 def case_run_dir_dataset_part_changed(world, client, tmp_path):
-    from tasks.retrain import check_dataset
+    from shardflow.preflight import check_dataset
 
     parts = tmp_path / "parts"
     parts.mkdir()
@@ -574,7 +574,7 @@ def case_config_run_dir_root(world, client, tmp_path):
 
 
 def case_run_budget_cannot_fit_the_tables(world, client, tmp_path):
-    from tasks.retrain import check_run
+    from shardflow.preflight import check_run
 
     (tmp_path / "tiny.yaml").write_text(TOPOLOGY + "device_memory_bytes: 1000\n")
     cfg = config(world, topology=str(tmp_path / "tiny.yaml"), run_dir=str(tmp_path / "run"))
@@ -606,7 +606,7 @@ def case_config_replan_margin_out_of_range(world, client, tmp_path):
 
 
 def case_run_dir_dataset_holds_foreign_files(world, client, tmp_path):
-    from tasks.retrain import check_run
+    from shardflow.preflight import check_run
 
     (tmp_path / "run" / "dataset").mkdir(parents=True)
     (tmp_path / "run" / "dataset" / "notes.txt").write_text("mine")
@@ -616,7 +616,7 @@ def case_run_dir_dataset_holds_foreign_files(world, client, tmp_path):
 
 
 def case_run_dir_versions_holds_foreign_files(world, client, tmp_path):
-    from tasks.retrain import check_run
+    from shardflow.preflight import check_run
 
     (tmp_path / "run" / "versions" / "notes").mkdir(parents=True)
     (tmp_path / "run" / "versions" / "notes" / "todo.txt").write_text("mine")

@@ -194,7 +194,7 @@ def test_a_version_recorded_before_a_model_key_existed_is_taken_to_have_its_defa
     """A run_dir promoted by an older shardflow, whose record lacks a newer key (bottom_mlp), warm-starts
     a run that keeps that key's default, and refuses one that changes it, naming both values."""
     from shardflow.errors import InputError
-    from tasks.retrain import check_model_shape
+    from shardflow.preflight import check_model_shape
 
     cfg = RetrainConfig(run_dir=str(tmp_path))
     record = {k: v for k, v in cfg.model_dump(mode="json").items() if k != "bottom_mlp"}

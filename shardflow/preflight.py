@@ -1,0 +1,191 @@
+"""What a retraining run knows before it writes anything: its run_dir's stores, its source's parts, and every
+check that can refuse it (the config's own checks aside: shardflow.config).
+
+Each check raises an InputError naming the value and what is accepted; none writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from shardflow.config import RetrainConfig
+from shardflow.errors import InputError
+from shardflow.planner.memory import check_capacity
+from shardflow.planner.topology import load_topology
+from storage import versions
+from storage.dataset import Dataset, segment_checksum
+from storage.importers import check_continuation
+from storage.manifest import MANIFEST
+from storage.sources import Part, not_parts, resolve_parts, unfinished
+from storage.staging import check_destination
+
+
+def run_paths(config: RetrainConfig) -> dict[str, Path]:
+    """The run_dir's own stores, and the file its local Dask workers write their output to (the last run's);
+    each model version's stores are under versions/NNNN (storage.versions)."""
+    run = Path(config.run_dir)
+    return {"run": run, "dataset": run / "dataset", "estimate": run / "estimate",
+            "worker_log": run / "dask-workers.log"}
+
+
+def check_run(config: RetrainConfig) -> None:
+    """Everything a run can refuse before its first write, beyond the config's own checks.
+
+    The run_dir's dataset must be a shardflow store (or absent, or empty): a directory of
+    someone else's files where it would go is never replaced; `versions` must hold only
+    model versions. The dataset must continue the run_dir's own (check_dataset).
+    """
+    where = Path(config.run_dir).expanduser().resolve()
+    while not where.exists():
+        where = where.parent
+    if not os.access(where, os.W_OK):
+        raise InputError(f"run_dir {config.run_dir}: {where} cannot be written (a read-only file system or "
+                         "permissions); accepted: a directory this user can write")
+    try:
+        check_destination(run_paths(config)["dataset"], overwrite=True)
+    except InputError as e:
+        raise InputError(f"run_dir {config.run_dir}: {e}") from None
+    root = Path(config.run_dir) / versions.VERSIONS
+    foreign = sorted(p.name for p in root.iterdir() if not (p.name.isdigit() and len(p.name) == 4)) \
+        if root.is_dir() else []
+    if foreign:
+        raise InputError(f"run_dir {config.run_dir}: {root} holds {', '.join(foreign[:5])}, not model versions; "
+                         "accepted: a versions directory shardflow made (NNNN subdirectories only), or a new run_dir")
+    check_dataset(config)
+    check_model_shape(config)
+    check_budget(config)
+
+
+def check_budget(config: RetrainConfig) -> None:
+    """Refuse, before any write, tables that cannot fit the topology's device_memory_bytes on all its devices.
+
+    Known before the run when the dataset is a store, or was imported into the run_dir
+    already (an append can only add rows: the plan checks again after it).
+    """
+    topology = load_topology(config.topology)
+    if topology.device_memory_bytes is None:
+        return
+    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    store = source if (source / MANIFEST).is_file() else dest if (dest / MANIFEST).is_file() else None
+    if store is None:
+        return
+    rows = sum(t.rows for t in Dataset.open(store).info.tables)
+    check_capacity(rows, config.dim, topology, topology.device_memory_bytes, f"the tables of {store}", config.topology)
+
+
+# What a warm start cannot carry across: the promoted model's shape and optimiser slots.
+WARM_START_KEYS = ("dim", "mlp", "bottom_mlp", "history", "negatives", "dense_optimizer")
+
+
+def check_model_shape(config: RetrainConfig) -> None:
+    """Refuse a model the promoted version cannot warm-start (another dimension, MLP, ...) before any write."""
+    promoted = versions.current(config.run_dir)
+    if promoted is None:
+        return
+    theirs, mine = versions.started(config.run_dir, promoted)["config"], config.model_dump(mode="json")
+    # A key newer than the promoted version's record was made with what is now its default (as JSON).
+    theirs = {k: theirs[k] if k in theirs else json.loads(json.dumps(RetrainConfig.model_fields[k].get_default()))
+              for k in WARM_START_KEYS}
+    differ = [k for k in WARM_START_KEYS if theirs[k] != mine[k]]
+    if differ:
+        raise InputError(
+            f"run_dir {config.run_dir}: its current model version {promoted} has "
+            f"{', '.join(f'{k} = {theirs[k]!r}' for k in differ)}, this "
+            f"run {', '.join(f'{k} = {mine[k]!r}' for k in differ)}; "
+            "a new version warm-starts from the current one. Accepted: the same values, or a new run_dir (a cold start)"
+        )
+
+
+def check_dataset(config: RetrainConfig) -> None:
+    """Refuse, before anything is written, a dataset that does not continue the run_dir's own.
+
+    The run_dir's imported dataset grows only by new parts of the same source; a source
+    whose parts vanished or changed is refused (storage.importers.check_continuation), and
+    so is another source once the run_dir holds model versions trained on its own. A
+    dataset store given as such is checked by check_versions.
+    """
+    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    if (source / MANIFEST).is_file():
+        check_versions(config, str(source))
+        return
+    known = imported_source(config)
+    if known is None:
+        return
+    if same_source(known, config):
+        check_continuation(config.dataset_format, source, dest, source_parts(config, known), known,
+                           import_options(config))
+    elif versions.numbers(config.run_dir):
+        raise InputError(
+            f"run_dir {config.run_dir} was trained on {known.get('path')} ({known.get('format')}); dataset "
+            f"{config.dataset} ({config.dataset_format}) is another one; accepted: that dataset (or a directory "
+            "of its parts with new ones), or a new run_dir"
+        )
+
+
+def check_versions(config: RetrainConfig, dataset_store: str) -> None:
+    """Refuse a dataset store the run_dir's versions were not trained on, or one that changed underneath them
+    (other than by 'shardflow import --replace-from', which the store records).
+
+    For a dataset given as a store (an imported source is checked part by part by
+    storage.importers.check_continuation instead).
+    """
+    run = config.run_dir
+    made = [versions.started(run, n) for n in versions.numbers(run)]
+    if not made:
+        return
+    last = made[-1]
+    if last["dataset"] != str(Path(dataset_store).resolve()):
+        raise InputError(
+            f"run_dir {run} holds model versions of dataset {last['dataset']}; dataset {dataset_store} is another "
+            "store. Accepted: that dataset (grown with 'shardflow import --append'), or a new run_dir"
+        )
+    ds = Dataset.open(dataset_store)
+    have = [segment_checksum(s) for s in ds.segments]
+    differs = next((i for i, (a, b) in enumerate(zip(have, last["segments"])) if a != b),
+                   None if len(have) >= len(last["segments"]) else len(have))
+    replaced = [r["segment"] for r in ds.info.source.get("replaced", [])] if isinstance(ds.info.source, dict) else []
+    if differs is not None and not any(k <= differs for k in replaced):
+        raise InputError(
+            f"dataset {dataset_store} no longer starts with the {len(last['segments'])} parts version "
+            f"{last['version']} of run_dir {run} was trained on (a part was changed or re-imported); accepted: "
+            "the dataset grown only by appends, or a new run_dir"
+        )
+
+
+def imported_source(config: RetrainConfig) -> dict | None:
+    """The source RUN_DIR/dataset was imported from (None: `dataset` is a store itself, or nothing imported yet)."""
+    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    if (source / MANIFEST).is_file() or not (dest / MANIFEST).is_file():
+        return None
+    return Dataset.open(dest).info.source
+
+
+def import_options(config: RetrainConfig) -> dict:
+    """The table sizes an import records (criteo's hashed tables; none for the other formats)."""
+    return {"table_rows": {}, "hash_rows": config.hash_rows} if config.dataset_format == "criteo" else {}
+
+
+def import_kwargs(config: RetrainConfig) -> dict:
+    return {"hash_rows": config.hash_rows} if config.dataset_format == "criteo" else {}
+
+
+def same_source(known: dict, config: RetrainConfig) -> bool:
+    return (known.get("format"), known.get("path")) == (config.dataset_format, str(Path(config.dataset)))
+
+
+def source_parts(config: RetrainConfig, known: dict | None) -> list[Part]:
+    """The parts of the dataset directory, each unfinished one marked (those RUN_DIR/dataset holds are not judged)."""
+    held = [p["name"] for p in known.get("parts", [])] if known and same_source(known, config) else []
+    return resolve_parts(config.dataset, config.part_settle_s, held)
+
+
+def source_warnings(source: Path, parts: list[Part]) -> list[str]:
+    """What a run tells about its source directory: entries that are not parts, parts left for a later night."""
+    out = []
+    for what, names in ((f"skipped {{}} entries of {source} that are not parts", not_parts(source)),
+                        (f"left {{}} parts of {source} for a later night (not finished)", unfinished(parts))):
+        if names:
+            out.append(what.format(len(names)) + ": " + ", ".join(names[:5]) + (", …" if len(names) > 5 else ""))
+    return out
