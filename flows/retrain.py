@@ -27,6 +27,7 @@ from prefect.states import Completed
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
+from shardflow.training.protocol import modeled_bytes
 from shardflow.planner.topology import load_topology
 from shardflow.training.evaluate import metric_values
 from storage.checkpoint import complete_checkpoints
@@ -214,7 +215,7 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
                 losses[epoch] = stats["loss"]
                 steps += stats["steps"]
                 traffic = engine.traffic()
-                measured = sum(float(traffic[k].sum()) for k in ("lookup", "sync")) / steps
+                measured = modeled_bytes(traffic) / steps
                 unless_lost(checkpoint(engine, paths["version"], epoch, {
                     "loss": stats["loss"], **metric_values(stats), "seed": config.seed,
                     "bytes_per_step": measured, "examples_per_s": stats["examples"] / stats["seconds"],

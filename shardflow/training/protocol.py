@@ -83,6 +83,12 @@ class Kind(enum.Enum):
 
 
 TRAFFIC_KINDS = tuple(k.value for k in Kind)
+MODELED_KINDS = (Kind.LOOKUP.value, Kind.SYNC.value)  # what the cost model prices (dense and eval it does not)
+
+
+def modeled_bytes(traffic: dict[str, np.ndarray]) -> float:
+    """The bytes of `traffic` (kind -> [sender, receiver] bytes) that the cost model prices: lookups and sync."""
+    return float(sum(traffic[k].sum() for k in MODELED_KINDS))
 
 
 class Phase(enum.Enum):

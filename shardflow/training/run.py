@@ -18,6 +18,7 @@ from pathlib import Path
 from distributed import Client
 
 from shardflow.errors import InputError
+from shardflow.training.protocol import modeled_bytes
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.sequence import ModelConfig
 from shardflow.model.optim import OptimizerConfig
@@ -130,7 +131,7 @@ def train_from_stores(
         "examples": result.examples,
         "examples_per_s": result.examples_per_s,
         "steady_steps": result.steady["steps"],
-        "measured_bytes_per_step": float(traffic["lookup"].sum() + traffic["sync"].sum()) / steps,
+        "measured_bytes_per_step": modeled_bytes(traffic) / steps,
         "predicted_bytes_per_step": job.predicted_bytes_per_step,
         **metric_values(metrics),
         "loss": result.epoch_loss[-1] if result.epoch_loss else float("nan"),
