@@ -182,71 +182,78 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
            version: dict) -> dict:
     """The epochs left, a checkpoint after each, then the one download.
 
-    A version with no checkpoint yet starts from the promoted version's model (a warm
-    start) when it has one, else from the initial parameters.
-
-    One attempt is one set of parameter servers. Losing a worker ends the attempt: the
-    cluster is restored and the next attempt resumes from the last complete checkpoint,
-    at most max_restarts times. Training is deterministic in (seed, step), so the run
-    ends with the parameters of an uninterrupted one.
+    One attempt is one set of parameter servers (_attempt). Losing a worker ends the
+    attempt: the cluster is restored and the next attempt resumes from the last complete
+    checkpoint, at most max_restarts times (_restart). Training is deterministic in
+    (seed, step), so the run ends with the parameters of an uninterrupted one.
     """
-    log = get_run_logger()
-    losses: dict[int, float] = {}
-    warnings: list[str] = []
-    progress = None
+    kept: dict = {"losses": {}, "warnings": [], "progress": None}  # what the attempts share
     for attempt in itertools.count():
         engine = None
         try:
             engine = start_parameter_servers(config, dataset, paths["plan"], client, window=version["window"])
-            resumed = unless_lost(resume(engine, paths["version"]))
-            source = version["warm_start_from"]
-            if resumed["checkpoint"] is None and source is not None:
-                unless_lost(warm_start(engine, str(versions.version_dir(run, source) / "model"), source))
-            if progress is None:
-                progress = create_progress_artifact(100.0 * resumed["epochs_done"] / config.epochs,
-                                                    key=artifact_key("training-progress", run),
-                                                    description="epochs done")
-            steps = 0
-            # Measured over this attempt's steps (the engine's counters start at zero); a run
-            # with nothing left to train reports what its last checkpoint measured.
-            measured = resumed["bytes_per_step"]
-            for epoch in range(resumed["epochs_done"] + 1, config.epochs + 1):  # numbered from 1
-                stats = unless_lost(train_epoch(engine, epoch, config.epochs, progress))
-                losses[epoch] = stats["loss"]
-                steps += stats["steps"]
-                traffic = engine.traffic()
-                measured = modeled_bytes(traffic) / steps
-                unless_lost(checkpoint(engine, paths["version"], epoch, {
-                    "loss": stats["loss"], **metric_values(stats), "seed": config.seed,
-                    "bytes_per_step": measured, "examples_per_s": stats["examples"] / stats["seconds"],
-                    "seconds": stats["seconds"],
-                }))
-                update_progress_artifact(progress, 100.0 * epoch / config.epochs,
-                                         description=f"epoch {epoch}/{config.epochs} done · loss {stats['loss']:.3f}")
-            publish_epoch_metrics(paths["version"], run, modeled)  # once a run: every epoch of the version
-            unless_lost(download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy}))
-            return {"losses": losses, "steps": steps, "bytes_per_step": measured, "downloads": engine.downloads,
-                    "resumed": resumed, "restarts": attempt, "warnings": warnings}
+            return {**_attempt(engine, config, paths, run, modeled, version, kept), "restarts": attempt,
+                    "warnings": kept["warnings"]}
         except SchedulerLost as e:
             raise TrainingError(f"{e}; {_kept(paths['version'])}") from None
         except WorkerLost as e:
-            if engine is None and isinstance(e, WorkerOutOfMemory):
-                raise TrainingError(f"the parameter servers ran out of memory while starting ({e}); a restart "
-                                    f"would run out again, so none was tried; {_kept(paths['version'])}") from None
-            if attempt == config.max_restarts:
-                raise TrainingError(
-                    f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.max_restarts} reached; "
-                    f"{_kept(paths['version'])}"
-                ) from None
-            log.warning("%s; restoring the cluster and resuming from the last complete checkpoint (restart %d of %d)",
-                        e, attempt + 1, config.max_restarts)
-            warnings.append(f"restart {attempt + 1}: {e}; resumed from the last complete checkpoint")
-            try:
-                restore_cluster(engine, client, devices, attempt + 1, config.restart_timeout_s)
-            except TrainingError as gone:
-                raise TrainingError(f"lost a worker ({e}), and {gone}; {_kept(paths['version'])}") from None
+            _restart(e, engine, attempt, config, paths, client, devices, kept["warnings"])
         finally:
             release_parameter_servers(engine)
+
+
+def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: float, version: dict, kept: dict) -> dict:
+    """One set of parameter servers: resume from the last complete checkpoint or, with none yet, start from the
+    promoted version's model (a warm start) when there is one; the epochs left, each checkpointed; the download."""
+    resumed = unless_lost(resume(engine, paths["version"]))
+    source = version["warm_start_from"]
+    if resumed["checkpoint"] is None and source is not None:
+        unless_lost(warm_start(engine, str(versions.version_dir(run, source) / "model"), source))
+    if kept["progress"] is None:
+        kept["progress"] = create_progress_artifact(100.0 * resumed["epochs_done"] / config.epochs,
+                                                    key=artifact_key("training-progress", run),
+                                                    description="epochs done")
+    steps = 0
+    # Measured over this attempt's steps (the engine's counters start at zero); a run
+    # with nothing left to train reports what its last checkpoint measured.
+    measured = resumed["bytes_per_step"]
+    for epoch in range(resumed["epochs_done"] + 1, config.epochs + 1):  # numbered from 1
+        stats = unless_lost(train_epoch(engine, epoch, config.epochs, kept["progress"]))
+        kept["losses"][epoch] = stats["loss"]
+        steps += stats["steps"]
+        measured = modeled_bytes(engine.traffic()) / steps
+        unless_lost(checkpoint(engine, paths["version"], epoch, {
+            "loss": stats["loss"], **metric_values(stats), "seed": config.seed,
+            "bytes_per_step": measured, "examples_per_s": stats["examples"] / stats["seconds"],
+            "seconds": stats["seconds"],
+        }))
+        update_progress_artifact(kept["progress"], 100.0 * epoch / config.epochs,
+                                 description=f"epoch {epoch}/{config.epochs} done · loss {stats['loss']:.3f}")
+    publish_epoch_metrics(paths["version"], run, modeled)  # once a run: every epoch of the version
+    unless_lost(download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy}))
+    return {"losses": kept["losses"], "steps": steps, "bytes_per_step": measured, "downloads": engine.downloads,
+            "resumed": resumed}
+
+
+def _restart(e: WorkerLost, engine, attempt: int, config: RetrainConfig, paths: dict, client, devices: int,
+             warnings: list[str]) -> None:
+    """After losing a worker: restore the cluster for the next attempt, or stop in one line (out of memory while
+    starting, max_restarts reached, or no cluster to restore)."""
+    if engine is None and isinstance(e, WorkerOutOfMemory):
+        raise TrainingError(f"the parameter servers ran out of memory while starting ({e}); a restart "
+                            f"would run out again, so none was tried; {_kept(paths['version'])}") from None
+    if attempt == config.max_restarts:
+        raise TrainingError(
+            f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.max_restarts} reached; "
+            f"{_kept(paths['version'])}"
+        ) from None
+    get_run_logger().warning("%s; restoring the cluster and resuming from the last complete checkpoint (restart %d "
+                             "of %d)", e, attempt + 1, config.max_restarts)
+    warnings.append(f"restart {attempt + 1}: {e}; resumed from the last complete checkpoint")
+    try:
+        restore_cluster(engine, client, devices, attempt + 1, config.restart_timeout_s)
+    except TrainingError as gone:
+        raise TrainingError(f"lost a worker ({e}), and {gone}; {_kept(paths['version'])}") from None
 
 
 def _kept(version: str) -> str:
