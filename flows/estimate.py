@@ -15,7 +15,6 @@ from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import one_line_errors
 from shardflow.training.protocol import modeled_bytes
-from shardflow.planner.topology import load_topology
 from storage.lock import run_lock
 from tasks.retrain import (
     prepare_dataset,
@@ -34,7 +33,7 @@ def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
     one_line_errors()
     paths = run_paths(config)
     scratch = paths["estimate"]
-    devices = load_topology(config.topology).devices
+    devices = config.parsed_topology.devices
     with run_lock(paths["run"]), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
                                              devices, gpus=config.device == "cuda") as client:
         dataset = prepare_dataset(config)["path"]

@@ -28,7 +28,6 @@ from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
 from shardflow.training.protocol import modeled_bytes
-from shardflow.planner.topology import load_topology
 from shardflow.training.evaluate import metric_values
 from storage.checkpoint import complete_checkpoints
 from storage.lock import owned, run_lock
@@ -87,7 +86,7 @@ def retrain(config: RetrainConfig = RetrainConfig()):
 
 def _make_version(config: RetrainConfig, run: str) -> dict:
     log = get_run_logger()
-    devices = load_topology(config.topology).devices
+    devices = config.parsed_topology.devices
     with run_lock(run), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
                                     devices, gpus=config.device == "cuda",
                                     worker_log=run_paths(config)["worker_log"]) as client:

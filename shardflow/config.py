@@ -7,12 +7,19 @@ InputError naming the key, the value and what is accepted.
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from shardflow.errors import InputError
+
+if TYPE_CHECKING:
+    from shardflow.model.optim import OptimizerConfig
+    from shardflow.planner.costmodel import StepShape
+    from shardflow.planner.topology import Topology
+    from shardflow.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LOOKUPS = 4096  # history, negatives: rows one example reads, far past any published sequence model's
@@ -181,11 +188,10 @@ class RetrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _batch_covers_devices(self) -> "RetrainConfig":
-        from shardflow.planner.topology import load_topology
         from shardflow.data.batches import check_batch
 
         try:
-            devices = load_topology(self.topology).devices
+            devices = self.parsed_topology.devices
         except InputError as e:
             raise ValueError(str(e)) from None
         try:
@@ -200,9 +206,7 @@ class RetrainConfig(BaseModel):
         anything is read or written: negatives = 10^9 once grew a run past 4.5 GB in 19 s)."""
         import psutil
 
-        from shardflow.planner.topology import load_topology
-
-        devices = load_topology(self.topology).devices
+        devices = self.parsed_topology.devices
         need = self.step_bytes(devices) + self.dense_bytes()
         have = psutil.virtual_memory().total
         if need > have:
@@ -213,6 +217,38 @@ class RetrainConfig(BaseModel):
                 "accepted: smaller batch_size, history, negatives, dim or layers"
             )
         return self
+
+    # -- each stage's part of the config, as the value that stage takes -------------------------
+    @cached_property
+    def parsed_topology(self) -> "Topology":
+        """The topology file, read and checked once per config."""
+        from shardflow.planner.topology import load_topology
+
+        return load_topology(self.topology)
+
+    def step_shape(self) -> "StepShape":
+        """What the planner prices a step by."""
+        from shardflow.planner.costmodel import StepShape
+
+        return StepShape(self.batch_size, self.dim, self.dedup)
+
+    def plan_options(self) -> dict:
+        """The planning stage's keyword arguments besides the profile and the topology."""
+        return {"shape": self.step_shape(), "memory_slack": self.memory_slack, "history": self.history,
+                "negatives": self.negatives}
+
+    def optimizer(self) -> "OptimizerConfig":
+        from shardflow.model.optim import OptimizerConfig
+
+        return OptimizerConfig(row_lr=self.row_lr, dense=self.dense_optimizer, dense_lr=self.dense_lr)
+
+    def training(self, window: tuple[int, int] = (0, 0)) -> "TrainConfig":
+        """The engine's part: a version trains from segment window[0] and is evaluated from window[1]."""
+        from shardflow.training.config import TrainConfig
+
+        return TrainConfig(batch_size=self.batch_size, dedup=self.dedup, early_answers=self.early_answers,
+                           epochs=self.epochs, steps_per_epoch=self.steps_per_epoch, device=self.device,
+                           seed=self.seed, eval_users=self.eval_users, window=tuple(window))
 
     def step_bytes(self, devices: int) -> int:
         """A bound on one trainer's working set in a step (bytes)."""

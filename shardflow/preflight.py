@@ -13,7 +13,6 @@ from pathlib import Path
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
 from shardflow.planner.memory import check_capacity
-from shardflow.planner.topology import load_topology
 from storage import versions
 from storage.dataset import Dataset, segment_checksum
 from storage.importers import check_continuation
@@ -64,7 +63,7 @@ def check_budget(config: RetrainConfig) -> None:
     Known before the run when the dataset is a store, or was imported into the run_dir
     already (an append can only add rows: the plan checks again after it).
     """
-    topology = load_topology(config.topology)
+    topology = config.parsed_topology
     if topology.device_memory_bytes is None:
         return
     source, dest = Path(config.dataset), run_paths(config)["dataset"]

@@ -16,13 +16,9 @@ from shardflow.config import RetrainConfig
 from shardflow.preflight import import_kwargs, imported_source, run_paths, same_source, source_parts, source_warnings
 from shardflow.cluster import live_workers
 from shardflow.errors import InputError, TrainingError, WorkerLost
-from shardflow.model.optim import OptimizerConfig
-from shardflow.planner.costmodel import StepShape
-from shardflow.planner.topology import load_topology
 from shardflow.planner.report import table_tiers
 from shardflow.planning.plans import compare_strategies, keep_or_replan, read_plan
 from shardflow.profiling.profiles import profile_dataset, profile_window
-from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from shardflow.training.run import prepare, start_engine
 from shardflow.training.evaluate import evaluate_export
@@ -114,9 +110,7 @@ def shard(config: RetrainConfig, profile_path: str, out: str, previous_plan: str
 
     A version resumed part-way keeps the plan it was trained with.
     """
-    topology = load_topology(config.topology)
-    shape = StepShape(config.batch_size, config.dim, config.dedup)
-    kwargs = dict(shape=shape, memory_slack=config.memory_slack, history=config.history, negatives=config.negatives)
+    topology, kwargs = config.parsed_topology, config.plan_options()
     rows, plans = compare_strategies(profile_path, topology, **kwargs)
     decision_file = Path(out) / "decision.json"
     if (Path(out) / MANIFEST).is_file() and decision_file.is_file():
@@ -162,22 +156,11 @@ def _comparison_row(r: dict) -> dict:
     }
 
 
-def optimizer_config(config: RetrainConfig) -> OptimizerConfig:
-    return OptimizerConfig(row_lr=config.row_lr, dense=config.dense_optimizer, dense_lr=config.dense_lr)
-
-
-def train_config(config: RetrainConfig, window: tuple[int, int] = (0, 0)) -> TrainConfig:
-    return TrainConfig(batch_size=config.batch_size, dedup=config.dedup, early_answers=config.early_answers,
-                       epochs=config.epochs,
-                       steps_per_epoch=config.steps_per_epoch, device=config.device, seed=config.seed,
-                       eval_users=config.eval_users, window=tuple(window))
-
-
 @task(name="start-parameter-servers", task_run_name="start-parameter-servers", cache_policy=NONE)
 def start_parameter_servers(config: RetrainConfig, dataset: str, plan_path: str, client: Client,
                             estimate: bool = False, window: tuple[int, int] = (0, 0)) -> Engine:
-    job = prepare(dataset, plan_path, train_config(config, window), mlp=tuple(config.mlp),
-                  bottom=tuple(config.bottom_mlp), optimizer=optimizer_config(config), estimate=estimate)
+    job = prepare(dataset, plan_path, config.training(window), mlp=tuple(config.mlp),
+                  bottom=tuple(config.bottom_mlp), optimizer=config.optimizer(), estimate=estimate)
     if job.scaled_rows is not None:
         get_run_logger().info("estimation: one parameter server, rows scaled to %s", job.scaled_rows)
     engine = start_engine(client, job)

@@ -14,7 +14,6 @@ from prefect.cache_policies import NONE
 
 from shardflow.config import RetrainConfig
 from shardflow.errors import TrainingError, WorkerLost
-from shardflow.planner.topology import load_topology
 from shardflow.data.clicks import training_window_start
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import evaluate_export, metric_values
@@ -40,7 +39,7 @@ def version_paths(path: str | Path) -> dict[str, str]:
 
 def fingerprint(config: RetrainConfig) -> dict:
     values = {k: v for k, v in config.model_dump(mode="json").items() if k not in NOT_FINGERPRINTED}
-    values["topology"] = load_topology(config.topology).to_dict()
+    values["topology"] = config.parsed_topology.to_dict()
     return values
 
 
