@@ -26,7 +26,7 @@ from shardflow.planner.topology import Topology
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.clicks import ClickData
 from shardflow.training.evaluate import EVAL_CHUNK
-from shardflow.training.protocol import Kind, Round, StepProtocol, to_host
+from shardflow.training.protocol import Compute, Kind, Round, StepProtocol, to_host
 from shardflow.training.shard import ParameterShard, RowLayout
 from storage.checkpoint import read_arrays, read_export, read_export_dense, verify_arrays, write_arrays
 
@@ -124,18 +124,18 @@ class Device:
 
     def receive(self, round: Round, inbox: list):
         out = self.protocol.receive(round, inbox)
-        if round is Round.REPLY:
-            out = self._compute(*out)
+        if isinstance(out, Compute):  # REPLY: the rows are in
+            out = self._compute(out)
         now = time.perf_counter()
         self._seconds[round.value] = now - self._mark
         self._mark = now
         return out
 
-    def _compute(self, rows: dict, dense: dict):
+    def _compute(self, work: Compute):
         t0 = time.perf_counter()
         norm = self.batch_size * self.config.candidates
         step = self.protocol.step
-        grads = forward_backward(self.config, dense, rows, self._need.index.on(self.torch), norm)
+        grads = forward_backward(self.config, work.dense, work.rows, self._need.index.on(self.torch), norm)
         self._check_finite(step, grads)
         self._loss_sum = grads.loss_sum
         self._seconds["compute"] = time.perf_counter() - t0

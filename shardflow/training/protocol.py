@@ -156,6 +156,15 @@ class Message:
             traffic[Kind.DENSE.value][self.sender, receiver] += sum(v.nbytes for v in self.dense.values())
 
 
+@dataclass(frozen=True)
+class Compute:
+    """What the REPLY round hands the trainer: the rows it computes on (per table, in its lookups' order) and the
+    dense parameters; the trainer answers with `StepProtocol.gradients`."""
+
+    rows: dict[str, torch.Tensor]
+    dense: dict[str, torch.Tensor]
+
+
 @dataclass
 class Requests:
     """A step's REQUEST messages and, per table, the ids the trainer needs and the device it reads each from."""
@@ -291,8 +300,9 @@ class StepProtocol:
             raise RuntimeError(f"device {self.device}: a {answer.round.value} message taken as an early answer")
         self._early[answer.sender] = answer
 
-    def receive(self, round: Round, inbox: list[Message]):
-        """The round's message from every peer; the next round's outbox (the rows, after REPLY)."""
+    def receive(self, round: Round, inbox: list[Message]) -> dict[int, Message] | Compute | None:
+        """The round's message from every peer; the next round's outbox, the trainer's work after REPLY (Compute),
+        or None after the last round (the step is applied here)."""
         if self.phase is not Phase.WAITING or round is not self.state.expect:
             expect = self.state.expect if self.phase is Phase.WAITING else None
             raise RuntimeError(f"device {self.device}: round {round.value} arrived, expected "
@@ -437,8 +447,8 @@ class StepProtocol:
         self._accept(inbox)
         return self._after_gradients()
 
-    def _on_replies(self, inbox: list[Message]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """(rows the trainer computes on, in `fetch` order; the dense parameters)."""
+    def _on_replies(self, inbox: list[Message]) -> Compute:
+        """The rows the trainer computes on, in `fetch` order, and the dense parameters."""
         by_peer = {m.sender: {b.table: b for b in m.blocks} for m in inbox}
         early = {}  # peer -> its PREFETCH blocks, which its REPLY patches
         for m in inbox:
@@ -469,7 +479,7 @@ class StepProtocol:
             sent = next(m for m in inbox if m.sender == 0).dense
             dense = {k: torch.from_numpy(v).to(self.shard.device) for k, v in sent.items()}
         self.state.expect, self.state.phase = Round.GRADIENTS, Phase.COMPUTING
-        return rows, dense
+        return Compute(rows, dense)
 
     def _on_gradients(self, inbox: list[Message]):
         self._accept(inbox)
