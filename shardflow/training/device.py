@@ -26,7 +26,8 @@ from shardflow.planner.topology import Topology
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.clicks import ClickData
 from shardflow.training.evaluate import EVAL_CHUNK
-from shardflow.training.protocol import Compute, Kind, Round, StepProtocol, to_host
+from shardflow.training.protocol import (Apply, ApplyDense, Compute, EndStep, Instruction, Kind, Round, Send,
+                                         StepProtocol, to_host)
 from shardflow.training.shard import ParameterShard, RowLayout
 from storage.checkpoint import read_arrays, read_export, read_export_dense, verify_arrays, write_arrays
 
@@ -117,21 +118,36 @@ class Device:
             self.prepare(epoch, step_in_epoch, step, seed)
         requests, self._need, examples, batch_s = self._prepared
         self._prepared = None
-        out = self.protocol.start(requests)
+        out = self._carry_out(self.protocol.start(requests))
         self._mark = time.perf_counter()
         self._examples, self._loss_sum, self._seconds = examples, 0.0, {"batch": batch_s}
         return out
 
     def receive(self, round: Round, inbox: list):
-        out = self.protocol.receive(round, inbox)
-        if isinstance(out, Compute):  # REPLY: the rows are in
-            out = self._compute(out)
+        out = self._carry_out(self.protocol.receive(round, inbox))
         now = time.perf_counter()
         self._seconds[round.value] = now - self._mark
         self._mark = now
         return out
 
-    def _compute(self, work: Compute):
+    def _carry_out(self, instructions: list[Instruction]) -> dict | None:
+        """Carry out the protocol's instructions in order (this device's shard is written here, and only here);
+        the messages to send, if any."""
+        out = None
+        for todo in instructions:
+            if isinstance(todo, Apply):
+                self.shard.apply(todo.table, todo.ids, todo.grads, todo.step)
+            elif isinstance(todo, ApplyDense):
+                self.shard.apply_dense(todo.grads)
+            elif isinstance(todo, EndStep):
+                self.shard.finish_step(todo.step)
+            elif isinstance(todo, Compute):
+                out = self._carry_out(self._compute(todo))
+            elif isinstance(todo, Send):
+                out = todo.outbox
+        return out
+
+    def _compute(self, work: Compute) -> list[Instruction]:
         t0 = time.perf_counter()
         norm = self.batch_size * self.config.candidates
         step = self.protocol.step

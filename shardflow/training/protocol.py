@@ -39,9 +39,11 @@ computes on are exactly those a late answer would give.
 
 Every copy applies the same total, so replicas stay bitwise equal; nothing is applied
 before the last GRADIENTS message is in, so a step that fails before then changes
-nothing. `StepProtocol` does the routing and the summing; the rows themselves live in a
-ParameterShard it is given, and the forward and backward belong to the caller (between
-`rows` and `gradients`). A driver moves the messages: `InProcess` below for all devices
+nothing. `StepProtocol` does the routing and the summing: each event (`start`, `receive`,
+`gradients`) answers with typed instructions (`Send`, `Compute`, `Apply`, `ApplyDense`,
+`EndStep`) that its host carries out in order. The rows live in a ParameterShard the
+protocol only reads; the host writes it (`Apply`), and the forward and backward belong to
+the host too (`Compute`, answered by `gradients`). A driver moves the messages: `InProcess` below for all devices
 in one process (the tests), the Dask engine for a cluster.
 """
 
@@ -156,13 +158,49 @@ class Message:
             traffic[Kind.DENSE.value][self.sender, receiver] += sum(v.nbytes for v in self.dense.values())
 
 
+# The instructions an event answers with, carried out in order by the protocol's host (a Device): the shard is
+# written by whoever carries them out, never by the protocol itself (it only reads the shard).
+@dataclass(frozen=True)
+class Send:
+    """Send each peer its message of the round (one per peer, empty when there is nothing for it)."""
+
+    outbox: dict[int, Message]
+
+
 @dataclass(frozen=True)
 class Compute:
-    """What the REPLY round hands the trainer: the rows it computes on (per table, in its lookups' order) and the
-    dense parameters; the trainer answers with `StepProtocol.gradients`."""
+    """The REPLY round is in: the trainer computes on these rows (per table, in its lookups' order) and dense
+    parameters, and answers with `StepProtocol.gradients`."""
 
     rows: dict[str, torch.Tensor]
     dense: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Apply:
+    """Update rows `ids` (distinct, ascending) of `table` with their summed gradients, as of `step`."""
+
+    table: str
+    ids: np.ndarray
+    grads: torch.Tensor
+    step: int
+
+
+@dataclass(frozen=True)
+class ApplyDense:
+    """Update the dense parameters (device 0) with the gradients summed over every trainer."""
+
+    grads: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EndStep:
+    """Every update of `step` is applied on this device: its clock moves on."""
+
+    step: int
+
+
+Instruction = Send | Compute | Apply | ApplyDense | EndStep
 
 
 @dataclass
@@ -218,11 +256,11 @@ def combine(contributions: list[tuple[int, np.ndarray, torch.Tensor]], dim: int,
 class StepProtocol:
     """One device's side of every step; see the module's description of the rounds.
 
-    Events, in order, each answered by the next round's outbox ({peer: Message}, one per
-    other device): `start` (the ids the trainer needs), then `receive(round, inbox)` for
-    each round, where the REPLY round answers with the rows the trainer computes on and
-    `gradients` then gives the GRADIENTS outbox. `receive` of the last round answers None:
-    the step is applied on this device.
+    Events, in order, each answered by a list of instructions: `start` (Send the REQUESTs),
+    then `receive(round, inbox)` for each round — the updates it can apply now (Apply,
+    ApplyDense), then the next round's Send, or after REPLY a Compute that `gradients`
+    answers (Send the GRADIENTS), or after the last round EndStep. One phase at a time
+    (`phase`); a step's state (`state`) is made when it starts and dropped when it ends.
     """
 
     def __init__(self, device: int, topology: Topology, tables: dict[str, DevicePlan], shard,
@@ -273,14 +311,14 @@ class StepProtocol:
                 out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[owner == peer]))
         return Requests(step, owners, out)
 
-    def start(self, requests: "Requests") -> dict[int, Message]:
-        """Step `requests.step` begins (every earlier step applied here); its REQUEST outbox."""
+    def start(self, requests: "Requests") -> list[Instruction]:
+        """Step `requests.step` begins (every earlier step applied here): send its REQUESTs."""
         step = requests.step
         if self.state is not None:
             raise RuntimeError(f"device {self.device}: step {step} started inside step {self.step}")
         self.shard.check_clock(step)
         self.state = StepState(step, requests.owners, {t: [] for t in self.tables}, sending=Round.REQUEST)
-        return self._sent(Round.REQUEST, requests.outbox)
+        return [Send(self._sent(Round.REQUEST, requests.outbox))]
 
     def answer_early(self, request: Message) -> Message:
         """A peer's REQUEST for the step after the one under way here (or, between steps, for the next
@@ -300,9 +338,9 @@ class StepProtocol:
             raise RuntimeError(f"device {self.device}: a {answer.round.value} message taken as an early answer")
         self._early[answer.sender] = answer
 
-    def receive(self, round: Round, inbox: list[Message]) -> dict[int, Message] | Compute | None:
-        """The round's message from every peer; the next round's outbox, the trainer's work after REPLY (Compute),
-        or None after the last round (the step is applied here)."""
+    def receive(self, round: Round, inbox: list[Message]) -> list[Instruction]:
+        """The round's message from every peer in; what to do, in order: the updates to apply, then the next
+        round's messages to send, or the trainer's work after REPLY (Compute), or the step's end."""
         if self.phase is not Phase.WAITING or round is not self.state.expect:
             expect = self.state.expect if self.phase is Phase.WAITING else None
             raise RuntimeError(f"device {self.device}: round {round.value} arrived, expected "
@@ -330,9 +368,16 @@ class StepProtocol:
             Round.TOTALS: self._on_totals,
             Round.FORWARD: self._on_forward,
         }[round]
-        return handler(inbox)
+        self._todo: list[Instruction] = []  # the updates and the step's end, as the handler finds them
+        then = handler(inbox)
+        todo, self._todo = self._todo, []
+        if isinstance(then, dict):
+            todo.append(Send(then))
+        elif then is not None:
+            todo.append(then)
+        return todo
 
-    def gradients(self, rows: dict[str, torch.Tensor], dense: dict[str, torch.Tensor] | None) -> dict[int, Message]:
+    def gradients(self, rows: dict[str, torch.Tensor], dense: dict[str, torch.Tensor] | None) -> list[Instruction]:
         """The trainer's gradients of the rows it was given (same order) and of the dense parameters."""
         if self.phase is not Phase.COMPUTING:
             raise RuntimeError(f"device {self.device}: gradients outside step {self.step}'s compute")
@@ -355,7 +400,7 @@ class StepProtocol:
         else:
             out[0].dense = {k: to_host(v) for k, v in dense.items()}
         self.state.phase = Phase.WAITING
-        return self._sent(Round.GRADIENTS, out)
+        return [Send(self._sent(Round.GRADIENTS, out))]
 
     # -- the rounds -----------------------------------------------------------------------
     def _on_requests(self, inbox: list[Message]) -> dict[int, Message]:
@@ -515,7 +560,8 @@ class StepProtocol:
             ids, total = self._take(table, lambda ids: np.ones(ids.size, dtype=bool))
             if ids.size and (plan.home_of(ids) != self.device).any():
                 raise RuntimeError(f"device {self.device}: gradients left for rows it does not own")
-            self.shard.apply(table, ids, total, self.step)
+            if ids.size:
+                self._todo.append(Apply(table, ids, total, self.step))
             replicated = np.flatnonzero(plan.tier_of(ids) != SINGLE)
             r_ids = ids[replicated]
             r_total = to_host(total[torch.from_numpy(replicated).to(total.device)]) if replicated.size else None
@@ -534,7 +580,7 @@ class StepProtocol:
             for _, grads in contributions[1:]:
                 for k in total:
                     total[k] += grads[k].to(total[k].device)
-            self.shard.apply_dense(total)
+            self._todo.append(ApplyDense(total))
         self.state.dense = []
         if Round.TOTALS not in self.rounds:
             return self._finish()
@@ -544,7 +590,9 @@ class StepProtocol:
         out = self._outbox(Round.FORWARD)
         for m in inbox:
             for b in m.blocks:
-                self.shard.apply(b.table, b.ids, torch.from_numpy(b.values).to(self.shard.device), self.step)
+                if b.ids.size:
+                    self._todo.append(Apply(b.table, b.ids, torch.from_numpy(b.values).to(self.shard.device),
+                                            self.step))
                 if self.topology.node_of_device[m.sender] == self.node:
                     continue
                 is_global = self.tables[b.table].tier_of(b.ids) == GLOBAL
@@ -558,16 +606,18 @@ class StepProtocol:
     def _on_forward(self, inbox: list[Message]):
         for m in inbox:
             for b in m.blocks:
-                self.shard.apply(b.table, b.ids, torch.from_numpy(b.values).to(self.shard.device), self.step)
+                if b.ids.size:
+                    self._todo.append(Apply(b.table, b.ids, torch.from_numpy(b.values).to(self.shard.device),
+                                            self.step))
         return self._finish()
 
     def _finish(self) -> None:
         left = {t: len(p) for t, p in self.state.pending.items() if p}
         if left or self.state.dense:
             raise RuntimeError(f"device {self.device}: step {self.step} ends with unapplied gradients {left}")
-        self.shard.finish_step(self.step)
+        end = EndStep(self.step)
         self._reset()
-        return None
+        return end
 
     def abort(self) -> None:
         """Forget the step under way (a peer failed) and every early answer; applied parameters are untouched."""

@@ -13,7 +13,8 @@ from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.topology import Node, Topology
 from shardflow.planner.strategies import STRATEGIES
-from shardflow.training.protocol import InProcess, PeerStopped, Phase, Round, step_rounds
+from shardflow.training.protocol import (Apply, ApplyDense, Compute, InProcess, PeerStopped, Phase, Round, Send,
+                                         StepProtocol, step_rounds)
 from shardflow.training.reference import ReferenceTrainer
 
 
@@ -283,3 +284,74 @@ def test_one_phase_per_device_and_a_fresh_state_for_every_step(data):
         [d.finish() for d in devs]
         assert all(d.protocol.phase is Phase.IDLE for d in devs)
     assert seen[0] is not seen[1] and seen[0].step == 0 and not any(seen[0].pending.values())
+
+
+class FakeShard:
+    """What the protocol reads of a shard: row r of every table is [r, 10 r]; it writes nothing (the host does)."""
+
+    dim, device, clock = 2, torch.device("cpu"), 0
+
+    def __init__(self, dense: bool) -> None:
+        self.dense = {"w": torch.tensor([0.5])} if dense else {}
+
+    def check_clock(self, step: int) -> None:
+        assert step == self.clock
+
+    def read(self, table: str, ids: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.stack([ids, 10 * ids], axis=1).astype(np.float32))
+
+
+def plain(instructions) -> list:
+    """Instructions as plain values, to compare whole lists exactly."""
+    def message(m):
+        return (m.round.value, m.step, m.sender, [(b.kind.value, b.table, b.ids.tolist(),
+                                                    None if b.values is None else b.values.tolist()) for b in m.blocks],
+                None if m.dense is None else {k: v.tolist() for k, v in m.dense.items()})
+    out = []
+    for i in instructions:
+        if isinstance(i, Send):
+            out.append(("send", {p: message(m) for p, m in i.outbox.items()}))
+        elif isinstance(i, Compute):
+            out.append(("compute", {t: r.tolist() for t, r in i.rows.items()},
+                        {k: v.tolist() for k, v in i.dense.items()}))
+        elif isinstance(i, Apply):
+            out.append(("apply", i.table, i.ids.tolist(), i.grads.tolist(), i.step))
+        elif isinstance(i, ApplyDense):
+            out.append(("apply-dense", {k: v.tolist() for k, v in i.grads.items()}))
+        else:
+            out.append(("end", i.step))
+    return out
+
+
+def test_events_in_instructions_out_on_two_devices_of_one_node():
+    """Table item, rows 0..3 homed 0, 1, 0, 1 (single copies); device 0 reads rows 1 and 2, device 1 row 0."""
+    topology = Topology((Node("a", 2, 10.0),), 100.0)
+    plan = ShardingPlan("t", (TablePlan("item", np.full(4, SINGLE, np.int8), np.array([0, 1, 0, 1], np.int32)),))
+    tables = plan.for_devices(2)
+    p0, p1 = (StepProtocol(d, topology, tables, FakeShard(dense=d == 0)) for d in (0, 1))
+    assert p0.rounds == (Round.REQUEST, Round.REPLY, Round.GRADIENTS)
+
+    ask0, ask1 = p0.start(p0.requests(0, {"item": np.array([1, 2])})), p1.start(p1.requests(0, {"item": np.array([0])}))
+    assert plain(ask0) == [("send", {1: ("request", 0, 0, [("lookup", "item", [1], None)], None)})]
+    assert plain(ask1) == [("send", {0: ("request", 0, 1, [("lookup", "item", [0], None)], None)})]
+
+    reply0, reply1 = p0.receive(Round.REQUEST, [ask1[0].outbox[0]]), p1.receive(Round.REQUEST, [ask0[0].outbox[1]])
+    assert plain(reply0) == [("send", {1: ("reply", 0, 0, [("lookup", "item", [], [[0.0, 0.0]])], {"w": [0.5]})})]
+    assert plain(reply1) == [("send", {0: ("reply", 0, 1, [("lookup", "item", [], [[1.0, 10.0]])], None)})]
+
+    work0, work1 = p0.receive(Round.REPLY, [reply1[0].outbox[0]]), p1.receive(Round.REPLY, [reply0[0].outbox[1]])
+    assert plain(work0) == [("compute", {"item": [[1.0, 10.0], [2.0, 20.0]]}, {"w": [0.5]})]
+    assert plain(work1) == [("compute", {"item": [[0.0, 0.0]]}, {"w": [0.5]})]
+    assert p0.phase is Phase.COMPUTING
+
+    grads0 = p0.gradients({"item": torch.tensor([[1.0, 1.0], [2.0, 2.0]])}, {"w": torch.tensor([1.0])})
+    grads1 = p1.gradients({"item": torch.tensor([[3.0, 3.0]])}, {"w": torch.tensor([2.0])})
+    assert plain(grads0) == [("send", {1: ("gradients", 0, 0, [("lookup", "item", [1], [[1.0, 1.0]])], None)})]
+    assert plain(grads1) == [("send", {0: ("gradients", 0, 1, [("lookup", "item", [0], [[3.0, 3.0]])], {"w": [2.0]})})]
+
+    # Each home sums what it owns, in sender order, and the host applies it; device 0 also the dense sum.
+    assert plain(p0.receive(Round.GRADIENTS, [grads1[0].outbox[0]])) == [
+        ("apply", "item", [0, 2], [[3.0, 3.0], [2.0, 2.0]], 0), ("apply-dense", {"w": [3.0]}), ("end", 0)]
+    assert plain(p1.receive(Round.GRADIENTS, [grads0[0].outbox[1]])) == [
+        ("apply", "item", [1], [[1.0, 1.0]], 0), ("end", 0)]
+    assert p0.phase is Phase.IDLE and p1.phase is Phase.IDLE
