@@ -22,7 +22,7 @@ from distributed import Client, LocalCluster
 
 import shardflow.planning.plans as planning
 from shardflow.errors import InputError
-from shardflow.training.protocol import modeled_bytes
+from shardflow.training.messages import modeled_bytes
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import load_topology
 from shardflow.profiling.profiles import profile_dataset

@@ -14,7 +14,7 @@ from prefect import flow, get_run_logger
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import one_line_errors
-from shardflow.training.protocol import modeled_bytes
+from shardflow.training.messages import modeled_bytes
 from storage.lock import run_lock
 from tasks.retrain import (
     prepare_dataset,

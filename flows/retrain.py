@@ -27,7 +27,7 @@ from prefect.states import Completed
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
-from shardflow.training.protocol import modeled_bytes
+from shardflow.training.messages import modeled_bytes
 from shardflow.training.evaluate import metric_values
 from storage.checkpoint import complete_checkpoints
 from storage.lock import owned, run_lock

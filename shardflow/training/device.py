@@ -26,8 +26,8 @@ from shardflow.planner.topology import Topology
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.clicks import ClickData
 from shardflow.training.evaluate import EVAL_CHUNK
-from shardflow.training.protocol import (Apply, ApplyDense, Compute, EndStep, Instruction, Kind, Round, Send,
-                                         StepProtocol, to_host)
+from shardflow.training.messages import Apply, ApplyDense, Compute, EndStep, Instruction, Kind, Round, Send, to_host
+from shardflow.training.protocol import StepProtocol
 from shardflow.training.shard import ParameterShard, RowLayout
 from storage.checkpoint import read_arrays, read_export, read_export_dense, verify_arrays, write_arrays
 

@@ -33,7 +33,7 @@ from shardflow.training.config import TrainConfig, TrainResult
 from shardflow.training.device import StepStats
 from shardflow.training.evaluate import eval_targets
 from shardflow.training.persistence import Persistence
-from shardflow.training.protocol import TRAFFIC_KINDS, PeerStopped
+from shardflow.training.messages import TRAFFIC_KINDS, PeerStopped
 from shardflow.training.transport import CLOSE_WAIT_S, PROBE_S
 
 # How often a wait on the devices checks that their workers are still in the cluster.

@@ -43,8 +43,9 @@ nothing. `StepProtocol` does the routing and the summing: each event (`start`, `
 `gradients`) answers with typed instructions (`Send`, `Compute`, `Apply`, `ApplyDense`,
 `EndStep`) that its host carries out in order. The rows live in a ParameterShard the
 protocol only reads; the host writes it (`Apply`), and the forward and backward belong to
-the host too (`Compute`, answered by `gradients`). A driver moves the messages: `InProcess` below for all devices
-in one process (the tests), the Dask engine for a cluster.
+the host too (`Compute`, answered by `gradients`); both kinds of value are in
+shardflow.training.messages. A driver moves the messages: `InProcess` for all devices in
+one process (shardflow.training.inprocess), the Dask engine for a cluster.
 """
 
 from __future__ import annotations
@@ -55,42 +56,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from shardflow.errors import TrainingError
+from shardflow.training.messages import (NO_IDS, TRAFFIC_KINDS, Apply, ApplyDense, Block, Compute, EndStep,
+                                         Instruction, Kind, Message, PeerStopped, Round, Send, to_host)
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, DevicePlan, replica_device
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
-
-
-class Round(enum.Enum):
-    REQUEST = "request"
-    RELAY_REQUEST = "relay-request"
-    RELAY_REPLY = "relay-reply"
-    REPLY = "reply"
-    GRADIENTS = "gradients"
-    RELAY_GRADIENTS = "relay-gradients"
-    TO_PRIMARY = "to-primary"
-    TOTALS = "totals"
-    FORWARD = "forward"
-    PREFETCH = "prefetch"  # not a round of the step: an early answer to the next step's REQUEST
-
-
-class Kind(enum.Enum):
-    """What the bytes of a block are counted as (the cost model's terms)."""
-
-    LOOKUP = "lookup"  # a trainer's reads and the gradients of what it read
-    SYNC = "sync"  # partial sums and totals between the copies of replicated rows
-    DENSE = "dense"  # dense parameters and their gradients
-    EVAL = "eval"  # reads of the evaluation (outside any step)
-    PATCH = "patch"  # rows changed after an early answer carried them, sent again
-
-
-TRAFFIC_KINDS = tuple(k.value for k in Kind)
-MODELED_KINDS = (Kind.LOOKUP.value, Kind.SYNC.value)  # what the cost model prices (dense and eval it does not)
-
-
-def modeled_bytes(traffic: dict[str, np.ndarray]) -> float:
-    """The bytes of `traffic` (kind -> [sender, receiver] bytes) that the cost model prices: lookups and sync."""
-    return float(sum(traffic[k].sum() for k in MODELED_KINDS))
 
 
 class Phase(enum.Enum):
@@ -115,92 +85,6 @@ class StepState:
     asked: list = field(default_factory=list)  # scope node: the REQUEST messages answered after the relay
     relayed: dict[str, tuple[np.ndarray, torch.Tensor]] = field(default_factory=dict)  # table -> (ids, rows) relayed
     relay_asked: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)  # table -> {home: ids asked of it}
-
-
-class PeerStopped(TrainingError):
-    """Another device stopped the step; the message is that device's own error."""
-
-
-NO_IDS = np.zeros(0, dtype=np.int64)
-
-
-@dataclass
-class Block:
-    """One table's ids (and rows or gradients) inside a message."""
-
-    kind: Kind
-    table: str
-    ids: np.ndarray  # NO_IDS in a REPLY: its rows come in the order the REQUEST named them; a patch: positions
-    values: np.ndarray | None = None  # [rows, dim] float32; None in a REQUEST
-
-    @property
-    def nbytes(self) -> int:
-        return self.ids.nbytes + (0 if self.values is None else self.values.nbytes)
-
-
-@dataclass
-class Message:
-    """Everything one device sends one peer in one round of one step."""
-
-    round: Round
-    step: int
-    sender: int
-    blocks: list[Block] = field(default_factory=list)
-    dense: dict[str, np.ndarray] | None = None  # device 0's parameters (REPLY) or a trainer's gradients
-    error: str | None = None  # the sender stopped this step: why
-    patch: bool = False  # a REPLY that patches the sender's PREFETCH answer (its blocks are patches)
-
-    def count(self, traffic: dict[str, np.ndarray], receiver: int) -> None:
-        """Add this message's bytes to traffic[kind][sender, receiver]."""
-        for b in self.blocks:
-            traffic[b.kind.value][self.sender, receiver] += b.nbytes
-        if self.dense is not None:
-            traffic[Kind.DENSE.value][self.sender, receiver] += sum(v.nbytes for v in self.dense.values())
-
-
-# The instructions an event answers with, carried out in order by the protocol's host (a Device): the shard is
-# written by whoever carries them out, never by the protocol itself (it only reads the shard).
-@dataclass(frozen=True)
-class Send:
-    """Send each peer its message of the round (one per peer, empty when there is nothing for it)."""
-
-    outbox: dict[int, Message]
-
-
-@dataclass(frozen=True)
-class Compute:
-    """The REPLY round is in: the trainer computes on these rows (per table, in its lookups' order) and dense
-    parameters, and answers with `StepProtocol.gradients`."""
-
-    rows: dict[str, torch.Tensor]
-    dense: dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Apply:
-    """Update rows `ids` (distinct, ascending) of `table` with their summed gradients, as of `step`."""
-
-    table: str
-    ids: np.ndarray
-    grads: torch.Tensor
-    step: int
-
-
-@dataclass(frozen=True)
-class ApplyDense:
-    """Update the dense parameters (device 0) with the gradients summed over every trainer."""
-
-    grads: dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class EndStep:
-    """Every update of `step` is applied on this device: its clock moves on."""
-
-    step: int
-
-
-Instruction = Send | Compute | Apply | ApplyDense | EndStep
 
 
 @dataclass
@@ -232,10 +116,6 @@ def step_rounds(tables: dict[str, DevicePlan], topology: Topology,
     if has_global and several_nodes:
         rounds.append(Round.FORWARD)
     return tuple(rounds)
-
-
-def to_host(x: torch.Tensor) -> np.ndarray:
-    return x.detach().cpu().numpy()
 
 
 def combine(contributions: list[tuple[int, np.ndarray, torch.Tensor]], dim: int, device: torch.device):
@@ -687,51 +567,3 @@ class StepProtocol:
 
     def _holder(self, plan: DevicePlan, ids: np.ndarray, node: int) -> np.ndarray:
         return replica_device(plan.home_of(ids).astype(np.int64), self.topology, node)
-
-
-class InProcess:
-    """Runs the protocol of every device in this process, round by round: the tests' cluster-free driver.
-
-    `devices` are objects with `start(...) -> outbox` and `receive(round, inbox)` (a
-    shardflow.training.device.Device); their messages go straight from outbox to inbox.
-    """
-
-    def __init__(self, devices: list) -> None:
-        self.devices = devices
-
-    def step(self, *start_args) -> list:
-        """One step on every device (`start_args` go to each device's `start`); each device's StepStats."""
-        return self.run([start_args])[0]
-
-    def run(self, starts: list[tuple], early_at=lambda i: Round.GRADIENTS) -> list[list]:
-        """Consecutive steps (`starts[i]` go to each device's `start` and `prepare`) as the engine runs
-        them: once step i's rows are in, every device prepares step i+1 and sends its requests, and
-        the homes answer them early just before the messages of round `early_at(i)` of step i are
-        handled (None, or a round the step does not have: once step i has ended). Per step, each
-        device's stats."""
-        stats = []
-        try:
-            for i, args in enumerate(starts):
-                outboxes, asked, at = [d.start(*args) for d in self.devices], None, early_at(i)
-                for round in self.devices[0].rounds:
-                    if asked is not None and round is at:
-                        self._answer_early(asked)
-                        asked = None
-                    inboxes = [[out[r] for out in outboxes if r in out] for r in range(len(self.devices))]
-                    outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(self.devices, inboxes)]
-                    if round is Round.REPLY and i + 1 < len(starts):
-                        asked = [d.prepare(*starts[i + 1]) for d in self.devices]
-                if asked is not None:
-                    self._answer_early(asked)
-                stats.append([d.finish() for d in self.devices])
-        except BaseException:
-            for d in self.devices:
-                d.abort()
-            raise
-        return stats
-
-    def _answer_early(self, outboxes: list[dict[int, Message]]) -> None:
-        for sender, out in enumerate(outboxes):
-            for home, request in out.items():
-                if self.devices[home].protocol.early:
-                    self.devices[sender].protocol.take_early(self.devices[home].protocol.answer_early(request))

@@ -18,7 +18,7 @@ from pathlib import Path
 from distributed import Client
 
 from shardflow.errors import InputError
-from shardflow.training.protocol import modeled_bytes
+from shardflow.training.messages import modeled_bytes
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.sequence import ModelConfig
 from shardflow.model.optim import OptimizerConfig
@@ -33,7 +33,7 @@ from shardflow.planner.estimation import estimation_plan
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import metric_values
-from shardflow.training.protocol import InProcess
+from shardflow.training.inprocess import InProcess
 from storage.dataset import Dataset
 from storage.profile import Profile
 

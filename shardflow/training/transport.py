@@ -20,7 +20,7 @@ import threading
 import time
 
 from shardflow.errors import TrainingError, WorkerLost
-from shardflow.training.protocol import Message, Round
+from shardflow.training.messages import Message, Round
 
 # A peer that has not answered for PROBE_S is asked whether it still exists: a call to an
 # actor released meanwhile (its run ended or died) never returns in distributed 2026.8,

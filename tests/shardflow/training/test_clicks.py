@@ -18,7 +18,7 @@ from shardflow.data.clicks import HELD_OUT, ClickData, load_training_data
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from shardflow.model.metrics import log_loss, roc_auc
-from shardflow.training.protocol import InProcess
+from shardflow.training.inprocess import InProcess
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 

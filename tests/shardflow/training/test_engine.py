@@ -20,7 +20,7 @@ from shardflow.planner.topology import Node, Topology
 from shardflow.planner.estimation import estimation_plan
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
-from shardflow.training.protocol import InProcess
+from shardflow.training.inprocess import InProcess
 from shardflow.training.reference import ReferenceTrainer
 
 

@@ -13,8 +13,9 @@ from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.topology import Node, Topology
 from shardflow.planner.strategies import STRATEGIES
-from shardflow.training.protocol import (Apply, ApplyDense, Compute, InProcess, PeerStopped, Phase, Round, Send,
-                                         StepProtocol, step_rounds)
+from shardflow.training.messages import Apply, ApplyDense, Compute, PeerStopped, Round, Send
+from shardflow.training.inprocess import InProcess
+from shardflow.training.protocol import Phase, StepProtocol, step_rounds
 from shardflow.training.reference import ReferenceTrainer
 
 
