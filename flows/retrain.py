@@ -29,31 +29,31 @@ from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
 from shardflow.training.messages import modeled_bytes
 from shardflow.training.evaluate import metric_values
-from storage.checkpoint import complete_checkpoints
 from storage.lock import owned, run_lock
-from storage.staging import remove_leftovers
-from storage import versions
 from tasks.retrain import (
     artifact_key,
-    publish_epoch_metrics,
     checkpoint,
+    checkpoint_paths,
     download,
     evaluate,
+    kept_note,
     plots,
     prepare_dataset,
     profile,
+    publish_epoch_metrics,
     release_parameter_servers,
     restore_cluster,
     resume,
     shard,
     start_parameter_servers,
+    tidy,
     train_epoch,
     unless_lost,
 )
 from shardflow.preflight import check_run, run_paths
 from storage.plan import read_summary
 from tasks.reports import name_run, publish_failure, publish_summary, publish_versions, run_label, state_message
-from tasks.versions import gate, nothing_new, open_version, untrained, version_paths, warm_start
+from tasks.versions import gate, nothing_new, open_version, paths_of, untrained, version_paths, warm_start
 
 
 def _run_name() -> str:
@@ -91,7 +91,7 @@ def _make_version(config: RetrainConfig, run: str) -> dict:
                                     devices, gpus=config.device == "cuda",
                                     worker_log=run_paths(config)["worker_log"]) as client:
         log.info("Dask dashboard: %s", client.dashboard_link)
-        _tidy(run)
+        tidy(run)
         imported = prepare_dataset(config)
         dataset = imported["path"]
         with owned(dataset, run):  # the run owns its data: no append until it ends
@@ -105,17 +105,17 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         return untrained(run, version["number"], imported["parts_added"], imported["warnings"])
     name_run(run, f"v{version['version']}")
     paths = version_paths(version["path"])
-    _tidy(paths["version"])
+    tidy(paths["version"])
     # The plan and its cost model are fitted to what this version's window reads, histories included.
     profile(dataset, paths["profile"], client, run, version["window"][0], config.history)
     source = version["warm_start_from"]
-    previous_plan = None if source is None else str(versions.version_dir(run, source) / "plan")
+    previous_plan = None if source is None else paths_of(run, source)["plan"]
     strategies, decision = shard(config, paths["profile"], paths["plan"], previous_plan)
     trained_plan = read_summary(paths["plan"])  # the plan that trains: fresh, or the previous one kept
     trained = _train(config, dataset, paths, run, client, devices, trained_plan["bytes_per_step"], version)
     metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed, version["window"][1])
     figures = plots(paths["version"], paths["profile"], paths["plan"], strategies)
-    _tidy(paths["version"])
+    tidy(paths["version"])
     row_wise = next(r for r in strategies if r["strategy"] == "row-wise-mod")
     return gate(config, dataset, version["version"], {
         "run_dir": run,
@@ -138,7 +138,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         "fresh_plan_comm_time_us_per_step": decision["fresh_comm_time_s"] * 1e6,
         "previous_plan_comm_time_us_per_step": None if decision["previous_comm_time_s"] is None
         else decision["previous_comm_time_s"] * 1e6,
-        "checkpoints": [str(p) for _, p in complete_checkpoints(paths["version"])],
+        "checkpoints": checkpoint_paths(paths["version"]),
         "model": paths["model"],
         "downloads": trained["downloads"],
         "epoch_loss": [trained["losses"][e] for e in sorted(trained["losses"])],
@@ -163,20 +163,6 @@ def _tag(config: RetrainConfig) -> None:
         client.update_flow_run(flow_run.id, tags=sorted(known | tags))
 
 
-def _tidy(run_dir: str) -> None:
-    """Remove the unfinished stores a cut-off run left behind (under the run's lock).
-
-    Called at the start and again at the end: workers of a killed run finish the write
-    they were in (a second or so) and may leave a few files after the first sweep.
-    """
-    left = remove_leftovers(run_dir) + remove_leftovers(Path(run_dir) / "checkpoints") + (
-        versions.sweep_temporary(run_dir) if (Path(run_dir) / versions.VERSIONS).is_dir() else [])
-    if left:
-        get_run_logger().warning(
-            "removed %d unfinished stores a cut-off run left behind: %s", len(left), ", ".join(left)
-        )
-
-
 def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, devices: int, modeled: float,
            version: dict) -> dict:
     """The epochs left, a checkpoint after each, then the one download.
@@ -194,7 +180,7 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
             return {**_attempt(engine, config, paths, run, modeled, version, kept), "restarts": attempt,
                     "warnings": kept["warnings"]}
         except SchedulerLost as e:
-            raise TrainingError(f"{e}; {_kept(paths['version'])}") from None
+            raise TrainingError(f"{e}; {kept_note(paths['version'])}") from None
         except WorkerLost as e:
             _restart(e, engine, attempt, config, paths, client, devices, kept["warnings"])
         finally:
@@ -207,7 +193,7 @@ def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: floa
     resumed = unless_lost(resume(engine, paths["version"]))
     source = version["warm_start_from"]
     if resumed["checkpoint"] is None and source is not None:
-        unless_lost(warm_start(engine, str(versions.version_dir(run, source) / "model"), source))
+        unless_lost(warm_start(engine, paths_of(run, source)["model"], source))
     if kept["progress"] is None:
         kept["progress"] = create_progress_artifact(100.0 * resumed["epochs_done"] / config.epochs,
                                                     key=artifact_key("training-progress", run),
@@ -240,11 +226,11 @@ def _restart(e: WorkerLost, engine, attempt: int, config: RetrainConfig, paths: 
     starting, max_restarts reached, or no cluster to restore)."""
     if engine is None and isinstance(e, WorkerOutOfMemory):
         raise TrainingError(f"the parameter servers ran out of memory while starting ({e}); a restart "
-                            f"would run out again, so none was tried; {_kept(paths['version'])}") from None
+                            f"would run out again, so none was tried; {kept_note(paths['version'])}") from None
     if attempt == config.max_restarts:
         raise TrainingError(
             f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.max_restarts} reached; "
-            f"{_kept(paths['version'])}"
+            f"{kept_note(paths['version'])}"
         ) from None
     get_run_logger().warning("%s; restoring the cluster and resuming from the last complete checkpoint (restart %d "
                              "of %d)", e, attempt + 1, config.max_restarts)
@@ -252,11 +238,4 @@ def _restart(e: WorkerLost, engine, attempt: int, config: RetrainConfig, paths: 
     try:
         restore_cluster(engine, client, devices, attempt + 1, config.restart_timeout_s)
     except TrainingError as gone:
-        raise TrainingError(f"lost a worker ({e}), and {gone}; {_kept(paths['version'])}") from None
-
-
-def _kept(version: str) -> str:
-    """What a stopped run leaves for the next one."""
-    if complete_checkpoints(version):
-        return f"the checkpoints in {version} are kept: a new run resumes from the last complete one"
-    return f"no checkpoint of {version} was complete yet: a new run starts it from the beginning"
+        raise TrainingError(f"lost a worker ({e}), and {gone}; {kept_note(paths['version'])}") from None

@@ -28,6 +28,8 @@ from storage.dataset import Dataset
 from storage.importers import import_dataset
 from storage.manifest import MANIFEST
 from storage.profile import Profile
+from storage import versions
+from storage.staging import remove_leftovers
 from storage.versions import write_record
 
 
@@ -371,3 +373,29 @@ def plots(run_dir: str, profile_path: str, plan_path: str, strategies: list[dict
                                     ("held-out AUC", {"AUC (held out)": (x, [m["auc"] for m in epochs])})],
                                    title="Loss and AUC per epoch", xlabel="epochs done", integer_x=True))
     return [str(f) for f in files]
+
+
+def tidy(run_dir: str) -> None:
+    """Remove the unfinished stores a cut-off run left behind (under the run's lock).
+
+    Called at the start and again at the end: workers of a killed run finish the write
+    they were in (a second or so) and may leave a few files after the first sweep.
+    """
+    left = remove_leftovers(run_dir) + remove_leftovers(Path(run_dir) / "checkpoints") + (
+        versions.sweep_temporary(run_dir) if (Path(run_dir) / versions.VERSIONS).is_dir() else [])
+    if left:
+        get_run_logger().warning(
+            "removed %d unfinished stores a cut-off run left behind: %s", len(left), ", ".join(left)
+        )
+
+
+def kept_note(version: str) -> str:
+    """What a stopped run leaves for the next one."""
+    if complete_checkpoints(version):
+        return f"the checkpoints in {version} are kept: a new run resumes from the last complete one"
+    return f"no checkpoint of {version} was complete yet: a new run starts it from the beginning"
+
+
+def checkpoint_paths(version: str) -> list[str]:
+    """The complete checkpoints of a version directory, oldest first."""
+    return [str(p) for _, p in complete_checkpoints(version)]

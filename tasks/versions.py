@@ -37,6 +37,11 @@ def version_paths(path: str | Path) -> dict[str, str]:
     return {"version": str(path), **{k: str(path / k) for k in ("profile", "plan", "model")}}
 
 
+def paths_of(run_dir: str, number: int) -> dict[str, str]:
+    """The stores of model version `number` of a run_dir."""
+    return version_paths(versions.version_dir(run_dir, number))
+
+
 def fingerprint(config: RetrainConfig) -> dict:
     values = {k: v for k, v in config.model_dump(mode="json").items() if k not in NOT_FINGERPRINTED}
     values["topology"] = config.parsed_topology.to_dict()
