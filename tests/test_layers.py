@@ -9,7 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("shardflow", "tasks", "flows", "storage", "cli")
 CORE = ("shardflow.planner", "shardflow.model", "shardflow.training.protocol", "shardflow.training.messages",
-        "shardflow.training.inprocess", "shardflow.training.shard",
+        "shardflow.training.inprocess", "shardflow.training.relay", "shardflow.training.replicas",
+        "shardflow.training.shard",
         "shardflow.errors", "shardflow.hashing", "shardflow.safe_yaml")
 NOT_IN_CORE = ("distributed", "dask", "prefect", "zarr", "storage", "tasks", "flows", "cli")
 

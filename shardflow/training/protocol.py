@@ -56,11 +56,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from shardflow.training.messages import (NO_IDS, TRAFFIC_KINDS, Apply, ApplyDense, Block, Compute, EndStep,
+from shardflow.training.messages import (NO_IDS, TRAFFIC_KINDS, Block, Compute, EndStep,
                                          Instruction, Kind, Message, PeerStopped, Round, Send, to_host)
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, DevicePlan, replica_device
+from shardflow.planner.plan import GLOBAL, NODE, DevicePlan, replica_device
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
+from shardflow.training.relay import RelayRounds
+from shardflow.training.replicas import ReplicaSync
 
 
 class Phase(enum.Enum):
@@ -133,7 +135,7 @@ def combine(contributions: list[tuple[int, np.ndarray, torch.Tensor]], dim: int,
     return distinct, total
 
 
-class StepProtocol:
+class StepProtocol(RelayRounds, ReplicaSync):
     """One device's side of every step; see the module's description of the rounds.
 
     Events, in order, each answered by a list of instructions: `start` (Send the REQUESTs),
@@ -306,72 +308,6 @@ class StepProtocol:
         do not travel back."""
         return Block(request.kind, request.table, NO_IDS, to_host(self.shard.read(request.table, request.ids)))
 
-    # -- scope node: a node's proxies relay its requests and gradients for other nodes' rows ----
-    def _is_relayed(self, table: str, ids: np.ndarray) -> np.ndarray:
-        """Which of `ids` this node reads from another node's home (a proxy relays them): single rows
-        homed there, and node rows this node holds no copy of."""
-        return ~self.maps[table].held_in(ids, self.node)
-
-    def _on_relayed_requests(self, inbox: list[Message]) -> dict[int, Message]:
-        """Keep the node's requests; ask each home once for the distinct rows this device relays."""
-        self.state.asked = inbox
-        wanted: dict[str, list[np.ndarray]] = {t: [] for t in self.tables}
-        for m in inbox:
-            for b in m.blocks:
-                wanted[b.table].append(b.ids[self._is_relayed(b.table, b.ids)])
-        for table, (ids, owner) in self.state.fetch.items():  # this device's own trainer's relayed rows
-            wanted[table].append(ids[(owner == self.device) & self._is_relayed(table, ids)])
-        out = self._outbox(Round.RELAY_REQUEST)
-        self.state.relay_asked = {}
-        for table, parts in wanted.items():
-            ids = np.unique(np.concatenate(parts)) if parts else NO_IDS
-            if not ids.size:
-                continue
-            home = self.tables[table].home_of(ids).astype(np.int64)
-            self.state.relay_asked[table] = {}
-            for peer in np.unique(home).tolist():
-                self.state.relay_asked[table][peer] = ids[home == peer]
-                out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[home == peer]))
-        return self._sent(Round.RELAY_REQUEST, out)
-
-    def _on_relay_replies(self, inbox: list[Message]) -> dict[int, Message]:
-        """The relayed rows are in: answer the node's requests, own copies and relayed rows alike."""
-        by_peer = {m.sender: {b.table: b for b in m.blocks} for m in inbox}
-        self.state.relayed = {}
-        for table, asked in self.state.relay_asked.items():
-            ids = np.concatenate(list(asked.values()))
-            rows = np.concatenate([by_peer[peer][table].values for peer in asked])
-            order = np.argsort(ids, kind="stable")
-            self.state.relayed[table] = (ids[order], torch.from_numpy(rows[order]).to(self.shard.device))
-        out = self._outbox(Round.REPLY)
-        for m in self.state.asked:
-            for b in m.blocks:
-                out[m.sender].blocks.append(Block(b.kind, b.table, NO_IDS, to_host(self._read(b.table, b.ids))))
-            if self.device == 0:
-                out[m.sender].dense = {k: to_host(v) for k, v in self.shard.dense.items()}
-        self.state.asked = []
-        return self._sent(Round.REPLY, out)
-
-    def _read(self, table: str, ids: np.ndarray) -> torch.Tensor:
-        """Rows of `ids` from this device's copies or, relayed, from the rows it fetched as a proxy."""
-        if not self.relay:
-            return self.shard.read(table, ids)
-        relayed = self._is_relayed(table, ids)
-        rows = torch.empty((ids.size, self.shard.dim), dtype=torch.float32, device=self.shard.device)
-        own = np.flatnonzero(~relayed)
-        if own.size:
-            rows[torch.from_numpy(own).to(rows.device)] = self.shard.read(table, ids[own])
-        far = np.flatnonzero(relayed)
-        if far.size:
-            held, values = self.state.relayed[table]
-            at = torch.from_numpy(np.searchsorted(held, ids[far])).to(rows.device)
-            rows[torch.from_numpy(far).to(rows.device)] = values[at]
-        return rows
-
-    def _on_relay_gradients(self, inbox: list[Message]):
-        self._accept(inbox)
-        return self._after_gradients()
-
     def _on_replies(self, inbox: list[Message]) -> Compute:
         """The rows the trainer computes on, in `fetch` order, and the dense parameters."""
         by_peer = {m.sender: {b.table: b for b in m.blocks} for m in inbox}
@@ -416,80 +352,6 @@ class StepProtocol:
             self.state.relayed = {}
             return self._sent(Round.RELAY_GRADIENTS, out)
         return self._after_gradients()
-
-    def _after_gradients(self):
-        if Round.TO_PRIMARY in self.rounds:
-            out = self._outbox(Round.TO_PRIMARY)
-            for table, plan in self.tables.items():
-                ids, total = self._take(table, lambda ids, plan=plan: (plan.tier_of(ids) != SINGLE)
-                                        & (plan.home_of(ids) != self.device))
-                if ids.size and (self._holder(plan, ids, self.node) != self.device).any():
-                    raise RuntimeError(f"device {self.device}: gradients of replicated rows it does not hold")
-                self._blocks(out, table, Kind.SYNC, ids, total, plan.home_of(ids).astype(np.int64))
-            return self._sent(Round.TO_PRIMARY, out)
-        return self._apply_owned()
-
-    def _on_to_primary(self, inbox: list[Message]):
-        self._accept(inbox)
-        return self._apply_owned()
-
-    def _apply_owned(self):
-        """Sum and apply the rows this device owns; send replicated rows' totals to their other copies."""
-        out = self._outbox(Round.TOTALS)
-        for table, plan in self.tables.items():
-            ids, total = self._take(table, lambda ids: np.ones(ids.size, dtype=bool))
-            if ids.size and (plan.home_of(ids) != self.device).any():
-                raise RuntimeError(f"device {self.device}: gradients left for rows it does not own")
-            if ids.size:
-                self._todo.append(Apply(table, ids, total, self.step))
-            replicated = np.flatnonzero(plan.tier_of(ids) != SINGLE)
-            r_ids = ids[replicated]
-            r_total = to_host(total[torch.from_numpy(replicated).to(total.device)]) if replicated.size else None
-            for node in range(len(self.topology.nodes)):
-                if node != self.node and r_ids.size:
-                    held = self.maps[table].held_in(r_ids, node)
-                    self._blocks(out, table, Kind.SYNC, r_ids[held], r_total[held],
-                                 self._holder(plan, r_ids[held], node))
-            is_global = plan.tier_of(r_ids) == GLOBAL
-            if is_global.any():
-                for peer in self.node_peers:
-                    out[peer].blocks.append(Block(Kind.SYNC, table, r_ids[is_global], r_total[is_global]))
-        if self.device == 0:
-            contributions = sorted(self.state.dense, key=lambda c: c[0])
-            total = {k: v.clone() for k, v in contributions[0][1].items()}
-            for _, grads in contributions[1:]:
-                for k in total:
-                    total[k] += grads[k].to(total[k].device)
-            self._todo.append(ApplyDense(total))
-        self.state.dense = []
-        if Round.TOTALS not in self.rounds:
-            return self._finish()
-        return self._sent(Round.TOTALS, out)
-
-    def _on_totals(self, inbox: list[Message]):
-        out = self._outbox(Round.FORWARD)
-        for m in inbox:
-            for b in m.blocks:
-                if b.ids.size:
-                    self._todo.append(Apply(b.table, b.ids, torch.from_numpy(b.values).to(self.shard.device),
-                                            self.step))
-                if self.topology.node_of_device[m.sender] == self.node:
-                    continue
-                is_global = self.tables[b.table].tier_of(b.ids) == GLOBAL
-                if is_global.any():
-                    for peer in self.node_peers:
-                        out[peer].blocks.append(Block(Kind.SYNC, b.table, b.ids[is_global], b.values[is_global]))
-        if Round.FORWARD not in self.rounds:
-            return self._finish()
-        return self._sent(Round.FORWARD, out)
-
-    def _on_forward(self, inbox: list[Message]):
-        for m in inbox:
-            for b in m.blocks:
-                if b.ids.size:
-                    self._todo.append(Apply(b.table, b.ids, torch.from_numpy(b.values).to(self.shard.device),
-                                            self.step))
-        return self._finish()
 
     def _finish(self) -> None:
         left = {t: len(p) for t, p in self.state.pending.items() if p}
