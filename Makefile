@@ -21,14 +21,14 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) --editable '.[test]'
 	touch $@
 
-# Every tier (tests/conftest.py), after the linter; CI runs this. The unit and cluster tiers run on
-# two pytest workers (each its own LocalCluster); the server and fault tiers one test at a time, as
-# they start servers and kill processes. Each tier prints its 15 slowest tests.
+# Every tier (tests/conftest.py), after the linter; CI runs this. Each tier runs on two pytest workers
+# (each its own LocalCluster and Prefect test harness); the server and fault tiers keep a module's
+# tests on one worker (--dist loadfile), as they share its servers. Each tier prints its 15 slowest.
 test: lint
 	$(BIN)/python -m pytest -q -m unit -n 2 --durations=15
 	$(BIN)/python -m pytest -q -m cluster -n 2 --durations=15
-	$(BIN)/python -m pytest -q -m server --durations=15
-	$(BIN)/python -m pytest -q -m fault --durations=15
+	$(BIN)/python -m pytest -q -m server -n 2 --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -m fault -n 2 --dist loadfile --durations=15
 
 # The unit tier on every core: pure logic and real zarr stores, no cluster and no Prefect API.
 test-quick: $(VENV)/.installed-test
