@@ -94,7 +94,7 @@ class DeviceActor:
         rows and Adagrad sums from their homes, its own read directly, the next chunk's requested from
         the other homes while this one is written. {array chunk name: digest}."""
         self.mail.check_open()
-        plan = self.device.protocol.tables[table]
+        plan = self.device.table_plan(table)
         rows_total = plan.rows
 
         def request(start: int):
@@ -197,13 +197,13 @@ class StepCall:
         for round in device.rounds:
             if round is Round.GRADIENTS:  # while the peers compute (with early answers, at any wait)
                 self._prepare(k + 1, count)
-            work = (self._answer_early, lambda: self._prepare(k + 1, count)) if device.protocol.early and more \
+            work = (self._answer_early, lambda: self._prepare(k + 1, count)) if device.early and more \
                 else (None, None)
             inbox = self.actor.mail.wait(self.tag, self.step + k, round, self.peers, *work)
             if round is Round.REPLY:  # a patch goes with the sender's early answer
                 patched = {m.sender: self.peers[m.sender] for m in inbox if m.patch}
                 for m in self.actor.mail.wait(self.tag, self.step + k, Round.PREFETCH, patched) if patched else []:
-                    device.protocol.take_early(m)
+                    device.take_early(m)
             out = device.receive(round, inbox)
             if out:
                 self.sent += self._send(out)
@@ -222,7 +222,7 @@ class StepCall:
 
     def _answer_early(self, requests: list[Message]) -> None:
         """The peers' requests of the next step, answered while this one waits."""
-        self.sent.extend((m.sender, self.actor.peers[m.sender].deliver(self.tag, self.device.protocol.answer_early(m)))
+        self.sent.extend((m.sender, self.actor.peers[m.sender].deliver(self.tag, self.device.answer_early(m)))
                          for m in requests)
 
     def _send(self, out: dict[int, Message]) -> list:

@@ -26,7 +26,8 @@ from shardflow.planner.topology import Topology
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.clicks import ClickData
 from shardflow.training.evaluate import EVAL_CHUNK
-from shardflow.training.messages import Apply, ApplyDense, Compute, EndStep, Instruction, Kind, Round, Send, to_host
+from shardflow.training.messages import (Apply, ApplyDense, Compute, EndStep, Instruction, Kind, Message, Round, Send,
+                                         to_host)
 from shardflow.training.protocol import StepProtocol
 from shardflow.training.shard import ParameterShard, RowLayout
 from storage.checkpoint import read_arrays, read_export, read_export_dense, verify_arrays, write_arrays
@@ -129,6 +130,20 @@ class Device:
         self._seconds[round.value] = now - self._mark
         self._mark = now
         return out
+
+    @property
+    def early(self) -> bool:
+        """Whether this device answers its peers' next REQUESTs early (protocol.py: PREFETCH)."""
+        return self.protocol.early
+
+    def answer_early(self, request: Message) -> Message:
+        return self.protocol.answer_early(request)
+
+    def take_early(self, answer: Message) -> None:
+        self.protocol.take_early(answer)
+
+    def table_plan(self, table: str) -> DevicePlan:
+        return self.protocol.tables[table]
 
     def _carry_out(self, instructions: list[Instruction]) -> dict | None:
         """Carry out the protocol's instructions in order (this device's shard is written here, and only here);

@@ -50,5 +50,5 @@ class InProcess:
     def _answer_early(self, outboxes: list[dict[int, Message]]) -> None:
         for sender, out in enumerate(outboxes):
             for home, request in out.items():
-                if self.devices[home].protocol.early:
-                    self.devices[sender].protocol.take_early(self.devices[home].protocol.answer_early(request))
+                if self.devices[home].early:
+                    self.devices[sender].take_early(self.devices[home].answer_early(request))
