@@ -243,6 +243,7 @@ def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step
                 ("loss", 4),
                 ("auc", 4),
                 ("hr_at_10", 4),
+                ("ndcg_at_10", 4),
                 ("logloss", 4),
                 ("examples_per_s", 0),
                 ("seconds", 1),

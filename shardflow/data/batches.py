@@ -297,19 +297,21 @@ class TrainData(EpochOrder):
 
     @staticmethod
     def eval_part(logit: np.ndarray, ex: Examples) -> dict:
-        """What a chunk of scored examples adds to the metrics: AUC and HR@10 counts."""
-        auc, hit = hits(logit)
-        return {"auc_sum": auc, "hits": hit, "examples": len(ex)}
+        """What a chunk of scored examples adds to the metrics: AUC and HR@10 counts, the NDCG@10 sum."""
+        auc, hit, ndcg = hits(logit)
+        return {"auc_sum": auc, "hits": hit, "ndcg_sum": ndcg, "examples": len(ex)}
 
     @staticmethod
     def eval_merge(parts: list[dict]) -> dict:
-        return {k: sum(p[k] for p in parts) for k in ("auc_sum", "hits", "examples")}
+        return {k: sum(p[k] for p in parts) for k in ("auc_sum", "hits", "ndcg_sum", "examples")}
 
     @staticmethod
     def eval_metrics(part: dict) -> dict:
-        """AUC against the first sampled negative and HR@10 among the candidates, over `users` held-out items."""
+        """AUC against the first sampled negative, HR@10 and NDCG@10 among the candidates, over `users` held-out
+        items."""
         n = max(part["examples"], 1)
-        return {"auc": part["auc_sum"] / n, "hr_at_10": part["hits"] / n, "users": part["examples"]}
+        return {"auc": part["auc_sum"] / n, "hr_at_10": part["hits"] / n, "ndcg_at_10": part["ndcg_sum"] / n,
+                "users": part["examples"]}
 
 
 def window_key(segment: np.ndarray, targets: np.ndarray) -> np.ndarray:

@@ -12,11 +12,18 @@ import numpy as np
 from scipy.stats import rankdata
 
 
-def hits(logit: np.ndarray) -> tuple[float, float]:
-    """(AUC count, HR@10 count) of logits [E, C] whose column 0 is the positive."""
+def hits(logit: np.ndarray) -> tuple[float, float, float]:
+    """(AUC count, HR@10 count, NDCG@10 sum) of logits [E, C] whose column 0 is the positive.
+
+    The positive's rank r (0: first) is the number of candidates scored above it; HR@10
+    counts r < 10 and NDCG@10 adds 1 / log2(r + 2) there (one relevant item: its ideal
+    DCG is 1), as in the SASRec paper's evaluation (Kang & McAuley, ICDM 2018).
+    """
     pos, neg = logit[:, :1], logit[:, 1:]
     auc = float((pos[:, 0] > neg[:, 0]).sum() + 0.5 * (pos[:, 0] == neg[:, 0]).sum())
-    return auc, float(((neg > pos).sum(axis=1) < 10).sum())
+    rank = (neg > pos).sum(axis=1)
+    top = rank < 10
+    return auc, float(top.sum()), float((1.0 / np.log2(rank[top] + 2.0)).sum())
 
 
 def roc_auc(logit: np.ndarray, label: np.ndarray) -> float:

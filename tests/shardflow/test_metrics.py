@@ -1,0 +1,37 @@
+"""The sequence metrics against a hand count: AUC, HR@10 and NDCG@10 of the positive among its candidates."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from shardflow.data.batches import TrainData
+from shardflow.model.metrics import hits
+from shardflow.training.evaluate import metric_text
+
+
+def scores_with_rank(rank: int, candidates: int = 101) -> np.ndarray:
+    """One example's logits, column 0 the positive, with exactly `rank` negatives above it."""
+    logit = np.zeros(candidates, dtype=np.float32)
+    logit[0] = 0.5
+    logit[1 : 1 + rank] = 1.0
+    return logit
+
+
+def test_hr_and_ndcg_at_10_count_the_positive_rank():
+    ranks = [0, 1, 9, 10, 50]
+    auc, hit, ndcg = hits(np.stack([scores_with_rank(r) for r in ranks]))
+    assert hit == 3  # ranks 0, 1 and 9 are in the top 10
+    assert math.isclose(ndcg, 1.0 + 1 / math.log2(3) + 1 / math.log2(11), rel_tol=1e-12)
+    assert auc == 1.0  # the first negative scores above the positive except at rank 0
+
+
+def test_the_merged_metrics_are_means_over_the_held_out_items():
+    parts = [TrainData.eval_part(np.stack([scores_with_rank(0)]), [None]),
+             TrainData.eval_part(np.stack([scores_with_rank(3), scores_with_rank(20)]), [None, None])]
+    m = TrainData.eval_metrics(TrainData.eval_merge(parts))
+    assert m["users"] == 3 and math.isclose(m["hr_at_10"], 2 / 3)
+    assert math.isclose(m["ndcg_at_10"], (1.0 + 1 / math.log2(5)) / 3)
+    assert metric_text({**m, "logloss": None}).endswith(f"NDCG@10 {m['ndcg_at_10']:.4f}")
+    assert "NDCG" not in metric_text({"auc": 0.8, "hr_at_10": 0.5})  # a version made before NDCG@10 was measured
