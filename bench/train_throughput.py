@@ -199,7 +199,8 @@ def main() -> None:
             print(
                 f"one epoch on 2 devices: {epoch['steps']} steps in "
                 f"{epoch['seconds']:.1f} s, loss {epoch['loss']:.4f}, "
-                f"AUC {epoch['auc']:.4f}, HR@10 {epoch['hr_at_10']:.4f} ({epoch['users']:,} held-out users)"
+                f"AUC {epoch['auc']:.4f}, HR@10 {epoch['hr_at_10']:.4f}, NDCG@10 {epoch['ndcg_at_10']:.4f} "
+                f"({epoch['users']:,} held-out users)"
             )
 
 
