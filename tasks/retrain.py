@@ -256,7 +256,7 @@ def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step
     create_table_artifact(
         rows,
         key=artifact_key("epoch-metrics", run_dir),
-        description=f"Per epoch: loss, held-out AUC and HR@10 or log-loss, speed, traffic ({version_dir})",
+        description=f"Per epoch: loss, held-out AUC, HR@10 and NDCG@10 or log-loss, speed, traffic ({version_dir})",
     )
 
 
