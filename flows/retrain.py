@@ -133,11 +133,11 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         "row_wise_bytes_per_step": row_wise["bytes_per_step"],
         "comm_time_us_per_step": trained_plan["comm_time_s_per_step"] * 1e6,
         "row_wise_comm_time_us_per_step": row_wise["comm_time_s_per_step"] * 1e6,
-        "replanned": decision["replanned"],
-        "replan_reason": decision["reason"],
-        "fresh_plan_comm_time_us_per_step": decision["fresh_comm_time_s"] * 1e6,
-        "previous_plan_comm_time_us_per_step": None if decision["previous_comm_time_s"] is None
-        else decision["previous_comm_time_s"] * 1e6,
+        "replanned": decision.replanned,
+        "replan_reason": decision.reason,
+        "fresh_plan_comm_time_us_per_step": decision.fresh_comm_time_s * 1e6,
+        "previous_plan_comm_time_us_per_step": None if decision.previous_comm_time_s is None
+        else decision.previous_comm_time_s * 1e6,
         "checkpoints": checkpoint_paths(paths["version"]),
         "model": paths["model"],
         "downloads": trained["downloads"],

@@ -17,7 +17,7 @@ from shardflow.preflight import import_kwargs, imported_source, run_paths, same_
 from shardflow.cluster import live_workers
 from shardflow.errors import InputError, TrainingError, WorkerLost
 from shardflow.planner.report import table_tiers
-from shardflow.planning.plans import compare_strategies, keep_or_replan, read_plan
+from shardflow.planning.plans import ReplanDecision, compare_strategies, keep_or_replan, parse_decision, read_plan
 from shardflow.profiling.profiles import profile_dataset, profile_window
 from shardflow.training.engine import Engine
 from shardflow.training.run import prepare, start_engine
@@ -107,7 +107,8 @@ def profile(dataset: str, out: str, client: Client, run_dir: str, first: int = 0
 
 
 @task(name="shard", task_run_name="shard", cache_policy=NONE)
-def shard(config: RetrainConfig, profile_path: str, out: str, previous_plan: str | None) -> tuple[list[dict], dict]:
+def shard(config: RetrainConfig, profile_path: str, out: str,
+          previous_plan: str | None) -> tuple[list[dict], ReplanDecision]:
     """(every strategy's figures, the drift decision): the version's plan, the promoted one's kept or replaced.
 
     A version resumed part-way keeps the plan it was trained with.
@@ -117,13 +118,12 @@ def shard(config: RetrainConfig, profile_path: str, out: str, previous_plan: str
     decision_file = Path(out) / "decision.json"
     if (Path(out) / MANIFEST).is_file() and decision_file.is_file():
         get_run_logger().info("reusing plan %s", out)
-        decision = json.loads(decision_file.read_text())
+        decision = parse_decision(json.loads(decision_file.read_text()), str(decision_file))
     else:
         decision = keep_or_replan(profile_path, out, topology, previous_plan, strategy=config.strategy,
                                   margin=config.replan_margin, fresh=plans.get(config.strategy), **kwargs)
-        decision = {k: v for k, v in decision.items() if k != "summary"}
-        write_record(decision_file, decision)
-    get_run_logger().info("plan: %s", decision["reason"])
+        write_record(decision_file, decision.record())
+    get_run_logger().info("plan: %s", decision.reason)
     create_table_artifact(
         [_comparison_row(r) for r in rows],
         key=artifact_key("plan-comparison", config.run_dir),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +137,34 @@ def extend_plan(old: ShardingPlan, rows: dict[str, int], devices: int) -> Shardi
     return ShardingPlan(old.strategy, tuple(tables))
 
 
+@dataclass(frozen=True)
+class ReplanDecision:
+    """Whether a model version trains on a fresh plan or on the previous version's placement, and why.
+
+    Kept beside the version's plan as decision.json (`record`, read back by `parse_decision`).
+    """
+
+    replanned: bool
+    reason: str
+    fresh_comm_time_s: float  # the fresh plan's predicted communication time per step
+    previous_comm_time_s: float | None  # the extended previous plan's (None without a comparable one)
+
+    def record(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def parse_decision(record: dict, where: str = "decision.json") -> ReplanDecision:
+    """A ReplanDecision from its record; an InputError naming the key that is missing or of the wrong kind."""
+    kinds = {"replanned": (bool,), "reason": (str,), "fresh_comm_time_s": (int, float),
+             "previous_comm_time_s": (int, float, type(None))}
+    for key, accepted in kinds.items():
+        value = record.get(key, ...) if isinstance(record, dict) else ...
+        if value is ... or not isinstance(value, accepted) or (accepted != (bool,) and isinstance(value, bool)):
+            raise InputError(f"{where}: {key} = {'missing' if value is ... else repr(value)}; accepted: "
+                             f"{' or '.join('none' if k is type(None) else k.__name__ for k in accepted)}")
+    return ReplanDecision(**{k: record[k] for k in kinds})
+
+
 def keep_or_replan(
     profile_path: str | Path,
     out: str | Path,
@@ -149,7 +178,7 @@ def keep_or_replan(
     history: int = DEFAULT_HISTORY,
     negatives: int = DEFAULT_NEGATIVES,
     fresh: ShardingPlan | None = None,
-) -> dict:
+) -> ReplanDecision:
     """Drift-aware planning for a new model version: keep `previous`'s placement unless a fresh plan pays.
 
     `fresh`: the strategy's plan of this profile if the caller made it already (with the
@@ -159,9 +188,8 @@ def keep_or_replan(
     new profile are costed by the same model on the new profile. The run re-plans when
     there is no previous plan, the topology, strategy or step shape changed, the extended
     plan no longer fits the memory budget, or the fresh plan's predicted communication
-    time beats it by more than `margin` (0.05: 5%). Writes the chosen plan to `out`;
-    returns {replanned, reason, fresh_comm_time_s, previous_comm_time_s (None without a
-    comparable previous plan), summary}.
+    time beats it by more than `margin` (0.05: 5%). Writes the chosen plan to `out` (its
+    summary is in the store) and returns the decision.
     """
     if not 0 <= margin < 1:
         raise InputError(f"replan margin = {margin!r}; accepted: 0 <= margin < 1 (0.05 = 5%)")
@@ -196,9 +224,8 @@ def keep_or_replan(
                           f"{fresh_s * 1e6:.1f}, within {margin:.0%}")
     source = {"profile_path": profile_path, "profile": profile, "history": history, "negatives": negatives,
               "memory_slack": memory_slack}
-    summary = _store(out, chosen, accesses, model, budget, source, overwrite=False)
-    return {"replanned": chosen is fresh, "reason": reason, "fresh_comm_time_s": fresh_s,
-            "previous_comm_time_s": previous_s, "summary": summary}
+    _store(out, chosen, accesses, model, budget, source, overwrite=False)
+    return ReplanDecision(chosen is fresh, reason, float(fresh_s), None if previous_s is None else float(previous_s))
 
 
 def compare_strategies(
