@@ -94,21 +94,30 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
 @contextlib.contextmanager
 def _dask_log_to(path: Path | None) -> Iterator[None]:
     """While a local cluster runs, this process's `distributed` log lines (its scheduler's and nannies':
-    a worker that left, a restart) go to `path` (emptied first: the last run's lines), not the terminal."""
+    a worker that left, a restart) go to `path` (emptied first: the last run's lines), not the terminal.
+
+    So do the exceptions of callbacks on its client's tornado loop (`tornado.application`): distributed
+    2026.8's `sync()` schedules a `cancel` that raises a NameError when Ctrl-C lands before its future
+    exists, and the loop logs that traceback."""
     if path is None:
         yield
         return
     Path(path).write_text("")
-    logger = logging.getLogger("distributed")
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s - %(name)s - %(levelname)s - %(message)s"))
-    before, logger.handlers = logger.handlers, [handler]
-    propagate, logger.propagate = logger.propagate, False
+    loggers = [logging.getLogger(name) for name in DASK_LOGGERS]
+    before = [(logger.handlers, logger.propagate) for logger in loggers]
+    for logger in loggers:
+        logger.handlers, logger.propagate = [handler], False
     try:
         yield
     finally:
-        logger.handlers, logger.propagate = before, propagate
+        for logger, (handlers, propagate) in zip(loggers, before):
+            logger.handlers, logger.propagate = handlers, propagate
         handler.close()
+
+
+DASK_LOGGERS = ("distributed", "tornado.application")
 
 
 @contextlib.contextmanager
