@@ -21,7 +21,8 @@ WORKERS = 4  # the training tests place up to four devices, one per worker
 FAULT_MODULES = {"test_faults", "test_interrupts", "test_soak", "test_storage_faults", "test_lost_cluster",
                  "test_startup"}
 SERVER_MODULES = {"test_real_server", "test_deployments", "test_cli"}  # `shardflow run` or `prefect` as processes
-CLUSTER_MODULES = {"test_train_command", "test_plan_command"}  # commands that start a local cluster
+CLUSTER_MODULES = {"test_train_command", "test_plan_command",  # commands that start a local cluster
+                   "test_emulated_cluster"}  # or an emulated one (shardflow.emulation)
 TIERS = ("fault", "server", "cluster", "unit")
 
 

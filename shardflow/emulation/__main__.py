@@ -1,0 +1,105 @@
+"""Build an emulated cluster from a topology file, run one command in it, and remove everything it made.
+
+    python -m shardflow.emulation TOPOLOGY [--time-scale 500] [--logs DIR] [--probe] [-- COMMAND ...]
+
+COMMAND runs in the hub namespace, where the scheduler is; `{scheduler}` in it becomes the
+scheduler's address, e.g.
+
+    python -m shardflow.emulation topologies/two-nodes-uneven.yaml -- \\
+        shardflow train DATA --plan PLAN --scheduler {scheduler}
+
+Without COMMAND it prints the scheduler's address and holds the cluster until Ctrl-C.
+--probe first streams 32 MiB between every node and the hub each way (crossing that node's
+uplink only) and prints the rates.
+The exit status is COMMAND's. Ctrl-C, SIGTERM or a failure removes every namespace, link
+and process the harness made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from shardflow.emulation.network import cannot_emulate
+from shardflow.errors import InputError
+from shardflow.planner.topology import load_topology
+
+PROBE_BYTES = 32 << 20
+
+
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _positive_scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not value >= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: a number >= 1 (link rates are divided by it)")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m shardflow.emulation",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("topology", help="topology YAML file (nodes, devices, uplink and intra-node rates)")
+    p.add_argument("--time-scale", type=_positive_scale, default=500.0,
+                   help="every link rate is divided by this (default 500; docs/emulation.md says how to choose it)")
+    p.add_argument("--logs", type=Path,
+                   help="folder for the scheduler's and workers' logs (default: a new temp folder)")
+    p.add_argument("--probe", action="store_true", help="measure each uplink's rate both ways before COMMAND")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    own, command = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    args = parser().parse_args(own)
+    reason = cannot_emulate()
+    if reason:
+        print(f"shardflow.emulation: {reason}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _terminated)
+    from shardflow.emulation.cluster import EmulatedCluster
+    from shardflow.emulation.probe import stream_bytes_per_s
+
+    try:
+        topology = load_topology(args.topology)
+        logs = args.logs or Path(tempfile.mkdtemp(prefix="shardflow-emulation-"))
+        with EmulatedCluster(topology, args.time_scale, logs) as cluster:
+            net = cluster.network
+            print(f"emulated {len(net.nodes)} nodes, {len(cluster.worker_addresses)} workers, rates / "
+                  f"{net.time_scale:g}; scheduler {cluster.scheduler_address}; logs {logs}", flush=True)
+            if args.probe:
+                for k, node in enumerate(net.nodes):
+                    out = stream_bytes_per_s(net, k, None, PROBE_BYTES)
+                    back = stream_bytes_per_s(net, None, k, PROBE_BYTES)
+                    print(f"  uplink {node.name}: shaped {node.uplink_bytes_per_s * 8 / 1e6:,.0f} Mbit/s each way; "
+                          f"a stream to the hub {out * 8 / 1e6:,.0f}, from it {back * 8 / 1e6:,.0f} Mbit/s",
+                          flush=True)
+            if not command:
+                while True:
+                    time.sleep(3600)
+            proc = cluster.command([part.replace("{scheduler}", cluster.scheduler_address) for part in command])
+            try:
+                return proc.wait()
+            except BaseException:
+                proc.terminate()
+                proc.wait()
+                raise
+    except InputError as e:
+        print(f"shardflow.emulation: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("shardflow.emulation: interrupted; the emulated cluster is removed", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

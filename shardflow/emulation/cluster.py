@@ -1,0 +1,132 @@
+"""A Dask cluster on the emulated network: a scheduler in the hub, each node's devices' workers in its namespace.
+
+Device d of the topology is the worker listening on its node's address, port WORKER_PORT + d:
+the engine gives device d to the d-th worker sorted by address, and these addresses sort
+node by node, device by device, as the topology numbers its devices. The engine then runs
+unchanged through `scheduler_address`, from a command started in the hub (`command`).
+
+Every process started here is in a session of its own (a terminal's Ctrl-C reaches only
+the harness, which stops them) and dies with the harness (PR_SET_PDEATHSIG), so a harness
+killed even by SIGKILL leaves no worker behind; its namespaces go at the next harness's
+`sweep`. `close` stops the processes (SIGTERM, then SIGKILL after STOP_WAIT_S) and removes
+the network.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from shardflow.emulation.network import HUB_ADDRESS, Network
+from shardflow.errors import InputError
+from shardflow.planner.topology import Topology
+
+SCHEDULER_PORT = 8786
+WORKER_PORT = 40000
+STOP_WAIT_S = 5.0
+READY_TIMEOUT_S = 600.0  # an upper bound only: the wait ends as soon as every worker has joined
+PR_SET_PDEATHSIG = 1
+
+# Run in the hub: returns once the scheduler has `n` workers (a Python start-up and a connection).
+_WAIT_FOR_WORKERS = """
+import sys
+from distributed import Client
+with Client(sys.argv[1], timeout="60s") as c:
+    c.wait_for_workers(int(sys.argv[2]), timeout=float(sys.argv[3]))
+"""
+
+
+def _die_with_parent() -> None:
+    os.setsid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class EmulatedCluster:
+    """Build with `with EmulatedCluster(topology, time_scale, logs) as cluster:`; `cluster.scheduler_address`."""
+
+    def __init__(self, topology: Topology, time_scale: float, logs: Path, worker_memory: str = "auto"):
+        self.network = Network(topology, time_scale)
+        self.logs = Path(logs)
+        self.worker_memory = worker_memory
+        self.scheduler_address = f"tcp://{HUB_ADDRESS}:{SCHEDULER_PORT}"
+        self.worker_addresses: list[str] = []
+        self._procs: dict[str, subprocess.Popen] = {}
+
+    def __enter__(self) -> EmulatedCluster:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.network.build()
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _spawn(self, name: str, namespace: str, argv: list[str]) -> subprocess.Popen:
+        with open(self.logs / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(["ip", "netns", "exec", namespace, *argv], stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self._procs[name] = proc
+        return proc
+
+    def _start(self) -> None:
+        dask = [sys.executable, "-m"]
+        self._spawn("scheduler", self.network.hub,
+                    [*dask, "distributed.cli.dask_scheduler", "--host", HUB_ADDRESS, "--port", str(SCHEDULER_PORT),
+                     "--no-dashboard"])
+        d = 0
+        for node in self.network.nodes:
+            for _ in range(node.devices):
+                address = f"tcp://{node.address}:{WORKER_PORT + d}"
+                self._spawn(f"device-{d}", node.namespace,
+                            [*dask, "distributed.cli.dask_worker", self.scheduler_address, "--name", f"device-{d}",
+                             "--listen-address", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                             "--memory-limit", self.worker_memory])
+                self.worker_addresses.append(address)
+                d += 1
+        waiter = self.command([sys.executable, "-c", _WAIT_FOR_WORKERS, self.scheduler_address,
+                               str(len(self.worker_addresses)), str(READY_TIMEOUT_S)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        while waiter.poll() is None:
+            self._check_running()
+            time.sleep(0.2)
+        if waiter.returncode != 0:
+            raise InputError(f"the emulated cluster's {len(self.worker_addresses)} workers did not all join "
+                             f"(see {self.logs}): {waiter.stderr.read().strip().splitlines()[-1:]}")
+
+    def _check_running(self) -> None:
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                tail = (self.logs / f"{name}.log").read_text(errors="replace").strip().splitlines()[-1:]
+                raise InputError(f"the emulated cluster's {name} exited with {proc.returncode}: {tail}")
+
+    def command(self, argv: list[str], **popen) -> subprocess.Popen:
+        """Start `argv` in the hub (it reaches the scheduler and every node); it dies with the harness too."""
+        return subprocess.Popen(["ip", "netns", "exec", self.network.hub, *argv], preexec_fn=_die_with_parent,
+                                **popen)
+
+    def stop_worker(self, device: int) -> None:
+        """Kill device's worker (SIGKILL): a node's device lost for good."""
+        self._procs[f"device-{device}"].kill()
+
+    def close(self) -> None:
+        procs, self._procs = list(self._procs.values()), {}
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + STOP_WAIT_S
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.network.remove()

@@ -1,0 +1,186 @@
+"""The emulated network: one Linux network namespace per node of a topology, joined through a hub.
+
+    hub namespace ── bridge br0 (10.213.0.1) ── port pK ═ veth ═ uplink (10.213.0.1K) ── node K's namespace
+
+A node's uplink is shaped in both directions to the topology's uplink rate divided by the
+time scale: its egress on the node's end of the veth, its ingress on the hub's end (what
+the bridge sends towards the node). Traffic between two devices of one node stays inside
+the node's namespace and goes over its loopback, shaped to the intra-node rate divided by
+the same factor. The hub holds the Dask scheduler and the command that drives the run
+(its traffic to a node crosses that node's uplink, as a head node's would).
+
+Every namespace this module makes is named `sfe<pid>-…` after the process that made it;
+`remove` deletes them (and with them every interface and qdisc inside), and `sweep`
+deletes those whose process is gone (one killed with SIGKILL had no chance to clean up).
+Addresses live only on interfaces made here, inside these namespaces: nothing on the
+host's own interfaces changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from shardflow.errors import InputError
+from shardflow.planner.topology import Topology
+
+PREFIX = "sfe"
+SUBNET = "10.213.0"
+HUB_ADDRESS = f"{SUBNET}.1"
+FIRST_NODE_HOST = 11  # node K is SUBNET.(11+K): two digits, so addresses sort as the nodes do
+MAX_NODES = 99 - FIRST_NODE_HOST + 1
+UPLINK = "uplink"  # the node's end of its veth
+TBF_LATENCY_MS = 200  # how long a packet may wait in a shaped link's queue before it is dropped
+BURST_S = 0.004  # a shaped link's bucket: this many seconds of its rate (at least two loopback frames)
+MIN_BURST_BYTES = 2 * 65536
+
+
+def cannot_emulate() -> str | None:
+    """Why this machine cannot build an emulated cluster, in one line; None when it can."""
+    if os.geteuid() != 0:
+        return "the emulated cluster needs root (network namespaces, veth pairs and tc)"
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return f"the emulated cluster needs {' and '.join(missing)} (iproute2), not found on PATH"
+    return None
+
+
+def _run(*argv: str) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise OSError(f"{' '.join(argv)}: {done.stderr.strip() or f'exit {done.returncode}'}")
+    return done.stdout
+
+
+def namespaces() -> list[str]:
+    out = _run("ip", "-j", "netns", "list")
+    return [entry["name"] for entry in json.loads(out or "[]")]
+
+
+def _owner(namespace: str) -> int | None:
+    m = re.fullmatch(rf"{PREFIX}(\d+)-.+", namespace)
+    return int(m.group(1)) if m else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep() -> list[str]:
+    """Delete the namespaces left by emulated clusters whose process is gone; their names."""
+    stale = [ns for ns in namespaces() if (pid := _owner(ns)) is not None and not _alive(pid)]
+    for ns in stale:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    return stale
+
+
+def tbf(namespace: str, device: str, bytes_per_s: float) -> None:
+    """Shape what `device` sends to `bytes_per_s` (token bucket; replaces any shaping before)."""
+    burst = max(MIN_BURST_BYTES, int(bytes_per_s * BURST_S))
+    _run("tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
+         "rate", f"{int(bytes_per_s * 8)}bit", "burst", str(burst), "latency", f"{TBF_LATENCY_MS}ms")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    namespace: str
+    address: str
+
+
+@dataclass(frozen=True)
+class EmulatedNode:
+    name: str
+    namespace: str
+    address: str
+    devices: int
+    uplink_bytes_per_s: float  # as shaped: the topology's rate over the time scale
+
+
+class Network:
+    """The namespaces, links and shaping of one topology; `build`, then `remove` (idempotent)."""
+
+    def __init__(self, topology: Topology, time_scale: float):
+        if isinstance(time_scale, bool) or not isinstance(time_scale, (int, float)) or not time_scale >= 1:
+            raise InputError(f"time scale {time_scale!r}; accepted: a number >= 1 (link rates are divided by it)")
+        if len(topology.nodes) > MAX_NODES:
+            raise InputError(f"topology of {len(topology.nodes)} nodes; accepted: at most {MAX_NODES} emulated nodes")
+        self.topology = topology
+        self.time_scale = float(time_scale)
+        tag = f"{PREFIX}{os.getpid()}"
+        self.hub = f"{tag}-hub"
+        self.nodes = tuple(
+            EmulatedNode(node.name, f"{tag}-n{k}", f"{SUBNET}.{FIRST_NODE_HOST + k}", node.devices,
+                         node.uplink_gbytes_per_s * 1e9 / self.time_scale)
+            for k, node in enumerate(topology.nodes)
+        )
+        self.intra_bytes_per_s = topology.intra_node_gbytes_per_s * 1e9 / self.time_scale
+        self._made: list[str] = []
+
+    def endpoint(self, k: int | None) -> Endpoint:
+        """Where node k's processes listen; the hub's for None."""
+        if k is None:
+            return Endpoint(self.hub, HUB_ADDRESS)
+        return Endpoint(self.nodes[k].namespace, self.nodes[k].address)
+
+    def build(self) -> None:
+        reason = cannot_emulate()
+        if reason:
+            raise InputError(reason)
+        sweep()
+        try:
+            self._add(self.hub)
+            _run("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
+            _run("ip", "-n", self.hub, "addr", "add", f"{HUB_ADDRESS}/24", "dev", "br0")
+            _run("ip", "-n", self.hub, "link", "set", "br0", "up")
+            for k, node in enumerate(self.nodes):
+                port = f"p{k}"
+                self._add(node.namespace)
+                _run("ip", "-n", self.hub, "link", "add", port, "type", "veth",
+                     "peer", "name", UPLINK, "netns", node.namespace)
+                _run("ip", "-n", self.hub, "link", "set", port, "master", "br0")
+                _run("ip", "-n", self.hub, "link", "set", port, "up")
+                _run("ip", "-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", UPLINK)
+                _run("ip", "-n", node.namespace, "link", "set", UPLINK, "up")
+                self.shape_uplink(k, node.uplink_bytes_per_s)
+                tbf(node.namespace, "lo", self.intra_bytes_per_s)
+        except BaseException:
+            self.remove()
+            raise
+
+    def _add(self, namespace: str) -> None:
+        _run("ip", "netns", "add", namespace)
+        self._made.append(namespace)
+        _run("ip", "-n", namespace, "link", "set", "lo", "up")
+
+    def shape_uplink(self, k: int, bytes_per_s: float) -> None:
+        """Node k's uplink, both ways, at `bytes_per_s` (already scaled): to slow a link mid-run, or to restore it."""
+        tbf(self.nodes[k].namespace, UPLINK, bytes_per_s)
+        tbf(self.hub, f"p{k}", bytes_per_s)
+
+    def cut(self, k: int, cut: bool = True) -> None:
+        """Take node k's uplink down (every connection through it stalls), or bring it back up."""
+        _run("ip", "-n", self.hub, "link", "set", f"p{k}", "down" if cut else "up")
+
+    def uplink_bytes(self) -> dict[str, tuple[int, int]]:
+        """Per node: bytes its uplink has sent and received so far (the node's end of the veth)."""
+        out = {}
+        for node in self.nodes:
+            (link,) = json.loads(_run("ip", "-n", node.namespace, "-j", "-s", "link", "show", UPLINK))
+            stats = link["stats64"]
+            out[node.name] = (int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"]))
+        return out
+
+    def remove(self) -> None:
+        for namespace in reversed(self._made):
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+        self._made.clear()

@@ -1,0 +1,179 @@
+"""The emulated cluster (shardflow.emulation): shaped links that carry their rates, the engine running unchanged
+on it, and nothing left behind — not after Ctrl-C, SIGTERM or SIGKILL of the harness."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shardflow.emulation.cluster import EmulatedCluster
+from shardflow.emulation.network import PREFIX, Network, cannot_emulate, namespaces, sweep
+from shardflow.emulation.probe import stream_bytes_per_s
+from shardflow.planner.topology import Node, Topology
+from tests.support import REAL
+
+ROOT = Path(__file__).resolve().parents[2]
+CANNOT = cannot_emulate()
+needs_netns = pytest.mark.skipif(CANNOT is not None, reason=CANNOT or "")
+UNEVEN = Topology((Node("a", 2, 25.0), Node("b", 2, 5.0)), 600.0)  # at / 500: 400 and 80 Mbit/s
+SCALE = 500.0
+STARTED_WITHIN_S = 300.0  # an upper bound on a loaded machine; the waits end as soon as the line comes
+
+
+def owned_by(pid: int) -> list[str]:
+    return [ns for ns in namespaces() if ns.startswith(f"{PREFIX}{pid}-")]
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(scope="module")
+def topology_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("topology") / "uneven.yaml"
+    path.write_text(yaml.safe_dump(UNEVEN.to_dict()))
+    return path
+
+
+@needs_netns
+def test_each_uplink_carries_its_shaped_rate_both_ways_and_remove_leaves_nothing():
+    network = Network(UNEVEN, SCALE)
+    network.build()
+    try:
+        assert len(owned_by(os.getpid())) == 3
+        for k, node in enumerate(network.nodes):
+            for src, dst in ((k, None), (None, k)):
+                rate = stream_bytes_per_s(network, src, dst, 8 << 20)
+                assert 0.8 * node.uplink_bytes_per_s <= rate <= 1.05 * node.uplink_bytes_per_s, (node.name, rate)
+        tx, rx = network.uplink_bytes()["b"]
+        assert tx >= 8 << 20 and rx >= 8 << 20
+    finally:
+        network.remove()
+    assert owned_by(os.getpid()) == []
+
+
+@needs_netns
+def test_the_engine_trains_unchanged_on_the_emulated_cluster_and_its_rows_cross_the_uplinks(tmp_path, topology_file):
+    shardflow = [sys.executable, "-m", "cli.main"]
+    ds = tmp_path / "ds"
+    for args in (["import", "--format", "sasrec", str(REAL["sasrec"]), str(ds)],
+                 ["profile", str(ds), "--workers", "2"],
+                 ["plan", f"{ds}.profile", "--topology", str(topology_file), "--strategy", "row-wise-mod",
+                  "--batch-size", "512", "--dedup", "device", "--out", str(tmp_path / "plan")]):
+        subprocess.run([*shardflow, *args], check=True, capture_output=True, cwd=ROOT)
+    with EmulatedCluster(UNEVEN, SCALE, tmp_path / "logs") as cluster:
+        assert cluster.worker_addresses == sorted(cluster.worker_addresses)  # device d is the d-th by address
+        before = cluster.network.uplink_bytes()
+        proc = cluster.command([*shardflow, "train", str(ds), "--plan", str(tmp_path / "plan"), "--max-steps", "4",
+                                "--eval-users", "50", "--json", "--scheduler", cluster.scheduler_address],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        out, err = proc.communicate()
+        assert proc.returncode == 0, err[-2000:]
+        after = cluster.network.uplink_bytes()
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["steps"] == 4 and summary["devices"] == 4
+    # Row-wise id % 4 over nodes {0, 1} and {2, 3}: about half of every trainer's rows live on the other node.
+    for node in ("a", "b"):
+        sent = after[node][0] - before[node][0]
+        assert sent > 4 * 0.25 * summary["measured_bytes_per_step"], (node, sent, summary["measured_bytes_per_step"])
+
+
+def harness(tmp_path: Path, topology_file: Path, *command: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "shardflow.emulation", str(topology_file), "--logs",
+                             str(tmp_path / "logs"), "--", *command], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for_line(proc: subprocess.Popen, text: str) -> None:
+    deadline = time.monotonic() + STARTED_WITHIN_S
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, proc.stderr.read()[-2000:]
+        if text in line:
+            return
+    raise AssertionError(f"no {text!r} within {STARTED_WITHIN_S:.0f} s")
+
+
+SLEEPER = [sys.executable, "-c", "import time; print('running', flush=True); time.sleep(600)"]
+
+
+@needs_netns
+@pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)])
+def test_ctrl_c_or_sigterm_mid_run_removes_every_namespace_and_process(tmp_path, topology_file, signum, status):
+    proc = harness(tmp_path, topology_file, *SLEEPER)
+    wait_for_line(proc, "running")
+    made = descendants(proc.pid)
+    assert len(owned_by(proc.pid)) == 3 and len(made) >= 6  # scheduler, 4 workers, the command
+    os.killpg(proc.pid, signum)  # as a terminal does: the harness's process group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == status, err
+    assert len(err.strip().splitlines()) <= 1 and "Traceback" not in err, err
+    assert owned_by(proc.pid) == []
+    assert [pid for pid in made if running(pid)] == []
+
+
+@needs_netns
+def test_a_harness_killed_outright_takes_its_processes_along_and_the_next_sweep_removes_its_namespaces(
+        tmp_path, topology_file):
+    proc = harness(tmp_path, topology_file, *SLEEPER)
+    wait_for_line(proc, "running")
+    made = descendants(proc.pid)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while [pid for pid in made if running(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in made if running(pid)] == []
+    assert len(owned_by(proc.pid)) == 3  # SIGKILL left no chance to remove them
+    assert set(owned_by(proc.pid)) <= set(sweep())
+    assert owned_by(proc.pid) == []
+
+
+def test_without_root_it_says_so_in_one_line(topology_file):
+    if os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists():
+        assert cannot_emulate() is not None
+        return
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                           "shardflow.emulation", str(topology_file)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == ("shardflow.emulation: the emulated cluster needs root (network namespaces, veth "
+                                   "pairs and tc)")
+
+
+def test_a_bad_time_scale_is_refused_naming_it_before_anything_is_built(topology_file):
+    proc = subprocess.Popen([sys.executable, "-m", "shardflow.emulation", str(topology_file), "--time-scale", "0.5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    _, err = proc.communicate()
+    assert proc.returncode == 2
+    assert err.strip().splitlines()[-1].endswith("argument --time-scale: '0.5'; accepted: a number >= 1 (link rates "
+                                                 "are divided by it)")
+    if CANNOT is None:
+        assert owned_by(proc.pid) == []
