@@ -1,0 +1,185 @@
+"""Measured against modeled: each strategy's training step on an emulated cluster whose links really differ.
+
+    python bench/emulated_cluster.py [--rounds 3] [--steps 16] [--time-scale 500]
+        [--topologies 2x2-equal,2x2-one-5x-slower,4x2-one-slow] [--data bundled,zipf]
+        [--strategies row-wise-mod,row-wise-block,table-wise,flexshard] [--dedups device,node]
+
+Needs root, `ip` and `tc` (shardflow.emulation); says so in one line otherwise. For each
+topology it builds the emulated cluster once (one namespace per node, uplinks shaped both
+ways to the topology's rate / --time-scale, loopback inside a node to the intra-node rate /
+--time-scale) and, round after round, runs `shardflow train --scheduler` in its hub for
+every dataset × dedup × strategy in turn (batch 4096, --steps steps, 200 held-out users).
+Plans are made on this host with `shardflow plan` (memory slack 0.1); table-wise is left
+out where it does not fit the budget.
+
+Per cell, min/median/max over the rounds of:
+  step      measured seconds per steady-state step (the global batch over the engine's examples/s);
+  comm      the part of it spent on the wire: the step minus the slowest device's batch
+            building and compute (so it includes each round's serialisation and waits);
+  model     the cost model's communication time per step (`shardflow plan`'s
+            comm_time_s_per_step) times --time-scale;
+  ratio     comm / model (median);
+and, from the uplinks' own byte counters over the whole command (so including start-up and
+evaluation), the fullest uplink's (most bytes for its rate) MB per step and the rate it carried them at while the step
+was communicating, against its shaped rate. The speed-up columns are row-wise-mod's over
+each strategy's, measured (step) and modeled, in the same topology, data and dedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from shardflow.emulation.cluster import EmulatedCluster
+from shardflow.emulation.network import cannot_emulate
+from shardflow.planner.topology import Node, Topology, uniform
+
+HERE = Path(__file__).resolve().parent
+BUNDLED = HERE.parent / "data" / "amazon-video" / "Video.txt"
+SHARDFLOW = [sys.executable, "-m", "cli.main"]
+TOPOLOGIES = {
+    "2x2-equal": uniform(2, 2, 12.5),
+    "2x2-one-5x-slower": Topology((Node("a", 2, 25.0), Node("b", 2, 5.0)), 600.0),
+    "4x2-one-slow": Topology(tuple(Node(n, 2, 12.5) for n in "abc") + (Node("d", 2, 2.5),), 600.0),
+}
+BATCH = 4096
+EVAL_USERS = 200
+
+
+def shardflow(*args: str) -> dict:
+    done = subprocess.run([*SHARDFLOW, *args, "--json"], capture_output=True, text=True, cwd=HERE.parent)
+    if done.returncode != 0:
+        raise RuntimeError(f"shardflow {' '.join(args)}: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def datasets(scratch: Path, names: list[str]) -> dict[str, Path]:
+    out = {}
+    for name in names:
+        store = scratch / name
+        if name == "bundled":
+            shardflow("import", "--format", "sasrec", str(BUNDLED), str(store))
+        elif name == "zipf":
+            shardflow("synth", str(store), "--tables", "item:200000:1.2", "--interactions", "400000", "--seed", "7")
+        else:
+            raise SystemExit(f"--data {name!r}; accepted: bundled, zipf")
+        shardflow("profile", str(store), "--workers", "2")
+        out[name] = store
+    return out
+
+
+def plans(scratch: Path, topo_name: str, topology: Topology, stores: dict, strategies: list, dedups: list) -> dict:
+    path = scratch / f"{topo_name}.yaml"
+    path.write_text(yaml.safe_dump(topology.to_dict()))
+    out = {}
+    for data, store in stores.items():
+        for dedup in dedups:
+            for strategy in strategies:
+                dest = scratch / f"plan-{topo_name}-{data}-{dedup}-{strategy}"
+                try:
+                    summary = shardflow("plan", f"{store}.profile", "--topology", str(path), "--strategy", strategy,
+                                        "--batch-size", str(BATCH), "--dedup", dedup, "--out", str(dest))
+                except RuntimeError as e:
+                    print(f"  {topo_name} {data} {dedup} {strategy}: no plan ({e})", flush=True)
+                    continue
+                out[(data, dedup, strategy)] = (dest, summary)
+    return out
+
+
+def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int) -> tuple[dict, dict]:
+    before = cluster.network.uplink_bytes()
+    proc = cluster.command([*SHARDFLOW, "train", str(store), "--plan", str(plan), "--max-steps", str(steps),
+                            "--eval-users", str(EVAL_USERS), "--json", "--scheduler", cluster.scheduler_address],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE.parent)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"shardflow train --plan {plan.name}: {err.strip().splitlines()[-3:]}")
+    after = cluster.network.uplink_bytes()
+    moved = {node: (after[node][0] - before[node][0], after[node][1] - before[node][1]) for node in after}
+    return json.loads(out.strip().splitlines()[-1]), moved
+
+
+def measure(summary: dict, moved: dict, steps: int, shaped: dict) -> dict:
+    step_s = summary["batch_size"] / summary["examples_per_s"]
+    parts = summary["seconds_per_step"]
+    comm_s = max(step_s - parts["batch"] - parts["compute"], 0.0)
+    node, (tx, rx) = max(moved.items(), key=lambda item: max(item[1]) / shaped[item[0]])  # the fullest uplink
+    busiest = max(tx, rx) / steps
+    return {"step_s": step_s, "comm_s": comm_s, "link": node, "link_bytes": busiest,
+            "link_rate": busiest / comm_s if comm_s > 0 else float("nan")}
+
+
+def spread(values: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+    v = sorted(x * scale for x in values)
+    return "/".join(fmt.format(x) for x in (v[0], statistics.median(v), v[-1]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--time-scale", type=float, default=500.0)
+    ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
+    ap.add_argument("--data", default="bundled,zipf")
+    ap.add_argument("--strategies", default="row-wise-mod,row-wise-block,table-wise,flexshard")
+    ap.add_argument("--dedups", default="device,node")
+    args = ap.parse_args()
+    reason = cannot_emulate()
+    if reason:
+        print(f"bench/emulated_cluster.py: {reason}", file=sys.stderr)
+        return 2
+    topologies = {name: TOPOLOGIES[name] for name in args.topologies.split(",")}
+    strategies, dedups = args.strategies.split(","), args.dedups.split(",")
+    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; time scale {args.time_scale:g};"
+          f" {args.steps} steps of {BATCH}; {args.rounds} rounds", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-emulated-") as tmp:
+        scratch = Path(tmp)
+        stores = datasets(scratch, args.data.split(","))
+        for topo_name, topology in topologies.items():
+            cells = plans(scratch, topo_name, topology, stores, strategies, dedups)
+            runs: dict = {key: [] for key in cells}
+            with EmulatedCluster(topology, args.time_scale, scratch / f"logs-{topo_name}") as cluster:
+                shaped = {node.name: node.uplink_bytes_per_s for node in cluster.network.nodes}
+                for r in range(args.rounds):
+                    started = time.monotonic()
+                    for key, (plan, _) in cells.items():
+                        summary, moved = train(cluster, stores[key[0]], plan, args.steps)
+                        runs[key].append(measure(summary, moved, args.steps, shaped))
+                    print(f"  {topo_name} round {r + 1}: {time.monotonic() - started:.0f} s, "
+                          f"load {os.getloadavg()[0]:.1f}", flush=True)
+            print_table(topo_name, topology, args.time_scale, cells, runs, shaped)
+    return 0
+
+
+def print_table(topo_name: str, topology: Topology, scale: float, cells: dict, runs: dict, shaped: dict) -> None:
+    nodes = ", ".join(f"{n.name} {n.devices}×{n.uplink_gbytes_per_s:g} GB/s" for n in topology.nodes)
+    print(f"\n{topo_name} ({nodes}; emulated / {scale:g}) — min/median/max over rounds")
+    print(f"{'data':8} {'dedup':6} {'strategy':15} {'step s':>17} {'comm s':>17} {'model s':>8} {'ratio':>6}"
+          f" {'speed-up meas.':>15} {'model':>6}  fullest uplink: MB/step, Mbit/s busy / shaped")
+    for (data, dedup, strategy), ms in runs.items():
+        model_s = cells[(data, dedup, strategy)][1]["comm_time_s_per_step"] * scale
+        base = runs.get((data, dedup, "row-wise-mod"))
+        base_model = cells.get((data, dedup, "row-wise-mod"), (None, {}))[1].get("comm_time_s_per_step")
+        step = statistics.median(m["step_s"] for m in ms)
+        comm = statistics.median(m["comm_s"] for m in ms)
+        up = f"{statistics.median(base_m['step_s'] for base_m in base) / step:.2f}×" if base else "-"
+        up_model = f"{base_model * scale / model_s:.2f}×" if base_model and model_s > 0 else "-"
+        link = ms[-1]["link"]
+        ratio = comm / model_s if model_s else float("nan")
+        print(f"{data:8} {dedup:6} {strategy:15} {spread([m['step_s'] for m in ms]):>17}"
+              f" {spread([m['comm_s'] for m in ms]):>17} {model_s:8.2f} {ratio:6.2f}"
+              f" {up:>15} {up_model:>6}  {link}: {statistics.median(m['link_bytes'] for m in ms) / 1e6:.2f},"
+              f" {statistics.median(m['link_rate'] for m in ms) * 8 / 1e6:.0f} / {shaped[link] * 8 / 1e6:.0f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
