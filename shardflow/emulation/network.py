@@ -34,9 +34,12 @@ HUB_ADDRESS = f"{SUBNET}.1"
 FIRST_NODE_HOST = 11  # node K is SUBNET.(11+K): two digits, so addresses sort as the nodes do
 MAX_NODES = 99 - FIRST_NODE_HOST + 1
 UPLINK = "uplink"  # the node's end of its veth
-TBF_LATENCY_MS = 200  # how long a packet may wait in a shaped link's queue before it is dropped
 BURST_S = 0.004  # a shaped link's bucket: this many seconds of its rate (at least two loopback frames)
 MIN_BURST_BYTES = 2 * 65536
+QUEUE_S = 0.5  # a shaped link's queue holds this many seconds of its rate (in 1514-byte frames) ...
+QUEUE_MIN_PACKETS = 100  # ... and at least this many packets
+QUANTUM = "70000"  # bytes a class sends per turn: above the loopback's 64 KiB frames
+SMALL_PACKET = 128  # IP packets under this many bytes go first: acks, requests of a few ids
 
 
 def cannot_emulate() -> str | None:
@@ -84,11 +87,26 @@ def sweep() -> list[str]:
     return stale
 
 
-def tbf(namespace: str, device: str, bytes_per_s: float) -> None:
-    """Shape what `device` sends to `bytes_per_s` (token bucket; replaces any shaping before)."""
-    burst = max(MIN_BURST_BYTES, int(bytes_per_s * BURST_S))
-    _run("tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
-         "rate", f"{int(bytes_per_s * 8)}bit", "burst", str(burst), "latency", f"{TBF_LATENCY_MS}ms")
+def shape(namespace: str, device: str, bytes_per_s: float) -> None:
+    """Shape what `device` sends to `bytes_per_s` (replacing any shaping before): an HTB class at that rate
+    with two queues, small packets (under SMALL_PACKET bytes: TCP's acks, a request of a few ids) ahead
+    of bulk. One FIFO would hold the acks of the other direction's data behind up to a queue's worth of
+    this direction's, and a link carrying rows both ways (a reply round) would run far below its rate
+    while a real NIC, whose queue is a few packets deep, does not."""
+    rate = f"{int(bytes_per_s * 8)}bit"
+    burst = str(max(MIN_BURST_BYTES, int(bytes_per_s * BURST_S)))
+    queue = str(max(QUEUE_MIN_PACKETS, int(bytes_per_s * QUEUE_S / 1514)))
+    tc = ("tc", "-n", namespace)
+    _run(*tc, "qdisc", "replace", "dev", device, "root", "handle", "1:", "htb", "default", "20")
+    _run(*tc, "class", "add", "dev", device, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
+         "burst", burst, "cburst", burst, "quantum", QUANTUM)
+    for classid, share, prio in (("1:10", 0.1, "0"), ("1:20", 0.9, "1")):
+        _run(*tc, "class", "add", "dev", device, "parent", "1:1", "classid", classid, "htb",
+             "rate", f"{max(int(bytes_per_s * 8 * share), 8000)}bit", "ceil", rate, "burst", burst, "cburst", burst,
+             "prio", prio, "quantum", QUANTUM)
+        _run(*tc, "qdisc", "add", "dev", device, "parent", classid, "pfifo", "limit", queue)
+    _run(*tc, "filter", "add", "dev", device, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+         "match", "u16", "0x0000", f"0x{0x10000 - SMALL_PACKET:04x}", "at", "2", "flowid", "1:10")
 
 
 @dataclass(frozen=True)
@@ -152,7 +170,7 @@ class Network:
                 _run("ip", "-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", UPLINK)
                 _run("ip", "-n", node.namespace, "link", "set", UPLINK, "up")
                 self.shape_uplink(k, node.uplink_bytes_per_s)
-                tbf(node.namespace, "lo", self.intra_bytes_per_s)
+                shape(node.namespace, "lo", self.intra_bytes_per_s)
         except BaseException:
             self.remove()
             raise
@@ -164,8 +182,8 @@ class Network:
 
     def shape_uplink(self, k: int, bytes_per_s: float) -> None:
         """Node k's uplink, both ways, at `bytes_per_s` (already scaled): to slow a link mid-run, or to restore it."""
-        tbf(self.nodes[k].namespace, UPLINK, bytes_per_s)
-        tbf(self.hub, f"p{k}", bytes_per_s)
+        shape(self.nodes[k].namespace, UPLINK, bytes_per_s)
+        shape(self.hub, f"p{k}", bytes_per_s)
 
     def cut(self, k: int, cut: bool = True) -> None:
         """Take node k's uplink down (every connection through it stalls), or bring it back up."""
