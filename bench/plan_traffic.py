@@ -64,7 +64,7 @@ def zipf_counts(rows: int, alpha: float, accesses: float = 1e9, seed: int = 0) -
 def cell(accesses: list[TableAccess], topo, slack: float, dedup: str, batch: int) -> list[dict]:
     model = CostModel(topo, StepShape(batch, DIM, dedup))
     budget = budget_bytes_per_device(accesses, topo, DIM, slack)
-    bound, mod_s = bound_and_baseline(accesses, topo, budget, model)
+    bound, mod = bound_and_baseline(accesses, topo, budget, model)
     by_name = {a.name: a for a in accesses}
     rows = []
     base = None
@@ -86,7 +86,7 @@ def cell(accesses: list[TableAccess], topo, slack: float, dedup: str, batch: int
         }
         base = base or figures
         rows.append({"strategy": name, "fits": True, "seconds": seconds, **figures, "base": base,
-                     "bound": bound, "gap": gap_closed(c.comm_time_s_per_step, mod_s, bound),
+                     "bound": bound, "gap": gap_closed(c.link_time_s_per_step, mod.link_time_s_per_step, bound),
                      "tiers": plan.tier_counts()})
     return rows
 

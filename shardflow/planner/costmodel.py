@@ -31,8 +31,15 @@ Partial sums are per row and device, whatever the scope.
 
 Time. A byte between two devices of one node uses the sender's and the receiver's
 intra-node ports; between nodes, the sender node's uplink out and the receiver node's
-uplink in (full duplex). Modeled communication time per step is the busiest of those
-links: its bytes over its bandwidth.
+uplink in (full duplex). A step's rounds (plan.step_round_names: request, reply, gradients,
+and to-primary, totals where rows are replicated) run one after another, each as long as
+its busiest link takes for its bytes (ids in request; rows in reply; ids and gradients in
+gradients; partial sums in to-primary; totals in totals). The modeled communication time
+per step is the sum over the rounds of that payload time times the wire's bytes factor,
+plus the wire's fixed cost per round (Wire: frames and headers, each round's latency,
+serialisation and wait, fitted on the emulated cluster). `link_time_s_per_step` is the
+busiest link's bytes of the whole step over its bandwidth: what the placement, the
+relaxation's bound and the exact program price; it never exceeds the modeled time.
 """
 
 from __future__ import annotations
@@ -43,7 +50,8 @@ import numpy as np
 
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
-from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, ShardingPlan, TablePlan, replica_device
+from shardflow.planner.plan import (GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, ShardingPlan, TablePlan,
+                                    replica_device, step_round_names)
 from shardflow.planner.topology import Topology
 
 DEDUP_SCOPES = ("none", "device", "node")
@@ -75,6 +83,28 @@ class StepShape:
     def message_bytes(self) -> int:
         """One id with one row or gradient."""
         return ID_BYTES + VALUE_BYTES * self.dim
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What a round costs beyond its payload: `bytes_factor` times the payload crosses each link (frame, IP
+    and TCP headers, Dask's framing), and each round adds `round_s` whatever its bytes (a message's
+    latency, serialisation and the wait for the last sender). Fitted on the emulated cluster
+    (bench/emulated_cluster.py --fit), in the topology's time: seconds there over the time scale."""
+
+    bytes_factor: float = 1.0
+    round_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.bytes_factor >= 1.0 or not self.round_s >= 0.0:
+            raise InputError(f"wire {self.bytes_factor!r}, {self.round_s!r}; accepted: bytes_factor >= 1, round_s >= 0")
+
+
+BYTES_ONLY = Wire()
+# Fitted by `python bench/emulated_cluster.py --fit` (docs/emulation.md, 2026-11-24): shardflow's rounds over
+# TCP carry 1.13 bytes per byte of payload (headers, Dask's framing, a link idle while a round starts); the
+# fixed cost per round came out at 0 (non-negative least squares over 12 cells, batches 512-8192).
+FITTED_WIRE = Wire(bytes_factor=1.13, round_s=0.0)
 
 
 @dataclass(frozen=True)
@@ -126,8 +156,10 @@ class PlanCost:
     lookup_pairs: np.ndarray  # [P, P] expected bytes per step, sender -> receiver
     sync_pairs: np.ndarray
     same_node: np.ndarray  # [P, P] bool
-    comm_time_s_per_step: float
-    busiest_link: str
+    comm_time_s_per_step: float  # on the wire: the rounds one after another, each with the wire's costs
+    busiest_link: str  # over the whole step
+    link_time_s_per_step: float  # the busiest link's bytes of the whole step over its bandwidth (what bounds price)
+    round_payload_s: dict = field(default_factory=dict)  # round -> its payload's seconds on its busiest link
 
     @property
     def lookup_bytes_per_step(self) -> float:
@@ -174,12 +206,14 @@ def link_seconds(pairs: np.ndarray, topology: Topology) -> np.ndarray:
 
 
 class CostModel:
-    def __init__(self, topology: Topology, shape: StepShape, touch: dict[str, Touch] | None = None) -> None:
+    def __init__(self, topology: Topology, shape: StepShape, touch: dict[str, Touch] | None = None,
+                 wire: Wire = FITTED_WIRE) -> None:
         """`touch`: per table, the distinct rows real batches touch (shardflow.planning.touch); independent draws
-        for a table without one."""
+        for a table without one. `wire`: what each round costs beyond its payload."""
         self.topology = topology
         self.shape = shape
         self.touch = touch or {}
+        self.wire = wire
         node = topology.node_of_device
         self._same_node = node[:, None] == node[None, :]
         self._peers = self._same_node & ~np.eye(topology.devices, dtype=bool)
@@ -198,7 +232,8 @@ class CostModel:
         node_load = np.zeros(P)  # ... by each node replica, per trainer of its node
         reduce_in = np.zeros(P)  # global rows: P(a device reads) summed per node leader
         bcast_out = np.zeros(P)  # global rows: P(anyone reads) summed per node leader
-        sync = np.zeros(P * P)
+        up = np.zeros(P * P)  # partial sums towards the primary copy (round to-primary)
+        down = np.zeros(P * P)  # totals back to the other copies (round totals)
         for table in plan.tables:
             rates = self.rates(accesses[table.name])
             for s in range(0, table.rows, ROWS_PER_PASS):
@@ -226,40 +261,53 @@ class CostModel:
                     reduce_in += np.bincount(device[is_global], rates.q[r_cls[is_global]], minlength=P)
                     bcast_out += np.bincount(device[is_global], rates.q_any[r_cls[is_global]], minlength=P)
                     other = (primary != node) & held
-                    up = device[other] * P + r_home[other]
-                    down = r_home[other] * P + device[other]
-                    sync += np.bincount(up, rates.q_node[node][r_cls[other]] * msg, minlength=P * P)
-                    sync += np.bincount(down, rates.q_any[r_cls[other]] * msg, minlength=P * P)
-        off_diag = ~np.eye(P, dtype=bool)
+                    up_pairs = device[other] * P + r_home[other]
+                    up += np.bincount(up_pairs, rates.q_node[node][r_cls[other]] * msg, minlength=P * P)
+                    down += np.bincount(r_home[other] * P + device[other], rates.q_any[r_cls[other]] * msg,
+                                        minlength=P * P)
         if relay:
-            lookup = self._relayed_lookups(home_load, node_units, a, v)
+            units = self._relayed_units(home_load, node_units)
         else:
-            per_trainer = home_load[topo.node_of_device]  # [trainer, home]
-            lookup = off_diag * ((2 * a + v) * per_trainer + v * per_trainer.T)
-        lookup += self._peers * ((2 * a + v) * node_load[None, :] + v * node_load[:, None])
-        sync = sync.reshape(P, P) + self._peers * msg * (reduce_in[None, :] + bcast_out[:, None])
-        time, link = self._time(lookup + sync)
-        return PlanCost(lookup, sync, self._same_node, time, link)
+            units = ~np.eye(P, dtype=bool) * home_load[topo.node_of_device]  # [trainer, home]
+        units = units + self._peers * node_load[None, :]  # [reader, server]: remote-read units per step
+        up = up.reshape(P, P) + self._peers * msg * reduce_in[None, :]
+        down = down.reshape(P, P) + self._peers * msg * bcast_out[:, None]
+        parts = {"request": a * units, "reply": v * units.T, "gradients": (a + v) * units,
+                 "to-primary": up, "totals": down}
+        lookup, sync = (2 * a + v) * units + v * units.T, up + down
+        link_time, link = self._time(lookup + sync)
+        payload = self._round_payloads(plan, parts)
+        comm = self.wire.bytes_factor * sum(payload.values()) + self.wire.round_s * len(payload)
+        return PlanCost(lookup, sync, self._same_node, comm, link, link_time, payload)
 
-    def _relayed_lookups(self, home_load: np.ndarray, node_units: np.ndarray, a: int, v: int) -> np.ndarray:
+    def _relayed_units(self, home_load: np.ndarray, node_units: np.ndarray) -> np.ndarray:
         """Scope node: a trainer reads a single row of its own node from the home; a row of another node
         from its node's proxy for that home (replica_device), which fetches it from the home once for
-        the node (q_node units) and returns one summed gradient."""
+        the node (q_node units) and returns one summed gradient. [reader, server] units per step."""
         topo, P = self.topology, self.topology.devices
         node = topo.node_of_device
-        per_trainer = home_load[node]  # [trainer, home]
-        lookup = self._peers * ((2 * a + v) * per_trainer + v * per_trainer.T)
+        units = self._peers * home_load[node]  # [trainer, home]
         homes = np.arange(P)
         for n in range(len(topo.nodes)):
             away = node != n
             proxy = replica_device(homes[away], topo, n)
             relayed = np.bincount(proxy, home_load[n][away], minlength=P)  # per trainer, asked of each proxy
             inside = node == n
-            to_proxy = inside[:, None] & inside[None, :] & self._peers
-            lookup += to_proxy * ((2 * a + v) * relayed[None, :] + v * relayed[:, None])
-            np.add.at(lookup, (proxy, homes[away]), (2 * a + v) * node_units[n][away])
-            np.add.at(lookup, (homes[away], proxy), v * node_units[n][away])
-        return lookup
+            units = units + (inside[:, None] & inside[None, :] & self._peers) * relayed[None, :]
+            np.add.at(units, (proxy, homes[away]), node_units[n][away])
+        return units
+
+    def _round_payloads(self, plan: ShardingPlan, parts: dict[str, np.ndarray]) -> dict[str, float]:
+        """Per round of the plan's steps, in order: its payload's seconds on its busiest link. A relayed
+        round's bytes are priced with the round they relay (request, reply, gradients): one of the two legs
+        runs inside a node, on links far faster than the uplinks. On one node, the sums of global rows
+        to the leader and back are both priced in totals."""
+        has_global = any(t.has_tier(GLOBAL) for t in plan.tables)
+        replicated = has_global or any(t.has_tier(NODE) for t in plan.tables)
+        names = step_round_names(has_global, replicated, self.topology, self.shape.dedup)
+        if "totals" in names and "to-primary" not in names:
+            parts = {**parts, "totals": parts["to-primary"] + parts["totals"]}
+        return {name: self._time(parts[name])[0] if name in parts else 0.0 for name in names}
 
     def _time(self, pairs: np.ndarray) -> tuple[float, str]:
         topo, P, N = self.topology, self.topology.devices, len(self.topology.nodes)

@@ -27,6 +27,26 @@ ID_BYTES = 8  # int64 ids on the wire
 MAX_PARTIAL_NODES = 63  # a node row's copies are named by the bits of an int64
 
 
+
+def step_round_names(has_global: bool, replicated: bool, topology: Topology, dedup: str) -> tuple[str, ...]:
+    """The rounds every step of a plan takes, in order (the protocol's and the cost model's one rule).
+
+    `has_global`: some row is GLOBAL; `replicated`: some row is GLOBAL or NODE."""
+    several_nodes = len(topology.nodes) > 1
+    if dedup == "node" and several_nodes:
+        rounds = ["request", "relay-request", "relay-reply", "reply", "gradients", "relay-gradients"]
+    else:
+        rounds = ["request", "reply", "gradients"]
+    if topology.devices == 1:
+        return tuple(rounds)
+    if replicated and several_nodes:
+        rounds.append("to-primary")
+    if has_global or (replicated and several_nodes):
+        rounds.append("totals")
+    if has_global and several_nodes:
+        rounds.append("forward")
+    return tuple(rounds)
+
 def _no_ids() -> np.ndarray:
     return np.zeros(0, dtype=np.int64)
 

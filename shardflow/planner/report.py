@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardflow.planner.access import TableAccess
-from shardflow.planner.costmodel import CostModel
+from shardflow.planner.costmodel import CostModel, PlanCost
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.relaxation import floor_bound, lower_bound, node_bound, row_floors, tier_costs
 from shardflow.planner.strategies import RowWiseMod
@@ -14,8 +14,10 @@ from shardflow.planner.topology import Topology
 
 def bound_and_baseline(
     accesses: list[TableAccess], topology: Topology, budget_bytes: int, model: CostModel
-) -> tuple[float, float]:
-    """(lower bound on communication time, row-wise-mod's time) for this memory, scope and model."""
+) -> tuple[float, PlanCost]:
+    """(a lower bound on the busiest link's time per step, row-wise-mod's cost) for this memory, scope and
+    model. The bound holds for comm_time_s_per_step too: rounds one after another take at least as long as
+    their bytes on the busiest link, and the wire's factor and fixed costs only add."""
     spare = topology.devices * (budget_bytes // row_bytes(model.shape.dim)) - sum(a.rows for a in accesses)
     spare = max(spare, 0)
     # Three valid bounds: the fractional relaxation, the floor indivisible hot rows set, and each
@@ -30,7 +32,7 @@ def bound_and_baseline(
         if len(topology.nodes) <= 2 or len(set(topology.node_devices.tolist())) == 1:
             bound = max(bound, lower_bound(tier_costs(accesses, model), spare))
     mod = RowWiseMod().plan(accesses, topology, budget_bytes, model)
-    return bound, model.evaluate(mod, {a.name: a for a in accesses}).comm_time_s_per_step
+    return bound, model.evaluate(mod, {a.name: a for a in accesses})
 
 
 def gap_closed(plan_s: float, mod_s: float, bound_s: float) -> float:
@@ -47,7 +49,7 @@ def summarize(
     budget_bytes: int,
     model: CostModel,
     bound_s: float,
-    mod_s: float,
+    mod: PlanCost,
 ) -> dict:
     cost = model.evaluate(plan, {a.name: a for a in accesses})
     return {
@@ -61,10 +63,12 @@ def summarize(
         "bytes_per_step": cost.bytes_per_step,
         "inter_node_bytes_per_step": cost.inter_node_bytes_per_step,
         "comm_time_s_per_step": cost.comm_time_s_per_step,
+        "round_payload_s_per_step": cost.round_payload_s,
+        "link_time_s_per_step": cost.link_time_s_per_step,
         "busiest_link": cost.busiest_link,
-        "row_wise_mod_comm_time_s_per_step": mod_s,
+        "row_wise_mod_comm_time_s_per_step": mod.comm_time_s_per_step,
         "lower_bound_comm_time_s_per_step": bound_s,
-        "gap_closed": gap_closed(cost.comm_time_s_per_step, mod_s, bound_s),
+        "gap_closed": gap_closed(cost.link_time_s_per_step, mod.link_time_s_per_step, bound_s),
         "tiers": plan.tier_counts(),
         "node_rows_on_some_nodes": int(sum(t.partial_ids.size for t in plan.tables)),
         "device_bytes_per_step": [float(b) for b in np.round(cost.device_bytes_per_step(), 3)],

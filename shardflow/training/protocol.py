@@ -58,7 +58,7 @@ import torch
 
 from shardflow.training.messages import (NO_IDS, TRAFFIC_KINDS, Block, Compute, EndStep,
                                          Instruction, Kind, Message, PeerStopped, Round, Send, to_host)
-from shardflow.planner.plan import GLOBAL, NODE, DevicePlan, replica_device
+from shardflow.planner.plan import GLOBAL, NODE, DevicePlan, replica_device, step_round_names
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
 from shardflow.training.relay import RelayRounds
@@ -101,23 +101,9 @@ class Requests:
 def step_rounds(tables: dict[str, DevicePlan], topology: Topology,
                 dedup: str = "device") -> tuple[Round, ...]:
     """The rounds of every step under this plan and de-duplication scope (the same on every device)."""
-    several_nodes = len(topology.nodes) > 1
     has_global = any(t.has_tier(GLOBAL) for t in tables.values())
-    replicated = any(t.has_tier(GLOBAL) or t.has_tier(NODE) for t in tables.values())
-    if dedup == "node" and several_nodes:
-        rounds = [Round.REQUEST, Round.RELAY_REQUEST, Round.RELAY_REPLY, Round.REPLY, Round.GRADIENTS,
-                  Round.RELAY_GRADIENTS]
-    else:
-        rounds = [Round.REQUEST, Round.REPLY, Round.GRADIENTS]
-    if topology.devices == 1:
-        return tuple(rounds)
-    if replicated and several_nodes:
-        rounds.append(Round.TO_PRIMARY)
-    if has_global or (replicated and several_nodes):
-        rounds.append(Round.TOTALS)
-    if has_global and several_nodes:
-        rounds.append(Round.FORWARD)
-    return tuple(rounds)
+    replicated = has_global or any(t.has_tier(NODE) for t in tables.values())
+    return tuple(Round(name) for name in step_round_names(has_global, replicated, topology, dedup))
 
 
 def combine(contributions: list[tuple[int, np.ndarray, torch.Tensor]], dim: int, device: torch.device):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
-from shardflow.planner.costmodel import CostModel, StepShape, Touch, touched
+from shardflow.planner.costmodel import BYTES_ONLY, CostModel, StepShape, Touch, Wire, touched
 from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.topology import Node, Topology
 from shardflow.planning.touch import FACTOR_RANGE, draws_factor
@@ -123,8 +123,38 @@ def test_time_is_the_busiest_link():
     # trainer 1: m = 4 lookups of 1/4 each -> 4 reads: sends 4 * (2*8 + 8) = 96 bytes, receives 4 * 8 = 32.
     assert cost.lookup_pairs[1, 0] == pytest.approx(96) and cost.lookup_pairs[0, 1] == pytest.approx(32)
     assert cost.inter_node_bytes_per_step == pytest.approx(128)
-    assert cost.comm_time_s_per_step == pytest.approx(96 / 1e9)  # node a's uplink in: 96 bytes at 1 GB/s
+    assert cost.link_time_s_per_step == pytest.approx(96 / 1e9)  # node a's uplink in: 96 bytes at 1 GB/s
     assert cost.busiest_link == "uplink of node a"
+    # The rounds run one after another, each at its own busiest link: ids in (32 B), rows out (32 B), ids and
+    # gradients in (64 B) over node a's 1 GB/s uplink.
+    bytes_only = CostModel(topo, shape, wire=BYTES_ONLY).evaluate(plan, {"t": access})
+    assert bytes_only.round_payload_s == pytest.approx({"request": 32e-9, "reply": 32e-9, "gradients": 64e-9})
+    assert bytes_only.comm_time_s_per_step == pytest.approx(128e-9)
+    wire = Wire(bytes_factor=1.25, round_s=1e-6)
+    priced = CostModel(topo, shape, wire=wire).evaluate(plan, {"t": access})
+    assert priced.comm_time_s_per_step == pytest.approx(1.25 * 128e-9 + 3 * 1e-6)
+    assert priced.link_time_s_per_step == bytes_only.link_time_s_per_step
+
+
+def test_replicated_rows_add_the_sync_rounds_and_their_fixed_cost():
+    topo = Topology((Node("a", 1, 1.0), Node("b", 1, 1.0)), 600.0)
+    access = TableAccess.from_counts("t", np.array([1, 1, 1, 1]), 4.0)
+    tier = np.array([NODE, SINGLE, SINGLE, SINGLE], np.int8)
+    plan = ShardingPlan("x", (TablePlan("t", tier, np.zeros(4, np.int32)),))
+    shape = StepShape(batch_size=2, dim=2, dedup="device")
+    cost = CostModel(topo, shape, wire=Wire(round_s=1e-6)).evaluate(plan, {"t": access})
+    assert list(cost.round_payload_s) == ["request", "reply", "gradients", "to-primary", "totals"]
+    assert cost.round_payload_s["to-primary"] > 0 and cost.round_payload_s["totals"] > 0
+    assert cost.comm_time_s_per_step == pytest.approx(sum(cost.round_payload_s.values()) + 5e-6)
+    flat = ShardingPlan("x", (TablePlan("t", np.zeros(4, np.int8), np.zeros(4, np.int32)),))
+    assert list(CostModel(topo, shape, wire=Wire(round_s=1e-6)).evaluate(flat, {"t": access}).round_payload_s) == [
+        "request", "reply", "gradients"]
+
+
+@pytest.mark.parametrize("factor,round_s", [(0.9, 0.0), (1.0, -1e-9)])
+def test_a_wire_below_its_payload_or_with_a_negative_round_cost_is_refused(factor, round_s):
+    with pytest.raises(InputError, match="accepted: bytes_factor >= 1, round_s >= 0"):
+        Wire(factor, round_s)
 
 
 def test_step_shape_validation():

@@ -38,18 +38,18 @@ def test_bound_exact_optimum_and_strategies_in_order_and_flexshard_within_5_perc
     assert (plan.memory_bytes_per_device(topo, 16) <= budget).all()
     bound, mod = bound_and_baseline(accesses, topo, budget, model)
     assert bound <= exact * (1 + 1e-9)
-    times = {}
+    costs = {}
     for name in STRATEGIES:
         try:
-            times[name] = model.evaluate(
-                propose(name, accesses, topo, budget, model), {"t": accesses[0]}
-            ).comm_time_s_per_step
+            costs[name] = model.evaluate(propose(name, accesses, topo, budget, model), {"t": accesses[0]})
         except InputError:  # table-wise: one table does not fit one device at this slack
             continue
-    assert times["row-wise-mod"] == pytest.approx(mod)
-    # The solver stops within 0.01% of the optimum it proves.
-    assert all(t >= exact * (1 - 1e-4) for t in times.values()), times
-    assert times["flexshard"] <= exact * 1.05
+    assert costs["row-wise-mod"].link_time_s_per_step == pytest.approx(mod.link_time_s_per_step)
+    # The solver stops within 0.01% of the optimum it proves (of the busiest link's bytes).
+    assert all(c.link_time_s_per_step >= exact * (1 - 1e-4) for c in costs.values()), costs
+    # FlexShard picks by the time the rounds take one after another: there, within 5% of the solver's plan.
+    exact_comm = model.evaluate(plan, {"t": accesses[0]}).comm_time_s_per_step
+    assert costs["flexshard"].comm_time_s_per_step <= exact_comm * 1.05
 
 
 def test_the_program_prices_its_plan_as_the_cost_model_does_and_refuses_large_instances():
@@ -60,7 +60,7 @@ def test_the_program_prices_its_plan_as_the_cost_model_does_and_refuses_large_in
     plan, exact = exact_plan(accesses, budget, model)
     assert [t.name for t in plan.tables] == ["a", "b"] and [t.rows for t in plan.tables] == [12, 9]
     # the program's optimum, as HiGHS found it, is what the cost model says of the plan it returns
-    assert exact == pytest.approx(model.evaluate(plan, {a.name: a for a in accesses}).comm_time_s_per_step, rel=1e-6)
+    assert exact == pytest.approx(model.evaluate(plan, {a.name: a for a in accesses}).link_time_s_per_step, rel=1e-6)
     many = [zipf_access(f"t{i}", 2_000, 1.0, seed=i) for i in range(2)]
     with pytest.raises(InputError, match=r"variables; accepted: at most 20,000"):
         exact_plan(many, budget_bytes_per_device(many, topo, 8, 0.3), model)

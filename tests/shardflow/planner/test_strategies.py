@@ -106,7 +106,7 @@ def test_table_wise_packs_whole_tables_near_the_best_packing_by_size_and_link_ti
                         for a, h in zip(accesses, homes)
                     ),
                 )
-                best = min(best, model.evaluate(plan, by_name).comm_time_s_per_step)
+                best = min(best, model.evaluate(plan, by_name).link_time_s_per_step)
         if not np.isfinite(best):
             with pytest.raises(InputError, match="do not pack onto"):
                 propose("table-wise", accesses, topo, budget_rows * row_bytes(4), model)
@@ -115,7 +115,7 @@ def test_table_wise_packs_whole_tables_near_the_best_packing_by_size_and_link_ti
         plan = propose("table-wise", accesses, topo, budget_rows * row_bytes(4), model)
         assert all(np.unique(t.home).size == 1 and (t.tier == SINGLE).all() for t in plan.tables)
         assert plan.rows_per_device(topo).max() <= budget_rows
-        assert model.evaluate(plan, by_name).comm_time_s_per_step <= 1.05 * best, seed
+        assert model.evaluate(plan, by_name).link_time_s_per_step <= 1.05 * best, seed
     assert feasible >= 30
 
 
@@ -139,9 +139,11 @@ def test_flexshard_replicates_the_hot_row_everywhere_when_lookups_are_not_dedupl
     plan, model, _ = plan_of("flexshard", [access], topo=topo, slack=0.5, shape=StepShape(64, 4, "none"))
     t = plan.table("t")
     assert t.tier[0] == GLOBAL and (t.tier[1:] == SINGLE).all()
-    # and the single rows where the cost model is least: the exact optimum of this instance
-    _, best = exact_plan([access], budget_bytes_per_device([access], topo, 4, 0.5), model)
-    assert model.evaluate(plan, {"t": access}).comm_time_s_per_step <= best * (1 + 1e-4)
+    # and the single rows where the cost model is least: the exact optimum of this instance's link bytes,
+    # in the time the rounds take one after another
+    best, _ = exact_plan([access], budget_bytes_per_device([access], topo, 4, 0.5), model)
+    best_s = model.evaluate(best, {"t": access}).comm_time_s_per_step
+    assert model.evaluate(plan, {"t": access}).comm_time_s_per_step <= best_s * (1 + 1e-4)
 
 
 def test_flexshard_replicates_per_node_when_a_global_copy_costs_too_much_memory():
@@ -150,10 +152,15 @@ def test_flexshard_replicates_per_node_when_a_global_copy_costs_too_much_memory(
     topo = uniform(2, 4, 1.0)
     # budget: ceil(36/8) = 5 rows per device, 40 in all: 4 spare. A global copy needs 7 more
     # copies, a node copy 1: the two hot rows get a copy on each node.
-    plan, _, _ = plan_of("flexshard", [access], topo=topo, slack=0.0, shape=StepShape(256, 4, "none"))
+    plan, model, _ = plan_of("flexshard", [access], topo=topo, slack=0.0, shape=StepShape(256, 4, "none"))
     t = plan.table("t")
     assert t.tier[0] == NODE and t.tier[1] == NODE
-    assert (t.tier[2:] == SINGLE).all()
+    # The placement weighs link bytes: a spare copy of a cold row saves a little of them (here 0.1%) and
+    # costs sync bytes in rounds of their own; what it costs in time stays small.
+    hot_only = t.tier.copy()
+    hot_only[2:] = SINGLE
+    base = model.evaluate(ShardingPlan("x", (TablePlan("t", hot_only, t.home),)), {"t": access})
+    assert model.evaluate(plan, {"t": access}).comm_time_s_per_step <= 1.05 * base.comm_time_s_per_step
 
 
 def test_flexshard_gives_a_slow_node_less_traffic():
@@ -221,7 +228,7 @@ def test_plan_invariants(topo, tables, slack, dedup, strategy):
     time = model.evaluate(plan, {a.name: a for a in accesses}).comm_time_s_per_step
     assert bound <= time * (1 + 1e-9) + 1e-18
     if strategy == "flexshard":
-        assert time <= mod * (1 + 1e-12)
+        assert time <= mod.comm_time_s_per_step * (1 + 1e-12)
 
 
 @settings(max_examples=12, deadline=None)
