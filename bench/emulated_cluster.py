@@ -37,7 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import yaml
+from scipy.optimize import nnls
 
 from shardflow.emulation.cluster import EmulatedCluster
 from shardflow.emulation.network import cannot_emulate
@@ -52,6 +54,8 @@ TOPOLOGIES = {
     "4x2-one-slow": Topology(tuple(Node(n, 2, 12.5) for n in "abc") + (Node("d", 2, 2.5),), 600.0),
 }
 BATCH = 4096
+FIT_TOPOLOGY = "2x2-one-5x-slower"
+FIT_BATCHES = (512, 2048, 8192)  # payloads 16x apart: separates the per-byte from the per-round cost
 EVAL_USERS = 200
 
 
@@ -69,7 +73,7 @@ def datasets(scratch: Path, names: list[str]) -> dict[str, Path]:
         if name == "bundled":
             shardflow("import", "--format", "sasrec", str(BUNDLED), str(store))
         elif name == "zipf":
-            shardflow("synth", str(store), "--tables", "item:200000:1.2", "--interactions", "400000", "--seed", "7")
+            shardflow("synth", str(store), "--tables", "item:100000:1.2", "--interactions", "300000", "--seed", "7")
         else:
             raise SystemExit(f"--data {name!r}; accepted: bundled, zipf")
         shardflow("profile", str(store), "--workers", "2")
@@ -77,22 +81,40 @@ def datasets(scratch: Path, names: list[str]) -> dict[str, Path]:
     return out
 
 
-def plans(scratch: Path, topo_name: str, topology: Topology, stores: dict, strategies: list, dedups: list) -> dict:
+def plans(scratch: Path, topo_name: str, topology: Topology, stores: dict, strategies: list, dedups: list,
+          batches: tuple[int, ...] = (BATCH,)) -> dict:
+    """(data, dedup, strategy, batch) -> (plan store, `shardflow plan`'s summary)."""
     path = scratch / f"{topo_name}.yaml"
     path.write_text(yaml.safe_dump(topology.to_dict()))
     out = {}
     for data, store in stores.items():
-        for dedup in dedups:
-            for strategy in strategies:
-                dest = scratch / f"plan-{topo_name}-{data}-{dedup}-{strategy}"
-                try:
-                    summary = shardflow("plan", f"{store}.profile", "--topology", str(path), "--strategy", strategy,
-                                        "--batch-size", str(BATCH), "--dedup", dedup, "--out", str(dest))
-                except RuntimeError as e:
-                    print(f"  {topo_name} {data} {dedup} {strategy}: no plan ({e})", flush=True)
-                    continue
-                out[(data, dedup, strategy)] = (dest, summary)
+        for batch in batches:
+            for dedup in dedups:
+                for strategy in strategies:
+                    dest = scratch / f"plan-{topo_name}-{data}-{dedup}-{strategy}-{batch}"
+                    try:
+                        summary = shardflow("plan", f"{store}.profile", "--topology", str(path), "--strategy",
+                                            strategy, "--batch-size", str(batch), "--dedup", dedup, "--out",
+                                            str(dest))
+                    except RuntimeError as e:
+                        print(f"  {topo_name} {data} {dedup} {strategy} batch {batch}: no plan ({e})", flush=True)
+                        continue
+                    out[(data, dedup, strategy, batch)] = (dest, summary)
     return out
+
+
+def run_rounds(cluster: EmulatedCluster, cells: dict, stores: dict, rounds: int, steps: int, label: str) -> dict:
+    """Every cell once per round, in the same order each round; per cell its measurements."""
+    shaped = {node.name: node.uplink_bytes_per_s for node in cluster.network.nodes}
+    runs: dict = {key: [] for key in cells}
+    for r in range(rounds):
+        started = time.monotonic()
+        for key, (plan, _) in cells.items():
+            summary, moved = train(cluster, stores[key[0]], plan, steps)
+            runs[key].append(measure(summary, moved, steps, shaped))
+        print(f"  {label} round {r + 1}: {time.monotonic() - started:.0f} s, load {os.getloadavg()[0]:.1f}",
+              flush=True)
+    return runs
 
 
 def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int) -> tuple[dict, dict]:
@@ -132,6 +154,8 @@ def main() -> int:
     ap.add_argument("--data", default="bundled,zipf")
     ap.add_argument("--strategies", default="row-wise-mod,row-wise-block,table-wise,flexshard")
     ap.add_argument("--dedups", default="device,node")
+    ap.add_argument("--fit", action="store_true",
+                    help=f"fit the cost model's wire (bytes factor, round cost) on {FIT_TOPOLOGY} instead")
     args = ap.parse_args()
     reason = cannot_emulate()
     if reason:
@@ -144,19 +168,40 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-emulated-") as tmp:
         scratch = Path(tmp)
         stores = datasets(scratch, args.data.split(","))
+        if args.fit:
+            return fit(scratch, stores, args)
         for topo_name, topology in topologies.items():
             cells = plans(scratch, topo_name, topology, stores, strategies, dedups)
-            runs: dict = {key: [] for key in cells}
             with EmulatedCluster(topology, args.time_scale, scratch / f"logs-{topo_name}") as cluster:
                 shaped = {node.name: node.uplink_bytes_per_s for node in cluster.network.nodes}
-                for r in range(args.rounds):
-                    started = time.monotonic()
-                    for key, (plan, _) in cells.items():
-                        summary, moved = train(cluster, stores[key[0]], plan, args.steps)
-                        runs[key].append(measure(summary, moved, args.steps, shaped))
-                    print(f"  {topo_name} round {r + 1}: {time.monotonic() - started:.0f} s, "
-                          f"load {os.getloadavg()[0]:.1f}", flush=True)
+                runs = run_rounds(cluster, cells, stores, args.rounds, args.steps, topo_name)
             print_table(topo_name, topology, args.time_scale, cells, runs, shaped)
+    return 0
+
+
+def fit(scratch: Path, stores: dict, args) -> int:
+    """The wire's two constants, non-negative least squares over cells whose payload and rounds differ:
+    measured comm = bytes_factor × Σ rounds' payload seconds × scale + round cost × rounds."""
+    topology = TOPOLOGIES[FIT_TOPOLOGY]
+    cells = plans(scratch, FIT_TOPOLOGY, topology, stores, ["row-wise-mod", "flexshard"], ["device", "node"],
+                  FIT_BATCHES)
+    with EmulatedCluster(topology, args.time_scale, scratch / "logs-fit") as cluster:
+        runs = run_rounds(cluster, cells, stores, args.rounds, args.steps, f"fit on {FIT_TOPOLOGY}")
+    keys = list(cells)
+    payload = np.array([sum(cells[k][1]["round_payload_s_per_step"].values()) * args.time_scale for k in keys])
+    rounds = np.array([len(cells[k][1]["round_payload_s_per_step"]) for k in keys], dtype=float)
+    comm = np.array([statistics.median(m["comm_s"] for m in runs[k]) for k in keys])
+    (factor, round_s), _ = nnls(np.stack([payload, rounds], axis=1), comm)  # neither cost can be negative
+    print(f"\nfit on {FIT_TOPOLOGY} / {args.time_scale:g}, {args.rounds} rounds of {args.steps} steps")
+    print(f"{'data':8} {'dedup':6} {'strategy':13} {'batch':>6} {'rounds':>6} {'payload s':>9} {'comm s':>17}"
+          f" {'fitted s':>8} {'ratio':>6}")
+    for k, p, r, c in zip(keys, payload, rounds, comm):
+        predicted = factor * p + round_s * r
+        print(f"{k[0]:8} {k[1]:6} {k[2]:13} {k[3]:6} {r:6.0f} {p:9.3f} {spread([m['comm_s'] for m in runs[k]]):>17}"
+              f" {predicted:8.3f} {c / predicted:6.2f}")
+    in_topology_s = round_s / args.time_scale
+    print(f"bytes_factor {factor:.3f}; round cost {round_s * 1e3:.1f} ms here = {in_topology_s * 1e6:.1f} µs in the"
+          f" topology's time: Wire(bytes_factor={factor:.3f}, round_s={in_topology_s:.3g})")
     return 0
 
 
@@ -165,10 +210,10 @@ def print_table(topo_name: str, topology: Topology, scale: float, cells: dict, r
     print(f"\n{topo_name} ({nodes}; emulated / {scale:g}) — min/median/max over rounds")
     print(f"{'data':8} {'dedup':6} {'strategy':15} {'step s':>17} {'comm s':>17} {'model s':>8} {'ratio':>6}"
           f" {'speed-up meas.':>15} {'model':>6}  fullest uplink: MB/step, Mbit/s busy / shaped")
-    for (data, dedup, strategy), ms in runs.items():
-        model_s = cells[(data, dedup, strategy)][1]["comm_time_s_per_step"] * scale
-        base = runs.get((data, dedup, "row-wise-mod"))
-        base_model = cells.get((data, dedup, "row-wise-mod"), (None, {}))[1].get("comm_time_s_per_step")
+    for (data, dedup, strategy, batch), ms in runs.items():
+        model_s = cells[(data, dedup, strategy, batch)][1]["comm_time_s_per_step"] * scale
+        base = runs.get((data, dedup, "row-wise-mod", batch))
+        base_model = cells.get((data, dedup, "row-wise-mod", batch), (None, {}))[1].get("comm_time_s_per_step")
         step = statistics.median(m["step_s"] for m in ms)
         comm = statistics.median(m["comm_s"] for m in ms)
         up = f"{statistics.median(base_m['step_s'] for base_m in base) / step:.2f}×" if base else "-"
