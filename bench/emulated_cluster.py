@@ -97,7 +97,8 @@ def plans(scratch: Path, topo_name: str, topology: Topology, stores: dict, strat
                                             strategy, "--batch-size", str(batch), "--dedup", dedup, "--out",
                                             str(dest))
                     except RuntimeError as e:
-                        print(f"  {topo_name} {data} {dedup} {strategy} batch {batch}: no plan ({e})", flush=True)
+                        why = str(e).rpartition("error: ")[2].split(";")[0]
+                        print(f"  {topo_name} {data} {dedup} {strategy}: no plan ({why})", flush=True)
                         continue
                     out[(data, dedup, strategy, batch)] = (dest, summary)
     return out
@@ -209,22 +210,28 @@ def print_table(topo_name: str, topology: Topology, scale: float, cells: dict, r
     nodes = ", ".join(f"{n.name} {n.devices}×{n.uplink_gbytes_per_s:g} GB/s" for n in topology.nodes)
     print(f"\n{topo_name} ({nodes}; emulated / {scale:g}) — min/median/max over rounds")
     print(f"{'data':8} {'dedup':6} {'strategy':15} {'step s':>17} {'comm s':>17} {'model s':>8} {'ratio':>6}"
-          f" {'speed-up meas.':>15} {'model':>6}  fullest uplink: MB/step, Mbit/s busy / shaped")
-    for (data, dedup, strategy, batch), ms in runs.items():
-        model_s = cells[(data, dedup, strategy, batch)][1]["comm_time_s_per_step"] * scale
-        base = runs.get((data, dedup, "row-wise-mod", batch))
-        base_model = cells.get((data, dedup, "row-wise-mod", batch), (None, {}))[1].get("comm_time_s_per_step")
-        step = statistics.median(m["step_s"] for m in ms)
-        comm = statistics.median(m["comm_s"] for m in ms)
-        up = f"{statistics.median(base_m['step_s'] for base_m in base) / step:.2f}×" if base else "-"
-        up_model = f"{base_model * scale / model_s:.2f}×" if base_model and model_s > 0 else "-"
+          f" {'speed-up: step':>14} {'comm':>6} {'model':>6}  fullest uplink: MB/step, Mbit/s busy / shaped")
+    step = {key: statistics.median(m["step_s"] for m in ms) for key, ms in runs.items()}
+    comm = {key: statistics.median(m["comm_s"] for m in ms) for key, ms in runs.items()}
+    model = {key: cells[key][1]["comm_time_s_per_step"] * scale for key in runs}
+    for key, ms in runs.items():
+        data, dedup, strategy, batch = key
+        base = (data, dedup, "row-wise-mod", batch)
+        ups = [f"{d[base] / d[key]:.2f}×" if base in d and d[key] > 0 else "-" for d in (step, comm, model)]
         link = ms[-1]["link"]
-        ratio = comm / model_s if model_s else float("nan")
         print(f"{data:8} {dedup:6} {strategy:15} {spread([m['step_s'] for m in ms]):>17}"
-              f" {spread([m['comm_s'] for m in ms]):>17} {model_s:8.2f} {ratio:6.2f}"
-              f" {up:>15} {up_model:>6}  {link}: {statistics.median(m['link_bytes'] for m in ms) / 1e6:.2f},"
+              f" {spread([m['comm_s'] for m in ms]):>17} {model[key]:8.2f} {comm[key] / model[key]:6.2f}"
+              f" {ups[0]:>14} {ups[1]:>6} {ups[2]:>6}  {link}:"
+              f" {statistics.median(m['link_bytes'] for m in ms) / 1e6:.2f},"
               f" {statistics.median(m['link_rate'] for m in ms) * 8 / 1e6:.0f} / {shaped[link] * 8 / 1e6:.0f}")
-
+    ratios = [comm[key] / model[key] for key in runs]
+    print(f"measured / modeled comm: {min(ratios):.2f}–{max(ratios):.2f}; "
+          f"{sum(abs(r - 1) <= 0.2 for r in ratios)} of {len(ratios)} cells within ±20%")
+    disagree = [f"{a[0]} {a[1]}: {a[2]} vs {b[2]}" for a in runs for b in runs
+                if a[:2] == b[:2] and a[2] < b[2] and abs(model[a] - model[b]) > 0.1 * min(model[a], model[b])
+                and (model[a] < model[b]) != (step[a] < step[b])]
+    print(f"ranking by measured step time where the modeled times differ by over 10%: "
+          f"{'as modeled' if not disagree else 'differs in ' + '; '.join(disagree)}")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shardflow.emulation.cluster import EmulatedCluster
 from shardflow.emulation.network import PREFIX, Network, cannot_emulate, namespaces, sweep
 from shardflow.emulation.probe import stream_bytes_per_s
 from shardflow.planner.topology import Node, Topology
 from tests.support import REAL
 
 ROOT = Path(__file__).resolve().parents[2]
+SHARDFLOW = [sys.executable, "-m", "cli.main"]
 CANNOT = cannot_emulate()
 needs_netns = pytest.mark.skipif(CANNOT is not None, reason=CANNOT or "")
 UNEVEN = Topology((Node("a", 2, 25.0), Node("b", 2, 5.0)), 600.0)  # at / 500: 400 and 80 Mbit/s
@@ -63,6 +63,27 @@ def topology_file(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory, topology_file):
+    """The bundled log imported and profiled once; `planned(strategy)` -> (dataset, plan) at batch 512."""
+    if CANNOT is not None:
+        pytest.skip(CANNOT)
+    root = tmp_path_factory.mktemp("planned")
+    ds = root / "ds"
+    for args in (["import", "--format", "sasrec", str(REAL["sasrec"]), str(ds)],
+                 ["profile", str(ds), "--workers", "2"]):
+        subprocess.run([*SHARDFLOW, *args], check=True, capture_output=True, cwd=ROOT)
+
+    def plan(strategy: str) -> tuple[Path, Path]:
+        out = root / f"plan-{strategy}"
+        if not out.exists():
+            subprocess.run([*SHARDFLOW, "plan", f"{ds}.profile", "--topology", str(topology_file), "--strategy",
+                            strategy, "--batch-size", "512", "--dedup", "device", "--out", str(out)],
+                           check=True, capture_output=True, cwd=ROOT)
+        return ds, out
+    return plan
+
+
 @needs_netns
 def test_each_uplink_carries_its_shaped_rate_both_ways_and_remove_leaves_nothing():
     network = Network(UNEVEN, SCALE)
@@ -80,24 +101,17 @@ def test_each_uplink_carries_its_shaped_rate_both_ways_and_remove_leaves_nothing
     assert owned_by(os.getpid()) == []
 
 
-@needs_netns
-def test_the_engine_trains_unchanged_on_the_emulated_cluster_and_its_rows_cross_the_uplinks(tmp_path, topology_file):
-    shardflow = [sys.executable, "-m", "cli.main"]
-    ds = tmp_path / "ds"
-    for args in (["import", "--format", "sasrec", str(REAL["sasrec"]), str(ds)],
-                 ["profile", str(ds), "--workers", "2"],
-                 ["plan", f"{ds}.profile", "--topology", str(topology_file), "--strategy", "row-wise-mod",
-                  "--batch-size", "512", "--dedup", "device", "--out", str(tmp_path / "plan")]):
-        subprocess.run([*shardflow, *args], check=True, capture_output=True, cwd=ROOT)
-    with EmulatedCluster(UNEVEN, SCALE, tmp_path / "logs") as cluster:
-        assert cluster.worker_addresses == sorted(cluster.worker_addresses)  # device d is the d-th by address
-        before = cluster.network.uplink_bytes()
-        proc = cluster.command([*shardflow, "train", str(ds), "--plan", str(tmp_path / "plan"), "--max-steps", "4",
-                                "--eval-users", "50", "--json", "--scheduler", cluster.scheduler_address],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        out, err = proc.communicate()
-        assert proc.returncode == 0, err[-2000:]
-        after = cluster.network.uplink_bytes()
+def test_the_engine_trains_unchanged_on_the_emulated_cluster_and_its_rows_cross_the_uplinks(emulated, planned):
+    ds, plan = planned("row-wise-mod")
+    cluster = emulated(UNEVEN)
+    assert cluster.worker_addresses == sorted(cluster.worker_addresses)  # device d is the d-th by address
+    before = cluster.network.uplink_bytes()
+    proc = cluster.command([*SHARDFLOW, "train", str(ds), "--plan", str(plan), "--max-steps", "4", "--eval-users",
+                            "50", "--json", "--scheduler", cluster.scheduler_address],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err[-2000:]
+    after = cluster.network.uplink_bytes()
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["steps"] == 4 and summary["devices"] == 4
     # Row-wise id % 4 over nodes {0, 1} and {2, 3}: about half of every trainer's rows live on the other node.
@@ -177,3 +191,44 @@ def test_a_bad_time_scale_is_refused_naming_it_before_anything_is_built(topology
                                                  "are divided by it)")
     if CANNOT is None:
         assert owned_by(proc.pid) == []
+
+
+def test_an_uplink_cut_for_5_s_mid_run_is_ridden_through_with_the_same_model(emulated, planned):
+    """Node b's uplink goes down for 5 s while the engine trains: connections wait (TCP retransmits), no
+    device is declared lost, and the run ends with exactly the loss and metrics of an uncut run."""
+    ds, plan = planned("flexshard")
+    cluster = emulated(UNEVEN)
+
+    def run(cut: bool) -> tuple[dict, float]:
+        proc = cluster.command([*SHARDFLOW, "train", str(ds), "--plan", str(plan), "--max-steps", "80",
+                                "--eval-users", "100", "--json", "--scheduler", cluster.scheduler_address],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        cut_s = 0.0
+        if cut:
+            wait_for_line_on(proc.stderr, "training flexshard")
+            time.sleep(1.0)
+            cluster.network.cut(1)
+            started = time.monotonic()
+            time.sleep(5.0)
+            assert proc.poll() is None, "the run ended before the link came back: the cut missed it"
+            cluster.network.cut(1, cut=False)
+            cut_s = time.monotonic() - started
+        out, err = proc.communicate(timeout=STARTED_WITHIN_S)
+        assert proc.returncode == 0, err[-2000:]
+        return json.loads(out.strip().splitlines()[-1]), cut_s
+
+    plain, _ = run(cut=False)
+    cut, cut_s = run(cut=True)
+    assert cut_s >= 5.0 and cut["steps"] == plain["steps"] == 80
+    for key in ("loss", "auc", "hr_at_10", "ndcg_at_10"):
+        assert cut[key] == plain[key], key
+
+
+def wait_for_line_on(stream, text: str) -> None:
+    deadline = time.monotonic() + STARTED_WITHIN_S
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        assert line, f"the stream ended before {text!r}"
+        if text in line:
+            return
+    raise AssertionError(f"no {text!r} within {STARTED_WITHIN_S:.0f} s")
