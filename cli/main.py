@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from shardflow.errors import STORAGE_ERRNOS, InputError, TrainingError, explained, interrupted
+from shardflow.errors import STORAGE_ERRNOS, InputError, TrainingError, WorkerLost, explained, interrupted
 
 log = logging.getLogger("shardflow")
 
@@ -495,6 +495,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except TrainingError as e:
         print(f"shardflow {args.command}: training stopped: {e}", file=sys.stderr)
+        return 3
+    except WorkerLost as e:  # a run restores from its last checkpoint first; `train` keeps none
+        then = (_KEPT if args.command == "run" else "`shardflow train` keeps no checkpoints: run it again on a whole "
+                "cluster, or use `shardflow run`, which restores the last one")
+        print(f"shardflow {args.command}: training stopped: {e}; {then}", file=sys.stderr)
         return 3
     except OSError as e:
         if interrupted(e):

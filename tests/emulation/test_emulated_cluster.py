@@ -4,6 +4,7 @@ on it, and nothing left behind — not after Ctrl-C, SIGTERM or SIGKILL of the h
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -246,3 +247,20 @@ def wait_for_line_on(stream, text: str) -> None:
         if text in line:
             return
     raise AssertionError(f"no {text!r} within {STARTED_WITHIN_S:.0f} s")
+
+
+def test_a_node_cut_off_for_good_stops_the_run_in_one_line_naming_the_lost_device(emulated, planned):
+    ds, plan = planned("flexshard")
+    cluster = emulated(UNEVEN)
+    proc = cluster.command([*SHARDFLOW, "train", str(ds), "--plan", str(plan), "--max-steps", "100000",
+                            "--eval-users", "100", "--scheduler", cluster.scheduler_address],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    wait_for_line_on(proc.stderr, "training flexshard")
+    time.sleep(1.0)
+    cluster.network.cut(1)  # node b, devices 2 and 3, for good
+    _, err = proc.communicate(timeout=STARTED_WITHIN_S)
+    assert proc.returncode == 3, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    (last,) = [line for line in err.splitlines() if line.startswith("shardflow train:")]
+    assert re.match(r"shardflow train: training stopped: .*device.*; `shardflow train` keeps no checkpoints",
+                    last), last
