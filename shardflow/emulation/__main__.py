@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shardflow.emulation.network import cannot_emulate
+from shardflow.emulation.network import cannot_emulate, check_time_scale
 from shardflow.errors import InputError
 from shardflow.planner.topology import load_topology
 
@@ -35,21 +35,19 @@ def _terminated(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def _positive_scale(text: str) -> float:
+def _time_scale(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not value >= 1:
-        raise argparse.ArgumentTypeError(f"{text!r}; accepted: a number >= 1 (link rates are divided by it)")
-    return value
+        return check_time_scale(float(text))
+    except ValueError:  # InputError is one too
+        raise argparse.ArgumentTypeError(
+            f"{text!r}; accepted: a finite number >= 1 (link rates are divided by it)") from None
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m shardflow.emulation",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("topology", help="topology YAML file (nodes, devices, uplink and intra-node rates)")
-    p.add_argument("--time-scale", type=_positive_scale, default=500.0,
+    p.add_argument("--time-scale", type=_time_scale, default=500.0,
                    help="every link rate is divided by this (default 500; docs/emulation.md says how to choose it)")
     p.add_argument("--logs", type=Path,
                    help="folder for the scheduler's and workers' logs (default: a new temp folder)")

@@ -113,10 +113,6 @@ class EmulatedCluster:
         return subprocess.Popen(["ip", "netns", "exec", self.network.hub, *argv], preexec_fn=_die_with_parent,
                                 **popen)
 
-    def stop_worker(self, device: int) -> None:
-        """Kill device's worker (SIGKILL): a node's device lost for good."""
-        self._procs[f"device-{device}"].kill()
-
     def close(self) -> None:
         procs, self._procs = list(self._procs.values()), {}
         for proc in procs:

@@ -19,6 +19,7 @@ host's own interfaces changes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -50,6 +51,12 @@ def cannot_emulate() -> str | None:
     if missing:
         return f"the emulated cluster needs {' and '.join(missing)} (iproute2), not found on PATH"
     return None
+
+
+def check_time_scale(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value < math.inf:
+        raise InputError(f"time scale {value!r}; accepted: a finite number >= 1 (link rates are divided by it)")
+    return float(value)
 
 
 def _run(*argv: str) -> str:
@@ -128,8 +135,7 @@ class Network:
     """The namespaces, links and shaping of one topology; `build`, then `remove` (idempotent)."""
 
     def __init__(self, topology: Topology, time_scale: float):
-        if isinstance(time_scale, bool) or not isinstance(time_scale, (int, float)) or not time_scale >= 1:
-            raise InputError(f"time scale {time_scale!r}; accepted: a number >= 1 (link rates are divided by it)")
+        check_time_scale(time_scale)
         if len(topology.nodes) > MAX_NODES:
             raise InputError(f"topology of {len(topology.nodes)} nodes; accepted: at most {MAX_NODES} emulated nodes")
         self.topology = topology

@@ -197,13 +197,14 @@ def test_without_root_it_says_so_in_one_line(topology_file):
                                    "pairs and tc)")
 
 
-def test_a_bad_time_scale_is_refused_naming_it_before_anything_is_built(topology_file):
-    proc = subprocess.Popen([sys.executable, "-m", "shardflow.emulation", str(topology_file), "--time-scale", "0.5"],
+@pytest.mark.parametrize("scale", ["0.5", "inf", "fast"])
+def test_a_bad_time_scale_is_refused_naming_it_before_anything_is_built(topology_file, scale):
+    proc = subprocess.Popen([sys.executable, "-m", "shardflow.emulation", str(topology_file), "--time-scale", scale],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     _, err = proc.communicate()
     assert proc.returncode == 2
-    assert err.strip().splitlines()[-1].endswith("argument --time-scale: '0.5'; accepted: a number >= 1 (link rates "
-                                                 "are divided by it)")
+    assert err.strip().splitlines()[-1].endswith(f"argument --time-scale: '{scale}'; accepted: a finite number >= 1 "
+                                                 "(link rates are divided by it)")
     if CANNOT is None:
         assert owned_by(proc.pid) == []
 
