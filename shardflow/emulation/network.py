@@ -94,26 +94,31 @@ def sweep() -> list[str]:
     return stale
 
 
-def shape(namespace: str, device: str, bytes_per_s: float) -> None:
-    """Shape what `device` sends to `bytes_per_s` (replacing any shaping before): an HTB class at that rate
-    with two queues, small packets (under SMALL_PACKET bytes: TCP's acks, a request of a few ids) ahead
-    of bulk. One FIFO would hold the acks of the other direction's data behind up to a queue's worth of
-    this direction's, and a link carrying rows both ways (a reply round) would run far below its rate
-    while a real NIC, whose queue is a few packets deep, does not."""
+def shape(namespace: str, device: str, bytes_per_s: float, first: bool = True) -> None:
+    """Shape what `device` sends to `bytes_per_s`: an HTB class at that rate with two queues, small packets
+    (under SMALL_PACKET bytes: TCP's acks, a request of a few ids) ahead of bulk. One FIFO would hold the
+    acks of the other direction's data behind up to a queue's worth of this direction's, and a link
+    carrying rows both ways (a reply round) would run far below its rate while a real NIC, whose queue
+    is a few packets deep, does not. With `first` False the classes of an earlier call change rate in
+    place (a link slowed mid-run loses no queued packet)."""
     rate = f"{int(bytes_per_s * 8)}bit"
     burst = str(max(MIN_BURST_BYTES, int(bytes_per_s * BURST_S)))
-    queue = str(max(QUEUE_MIN_PACKETS, int(bytes_per_s * QUEUE_S / 1514)))
     tc = ("tc", "-n", namespace)
-    _run(*tc, "qdisc", "replace", "dev", device, "root", "handle", "1:", "htb", "default", "20")
-    _run(*tc, "class", "add", "dev", device, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
+    verb = "add" if first else "change"
+    if first:
+        _run(*tc, "qdisc", "add", "dev", device, "root", "handle", "1:", "htb", "default", "20")
+    _run(*tc, "class", verb, "dev", device, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
          "burst", burst, "cburst", burst, "quantum", QUANTUM)
     for classid, share, prio in (("1:10", 0.1, "0"), ("1:20", 0.9, "1")):
-        _run(*tc, "class", "add", "dev", device, "parent", "1:1", "classid", classid, "htb",
+        _run(*tc, "class", verb, "dev", device, "parent", "1:1", "classid", classid, "htb",
              "rate", f"{max(int(bytes_per_s * 8 * share), 8000)}bit", "ceil", rate, "burst", burst, "cburst", burst,
              "prio", prio, "quantum", QUANTUM)
-        _run(*tc, "qdisc", "add", "dev", device, "parent", classid, "pfifo", "limit", queue)
-    _run(*tc, "filter", "add", "dev", device, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-         "match", "u16", "0x0000", f"0x{0x10000 - SMALL_PACKET:04x}", "at", "2", "flowid", "1:10")
+        if first:
+            queue = str(max(QUEUE_MIN_PACKETS, int(bytes_per_s * QUEUE_S / 1514)))
+            _run(*tc, "qdisc", "add", "dev", device, "parent", classid, "pfifo", "limit", queue)
+    if first:
+        _run(*tc, "filter", "add", "dev", device, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+             "match", "u16", "0x0000", f"0x{0x10000 - SMALL_PACKET:04x}", "at", "2", "flowid", "1:10")
 
 
 @dataclass(frozen=True)
@@ -175,7 +180,7 @@ class Network:
                 _run("ip", "-n", self.hub, "link", "set", port, "up")
                 _run("ip", "-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", UPLINK)
                 _run("ip", "-n", node.namespace, "link", "set", UPLINK, "up")
-                self.shape_uplink(k, node.uplink_bytes_per_s)
+                self.shape_uplink(k, node.uplink_bytes_per_s, first=True)
                 shape(node.namespace, "lo", self.intra_bytes_per_s)
         except BaseException:
             self.remove()
@@ -186,10 +191,10 @@ class Network:
         self._made.append(namespace)
         _run("ip", "-n", namespace, "link", "set", "lo", "up")
 
-    def shape_uplink(self, k: int, bytes_per_s: float) -> None:
+    def shape_uplink(self, k: int, bytes_per_s: float, first: bool = False) -> None:
         """Node k's uplink, both ways, at `bytes_per_s` (already scaled): to slow a link mid-run, or to restore it."""
-        shape(self.nodes[k].namespace, UPLINK, bytes_per_s)
-        shape(self.hub, f"p{k}", bytes_per_s)
+        shape(self.nodes[k].namespace, UPLINK, bytes_per_s, first)
+        shape(self.hub, f"p{k}", bytes_per_s, first)
 
     def cut(self, k: int, cut: bool = True) -> None:
         """Take node k's uplink down (every connection through it stalls), or bring it back up."""

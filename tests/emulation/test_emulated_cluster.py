@@ -102,6 +102,20 @@ def test_each_uplink_carries_its_shaped_rate_both_ways_and_remove_leaves_nothing
     assert owned_by(os.getpid()) == []
 
 
+@needs_netns
+def test_an_uplink_slowed_and_restored_in_place_carries_each_rate():
+    network = Network(UNEVEN, SCALE)
+    network.build()
+    try:
+        a = network.nodes[0].uplink_bytes_per_s
+        for rate in (a / 10, a):  # 40 Mbit/s, then back to 400
+            network.shape_uplink(0, rate)
+            measured = stream_bytes_per_s(network, 0, None, 4 << 20)
+            assert 0.8 * rate <= measured <= 1.05 * rate, (rate, measured)
+    finally:
+        network.remove()
+
+
 def test_the_engine_trains_unchanged_on_the_emulated_cluster_and_its_rows_cross_the_uplinks(emulated, planned):
     ds, plan = planned("row-wise-mod")
     cluster = emulated(UNEVEN)
