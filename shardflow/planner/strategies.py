@@ -9,6 +9,7 @@ fit the per-device budget, naming the shortfall.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
@@ -115,6 +116,20 @@ class FlexShard:
 
     def plan(self, accesses, topology, budget_bytes, model):
         budget_rows = budget_bytes // row_bytes(model.shape.dim)
+        by_name = {a.name: a for a in accesses}
+        best, best_time = None, np.inf
+        for plan in self.candidates(accesses, topology, budget_bytes, model):  # one at a time: 10^8 rows is 500 MB
+            if plan is None or (plan.rows_per_device(topology) > budget_rows).any():
+                continue
+            time = model.evaluate(plan, by_name).comm_time_s_per_step
+            if time < best_time:
+                best, best_time = plan, time
+        return best
+
+    def candidates(self, accesses, topology, budget_bytes, model) -> Iterator[ShardingPlan | None]:
+        """Its tiered plan (None where none fits), then the same placement with no replication, each at the
+        budget and at the smaller ones of SLACK_LADDER, then row-wise-mod's placement; made one at a time."""
+        budget_rows = budget_bytes // row_bytes(model.shape.dim)
         flat = [np.full(a.rows, SINGLE, dtype=np.int8) for a in accesses]
         smaller = [slack_budget_bytes(accesses, topology, model.shape.dim, slack) // row_bytes(model.shape.dim)
                    for slack in SLACK_LADDER]
@@ -126,16 +141,8 @@ class FlexShard:
               for rows in budgets),
             lambda: ShardingPlan(self.name, RowWiseMod().plan(accesses, topology, budget_bytes, model).tables),
         )
-        by_name = {a.name: a for a in accesses}
-        best, best_time = None, np.inf
-        for make in candidates:  # one at a time: a 10^8-row plan is 500 MB
-            plan = make()
-            if plan is None or (plan.rows_per_device(topology) > budget_rows).any():
-                continue
-            time = model.evaluate(plan, by_name).comm_time_s_per_step
-            if time < best_time:
-                best, best_time = plan, time
-        return best
+        for make in candidates:
+            yield make()
 
     def _tiered(self, accesses, topology, budget_rows, model) -> ShardingPlan | None:
         P = topology.devices

@@ -70,6 +70,28 @@ def cost_model(profile: Profile, accesses: list[TableAccess], topology: Topology
                                                 first=first))
 
 
+@dataclass(frozen=True)
+class PlanInputs:
+    """What planning a profile over a topology takes: its accesses, the cost model, the budget per device and
+    where they came from (recorded in the plan store)."""
+
+    accesses: list[TableAccess]
+    model: CostModel
+    budget_bytes: int
+    source: dict
+
+
+def plan_inputs(profile_path: str | Path, topology: Topology, shape: StepShape, memory_slack: float = 0.0,
+                history: int = DEFAULT_HISTORY, negatives: int = DEFAULT_NEGATIVES) -> PlanInputs:
+    profile = Profile.open(profile_path)
+    accesses = accesses_from_profile(profile, history, negatives)
+    model = cost_model(profile, accesses, topology, shape, history, negatives)
+    budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
+    source = {"profile_path": profile_path, "profile": profile, "history": history, "negatives": negatives,
+              "memory_slack": memory_slack}
+    return PlanInputs(accesses, model, budget, source)
+
+
 def make_plan(
     profile_path: str | Path,
     out: str | Path,
@@ -85,20 +107,15 @@ def make_plan(
     """Plan, evaluate and store; returns the summary."""
     if strategy not in STRATEGIES:
         raise InputError(f"strategy {strategy!r}; accepted: {', '.join(STRATEGIES)}")
-    profile = Profile.open(profile_path)
     check_destination(Path(out), overwrite=overwrite)
-    accesses = accesses_from_profile(profile, history, negatives)
-    model = cost_model(profile, accesses, topology, shape, history, negatives)
-    budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
-    plan = propose(strategy, accesses, topology, budget, model)
-    source = {"profile_path": profile_path, "profile": profile, "history": history, "negatives": negatives,
-              "memory_slack": memory_slack}
-    return _store(out, plan, accesses, model, budget, source, overwrite=overwrite)
+    inputs = plan_inputs(profile_path, topology, shape, memory_slack, history, negatives)
+    plan = propose(strategy, inputs.accesses, topology, inputs.budget_bytes, inputs.model)
+    return store_plan(out, plan, inputs, overwrite=overwrite)
 
 
-def _store(out: str | Path, plan: ShardingPlan, accesses: list[TableAccess], model: CostModel, budget: int,
-           source: dict, *, overwrite: bool) -> dict:
+def store_plan(out: str | Path, plan: ShardingPlan, inputs: PlanInputs, *, overwrite: bool = False) -> dict:
     """Summarise `plan` against the bound and row-wise-mod and write the plan store; the summary."""
+    accesses, model, budget, source = inputs.accesses, inputs.model, inputs.budget_bytes, inputs.source
     bound, mod = bound_and_baseline(accesses, model.topology, budget, model)
     summary = summarize(plan, accesses, model.topology, budget, model, bound, mod)
     provenance = {
@@ -193,12 +210,10 @@ def keep_or_replan(
     """
     if not 0 <= margin < 1:
         raise InputError(f"replan margin = {margin!r}; accepted: 0 <= margin < 1 (0.05 = 5%)")
-    profile = Profile.open(profile_path)
     check_destination(Path(out), overwrite=False)
-    accesses = accesses_from_profile(profile, history, negatives)
+    inputs = plan_inputs(profile_path, topology, shape, memory_slack, history, negatives)
+    accesses, model, budget = inputs.accesses, inputs.model, inputs.budget_bytes
     by_name = {a.name: a for a in accesses}
-    model = cost_model(profile, accesses, topology, shape, history, negatives)
-    budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
     if fresh is None:
         fresh = propose(strategy, accesses, topology, budget, model)
     fresh_s = model.evaluate(fresh, by_name).comm_time_s_per_step
@@ -222,9 +237,7 @@ def keep_or_replan(
                 chosen = extended
                 reason = (f"kept the previous placement: {previous_s * 1e6:.1f} µs/step against a fresh plan's "
                           f"{fresh_s * 1e6:.1f}, within {margin:.0%}")
-    source = {"profile_path": profile_path, "profile": profile, "history": history, "negatives": negatives,
-              "memory_slack": memory_slack}
-    _store(out, chosen, accesses, model, budget, source, overwrite=False)
+    store_plan(out, chosen, inputs)
     return ReplanDecision(chosen is fresh, reason, float(fresh_s), None if previous_s is None else float(previous_s))
 
 
@@ -239,10 +252,8 @@ def compare_strategies(
 ) -> tuple[list[dict], dict[str, ShardingPlan]]:
     """(every strategy's summary under the same budget, the plans made); a strategy that fits no plan
     says why and has no plan."""
-    profile = Profile.open(profile_path)
-    accesses = accesses_from_profile(profile, history, negatives)
-    model = cost_model(profile, accesses, topology, shape, history, negatives)
-    budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
+    inputs = plan_inputs(profile_path, topology, shape, memory_slack, history, negatives)
+    accesses, model, budget = inputs.accesses, inputs.model, inputs.budget_bytes
     bound, mod = bound_and_baseline(accesses, topology, budget, model)
     rows, plans = [], {}
     for name in STRATEGIES:
