@@ -261,8 +261,8 @@ class CostModel:
                     reduce_in += np.bincount(device[is_global], rates.q[r_cls[is_global]], minlength=P)
                     bcast_out += np.bincount(device[is_global], rates.q_any[r_cls[is_global]], minlength=P)
                     other = (primary != node) & held
-                    up_pairs = device[other] * P + r_home[other]
-                    up += np.bincount(up_pairs, rates.q_node[node][r_cls[other]] * msg, minlength=P * P)
+                    up += np.bincount(device[other] * P + r_home[other], rates.q_node[node][r_cls[other]] * msg,
+                                      minlength=P * P)
                     down += np.bincount(r_home[other] * P + device[other], rates.q_any[r_cls[other]] * msg,
                                         minlength=P * P)
         if relay:
