@@ -104,9 +104,14 @@ def plans(scratch: Path, topo_name: str, topology: Topology, stores: dict, strat
     return out
 
 
+def shaped_uplinks(cluster: EmulatedCluster) -> dict[str, float]:
+    """Node name -> its uplink's shaped rate, bytes per second."""
+    return {node.name: node.uplink_bytes_per_s for node in cluster.network.nodes}
+
+
 def run_rounds(cluster: EmulatedCluster, cells: dict, stores: dict, rounds: int, steps: int, label: str) -> dict:
     """Every cell once per round, in the same order each round; per cell its measurements."""
-    shaped = {node.name: node.uplink_bytes_per_s for node in cluster.network.nodes}
+    shaped = shaped_uplinks(cluster)
     runs: dict = {key: [] for key in cells}
     for r in range(rounds):
         started = time.monotonic()
@@ -141,9 +146,9 @@ def measure(summary: dict, moved: dict, steps: int, shaped: dict) -> dict:
             "link_rate": busiest / comm_s if comm_s > 0 else float("nan")}
 
 
-def spread(values: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
-    v = sorted(x * scale for x in values)
-    return "/".join(fmt.format(x) for x in (v[0], statistics.median(v), v[-1]))
+def spread(values: list[float]) -> str:
+    v = sorted(values)
+    return "/".join(f"{x:.2f}" for x in (v[0], statistics.median(v), v[-1]))
 
 
 def main() -> int:
@@ -174,7 +179,7 @@ def main() -> int:
         for topo_name, topology in topologies.items():
             cells = plans(scratch, topo_name, topology, stores, strategies, dedups)
             with EmulatedCluster(topology, args.time_scale, scratch / f"logs-{topo_name}") as cluster:
-                shaped = {node.name: node.uplink_bytes_per_s for node in cluster.network.nodes}
+                shaped = shaped_uplinks(cluster)
                 runs = run_rounds(cluster, cells, stores, args.rounds, args.steps, topo_name)
             print_table(topo_name, topology, args.time_scale, cells, runs, shaped)
     return 0
