@@ -133,11 +133,11 @@ class DeviceActor:
     def save(self, path: str) -> dict:
         return self.device.save(path)
 
-    def verify(self, path: str, digests: dict) -> None:
-        self.device.verify(path, digests)
+    def verify(self, path: str, digests: dict, shard: int) -> None:
+        self.device.verify(path, digests, shard)
 
-    def load(self, path: str, digests: dict, clock: int, dense_steps: int) -> None:
-        self.device.load(path, digests, clock, dense_steps)
+    def restore(self, path: str, digests: dict, shards_before: int, clock: int, dense_steps: int) -> bool:
+        return self.device.restore(path, digests, shards_before, clock, dense_steps)
 
     def warm_start(self, model: str, rows: dict, dense_steps: int) -> None:
         self.device.warm_start(model, rows, dense_steps)

@@ -29,6 +29,7 @@ from shardflow.training.evaluate import EVAL_CHUNK
 from shardflow.training.messages import (Apply, ApplyDense, Compute, EndStep, Instruction, Kind, Message, Round, Send,
                                          to_host)
 from shardflow.training.protocol import StepProtocol
+from shardflow.training.rehome import rehome, shard_names
 from shardflow.training.shard import ParameterShard, RowLayout
 from storage.checkpoint import read_arrays, read_export, read_export_dense, verify_arrays, write_arrays
 
@@ -286,6 +287,7 @@ class Device:
             arrays[f"{t}/weights"] = to_host(sh.weights[t])
             arrays[f"{t}/state"] = to_host(sh.state[t])
             arrays[f"{t}/version"] = sh.version[t]
+            arrays[f"{t}/ids"] = sh.layouts[t].init_ids  # what another plan's shards look up (rehome)
         out = {"clock": sh.clock}
         if sh.dense is not None:
             dense, dense_state, out["dense_steps"] = self.dense_parameters()
@@ -295,9 +297,34 @@ class Device:
         out["digests"] = write_arrays(root, arrays, f"shards/{self.index}")
         return out
 
-    def verify(self, path: str, digests: dict) -> None:
-        """Check this shard's arrays in checkpoint `path` against `digests` (an InputError naming a bad one)."""
-        verify_arrays(Path(path) / "shards" / str(self.index), self._arrays(), f"shards/{self.index}", digests)
+    def verify(self, path: str, digests: dict, shard: int | None = None) -> None:
+        """Check the arrays of checkpoint `path`'s shard `shard` (this device's by default) against `digests`
+        (an InputError naming a bad one)."""
+        k = self.index if shard is None else shard
+        names = sorted(set(shard_names(digests, k)) | (set(self._arrays()) if k == self.index else set()))
+        verify_arrays(Path(path) / "shards" / str(k), names, f"shards/{k}", digests)
+
+    def restore(self, path: str, digests: dict, shards_before: int, clock: int, dense_steps: int) -> bool:
+        """Restore this shard from checkpoint `path` (every shard of it verified first): in place when the
+        checkpoint's shard of this index stored exactly this device's rows, else from the shards of another plan
+        (shardflow.training.rehome). Whether its rows moved."""
+        if self._same_rows(path, digests, shards_before):
+            self.load(path, digests, clock, dense_steps)
+            return False
+        rehome(self.shard, path, digests, shards_before, clock, dense_steps)
+        return True
+
+    def _same_rows(self, path: str, digests: dict, shards_before: int) -> bool:
+        if self.index >= shards_before:
+            return False
+        root = Path(path) / "shards" / str(self.index)
+        for t, lay in self.shard.layouts.items():
+            if f"shards/{self.index}/{t}/ids" not in digests:  # written before checkpoints carried ids
+                return shards_before == self.topology.devices
+            ids = read_arrays(root, [f"{t}/ids"], f"shards/{self.index}", digests)[f"{t}/ids"]
+            if not np.array_equal(ids, lay.init_ids):
+                return False
+        return True
 
     def load(self, path: str, digests: dict, clock: int, dense_steps: int) -> None:
         """Restore this shard from checkpoint `path` (verified first with `verify` on every device)."""
@@ -320,13 +347,8 @@ class Device:
                 sh.weights[t] = torch.from_numpy(w).to(self.torch)
                 sh.state[t] = torch.from_numpy(arrays[f"{t}/state"]).to(self.torch)
         if sh.dense is not None:
-            for k, p in sh.dense.items():
-                v = arrays[f"dense/{k}"]
-                if v.shape != tuple(p.shape):
-                    raise InputError(f"{root}/dense/{k}: shape {v.shape}; accepted: {tuple(p.shape)}")
-                p.copy_(torch.from_numpy(v))
-            sh.dense_optimizer.load({k: torch.from_numpy(arrays[f"dense_opt/{k}"]) for k in sh.dense_optimizer.state},
-                                    dense_steps)
+            sh.load_dense({k: arrays[f"dense/{k}"] for k in sh.dense},
+                          {k: arrays[f"dense_opt/{k}"] for k in sh.dense_optimizer.state}, dense_steps, str(root))
         sh.clock = clock
 
     def warm_start(self, model: str, rows: dict, dense_steps: int) -> None:
@@ -350,6 +372,4 @@ class Device:
         if sh.dense is not None:
             shapes = {k: tuple(p.shape) for k, p in sh.dense.items()}
             dense, dense_state = read_export_dense(model, shapes, list(sh.dense_optimizer.state))
-            for k, p in sh.dense.items():
-                p.copy_(torch.from_numpy(dense[k]))
-            sh.dense_optimizer.load({k: torch.from_numpy(v) for k, v in dense_state.items()}, dense_steps)
+            sh.load_dense(dense, dense_state, dense_steps, str(model))

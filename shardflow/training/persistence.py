@@ -42,19 +42,28 @@ class Persistence:
             }, digests)
 
     def restore(self, path: str | Path) -> dict:
-        """Load every shard from the complete checkpoint at `path`; its manifest."""
+        """Load every shard from the complete checkpoint at `path`; its manifest, with `moved`: whether rows moved.
+
+        A checkpoint written under this plan is read in place, shard by shard. One written
+        under another plan (a topology that lost or gained devices since) is moved onto this
+        one: each shard takes its rows from the checkpoint's shards that hold them
+        (shardflow.training.rehome). Either way every shard of the checkpoint is verified
+        before any is read: a damaged checkpoint changes nothing.
+        """
         m = read_checkpoint(path, CHECKPOINT)
         mine, theirs = config_record(self.model), read_record(m["model"])
-        if theirs != mine or m["devices"] != self.topology.devices:
+        carries_ids = any(k.endswith("/ids") for k in m["arrays"])
+        if theirs != mine or (m["devices"] != self.topology.devices and not carries_ids):
             raise InputError(
                 f"{path}: checkpoint of model {theirs} on {m['devices']} devices; accepted: model {mine} "
                 f"on {self.topology.devices} devices (the run's configuration)"
             )
-        # Every shard's arrays verified before any is read in place: a damaged checkpoint changes nothing.
-        self._wait([a.verify(str(path), m["arrays"]) for a in self.actors])
-        self._wait([a.load(str(path), m["arrays"], m["step"], m["dense_steps"]) for a in self.actors])
+        P = len(self.actors)
+        self._wait([self.actors[k % P].verify(str(path), m["arrays"], k) for k in range(m["devices"])])
+        moved = self._wait([a.restore(str(path), m["arrays"], m["devices"], m["step"], m["dense_steps"])
+                            for a in self.actors])
         self.step_count = m["step"]
-        return m
+        return {**m, "moved": any(moved)}
 
     def warm_start(self, model: str | Path, manifest: dict) -> None:
         """Start from an exported model (`manifest` is its verified manifest), placed onto this plan.

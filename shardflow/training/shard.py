@@ -121,6 +121,16 @@ class ParameterShard:
     def apply_dense(self, total: dict[str, torch.Tensor]) -> None:
         self.dense_optimizer.step(total)
 
+    def load_dense(self, dense: dict[str, np.ndarray], state: dict[str, np.ndarray], steps: int, where: str) -> None:
+        """Take saved dense layers and their optimiser's state after `steps` steps; a layer of another shape (read
+        from `where`) is refused before any is taken."""
+        for k, p in self.dense.items():
+            if dense[k].shape != tuple(p.shape):
+                raise InputError(f"{where}/dense/{k}: shape {dense[k].shape}; accepted: {tuple(p.shape)}")
+        for k, p in self.dense.items():
+            p.copy_(torch.from_numpy(dense[k]))
+        self.dense_optimizer.load({k: torch.from_numpy(v) for k, v in state.items()}, steps)
+
     def finish_step(self, step: int) -> None:
         self.check_clock(step)
         self.clock = step + 1

@@ -205,6 +205,23 @@ def test_a_restored_checkpoint_continues_bitwise_and_the_export_holds_every_row(
             e.restore(tmp_path / "run" / "checkpoints" / "epoch-000001")
 
 
+def test_a_checkpoint_of_four_devices_resumes_on_the_two_left_and_learns_what_the_reference_learns(
+        client, dataset, data, tmp_path):
+    path = tmp_path / "run" / "checkpoints" / "epoch-000001"
+    with Engine(client, dataset, random_plan(data, 4, seed=7), TOPOLOGIES[4], MODEL, OPTIMIZER,
+                TrainConfig(BATCH)) as e:
+        for i in range(2):
+            e.step(0, i)
+        e.checkpoint(path, {"epochs_done": 1})
+    with Engine(client, dataset, planned(dataset, "row-wise-mod", 2), TOPOLOGIES[2], MODEL, OPTIMIZER,
+                TrainConfig(BATCH)) as e:
+        m = e.restore(path)
+        assert m["moved"] and m["devices"] == 4 and e.step_count == 2
+        for i in range(2, 4):
+            e.step(0, i)
+        check_against(reference(data, 4), e.parameters())
+
+
 def test_a_lost_worker_near_its_memory_limit_is_reported_as_probably_stopped_for_memory():
     from types import SimpleNamespace
 

@@ -8,7 +8,7 @@ import torch
 
 from support import (BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, in_process_devices, planned,
                      random_plan, reference)
-from shardflow.errors import TrainingError
+from shardflow.errors import InputError, TrainingError
 from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.topology import Node, Topology
@@ -267,6 +267,49 @@ def test_a_shard_restores_in_place_and_a_damaged_checkpoint_changes_nothing(data
         for f in ("weights", "state"):
             assert devs[0].parameters()[t][f].tobytes() == at_save[0][t][f].tobytes()
     assert devs[0].shard.weights["item"] is weights  # restored into the same tensor, not a second copy
+
+
+@pytest.mark.parametrize("before, after", [(4, 2), (3, 4), (2, 1)])
+def test_a_checkpoint_moves_onto_another_plan_and_training_goes_on_as_the_reference_does(data, tmp_path, before,
+                                                                                          after):
+    """A topology that lost (or gained) devices: the checkpoint's rows, sums, versions and dense state land on a
+    plan of the devices there are now, and the steps after it learn what the reference learns."""
+    old = in_process_devices(data, random_plan(data, before, seed=5), TOPOLOGIES[before])
+    for i in range(2):
+        InProcess(old).step(0, i, i, 0)
+    saved = [d.save(str(tmp_path / "ckpt")) for d in old]
+    digests = {k: v for s in saved for k, v in s["digests"].items()}
+    at_save = {t: {} for t in data.rows}
+    for p in (d.parameters() for d in old):
+        for t in data.rows:
+            at_save[t].update({i: (w.tobytes(), a, v) for i, w, a, v in zip(p[t]["ids"].tolist(), p[t]["weights"],
+                                                                            p[t]["state"], p[t]["version"])})
+    new = in_process_devices(data, random_plan(data, after, seed=6), TOPOLOGIES[after])
+    for k in range(before):
+        new[k % after].verify(str(tmp_path / "ckpt"), digests, k)
+    moved = [d.restore(str(tmp_path / "ckpt"), digests, before, 2, saved[0]["dense_steps"]) for d in new]
+    assert all(moved) and all(d.shard.clock == 2 for d in new)
+    for p in (d.parameters() for d in new):
+        for t in data.rows:
+            assert [at_save[t][i] for i in p[t]["ids"].tolist()] == [
+                (w.tobytes(), a, v) for w, a, v in zip(p[t]["weights"], p[t]["state"], p[t]["version"])]
+    assert all(np.array_equal(new[0].parameters()["dense"][k], v) for k, v in old[0].parameters()["dense"].items())
+    for i in range(2, 4):
+        InProcess(new).step(0, i, i, 0)
+    check_against(reference(data, 4), [d.parameters() for d in new])
+
+
+def test_a_checkpoint_of_the_same_plan_is_read_in_place_and_one_without_ids_moves_nowhere(data, tmp_path):
+    devs = in_process_devices(data, random_plan(data, 2, seed=4), TOPOLOGIES[2])
+    InProcess(devs).step(0, 0, 0, 0)
+    saved = [d.save(str(tmp_path / "ckpt")) for d in devs]
+    digests = {k: v for s in saved for k, v in s["digests"].items()}
+    again = in_process_devices(data, random_plan(data, 2, seed=4), TOPOLOGIES[2])
+    assert [d.restore(str(tmp_path / "ckpt"), digests, 2, 1, 1) for d in again] == [False, False]
+    elsewhere = in_process_devices(data, random_plan(data, 1, seed=4), TOPOLOGIES[1])
+    without_ids = {k: v for k, v in digests.items() if not k.endswith("/ids")}
+    with pytest.raises(InputError, match=r"shard 0 has no ids of table .*accepted: a resume on the devices it was"):
+        elsewhere[0].restore(str(tmp_path / "ckpt"), without_ids, 2, 1, 1)
 
 
 def test_one_phase_per_device_and_a_fresh_state_for_every_step(data):
