@@ -2,7 +2,8 @@
 
 Checkpoint of a run after epoch N (run_dir/checkpoints/epoch-000N):
 
-    shards/<device>/<table>/weights|state|version   written by that device's shard
+    shards/<device>/<table>/weights|state|version|ids   written by that device's shard (ids: the global
+                      ids of its rows, so another plan can take them: shardflow.training.rehome)
     shards/0/dense/<name>, shards/0/dense_opt/<slot> device 0: the MLP and its optimizer
     manifest.json     written last by the engine: epoch, step, seed, plan checksum,
                       model and optimizer configs, every array's checksum

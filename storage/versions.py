@@ -84,6 +84,14 @@ def start(run_dir: str | Path, number: int, record: dict) -> Path:
     return path
 
 
+def restart(run_dir: str | Path, number: int, record: dict) -> dict:
+    """Rewrite unfinished version `number`'s start record (a resume under another topology), keeping everything
+    it holds; the record."""
+    record = {**record, "version": number}
+    write_record(version_dir(run_dir, number) / STARTED, record)
+    return record
+
+
 def finish(run_dir: str | Path, number: int, record: dict) -> None:
     write_record(version_dir(run_dir, number) / RESULT, {"version": number, **record})
 

@@ -58,7 +58,8 @@ def next_run(run_dir: str | Path) -> str:
         return "tries again from the stores as they are (nothing of this run is kept)"
     done = complete_checkpoints(versions.version_dir(run_dir, last))
     if done:
-        return f"resumes version {last} from its checkpoint after epoch {done[-1][0]} (same data and configuration)"
+        return (f"resumes version {last} from its checkpoint after epoch {done[-1][0]} (same data and "
+                "configuration; on a new plan if only the topology changed)")
     return f"starts version {last} again from the beginning (no checkpoint of it was complete)"
 
 

@@ -111,17 +111,21 @@ def shard(config: RetrainConfig, profile_path: str, out: str,
           previous_plan: str | None) -> tuple[list[dict], ReplanDecision]:
     """(every strategy's figures, the drift decision): the version's plan, the promoted one's kept or replaced.
 
-    A version resumed part-way keeps the plan it was trained with.
+    A version resumed part-way keeps the plan it was trained with, unless it resumes on
+    another topology (devices lost or added): then a fresh plan of this topology replaces
+    it, and the checkpoint's rows move onto it (Engine.restore).
     """
     topology, kwargs = config.parsed_topology, config.plan_options()
     rows, plans = compare_strategies(profile_path, topology, **kwargs)
     decision_file = Path(out) / "decision.json"
-    if (Path(out) / MANIFEST).is_file() and decision_file.is_file():
+    made = (Path(out) / MANIFEST).is_file() and decision_file.is_file()
+    if made and read_plan(out)[1] == topology:
         get_run_logger().info("reusing plan %s", out)
         decision = parse_decision(json.loads(decision_file.read_text()), str(decision_file))
     else:
-        decision = keep_or_replan(profile_path, out, topology, previous_plan, strategy=config.strategy,
-                                  margin=config.replan_margin, fresh=plans.get(config.strategy), **kwargs)
+        decision = keep_or_replan(profile_path, out, topology, out if made else previous_plan,
+                                  strategy=config.strategy, margin=config.replan_margin,
+                                  fresh=plans.get(config.strategy), overwrite=made, **kwargs)
         write_record(decision_file, decision.record())
     get_run_logger().info("plan: %s", decision.reason)
     create_table_artifact(
@@ -183,14 +187,16 @@ def resume(engine: Engine, run_dir: str) -> dict:
     skipped = []
     for epochs_done, path in reversed(complete_checkpoints(run_dir)):
         try:
-            engine.restore(path)
+            m = engine.restore(path)
         except WorkerLost as e:
             return _lost("resume", e)
         except InputError as e:
             log.warning("checkpoint %s is unusable (%s); falling back to the one before", path, e)
             skipped.append({"checkpoint": str(path), "reason": str(e)})
             continue
-        log.info("resumed from %s: %d epochs done, step %d", path, epochs_done, engine.step_count)
+        log.info("resumed from %s: %d epochs done, step %d%s", path, epochs_done, engine.step_count,
+                 f"; its rows moved from the {m['devices']} devices that wrote it onto this plan's "
+                 f"{len(engine.actors)}" if m["moved"] else "")
         measured = read_store(path, CHECKPOINT).get("bytes_per_step")
         return {"epochs_done": epochs_done, "checkpoint": str(path), "skipped": skipped, "bytes_per_step": measured}
     if skipped:
@@ -223,7 +229,8 @@ def restore_cluster(engine: Engine | None, client: Client, devices: int, attempt
         raise TrainingError(
             f"the cluster has {have} of the {devices} workers the plan needs after waiting {timeout_s:.0f} s "
             "(restart_timeout_s) for lost ones to come back (a worker without a nanny, or whose nanny died, does "
-            "not); bring workers back, or start a cluster, and run again"
+            "not); bring workers back, or start a cluster, and run again, or run again with a topology of the "
+            "devices left"
         ) from None
     log.info("restore %d: %d workers up", attempt, len(live_workers(client)))
 
@@ -393,7 +400,8 @@ def tidy(run_dir: str) -> None:
 def kept_note(version: str) -> str:
     """What a stopped run leaves for the next one."""
     if complete_checkpoints(version):
-        return f"the checkpoints in {version} are kept: a new run resumes from the last complete one"
+        return (f"the checkpoints in {version} are kept: a new run resumes from the last complete one (on a new "
+                "plan if its topology has other devices)")
     return f"no checkpoint of {version} was complete yet: a new run starts it from the beginning"
 
 

@@ -18,7 +18,7 @@ from shardflow.data.clicks import training_window_start
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import evaluate_export, metric_values
 from storage import versions
-from storage.checkpoint import verify_export
+from storage.checkpoint import complete_checkpoints, verify_export
 from storage.dataset import Dataset, segment_checksum
 from storage.importers import check_continuation
 from storage.lock import run_lock
@@ -123,6 +123,13 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
         if (began["segments"], began["config"], began["warm_start_from"]) == (segments, mark, promoted):
             log.info("resuming version %d, cut off part-way", last)
             return {"train": True, "resumed": True, **began, "path": str(versions.version_dir(run, last))}
+        if (began["segments"], began["warm_start_from"]) == (segments, promoted) \
+                and _other_devices(began["config"], mark) and complete_checkpoints(versions.version_dir(run, last)):
+            before, now = began["config"]["topology"], mark["topology"]
+            log.warning("version %d was cut off part-way and the topology changed (%d devices → %d): resuming it "
+                        "from its last checkpoint on a new plan", last, _devices(before), _devices(now))
+            began = versions.restart(run, last, {**began, "config": mark})
+            return {"train": True, "resumed": True, **began, "path": str(versions.version_dir(run, last))}
         why = "new data arrived" if began["segments"] != segments else "the configuration changed" \
             if began["config"] != mark else f"version {promoted} was made current since it began"
         log.warning("version %d was cut off part-way and %s: making it again", last, why)
@@ -151,6 +158,17 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
     log.info("version %d: %s, training on parts %d..%d", number,
              f"warm start from version {promoted}" if promoted else "cold start", train_from + 1, len(segments))
     return {"train": True, "resumed": False, "version": number, **record, "path": str(path)}
+
+
+def _other_devices(began: dict, now: dict) -> bool:
+    """Whether two fingerprints differ in the topology alone: a version goes on from its checkpoint on a new plan
+    of the devices there are now."""
+    return began["topology"] != now["topology"] and {k: v for k, v in began.items() if k != "topology"} == {
+        k: v for k, v in now.items() if k != "topology"}
+
+
+def _devices(topology: dict) -> int:
+    return sum(n["devices"] for n in topology["nodes"])
 
 
 def common_prefix(a: list, b: list) -> int:

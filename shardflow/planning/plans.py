@@ -195,11 +195,14 @@ def keep_or_replan(
     history: int = DEFAULT_HISTORY,
     negatives: int = DEFAULT_NEGATIVES,
     fresh: ShardingPlan | None = None,
+    overwrite: bool = False,
 ) -> ReplanDecision:
     """Drift-aware planning for a new model version: keep `previous`'s placement unless a fresh plan pays.
 
     `fresh`: the strategy's plan of this profile if the caller made it already (with the
-    same budget and cost model), so it is not made twice.
+    same budget and cost model), so it is not made twice. `overwrite`: replace the store at
+    `out` (a resumed version's plan of another topology; `previous` may be that store, read
+    before it is replaced).
 
     The previous plan, extended to the new rows (extend_plan), and a fresh plan of the
     new profile are costed by the same model on the new profile. The run re-plans when
@@ -210,7 +213,7 @@ def keep_or_replan(
     """
     if not 0 <= margin < 1:
         raise InputError(f"replan margin = {margin!r}; accepted: 0 <= margin < 1 (0.05 = 5%)")
-    check_destination(Path(out), overwrite=False)
+    check_destination(Path(out), overwrite=overwrite)
     inputs = plan_inputs(profile_path, topology, shape, memory_slack, history, negatives)
     accesses, model, budget = inputs.accesses, inputs.model, inputs.budget_bytes
     by_name = {a.name: a for a in accesses}
@@ -237,7 +240,7 @@ def keep_or_replan(
                 chosen = extended
                 reason = (f"kept the previous placement: {previous_s * 1e6:.1f} µs/step against a fresh plan's "
                           f"{fresh_s * 1e6:.1f}, within {margin:.0%}")
-    store_plan(out, chosen, inputs)
+    store_plan(out, chosen, inputs, overwrite=overwrite)
     return ReplanDecision(chosen is fresh, reason, float(fresh_s), None if previous_s is None else float(previous_s))
 
 

@@ -279,3 +279,47 @@ def test_a_node_cut_off_for_good_stops_the_run_in_one_line_naming_the_lost_devic
     (last,) = [line for line in err.splitlines() if line.startswith("shardflow train:")]
     assert re.match(r"shardflow train: training stopped: .*device.*; `shardflow train` keeps no checkpoints",
                     last), last
+
+
+def test_a_node_cut_off_for_good_stops_a_run_in_one_line_and_the_devices_left_resume_it(emulated, tmp_path):
+    """`shardflow run` on the emulated 2 × 2: node b cut off for good after checkpoint 1 ends the run in one line
+    (exit 3, checkpoints kept); the same command with a topology of node a alone resumes the version from that
+    checkpoint on a new plan of its 2 devices and completes it."""
+    head = tmp_path / "head.txt"
+    head.write_text("".join(open(REAL["sasrec"]).readlines()[:30000]))
+    left = tmp_path / "left.yaml"
+    left.write_text(yaml.safe_dump(Topology(UNEVEN.nodes[:1], UNEVEN.intra_node_gbytes_per_s).to_dict()))
+    whole = tmp_path / "whole.yaml"
+    whole.write_text(yaml.safe_dump(UNEVEN.to_dict()))
+    cluster = emulated(UNEVEN)
+    run_dir = tmp_path / "run"
+    first = run_dir / "versions" / "0001" / "checkpoints" / "epoch-000001"
+
+    def run(topology: Path) -> subprocess.Popen:
+        keys = {"dataset": head, "run_dir": run_dir, "topology": topology, "epochs": 3, "batch_size": 512, "dim": 16,
+                "eval_users": 200, "part_settle_s": 0, "restart_timeout_s": 5,
+                "scheduler_address": cluster.scheduler_address}
+        sets = [a for k, v in keys.items() for a in ("--set", f"{k}={v}")]
+        return cluster.command([*SHARDFLOW, "run", "--json", *sets], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=ROOT)
+
+    proc = run(whole)
+    deadline = time.monotonic() + STARTED_WITHIN_S
+    while not (first / "manifest.json").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    cluster.network.cut(1)  # node b, devices 2 and 3, for good
+    _, err = proc.communicate(timeout=STARTED_WITHIN_S)
+    assert proc.returncode == 3 and "Traceback" not in err, err[-3000:]
+    (last,) = [line for line in err.splitlines() if line.startswith("shardflow run:")]
+    assert re.match(r"shardflow run: training stopped: lost a worker \(device [23]'s .*the cluster has 2 of the 4 "
+                    r"workers .*or run again with a topology of the devices left; the checkpoints in .* are kept", last)
+
+    proc = run(left)
+    out, err = proc.communicate(timeout=STARTED_WITHIN_S)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["version"] == 1 and summary["promoted"] and summary["resumed_from"] == str(first)
+    assert summary["replan_reason"] == "the topology changed (4 devices → 2)"
+    assert "its rows moved from the 4 devices that wrote it onto this plan's 2" in err
+    assert [p.name for p in sorted(first.parent.iterdir())] == ["epoch-000001", "epoch-000002", "epoch-000003"]

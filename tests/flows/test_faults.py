@@ -155,6 +155,36 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_one_before(pre
     assert sorted(p.name for p in (version / "checkpoints").iterdir()) == ["epoch-000001", "epoch-000002"]
 
 
+def test_a_version_cut_off_goes_on_from_its_checkpoint_on_the_devices_left(prefect_api, client, big, whole):
+    """A node lost for good: the next run, given a topology of the devices left, resumes the version from its last
+    checkpoint on a new plan, and ends with the model of the uninterrupted run (float32 rounding apart)."""
+    import numpy as np
+
+    run = big / "fewer-devices"
+    version = first_version(run)
+    first = checkpoint_dir(version, 1)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    run_until_killed(values(big, run.name, client), env, lambda: (first / MANIFEST).is_file(), big / f"{run.name}-log")
+    kept = snapshot(first)
+    (big / "one.yaml").write_text(TOPOLOGY.split("  - {name: b")[0])
+
+    state = retrain(config(big, run.name, client, topology=str(big / "one.yaml")), return_state=True)
+    summary = state.result()
+    assert summary["resumed_from"] == str(first) and summary["version"] == 1 and summary["restarts"] == 0
+    assert summary["replanned"] and summary["replan_reason"] == "the topology changed (2 devices → 1)"
+    names = task_runs(state.state_details.flow_run_id)
+    assert "train-epoch-1" not in names and names.count("train-epoch-2") == 1
+    assert versions.started(run, 1)["config"]["topology"]["nodes"] == [{"name": "a", "devices": 1,
+                                                                        "uplink_gbytes_per_s": 10.0}]
+    assert snapshot(first) == kept  # the checkpoint it went on from is untouched
+    moved = exported(version / "model")
+    for k, v in whole.items():
+        a, b = np.frombuffer(v, np.float32), np.frombuffer(moved[k], np.float32)
+        print(f"\n{k}: largest difference from the uninterrupted run {np.abs(a - b).max() / np.abs(a).max():.1e} "
+              "of its largest value")
+        assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max(), k
+
+
 def test_a_run_killed_during_the_download_leaves_no_model_and_a_rerun_completes_it(prefect_api, client, big, whole):
     run = big / "cut-download"
     version = first_version(run)
