@@ -281,10 +281,12 @@ def test_a_node_cut_off_for_good_stops_the_run_in_one_line_naming_the_lost_devic
                     last), last
 
 
-def test_a_node_cut_off_for_good_stops_a_run_in_one_line_and_the_devices_left_resume_it(emulated, tmp_path):
-    """`shardflow run` on the emulated 2 × 2: node b cut off for good after checkpoint 1 ends the run in one line
-    (exit 3, checkpoints kept); the same command with a topology of node a alone resumes the version from that
-    checkpoint on a new plan of its 2 devices and completes it."""
+def test_a_slowed_uplink_shows_in_the_epoch_table_and_after_a_node_is_cut_off_the_devices_left_resume(
+        emulated, tmp_path):
+    """`shardflow run` on the emulated 2 × 2, 3 epochs. Node b's uplink slowed 10× a second into epoch 2: that
+    epoch's row (the checkpoint the epoch-metrics table is built from, and the log line) shows it. Node b cut off
+    for good after checkpoint 2: the run stops in one line (exit 3, checkpoints kept). The same command with a
+    topology of node a alone resumes the version from checkpoint 2 on a new plan of its 2 devices and completes."""
     head = tmp_path / "head.txt"
     head.write_text("".join(open(REAL["sasrec"]).readlines()[:30000]))
     left = tmp_path / "left.yaml"
@@ -293,33 +295,47 @@ def test_a_node_cut_off_for_good_stops_a_run_in_one_line_and_the_devices_left_re
     whole.write_text(yaml.safe_dump(UNEVEN.to_dict()))
     cluster = emulated(UNEVEN)
     run_dir = tmp_path / "run"
-    first = run_dir / "versions" / "0001" / "checkpoints" / "epoch-000001"
+    checkpoints = run_dir / "versions" / "0001" / "checkpoints"
 
     def run(topology: Path) -> subprocess.Popen:
-        keys = {"dataset": head, "run_dir": run_dir, "topology": topology, "epochs": 3, "batch_size": 512, "dim": 16,
+        keys = {"dataset": head, "run_dir": run_dir, "topology": topology, "epochs": 3, "batch_size": 512,
                 "eval_users": 200, "part_settle_s": 0, "restart_timeout_s": 5,
                 "scheduler_address": cluster.scheduler_address}
         sets = [a for k, v in keys.items() for a in ("--set", f"{k}={v}")]
         return cluster.command([*SHARDFLOW, "run", "--json", *sets], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, cwd=ROOT)
 
+    def wait_for_checkpoint(proc: subprocess.Popen, epoch: int) -> None:
+        deadline = time.monotonic() + STARTED_WITHIN_S
+        while not (checkpoints / f"epoch-{epoch:06d}" / "manifest.json").is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+
     proc = run(whole)
-    deadline = time.monotonic() + STARTED_WITHIN_S
-    while not (first / "manifest.json").is_file():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.05)
+    wait_for_checkpoint(proc, 1)
+    time.sleep(1.0)  # into epoch 2 (about 6 s at full speed)
+    b = UNEVEN.nodes[1].uplink_gbytes_per_s * 1e9 / SCALE
+    cluster.network.shape_uplink(1, b / 10)
+    wait_for_checkpoint(proc, 2)
     cluster.network.cut(1)  # node b, devices 2 and 3, for good
     _, err = proc.communicate(timeout=STARTED_WITHIN_S)
     assert proc.returncode == 3 and "Traceback" not in err, err[-3000:]
     (last,) = [line for line in err.splitlines() if line.startswith("shardflow run:")]
     assert re.match(r"shardflow run: training stopped: lost a worker \(device [23]'s .*the cluster has 2 of the 4 "
                     r"workers .*or run again with a topology of the devices left; the checkpoints in .* are kept", last)
+    logged = [float(m) for m in re.findall(r"epoch \d: \d+ steps, .*, (\d+) examples/s", err)]
 
     proc = run(left)
     out, err = proc.communicate(timeout=STARTED_WITHIN_S)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads(out)
-    assert summary["version"] == 1 and summary["promoted"] and summary["resumed_from"] == str(first)
+    second = checkpoints / "epoch-000002"
+    assert summary["version"] == 1 and summary["promoted"] and summary["resumed_from"] == str(second)
     assert summary["replan_reason"] == "the topology changed (4 devices → 2)"
     assert "its rows moved from the 4 devices that wrote it onto this plan's 2" in err
-    assert [p.name for p in sorted(first.parent.iterdir())] == ["epoch-000001", "epoch-000002", "epoch-000003"]
+    rows = [json.loads((checkpoints / f"epoch-{e:06d}" / "manifest.json").read_text())["examples_per_s"]
+            for e in (1, 2, 3)]
+    assert logged == [round(r) for r in rows[:2]]
+    assert rows[1] < rows[0] / 3 and rows[1] < rows[2] / 3, rows
+    print(f"\nexamples/s by epoch: {rows[0]:.0f}, {rows[1]:.0f} (node b's uplink 10x slower), {rows[2]:.0f} (node a "
+          "alone)")
