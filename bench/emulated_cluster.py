@@ -14,6 +14,7 @@ out where it does not fit the budget.
 
 Per cell, min/median/max over the rounds of:
   step      measured seconds per steady-state step (the global batch over the engine's examples/s);
+  compute   the slowest device's forward and backward (median);
   comm      the part of it spent on the wire: the step minus the slowest device's batch
             building and compute (so it includes each round's serialisation and waits);
   model     the cost model's communication time per step (`shardflow plan`'s
@@ -54,7 +55,7 @@ TOPOLOGIES = {
     "4x2-one-slow": Topology(tuple(Node(n, 2, 12.5) for n in "abc") + (Node("d", 2, 2.5),), 600.0),
 }
 BATCH = 4096
-FIT_TOPOLOGY = "2x2-one-5x-slower"
+FIT_TOPOLOGIES = ("2x2-equal", "2x2-one-5x-slower")  # links even and uneven
 FIT_BATCHES = (512, 2048, 8192)  # payloads 16x apart: separates the per-byte from the per-round cost
 EVAL_USERS = 200
 
@@ -142,7 +143,7 @@ def measure(summary: dict, moved: dict, steps: int, shaped: dict) -> dict:
     comm_s = max(step_s - parts["batch"] - parts["compute"], 0.0)
     node, (tx, rx) = max(moved.items(), key=lambda item: max(item[1]) / shaped[item[0]])  # the fullest uplink
     busiest = max(tx, rx) / steps
-    return {"step_s": step_s, "comm_s": comm_s, "link": node, "link_bytes": busiest,
+    return {"step_s": step_s, "comm_s": comm_s, "compute_s": parts["compute"], "link": node, "link_bytes": busiest,
             "link_rate": busiest / comm_s if comm_s > 0 else float("nan")}
 
 
@@ -161,7 +162,8 @@ def main() -> int:
     ap.add_argument("--strategies", default="row-wise-mod,row-wise-block,table-wise,flexshard")
     ap.add_argument("--dedups", default="device,node")
     ap.add_argument("--fit", action="store_true",
-                    help=f"fit the cost model's wire (bytes factor, round cost) on {FIT_TOPOLOGY} instead")
+                    help=f"fit the cost model's wire (bytes factor, round cost) on {' and '.join(FIT_TOPOLOGIES)} "
+                         "instead")
     args = ap.parse_args()
     reason = cannot_emulate()
     if reason:
@@ -188,23 +190,26 @@ def main() -> int:
 def fit(scratch: Path, stores: dict, args) -> int:
     """The wire's two constants, non-negative least squares over cells whose payload and rounds differ:
     measured comm = bytes_factor × Σ rounds' payload seconds × scale + round cost × rounds."""
-    topology = TOPOLOGIES[FIT_TOPOLOGY]
-    cells = plans(scratch, FIT_TOPOLOGY, topology, stores, ["row-wise-mod", "flexshard"], ["device", "node"],
-                  FIT_BATCHES)
-    with EmulatedCluster(topology, args.time_scale, scratch / "logs-fit") as cluster:
-        runs = run_rounds(cluster, cells, stores, args.rounds, args.steps, f"fit on {FIT_TOPOLOGY}")
+    cells, runs = {}, {}
+    for name in FIT_TOPOLOGIES:
+        made = plans(scratch, name, TOPOLOGIES[name], stores, ["row-wise-mod", "flexshard"], ["device", "node"],
+                     FIT_BATCHES)
+        with EmulatedCluster(TOPOLOGIES[name], args.time_scale, scratch / f"logs-fit-{name}") as cluster:
+            measured = run_rounds(cluster, made, stores, args.rounds, args.steps, f"fit on {name}")
+        cells.update({(name, *k): v for k, v in made.items()})
+        runs.update({(name, *k): v for k, v in measured.items()})
     keys = list(cells)
     payload = np.array([sum(cells[k][1]["round_payload_s_per_step"].values()) * args.time_scale for k in keys])
     rounds = np.array([len(cells[k][1]["round_payload_s_per_step"]) for k in keys], dtype=float)
     comm = np.array([statistics.median(m["comm_s"] for m in runs[k]) for k in keys])
     (factor, round_s), _ = nnls(np.stack([payload, rounds], axis=1), comm)  # neither cost can be negative
-    print(f"\nfit on {FIT_TOPOLOGY} / {args.time_scale:g}, {args.rounds} rounds of {args.steps} steps")
-    print(f"{'data':8} {'dedup':6} {'strategy':13} {'batch':>6} {'rounds':>6} {'payload s':>9} {'comm s':>17}"
-          f" {'fitted s':>8} {'ratio':>6}")
+    print(f"\nfit on {' and '.join(FIT_TOPOLOGIES)} / {args.time_scale:g}, {args.rounds} rounds of {args.steps} steps")
+    print(f"{'topology':18} {'data':8} {'dedup':6} {'strategy':13} {'batch':>6} {'rounds':>6} {'payload s':>9}"
+          f" {'comm s':>17} {'fitted s':>8} {'ratio':>6}")
     for k, p, r, c in zip(keys, payload, rounds, comm):
         predicted = factor * p + round_s * r
-        print(f"{k[0]:8} {k[1]:6} {k[2]:13} {k[3]:6} {r:6.0f} {p:9.3f} {spread([m['comm_s'] for m in runs[k]]):>17}"
-              f" {predicted:8.3f} {c / predicted:6.2f}")
+        print(f"{k[0]:18} {k[1]:8} {k[2]:6} {k[3]:13} {k[4]:6} {r:6.0f} {p:9.3f}"
+              f" {spread([m['comm_s'] for m in runs[k]]):>17} {predicted:8.3f} {c / predicted:6.2f}")
     in_topology_s = round_s / args.time_scale
     print(f"bytes_factor {factor:.3f}; round cost {round_s * 1e3:.1f} ms here = {in_topology_s * 1e6:.1f} µs in the"
           f" topology's time: Wire(bytes_factor={factor:.3f}, round_s={in_topology_s:.3g})")
@@ -214,7 +219,8 @@ def fit(scratch: Path, stores: dict, args) -> int:
 def print_table(topo_name: str, topology: Topology, scale: float, cells: dict, runs: dict, shaped: dict) -> None:
     nodes = ", ".join(f"{n.name} {n.devices}×{n.uplink_gbytes_per_s:g} GB/s" for n in topology.nodes)
     print(f"\n{topo_name} ({nodes}; emulated / {scale:g}) — min/median/max over rounds")
-    print(f"{'data':8} {'dedup':6} {'strategy':15} {'step s':>17} {'comm s':>17} {'model s':>8} {'ratio':>6}"
+    print(f"{'data':8} {'dedup':6} {'strategy':15} {'step s':>17} {'compute s':>9} {'comm s':>17} {'model s':>8}"
+          f" {'ratio':>6}"
           f" {'speed-up: step':>14} {'comm':>6} {'model':>6}  fullest uplink: MB/step, Mbit/s busy / shaped")
     step = {key: statistics.median(m["step_s"] for m in ms) for key, ms in runs.items()}
     comm = {key: statistics.median(m["comm_s"] for m in ms) for key, ms in runs.items()}
@@ -225,7 +231,8 @@ def print_table(topo_name: str, topology: Topology, scale: float, cells: dict, r
         ups = [f"{d[base] / d[key]:.2f}×" if base in d and d[key] > 0 else "-" for d in (step, comm, model)]
         link = ms[-1]["link"]
         print(f"{data:8} {dedup:6} {strategy:15} {spread([m['step_s'] for m in ms]):>17}"
-              f" {spread([m['comm_s'] for m in ms]):>17} {model[key]:8.2f} {comm[key] / model[key]:6.2f}"
+              f" {statistics.median(m['compute_s'] for m in ms):9.3f} {spread([m['comm_s'] for m in ms]):>17}"
+              f" {model[key]:8.2f} {comm[key] / model[key]:6.2f}"
               f" {ups[0]:>14} {ups[1]:>6} {ups[2]:>6}  {link}:"
               f" {statistics.median(m['link_bytes'] for m in ms) / 1e6:.2f},"
               f" {statistics.median(m['link_rate'] for m in ms) * 8 / 1e6:.0f} / {shaped[link] * 8 / 1e6:.0f}")

@@ -102,9 +102,10 @@ class Wire:
 
 BYTES_ONLY = Wire()
 # Fitted by `python bench/emulated_cluster.py --fit` (docs/emulation.md, 2026-11-24): shardflow's rounds over
-# TCP carry 1.13 bytes per byte of payload (headers, Dask's framing, a link idle while a round starts); the
-# fixed cost per round came out at 0 (non-negative least squares over 12 cells, batches 512-8192).
-FITTED_WIRE = Wire(bytes_factor=1.13, round_s=0.0)
+# TCP carry 1.06 bytes per byte of payload (headers, Dask's framing), and each round costs 9.1 µs more (4.6 ms
+# emulated at time scale 500: a message's latency, serialisation, the wait for the last sender); non-negative
+# least squares over 48 cells: 2 × 2 with equal and with uneven uplinks, batches 512-8192, two logs.
+FITTED_WIRE = Wire(bytes_factor=1.06, round_s=9.1e-6)
 
 
 @dataclass(frozen=True)

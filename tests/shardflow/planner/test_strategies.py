@@ -10,7 +10,7 @@ from support import zipf_access
 
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
-from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.costmodel import BYTES_ONLY, FITTED_WIRE, CostModel, StepShape
 from shardflow.planner.exact import exact_plan
 from shardflow.planner import plan as plan_module
 from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, BlockRows, ModuloRows, ShardingPlan, TablePlan, check_plan,
@@ -28,8 +28,10 @@ def flat(name, rows, lookups=1.0):
     return TableAccess.from_counts(name, np.ones(rows, dtype=np.int64), lookups)
 
 
-def plan_of(strategy, accesses, topo=TWO_BY_TWO, slack=0.0, shape=StepShape(64, 4, "device")):
-    model = CostModel(topo, shape)
+def plan_of(strategy, accesses, topo=TWO_BY_TWO, slack=0.0, shape=StepShape(64, 4, "device"), wire=BYTES_ONLY):
+    """The placement of tiny hand-built cases, priced by their bytes alone by default: their steps' bytes take a
+    few microseconds, which the fitted wire's cost per round (FITTED_WIRE) would swamp."""
+    model = CostModel(topo, shape, wire=wire)
     budget = budget_bytes_per_device(accesses, topo, shape.dim, slack)
     return propose(strategy, accesses, topo, budget, model), model, budget
 
@@ -265,3 +267,18 @@ def test_rows_copied_onto_some_nodes_are_checked_and_counted_where_they_are():
                               ([1, 0], [0b011, 0b011], "not ascending")]:
         with pytest.raises(InputError, match=match):
             check_plan(plan(ids, nodes), {"t": 3}, topo)
+
+
+def test_with_the_fitted_wire_flexshard_copies_no_rows_whose_sync_rounds_cost_more_than_they_save():
+    """A step whose bytes take microseconds: the two replica-sync rounds (9.1 µs each, fitted) cost more than the
+    copies save, so flexshard keeps every row single, and its step is priced below row-wise-mod's."""
+    topo = Topology((Node("a", 2, 10.0), Node("b", 2, 10.0), Node("c", 2, 1.0)), 600.0)
+    access = zipf_access("t", 3000, 1.0, lookups=4.0)
+    shape = StepShape(1024, 8, "device")
+    bytes_only, _, _ = plan_of("flexshard", [access], topo=topo, slack=0.2, shape=shape)
+    fitted, model, budget = plan_of("flexshard", [access], topo=topo, slack=0.2, shape=shape, wire=FITTED_WIRE)
+    mod, _, _ = plan_of("row-wise-mod", [access], topo=topo, slack=0.2, shape=shape, wire=FITTED_WIRE)
+    assert bytes_only.table("t").has_tier(NODE)
+    assert not fitted.table("t").has_tier(NODE) and not fitted.table("t").has_tier(GLOBAL)
+    by_name = {"t": access}
+    assert model.evaluate(fitted, by_name).comm_time_s_per_step <= model.evaluate(mod, by_name).comm_time_s_per_step
