@@ -6,7 +6,8 @@ local-row order), so moving rows needs no plan but the new one. A row copied ont
 several shards (tiers global and node) is equal on all of them after every step, so the
 first shard that holds it gives it. Each row keeps its weights, its Adagrad sum and its
 version; the dense layers and their optimiser come from shard 0, as they were saved.
-Rows are read a block at a time: a shard never holds a second copy of itself.
+Rows move a block at a time, so a shard never holds a second copy of its rows (each old
+shard's ids, 8 bytes a row, are read whole to find them).
 """
 
 from __future__ import annotations
