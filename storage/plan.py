@@ -62,11 +62,16 @@ def write_plan(stage: Path, tables: dict[str, dict[str, np.ndarray]], manifest: 
     return manifest
 
 
+def read_plan_manifest(path: str | Path) -> dict:
+    """The manifest of a complete plan store (its strategy, topology, step and tables), without its arrays."""
+    return read_manifest(Path(path), KIND, FORMAT_VERSION, MADE_BY)
+
+
 def read_plan_arrays(path: str | Path) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
     """({table: {"tier": int8, "home": int32, "partial_ids": int64, "partial_nodes": int64}}, manifest) of a
     complete plan store (the partial arrays empty where the table has none)."""
     path = Path(path)
-    m = read_manifest(path, KIND, FORMAT_VERSION, MADE_BY)
+    m = read_plan_manifest(path)
     root = zarr.open_group(str(path), mode="r")
     tables = {}
     for name in m["tables"]:

@@ -17,6 +17,7 @@ from shardflow.preflight import import_kwargs, imported_source, run_paths, same_
 from shardflow.cluster import live_workers
 from shardflow.errors import InputError, TrainingError, WorkerLost
 from shardflow.planner.report import table_tiers
+from shardflow.planner.topology import parse_topology
 from shardflow.planning.plans import ReplanDecision, compare_strategies, keep_or_replan, parse_decision, read_plan
 from shardflow.profiling.profiles import profile_dataset, profile_window
 from shardflow.training.engine import Engine
@@ -27,6 +28,7 @@ from storage.checkpoint import read as read_store
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 from storage.manifest import MANIFEST
+from storage.plan import read_plan_manifest
 from storage.profile import Profile
 from storage import versions
 from storage.staging import remove_leftovers
@@ -119,7 +121,7 @@ def shard(config: RetrainConfig, profile_path: str, out: str,
     rows, plans = compare_strategies(profile_path, topology, **kwargs)
     decision_file = Path(out) / "decision.json"
     made = (Path(out) / MANIFEST).is_file() and decision_file.is_file()
-    if made and read_plan(out)[1] == topology:
+    if made and parse_topology(read_plan_manifest(out)["topology"], f"{out}/manifest.json") == topology:
         get_run_logger().info("reusing plan %s", out)
         decision = parse_decision(json.loads(decision_file.read_text()), str(decision_file))
     else:
@@ -197,8 +199,8 @@ def resume(engine: Engine, run_dir: str) -> dict:
         log.info("resumed from %s: %d epochs done, step %d%s", path, epochs_done, engine.step_count,
                  f"; its rows moved from the {m['devices']} devices that wrote it onto this plan's "
                  f"{len(engine.actors)}" if m["moved"] else "")
-        measured = read_store(path, CHECKPOINT).get("bytes_per_step")
-        return {"epochs_done": epochs_done, "checkpoint": str(path), "skipped": skipped, "bytes_per_step": measured}
+        return {"epochs_done": epochs_done, "checkpoint": str(path), "skipped": skipped,
+                "bytes_per_step": m.get("bytes_per_step")}
     if skipped:
         log.warning("no usable checkpoint; training starts from the initial parameters")
     return {"epochs_done": 0, "checkpoint": None, "skipped": skipped, "bytes_per_step": None}

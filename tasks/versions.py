@@ -15,9 +15,11 @@ from prefect.cache_policies import NONE
 from shardflow.config import RetrainConfig
 from shardflow.errors import TrainingError, WorkerLost
 from shardflow.data.clicks import training_window_start
+from shardflow.planner.topology import parse_topology
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import evaluate_export, metric_values
 from storage import versions
+from storage.versions import STARTED
 from storage.checkpoint import complete_checkpoints, verify_export
 from storage.dataset import Dataset, segment_checksum
 from storage.importers import check_continuation
@@ -127,7 +129,8 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
                 and _other_devices(began["config"], mark) and complete_checkpoints(versions.version_dir(run, last)):
             before, now = began["config"]["topology"], mark["topology"]
             log.warning("version %d was cut off part-way and the topology changed (%d devices → %d): resuming it "
-                        "from its last checkpoint on a new plan", last, _devices(before), _devices(now))
+                        "from its last checkpoint on a new plan", last, parse_topology(before, STARTED).devices,
+                        parse_topology(now, "the run's topology").devices)
             began = versions.restart(run, last, {**began, "config": mark})
             return {"train": True, "resumed": True, **began, "path": str(versions.version_dir(run, last))}
         why = "new data arrived" if began["segments"] != segments else "the configuration changed" \
@@ -165,10 +168,6 @@ def _other_devices(began: dict, now: dict) -> bool:
     of the devices there are now."""
     return began["topology"] != now["topology"] and {k: v for k, v in began.items() if k != "topology"} == {
         k: v for k, v in now.items() if k != "topology"}
-
-
-def _devices(topology: dict) -> int:
-    return sum(n["devices"] for n in topology["nodes"])
 
 
 def common_prefix(a: list, b: list) -> int:
