@@ -321,8 +321,11 @@ def test_a_slowed_uplink_shows_in_the_epoch_table_and_after_a_node_is_cut_off_th
     _, err = proc.communicate(timeout=STARTED_WITHIN_S)
     assert proc.returncode == 3 and "Traceback" not in err, err[-3000:]
     (last,) = [line for line in err.splitlines() if line.startswith("shardflow run:")]
-    assert re.match(r"shardflow run: training stopped: lost a worker \(device [23]'s .*the cluster has 2 of the 4 "
-                    r"workers .*or run again with a topology of the devices left; the checkpoints in .* are kept", last)
+    # Node b's two workers leave the scheduler as their connections time out, not necessarily together: 2 or 3
+    # of the 4 may still be counted when the restore gives up.
+    assert re.match(r"shardflow run: training stopped: lost a worker \(device [23]'s .*the cluster has [23] of the 4 "
+                    r"workers .*or run again with a topology of the devices left; the checkpoints in .* are kept",
+                    last), last
     logged = [float(m) for m in re.findall(r"epoch \d: \d+ steps, .*, (\d+) examples/s", err)]
 
     proc = run(left)
