@@ -20,10 +20,13 @@ Per cell, min/median/max over the rounds of:
   model     the cost model's communication time per step (`shardflow plan`'s
             comm_time_s_per_step) times --time-scale;
   ratio     comm / model (median);
-and, from the uplinks' own byte counters over the whole command (so including start-up and
-evaluation), the fullest uplink's (most bytes for its rate) MB per step and the rate it carried them at while the step
-was communicating, against its shaped rate. The speed-up columns are row-wise-mod's over
-each strategy's, measured (step) and modeled, in the same topology, data and dedup.
+and, from the uplinks' own byte counters read every 25 ms over the whole command (so including
+start-up and evaluation; shardflow.emulation.monitor), the fullest uplink's (most bytes for its
+rate, its fuller direction) MB per step, the rate it carried them at while it was busy (inner
+intervals of its busy runs) and the rate its bytes per step make over the step's comm time (below
+the busy rate where the link waits while a round runs elsewhere), against its shaped rate.
+The speed-up columns are row-wise-mod's over each strategy's, measured (step) and modeled, in
+the same topology, data and dedup.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import yaml
 from scipy.optimize import nnls
 
 from shardflow.emulation.cluster import EmulatedCluster
+from shardflow.emulation.monitor import UplinkMonitor
 from shardflow.emulation.network import cannot_emulate
 from shardflow.planner.topology import Node, Topology, uniform
 
@@ -125,26 +129,27 @@ def run_rounds(cluster: EmulatedCluster, cells: dict, stores: dict, rounds: int,
 
 
 def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int) -> tuple[dict, dict]:
-    before = cluster.network.uplink_bytes()
-    proc = cluster.command([*SHARDFLOW, "train", str(store), "--plan", str(plan), "--max-steps", str(steps),
-                            "--eval-users", str(EVAL_USERS), "--json", "--scheduler", cluster.scheduler_address],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE.parent)
-    out, err = proc.communicate()
+    with UplinkMonitor(cluster.network) as watch:
+        proc = cluster.command([*SHARDFLOW, "train", str(store), "--plan", str(plan), "--max-steps", str(steps),
+                                "--eval-users", str(EVAL_USERS), "--json", "--scheduler", cluster.scheduler_address],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE.parent)
+        out, err = proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"shardflow train --plan {plan.name}: {err.strip().splitlines()[-3:]}")
-    after = cluster.network.uplink_bytes()
-    moved = {node: (after[node][0] - before[node][0], after[node][1] - before[node][1]) for node in after}
-    return json.loads(out.strip().splitlines()[-1]), moved
+    return json.loads(out.strip().splitlines()[-1]), watch.use()
 
 
-def measure(summary: dict, moved: dict, steps: int, shaped: dict) -> dict:
+def measure(summary: dict, use: dict, steps: int, shaped: dict) -> dict:
     step_s = summary["batch_size"] / summary["examples_per_s"]
     parts = summary["seconds_per_step"]
     comm_s = max(step_s - parts["batch"] - parts["compute"], 0.0)
-    node, (tx, rx) = max(moved.items(), key=lambda item: max(item[1]) / shaped[item[0]])  # the fullest uplink
-    busiest = max(tx, rx) / steps
-    return {"step_s": step_s, "comm_s": comm_s, "compute_s": parts["compute"], "link": node, "link_bytes": busiest,
-            "link_rate": busiest / comm_s if comm_s > 0 else float("nan")}
+    # the fullest uplink: the most bytes for its rate, either way; then its fuller direction
+    node, both = max(use.items(), key=lambda item: max(u.bytes for u in item[1]) / shaped[item[0]])
+    fuller = max(both, key=lambda u: u.bytes)
+    per_step = fuller.bytes / steps
+    return {"step_s": step_s, "comm_s": comm_s, "compute_s": parts["compute"], "link": node, "link_bytes": per_step,
+            "link_busy_rate": fuller.busy_bytes_per_s,
+            "link_comm_rate": per_step / comm_s if comm_s > 0 else float("nan")}
 
 
 def spread(values: list[float]) -> str:
@@ -221,7 +226,8 @@ def print_table(topo_name: str, topology: Topology, scale: float, cells: dict, r
     print(f"\n{topo_name} ({nodes}; emulated / {scale:g}) — min/median/max over rounds")
     print(f"{'data':8} {'dedup':6} {'strategy':15} {'step s':>17} {'compute s':>9} {'comm s':>17} {'model s':>8}"
           f" {'ratio':>6}"
-          f" {'speed-up: step':>14} {'comm':>6} {'model':>6}  fullest uplink: MB/step, Mbit/s busy / shaped")
+          f" {'speed-up: step':>14} {'comm':>6} {'model':>6}"
+          f"  fullest uplink: MB/step, Mbit/s while busy, over comm / shaped")
     step = {key: statistics.median(m["step_s"] for m in ms) for key, ms in runs.items()}
     comm = {key: statistics.median(m["comm_s"] for m in ms) for key, ms in runs.items()}
     model = {key: cells[key][1]["comm_time_s_per_step"] * scale for key in runs}
@@ -235,7 +241,8 @@ def print_table(topo_name: str, topology: Topology, scale: float, cells: dict, r
               f" {model[key]:8.2f} {comm[key] / model[key]:6.2f}"
               f" {ups[0]:>14} {ups[1]:>6} {ups[2]:>6}  {link}:"
               f" {statistics.median(m['link_bytes'] for m in ms) / 1e6:.2f},"
-              f" {statistics.median(m['link_rate'] for m in ms) * 8 / 1e6:.0f} / {shaped[link] * 8 / 1e6:.0f}")
+              f" {statistics.median(m['link_busy_rate'] for m in ms) * 8 / 1e6:.0f},"
+              f" {statistics.median(m['link_comm_rate'] for m in ms) * 8 / 1e6:.0f} / {shaped[link] * 8 / 1e6:.0f}")
     ratios = [comm[key] / model[key] for key in runs]
     print(f"measured / modeled comm: {min(ratios):.2f}–{max(ratios):.2f}; "
           f"{sum(abs(r - 1) <= 0.2 for r in ratios)} of {len(ratios)} cells within ±20%")
@@ -244,6 +251,9 @@ def print_table(topo_name: str, topology: Topology, scale: float, cells: dict, r
                 and (model[a] < model[b]) != (step[a] < step[b])]
     print(f"ranking by measured step time where the modeled times differ by over 10%: "
           f"{'as modeled' if not disagree else 'differs in ' + '; '.join(disagree)}")
+    busy = [statistics.median(m["link_busy_rate"] for m in ms) / shaped[ms[-1]["link"]] for ms in runs.values()]
+    print(f"the fullest uplink while busy: {min(busy):.0%}–{max(busy):.0%} of its shaped rate; "
+          f"{sum(b >= 0.8 for b in busy)} of {len(busy)} cells at 80% or more")
 
 if __name__ == "__main__":
     sys.exit(main())

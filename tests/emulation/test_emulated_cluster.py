@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shardflow.emulation.monitor import UplinkMonitor
 from shardflow.emulation.network import PREFIX, Network, cannot_emulate, namespaces, sweep
 from shardflow.emulation.probe import stream_bytes_per_s
 from shardflow.planner.topology import Node, Topology
@@ -100,6 +101,25 @@ def test_each_uplink_carries_its_shaped_rate_both_ways_and_remove_leaves_nothing
     finally:
         network.remove()
     assert owned_by(os.getpid()) == []
+
+
+@needs_netns
+def test_the_uplink_monitor_sees_a_stream_at_its_rate_while_busy_and_an_idle_uplink_idle():
+    network = Network(UNEVEN, SCALE)
+    network.build()
+    try:
+        with UplinkMonitor(network) as watch:
+            streamed = stream_bytes_per_s(network, 1, None, 8 << 20)  # node b to the hub: b's egress, 80 Mbit/s
+        use = watch.use()
+    finally:
+        network.remove()
+    egress, ingress = use["b"]
+    shaped = network.nodes[1].uplink_bytes_per_s
+    assert egress.bytes >= 8 << 20 and egress.inner_s > 0.5
+    assert 0.8 * shaped <= egress.busy_bytes_per_s <= 1.05 * shaped, (egress, streamed)
+    assert abs(egress.busy_bytes_per_s - streamed) <= 0.1 * streamed, (egress, streamed)
+    assert ingress.busy_s == 0 and ingress.bytes > 0  # its acks only
+    assert use["a"][0].busy_s == use["a"][1].busy_s == 0
 
 
 @needs_netns

@@ -1,0 +1,126 @@
+"""When each uplink of the emulated network is busy, and the rate it carries its bytes at then.
+
+A thread inside the hub's namespace reads the byte counters of every node's port (the hub's end
+of the node's veth: what it transmits is the node's ingress, what it receives the node's egress,
+both already through their shapers) every INTERVAL_S. An interval in which a direction carried
+at least BUSY_SHARE of what its shaped rate moves in that interval counts as busy: the bytes of
+an idle link's acks and keep-alives stay below it.
+
+A direction's rate while busy is taken over the inner intervals of its busy runs (those whose
+neighbours are busy too): a transfer starts and ends inside the first and last interval of its
+run, so those are partly idle and would count idle time as busy. Sample times are read, not
+assumed: a sample taken late on a loaded machine makes a longer interval, not a wrong rate.
+INTERVAL_S holds about two of the largest packets (64 KiB: the veth segments late) at the
+slowest link the bench shapes (40 Mbit/s: 13 ms a packet); a shorter one would see a busy link
+as bursts of one packet between empty intervals.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from shardflow.emulation.network import Network
+
+INTERVAL_S = 0.025
+BUSY_SHARE = 0.1
+CLONE_NEWNET = 0x40000000
+
+
+@dataclass(frozen=True)
+class LinkUse:
+    """One direction of one uplink over a watch: every byte; the busy intervals' seconds; the inner busy
+    intervals' bytes and seconds, from which its rate while busy."""
+
+    bytes: int
+    busy_s: float
+    inner_bytes: int
+    inner_s: float
+
+    @property
+    def busy_bytes_per_s(self) -> float:
+        return self.inner_bytes / self.inner_s if self.inner_s > 0 else float("nan")
+
+
+def _enter_namespace(namespace: str) -> None:
+    """Move the calling thread (only it) into `namespace`'s network."""
+    fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {namespace}")
+    finally:
+        os.close(fd)
+
+
+def _counters(ports: dict[str, str]) -> dict[str, tuple[int, int]]:
+    """Port -> (received, transmitted) bytes, from the calling thread's namespace."""
+    out = {}
+    with open("/proc/thread-self/net/dev") as f:
+        for line in f.readlines()[2:]:
+            name, _, fields = line.partition(":")
+            name = name.strip()
+            if name in ports:
+                values = fields.split()
+                out[name] = (int(values[0]), int(values[8]))
+    return out
+
+
+class UplinkMonitor:
+    """`with UplinkMonitor(network) as watch: ...`, then `watch.use()`: per node, (egress, ingress) LinkUse."""
+
+    def __init__(self, network: Network, interval_s: float = INTERVAL_S):
+        self.network = network
+        self.interval_s = interval_s
+        self._ports = {f"p{k}": node.name for k, node in enumerate(network.nodes)}
+        self._samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
+        self._stop = threading.Event()
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._watch, name="uplink-monitor", daemon=True)
+
+    def __enter__(self) -> UplinkMonitor:
+        self._thread.start()
+        while not self._samples and self._thread.is_alive():
+            time.sleep(self.interval_s)
+        self._raise_if_failed()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._failed is not None:
+            raise OSError(f"the uplink monitor stopped: {self._failed}") from self._failed
+
+    def _watch(self) -> None:
+        try:
+            _enter_namespace(self.network.hub)
+            while True:
+                self._samples.append((time.perf_counter(), _counters(self._ports)))
+                if self._stop.wait(self.interval_s):
+                    self._samples.append((time.perf_counter(), _counters(self._ports)))
+                    return
+        except BaseException as e:  # reported to the watcher's thread on exit
+            self._failed = e
+
+    def use(self) -> dict[str, tuple[LinkUse, LinkUse]]:
+        """Per node name: its uplink's (egress, ingress) over the watch."""
+        out = {}
+        for k, node in enumerate(self.network.nodes):
+            port = f"p{k}"
+            # the port receives what the node sends (egress) and transmits what it gets (ingress)
+            out[node.name] = tuple(self._direction(port, side, node.uplink_bytes_per_s) for side in (0, 1))
+        return out
+
+    def _direction(self, port: str, side: int, shaped_bytes_per_s: float) -> LinkUse:
+        spans = [(t1 - t0, after[port][side] - before[port][side])
+                 for (t0, before), (t1, after) in zip(self._samples, self._samples[1:])]
+        busy = [moved >= BUSY_SHARE * shaped_bytes_per_s * s for s, moved in spans]
+        inner = [i for i in range(1, len(spans) - 1) if busy[i - 1] and busy[i] and busy[i + 1]]
+        return LinkUse(bytes=sum(moved for _, moved in spans),
+                       busy_s=sum(s for (s, _), b in zip(spans, busy) if b),
+                       inner_bytes=sum(spans[i][1] for i in inner), inner_s=sum(spans[i][0] for i in inner))
