@@ -22,13 +22,13 @@ global batch, and so the model trained, does not depend on the split.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from shardflow.errors import InputError
 from shardflow.data.examples import (PAD, Examples, count_train_targets, examples_from, held_out_positions,
-                                target_positions)
+                                     sample_unseen, target_positions)
 from shardflow.model.sequence import BatchIndex, ModelConfig
 from shardflow.model.metrics import hits
 from storage.dataset import Dataset
@@ -36,6 +36,7 @@ from storage.dataset import Dataset
 ORDER_BLOCK_EVENTS = 1 << 20  # events per block of the epoch order (8 MB of int64 ids)
 SHUFFLE_BLOCKS = 8  # blocks whose targets are shuffled together
 CACHED_BLOCKS = 2 * SHUFFLE_BLOCKS + 2  # parts of blocks held: a batch may straddle two groups
+USER_SPAN_GAP = 1 << 16  # users whose events lie closer are read together for evaluation (user_items)
 PART_EVENTS = 1 << 10  # the longest run of a block's events dealt to one trainer
 RUNS_PER_PART = 64  # runs are shortened (down to one event) until each trainer gets this many of a block
 
@@ -291,9 +292,34 @@ class TrainData(EpochOrder):
         )
 
     # -- evaluation: leave-last-out ------------------------------------------------------------
-    def eval_examples(self, targets: np.ndarray, config: ModelConfig, seed: int, candidates: int) -> Examples:
-        """The held-out targets with `candidates` - 1 sampled negatives each."""
-        return self.examples(targets, config, seed, negatives=candidates - 1)
+    def eval_examples(self, targets: np.ndarray, config: ModelConfig, seed: int, negatives: int) -> Examples:
+        """The held-out targets, each with `negatives` sampled among the items its user never interacted with."""
+        ex = self.examples(targets, config, seed, negatives=0)
+        seen, seen_offsets = self.user_items(ex.position)
+        return replace(ex, negatives=sample_unseen(ex.position, seen, seen_offsets, self.rows[self.item], negatives,
+                                                   seed))
+
+    def user_items(self, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every item the user of each target interacted with, as flat ids and offsets (one range per target).
+
+        Users near each other (under USER_SPAN_GAP events apart) are read as one span, so a chunk
+        of all users costs one read and a sparse sample its users' events, never the log.
+        """
+        targets = np.asarray(targets, dtype=np.int64)
+        user = np.searchsorted(self.offsets, targets, side="right") - 1
+        starts, stops = self.offsets[user], self.offsets[user + 1]
+        bounds = np.zeros(targets.size + 1, dtype=np.int64)
+        np.cumsum(stops - starts, out=bounds[1:])
+        out = np.empty(int(bounds[-1]), dtype=np.int64)
+        order = np.argsort(starts, kind="stable")
+        new_span = np.ones(order.size, dtype=bool)
+        new_span[1:] = starts[order[1:]] - np.maximum.accumulate(stops[order])[:-1] > USER_SPAN_GAP
+        for span in np.split(order, np.flatnonzero(new_span)[1:]):
+            lo, hi = int(starts[span].min()), int(stops[span].max())
+            ids = self._column(f"tables/{self.item}", lo, hi)
+            for t in span.tolist():
+                out[bounds[t] : bounds[t + 1]] = ids[starts[t] - lo : stops[t] - lo]
+        return out, bounds
 
     @staticmethod
     def eval_part(logit: np.ndarray, ex: Examples) -> dict:

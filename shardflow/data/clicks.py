@@ -130,7 +130,7 @@ class ClickData(EpochOrder):
         return ClickIndex({t: ex.ids[t] for t in config.features}, numeric_input(ex.numeric), ex.labels)
 
     # -- evaluation: the held-out rows ---------------------------------------------------------
-    def eval_examples(self, targets: np.ndarray, config: ClickConfig, seed: int, candidates: int) -> Clicks:
+    def eval_examples(self, targets: np.ndarray, config: ClickConfig, seed: int, negatives: int) -> Clicks:
         return self.examples(targets, config)
 
     @staticmethod

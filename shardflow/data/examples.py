@@ -5,7 +5,9 @@ For a user with items s[0..n-1] (time order):
     eval   target s[n-1] (leave-last-out), with the window before it
 Histories are left-padded with PAD. Negatives are drawn uniformly from the other rows of
 the table by a counter-based hash of (seed, target position, k): the same example gets
-the same negatives whichever block of users it is built in.
+the same negatives whichever block of users it is built in. An evaluation's negatives
+follow the SASRec paper's protocol instead (`sample_unseen`): EVAL_NEGATIVES of them per
+held-out item, uniform over the rows its user never interacted with.
 
 The planner's cost model counts lookups from these examples; the trainer trains on them.
 """
@@ -22,6 +24,8 @@ from shardflow.hashing import splitmix64
 
 PAD = -1
 SPLITS = ("train", "eval")
+EVAL_NEGATIVES = 100  # the held-out item is ranked among this many (Kang & McAuley, ICDM 2018, section IV-B)
+UNSEEN_DRAWS = 16  # draws of a negative before the rows its user never touched are counted out
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,49 @@ def sample_negatives(positive: np.ndarray, position: np.ndarray, rows: int, k: i
         mixed = splitmix64(counter ^ splitmix64(np.full(1, seed, dtype=np.uint64)))
     neg = (mixed % np.uint64(rows - 1)).astype(np.int64)
     return neg + (neg >= positive[:, None])
+
+
+def sample_unseen(position: np.ndarray, seen: np.ndarray, seen_offsets: np.ndarray, rows: int, k: int,
+                  seed: int) -> np.ndarray:
+    """k ids per example, uniform (with replacement, as the paper's code draws) over the table's rows that
+    example's user never interacted with: example e's user touched seen[seen_offsets[e]:seen_offsets[e+1]].
+
+    Draw d of negative j of the example at event `position` is the counter-based hash of (seed, position,
+    j, d); a draw that hits a touched row is drawn again with d + 1, so the negatives depend on the
+    example alone, not on what else is evaluated beside it. After UNSEEN_DRAWS draws (a user who touched
+    most of the table) the negative is picked by one more draw among that user's untouched rows, counted
+    out.
+    """
+    position = np.asarray(position, dtype=np.int64)
+    seen_offsets = np.asarray(seen_offsets, dtype=np.int64)
+    user_of = np.repeat(np.arange(position.size, dtype=np.int64), np.diff(seen_offsets))
+    touched = np.unique(user_of * rows + np.asarray(seen, dtype=np.int64))  # one key per (example, row)
+    counts = np.diff(np.searchsorted(touched, np.arange(position.size + 1, dtype=np.int64) * rows))
+    if position.size and int((rows - counts).min()) < 1:
+        e = int(np.argmin(rows - counts))
+        raise InputError(f"the user of the held-out event {int(position[e])} interacted with all {rows} rows of "
+                         "the table; accepted: users with at least one row they never touched")
+    out = np.empty((position.size, k), dtype=np.int64)
+    pending = np.ones((position.size, k), dtype=bool)
+    base = (position.astype(np.uint64)[:, None] * np.uint64(k) + np.arange(k, dtype=np.uint64)[None, :])
+    with np.errstate(over="ignore"):
+        key = splitmix64(np.full(1, seed, dtype=np.uint64))
+        for draw in range(UNSEEN_DRAWS):
+            e, j = np.nonzero(pending)
+            bits = splitmix64((base[e, j] * np.uint64(UNSEEN_DRAWS) + np.uint64(draw)) ^ key)
+            pick = (bits % np.uint64(rows)).astype(np.int64)
+            hit = np.isin(e * rows + pick, touched, assume_unique=False)
+            out[e[~hit], j[~hit]] = pick[~hit]
+            pending[e[~hit], j[~hit]] = False
+            if not pending.any():
+                return out
+        e, j = np.nonzero(pending)
+        last = splitmix64((base[e, j] * np.uint64(UNSEEN_DRAWS) + np.uint64(UNSEEN_DRAWS)) ^ key)
+    for e1, j1, bits1 in zip(e.tolist(), j.tolist(), last):  # a user who touched most rows: count the rest out
+        mine = touched[np.searchsorted(touched, e1 * rows): np.searchsorted(touched, (e1 + 1) * rows)] - e1 * rows
+        untouched = np.setdiff1d(np.arange(rows, dtype=np.int64), mine, assume_unique=True)
+        out[e1, j1] = untouched[int(bits1 % np.uint64(untouched.size))]
+    return out
 
 
 def target_positions(offsets: np.ndarray, split: str = "train", start: int | None = None,

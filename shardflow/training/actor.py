@@ -119,7 +119,7 @@ class DeviceActor:
             digests.update(write_export_chunk(store, table, start, rows, state))
         return digests
 
-    def evaluate(self, targets: np.ndarray, candidates: int, seed: int) -> dict:
+    def evaluate(self, targets: np.ndarray, negatives: int, seed: int) -> dict:
         self.mail.check_open()
 
         def rows(peer: int, table: str, ids: np.ndarray) -> np.ndarray:
@@ -128,7 +128,7 @@ class DeviceActor:
         def dense() -> dict:
             return answer(self.peers[0].read_dense(self.index), self.peers[0])
 
-        return self.device.evaluate(targets, candidates, seed, rows, dense)
+        return self.device.evaluate(targets, negatives, seed, rows, dense)
 
     def save(self, path: str) -> dict:
         return self.device.save(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.errors import InputError
 from shardflow.planner.costmodel import check_dedup
 
@@ -18,12 +19,12 @@ class TrainConfig:
     device: str = "cpu"
     seed: int = 0
     eval_users: int | None = 5000  # users evaluated (a seeded sample; None: all)
-    eval_candidates: int = 100
+    eval_negatives: int = EVAL_NEGATIVES  # ranked against each held-out item, none its user's (sample_unseen)
     window: tuple[int, int] = (0, 0)  # (first segment trained on, first evaluated on): see TrainData.load and ClickData
     early_answers: bool = False  # answer the next step's requests while waiting (protocol.py: PREFETCH)
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "epochs", "eval_candidates"):
+        for name in ("batch_size", "epochs", "eval_negatives"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1")
@@ -31,8 +32,6 @@ class TrainConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1, or none")
-        if self.eval_candidates < 2:
-            raise InputError(f"eval_candidates = {self.eval_candidates}; accepted: >= 2 (the positive and a negative)")
         check_dedup(self.dedup)
         if not isinstance(self.early_answers, bool):
             raise InputError(f"early_answers = {self.early_answers!r}; accepted: true or false")

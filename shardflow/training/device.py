@@ -219,8 +219,8 @@ class Device:
             self.protocol.traffic[Kind.EVAL.value][self.index, sender] += sum(v.nbytes for v in params.values())
         return params
 
-    def evaluate(self, targets: np.ndarray, candidates: int, seed: int, remote_rows, remote_dense) -> dict:
-        """The held-out `targets` scored, as the data's eval_merge part (sequences: `candidates` per item).
+    def evaluate(self, targets: np.ndarray, negatives: int, seed: int, remote_rows, remote_dense) -> dict:
+        """The held-out `targets` scored, as the data's eval_merge part (sequences: against `negatives` each).
 
         `remote_rows(peer, table, ids)` and `remote_dense()` read from the other devices.
         """
@@ -228,7 +228,7 @@ class Device:
             k: torch.from_numpy(v).to(self.torch) for k, v in remote_dense().items()}
         parts = []
         for s in range(0, targets.size, EVAL_CHUNK):
-            ex = self.data.eval_examples(targets[s : s + EVAL_CHUNK], self.config, seed, candidates)
+            ex = self.data.eval_examples(targets[s : s + EVAL_CHUNK], self.config, seed, negatives)
             need = self.data.lookups(ex, self.config, "device")
             rows = {}
             for table, ids in need.fetch.items():

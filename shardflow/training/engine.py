@@ -305,12 +305,13 @@ class Engine(Persistence):
         return result
 
     def evaluate(self) -> dict:
-        """The model's metrics on a seeded sample of eval_users held-out examples: leave-last-out AUC (one
-        sampled negative) and HR@10 (among eval_candidates) for sequences, AUC and log-loss for click logs."""
+        """The model's metrics on a seeded sample of eval_users held-out examples. Sequences: leave-last-out,
+        HR@10 and NDCG@10 among eval_negatives items its user never touched, AUC against the first of them;
+        click logs: AUC and log-loss."""
         targets = eval_targets(self.data, self.train.eval_users, self.train.seed)
         parts = self.data.sub_batches(targets, len(self.actors))  # each device's in the parts it reads
         seed = negative_seed(self.train.seed, -1)
-        calls = [a.evaluate(p, self.train.eval_candidates, seed) for a, p in zip(self.actors, parts)]
+        calls = [a.evaluate(p, self.train.eval_negatives, seed) for a, p in zip(self.actors, parts)]
         return self.data.eval_metrics(self.data.eval_merge(self._wait(calls)))
 
     def traffic(self) -> dict[str, np.ndarray]:

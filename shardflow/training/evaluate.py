@@ -1,7 +1,8 @@
 """Evaluation of either workload on its held-out examples.
 
-Sequences: leave-last-out, AUC against one sampled negative and HR@10 among sampled
-candidates. Click logs: AUC and log-loss on the held-out last rows. Used by the engine
+Sequences: leave-last-out, the held-out item ranked among EVAL_NEGATIVES sampled items its
+user never interacted with (the SASRec paper's protocol: HR@10 and NDCG@10), and AUC against
+the first of them. Click logs: AUC and log-loss on the held-out last rows. Used by the engine
 (rows pulled from the shards) and on an exported model (rows read from the export
 store, only those the evaluated examples need).
 """
@@ -14,11 +15,11 @@ import numpy as np
 import torch
 
 from shardflow.data.batches import TrainData, negative_seed
+from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.data.clicks import ClickData, config_from_record, load_training_data
 from storage.checkpoint import read_export, read_export_dense, verify_export
 
 EVAL_CHUNK = 256  # examples scored at a time
-CANDIDATES = 100
 
 
 def eval_targets(data: TrainData | ClickData, users: int | None, seed: int) -> np.ndarray:
@@ -63,7 +64,7 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
     targets = eval_targets(data, users, seed)
     parts = []
     for s in range(0, targets.size, EVAL_CHUNK):
-        ex = data.eval_examples(targets[s : s + EVAL_CHUNK], config, negative_seed(seed, -1), CANDIDATES)
+        ex = data.eval_examples(targets[s : s + EVAL_CHUNK], config, negative_seed(seed, -1), EVAL_NEGATIVES)
         need = data.lookups(ex, config, "device")
         rows = {t: torch.from_numpy(read_export(model_dir, "tables", t, ids, zeros_past_end=True))
                 for t, ids in need.fetch.items()}

@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardflow.errors import InputError
-from shardflow.data.examples import PAD, build_examples, count_train_targets, held_out_positions, target_positions
+from shardflow.data.examples import (PAD, build_examples, count_train_targets, held_out_positions, sample_unseen,
+                                     target_positions)
 
 OFFSETS = np.array([0, 4, 5, 7])
 IDS = np.array([10, 11, 12, 13, 20, 30, 31])
@@ -102,3 +103,51 @@ def test_targets_are_counted_per_range_from_offsets_alone_a_slice_of_users_at_a_
     for a, b in zip(bounds[:-1], bounds[1:]):
         assert target_positions(offsets, "train", a, b).tolist() == targets[(targets >= a) & (targets < b)].tolist()
     assert held_out_positions(offsets).tolist() == target_positions(offsets, "eval").tolist()
+
+
+def test_eval_negatives_are_uniform_over_the_rows_the_user_never_touched_and_depend_on_the_example_alone():
+    rows = 20
+    position = np.arange(2000, dtype=np.int64) * 7
+    seen_offsets = np.arange(position.size + 1, dtype=np.int64) * 10
+    seen = np.tile(np.arange(0, rows, 2), position.size)  # every user touched the even rows
+    neg = sample_unseen(position, seen, seen_offsets, rows, 100, seed=3)
+    assert neg.shape == (2000, 100) and (neg % 2 == 1).all()
+    share = np.bincount(neg.ravel(), minlength=rows)[1::2] / neg.size
+    np.testing.assert_allclose(share, 0.1, atol=0.005)  # 2·10^5 draws over the 10 odd rows
+    some = slice(500, 520)
+    alone = sample_unseen(position[some], seen[5000:5200], seen_offsets[:21], rows, 100, seed=3)
+    np.testing.assert_array_equal(alone, neg[some])
+    assert not np.array_equal(sample_unseen(position, seen, seen_offsets, rows, 100, seed=4), neg)
+
+
+def test_a_user_who_touched_all_rows_but_one_gets_that_one_and_one_who_touched_all_is_refused_naming_the_event():
+    rows = 1000
+    everything_but_17 = np.delete(np.arange(rows), 17)
+    neg = sample_unseen(np.array([5]), everything_but_17, np.array([0, rows - 1]), rows, 100, seed=0)
+    assert (neg == 17).all()
+    with pytest.raises(InputError, match=r"held-out event 42 interacted with all 1000 rows"):
+        sample_unseen(np.array([5, 42]), np.concatenate([[3], np.arange(rows)]), np.array([0, 1, rows + 1]), rows,
+                      100, seed=0)
+
+
+@pytest.mark.parametrize("gap", [1 << 16, 0])  # users read as one span, and each on its own
+def test_eval_examples_draw_negatives_outside_each_users_whole_sequence(tmp_path, monkeypatch, gap):
+    import shardflow.data.batches as batches
+    from shardflow.data.batches import TrainData
+    from shardflow.model.sequence import ModelConfig
+    from storage.importers import import_dataset
+
+    rng = np.random.default_rng(5)
+    lines = [f"{u} {i}" for u in range(1, 301) for i in rng.choice(60, size=int(rng.integers(2, 40)), replace=True)]
+    (tmp_path / "log.txt").write_text("\n".join(lines) + "\n")
+    import_dataset("sasrec", tmp_path / "log.txt", tmp_path / "ds")
+    monkeypatch.setattr(batches, "USER_SPAN_GAP", gap)
+    data = TrainData.load(tmp_path / "ds")
+    targets = data.eval_targets[::3]
+    ex = data.eval_examples(targets, ModelConfig(history=4), seed=9, negatives=100)
+    offsets = data.offsets
+    for e, t in enumerate(targets.tolist()):
+        u = int(np.searchsorted(offsets, t, side="right") - 1)
+        whole = set(data.dataset.column("tables/item", int(offsets[u]), int(offsets[u + 1])).tolist())
+        assert ex.positive[e] in whole and not whole & set(ex.negatives[e].tolist()), u
+    assert ex.negatives.shape == (targets.size, 100)
