@@ -30,22 +30,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
 from shardflow.data.batches import TrainData
 from shardflow.model.optim import OptimizerConfig
 from shardflow.model.sequence import ModelConfig
-from shardflow.planner.access import TableAccess, sequence_lookups
-from shardflow.planner.costmodel import CostModel, StepShape
-from shardflow.planner.memory import budget_bytes_per_device
-from shardflow.planner.strategies import propose
-from shardflow.planner.topology import uniform
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
-from storage.dataset import Dataset
 from storage.importers import import_dataset
+from train_throughput import plan_for  # bench/ is on sys.path: this runs as a script beside it
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DATASETS = {  # name -> (source, format, published HR@10, NDCG@10, where they come from)
@@ -55,20 +48,10 @@ DATASETS = {  # name -> (source, format, published HR@10, NDCG@10, where they co
 DEVICES = 2
 
 
-def plan_for(dataset: Path, model: ModelConfig, batch_size: int):
-    ds = Dataset.open(dataset)
-    per_example, uniform_share = sequence_lookups(ds.offsets(), model.history, model.negatives)
-    rows = ds.info.table("item").rows
-    access = [TableAccess.from_counts("item", np.bincount(ds.ids("item"), minlength=rows), per_example, uniform_share)]
-    topo = uniform(1, DEVICES, 12.5)
-    cost = CostModel(topo, StepShape(batch_size, model.dim))
-    return propose("flexshard", access, topo, budget_bytes_per_device(access, topo, model.dim, 0.1), cost), topo
-
-
 def run(client, dataset: Path, model: ModelConfig, optimizer: OptimizerConfig, batch_size: int, epochs: int,
         seed: int) -> list[dict]:
     """Every epoch's loss, metrics and seconds (training, then evaluating all users)."""
-    plan, topo = plan_for(dataset, model, batch_size)
+    plan, topo = plan_for(dataset, DEVICES, batch_size, model)
     train = TrainConfig(batch_size=batch_size, epochs=epochs, seed=seed, eval_users=None)
     rows = []
     with Engine(client, str(dataset), plan, topo, model, optimizer, train) as engine:

@@ -61,14 +61,15 @@ OPTIMIZER = OptimizerConfig()
 WARMUP = 2
 
 
-def plan_for(dataset: Path, devices: int, batch_size: int):
+def plan_for(dataset: Path, devices: int, batch_size: int, model: ModelConfig = MODEL):
+    """A FlexShard plan (10% memory slack) of the item table for one node of `devices` devices, and that node."""
     ds = Dataset.open(dataset)
-    per_example, uniform_share = sequence_lookups(ds.offsets(), MODEL.history, MODEL.negatives)
+    per_example, uniform_share = sequence_lookups(ds.offsets(), model.history, model.negatives)
     rows = ds.info.table("item").rows
     access = [TableAccess.from_counts("item", np.bincount(ds.ids("item"), minlength=rows), per_example, uniform_share)]
     topo = uniform(1, devices, 12.5)
-    model = CostModel(topo, StepShape(batch_size, MODEL.dim))
-    return propose("flexshard", access, topo, budget_bytes_per_device(access, topo, MODEL.dim, 0.1), model), topo
+    cost = CostModel(topo, StepShape(batch_size, model.dim))
+    return propose("flexshard", access, topo, budget_bytes_per_device(access, topo, model.dim, 0.1), cost), topo
 
 
 def pytorch_rate(data, model, batch_size: int, steps: int, threads: int) -> float:
