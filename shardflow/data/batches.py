@@ -316,9 +316,10 @@ class TrainData(EpochOrder):
         new_span[1:] = starts[order[1:]] - np.maximum.accumulate(stops[order])[:-1] > USER_SPAN_GAP
         for span in np.split(order, np.flatnonzero(new_span)[1:]):
             lo, hi = int(starts[span].min()), int(stops[span].max())
-            ids = self._column(f"tables/{self.item}", lo, hi)
-            for t in span.tolist():
-                out[bounds[t] : bounds[t + 1]] = ids[starts[t] - lo : stops[t] - lo]
+            lengths = stops[span] - starts[span]
+            within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            out[np.repeat(bounds[span], lengths) + within] = self._column(f"tables/{self.item}", lo, hi)[
+                np.repeat(starts[span] - lo, lengths) + within]
         return out, bounds
 
     @staticmethod

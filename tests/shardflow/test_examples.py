@@ -151,3 +151,8 @@ def test_eval_examples_draw_negatives_outside_each_users_whole_sequence(tmp_path
         whole = set(data.dataset.column("tables/item", int(offsets[u]), int(offsets[u + 1])).tolist())
         assert ex.positive[e] in whole and not whole & set(ex.negatives[e].tolist()), u
     assert ex.negatives.shape == (targets.size, 100)
+    seen, seen_offsets = data.user_items(targets[::-1])  # in any order, each target's user's whole sequence
+    users = np.searchsorted(offsets, targets[::-1], side="right") - 1
+    expected = [data.dataset.column("tables/item", int(offsets[u]), int(offsets[u + 1])) for u in users]
+    np.testing.assert_array_equal(seen_offsets, np.concatenate([[0], np.cumsum([e.size for e in expected])]))
+    np.testing.assert_array_equal(seen, np.concatenate(expected))
