@@ -102,7 +102,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     """The model version of this run's data, from open-version to the promotion gate."""
     version = open_version(config, dataset)
     if not version["train"]:
-        return untrained(run, version["number"], imported["parts_added"], imported["warnings"])
+        return untrained(run, version["number"], version["newest"], imported["parts_added"], imported["warnings"])
     name_run(run, f"v{version['version']}")
     paths = version_paths(version["path"])
     tidy(paths["version"])

@@ -41,7 +41,7 @@ def _figure(x: float | None) -> str:
 def state_message(s: dict) -> str:
     """One line for the flow run's final state: what this night did."""
     if not s["trained"]:
-        return f"no new data since v{s['version']}: v{s['current']} stays current (AUC {s['auc']:.4f})"
+        return f"no new data since v{s['newest_version']}: v{s['current']} stays current (AUC {s['auc']:.4f})"
     users = f"on the same {s['eval_users']:,} held-out events"
     if s["previous_auc"] is None:
         return f"promoted v{s['version']} (cold start): AUC {s['auc']:.4f} on {s['eval_users']:,} held-out events"

@@ -85,17 +85,20 @@ def _nothing_new(config: RetrainConfig, run: str) -> dict | None:
     segments = [segment_checksum(s) for s in Dataset.open(store).segments]
     if versions.started(run, last)["segments"] != segments:
         return None
-    return untrained(run, versions.current(run), [], warnings)
+    return untrained(run, versions.current(run), last, [], warnings)
 
 
-def untrained(run: str, current: int | None, parts_added: list[str], warnings: list[str]) -> dict:
-    """A run that found no new data: the current version's figures, nothing trained, nothing downloaded."""
+def untrained(run: str, current: int | None, newest: int, parts_added: list[str], warnings: list[str]) -> dict:
+    """A run that found no new data: the current version's figures, nothing trained, nothing downloaded.
+
+    `newest` is the last version made, which saw every part: the current one, or a later one that was
+    not promoted."""
     figures = versions.result(run, current) if current else None
     if figures is None:
         raise TrainingError(f"run_dir {run} has no promoted model version and no new data to make one from")
     return {**figures, "trained": False, "parts_added": parts_added, "current": current, "downloads": 0,
             "epoch_loss": [], "resumed_from": None, "skipped_checkpoints": [], "restarts": 0, "warnings": warnings,
-            "message": f"no new data since version {figures['version']}: nothing trained"}
+            "newest_version": newest, "message": f"no new data since version {newest}: nothing trained"}
 
 
 @task(name="open-version", task_run_name="open-version", cache_policy=NONE)
@@ -118,7 +121,7 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
     promoted = versions.current(run)
     if finished is not None and versions.started(run, last)["segments"] == segments:
         log.info("no new data since version %d: nothing to train", last)
-        return {"train": False, "number": promoted, "parts": len(segments)}
+        return {"train": False, "number": promoted, "newest": last, "parts": len(segments)}
     mark = fingerprint(config)
     if last is not None and finished is None:
         began = versions.started(run, last)

@@ -27,6 +27,7 @@ from storage import versions
 from storage.dataset import Dataset
 from storage.plan import read_summary
 from support import REAL, settled, snapshot, split_into_days
+from tasks.reports import state_message
 from tasks.retrain import artifact_key
 
 TWO = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n"
@@ -160,6 +161,12 @@ def test_a_worse_version_is_not_promoted_and_an_event_says_so(prefect_api, clien
     assert events and events[0].payload["current"] == 1 and events[0].payload["previous_auc"] == worse["previous_auc"]
     # Emitted inside the flow run: an automation can match the run (or its deployment) it came from.
     assert "flow-run" in {r.role for r in events[0].related}
+
+    # A night with nothing new names version 2, which saw every part, and the current version 1.
+    idle, _ = night(root, client, parts, "gate", "two.yaml")
+    assert (idle["trained"], idle["newest_version"], idle["current"]) == (False, 2, 1)
+    assert idle["message"] == "no new data since version 2: nothing trained"
+    assert state_message(idle).startswith("no new data since v2: v1 stays current (AUC ")
 
     # The next night warm-starts from the promoted version 1, not from the rejected 2.
     shutil.copy2(daily[2], parts)
