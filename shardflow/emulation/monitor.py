@@ -55,7 +55,7 @@ def _enter_namespace(namespace: str) -> None:
         os.close(fd)
 
 
-def _counters(ports: dict[str, str]) -> dict[str, tuple[int, int]]:
+def _counters(ports: frozenset[str]) -> dict[str, tuple[int, int]]:
     """Port -> (received, transmitted) bytes, from the calling thread's namespace."""
     out = {}
     with open("/proc/thread-self/net/dev") as f:
@@ -74,7 +74,7 @@ class UplinkMonitor:
     def __init__(self, network: Network, interval_s: float = INTERVAL_S):
         self.network = network
         self.interval_s = interval_s
-        self._ports = {f"p{k}": node.name for k, node in enumerate(network.nodes)}
+        self._ports = frozenset(network.port(k) for k in range(len(network.nodes)))
         self._samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
         self._stop = threading.Event()
         self._failed: BaseException | None = None
@@ -111,7 +111,7 @@ class UplinkMonitor:
         """Per node name: its uplink's (egress, ingress) over the watch."""
         out = {}
         for k, node in enumerate(self.network.nodes):
-            port = f"p{k}"
+            port = self.network.port(k)
             # the port receives what the node sends (egress) and transmits what it gets (ingress)
             out[node.name] = tuple(self._direction(port, side, node.uplink_bytes_per_s) for side in (0, 1))
         return out

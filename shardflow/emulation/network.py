@@ -172,7 +172,7 @@ class Network:
             _run("ip", "-n", self.hub, "addr", "add", f"{HUB_ADDRESS}/24", "dev", "br0")
             _run("ip", "-n", self.hub, "link", "set", "br0", "up")
             for k, node in enumerate(self.nodes):
-                port = f"p{k}"
+                port = self.port(k)
                 self._add(node.namespace)
                 _run("ip", "-n", self.hub, "link", "add", port, "type", "veth",
                      "peer", "name", UPLINK, "netns", node.namespace)
@@ -191,14 +191,19 @@ class Network:
         self._made.append(namespace)
         _run("ip", "-n", namespace, "link", "set", "lo", "up")
 
+    @staticmethod
+    def port(k: int) -> str:
+        """The hub's end of node k's veth, on the bridge: it sends what node k receives."""
+        return f"p{k}"
+
     def shape_uplink(self, k: int, bytes_per_s: float, first: bool = False) -> None:
         """Node k's uplink, both ways, at `bytes_per_s` (already scaled): to slow a link mid-run, or to restore it."""
         shape(self.nodes[k].namespace, UPLINK, bytes_per_s, first)
-        shape(self.hub, f"p{k}", bytes_per_s, first)
+        shape(self.hub, self.port(k), bytes_per_s, first)
 
     def cut(self, k: int, cut: bool = True) -> None:
         """Take node k's uplink down (every connection through it stalls), or bring it back up."""
-        _run("ip", "-n", self.hub, "link", "set", f"p{k}", "down" if cut else "up")
+        _run("ip", "-n", self.hub, "link", "set", self.port(k), "down" if cut else "up")
 
     def uplink_bytes(self) -> dict[str, tuple[int, int]]:
         """Per node: bytes its uplink has sent and received so far (the node's end of the veth)."""
