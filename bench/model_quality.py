@@ -1,11 +1,12 @@
 """Model quality under the SASRec paper's protocol: HR@10 and NDCG@10 beside the published figures.
 
-    python bench/model_quality.py [--datasets games,beauty] [--epochs 20] [--seeds 0,1,2]
-                                  [--batch-size 4096]
+    python bench/model_quality.py [--datasets games,beauty] [--encoders mean,self-attention] [--epochs 20]
+                                  [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.2]
 
-For each dataset and seed: import the bundled log, plan it with FlexShard for one node of 2
-devices (10% memory slack), and train the run's default model (shardflow.config.RetrainConfig:
-the mean of the history rows into an MLP) on the Dask engine, 2 workers, for --epochs epochs.
+For each dataset, encoder and seed: import the bundled log, plan it with FlexShard for one node
+of 2 devices (10% memory slack), and train the run's default model (shardflow.config.RetrainConfig)
+with that encoder — the mean of the history rows into an MLP, or SASRec's self-attention blocks
+(shardflow/model/attention.py) — on the Dask engine, 2 workers, for --epochs epochs.
 After every epoch all users are evaluated as the paper does (Kang & McAuley, ICDM 2018,
 section IV-B): the held-out last item ranked among 100 items the user never interacted with
 (shardflow.data.examples.sample_unseen). The epoch count is fixed in advance: training holds out
@@ -73,19 +74,27 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--batch-size", type=int, default=RetrainConfig().batch_size)
+    parser.add_argument("--encoders", default="mean,self-attention")
+    parser.add_argument("--history", type=int, default=RetrainConfig().history)
+    parser.add_argument("--dropout", type=float, default=RetrainConfig().dropout)
     args = parser.parse_args()
     names = args.datasets.split(",")
     unknown = [n for n in names if n not in DATASETS]
     if unknown:
         raise SystemExit(f"--datasets {','.join(unknown)}; accepted: {', '.join(DATASETS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
-    defaults = RetrainConfig()
-    model = ModelConfig(dim=defaults.dim, mlp=defaults.mlp, history=defaults.history, negatives=defaults.negatives)
-    optimizer = defaults.optimizer()
+    models = {}
+    for encoder in args.encoders.split(","):
+        c = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout})
+        models[encoder] = ModelConfig(dim=c.dim, mlp=c.mlp, history=c.history, negatives=c.negatives,
+                                      **c.encoder_options())
+    optimizer = RetrainConfig().optimizer()
+    c = RetrainConfig.build({"history": args.history, "dropout": args.dropout})
     print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {DEVICES} devices; batch "
-          f"{args.batch_size}; {args.epochs} epochs; seeds {seeds}; model: mean encoder, dim {model.dim}, MLP "
-          f"{list(model.mlp)}, history {model.history}, {model.negatives} negatives", flush=True)
-    results: dict[str, list[list[dict]]] = {}
+          f"{args.batch_size}; {args.epochs} epochs; seeds {seeds}; dim {c.dim}, history {c.history}, "
+          f"{c.negatives} negatives; mean: MLP {list(c.mlp)}; self-attention: {c.attention_blocks} blocks, "
+          f"{c.attention_heads} heads, dropout {c.dropout}", flush=True)
+    results: dict[tuple[str, str], list[list[dict]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp, dask_client(workers=DEVICES) as client:
         for name in names:
             source, fmt, *_ = DATASETS[name]
@@ -94,20 +103,21 @@ def main() -> None:
             data = TrainData.load(store)
             print(f"{name}: {data.targets:,} training examples, {data.eval_targets.size:,} users evaluated",
                   flush=True)
-            for seed in seeds:
-                print(f"  seed {seed}", flush=True)
-                results.setdefault(name, []).append(
-                    run(client, store, model, optimizer, args.batch_size, args.epochs, seed))
+            for encoder, model in models.items():
+                for seed in seeds:
+                    print(f"  {encoder}, seed {seed}", flush=True)
+                    results.setdefault((name, encoder), []).append(
+                        run(client, store, model, optimizer, args.batch_size, args.epochs, seed))
     print(f"\nload after: {os.getloadavg()[0]:.1f}")
-    print(f"{'dataset':8} {'encoder':8} {'epochs':>6} {'HR@10 min/median/max':>22} {'NDCG@10 min/median/max':>24}"
+    print(f"{'dataset':8} {'encoder':14} {'epochs':>6} {'HR@10 min/median/max':>22} {'NDCG@10 min/median/max':>24}"
           f" {'paper HR@10':>11} {'NDCG@10':>8} {'ratios':>11} {'train s/epoch':>13}  published")
-    for name, runs in results.items():
+    for (name, encoder), runs in results.items():
         *_, hr, ndcg, where = DATASETS[name]
         last = [r[-1] for r in runs]
         spread = {k: sorted(x[k] for x in last) for k in ("hr_at_10", "ndcg_at_10")}
         fmt3 = lambda v: f"{v[0]:.4f}/{statistics.median(v):.4f}/{v[-1]:.4f}"  # noqa: E731
         per_epoch = statistics.median(row["train_s"] for r in runs for row in r)
-        print(f"{name:8} {'mean':8} {args.epochs:6d} {fmt3(spread['hr_at_10']):>22} {fmt3(spread['ndcg_at_10']):>24}"
+        print(f"{name:8} {encoder:14} {args.epochs:6d} {fmt3(spread['hr_at_10']):>22} {fmt3(spread['ndcg_at_10']):>24}"
               f" {hr:11.4f} {ndcg:8.4f} {statistics.median(spread['hr_at_10']) / hr:5.2f}"
               f" {statistics.median(spread['ndcg_at_10']) / ndcg:5.2f} {per_epoch:13.1f}  {where}")
 

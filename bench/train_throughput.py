@@ -1,12 +1,13 @@
 """Training throughput on the bundled dataset: the engine on 1 and 2 devices beside PyTorch and TorchRec peers.
 
     python bench/train_throughput.py [--rounds 3] [--steps 20] [--batch-size 4096]
-                                     [--torchrec-python PYTHON] [--epoch-auc]
+                                     [--torchrec-python PYTHON] [--epoch-auc] [--encoder mean]
 
 Imports data/amazon-video into a scratch directory, plans it with FlexShard (10% memory
 slack) for one node of 1 and of 2 devices, and measures, round after round in
 alternation, on the same global batches (same example builder, order and negatives)
-and the same model (dim 64, MLP 64-32, history 20, 4 negatives, row-wise Adagrad + Adam):
+and the same model (dim 64, history 20, 4 negatives, row-wise Adagrad + Adam; --encoder mean: MLP
+64-32 over the history's mean, or self-attention: SASRec's 2 blocks, 1 head, dropout 0.2):
   - engine:   the Dask engine, one worker process (one thread) per device; its figure is
               `shardflow train`'s steady-state examples/s (steps after the first 2); on 2
               devices also with the next step's requests answered early (`early_answers`:
@@ -16,7 +17,7 @@ and the same model (dim 64, MLP 64-32, history 20, 4 negatives, row-wise Adagrad
               steps: no communication at all, the limit of this machine;
   - torchrec: TorchRec on 2 CPU ranks (bench/torchrec_peer.py, run by --torchrec-python,
               this interpreter by default), after 2 warm-up steps; skipped when torchrec
-              is not importable there.
+              is not importable there, and with --encoder self-attention (the peer is the mean model).
 Every round runs each trainer once. The 1-minute load average is read before the first
 round (a machine not quiet then, above half its cores, is reported: its figures are
 worth less) and printed before every later one, where it includes the benchmark's own
@@ -34,13 +35,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from shardflow.cluster import dask_client
-from shardflow.model.sequence import ModelConfig
+from shardflow.model.sequence import ENCODERS, ModelConfig
 from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
@@ -99,9 +101,10 @@ def torchrec_rate(python: str, dataset: Path, batch_size: int, steps: int) -> tu
     return out.get("rate"), out.get("skipped", "")
 
 
-def engine_rate(client, dataset: Path, plan, topo, batch_size: int, steps: int, early: bool = False) -> dict:
+def engine_rate(client, dataset: Path, plan, topo, batch_size: int, steps: int, model: ModelConfig = MODEL,
+                early: bool = False) -> dict:
     train = TrainConfig(batch_size=batch_size, max_steps=WARMUP + steps, eval_users=None, early_answers=early)
-    with Engine(client, str(dataset), plan, topo, MODEL, OPTIMIZER, train) as engine:
+    with Engine(client, str(dataset), plan, topo, model, OPTIMIZER, train) as engine:
         result = engine.fit()
         traffic = engine.traffic()
     return {"rate": result.examples_per_s, "timings": result.timings,
@@ -119,16 +122,18 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--torchrec-python", default=sys.executable)
     parser.add_argument("--epoch-auc", action="store_true")
+    parser.add_argument("--encoder", choices=ENCODERS, default="mean")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
+    model = replace(MODEL, encoder=args.encoder)
     B, n = args.batch_size, args.steps
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-") as scratch:
         dataset = Path(scratch) / "amazon-video"
         import_dataset("sasrec", DATA, dataset)
         data = TrainData.load(dataset)
-        plans = {d: plan_for(dataset, d, B) for d in (1, 2)}
+        plans = {d: plan_for(dataset, d, B, model) for d in (1, 2)}
         print(f"amazon-video: {data.targets:,} training examples, batch {B}, {n} steps after {WARMUP} warm-up, "
-              f"{args.rounds} rounds, {cores} cores, torch {torch.__version__}")
+              f"{args.rounds} rounds, {cores} cores, torch {torch.__version__}, encoder {model.encoder}")
         rates: dict[str, list[float]] = {}
         splits: dict[int, list[dict]] = {1: [], 2: []}
         loads = []
@@ -144,16 +149,18 @@ def main() -> None:
                 loads.append(load)
                 print(f"round {r + 1}: load {load:.2f}", flush=True)
                 for devices in (1, 2):
-                    e = engine_rate(clients[devices], dataset, *plans[devices], B, n)
+                    e = engine_rate(clients[devices], dataset, *plans[devices], B, n, model)
                     rates.setdefault(f"engine, {devices} device(s)", []).append(e["rate"])
                     splits[devices].append(e["timings"])
-                early = engine_rate(clients[2], dataset, *plans[2], B, n, early=True)
+                early = engine_rate(clients[2], dataset, *plans[2], B, n, model, early=True)
                 rates.setdefault("engine, 2, early answers", []).append(early["rate"])
                 patch_share.append(early["patch_share"])
                 for threads in (1, 2):
                     rates.setdefault(f"pytorch, {threads} thread(s)", []).append(
-                        pytorch_rate(data, MODEL, B, n, threads)
+                        pytorch_rate(data, model, B, n, threads)
                     )
+                if model.attention:
+                    skipped = "the TorchRec peer trains the mean encoder's model only"
                 if not skipped:
                     rate, skipped = torchrec_rate(args.torchrec_python, dataset, B, n)
                     if rate is not None:
@@ -161,7 +168,7 @@ def main() -> None:
             epoch = None
             if args.epoch_auc:
                 full = TrainConfig(batch_size=B, eval_users=None)
-                with Engine(two, str(dataset), *plans[2], MODEL, OPTIMIZER, full) as engine:
+                with Engine(two, str(dataset), *plans[2], model, OPTIMIZER, full) as engine:
                     fit = engine.fit()
                     epoch = {
                         **engine.evaluate(),

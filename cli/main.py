@@ -214,6 +214,8 @@ def _cmd_train(args: argparse.Namespace) -> dict:
             args.plan,
             client,
             train,
+            encoder={"encoder": args.encoder, "blocks": args.attention_blocks, "heads": args.attention_heads,
+                     "dropout": args.dropout},
             estimate=args.estimate,
             server_memory_bytes=args.server_memory,
         )
@@ -421,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_flag(p, "device", help="where each device computes: the CPU, or CUDA device d on worker d (resource "
                  "GPU=1)")
     _config_flag(p, "seed")
+    for key in ("encoder", "attention_blocks", "attention_heads", "dropout"):
+        _config_flag(p, key)
     _config_flag(p, "eval_users", type=int, help="held-out users evaluated (0: all)")
     p.add_argument("--estimate", action="store_true", help="estimation mode: every table on one parameter server")
     p.add_argument("--server-memory", type=int, help="estimation: the server's bytes (default: the topology's)")

@@ -7,6 +7,7 @@ InputError naming the key, the value and what is accepted.
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -55,6 +56,13 @@ class RetrainConfig(BaseModel):
     dim: int = Field(64, ge=1, le=4096)
     mlp: tuple[int, ...] = Field((64, 32), description="hidden layer widths (of the top MLP for click logs)")
     bottom_mlp: tuple[int, ...] = Field((64,), description="click logs: hidden widths of the MLP over numeric columns")
+    encoder: Literal["mean", "self-attention"] = Field(
+        "mean", description="sequence datasets: the user's state from the history, its mean into the MLP, or "
+        "SASRec's causal self-attention blocks scored by dot product (shardflow/model/attention.py)",
+    )
+    attention_blocks: int = Field(2, ge=1, le=64, description="self-attention: blocks")
+    attention_heads: int = Field(1, ge=1, le=MAX_WIDTH, description="self-attention: heads (a divisor of dim)")
+    dropout: float = Field(0.2, ge=0, lt=1, allow_inf_nan=False, description="self-attention: dropout rate")
     history: int = Field(20, ge=1, le=MAX_LOOKUPS, description="items of a user's history an example reads")
     negatives: int = Field(4, ge=1, le=MAX_LOOKUPS, description="sampled negatives per example")
     dense_optimizer: Literal["adam", "adagrad"] = "adam"
@@ -201,6 +209,15 @@ class RetrainConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _encoder_fits(self) -> "RetrainConfig":
+        if self.encoder == "self-attention" and self.dim % self.attention_heads:
+            raise ValueError(f"attention_heads = {self.attention_heads} for dim {self.dim}; accepted: a divisor of dim")
+        if self.encoder != "mean" and self.dataset_format == "criteo":
+            raise ValueError(f"encoder = {self.encoder!r} for a criteo click log; accepted: mean (the encoder is the "
+                             "sequence model's; click logs train the DLRM)")
+        return self
+
+    @model_validator(mode="after")
     def _fits_memory(self) -> "RetrainConfig":
         """A step's working set and the dense model must fit this machine's memory (a bound, checked before
         anything is read or written: negatives = 10^9 once grew a run past 4.5 GB in 19 s)."""
@@ -250,16 +267,33 @@ class RetrainConfig(BaseModel):
                            epochs=self.epochs, steps_per_epoch=self.steps_per_epoch, device=self.device,
                            seed=self.seed, eval_users=self.eval_users, window=tuple(window))
 
+    def encoder_options(self) -> dict:
+        """The sequence model's encoder, as shardflow.model.sequence.ModelConfig names it."""
+        return {"encoder": self.encoder, "blocks": self.attention_blocks, "heads": self.attention_heads,
+                "dropout": self.dropout}
+
     def step_bytes(self, devices: int) -> int:
         """A bound on one trainer's working set in a step (bytes)."""
-        rows = -(-self.batch_size // devices) * (self.history + 1 + self.negatives)
-        return rows * self.dim * 4 * STEP_COPIES
+        examples = -(-self.batch_size // devices)
+        rows = examples * (self.history + 1 + self.negatives)
+        attention = 0
+        if self.encoder == "self-attention":
+            from shardflow.model.attention import activation_values
+
+            attention = examples * activation_values(self.dim, self.history, self.attention_blocks,
+                                                     self.attention_heads)
+        return (rows * self.dim * STEP_COPIES + attention) * 4
 
     def dense_bytes(self) -> int:
         """The dense layers' weights, gradients and optimiser state (bytes), for either workload's model."""
         params = 0
         for widths in ((3 * self.dim, *self.mlp, 1), (self.dim, *self.bottom_mlp, self.dim)):
             params += sum(a * b + b for a, b in zip(widths, widths[1:]))
+        if self.encoder == "self-attention":
+            from shardflow.model.attention import attention_shapes
+
+            shapes = attention_shapes(self.dim, self.history, self.attention_blocks)
+            params += sum(math.prod(s) for s in shapes.values())
         return params * 4 * DENSE_COPIES
 
     @classmethod

@@ -75,7 +75,8 @@ def check_budget(config: RetrainConfig) -> None:
 
 
 # What a warm start cannot carry across: the promoted model's shape and optimiser slots.
-WARM_START_KEYS = ("dim", "mlp", "bottom_mlp", "history", "negatives", "dense_optimizer")
+WARM_START_KEYS = ("dim", "mlp", "bottom_mlp", "encoder", "attention_blocks", "attention_heads", "history", "negatives",
+                   "dense_optimizer")
 
 
 def check_model_shape(config: RetrainConfig) -> None:
@@ -87,7 +88,8 @@ def check_model_shape(config: RetrainConfig) -> None:
     # A key newer than the promoted version's record was made with what is now its default (as JSON).
     theirs = {k: theirs[k] if k in theirs else json.loads(json.dumps(RetrainConfig.model_fields[k].get_default()))
               for k in WARM_START_KEYS}
-    differ = [k for k in WARM_START_KEYS if theirs[k] != mine[k]]
+    means = theirs["encoder"] == mine["encoder"] == "mean"  # then the attention's keys shape nothing
+    differ = [k for k in WARM_START_KEYS if theirs[k] != mine[k] and not (means and k.startswith("attention_"))]
     if differ:
         raise InputError(
             f"run_dir {config.run_dir}: its current model version {promoted} has "

@@ -168,7 +168,8 @@ def _comparison_row(r: dict) -> dict:
 def start_parameter_servers(config: RetrainConfig, dataset: str, plan_path: str, client: Client,
                             estimate: bool = False, window: tuple[int, int] = (0, 0)) -> Engine:
     job = prepare(dataset, plan_path, config.training(window), mlp=tuple(config.mlp),
-                  bottom=tuple(config.bottom_mlp), optimizer=config.optimizer(), estimate=estimate)
+                  bottom=tuple(config.bottom_mlp), optimizer=config.optimizer(), encoder=config.encoder_options(),
+                  estimate=estimate)
     if job.scaled_rows is not None:
         get_run_logger().info("estimation: one parameter server, rows scaled to %s", job.scaled_rows)
     engine = start_engine(client, job)

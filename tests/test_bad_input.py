@@ -293,6 +293,21 @@ def case_config_mlp_too_wide(world, client, tmp_path):
         r"widths \[1000000000\]; accepted: integers >= 1 and <= 65,536, at most 64 of them"
 
 
+def case_config_attention_heads_not_dividing_dim(world, client, tmp_path):
+    return [world / "ds"], config(world, encoder="self-attention", dim=64, attention_heads=3), \
+        r"attention_heads = 3 for dim 64; accepted: a divisor of dim"
+
+
+def case_config_unknown_encoder(world, client, tmp_path):
+    return [world / "ds"], config(world, encoder="transformer"), \
+        r"encoder = 'transformer': Input should be 'mean' or 'self-attention'"
+
+
+def case_config_self_attention_for_a_click_log(world, client, tmp_path):
+    return [world / "ds"], config(world, encoder="self-attention", dataset_format="criteo"), \
+        r"encoder = 'self-attention' for a criteo click log; accepted: mean"
+
+
 def case_config_infinite_rates_and_slack(world, client, tmp_path):
     return (
         [world / "ds"],

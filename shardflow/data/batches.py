@@ -279,7 +279,7 @@ class TrainData(EpochOrder):
         history[valid] = where[self.item][:n_hist]
         index = BatchIndex(item=self.item, history=history,
                            candidates=where[self.item][n_hist:].reshape(candidates.shape),
-                           features={name: where[name] for name in config.features})
+                           features={name: where[name] for name in config.features}, keys=ex.key)
         return Lookups(fetch=fetch, index=index)
 
     def table_index(self, ex: Examples, config: ModelConfig) -> BatchIndex:
@@ -289,6 +289,7 @@ class TrainData(EpochOrder):
             history=ex.history.astype(np.int64),  # PAD is -1
             candidates=np.concatenate([ex.positive[:, None], ex.negatives], axis=1).astype(np.int64),
             features={name: ex.features[name] for name in config.features},
+            keys=ex.key,
         )
 
     # -- evaluation: leave-last-out ------------------------------------------------------------
@@ -297,7 +298,7 @@ class TrainData(EpochOrder):
         ex = self.examples(targets, config, seed, negatives=0)
         seen, seen_offsets = self.user_items(ex.position)
         return replace(ex, negatives=sample_unseen(ex.position, seen, seen_offsets, self.rows[self.item], negatives,
-                                                   seed))
+                                                   seed), key=None)
 
     def user_items(self, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Every item the user of each target interacted with, as flat ids and offsets (one range per target).

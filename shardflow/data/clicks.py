@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -169,14 +169,19 @@ def training_window_start(dataset: Dataset, wanted: int, batch_size: int, eval_f
 
 
 def model_config(dataset: Dataset, *, dim: int, mlp: tuple[int, ...], bottom: tuple[int, ...], history: int,
-                 negatives: int, seed: int) -> ModelConfig | ClickConfig:
+                 negatives: int, seed: int, encoder: dict | None = None) -> ModelConfig | ClickConfig:
     """The model a dataset trains: the sequence model (every table other than the item sequence a
-    feature) or, for a click log, the DLRM over all its tables and numeric columns."""
+    feature; `encoder`: its encoder, blocks, heads and dropout) or, for a click log, the DLRM over all
+    its tables and numeric columns."""
+    encoder = encoder or {}
     if dataset.info.sequence_table is None:
+        if encoder.get("encoder", "mean") != "mean":
+            raise InputError(f"encoder = {encoder['encoder']!r} for the click log {dataset.path}; accepted: mean "
+                             "(the encoder is the sequence model's)")
         return ClickConfig(dim=dim, bottom=tuple(bottom), mlp=tuple(mlp), features=tuple(dataset.info.table_names),
                            numeric=tuple(dataset.info.dense), seed=seed)
     return ModelConfig(dim=dim, mlp=tuple(mlp), history=history, negatives=negatives,
-                       features=dataset.info.feature_tables, seed=seed)
+                       features=dataset.info.feature_tables, seed=seed, **encoder)
 
 
 def config_record(config: ModelConfig | ClickConfig) -> dict:
@@ -185,10 +190,14 @@ def config_record(config: ModelConfig | ClickConfig) -> dict:
 
 
 def read_record(record: dict) -> dict:
-    """A kept config record as config_record makes it: lists as tuples, and the kind (records written
-    before click logs trained hold sequence models without one)."""
-    return {"kind": record.get("kind", "sequence"),
-            **{k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k != "kind"}}
+    """A kept config record as config_record makes it: lists as tuples, the kind (records written
+    before click logs trained hold sequence models without one), and a key the record predates at
+    its default (the model it describes was made with it)."""
+    kind = record.get("kind", "sequence")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k != "kind"}
+    defaults = {f.name: f.default for f in fields(ClickConfig if kind == "click" else ModelConfig)
+                if f.default is not MISSING}
+    return {"kind": kind, **defaults, **values}
 
 
 def config_from_record(record: dict) -> ModelConfig | ClickConfig:

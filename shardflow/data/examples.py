@@ -36,6 +36,7 @@ class Examples:
     user: np.ndarray  # int64 [E]
     position: np.ndarray  # int64 [E], the target's event index in the dataset
     features: dict = field(default_factory=dict)  # feature table -> int64 [E], its id at the target's event
+    key: np.ndarray | None = None  # uint64 [E]: a training example's own random key (its dropout masks)
 
     def __len__(self) -> int:
         return len(self.positive)
@@ -170,7 +171,15 @@ def examples_from(
         negatives=sample_negatives(positive, targets, rows, negatives, seed),
         user=user + first_user,
         position=targets,
+        key=example_keys(targets, seed),
     )
+
+
+def example_keys(position: np.ndarray, seed: int) -> np.ndarray:
+    """A 64-bit key per example: a hash of (seed, its target's event), other than its negatives' draws."""
+    with np.errstate(over="ignore"):
+        salt = splitmix64(np.full(1, seed, dtype=np.uint64) ^ np.uint64(0xD1B54A32D192ED03))
+        return splitmix64(position.astype(np.uint64) ^ salt)
 
 
 def build_examples(

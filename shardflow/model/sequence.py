@@ -2,9 +2,13 @@
 
 One example: a history window of up to L items (PAD-masked), candidates = the positive
 and K sampled negatives, and optionally one id per categorical feature table (the
-target event's). With h the mean of the history rows and t a candidate's row:
+target event's). The encoder (`encoder`) turns the history into the user's state:
 
-    z = [h, t, h * t, f_1, ..., f_F]  ->  MLP (ReLU hidden layers)  ->  logit
+    mean            h = the mean of the history rows; with t a candidate's row,
+                    z = [h, t, h * t, f_1, ..., f_F]  ->  MLP (ReLU hidden layers)  ->  logit
+    self-attention  u = SASRec's causal self-attention blocks over the window (shardflow.model.attention)
+                    plus the feature rows; logit = u · t (the MLP is not used)
+
     loss = binary cross-entropy (label 1 for the positive, 0 for negatives)
 
 The item table is shared by history and candidates. A trainer never holds whole tables:
@@ -30,6 +34,9 @@ import torch.nn.functional as F
 
 from shardflow.errors import InputError
 from shardflow.hashing import splitmix64
+from shardflow.model.attention import attention_shapes, encode, init_attention
+
+ENCODERS = ("mean", "self-attention")
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,10 @@ class ModelConfig:
     negatives: int = 4
     features: tuple[str, ...] = ()  # categorical feature tables, in input order
     seed: int = 0
+    encoder: str = "mean"  # one of ENCODERS
+    blocks: int = 2  # self-attention: blocks
+    heads: int = 1  # self-attention: heads per block (dim divisible by it)
+    dropout: float = 0.2  # self-attention: the rate of every dropout while training
 
     kind = "sequence"
 
@@ -52,6 +63,21 @@ class ModelConfig:
             raise InputError(f"model negatives = {self.negatives!r}; accepted: an integer >= 1")
         if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.mlp):
             raise InputError(f"model mlp widths = {list(self.mlp)}; accepted: integers >= 1")
+        if self.encoder not in ENCODERS:
+            raise InputError(f"model encoder = {self.encoder!r}; accepted: {', '.join(ENCODERS)}")
+        for name in ("blocks", "heads"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(f"model {name} = {v!r}; accepted: an integer >= 1")
+        if self.dim % self.heads:
+            raise InputError(f"model heads = {self.heads} for dim {self.dim}; accepted: a divisor of dim")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
+                or not 0.0 <= self.dropout < 1.0:
+            raise InputError(f"model dropout = {self.dropout!r}; accepted: a rate in [0, 1)")
+
+    @property
+    def attention(self) -> bool:
+        return self.encoder == "self-attention"
 
     @property
     def candidates(self) -> int:
@@ -69,6 +95,8 @@ class ModelConfig:
 
     def dense_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every dense parameter's shape, by name: weights [in, out], biases [out]."""
+        if self.attention:
+            return attention_shapes(self.dim, self.history, self.blocks)
         out = {}
         for i, (fan_in, fan_out) in enumerate(self.layers):
             out[f"mlp.{i}.weight"], out[f"mlp.{i}.bias"] = (fan_in, fan_out), (fan_out,)
@@ -90,6 +118,8 @@ class ModelConfig:
 def init_dense(config: ModelConfig) -> dict[str, np.ndarray]:
     """Glorot-uniform weights, zero biases, from the config's seed."""
     rng = np.random.default_rng(config.seed)
+    if config.attention:
+        return init_attention(config.dense_shapes(), rng)
     params = {}
     for i, (fan_in, fan_out) in enumerate(config.layers):
         a = np.sqrt(6.0 / (fan_in + fan_out))
@@ -130,6 +160,7 @@ class BatchIndex:
     history: np.ndarray  # [E, L] row index into the item rows, -1 where padded
     candidates: np.ndarray  # [E, 1 + K] row index into the item rows; column 0 is the positive
     features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [E] row index
+    keys: np.ndarray | None = None  # uint64 [E]: training examples' dropout keys (None: evaluation)
 
     def on(self, device: torch.device) -> "TensorIndex":
         """The index as tensors on `device`, history flattened into bags (one per example)."""
@@ -142,7 +173,7 @@ class BatchIndex:
         put = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)  # noqa: E731
         return TensorIndex(
             item=self.item, history=put(self.history[valid]), offsets=put(offsets), candidates=put(self.candidates),
-            features={k: put(v) for k, v in self.features.items()},
+            features={k: put(v) for k, v in self.features.items()}, window=put(self.history), keys=self.keys,
         )
 
 
@@ -153,6 +184,8 @@ class TensorIndex:
     offsets: torch.Tensor  # [E] where each example's history starts in `history`
     candidates: torch.Tensor  # [E, 1 + K]
     features: dict
+    window: torch.Tensor  # [E, L] row index, -1 where padded (the self-attention encoder's input)
+    keys: np.ndarray | None  # uint64 [E], dropout keys of training examples
 
 
 @dataclass
@@ -166,6 +199,11 @@ def scores(config: ModelConfig, dense: dict, rows: dict, index: TensorIndex, spa
     """Logits [E, 1 + K] of every candidate."""
     D = config.dim
     table = rows[index.item]
+    if config.attention:
+        u = encode(config, dense, table, index.window, index.keys, sparse)
+        for name in config.features:
+            u = u + F.embedding(index.features[name], rows[name], sparse=sparse)
+        return (F.embedding(index.candidates, table, sparse=sparse) * u[:, None, :]).sum(-1)
     h = F.embedding_bag(index.history, table, index.offsets, mode="mean", sparse=sparse)
     t = F.embedding(index.candidates, table, sparse=sparse)
     # The first layer split by input block: h and the features are the same for every

@@ -78,7 +78,10 @@ class Persistence:
         the carried weights off.
         """
         mine, theirs = config_record(self.model), read_record(manifest["model"])
-        differ = sorted(k for k in mine if k != "seed" and theirs.get(k) != mine[k])
+        # The seed and the dropout rate are training settings; a mean encoder has no attention blocks.
+        ignored = {"seed", "dropout"} | ({"blocks", "heads"} if mine.get("encoder") == theirs.get("encoder") == "mean"
+                                         else set())
+        differ = sorted(k for k in mine if k not in ignored and theirs.get(k) != mine[k])
         if differ:
             raise InputError(
                 f"{model}: exported with {', '.join(f'{k}={theirs.get(k)!r}' for k in differ)}; accepted for a warm "

@@ -60,6 +60,7 @@ def prepare(
     mlp: tuple[int, ...] = ModelConfig.mlp,
     bottom: tuple[int, ...] = ClickConfig.bottom,
     optimizer: OptimizerConfig | None = None,
+    encoder: dict | None = None,
     estimate: bool = False,
     server_memory_bytes: int | None = None,
 ) -> TrainingJob:
@@ -75,7 +76,7 @@ def prepare(
         )
     source = manifest["source"]
     model = model_config(ds, dim=shape.dim, mlp=mlp, bottom=bottom, history=source["history"],
-                         negatives=source["negatives"], seed=train.seed)
+                         negatives=source["negatives"], seed=train.seed, encoder=encoder)
     scaled = None
     if estimate:
         budget = server_memory_bytes if server_memory_bytes is not None else topology.device_memory_bytes
@@ -113,12 +114,13 @@ def train_from_stores(
     mlp: tuple[int, ...] = ModelConfig.mlp,
     bottom: tuple[int, ...] = ClickConfig.bottom,
     optimizer: OptimizerConfig | None = None,
+    encoder: dict | None = None,
     estimate: bool = False,
     server_memory_bytes: int | None = None,
 ) -> dict:
     """Train for train.epochs (or train.max_steps) and evaluate; the summary `shardflow train --json` prints."""
-    job = prepare(dataset, plan_path, train, mlp=mlp, bottom=bottom, optimizer=optimizer, estimate=estimate,
-                  server_memory_bytes=server_memory_bytes)
+    job = prepare(dataset, plan_path, train, mlp=mlp, bottom=bottom, optimizer=optimizer, encoder=encoder,
+                  estimate=estimate, server_memory_bytes=server_memory_bytes)
     with start_engine(client, job) as engine:
         log.info("training %s on %d devices: batch %d, dedup %s", job.plan.strategy, job.topology.devices,
                  train.batch_size, train.dedup)

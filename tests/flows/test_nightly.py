@@ -204,13 +204,18 @@ def test_a_version_recorded_before_a_model_key_existed_is_taken_to_have_its_defa
     from shardflow.preflight import check_model_shape
 
     cfg = RetrainConfig(run_dir=str(tmp_path))
-    record = {k: v for k, v in cfg.model_dump(mode="json").items() if k != "bottom_mlp"}
+    newer = ("bottom_mlp", "encoder", "attention_blocks", "attention_heads", "dropout")
+    record = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in newer}
     versions.start(tmp_path, 1, {"config": record})
     versions.finish(tmp_path, 1, {"promoted": True})
     versions.promote(tmp_path, 1)
     check_model_shape(cfg)
     with pytest.raises(InputError, match=r"bottom_mlp = \[64\], this run bottom_mlp = \[32\]"):
         check_model_shape(cfg.model_copy(update={"bottom_mlp": (32,)}))
+    # Its model had the mean encoder: another is refused; the attention's settings shape no mean model.
+    with pytest.raises(InputError, match=r"has encoder = 'mean', this run encoder = 'self-attention'"):
+        check_model_shape(cfg.model_copy(update={"encoder": "self-attention"}))
+    check_model_shape(cfg.model_copy(update={"attention_blocks": 5, "dropout": 0.5}))
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,12 @@ same result.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
-from support import (BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, in_process_devices, planned,
+from support import (ATTENTION, BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, in_process_devices, planned,
                      random_plan, reference)
 from shardflow.errors import InputError, TrainingError
 from shardflow.model.sequence import ModelConfig
@@ -161,14 +163,16 @@ def test_a_non_finite_gradient_stops_the_step_naming_it_and_changes_nothing(clie
             assert (b[t]["version"] <= failed).all()
 
 
-def test_a_restored_checkpoint_continues_bitwise_and_the_export_holds_every_row(client, dataset, data, tmp_path):
+@pytest.mark.parametrize("model", [MODEL, ATTENTION], ids=["mean", "self-attention"])
+def test_a_restored_checkpoint_continues_bitwise_and_the_export_holds_every_row(client, dataset, data, tmp_path,
+                                                                                model):
     import zarr
 
     from storage.checkpoint import CHECKPOINT, EXPORT, complete_checkpoints, read
 
     plan = random_plan(data, 4, seed=7)
     train = TrainConfig(BATCH)
-    with Engine(client, dataset, plan, TOPOLOGIES[4], MODEL, OPTIMIZER, train) as e:
+    with Engine(client, dataset, plan, TOPOLOGIES[4], model, OPTIMIZER, train) as e:
         for i in range(2):
             e.step(0, i)
         e.checkpoint(tmp_path / "run" / "checkpoints" / "epoch-000001", {"epochs_done": 1})
@@ -177,7 +181,7 @@ def test_a_restored_checkpoint_continues_bitwise_and_the_export_holds_every_row(
         uninterrupted = e.parameters()
         e.export(tmp_path / "model", {"epochs": 1})
     assert [n for n, _ in complete_checkpoints(tmp_path / "run")] == [1]
-    with Engine(client, dataset, plan, TOPOLOGIES[4], MODEL, OPTIMIZER, train) as e:
+    with Engine(client, dataset, plan, TOPOLOGIES[4], model, OPTIMIZER, train) as e:
         m = e.restore(tmp_path / "run" / "checkpoints" / "epoch-000001")
         assert m["step"] == 2 and read(tmp_path / "run" / "checkpoints" / "epoch-000001", CHECKPOINT)
         for i in range(2, 4):
@@ -189,17 +193,19 @@ def test_a_restored_checkpoint_continues_bitwise_and_the_export_holds_every_row(
             assert a[t]["version"].tobytes() == b[t]["version"].tobytes()
         for k in a.get("dense", {}):
             assert a["dense"][k].tobytes() == b["dense"][k].tobytes()
+    assert set(uninterrupted[0]["dense"]) == set(model.dense_shapes())
     manifest = read(tmp_path / "model", EXPORT)
     assert manifest["tables"] == data.rows
     exported = zarr.open_array(str(tmp_path / "model" / "tables" / "item"), mode="r")[...]
     for shard in uninterrupted:
         ids = shard["item"]["ids"]
         assert exported[ids].tobytes() == shard["item"]["weights"].tobytes()
-    ref = reference(data, 4)
+    ref = reference(data, 4, model=model)
     assert np.abs(exported - ref.weights["item"]).max() <= 1e-5 * np.abs(ref.weights["item"]).max()
-    bigger = ModelConfig(
-        dim=16, mlp=MODEL.mlp, history=MODEL.history, negatives=MODEL.negatives, features=MODEL.features
-    )
+    dense = zarr.open_group(str(tmp_path / "model" / "dense"), mode="r")
+    for k, v in ref.dense.items():
+        assert np.abs(dense[k][...] - v).max() <= 1e-5 * np.abs(v).max(), k
+    bigger = replace(model, dim=16)
     with Engine(client, dataset, plan, TOPOLOGIES[4], bigger, OPTIMIZER, train) as e:
         with pytest.raises(InputError, match="checkpoint of model .*'dim': 8"):
             e.restore(tmp_path / "run" / "checkpoints" / "epoch-000001")

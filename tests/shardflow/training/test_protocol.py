@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from support import (BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, in_process_devices, planned,
+from support import (ATTENTION, BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, in_process_devices, planned,
                      random_plan, reference)
 from shardflow.errors import InputError, TrainingError
 from shardflow.model.optim import OptimizerConfig
@@ -29,6 +29,21 @@ def test_every_strategy_and_scope_learns_what_the_reference_learns(dataset, data
         stats = driver.step(0, i, i, 0)
         assert sum(s.examples for s in stats) == BATCH
     check_against(reference(data, STEPS), [d.parameters() for d in devs])
+
+
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
+@pytest.mark.parametrize("devices", [1, 2, 3, 4])
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_the_self_attention_encoder_learns_what_the_reference_learns_under_every_plan(dataset, data, strategy,
+                                                                                     devices, dedup):
+    """Its blocks are dense parameters, its dropout follows each example's key: any split gives one model."""
+    devs = in_process_devices(data, planned(dataset, strategy, devices), TOPOLOGIES[devices], dedup, model=ATTENTION)
+    driver = InProcess(devs)
+    for i in range(STEPS):
+        driver.step(0, i, i, 0)
+    ref = reference(data, STEPS, model=ATTENTION)
+    check_against(ref, [d.parameters() for d in devs])
+    assert set(ref.dense) == set(ATTENTION.dense_shapes()) and any(k.startswith("attention.1.") for k in ref.dense)
 
 
 @pytest.mark.parametrize("dedup", ["none", "device", "node"])

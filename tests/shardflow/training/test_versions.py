@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import zarr
@@ -71,22 +73,24 @@ def test_an_old_plan_extended_keeps_every_placement_and_stores_new_rows_once_by_
     assert grown.strategy == "flexshard" and old.table("item").rows == 3
 
 
-def test_a_warm_start_places_the_export_onto_a_plan_for_another_device_count(client, days, tmp_path):
+@pytest.mark.parametrize("model", [MODEL, replace(MODEL, encoder="self-attention", heads=2, dropout=0.1)],
+                         ids=["mean", "self-attention"])
+def test_a_warm_start_places_the_export_onto_a_plan_for_another_device_count(client, days, tmp_path, model):
     two = TrainData.load(days / "ds-2")
     plan_two = random_plan(two, 2, seed=3)
-    with Engine(client, str(days / "ds-2"), plan_two, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(2)) as e:
+    with Engine(client, str(days / "ds-2"), plan_two, TOPOLOGIES[2], model, OPTIMIZER, TrainConfig(2)) as e:
         e.step(0, 0)
         e.export(tmp_path / "model", {})
     manifest = verify_export(tmp_path / "model")
     old_rows = manifest["tables"]["item"]
     three = TrainData.load(days / "ds-3")
     plan_three = random_plan(three, 3, seed=5)
-    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], MODEL, OPTIMIZER, TrainConfig(3)) as e:
+    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], model, OPTIMIZER, TrainConfig(3)) as e:
         e.warm_start(tmp_path / "model", manifest)
         shards = e.parameters()
     exported = zarr.open_array(str(tmp_path / "model" / "tables" / "item"), mode="r")[...]
     state = zarr.open_array(str(tmp_path / "model" / "state" / "item"), mode="r")[...]
-    fresh = init_rows("item", np.arange(three.rows["item"]), MODEL.dim, MODEL.seed)
+    fresh = init_rows("item", np.arange(three.rows["item"]), model.dim, model.seed)
     seen = set()
     for shard in shards:
         ids, w = shard["item"]["ids"], shard["item"]["weights"]
@@ -100,10 +104,21 @@ def test_a_warm_start_places_the_export_onto_a_plan_for_another_device_count(cli
     dense = zarr.open_group(str(tmp_path / "model" / "dense"), mode="r")
     assert all(shards[0]["dense"][k].tobytes() == dense[k][...].tobytes() for k in shards[0]["dense"])
 
-    other = ModelConfig(dim=8, mlp=(4,), history=3, negatives=1)
+    assert set(shards[0]["dense"]) == set(model.dense_shapes())
+
+    other = replace(model, dim=8)
     with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], other, OPTIMIZER, TrainConfig(3)) as e:
         with pytest.raises(InputError, match=r"exported with dim=4; accepted for a warm start: dim=8"):
             e.warm_start(tmp_path / "model", manifest)
+    switched = replace(model, encoder="mean" if model.attention else "self-attention")
+    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], switched, OPTIMIZER, TrainConfig(3)) as e:
+        with pytest.raises(InputError, match=rf"exported with encoder='{model.encoder}'.*accepted for a warm start: "
+                                             rf"encoder='{switched.encoder}'"):
+            e.warm_start(tmp_path / "model", manifest)
+    # The dropout rate is a training setting: a warm start may change it.
+    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], replace(model, dropout=0.4), OPTIMIZER,
+                TrainConfig(3)) as e:
+        e.warm_start(tmp_path / "model", manifest)
 
 
 @pytest.mark.parametrize("block_events", [1, 2, 3, 5, 1 << 20])

@@ -1,0 +1,138 @@
+"""The self-attentive sequence encoder (SASRec: Kang & McAuley, ICDM 2018), as dense parameters.
+
+An example's history window x_1..x_L (left-padded, x_L the most recent item) becomes:
+
+    e_i = item row(x_i) * sqrt(dim) + P_i               learned positions; dropout; padded positions zeroed
+    per block b = 1..blocks:
+        q   = LN(e)                                      (queries only, as the paper's code normalises them)
+        a   = causal multi-head attention(q, e, e)       position i attends to j <= i, never to padding;
+                                                         dropout on the attention weights; no key bias
+                                                         (it shifts a query's scores alike: softmax cancels it)
+        e   = LN(q + a)
+        e   = e + dropout(W2 · relu(dropout(W1 · e)))    point-wise feed-forward, residual; padding zeroed
+    u = LN(e_L) + sum of the target event's feature rows
+    logit(candidate t) = u · item row(t)                 the shared item table scores the next item
+
+Training is the paper's objective, one target at a time: every training example is one position
+of a user's sequence (its target) with the window before it, scored against the positive and
+sampled negatives with binary cross-entropy. The paper computes all positions of a sequence in
+one pass; here each position is its own example, so the same states are computed once per
+window (up to `history` times the work) and sub-batches split anywhere.
+
+Dropout is a function of the example, not of the process: a training example carries a 64-bit
+key (shardflow.data.examples), and a dropout site's keep-mask for it is
+frac(U[a] + U[b]) >= rate, with U a table of MASK_BANK seeded uniform rows and a, b picked by a
+hash of (key, site). So every trainer, and the single-process reference, drops the same units
+of an example whichever sub-batch it falls in, and the distributed model stays exact.
+Evaluation examples carry no key: no dropout.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from shardflow.hashing import splitmix64
+
+MASK_BANK = 1024  # rows of seeded uniforms a dropout mask is drawn from (two per example and site)
+NORM_EPS = 1e-8  # the paper's code's layer-norm epsilon
+
+
+def attention_shapes(dim: int, history: int, blocks: int) -> dict[str, tuple[int, ...]]:
+    """Every dense parameter of the encoder, by name: weights [in, out], biases and norms [dim]."""
+    out: dict[str, tuple[int, ...]] = {"attention.position": (history, dim)}
+    for b in range(blocks):
+        p = f"attention.{b}"
+        for name in ("query", "key", "value", "out", "ffn1", "ffn2"):
+            out[f"{p}.{name}.weight"] = (dim, dim)
+            if name != "key":  # a key bias adds the same to every score of a query: softmax cancels it
+                out[f"{p}.{name}.bias"] = (dim,)
+        for norm in ("norm1", "norm2"):
+            out[f"{p}.{norm}.weight"], out[f"{p}.{norm}.bias"] = (dim,), (dim,)
+    out["attention.norm.weight"], out["attention.norm.bias"] = (dim,), (dim,)
+    return out
+
+
+def init_attention(shapes: dict[str, tuple[int, ...]], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Glorot-uniform matrices (the positions too), zero biases, layer norms at one and zero."""
+    params = {}
+    for name, shape in shapes.items():
+        if len(shape) == 2:
+            a = np.sqrt(6.0 / (shape[0] + shape[1]))
+            params[name] = rng.uniform(-a, a, size=shape).astype(np.float32)
+        elif name.endswith("norm.weight") or name.endswith(("norm1.weight", "norm2.weight")):
+            params[name] = np.ones(shape, dtype=np.float32)
+        else:
+            params[name] = np.zeros(shape, dtype=np.float32)
+    return params
+
+
+def activation_values(dim: int, history: int, blocks: int, heads: int) -> int:
+    """A bound on the float32 values one example's forward keeps for its backward."""
+    return history * dim * (2 + 12 * blocks) + blocks * 2 * heads * history * history
+
+
+@lru_cache(maxsize=8)
+def _bank(seed: int, width: int, device: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(int(splitmix64(np.array([seed ^ 0x5A5A], dtype=np.uint64))[0] >> np.uint64(1)))
+    return torch.rand((MASK_BANK, width), generator=g).to(device)
+
+
+def dropout(x: torch.Tensor, keys: np.ndarray | None, site: int, rate: float, seed: int) -> torch.Tensor:
+    """x [E, ...] with each example's units dropped (and the rest scaled by 1 / (1 - rate)) by its key."""
+    if keys is None or rate == 0.0 or x.shape[0] == 0:
+        return x
+    width = math.prod(x.shape[1:])
+    bank = _bank(seed, width, str(x.device))
+    with np.errstate(over="ignore"):
+        mixed = splitmix64(keys.astype(np.uint64) ^ splitmix64(np.array([site], dtype=np.uint64)))
+        picks = np.stack([mixed, splitmix64(mixed)]) % np.uint64(MASK_BANK)
+    a, b = (torch.from_numpy(p.astype(np.int64)).to(x.device) for p in picks)
+    keep = torch.frac(bank[a] + bank[b]) >= rate
+    return x * keep.view(x.shape).to(x.dtype) / (1.0 - rate)
+
+
+def _norm(x: torch.Tensor, dense: dict, name: str) -> torch.Tensor:
+    return F.layer_norm(x, x.shape[-1:], dense[f"{name}.weight"], dense[f"{name}.bias"], NORM_EPS)
+
+
+def _linear(x: torch.Tensor, dense: dict, name: str) -> torch.Tensor:
+    return x @ dense[f"{name}.weight"] + dense[f"{name}.bias"]
+
+
+def encode(config, dense: dict, items: torch.Tensor, window: torch.Tensor, keys: np.ndarray | None,
+           sparse: bool) -> torch.Tensor:
+    """The user's state [E, dim] after the most recent item of each window ([E, L] row index, -1 padding)."""
+    E, L = window.shape
+    D, H, rate = config.dim, config.heads, config.dropout
+    valid = window >= 0
+    e = F.embedding(window.clamp(min=0), items, sparse=sparse) * math.sqrt(D) + dense["attention.position"]
+    site = 0
+
+    def drop(t: torch.Tensor) -> torch.Tensor:
+        nonlocal site
+        site += 1
+        return dropout(t, keys, site, rate, config.seed)
+
+    e = drop(e) * valid[..., None]
+    # Position i attends to j <= i that is not padding, and always to itself (a padded query then has a
+    # finite softmax; its output is zeroed and no real position attends to it).
+    causal = torch.ones(L, L, dtype=torch.bool, device=window.device).tril()
+    allowed = (causal[None] & valid[:, None, :]) | torch.eye(L, dtype=torch.bool, device=window.device)[None]
+    blocked = ~allowed[:, None]  # [E, 1, L, L]
+    for b in range(config.blocks):
+        p = f"attention.{b}"
+        q = _norm(e, dense, f"{p}.norm1")
+        split = lambda t: t.view(E, L, H, D // H).transpose(1, 2)  # noqa: E731  [E, H, L, D/H]
+        Q, K, V = split(_linear(q, dense, f"{p}.query")), split(e @ dense[f"{p}.key.weight"]), \
+            split(_linear(e, dense, f"{p}.value"))
+        weights = torch.softmax((Q @ K.transpose(2, 3) / math.sqrt(D // H)).masked_fill(blocked, float("-inf")), -1)
+        a = (drop(weights) @ V).transpose(1, 2).reshape(E, L, D)
+        e = _norm(q + _linear(a, dense, f"{p}.out"), dense, f"{p}.norm2")
+        e = e + drop(_linear(torch.relu(drop(_linear(e, dense, f"{p}.ffn1"))), dense, f"{p}.ffn2"))
+        e = e * valid[..., None]
+    return _norm(e[:, -1], dense, "attention.norm")

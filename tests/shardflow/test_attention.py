@@ -1,0 +1,138 @@
+"""The self-attention encoder against a plain per-example computation, its gradients against finite
+differences, and its dropout drawn from each example's key alone."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from support import numeric_gradient
+from shardflow.errors import InputError
+from shardflow.model.attention import NORM_EPS
+from shardflow.model.sequence import BatchIndex, ModelConfig, forward_backward, init_dense, scores
+
+CONFIG = ModelConfig(dim=4, history=4, negatives=2, features=("genre",), seed=3, encoder="self-attention",
+                     blocks=2, heads=2, dropout=0.3)
+CPU = torch.device("cpu")
+KEYS = np.array([11, 12, 13], dtype=np.uint64)
+
+
+def _problem(config: ModelConfig = CONFIG):
+    rng = np.random.default_rng(0)
+    dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in init_dense(config).items()}
+    for k in dense:  # layer norms and biases away from 1 and 0, so that each is checked
+        if k.endswith("bias") or "norm" in k:
+            dense[k] += torch.from_numpy(rng.normal(scale=0.3, size=tuple(dense[k].shape)))
+    rows = {"item": torch.from_numpy(rng.normal(size=(6, 4))), "genre": torch.from_numpy(rng.normal(size=(3, 4)))}
+    index = BatchIndex(
+        item="item",
+        history=np.array([[-1, 0, 1, 4], [2, 3, 3, 5], [-1, -1, -1, 5]]),
+        candidates=np.array([[2, 4, 5], [0, 1, 2], [3, 3, 0]]),
+        features={"genre": np.array([0, 2, 2])},
+    )
+    return dense, rows, index
+
+
+def _norm(x, d, name):
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + NORM_EPS) * d[f"{name}.weight"] \
+        + d[f"{name}.bias"]
+
+
+def _plain_state(d: dict, item: np.ndarray, hist: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """One example without dropout, its padded positions left out altogether: position i of the real
+    items attends to the real items at or before it."""
+    D, H = config.dim, config.heads
+    at = np.flatnonzero(hist >= 0)
+    e = item[hist[at]] * np.sqrt(D) + d["attention.position"][at]
+    for b in range(config.blocks):
+        p = f"attention.{b}"
+        q = _norm(e, d, f"{p}.norm1")
+        Q, K, V = (x @ d[f"{p}.{n}.weight"] + d.get(f"{p}.{n}.bias", 0) for x, n in ((q, "query"), (e, "key"),
+                                                                                        (e, "value")))
+        a = np.zeros_like(e)
+        for h in range(H):
+            cols = slice(h * D // H, (h + 1) * D // H)
+            for i in range(at.size):
+                s = Q[i, cols] @ K[: i + 1, cols].T / np.sqrt(D // H)
+                w = np.exp(s - s.max())
+                a[i, cols] = (w / w.sum()) @ V[: i + 1, cols]
+        e = _norm(q + a @ d[f"{p}.out.weight"] + d[f"{p}.out.bias"], d, f"{p}.norm2")
+        hidden = np.maximum(e @ d[f"{p}.ffn1.weight"] + d[f"{p}.ffn1.bias"], 0)
+        e = e + hidden @ d[f"{p}.ffn2.weight"] + d[f"{p}.ffn2.bias"]
+    return _norm(e[-1], d, "attention.norm")
+
+
+def test_the_encoder_is_the_plain_per_example_computation_with_padding_left_out():
+    dense, rows, index = _problem()
+    fast = scores(CONFIG, dense, rows, index.on(CPU)).numpy()
+    d = {k: v.numpy() for k, v in dense.items()}
+    item, genre = rows["item"].numpy(), rows["genre"].numpy()
+    for e, hist in enumerate(index.history):
+        u = _plain_state(d, item, hist, CONFIG) + genre[index.features["genre"][e]]
+        np.testing.assert_allclose(fast[e], item[index.candidates[e]] @ u, rtol=1e-10, atol=1e-12)
+    assert set(dense) == set(CONFIG.dense_shapes()) and not any(k.startswith("mlp.") for k in dense)
+
+
+def _loss(dense, rows, index) -> float:
+    logit = scores(CONFIG, dense, rows, index.on(CPU)).numpy()
+    label = np.zeros_like(logit)
+    label[:, 0] = 1
+    return float((np.logaddexp(0, logit) - label * logit).sum()) / 7
+
+
+@pytest.mark.parametrize("which", ["dense", "item", "genre"])
+def test_gradients_with_dropout_match_finite_differences(which):
+    dense, rows, index = _problem()
+    index = replace(index, keys=KEYS)  # training: the masks are fixed by the keys, so the loss is a function
+    grads = forward_backward(CONFIG, dense, rows, index.on(CPU), norm=7)
+    targets = dense if which == "dense" else {which: rows[which]}
+    analytic = grads.dense if which == "dense" else {which: grads.rows[which]}
+    checked = 0
+    for name, param in targets.items():
+        numeric = numeric_gradient(param, lambda: _loss(dense, rows, index))
+        np.testing.assert_allclose(analytic[name].numpy(), numeric, rtol=1e-5, atol=1e-8, err_msg=name)
+        checked += np.abs(numeric).max() > 1e-4
+    assert checked >= 0.9 * len(targets), "gradients this small check nothing"
+
+
+def test_dropout_depends_on_the_example_and_its_key_alone():
+    dense, rows, index = _problem()
+    eval_logits = scores(CONFIG, dense, rows, index.on(CPU)).numpy()
+    train = scores(CONFIG, dense, rows, replace(index, keys=KEYS).on(CPU)).numpy()
+    assert not np.allclose(train, eval_logits)  # dropped units change every example's state
+    # Example 1 alone, or first among others, gets the same masks: they follow its key, not its place.
+    alone = replace(index, history=index.history[1:2], candidates=index.candidates[1:2],
+                    features={"genre": index.features["genre"][1:2]}, keys=KEYS[1:2])
+    np.testing.assert_allclose(scores(CONFIG, dense, rows, alone.on(CPU)).numpy()[0], train[1], rtol=1e-12)
+    other = scores(CONFIG, dense, rows, replace(index, keys=KEYS + np.uint64(100)).on(CPU)).numpy()
+    assert not np.allclose(other, train)
+    no_drop = replace(CONFIG, dropout=0.0)
+    np.testing.assert_array_equal(scores(no_drop, dense, rows, replace(index, keys=KEYS).on(CPU)).numpy(), eval_logits)
+
+
+def test_dropout_keeps_one_minus_its_rate_of_the_units_each_scaled_up():
+    from shardflow.model.attention import dropout
+
+    x = torch.ones((4000, 64), dtype=torch.float64)
+    keys = np.arange(4000, dtype=np.uint64) * np.uint64(7919)
+    out = dropout(x, keys, site=1, rate=0.3, seed=0)
+    kept = (out != 0).double()
+    assert set(torch.unique(out).tolist()) == {0.0, 1 / 0.7}
+    assert abs(float(kept.mean()) - 0.7) < 0.005
+    assert abs(float(kept.mean(0).std()) - np.sqrt(0.21 / 4000)) < 0.003  # units dropped independently of column
+    assert not torch.equal(out, dropout(x, keys, site=2, rate=0.3, seed=0))  # each site its own masks
+
+
+@pytest.mark.parametrize("values, says", [
+    (dict(encoder="attention"), "model encoder = 'attention'; accepted: mean, self-attention"),
+    (dict(heads=3), "model heads = 3 for dim 4; accepted: a divisor of dim"),
+    (dict(blocks=0), "model blocks = 0; accepted: an integer >= 1"),
+    (dict(dropout=1.0), "model dropout = 1.0; accepted: a rate in [0, 1)"),
+])
+def test_a_bad_encoder_setting_is_refused_by_name(values, says):
+    with pytest.raises(InputError, match=f"^{re.escape(says)}$"):
+        replace(CONFIG, **values)
