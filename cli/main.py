@@ -223,8 +223,10 @@ def _cmd_train(args: argparse.Namespace) -> dict:
 
 def _print_train(s: dict) -> None:
     mb = 1e6
-    print(f"trained {s['strategy']} on {s['devices']} devices: {s['steps']:,} steps, {s['examples']:,} examples,"
-          f" {s['examples_per_s']:,.0f} examples/s")
+    m = s["model"]
+    encoder = f", {m['encoder']} encoder" if m["kind"] == "sequence" else ""
+    print(f"trained {s['strategy']} on {s['devices']} devices{encoder}: {s['steps']:,} steps, {s['examples']:,} "
+          f"examples, {s['examples_per_s']:,.0f} examples/s")
     from shardflow.training.evaluate import metric_text
 
     print(f"  loss {s['loss']:.4f}   {metric_text(s)}  ({s['eval_users']:,} held-out examples)")

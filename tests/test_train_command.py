@@ -118,10 +118,12 @@ def test_the_cluster_moves_exactly_the_bytes_of_the_in_process_driver(client, pl
 
 
 def test_train_command_prints_the_summary_keys(planned):
-    """With --early-answers: 4 steps are two warm-up calls and one of 2 steps, whose second step is patched."""
+    """With --early-answers: 4 steps are two warm-up calls and one of 2 steps, whose second step is patched; the
+    model is the self-attention encoder's (the flows train the default mean encoder)."""
     done = subprocess.run(
         [SHARDFLOW, "train", str(planned / "ds"), "--plan", str(planned / "flexshard"), "--max-steps", "4",
-         "--batch-size", "512", "--dedup", "none", "--eval-users", "300", "--early-answers", "--json"],
+         "--batch-size", "512", "--dedup", "none", "--eval-users", "300", "--early-answers", "--encoder",
+         "self-attention", "--attention-heads", "2", "--dropout", "0.1", "--json"],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
@@ -130,6 +132,7 @@ def test_train_command_prints_the_summary_keys(planned):
                       ("predicted_bytes_per_step", float), ("auc", float), ("hr_at_10", float), ("loss", float)]:
         assert isinstance(s[key], kind), key
     assert (s["steps"], s["examples"], s["dedup"], s["eval_users"]) == (4, 4 * 512, "none", 300)
+    assert (s["model"]["encoder"], s["model"]["heads"], s["model"]["dropout"]) == ("self-attention", 2, 0.1)
     assert s["bytes_per_step"]["patch"] > 0
     assert 0 <= s["auc"] <= 1 and 0 <= s["hr_at_10"] <= 1 and 0 < s["loss"] < 1
 

@@ -27,7 +27,7 @@ from shardflow.planner.plan import ShardingPlan
 from shardflow.planner.topology import Topology
 from shardflow.planning.plans import accesses_from_profile, cost_model, read_plan
 from shardflow.data.batches import TrainData
-from shardflow.data.clicks import ClickData, load_training_data, model_config
+from shardflow.data.clicks import ClickData, config_record, load_training_data, model_config
 from shardflow.training.device import Device
 from shardflow.planner.estimation import estimation_plan
 from shardflow.training.config import TrainConfig
@@ -138,6 +138,7 @@ def train_from_stores(
         **metric_values(metrics),
         "loss": result.epoch_loss[-1] if result.epoch_loss else float("nan"),
         "strategy": job.plan.strategy,
+        "model": config_record(job.model),
         "devices": job.topology.devices,
         "dedup": train.dedup,
         "batch_size": train.batch_size,
