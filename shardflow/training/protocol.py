@@ -397,8 +397,10 @@ class StepProtocol(RelayRounds, ReplicaSync):
             if mask.all():
                 taken.append((sender, ids, grads))
                 continue
-            if mask.any():
-                taken.append((sender, ids[mask], grads[torch.from_numpy(np.flatnonzero(mask)).to(grads.device)]))
+            if not mask.any():  # kept whole, not copied
+                kept.append((sender, ids, grads))
+                continue
+            taken.append((sender, ids[mask], grads[torch.from_numpy(np.flatnonzero(mask)).to(grads.device)]))
             kept.append((sender, ids[~mask], grads[torch.from_numpy(np.flatnonzero(~mask)).to(grads.device)]))
         self.state.pending[table] = kept
         return combine(taken, self.shard.dim, self.shard.device)
