@@ -9,8 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from shardflow.model.sequence import ModelConfig
+from shardflow.model.sequence import ModelConfig, scores
 from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
@@ -185,6 +186,15 @@ def settled(*paths: Path) -> list[Path]:
     for p in paths:
         os.utime(p, (a_day_ago, a_day_ago))
     return list(paths)
+
+
+def bce_loss(config, dense: dict, rows: dict, index, norm: int) -> float:
+    """The sequence model's loss computed apart from forward_backward: binary cross-entropy of `index`'s
+    logits (the positive in column 0), summed in numpy and divided by `norm`."""
+    logit = scores(config, dense, rows, index.on(torch.device("cpu"))).numpy()
+    label = np.zeros_like(logit)
+    label[:, 0] = 1
+    return float((np.logaddexp(0, logit) - label * logit).sum()) / norm
 
 
 def numeric_gradient(param, loss, eps: float = 1e-6) -> np.ndarray:

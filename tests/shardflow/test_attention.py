@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from support import numeric_gradient
+from support import bce_loss, numeric_gradient
 from shardflow.errors import InputError
 from shardflow.model.attention import NORM_EPS
 from shardflow.model.sequence import BatchIndex, ModelConfig, forward_backward, init_dense, scores
@@ -77,13 +77,6 @@ def test_the_encoder_is_the_plain_per_example_computation_with_padding_left_out(
     assert set(dense) == set(CONFIG.dense_shapes()) and not any(k.startswith("mlp.") for k in dense)
 
 
-def _loss(dense, rows, index) -> float:
-    logit = scores(CONFIG, dense, rows, index.on(CPU)).numpy()
-    label = np.zeros_like(logit)
-    label[:, 0] = 1
-    return float((np.logaddexp(0, logit) - label * logit).sum()) / 7
-
-
 @pytest.mark.parametrize("which", ["dense", "item", "genre"])
 def test_gradients_with_dropout_match_finite_differences(which):
     dense, rows, index = _problem()
@@ -93,7 +86,7 @@ def test_gradients_with_dropout_match_finite_differences(which):
     analytic = grads.dense if which == "dense" else {which: grads.rows[which]}
     checked = 0
     for name, param in targets.items():
-        numeric = numeric_gradient(param, lambda: _loss(dense, rows, index))
+        numeric = numeric_gradient(param, lambda: bce_loss(CONFIG, dense, rows, index, 7))
         np.testing.assert_allclose(analytic[name].numpy(), numeric, rtol=1e-5, atol=1e-8, err_msg=name)
         checked += np.abs(numeric).max() > 1e-4
     assert checked >= 0.9 * len(targets), "gradients this small check nothing"

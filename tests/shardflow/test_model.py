@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from support import numeric_gradient
+from support import bce_loss, numeric_gradient
 from shardflow.model.sequence import BatchIndex, ModelConfig, forward_backward, init_dense, init_rows, scores
 from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_adagrad
 
@@ -52,13 +52,6 @@ def test_the_forward_is_the_plain_per_candidate_model_with_padding_masked():
     assert not np.allclose(fast[0], after[0])
 
 
-def _loss(dense, rows, index) -> float:
-    logit = scores(CONFIG, dense, rows, index.on(CPU)).numpy()
-    label = np.zeros_like(logit)
-    label[:, 0] = 1
-    return float((np.logaddexp(0, logit) - label * logit).sum()) / 7
-
-
 @pytest.mark.parametrize("which", ["dense", "item", "genre"])
 def test_gradients_match_finite_differences(which):
     dense, rows, index = _problem()
@@ -66,7 +59,7 @@ def test_gradients_match_finite_differences(which):
     targets = dense if which == "dense" else {which: rows[which]}
     analytic = grads.dense if which == "dense" else {which: grads.rows[which]}
     for name, param in targets.items():
-        numeric = numeric_gradient(param, lambda: _loss(dense, rows, index))
+        numeric = numeric_gradient(param, lambda: bce_loss(CONFIG, dense, rows, index, 7))
         np.testing.assert_allclose(analytic[name].numpy(), numeric, rtol=1e-5, atol=1e-8, err_msg=name)
         assert np.abs(numeric).max() > 1e-4, f"{name}: a gradient this small checks nothing"
 
