@@ -24,6 +24,8 @@ home's node alone is single again, one on every node is a plain node row.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from shardflow.planner.access import TableAccess
@@ -80,52 +82,82 @@ def copy_unit_seconds(model: CostModel) -> np.ndarray:
     return out / bandwidths(topo)
 
 
-def choose_copies(tables: list[TablePlan], accesses: list[TableAccess], model: CostModel, seconds: np.ndarray,
-                  room: np.ndarray) -> list[TablePlan]:
-    """`tables` with the copies of their hottest rows chosen node by node (see the module's doc); `seconds`
-    is what the plan puts on every link now (costmodel.link_seconds), `room` the rows each device has left."""
-    topo = model.topology
-    N = len(topo.nodes)
-    if N < 2:
-        return tables
+@dataclass
+class _Candidates:
+    """The hottest single and node rows the pass may copy ([K] each, hottest first): their table, row, home
+    and its node, the nodes holding a copy ([K, N]) and their rates by the cost model."""
+
+    table_of: np.ndarray
+    row: np.ndarray
+    home: np.ndarray
+    own: np.ndarray
+    holds: np.ndarray
+    x: np.ndarray
+    q: np.ndarray
+    q_node: np.ndarray  # [K, N]
+    q_any: np.ndarray
+
+    def deltas(self, k: int, units: np.ndarray) -> np.ndarray:
+        """[N, links]: what a copy in each node adds to candidate k, homed where it is now."""
+        home = self.home[k]
+        return self.x[k] * units[0, home] + self.q_node[k][:, None] * units[1, home] + self.q_any[k] * units[2, home]
+
+
+def _candidates(tables: list[TablePlan], accesses: list[TableAccess], model: CostModel) -> _Candidates | None:
+    """The COPY_ROWS hottest single and node rows of all tables, with the nodes that hold them now."""
+    topo, N = model.topology, len(model.topology.nodes)
     by_name = {a.name: a for a in accesses}
-    candidates = []
+    rates = {t.name: model.rates(by_name[t.name]) for t in tables}
+    found = []
     for i, t in enumerate(tables):
         a = by_name[t.name]
-        x = model.rates(a).x
-        top = hottest_rows(t.tier, a.row_class, x, COPY_ROWS, tiers=(SINGLE, NODE))
-        candidates += [(i, int(r), float(x[a.row_class[r]])) for r in top]
-    candidates = sorted(candidates, key=lambda c: -c[2])[:COPY_ROWS]
-    if not candidates:
-        return tables
-    K = len(candidates)
-    table_of = np.array([c[0] for c in candidates])
-    row = np.array([c[1] for c in candidates])
+        top = hottest_rows(t.tier, a.row_class, rates[t.name].x, COPY_ROWS, tiers=(SINGLE, NODE))
+        found += [(i, int(r), float(rates[t.name].x[a.row_class[r]])) for r in top]
+    found = sorted(found, key=lambda c: -c[2])[:COPY_ROWS]
+    if not found:
+        return None
+    table_of = np.array([c[0] for c in found])
+    row = np.array([c[1] for c in found])
     home = np.array([int(tables[i].home[r]) for i, r in zip(table_of, row)], dtype=np.int64)
     own = topo.node_of_device[home]
-    holds = np.zeros((K, N), dtype=bool)
-    holds[np.arange(K), own] = True
+    holds = np.zeros((len(found), N), dtype=bool)
+    holds[np.arange(len(found)), own] = True
     for i, t in enumerate(tables):
         mine = np.flatnonzero(table_of == i)
         node_rows = mine[t.tier[row[mine]] == NODE]
         for a in range(N):
             holds[node_rows, a] = t.node_holds(row[node_rows], a)
+    of = [(rates[tables[i].name], by_name[tables[i].name].row_class[r]) for i, r in zip(table_of, row)]
+    return _Candidates(table_of, row, home, own, holds, x=np.array([r.x[c] for r, c in of]),
+                       q=np.array([r.q[c] for r, c in of]), q_node=np.array([r.q_node[:, c] for r, c in of]),
+                       q_any=np.array([r.q_any[c] for r, c in of]))
+
+
+def choose_copies(tables: list[TablePlan], accesses: list[TableAccess], model: CostModel, seconds: np.ndarray,
+                  room: np.ndarray) -> list[TablePlan]:
+    """`tables` with the copies of their hottest rows chosen node by node (see the module's doc); `seconds`
+    is what the plan puts on every link now (costmodel.link_seconds), `room` the rows each device has left."""
+    if len(model.topology.nodes) < 2:
+        return tables
+    c = _candidates(tables, accesses, model)
+    if c is None:
+        return tables
+    _search(c, model, seconds, room.copy())
+    for i, r, h in zip(c.table_of, c.row, c.home):
+        tables[i].home[r] = h
+    return [_with_copies(t, c.row[c.table_of == i], c.holds[c.table_of == i]) for i, t in enumerate(tables)]
+
+
+def _search(c: _Candidates, model: CostModel, seconds: np.ndarray, room: np.ndarray) -> None:
+    """While it lowers the busiest link, the best single change to `c` (a copy added or dropped), else the
+    best trade on a full device (_best_trade, _best_move_for_copy); at most COPY_STEPS changes."""
+    topo, N = model.topology, len(model.topology.nodes)
+    K = c.row.size
     units = copy_unit_seconds(model)
-    rates = {t.name: model.rates(by_name[t.name]) for t in tables}
-    cls = [by_name[tables[i].name].row_class[r] for i, r in zip(table_of, row)]
-    x = np.array([rates[tables[i].name].x[c] for i, c in zip(table_of, cls)])
-    q_node = np.array([rates[tables[i].name].q_node[:, c] for i, c in zip(table_of, cls)])  # [K, N]
-    q_any = np.array([rates[tables[i].name].q_any[c] for i, c in zip(table_of, cls)])
-    q = np.array([rates[tables[i].name].q[c] for i, c in zip(table_of, cls)])
-
-    def deltas_of(k: int) -> np.ndarray:
-        """[N, links]: what a copy in each node adds to candidate k, homed where it is now."""
-        return x[k] * units[0, home[k]] + q_node[k][:, None] * units[1, home[k]] + q_any[k] * units[2, home[k]]
-
-    delta = np.stack([deltas_of(k) for k in range(K)])
-    single_vec = single_row_seconds(model, x, q, q_node)
-    copy_at = np.stack([replica_device(home, topo, a) for a in range(N)], axis=1)  # [K, N]
-    room = room.copy()
+    delta = np.stack([c.deltas(k, units) for k in range(K)])
+    single_vec = single_row_seconds(model, c.x, c.q, c.q_node)
+    copy_at = np.stack([replica_device(c.home, topo, a) for a in range(N)], axis=1)  # [K, N]
+    holds, home, own = c.holds, c.home, c.own
     for _ in range(COPY_STEPS):
         sign = np.where(holds, -1.0, 1.0)  # a held copy is dropped, a missing one added
         after = (seconds[None, None, :] + sign[:, :, None] * delta).max(axis=2)
@@ -149,14 +181,11 @@ def choose_copies(tables: list[TablePlan], accesses: list[TableAccess], model: C
             holds[j] = False
             holds[j, own[j]] = True
             copy_at[j] = [replica_device(np.array([f]), topo, a)[0] for a in range(N)]
-            delta[j] = deltas_of(j)
+            delta[j] = c.deltas(j, units)
         for k, a in changes:
             seconds = seconds + (-1.0 if holds[k, a] else 1.0) * delta[k, a]
             room[copy_at[k, a]] += 1 if holds[k, a] else -1
             holds[k, a] = not holds[k, a]
-    for i, r, h in zip(table_of, row, home):
-        tables[i].home[r] = h
-    return [_with_copies(t, row[table_of == i], holds[table_of == i]) for i, t in enumerate(tables)]
 
 
 def _best_trade(seconds, delta, holds, own, copy_at, room) -> list[tuple[int, int]] | None:
