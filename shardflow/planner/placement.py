@@ -151,7 +151,6 @@ def place_single(
     node_of: np.ndarray,
 ) -> None:
     """Home every single row of one table; `room` (rows free per device) is reduced in place."""
-    P = room.size
     classes = access.class_prob.size
     singles = np.zeros(classes, dtype=np.int64)
     for s in range(0, access.rows, CHUNK_ROWS):
@@ -165,8 +164,27 @@ def place_single(
         return
     # Positions: single rows in order of falling load, class by class.
     order = access.class_order
-    per_class, unit = singles[order], x[order]
+    per_class = singles[order]
     starts = np.cumsum(per_class) - per_class
+    device = _devices_of_positions(per_class, x[order], starts, weights, room, node_of)
+    # Back from positions to rows: class start + rank among the class's single rows.
+    replicated = access.class_rows - singles
+    position_of_class = np.empty(classes, dtype=np.int64)
+    position_of_class[order] = starts
+    for s in range(0, access.rows, CHUNK_ROWS):
+        single = tier[s : s + CHUNK_ROWS] == SINGLE
+        c = access.row_class[s : s + CHUNK_ROWS][single]
+        pos = position_of_class[c] + access.rank_in_class[s : s + CHUNK_ROWS][single] - replicated[c]
+        home[s : s + CHUNK_ROWS][single] = device[pos]
+    room -= np.bincount(device, minlength=room.size)
+
+
+def _devices_of_positions(per_class: np.ndarray, unit: np.ndarray, starts: np.ndarray, weights: np.ndarray,
+                          room: np.ndarray, node_of: np.ndarray) -> np.ndarray:
+    """The device of every single row's position (`per_class` rows of load `unit` each, class by class in
+    order of falling load): the hottest largest first, the warm ones filling each node and then each device
+    up to a common level, the cold ones spread over the room left, none over a device's room."""
+    P, n = room.size, int(per_class.sum())
     cum = np.cumsum(per_class * unit)
     last_hot = int(np.searchsorted(cum, 0.9999 * cum[-1]))
     hot = int(starts[last_hot] + per_class[last_hot])
@@ -203,16 +221,7 @@ def place_single(
         movers = np.flatnonzero(device == d)[room[d] :]
         device[movers] = spare[used : used + movers.size]
         used += movers.size
-    # Back from positions to rows: class start + rank among the class's single rows.
-    replicated = access.class_rows - singles
-    position_of_class = np.empty(classes, dtype=np.int64)
-    position_of_class[order] = starts
-    for s in range(0, access.rows, CHUNK_ROWS):
-        single = tier[s : s + CHUNK_ROWS] == SINGLE
-        c = access.row_class[s : s + CHUNK_ROWS][single]
-        pos = position_of_class[c] + access.rank_in_class[s : s + CHUNK_ROWS][single] - replicated[c]
-        home[s : s + CHUNK_ROWS][single] = device[pos]
-    room -= np.bincount(device, minlength=P)
+    return device
 
 
 def place(
