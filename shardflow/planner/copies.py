@@ -31,7 +31,7 @@ import numpy as np
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, bandwidths
 from shardflow.planner.plan import ID_BYTES, NODE, SINGLE, VALUE_BYTES, TablePlan, replica_device
-from shardflow.planner.refine import hottest_rows, relayed_unit_loads, unit_loads
+from shardflow.planner.refine import hottest_rows, single_row_seconds
 
 COPY_ROWS = 256  # hottest single and node rows whose copies the pass may change
 COPY_STEPS = 400  # changes at most
@@ -245,16 +245,6 @@ def _best_move_for_copy(seconds, delta, single_vec, holds, home, copy_at, room):
             best, f = after[i, m, j], int(dest[j])
             found = ((int(movers[m]), f), ([drop[f]] if room[f] <= 0 else []) + [tuple(adds[i])])
     return found
-
-
-def single_row_seconds(model: CostModel, x: np.ndarray, q: np.ndarray, q_node: np.ndarray) -> np.ndarray:
-    """[K, P, links]: the seconds each candidate row (rates x, q [K], q_node [K, N]) adds to every link as a
-    single row homed on each device (refine's unit vectors, scaled by the row's rates)."""
-    topo, bw = model.topology, bandwidths(model.topology)
-    if model.shape.dedup == "node" and len(topo.nodes) > 1:
-        per_read, per_fetch = relayed_unit_loads(topo, model.shape.dim)
-        return (q[:, None, None] * per_read[None] + np.einsum("kn,pnl->kpl", q_node, per_fetch)) / bw
-    return x[:, None, None] * (unit_loads(topo, model.shape.dim) / bw)[None]
 
 
 def _with_copies(t: TablePlan, rows: np.ndarray, holds: np.ndarray) -> TablePlan:

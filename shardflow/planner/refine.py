@@ -112,6 +112,16 @@ def hottest_rows(tier: np.ndarray, row_class: np.ndarray, x: np.ndarray, k: int,
     return ids[np.lexsort((ids, -x[row_class[ids]]))]
 
 
+def single_row_seconds(model: CostModel, x: np.ndarray, q: np.ndarray, q_node: np.ndarray) -> np.ndarray:
+    """[K, P, links]: the seconds each candidate row (rates x, q [K], q_node [K, N]) adds to every link as a
+    single row homed on each device (the unit vectors, scaled by the row's rates)."""
+    topo, bw = model.topology, bandwidths(model.topology)
+    if model.shape.dedup == "node" and len(topo.nodes) > 1:
+        per_read, per_fetch = relayed_unit_loads(topo, model.shape.dim)
+        return (q[:, None, None] * per_read[None] + np.einsum("kn,pnl->kpl", q_node, per_fetch)) / bw
+    return x[:, None, None] * (unit_loads(topo, model.shape.dim) / bw)[None]
+
+
 def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: int,
            model: CostModel) -> tuple[np.ndarray, np.ndarray]:
     """Improve the homes of the hottest single rows of `tables` in place (see the module's doc); (the seconds
@@ -120,6 +130,7 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
     by_name = {a.name: a for a in accesses}
     cost = model.evaluate(ShardingPlan("refine", tuple(tables)), by_name)
     seconds = link_seconds(cost.lookup_pairs + cost.sync_pairs, topo)
+    room = budget_rows - sum(table_rows_per_device(t, topo) for t in tables)
     # The hottest single rows of all tables: (table index, row, load).
     candidates = []
     for i, t in enumerate(tables):
@@ -127,25 +138,26 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
         x = model.rates(a).x
         top = hottest_rows(t.tier, a.row_class, x, REFINE_ROWS)
         candidates += [(i, int(r), float(x[a.row_class[r]])) for r in top]
-    room = budget_rows - sum(table_rows_per_device(t, topo) for t in tables)
     candidates = sorted(candidates, key=lambda c: -c[2])[:REFINE_ROWS]
     if not candidates:
         return seconds, room
     table_of = np.array([c[0] for c in candidates])
     row = np.array([c[1] for c in candidates])
     home = np.array([int(tables[i].home[r]) for i, r in zip(table_of, row)])
-    # vec[k, e]: the seconds row k adds to every link when homed on device e.
-    bw = bandwidths(topo)
-    if model.shape.dedup == "node" and len(topo.nodes) > 1:
-        per_read, per_fetch = relayed_unit_loads(topo, model.shape.dim)
-        rates = {name: model.rates(by_name[name]) for name in {tables[i].name for i in table_of}}
-        cls = [by_name[tables[i].name].row_class[r] for i, r in zip(table_of, row)]
-        q = np.array([rates[tables[i].name].q[c] for i, c in zip(table_of, cls)])
-        q_node = np.array([rates[tables[i].name].q_node[:, c] for i, c in zip(table_of, cls)])  # [K, N]
-        vec = (q[:, None, None] * per_read[None] + np.einsum("kn,pnl->kpl", q_node, per_fetch)) / bw
-    else:
-        load = np.array([c[2] for c in candidates])
-        vec = load[:, None, None] * (unit_loads(topo, model.shape.dim) / bw)[None]
+    rates = {name: model.rates(by_name[name]) for name in {tables[i].name for i in table_of}}
+    of = [(rates[tables[i].name], by_name[tables[i].name].row_class[r]) for i, r in zip(table_of, row)]
+    vec = single_row_seconds(model, np.array([c[2] for c in candidates]), np.array([r.q[c] for r, c in of]),
+                             np.array([r.q_node[:, c] for r, c in of]))  # vec[k, e]: row k homed on e
+    seconds = _moves_and_swaps(vec, home, seconds, room)
+    for i, r, h in zip(table_of, row, home):
+        tables[i].home[r] = h
+    return seconds, room
+
+
+def _moves_and_swaps(vec: np.ndarray, home: np.ndarray, seconds: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """While it lowers the busiest link, the best move of a row (to a device with room) or swap of two of
+    the hottest SWAP_ROWS (on different devices), at most REFINE_STEPS; `home` and `room` change in place;
+    the links' seconds after."""
     K = home.size
     own = vec[np.arange(K), home]  # [K, links]
     S = min(SWAP_ROWS, K)
@@ -178,9 +190,7 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
             seconds = seconds + vec[k, home[j]] - own[k] + vec[j, home[k]] - own[j]
             home[k], home[j] = home[j], home[k]
             own[k], own[j] = vec[k, home[k]], vec[j, home[j]]
-    for i, r, h in zip(table_of, row, home):
-        tables[i].home[r] = h
-    return seconds, room
+    return seconds
 
 
 def table_home_seconds(accesses: list[TableAccess], model: CostModel) -> np.ndarray:
