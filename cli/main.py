@@ -352,17 +352,7 @@ def _config_flag(p: argparse.ArgumentParser, key: str, **given) -> None:
     p.add_argument("--" + key.replace("_", "-"), **spec)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shardflow", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def command(name: str, help: str, run: Callable, show: Callable) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
-        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-        p.set_defaults(run=run, show=show)
-        return p
-
-    p = command("import", "import published dataset files into a dataset store", _cmd_import, _print_dataset)
+def _import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", required=True, choices=["sasrec", "s3rec", "recbole", "criteo"])
     p.add_argument("src", help="a source file, a .gz file, or a directory of part files (read in name order)")
     p.add_argument("dest", help="dataset store to create (or to append to, with --append)")
@@ -380,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hash-rows", type=_hash_rows,
                    help="criteo: rows of every other categorical table (default 2^20), or exact")
 
-    p = command("synth", "generate a seeded synthetic Zipf dataset store", _cmd_synth, _print_dataset)
+
+def _synth_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("dest", help="dataset store to create")
     p.add_argument("--tables", nargs="+", required=True, metavar="NAME:ROWS[:ALPHA]",
                    help="the first is the item sequence table, the rest feature columns")
@@ -392,14 +383,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat-window", type=int, default=5)
     p.add_argument("--overwrite", action="store_true", help="replace a store already at DEST")
 
-    p = command("profile", "count every row's accesses, in parallel on Dask", _cmd_profile, _print_profile)
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", help="dataset store")
     p.add_argument("--out", help="profile store to create (default: DATASET.profile)")
     p.add_argument("--workers", type=int, help="local cluster size (default: one per core)")
     p.add_argument("--scheduler", help="address of an existing Dask scheduler instead of a local cluster")
     p.add_argument("--overwrite", action="store_true", help="replace a profile already at --out")
 
-    p = command("plan", "shard every row of a profiled dataset over a topology", _cmd_plan, _print_plan)
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("profile", help="profile store")
     p.add_argument("--topology", required=True, help="topology YAML file")
     _config_flag(p, "strategy", required=True)
@@ -413,7 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="plan store to create (default: plan-STRATEGY beside the profile)")
     p.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
 
-    p = command("train", "train on a Dask cluster following a plan (no Prefect)", _cmd_train, _print_train)
+
+def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", help="dataset store")
     p.add_argument("--plan", required=True, help="plan store of this dataset")
     _config_flag(p, "epochs")
@@ -432,16 +426,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-memory", type=int, help="estimation: the server's bytes (default: the topology's)")
     p.add_argument("--scheduler", help="address of an existing Dask scheduler (one worker per device)")
 
-    p = command("promote", "make a finished model version current (a rollback), recording who, when and why",
-                _cmd_promote, _print_promote)
+
+def _promote_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="a run directory of 'shardflow run'")
     p.add_argument("--version", type=int, required=True, help="the finished version to make current")
     p.add_argument("--reason", default="rollback", help="why (kept in RUN_DIR/promotions.json)")
 
-    p = command("run", "the whole retraining run as a Prefect flow (embedded API)", _cmd_run, _print_run)
+
+def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file of config keys (see shardflow/config.py)")
     p.add_argument("--set", type=_set_value, action="append", metavar="KEY=VALUE", help="override one key (repeatable)")
     p.add_argument("--verbose", action="store_true", help="also show Dask's and the HTTP client's INFO logs")
+
+
+# Each command: its name, its help, what runs it, what prints its result, and its arguments.
+COMMANDS: tuple[tuple[str, str, Callable, Callable, Callable], ...] = (
+    ("import", "import published dataset files into a dataset store",
+     _cmd_import, _print_dataset, _import_args),
+    ("synth", "generate a seeded synthetic Zipf dataset store",
+     _cmd_synth, _print_dataset, _synth_args),
+    ("profile", "count every row's accesses, in parallel on Dask",
+     _cmd_profile, _print_profile, _profile_args),
+    ("plan", "shard every row of a profiled dataset over a topology",
+     _cmd_plan, _print_plan, _plan_args),
+    ("train", "train on a Dask cluster following a plan (no Prefect)",
+     _cmd_train, _print_train, _train_args),
+    ("promote", "make a finished model version current (a rollback), recording who, when and why",
+     _cmd_promote, _print_promote, _promote_args),
+    ("run", "the whole retraining run as a Prefect flow (embedded API)",
+     _cmd_run, _print_run, _run_args),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardflow", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help, run, show, arguments in COMMANDS:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+        p.set_defaults(run=run, show=show)
+        arguments(p)
     return parser
 
 
