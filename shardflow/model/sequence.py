@@ -69,7 +69,7 @@ class ModelConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InputError(f"model {name} = {v!r}; accepted: an integer >= 1")
-        if self.dim % self.heads:
+        if self.attention and self.dim % self.heads:
             raise InputError(f"model heads = {self.heads} for dim {self.dim}; accepted: a divisor of dim")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
                 or not 0.0 <= self.dropout < 1.0:
