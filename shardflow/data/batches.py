@@ -28,7 +28,7 @@ import numpy as np
 
 from shardflow.errors import InputError
 from shardflow.data.examples import (PAD, Examples, count_train_targets, examples_from, held_out_positions,
-                                     sample_unseen, target_positions)
+                                     sample_unseen, target_positions, validation_positions)
 from shardflow.model.sequence import BatchIndex, ModelConfig
 from shardflow.model.metrics import hits
 from storage.dataset import Dataset
@@ -161,8 +161,10 @@ class TrainData(EpochOrder):
     """A dataset as its trainers read it: the order of an epoch, and the examples of any targets."""
 
     def __init__(self, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
-                 block_events: int = ORDER_BLOCK_EVENTS) -> None:
+                 block_events: int = ORDER_BLOCK_EVENTS, validation: bool = False) -> None:
         self.dataset, self.features, self.window, self.block_events = ds, tuple(features), window, block_events
+        self.validation = validation
+        self.held = 2 if validation else 1  # each user's last events kept out of training
         self.item = ds.info.sequence_table
         self.rows = {t: ds.info.table(t).rows for t in (self.item, *self.features)}
         self.offsets = ds.offsets()
@@ -181,14 +183,15 @@ class TrainData(EpochOrder):
             self.targets_per_block, self._eval_targets = counts, np.concatenate(keep)
         else:
             bounds = np.minimum(np.arange(self.blocks + 1, dtype=np.int64) * block_events, self.events)
-            self.targets_per_block = count_train_targets(self.offsets, bounds)
+            self.targets_per_block = count_train_targets(self.offsets, bounds, held=self.held)
         self.targets = int(self.targets_per_block.sum())
         self._cache: OrderedDict = OrderedDict()  # (block, part) -> its HeldPart
 
     @classmethod
     def load(cls, dataset: str | Dataset, features: tuple[str, ...] = (), window: tuple[int, int] = (0, 0),
-             block_events: int = ORDER_BLOCK_EVENTS) -> "TrainData":
-        """The dataset's training data; `window` = (first segment trained on, first segment evaluated on).
+             block_events: int = ORDER_BLOCK_EVENTS, validation: bool = False) -> "TrainData":
+        """The dataset's training data; `window` = (first segment trained on, first segment evaluated on);
+        `validation`: each evaluated user's second-to-last event is held out of training as well.
 
         A model version trains on the events of the newest parts (and on each user's last
         event before them, which the earlier version held out) and is evaluated on the
@@ -206,11 +209,12 @@ class TrainData(EpochOrder):
         if unknown:
             accepted = list(ds.info.feature_tables)
             raise InputError(f"feature tables {unknown}; accepted: {', '.join(accepted) or 'none in this dataset'}")
-        data = cls(ds, features, window, block_events)
+        data = cls(ds, features, window, block_events, validation)
         if data.targets == 0:
             where = f" in parts {window[0] + 1}.. (the training window)" if window[0] else ""
+            last = "the last two (validation and test)" if validation else "the last"
             raise InputError(f"dataset {ds.path}: no training examples{where} (a user's examples are their "
-                             "events after the first and before the last)")
+                             f"events after the first and before {last})")
         return data
 
     @property
@@ -224,19 +228,28 @@ class TrainData(EpochOrder):
         (the flow's evaluation), not held by every trainer."""
         return held_out_positions(self.offsets) if self._eval_targets is None else self._eval_targets
 
+    @property
+    def validation_targets(self) -> np.ndarray:
+        """The second-to-last event of every evaluated user with three or more, ascending; only with a
+        validation split (otherwise it is a training target)."""
+        if not self.validation:
+            raise InputError("no validation split was held out; accepted: data loaded with validation=True")
+        return validation_positions(self.eval_targets, self.offsets)
+
     # -- targets and the order of an epoch ---------------------------------------------------
     def _segments(self, block: int) -> np.ndarray:
-        """The segment of events block*B .. (block+1)*B, and of the one after (window_key reads it)."""
+        """The segment of events block*B .. (block+1)*B, and of the `held` after (window_key reads them)."""
         start = block * self.block_events
-        return self.dataset.event_segments(start, min(start + self.block_events + 1, self.events))
+        return self.dataset.event_segments(start, min(start + self.block_events + self.held, self.events))
 
     def block_targets(self, block: int, segments: np.ndarray | None = None) -> np.ndarray:
         """The training targets (absolute event indices, ascending) in one block; `segments`, if the
         caller has read them already, are the block's _segments."""
         start = block * self.block_events
         if not any(self.window):
-            return target_positions(self.offsets, "train", start, start + self.block_events)
-        return window_targets(self.dataset, self.offsets, start, start + self.block_events, self.window[0], segments)
+            return target_positions(self.offsets, "train", start, start + self.block_events, self.held)
+        return window_targets(self.dataset, self.offsets, start, start + self.block_events, self.window[0], segments,
+                              self.held)
 
     # -- examples ----------------------------------------------------------------------------
     @property
@@ -294,21 +307,23 @@ class TrainData(EpochOrder):
 
     # -- evaluation: leave-last-out ------------------------------------------------------------
     def eval_examples(self, targets: np.ndarray, config: ModelConfig, seed: int, negatives: int) -> Examples:
-        """The held-out targets, each with `negatives` sampled among the items its user never interacted with."""
+        """The held-out targets, each with `negatives` sampled among the items its user never interacted with up
+        to and including it."""
         ex = self.examples(targets, config, seed, negatives=0)
         seen, seen_offsets = self.user_items(ex.position)
         return replace(ex, negatives=sample_unseen(ex.position, seen, seen_offsets, self.rows[self.item], negatives,
                                                    seed), key=None)
 
     def user_items(self, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Every item the user of each target interacted with, as flat ids and offsets (one range per target).
+        """Every item the user of each target interacted with up to and including it (a user's last event: all
+        of them), as flat ids and offsets (one range per target).
 
         Users near each other (under USER_SPAN_GAP events apart) are read as one span, so a chunk
         of all users costs one read and a sparse sample its users' events, never the log.
         """
         targets = np.asarray(targets, dtype=np.int64)
         user = np.searchsorted(self.offsets, targets, side="right") - 1
-        starts, stops = self.offsets[user], self.offsets[user + 1]
+        starts, stops = self.offsets[user], targets + 1
         bounds = np.zeros(targets.size + 1, dtype=np.int64)
         np.cumsum(stops - starts, out=bounds[1:])
         out = np.empty(int(bounds[-1]), dtype=np.int64)
@@ -342,39 +357,41 @@ class TrainData(EpochOrder):
                 "users": part["examples"]}
 
 
-def window_key(segment: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """The part that puts each training target in a window: its own, or the next event's if that is newer.
+def window_key(segment: np.ndarray, targets: np.ndarray, held: int = 1) -> np.ndarray:
+    """The part that puts each training target in a window: its own, or that of one of the `held` events
+    after it if that is newer.
 
-    `segment` holds the part of every event (indexed like `targets`, and one past each).
-    A user's last event before a window was held out by the version that saw it, never
-    trained on: it joins the window its successor arrived in.
+    `segment` holds the part of every event (indexed like `targets`, and `held` past each).
+    A user's last `held` events before a window were held out by the version that saw them
+    (test, and validation with one), never trained on: each joins the window in which the
+    user's events after it arrived.
     """
-    return np.maximum(segment[targets], segment[targets + 1])
+    return np.max(np.stack([segment[targets + j] for j in range(held + 1)]), axis=0)
 
 
 def window_targets(ds: Dataset, offsets: np.ndarray, start: int, stop: int, first: int,
-                   segments: np.ndarray | None = None) -> np.ndarray:
+                   segments: np.ndarray | None = None, held: int = 1) -> np.ndarray:
     """The training targets in events start:stop (user order) of a window from part `first`; `segments`,
-    if read already, are the parts of events start .. stop (one past the range, for window_key)."""
-    targets = target_positions(offsets, "train", start, stop)
+    if read already, are the parts of events start .. stop (`held` past the range, for window_key)."""
+    targets = target_positions(offsets, "train", start, stop, held)
     if first == 0:
         return targets
     stop = min(stop, int(offsets[-1]))
-    segments = ds.event_segments(start, min(stop + 1, int(offsets[-1]))) if segments is None else segments
-    return targets[window_key(segments, targets - start) >= first]
+    segments = ds.event_segments(start, min(stop + held, int(offsets[-1]))) if segments is None else segments
+    return targets[window_key(segments, targets - start, held) >= first]
 
 
-def window_start(dataset: str | Dataset, wanted: int, batch_size: int) -> int:
+def window_start(dataset: str | Dataset, wanted: int, batch_size: int, validation: bool = False) -> int:
     """`wanted`, or the latest earlier part whose window holds at least one global batch of training
     examples (a small day is trained together with the days before it); 0 if none does."""
     if wanted == 0:
         return 0
     ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
-    data = TrainData(ds, (), (0, 0))
+    data = TrainData(ds, (), (0, 0), validation=validation)
     per_part = np.zeros(len(ds.segments), dtype=np.int64)
     for b in range(data.blocks):  # block by block: the log is never held whole
         start = b * data.block_events
-        key = window_key(data._segments(b), data.block_targets(b) - start)
+        key = window_key(data._segments(b), data.block_targets(b) - start, data.held)
         per_part += np.bincount(key, minlength=len(ds.segments))
     examples = np.cumsum(per_part[::-1])[::-1]  # examples[s]: training examples in the window from part s
     fits = np.flatnonzero(examples[: wanted + 1] >= batch_size)

@@ -4,7 +4,8 @@ A click-log dataset (imported from Criteo's or Avazu's layout) has no item seque
 every row is one example, with one id per categorical table, its numeric columns and a
 0/1 label, and the store keeps the rows in arrival order. The last HELD_OUT of the rows
 (by that order) are held out for evaluation, the rows before them are the training
-targets. With a window (a model version trained on the newest parts), training starts
+targets; with a validation split, the last HELD_OUT of those are held out to choose
+epochs on. With a window (a model version trained on the newest parts), training starts
 at the window's first part and the held-out rows are the last HELD_OUT of the parts
 evaluated on.
 
@@ -46,26 +47,30 @@ class ClickData(EpochOrder):
     item = None  # no item sequence
 
     def __init__(self, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
-                 block_events: int = ORDER_BLOCK_EVENTS) -> None:
+                 block_events: int = ORDER_BLOCK_EVENTS, validation: bool = False) -> None:
         self.dataset, self.features, self.window, self.block_events = ds, tuple(features), window, block_events
+        self.validation = validation
         self.numeric = tuple(ds.info.dense)
         self.rows = {t: ds.info.table(t).rows for t in self.features}
         self.events = ds.info.interactions
         part_starts = np.concatenate([[0], np.cumsum([s["events"] for s in ds.segments])]).astype(np.int64)
         first_train, first_eval = (int(part_starts[min(w, len(ds.segments))]) for w in window)
         self.eval_start = self.events - math.ceil(HELD_OUT * (self.events - first_eval))
-        self.train_range = (first_train, self.eval_start)
+        self.validation_start = self.eval_start
+        if validation:
+            self.validation_start -= math.ceil(HELD_OUT * max(self.eval_start - first_train, 0))
+        self.train_range = (first_train, self.validation_start)
         self.blocks = -(-self.events // block_events)
         starts = np.arange(self.blocks, dtype=np.int64) * block_events
         lo = np.maximum(starts, first_train)
-        hi = np.minimum(starts + block_events, self.eval_start)
+        hi = np.minimum(starts + block_events, self.validation_start)
         self.targets_per_block = np.maximum(hi - lo, 0)
         self.targets = int(self.targets_per_block.sum())
         self._cache: OrderedDict = OrderedDict()  # (block, part) -> its HeldPart
 
     @classmethod
     def load(cls, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
-             block_events: int = ORDER_BLOCK_EVENTS) -> "ClickData":
+             block_events: int = ORDER_BLOCK_EVENTS, validation: bool = False) -> "ClickData":
         if not ds.info.labels:
             raise InputError(
                 f"dataset {ds.path} has neither an item sequence nor click labels (tables "
@@ -75,9 +80,10 @@ class ClickData(EpochOrder):
         unknown = [f for f in features if f not in ds.info.table_names]
         if unknown or not features:
             raise InputError(f"categorical tables {list(features)}; accepted: some of {', '.join(ds.info.table_names)}")
-        data = cls(ds, features, window, block_events)
+        data = cls(ds, features, window, block_events, validation)
         if data.targets == 0:
-            raise InputError(f"dataset {ds.path}: no training rows before the held-out last {HELD_OUT:.0%} "
+            held = "validation and test rows" if validation else f"last {HELD_OUT:.0%}"
+            raise InputError(f"dataset {ds.path}: no training rows before the held-out {held} "
                              f"(window from part {window[0] + 1})")
         return data
 
@@ -89,6 +95,13 @@ class ClickData(EpochOrder):
     @property
     def eval_targets(self) -> np.ndarray:
         return np.arange(self.eval_start, self.events, dtype=np.int64)
+
+    @property
+    def validation_targets(self) -> np.ndarray:
+        """The last HELD_OUT of the training window's rows before the test rows; only with a validation split."""
+        if not self.validation:
+            raise InputError("no validation split was held out; accepted: data loaded with validation=True")
+        return np.arange(self.validation_start, self.eval_start, dtype=np.int64)
 
     def block_targets(self, block: int) -> np.ndarray:
         start = block * self.block_events
@@ -150,21 +163,24 @@ class ClickData(EpochOrder):
 
 
 def load_training_data(dataset: str | Path | Dataset, features: tuple[str, ...] = (), window: tuple[int, int] = (0, 0),
-                       block_events: int = ORDER_BLOCK_EVENTS) -> TrainData | ClickData:
-    """The dataset's training data: its item sequences if it has them, else its click rows."""
+                       block_events: int = ORDER_BLOCK_EVENTS, validation: bool = False) -> TrainData | ClickData:
+    """The dataset's training data: its item sequences if it has them, else its click rows; `validation`
+    holds a validation split out of training as well."""
     ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
     if ds.info.sequence_table is None:
-        return ClickData.load(ds, features, window, block_events)
-    return TrainData.load(ds, features, window, block_events)
+        return ClickData.load(ds, features, window, block_events, validation)
+    return TrainData.load(ds, features, window, block_events, validation)
 
 
-def training_window_start(dataset: Dataset, wanted: int, batch_size: int, eval_from: int) -> int:
+def training_window_start(dataset: Dataset, wanted: int, batch_size: int, eval_from: int,
+                          validation: bool = False) -> int:
     """`wanted`, or the latest earlier part whose window holds at least one global batch of training
     examples (0 if none does): window_start for sequences; for click logs, the rows of the parts from
     there on before the held-out last rows of the parts from `eval_from`."""
     if dataset.info.sequence_table is not None:
-        return window_start(dataset, wanted, batch_size)
-    fits = [s for s in range(wanted + 1) if ClickData(dataset, (), (s, eval_from)).targets >= batch_size]
+        return window_start(dataset, wanted, batch_size, validation)
+    fits = [s for s in range(wanted + 1)
+            if ClickData(dataset, (), (s, eval_from), validation=validation).targets >= batch_size]
     return fits[-1] if fits else 0
 
 

@@ -1,13 +1,16 @@
 """Training and evaluation examples from users' sequences: one deterministic, vectorised builder.
 
 For a user with items s[0..n-1] (time order):
-    train  targets s[1..n-2], each with the window of up to `history` items before it
-    eval   target s[n-1] (leave-last-out), with the window before it
+    train       targets s[1..n-2], each with the window of up to `history` items before it
+                (s[1..n-3] when a validation split is held out)
+    validation  target s[n-2] (users with n >= 3), when asked for: it chooses epochs, never the test
+    eval        target s[n-1] (leave-last-out, the test split), with the window before it
 Histories are left-padded with PAD. Negatives are drawn uniformly from the other rows of
 the table by a counter-based hash of (seed, target position, k): the same example gets
 the same negatives whichever block of users it is built in. An evaluation's negatives
 follow the SASRec paper's protocol instead (`sample_unseen`): EVAL_NEGATIVES of them per
-held-out item, uniform over the rows its user never interacted with.
+held-out item, uniform over the rows its user never interacted with up to and including it
+(for the test item: ever; a validation item's draws know nothing of the test item).
 
 The planner's cost model counts lookups from these examples; the trainer trains on them.
 """
@@ -23,7 +26,7 @@ from shardflow.errors import InputError
 from shardflow.hashing import splitmix64
 
 PAD = -1
-SPLITS = ("train", "eval")
+SPLITS = ("train", "validation", "eval")
 EVAL_NEGATIVES = 100  # the held-out item is ranked among this many (Kang & McAuley, ICDM 2018, section IV-B)
 UNSEEN_DRAWS = 16  # draws of a negative before the rows its user never touched are counted out
 
@@ -99,9 +102,10 @@ def sample_unseen(position: np.ndarray, seen: np.ndarray, seen_offsets: np.ndarr
 
 
 def target_positions(offsets: np.ndarray, split: str = "train", start: int | None = None,
-                     stop: int | None = None) -> np.ndarray:
+                     stop: int | None = None, held: int = 1) -> np.ndarray:
     """Absolute event indices of the targets that lie in events start:stop (all of them by default)
-    of the users `offsets` delimits; memory is that of the range, not of the log."""
+    of the users `offsets` delimits; memory is that of the range, not of the log. `held`: each user's
+    last events kept out of training (1: the test item; 2: the validation item too)."""
     if split not in SPLITS:
         raise InputError(f"split {split!r}; accepted: {', '.join(SPLITS)}")
     offsets = np.asarray(offsets, dtype=np.int64)
@@ -113,20 +117,27 @@ def target_positions(offsets: np.ndarray, split: str = "train", start: int | Non
     user = np.searchsorted(offsets, events, side="right") - 1
     pos = events - offsets[user]
     n = offsets[user + 1] - offsets[user]
-    mask = (pos >= 1) & (pos <= n - 2) if split == "train" else (pos == n - 1) & (n >= 2)
+    if split == "train":
+        mask = (pos >= 1) & (pos <= n - 1 - held)
+    elif split == "validation":
+        mask = (pos == n - 2) & (n >= 3)
+    else:
+        mask = (pos == n - 1) & (n >= 2)
     return events[mask]
 
 
-def count_train_targets(offsets: np.ndarray, bounds: np.ndarray, users_at_a_time: int = 1 << 22) -> np.ndarray:
+def count_train_targets(offsets: np.ndarray, bounds: np.ndarray, users_at_a_time: int = 1 << 22,
+                        held: int = 1) -> np.ndarray:
     """Training targets in each event range bounds[i]:bounds[i+1], from `offsets` alone: every event
-    but users' first ones and the last ones of users with two or more (users taken a slice at a time)."""
+    but users' first ones and the `held` last ones after it (users taken a slice at a time)."""
     offsets = np.asarray(offsets, dtype=np.int64)
     bounds = np.asarray(bounds, dtype=np.int64)
     counts = np.diff(bounds)
     for u in range(0, offsets.size - 1, users_at_a_time):
         part = offsets[u : u + users_at_a_time + 1]
         lengths = np.diff(part)
-        for cut in (part[:-1][lengths >= 1], part[1:][lengths >= 2] - 1):  # firsts, then lasts
+        cuts = [part[:-1][lengths >= 1]] + [part[1:][lengths >= j + 1] - j for j in range(1, held + 1)]
+        for cut in cuts:  # firsts, then the j-th last of every user with more than j events
             counts -= np.diff(np.searchsorted(cut, bounds, side="left"))
     return counts
 
@@ -135,6 +146,15 @@ def held_out_positions(offsets: np.ndarray) -> np.ndarray:
     """The eval target (last event) of every user with at least two events: target_positions(offsets, "eval")."""
     offsets = np.asarray(offsets, dtype=np.int64)
     return offsets[1:][np.diff(offsets) >= 2] - 1
+
+
+def validation_positions(last: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The validation target (second-to-last event) of the users whose held-out last events are `last`,
+    for those with at least three events: target_positions(offsets, "validation") when `last` is all."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    last = np.asarray(last, dtype=np.int64)
+    user = np.searchsorted(offsets, last, side="right") - 1
+    return last[offsets[user + 1] - offsets[user] >= 3] - 1
 
 
 Gather = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (targets [E], positions [E, n]) -> ids [E, n]

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from shardflow.errors import InputError
 from shardflow.data.examples import (PAD, build_examples, count_train_targets, held_out_positions, sample_unseen,
-                                     target_positions)
+                                     target_positions, validation_positions)
 
 OFFSETS = np.array([0, 4, 5, 7])
 IDS = np.array([10, 11, 12, 13, 20, 30, 31])
@@ -84,7 +84,7 @@ def test_matches_a_naive_loop_and_does_not_depend_on_user_blocks(lengths, histor
 
 
 def test_bad_arguments_are_refused():
-    with pytest.raises(InputError, match="split 'test'; accepted: train, eval"):
+    with pytest.raises(InputError, match="split 'test'; accepted: train, validation, eval"):
         build_examples(OFFSETS, IDS, 40, history=2, negatives=1, seed=0, split="test")
     with pytest.raises(InputError, match="history = 0"):
         build_examples(OFFSETS, IDS, 40, history=0, negatives=1, seed=0)
@@ -103,6 +103,25 @@ def test_targets_are_counted_per_range_from_offsets_alone_a_slice_of_users_at_a_
     for a, b in zip(bounds[:-1], bounds[1:]):
         assert target_positions(offsets, "train", a, b).tolist() == targets[(targets >= a) & (targets < b)].tolist()
     assert held_out_positions(offsets).tolist() == target_positions(offsets, "eval").tolist()
+
+
+def test_a_validation_split_takes_each_users_second_to_last_event_out_of_training():
+    offsets = np.array([0, 4, 5, 7, 10])  # users of 4, 1, 2 and 3 events
+    assert target_positions(offsets, "train", held=2).tolist() == [1]  # user 3 (7..9): first, validation, test
+    assert target_positions(offsets, "validation").tolist() == [2, 8]
+    assert target_positions(offsets, "eval").tolist() == [3, 6, 9]
+    assert validation_positions(held_out_positions(offsets), offsets).tolist() == [2, 8]
+    assert validation_positions(np.array([9]), offsets).tolist() == [8]  # of the users evaluated only
+    rng = np.random.default_rng(6)
+    offsets = np.concatenate([[0], np.cumsum(rng.integers(0, 7, size=300))])
+    bounds = np.unique(np.concatenate([[0, offsets[-1]], rng.integers(0, offsets[-1], size=40)]))
+    train, val = target_positions(offsets, "train", held=2), target_positions(offsets, "validation")
+    test = target_positions(offsets, "eval")
+    assert not (set(train) & set(val)) and not (set(val) & set(test))
+    assert sorted([*train, *val]) == target_positions(offsets, "train").tolist()  # the split takes nothing else
+    want = [int(((train >= a) & (train < b)).sum()) for a, b in zip(bounds[:-1], bounds[1:])]
+    for at_a_time in (1, 5, 1 << 22):
+        assert count_train_targets(offsets, bounds, at_a_time, held=2).tolist() == want
 
 
 def test_eval_negatives_are_uniform_over_the_rows_the_user_never_touched_and_depend_on_the_example_alone():
@@ -151,6 +170,14 @@ def test_eval_examples_draw_negatives_outside_each_users_whole_sequence(tmp_path
         whole = set(data.dataset.column("tables/item", int(offsets[u]), int(offsets[u + 1])).tolist())
         assert ex.positive[e] in whole and not whole & set(ex.negatives[e].tolist()), u
     assert ex.negatives.shape == (targets.size, 100)
+    val = TrainData.load(tmp_path / "ds", validation=True)
+    ex = val.eval_examples(val.validation_targets, ModelConfig(history=4), seed=9, negatives=100)
+    for e, t in enumerate(val.validation_targets.tolist()):  # the draws know nothing of the test item
+        u = int(np.searchsorted(offsets, t, side="right") - 1)
+        upto = set(data.dataset.column("tables/item", int(offsets[u]), t + 1).tolist())
+        assert ex.positive[e] in upto and not upto & set(ex.negatives[e].tolist()), u
+    test_item = data.dataset.column("tables/item", 0, int(offsets[-1]))[val.validation_targets + 1]
+    assert (ex.negatives == test_item[:, None]).any()  # it may be drawn like any other untouched item
     seen, seen_offsets = data.user_items(targets[::-1])  # in any order, each target's user's whole sequence
     users = np.searchsorted(offsets, targets[::-1], side="right") - 1
     expected = [data.dataset.column("tables/item", int(offsets[u]), int(offsets[u + 1])) for u in users]

@@ -58,6 +58,11 @@ def test_the_held_out_rows_are_the_last_tenth_and_never_trained_on(clicks):
     batch = data.batch(0, 0, 0, CLICK_BATCH)
     assert batch.size == CLICK_BATCH and np.unique(batch).size == CLICK_BATCH and batch.max() < n - held
     assert not np.array_equal(batch, data.batch(1, 0, 0, CLICK_BATCH)), "every epoch has its own order"
+    val = load_training_data(path, model.features, validation=True)
+    kept = int(np.ceil(HELD_OUT * (n - held)))  # the last tenth of the rows before the test rows
+    np.testing.assert_array_equal(val.eval_targets, data.eval_targets)
+    np.testing.assert_array_equal(val.validation_targets, np.arange(n - held - kept, n - held))
+    np.testing.assert_array_equal(np.sort(val.train_targets()), np.arange(n - held - kept))
 
 
 def test_examples_carry_the_stored_ids_numeric_columns_and_labels(clicks):

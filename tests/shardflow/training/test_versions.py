@@ -58,6 +58,21 @@ def test_a_window_trains_the_new_events_and_each_users_last_held_out_one(days):
     assert second.eval_targets.tolist() == [5, 10, 13] and 1 not in second.train_targets().tolist()
 
 
+def test_with_a_validation_split_a_window_trains_what_the_version_before_held_out_for_validation(days):
+    every = TrainData.load(days / "ds", validation=True)
+    # user 1 (events 0..5): trains 1..3, validates on 4; user 2 (6..10): 7, 8 and 9; user 3 (11..13): 12.
+    assert every.train_targets().tolist() == [1, 2, 3, 7, 8]
+    assert every.validation_targets.tolist() == [4, 9, 12] and every.eval_targets.tolist() == [5, 10, 13]
+    third = TrainData.load(days / "ds", window=(2, 2), validation=True)
+    # The version of days 1-2 held out user 1's 3 (validation) and 4 (test): 3 trains now, 4 validates.
+    assert third.train_targets().tolist() == [3, 7, 8] and third.validation_targets.tolist() == [4, 9, 12]
+    assert window_start(days / "ds", 2, batch_size=3, validation=True) == 2
+    assert window_start(days / "ds", 2, batch_size=4, validation=True) == 1
+    assert window_start(days / "ds", 2, batch_size=6, validation=True) == 0
+    with pytest.raises(InputError, match="no validation split was held out"):
+        TrainData.load(days / "ds").validation_targets
+
+
 def test_a_window_too_small_for_one_batch_widens_to_earlier_parts(days):
     assert window_start(days / "ds", 2, batch_size=4) == 2
     assert window_start(days / "ds", 2, batch_size=5) == 1
@@ -123,9 +138,10 @@ def test_a_warm_start_places_the_export_onto_a_plan_for_another_device_count(cli
 
 @pytest.mark.parametrize("block_events", [1, 2, 3, 5, 1 << 20])
 @pytest.mark.parametrize("window", [(0, 0), (1, 1), (2, 2)])
-def test_blocks_of_any_size_stream_the_targets_and_examples_of_the_whole_log(days, block_events, window):
-    whole = TrainData.load(days / "ds", window=window)
-    streamed = TrainData.load(days / "ds", window=window, block_events=block_events)
+@pytest.mark.parametrize("validation", [False, True])
+def test_blocks_of_any_size_stream_the_targets_and_examples_of_the_whole_log(days, block_events, window, validation):
+    whole = TrainData.load(days / "ds", window=window, validation=validation)
+    streamed = TrainData.load(days / "ds", window=window, block_events=block_events, validation=validation)
     assert streamed.train_targets().tolist() == whole.train_targets().tolist()
     assert streamed.eval_targets.tolist() == whole.eval_targets.tolist() and streamed.targets == whole.targets
     ds = Dataset.open(days / "ds")
