@@ -200,6 +200,7 @@ def _cmd_train(args: argparse.Namespace) -> dict:
         dedup=shape.dedup if args.dedup is None else args.dedup,
         early_answers=args.early_answers,
         epochs=args.epochs,
+        patience=args.patience,
         max_steps=args.max_steps,
         device=args.device,
         seed=args.seed,
@@ -230,6 +231,10 @@ def _print_train(s: dict) -> None:
     from shardflow.training.evaluate import metric_text
 
     print(f"  loss {s['loss']:.4f}   {metric_text(s)}  ({s['eval_users']:,} held-out examples)")
+    if s["best_epoch"] is not None:
+        held = {k.removeprefix("val_"): v for k, v in s.items() if k.startswith("val_")}
+        print(f"  epoch {s['best_epoch']} of {s['epochs_trained']} kept: the best on the validation split "
+              f"({metric_text(held)}; patience {s['patience']})")
     print(f"  bytes/step  measured {s['measured_bytes_per_step'] / mb:,.3f} MB,"
           f" cost model {s['predicted_bytes_per_step'] / mb:,.3f} MB (dedup {s['dedup']}),"
           f" and {s['bytes_per_step']['patch'] / mb:,.3f} MB of rows changed after an early answer sent again")
@@ -411,6 +416,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", help="dataset store")
     p.add_argument("--plan", required=True, help="plan store of this dataset")
     _config_flag(p, "epochs")
+    _config_flag(p, "patience", type=int)
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, help="global batch (default: the plan's)")
     p.add_argument("--dedup", choices=["none", "device", "node"], help="de-duplication scope (default: the plan's)")

@@ -68,7 +68,12 @@ class RetrainConfig(BaseModel):
     dense_optimizer: Literal["adam", "adagrad"] = "adam"
     row_lr: float = Field(0.05, gt=0, allow_inf_nan=False)
     dense_lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
-    epochs: int = Field(2, ge=1)
+    epochs: int = Field(2, ge=1, description="epochs to train (with patience: at most)")
+    patience: int | None = Field(
+        None, ge=1, description="hold out each user's second-to-last item (a click log: the last 10% of the "
+        "training rows) as a validation split, score it after every epoch (NDCG@10; click logs AUC), stop after "
+        "this many epochs without a better score and keep the best epoch (none: no split, every epoch)",
+    )
     steps_per_epoch: int | None = Field(
         None, ge=1, description="train only the first N steps of each epoch's order, a different sample of the log "
         "every epoch (none: the whole epoch): a night's budget on a log whose epoch outlasts it",
@@ -265,7 +270,8 @@ class RetrainConfig(BaseModel):
 
         return TrainConfig(batch_size=self.batch_size, dedup=self.dedup, early_answers=self.early_answers,
                            epochs=self.epochs, steps_per_epoch=self.steps_per_epoch, device=self.device,
-                           seed=self.seed, eval_users=self.eval_users, window=tuple(window))
+                           seed=self.seed, eval_users=self.eval_users, window=tuple(window),
+                           patience=self.patience)
 
     def encoder_options(self) -> dict:
         """The sequence model's encoder, as shardflow.model.sequence.ModelConfig names it."""

@@ -303,6 +303,10 @@ def case_config_unknown_encoder(world, client, tmp_path):
         r"encoder = 'transformer': Input should be 'mean' or 'self-attention'"
 
 
+def case_config_patience_of_zero_epochs(world, client, tmp_path):
+    return [world / "ds"], config(world, patience=0), r"patience = 0: Input should be greater than or equal to 1"
+
+
 def case_config_self_attention_for_a_click_log(world, client, tmp_path):
     return [world / "ds"], config(world, encoder="self-attention", dataset_format="criteo"), \
         r"encoder = 'self-attention' for a criteo click log; accepted: mean"

@@ -31,8 +31,8 @@ class DeviceActor:
     def __init__(self, device: int, topology: Topology, tables: dict[str, DevicePlan], dataset: str,
                  config: ModelConfig | ClickConfig, optimizer: OptimizerConfig, *, batch_size: int, dedup: str,
                  array_device: str = "cpu", scaled_rows: dict[str, int] | None = None,
-                 window: tuple[int, int] = (0, 0), early: bool = False) -> None:
-        data = load_training_data(dataset, config.features, window)
+                 window: tuple[int, int] = (0, 0), early: bool = False, validation: bool = False) -> None:
+        data = load_training_data(dataset, config.features, window, validation=validation)
         self.device = Device(device, topology, tables, data, config, optimizer, batch_size=batch_size, dedup=dedup,
                              array_device=array_device, scaled_rows=scaled_rows, early=early)
         self.index = device

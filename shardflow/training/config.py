@@ -22,19 +22,28 @@ class TrainConfig:
     eval_negatives: int = EVAL_NEGATIVES  # ranked against each held-out item, none its user's (sample_unseen)
     window: tuple[int, int] = (0, 0)  # (first segment trained on, first evaluated on): see TrainData.load and ClickData
     early_answers: bool = False  # answer the next step's requests while waiting (protocol.py: PREFETCH)
+    # Hold out a validation split (each user's second-to-last item; a click log's last rows before the test
+    # rows), score it after every epoch, stop after this many epochs without a better score and keep the
+    # best epoch's parameters. None: no split, every epoch trained.
+    patience: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "epochs", "eval_negatives"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1")
-        for name in ("max_steps", "steps_per_epoch", "eval_users"):
+        for name in ("max_steps", "steps_per_epoch", "eval_users", "patience"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1, or none")
         check_dedup(self.dedup)
         if not isinstance(self.early_answers, bool):
             raise InputError(f"early_answers = {self.early_answers!r}; accepted: true or false")
+
+    @property
+    def validation(self) -> bool:
+        """Whether a validation split is held out of training."""
+        return self.patience is not None
 
 
 @dataclass
@@ -45,6 +54,8 @@ class TrainResult:
     epoch_loss: list = field(default_factory=list)  # mean BCE per epoch (per candidate)
     timings: dict = field(default_factory=dict)  # mean seconds per step: batch, each round, compute
     steady: dict = field(default_factory=lambda: {"steps": 0, "examples": 0, "seconds": 0.0})  # after warm-up
+    validation: dict = field(default_factory=dict)  # epoch (from 1) -> its val_ metrics, with a validation split
+    best_epoch: int | None = None  # the epoch whose parameters the engine holds at the end (validation split)
 
     @property
     def examples_per_s(self) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 from distributed import Client, wait
@@ -31,7 +32,8 @@ from shardflow.data.batches import TrainData, check_batch, negative_seed
 from shardflow.data.clicks import ClickData, load_training_data
 from shardflow.training.config import TrainConfig, TrainResult
 from shardflow.training.device import StepStats
-from shardflow.training.evaluate import eval_targets
+from shardflow.training.evaluate import SPLITS, eval_targets
+from shardflow.training.validation import best_epoch, score, stop_now, validation_values
 from shardflow.training.persistence import Persistence
 from shardflow.training.messages import TRAFFIC_KINDS, PeerStopped
 from shardflow.training.transport import CLOSE_WAIT_S, PROBE_S
@@ -86,7 +88,7 @@ class Engine(Persistence):
         scaled_rows: dict[str, int] | None = None,
     ) -> None:
         self.client, self.topology, self.model, self.train, self.plan = client, topology, model, train, plan
-        self.data = load_training_data(dataset, model.features, train.window)
+        self.data = load_training_data(dataset, model.features, train.window, validation=train.validation)
         check_plan_matches(self.data, plan, topology)
         P = topology.devices
         check_batch(train.batch_size, P, self.data.targets)
@@ -128,6 +130,7 @@ class Engine(Persistence):
                 DeviceActor, d, self.topology, tables, str(dataset), self.model, optimizer,
                 batch_size=train.batch_size, dedup=train.dedup, array_device=train.device,
                 early=train.early_answers, scaled_rows=scaled_rows, window=train.window,
+                validation=train.validation,
                 actor=True, workers=[address], allow_other_workers=False,
                 resources={"GPU": 1} if train.device == "cuda" else None, key=f"device-{d}-{run}",
             )
@@ -285,7 +288,12 @@ class Engine(Persistence):
             "steady": steady,
         }
 
-    def fit(self, start_epoch: int = 0) -> TrainResult:
+    def fit(self, start_epoch: int = 0, best: str | Path | None = None) -> TrainResult:
+        """Epochs start_epoch.. (at most max_steps steps in all). With a validation split (train.patience),
+        each epoch is scored on it; training stops `patience` epochs after the best one, whose
+        parameters are kept in a checkpoint at `best` and restored at the end."""
+        if self.train.validation and best is None:
+            raise InputError("a validation split keeps its best epoch in a checkpoint; accepted: fit(best=PATH)")
         result = TrainResult()
         parts: dict[str, float] = {}
         for epoch in range(start_epoch, self.train.epochs):
@@ -301,15 +309,32 @@ class Engine(Persistence):
                 parts[k] = parts.get(k, 0.0) + v
             for k, v in e["steady"].items():
                 result.steady[k] += v
+            if self.train.validation and self._validate(epoch + 1, result, best):
+                break
+        if result.best_epoch is not None and result.best_epoch != start_epoch + len(result.epoch_loss):
+            self.restore(best)
         result.timings = {k: v / max(result.steps, 1) for k, v in parts.items()}
         return result
 
-    def evaluate(self) -> dict:
-        """The model's metrics on a seeded sample of eval_users held-out examples. Sequences: leave-last-out,
-        HR@10 and NDCG@10 among eval_negatives items its user never touched, AUC against the first of them;
-        click logs: AUC and log-loss."""
-        targets = eval_targets(self.data, self.train.eval_users, self.train.seed)
-        parts = self.data.sub_batches(targets, len(self.actors))  # each device's in the parts it reads
+    def _validate(self, epoch: int, result: TrainResult, best: str | Path) -> bool:
+        """Score epoch `epoch` (from 1) on the validation split, checkpoint it to `best` if it is the best so
+        far; whether to stop."""
+        result.validation[epoch] = validation_values(self.evaluate("validation"))
+        scores = {e: score(v) for e, v in result.validation.items()}
+        if best_epoch(scores) == epoch:
+            self.checkpoint(best, {"epochs_done": epoch, **result.validation[epoch]})
+            result.best_epoch = epoch
+        return stop_now(scores, self.train.patience)
+
+    def evaluate(self, split: str = "test") -> dict:
+        """The model's metrics on a seeded sample of eval_users held-out examples of `split` (test, or
+        validation when one is held out). Sequences: HR@10 and NDCG@10 among eval_negatives items its
+        user had not touched, AUC against the first of them; click logs: AUC and log-loss."""
+        if split not in SPLITS:
+            raise InputError(f"split {split!r}; accepted: {', '.join(SPLITS)}")
+        data = self.data
+        targets = eval_targets(data, self.train.eval_users, self.train.seed, split)
+        parts = data.sub_batches(targets, len(self.actors))  # each device's in the parts it reads
         seed = negative_seed(self.train.seed, -1)
         calls = [a.evaluate(p, self.train.eval_negatives, seed) for a, p in zip(self.actors, parts)]
         return self.data.eval_metrics(self.data.eval_merge(self._wait(calls)))

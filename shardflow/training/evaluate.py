@@ -22,9 +22,12 @@ from storage.checkpoint import read_export, read_export_dense, verify_export
 EVAL_CHUNK = 256  # examples scored at a time
 
 
-def eval_targets(data: TrainData | ClickData, users: int | None, seed: int) -> np.ndarray:
-    """The held-out targets of a seeded sample of `users` users (all of them if None)."""
-    targets = data.eval_targets
+SPLITS = ("test", "validation")  # what an evaluation scores
+
+
+def eval_targets(data: TrainData | ClickData, users: int | None, seed: int, split: str = "test") -> np.ndarray:
+    """The held-out targets of `split` of a seeded sample of `users` users (all of them if None)."""
+    targets = data.eval_targets if split == "test" else data.validation_targets
     if users is not None and users < targets.size:
         targets = np.sort(np.random.default_rng([seed, 1]).choice(targets, users, replace=False))
     return targets

@@ -12,6 +12,7 @@ and the retraining flow both build their engines this way.
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from shardflow.planner.estimation import estimation_plan
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import metric_values
+from shardflow.training.validation import validation_values
 from shardflow.training.inprocess import InProcess
 from storage.dataset import Dataset
 from storage.profile import Profile
@@ -96,7 +98,8 @@ def start_engine(client: Client, job: TrainingJob) -> Engine:
 
 def in_process(job: TrainingJob, data: TrainData | ClickData | None = None) -> InProcess:
     """Every device of the job in this process (no cluster): for tests and single-machine checks."""
-    data = data or load_training_data(job.dataset, job.model.features, job.train.window)
+    data = data or load_training_data(job.dataset, job.model.features, job.train.window,
+                                      validation=job.train.validation)
     tables = job.plan.for_devices(job.topology.devices)
     return InProcess([
         Device(d, job.topology, tables, data, job.model, job.optimizer, batch_size=job.train.batch_size,
@@ -121,13 +124,14 @@ def train_from_stores(
     """Train for train.epochs (or train.max_steps) and evaluate; the summary `shardflow train --json` prints."""
     job = prepare(dataset, plan_path, train, mlp=mlp, bottom=bottom, optimizer=optimizer, encoder=encoder,
                   estimate=estimate, server_memory_bytes=server_memory_bytes)
-    with start_engine(client, job) as engine:
+    with start_engine(client, job) as engine, tempfile.TemporaryDirectory(prefix="shardflow-best-") as keep:
         log.info("training %s on %d devices: batch %d, dedup %s", job.plan.strategy, job.topology.devices,
                  train.batch_size, train.dedup)
-        result = engine.fit()
+        result = engine.fit(best=Path(keep) / "best")
         metrics = engine.evaluate()
         traffic = engine.traffic()
     steps = max(result.steps, 1)
+    chosen = result.validation.get(result.best_epoch, {})
     return {
         "steps": result.steps,
         "examples": result.examples,
@@ -144,6 +148,11 @@ def train_from_stores(
         "batch_size": train.batch_size,
         "eval_users": metrics["users"],
         "epoch_loss": result.epoch_loss,
+        "epochs_trained": len(result.epoch_loss),
+        "best_epoch": result.best_epoch,
+        "patience": train.patience,
+        **{k: chosen.get(k) for k in validation_values({})},
+        "epoch_validation": [result.validation[e] for e in sorted(result.validation)],
         "bytes_per_step": {k: float(v.sum()) / steps for k, v in traffic.items() if k != "eval"},
         "seconds_per_step": result.timings,
     }

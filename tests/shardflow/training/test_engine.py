@@ -352,3 +352,26 @@ def test_closing_drains_a_call_the_engine_never_saw_start(client, dataset, data)
     after = client.get_worker_logs()
     new = [msg for w, log in after.items() for _, msg in list(log)[: len(log) - before.get(w, 0)]]
     assert not [m for m in new if "actor_execute" in m or "KeyError" in m], new
+
+
+def test_early_stopping_ends_patience_epochs_after_the_best_validation_score_and_keeps_that_epoch(client, dataset,
+                                                                                                   tmp_path):
+    plan = planned(dataset, "row-wise-mod", 2)
+    train = TrainConfig(BATCH, epochs=12, patience=2, eval_users=None)
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, train) as e:
+        with pytest.raises(InputError, match=r"accepted: fit\(best=PATH\)"):
+            e.fit()
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, train) as e:
+        result = e.fit(best=tmp_path / "best")
+        held = e.evaluate("validation")
+        test = e.evaluate()
+    scores = {epoch: v["val_ndcg_at_10"] for epoch, v in result.validation.items()}
+    best = max(scores, key=scores.get)
+    assert result.best_epoch == best and len(result.epoch_loss) == best + 2 < 12, scores
+    # The engine holds the best epoch's parameters: it scores the validation split exactly as it did then.
+    assert {f"val_{k}": held.get(k) for k in ("auc", "hr_at_10", "ndcg_at_10")} == {
+        k: result.validation[best][k] for k in ("val_auc", "val_hr_at_10", "val_ndcg_at_10")}
+    assert test["users"] > held["users"] > 0  # users with two events have a test item and no validation one
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH)) as e:
+        with pytest.raises(InputError, match="no validation split was held out"):
+            e.evaluate("validation")

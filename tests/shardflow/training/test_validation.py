@@ -1,0 +1,24 @@
+"""Choosing epochs on the validation split: pure rules, shared by Engine.fit and the retraining flow."""
+
+from __future__ import annotations
+
+from shardflow.training.validation import best_epoch, score, stop_now, validation_values
+
+
+def test_sequences_are_chosen_on_ndcg_and_click_logs_on_auc():
+    assert score(validation_values({"auc": 0.9, "hr_at_10": 0.6, "ndcg_at_10": 0.4})) == 0.4
+    assert score(validation_values({"auc": 0.7, "logloss": 0.5})) == 0.7
+    assert set(validation_values({})) == {"val_auc", "val_hr_at_10", "val_ndcg_at_10", "val_logloss"}
+
+
+def test_the_best_epoch_is_the_earliest_of_the_highest_scores():
+    assert best_epoch({}) is None
+    assert best_epoch({1: 0.3, 2: 0.5, 3: 0.5, 4: 0.4}) == 2
+    assert best_epoch({3: 0.1, 1: 0.2, 2: 0.2}) == 1
+
+
+def test_training_stops_once_patience_epochs_pass_without_a_better_score():
+    assert not stop_now({}, 1)
+    assert not stop_now({1: 0.3, 2: 0.5, 3: 0.4}, 2)
+    assert stop_now({1: 0.3, 2: 0.5, 3: 0.4, 4: 0.5}, 2)  # an equal score is no better
+    assert stop_now({1: 0.5, 2: 0.4}, 1) and not stop_now({1: 0.4, 2: 0.5}, 1)
