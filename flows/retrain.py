@@ -29,12 +29,14 @@ from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
 from shardflow.training.messages import modeled_bytes
 from shardflow.training.evaluate import metric_values
+from shardflow.training.validation import best_epoch, stop_now, validation_values
 from storage.lock import owned, run_lock
 from tasks.retrain import (
     artifact_key,
     checkpoint,
     checkpoint_paths,
     download,
+    keep_best,
     evaluate,
     kept_note,
     plots,
@@ -49,6 +51,7 @@ from tasks.retrain import (
     tidy,
     train_epoch,
     unless_lost,
+    validation_scores,
 )
 from shardflow.preflight import check_run, run_paths
 from storage.plan import read_summary
@@ -125,8 +128,11 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         "parts_added": imported["parts_added"],
         "parts": len(version["segments"]),
         "window": version["window"],
-        "epochs": config.epochs,
+        "epochs": trained["chosen"]["epochs"],
+        "best_epoch": trained["chosen"]["best_epoch"],
+        "patience": config.patience,
         **metric_values(metrics),
+        **{k: trained["chosen"].get(k) for k in validation_values({})},
         "eval_users": metrics["users"],
         "bytes_per_step": trained["bytes_per_step"],
         "modeled_bytes_per_step": trained_plan["bytes_per_step"],
@@ -198,26 +204,40 @@ def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: floa
         kept["progress"] = create_progress_artifact(100.0 * resumed["epochs_done"] / config.epochs,
                                                     key=artifact_key("training-progress", run),
                                                     description="epochs done")
+    trained = _epochs(engine, config, paths, resumed, kept)
+    publish_epoch_metrics(paths["version"], run, modeled)  # once a run: every epoch of the version
+    chosen = unless_lost(keep_best(engine, paths["version"], config.patience))
+    unless_lost(download(engine, paths["model"], {"epochs": chosen["epochs"], "best_epoch": chosen["best_epoch"],
+                                                  "strategy": config.strategy}))
+    return {**trained, "chosen": chosen, "downloads": engine.downloads, "resumed": resumed}
+
+
+def _epochs(engine, config: RetrainConfig, paths: dict, resumed: dict, kept: dict) -> dict:
+    """The epochs after the resumed checkpoint, each checkpointed: up to config.epochs, or with a validation
+    split until `patience` epochs have passed without a better score (read back from the version's
+    checkpoints, so a resumed run stops where an uninterrupted one would)."""
     steps = 0
     # Measured over this attempt's steps (the engine's counters start at zero); a run
     # with nothing left to train reports what its last checkpoint measured.
     measured = resumed["bytes_per_step"]
     for epoch in range(resumed["epochs_done"] + 1, config.epochs + 1):  # numbered from 1
+        scores = validation_scores(paths["version"])
+        if config.patience is not None and stop_now(scores, config.patience):
+            update_progress_artifact(kept["progress"], 100.0, description=f"stopped after epoch {epoch - 1}: "
+                                     f"no better validation score since epoch {best_epoch(scores)}")
+            break
         stats = unless_lost(train_epoch(engine, epoch, config.epochs, kept["progress"]))
         kept["losses"][epoch] = stats["loss"]
         steps += stats["steps"]
         measured = modeled_bytes(engine.traffic()) / steps
         unless_lost(checkpoint(engine, paths["version"], epoch, {
-            "loss": stats["loss"], **metric_values(stats), "seed": config.seed,
-            "bytes_per_step": measured, "examples_per_s": stats["examples"] / stats["seconds"],
+            "loss": stats["loss"], **metric_values(stats), **{k: stats.get(k) for k in validation_values({})},
+            "seed": config.seed, "bytes_per_step": measured, "examples_per_s": stats["examples"] / stats["seconds"],
             "seconds": stats["seconds"],
         }))
         update_progress_artifact(kept["progress"], 100.0 * epoch / config.epochs,
                                  description=f"epoch {epoch}/{config.epochs} done · loss {stats['loss']:.3f}")
-    publish_epoch_metrics(paths["version"], run, modeled)  # once a run: every epoch of the version
-    unless_lost(download(engine, paths["model"], {"epochs": config.epochs, "strategy": config.strategy}))
-    return {"losses": kept["losses"], "steps": steps, "bytes_per_step": measured, "downloads": engine.downloads,
-            "resumed": resumed}
+    return {"losses": kept["losses"], "steps": steps, "bytes_per_step": measured}
 
 
 def _restart(e: WorkerLost, engine, attempt: int, config: RetrainConfig, paths: dict, client, devices: int,

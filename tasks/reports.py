@@ -15,6 +15,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from shardflow.config import RetrainConfig
 from shardflow.training.evaluate import metric_text
+from shardflow.training.validation import PREFIX
 from storage import versions
 from storage.checkpoint import complete_checkpoints
 from tasks.retrain import artifact_key
@@ -109,6 +110,8 @@ def version_rows(run: str) -> list[dict]:
                 "from": began["warm_start_from"],
                 "auc": _figure(r.get("auc")),
                 metric: _figure(r.get(metric)),
+                **({} if metric == "logloss" else {"ndcg_at_10": _figure(r.get("ndcg_at_10"))}),
+                "epochs": _epochs_kept(r),
                 "replaced_auc": _figure(r.get("previous_auc")),
                 f"replaced_{metric}": _figure(r.get(f"previous_{metric}")),
                 "held_out": r.get("eval_users"),
@@ -129,6 +132,14 @@ def version_rows(run: str) -> list[dict]:
             }
         )
     return rows
+
+
+def _epochs_kept(result: dict) -> str | None:
+    """'7 of 10' (the best validation epoch kept, of the epochs trained), '10' without a validation split."""
+    epochs, best = result.get("epochs"), result.get("best_epoch")
+    if epochs is None:
+        return None
+    return str(epochs) if best is None else f"{best} of {epochs}"
 
 
 def quality_svg(rows: list[dict]) -> str | None:
@@ -165,6 +176,15 @@ def publish_versions(run: str) -> list[dict]:
     return rows
 
 
+def _kept_epoch(s: dict) -> list[str]:
+    """The line on the epoch chosen on the validation split, when one was held out."""
+    if s.get("best_epoch") is None:
+        return []
+    held = {k[len(PREFIX):]: v for k, v in s.items() if k.startswith(PREFIX)}
+    return [f"- epoch **{s['best_epoch']}** of {s['epochs']} kept: the best on the validation split "
+            f"({metric_text(held)}; patience {s['patience']} epochs)"]
+
+
 def summary_markdown(s: dict, config: RetrainConfig) -> str:
     mb, us = 1e6, "µs"
     held_out = "the held-out last rows" if s.get("logloss") is not None else "leave-last-out"
@@ -192,6 +212,7 @@ def summary_markdown(s: dict, config: RetrainConfig) -> str:
         "",
         f"- strategy **{config.strategy}** on `{config.topology}`, {s['epochs']} epochs, batch {config.batch_size}",
         *head,
+        *_kept_epoch(s),
         # Like for like: measured against the trained plan's model; that model against row-wise-mod's.
         (f"- traffic **{s['bytes_per_step'] / mb:.3f} MB/step measured** (the last epochs trained) against "
          if s["bytes_per_step"] is not None else "- traffic not measured (no checkpoint recorded it); ")

@@ -23,6 +23,7 @@ from shardflow.profiling.profiles import profile_dataset, profile_window
 from shardflow.training.engine import Engine
 from shardflow.training.run import prepare, start_engine
 from shardflow.training.evaluate import evaluate_export
+from shardflow.training.validation import SCORE_KEYS, best_epoch, score, validation_values
 from storage.checkpoint import CHECKPOINT, checkpoint_dir, complete_checkpoints
 from storage.checkpoint import read as read_store
 from storage.dataset import Dataset
@@ -255,6 +256,7 @@ def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step
                 ("hr_at_10", 4),
                 ("ndcg_at_10", 4),
                 ("logloss", 4),
+                *((k, 4) for k in validation_values({})),
                 ("examples_per_s", 0),
                 ("seconds", 1),
             )
@@ -266,7 +268,8 @@ def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step
     create_table_artifact(
         rows,
         key=artifact_key("epoch-metrics", run_dir),
-        description=f"Per epoch: loss, held-out AUC, HR@10 and NDCG@10 or log-loss, speed, traffic ({version_dir})",
+        description=f"Per epoch: loss, held-out AUC, HR@10 and NDCG@10 or log-loss (val_: on the validation split, "
+                    f"with one), speed, traffic ({version_dir})",
     )
 
 
@@ -295,6 +298,8 @@ def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=
     try:
         stats = engine.train_epoch(epoch - 1, on_step=report)
         stats.update(engine.evaluate())
+        if engine.train.validation:
+            stats.update(validation_values(engine.evaluate("validation")))
     except WorkerLost as e:
         return _lost(f"epoch {epoch}", e)
     get_run_logger().info("epoch %d: %d steps, loss %.4f, AUC %.4f, %.0f examples/s", epoch, stats["steps"],
@@ -311,6 +316,32 @@ def checkpoint(engine: Engine, run_dir: str, epoch: int, info: dict) -> dict:
     except WorkerLost as e:
         return _lost(f"checkpoint {epoch}", e)
     return {"path": str(path)}
+
+
+def validation_scores(version_dir: str) -> dict[int, float]:
+    """Epoch (from 1) -> its validation score, from the version's complete checkpoints that have one."""
+    infos = {e: read_store(p, CHECKPOINT) for e, p in complete_checkpoints(version_dir)}
+    return {e: score(i) for e, i in infos.items() if any(i.get(k) is not None for k in SCORE_KEYS)}
+
+
+@task(name="keep-best-epoch", task_run_name="keep-best-epoch", cache_policy=NONE)
+def keep_best(engine: Engine, version_dir: str, patience: int | None) -> dict:
+    """The epoch the download takes: with a validation split the best-scoring one, restored from its checkpoint
+    unless it is the last; {"epochs" trained, "best_epoch" (None without a split), its val_ metrics}, or
+    {"lost"} (see _lost)."""
+    found = dict(complete_checkpoints(version_dir))
+    epochs = max(found, default=0)
+    best = best_epoch(validation_scores(version_dir)) if patience is not None else None
+    if best is None:
+        return {"epochs": epochs, "best_epoch": None}
+    if best != epochs:
+        try:
+            engine.restore(found[best])
+        except WorkerLost as e:
+            return _lost("restoring the best epoch", e)
+        get_run_logger().info("kept epoch %d of %d: the best validation score", best, epochs)
+    info = read_store(found[best], CHECKPOINT)
+    return {"epochs": epochs, "best_epoch": best, **{k: info.get(k) for k in validation_values({})}}
 
 
 @task(name="download", task_run_name="download", cache_policy=NONE)

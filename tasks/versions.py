@@ -147,7 +147,7 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
     seen = common_prefix(versions.started(run, promoted)["segments"], segments) if promoted else 0
     window = config.train_window
     wanted = {"new": seen, "all": 0}.get(window) if isinstance(window, str) else max(0, len(segments) - window)
-    train_from = training_window_start(ds, wanted, config.batch_size, seen)
+    train_from = training_window_start(ds, wanted, config.batch_size, seen, validation=config.patience is not None)
     if train_from < wanted:
         log.info("the window from part %d holds less than one batch of %d examples: widened to part %d",
                  wanted + 1, config.batch_size, train_from + 1)

@@ -180,6 +180,30 @@ def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, cl
     assert exported(second["model"]) == exported(whole["model"])
 
 
+def test_early_stopping_keeps_the_best_epoch_and_a_resumed_run_stops_where_an_uninterrupted_one_did(
+        prefect_api, client, base):
+    stops = retrain(config(base, "early", client, epochs=8, patience=1))
+    best = stops["best_epoch"]
+    assert stops["epochs"] == best + 1 < 8 and len(stops["checkpoints"]) == stops["epochs"]
+    assert stops["val_ndcg_at_10"] is not None and stops["val_auc"] is not None and stops["ndcg_at_10"] is not None
+    assert json.loads((Path(stops["model"]).parent / "result.json").read_text())["best_epoch"] == best
+    # Trained to the best epoch and no further, the same split and seed give the same parameters: the
+    # export is the best epoch's, not the last one's.
+    upto = retrain(config(base, "upto", client, epochs=best, patience=best))
+    assert upto["best_epoch"] == best and exported(upto["model"]) == exported(stops["model"])
+    # Cut off after its last checkpoint: the resumed run reads the scores back, trains nothing more.
+    version = Path(stops["model"]).parent
+    for gone in (version / "model", version / "plots"):
+        shutil.rmtree(gone)
+    (version / "result.json").unlink()
+    (base / "early" / "current").unlink()
+    state = retrain(config(base, "early", client, epochs=8, patience=1), return_state=True)
+    again = state.result()
+    names = task_runs(state.state_details.flow_run_id)
+    assert not [n for n in names if n.startswith("train-epoch")] and "keep-best-epoch" in names
+    assert again["best_epoch"] == best and exported(again["model"]) == exported(stops["model"])
+
+
 def test_a_failing_run_releases_its_parameter_servers(prefect_api, client, base):
     state = retrain(config(base, "fails", client, row_lr=1e30, dense_lr=1e30, epochs=3), return_state=True)
     assert state.is_failed()
