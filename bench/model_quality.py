@@ -2,6 +2,7 @@
 
     python bench/model_quality.py [--datasets games,beauty] [--encoders mean,self-attention] [--epochs 20]
                                   [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.2]
+                                  [--patience N]
 
 For each dataset, encoder and seed: import the bundled log, plan it with FlexShard for one node
 of 2 devices (10% memory slack), and train the run's default model (shardflow.config.RetrainConfig)
@@ -9,10 +10,13 @@ with that encoder — the mean of the history rows into an MLP, or SASRec's self
 (shardflow/model/attention.py) — on the Dask engine, 2 workers, for --epochs epochs.
 After every epoch all users are evaluated as the paper does (Kang & McAuley, ICDM 2018,
 section IV-B): the held-out last item ranked among 100 items the user never interacted with
-(shardflow.data.examples.sample_unseen). The epoch count is fixed in advance: training holds out
-no validation item yet, so no epoch is chosen on the test item, and the figure reported is the
-last epoch's: min/median/max over the seeds, and the medians over the published figures
-(ratios). The per-epoch rows are printed as a learning curve.
+(shardflow.data.examples.sample_unseen). Without --patience the epoch count is fixed in
+advance and the figure reported is the last epoch's. With --patience N, as the paper does,
+each user's second-to-last item is held out as a validation split too, scored after every
+epoch; training stops N epochs after the best validation NDCG@10 and the figure reported is
+the test split's at that best epoch (the test item chooses nothing). Either way:
+min/median/max over the seeds, and the medians over the published figures (ratios). The
+per-epoch rows are printed as a learning curve.
 
 Published figures on the same data:
   games   (data/amazon-video, the paper's "Amazon Games": 31,013 users, 23,715 items):
@@ -38,6 +42,7 @@ from shardflow.model.optim import OptimizerConfig
 from shardflow.model.sequence import ModelConfig
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
+from shardflow.training.validation import best_epoch, score, stop_now, validation_values
 from storage.importers import import_dataset
 from train_throughput import plan_for  # bench/ is on sys.path: this runs as a script beside it
 
@@ -50,22 +55,29 @@ DEVICES = 2
 
 
 def run(client, dataset: Path, model: ModelConfig, optimizer: OptimizerConfig, batch_size: int, epochs: int,
-        seed: int) -> list[dict]:
-    """Every epoch's loss, metrics and seconds (training, then evaluating all users)."""
+        seed: int, patience: int | None) -> list[dict]:
+    """Every epoch's loss, metrics and seconds (training, then evaluating all users), up to the epoch reported
+    (with a patience: the best on the validation split, which is the last row)."""
     plan, topo = plan_for(dataset, DEVICES, batch_size, model)
-    train = TrainConfig(batch_size=batch_size, epochs=epochs, seed=seed, eval_users=None)
-    rows = []
+    train = TrainConfig(batch_size=batch_size, epochs=epochs, seed=seed, eval_users=None, patience=patience)
+    rows, scores = [], {}
     with Engine(client, str(dataset), plan, topo, model, optimizer, train) as engine:
-        for epoch in range(epochs):
-            e = engine.train_epoch(epoch)
+        for epoch in range(1, epochs + 1):
+            e = engine.train_epoch(epoch - 1)
             t = time.perf_counter()
             metrics = engine.evaluate()
-            rows.append({"epoch": epoch + 1, "loss": e["loss"], "train_s": e["seconds"],
-                         "eval_s": time.perf_counter() - t, **metrics})
-            print(f"    epoch {epoch + 1:3d}: loss {e['loss']:.4f}  HR@10 {metrics['hr_at_10']:.4f}  NDCG@10 "
-                  f"{metrics['ndcg_at_10']:.4f}  AUC {metrics['auc']:.4f}  ({e['seconds']:.0f} s + "
+            held = validation_values(engine.evaluate("validation")) if patience else {}
+            rows.append({"epoch": epoch, "loss": e["loss"], "train_s": e["seconds"],
+                         "eval_s": time.perf_counter() - t, **metrics, **held})
+            chosen = f"  validation NDCG@10 {held['val_ndcg_at_10']:.4f}" if held else ""
+            print(f"    epoch {epoch:3d}: loss {e['loss']:.4f}  HR@10 {metrics['hr_at_10']:.4f}  NDCG@10 "
+                  f"{metrics['ndcg_at_10']:.4f}  AUC {metrics['auc']:.4f}{chosen}  ({e['seconds']:.0f} s + "
                   f"{rows[-1]['eval_s']:.0f} s eval, load {os.getloadavg()[0]:.1f})", flush=True)
-    return rows
+            if held:
+                scores[epoch] = score(held)
+                if stop_now(scores, patience):
+                    break
+    return rows[: best_epoch(scores)] if scores else rows
 
 
 def main() -> None:
@@ -77,6 +89,7 @@ def main() -> None:
     parser.add_argument("--encoders", default="mean,self-attention")
     parser.add_argument("--history", type=int, default=RetrainConfig().history)
     parser.add_argument("--dropout", type=float, default=RetrainConfig().dropout)
+    parser.add_argument("--patience", type=int, help="choose the epoch on a validation split (default: the last)")
     args = parser.parse_args()
     names = args.datasets.split(",")
     unknown = [n for n in names if n not in DATASETS]
@@ -107,9 +120,9 @@ def main() -> None:
                 for seed in seeds:
                     print(f"  {encoder}, seed {seed}", flush=True)
                     results.setdefault((name, encoder), []).append(
-                        run(client, store, model, optimizer, args.batch_size, args.epochs, seed))
+                        run(client, store, model, optimizer, args.batch_size, args.epochs, seed, args.patience))
     print(f"\nload after: {os.getloadavg()[0]:.1f}")
-    print(f"{'dataset':8} {'encoder':14} {'epochs':>6} {'HR@10 min/median/max':>22} {'NDCG@10 min/median/max':>24}"
+    print(f"{'dataset':8} {'encoder':14} {'epochs':>9} {'HR@10 min/median/max':>22} {'NDCG@10 min/median/max':>24}"
           f" {'paper HR@10':>11} {'NDCG@10':>8} {'ratios':>11} {'train s/epoch':>13}  published")
     for (name, encoder), runs in results.items():
         *_, hr, ndcg, where = DATASETS[name]
@@ -117,7 +130,8 @@ def main() -> None:
         spread = {k: sorted(x[k] for x in last) for k in ("hr_at_10", "ndcg_at_10")}
         fmt3 = lambda v: f"{v[0]:.4f}/{statistics.median(v):.4f}/{v[-1]:.4f}"  # noqa: E731
         per_epoch = statistics.median(row["train_s"] for r in runs for row in r)
-        print(f"{name:8} {encoder:14} {args.epochs:6d} {fmt3(spread['hr_at_10']):>22} {fmt3(spread['ndcg_at_10']):>24}"
+        chosen = "/".join(str(r[-1]["epoch"]) for r in runs)  # per seed: the epoch reported
+        print(f"{name:8} {encoder:14} {chosen:>9} {fmt3(spread['hr_at_10']):>22} {fmt3(spread['ndcg_at_10']):>24}"
               f" {hr:11.4f} {ndcg:8.4f} {statistics.median(spread['hr_at_10']) / hr:5.2f}"
               f" {statistics.median(spread['ndcg_at_10']) / ndcg:5.2f} {per_epoch:13.1f}  {where}")
 
