@@ -64,7 +64,7 @@ def init_attention(shapes: dict[str, tuple[int, ...]], rng: np.random.Generator)
         if len(shape) == 2:
             a = np.sqrt(6.0 / (shape[0] + shape[1]))
             params[name] = rng.uniform(-a, a, size=shape).astype(np.float32)
-        elif name.endswith("norm.weight") or name.endswith(("norm1.weight", "norm2.weight")):
+        elif name.endswith(("norm.weight", "norm1.weight", "norm2.weight")):
             params[name] = np.ones(shape, dtype=np.float32)
         else:
             params[name] = np.zeros(shape, dtype=np.float32)

@@ -129,4 +129,7 @@ def test_dropout_keeps_one_minus_its_rate_of_the_units_each_scaled_up():
 def test_a_bad_encoder_setting_is_refused_by_name(values, says):
     with pytest.raises(InputError, match=f"^{re.escape(says)}$"):
         replace(CONFIG, **values)
-    assert replace(CONFIG, encoder="mean", heads=3).heads == 3  # a mean encoder has no heads to divide dim
+
+
+def test_a_mean_encoder_has_no_heads_to_divide_dim():
+    assert replace(CONFIG, encoder="mean", heads=3).heads == 3
