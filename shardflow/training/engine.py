@@ -332,9 +332,8 @@ class Engine(Persistence):
         user had not touched, AUC against the first of them; click logs: AUC and log-loss."""
         if split not in SPLITS:
             raise InputError(f"split {split!r}; accepted: {', '.join(SPLITS)}")
-        data = self.data
-        targets = eval_targets(data, self.train.eval_users, self.train.seed, split)
-        parts = data.sub_batches(targets, len(self.actors))  # each device's in the parts it reads
+        targets = eval_targets(self.data, self.train.eval_users, self.train.seed, split)
+        parts = self.data.sub_batches(targets, len(self.actors))  # each device's in the parts it reads
         seed = negative_seed(self.train.seed, -1)
         calls = [a.evaluate(p, self.train.eval_negatives, seed) for a, p in zip(self.actors, parts)]
         return self.data.eval_metrics(self.data.eval_merge(self._wait(calls)))
