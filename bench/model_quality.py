@@ -1,7 +1,7 @@
 """Model quality under the SASRec paper's protocol: HR@10 and NDCG@10 beside the published figures.
 
     python bench/model_quality.py [--datasets games,beauty] [--encoders mean,self-attention] [--epochs 20]
-                                  [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.2]
+                                  [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.5]
                                   [--patience N]
 
 For each dataset, encoder and seed: import the bundled log, plan it with FlexShard for one node

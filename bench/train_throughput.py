@@ -7,7 +7,8 @@ Imports data/amazon-video into a scratch directory, plans it with FlexShard (10%
 slack) for one node of 1 and of 2 devices, and measures, round after round in
 alternation, on the same global batches (same example builder, order and negatives)
 and the same model (dim 64, history 20, 4 negatives, row-wise Adagrad + Adam; --encoder mean: MLP
-64-32 over the history's mean, or self-attention: SASRec's 2 blocks, 1 head, dropout 0.2):
+64-32 over the history's mean, or self-attention: SASRec's 2 blocks, 1 head, dropout 0.5; ModelConfig's
+defaults):
   - engine:   the Dask engine, one worker process (one thread) per device; its figure is
               `shardflow train`'s steady-state examples/s (steps after the first 2); on 2
               devices also with the next step's requests answered early (`early_answers`:

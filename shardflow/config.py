@@ -62,7 +62,7 @@ class RetrainConfig(BaseModel):
     )
     attention_blocks: int = Field(2, ge=1, le=64, description="self-attention: blocks")
     attention_heads: int = Field(1, ge=1, le=MAX_WIDTH, description="self-attention: heads (a divisor of dim)")
-    dropout: float = Field(0.2, ge=0, lt=1, allow_inf_nan=False, description="self-attention: dropout rate")
+    dropout: float = Field(0.5, ge=0, lt=1, allow_inf_nan=False, description="self-attention: dropout rate")
     history: int = Field(20, ge=1, le=MAX_LOOKUPS, description="items of a user's history an example reads")
     negatives: int = Field(4, ge=1, le=MAX_LOOKUPS, description="sampled negatives per example")
     dense_optimizer: Literal["adam", "adagrad"] = "adam"

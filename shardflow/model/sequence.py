@@ -50,7 +50,7 @@ class ModelConfig:
     encoder: str = "mean"  # one of ENCODERS
     blocks: int = 2  # self-attention: blocks
     heads: int = 1  # self-attention: heads per block (dim divisible by it)
-    dropout: float = 0.2  # self-attention: the rate of every dropout while training
+    dropout: float = 0.5  # self-attention: the rate of every dropout while training (SASRec on sparse data)
 
     kind = "sequence"
 

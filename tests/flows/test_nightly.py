@@ -215,7 +215,7 @@ def test_a_version_recorded_before_a_model_key_existed_is_taken_to_have_its_defa
     # Its model had the mean encoder: another is refused; the attention's settings shape no mean model.
     with pytest.raises(InputError, match=r"has encoder = 'mean', this run encoder = 'self-attention'"):
         check_model_shape(cfg.model_copy(update={"encoder": "self-attention"}))
-    check_model_shape(cfg.model_copy(update={"attention_blocks": 5, "dropout": 0.5}))
+    check_model_shape(cfg.model_copy(update={"attention_blocks": 5, "dropout": 0.3}))
 
 
 @pytest.fixture(scope="module")
