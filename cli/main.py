@@ -229,12 +229,12 @@ def _print_train(s: dict) -> None:
     print(f"trained {s['strategy']} on {s['devices']} devices{encoder}: {s['steps']:,} steps, {s['examples']:,} "
           f"examples, {s['examples_per_s']:,.0f} examples/s")
     from shardflow.training.evaluate import metric_text
+    from shardflow.training.validation import unprefixed
 
     print(f"  loss {s['loss']:.4f}   {metric_text(s)}  ({s['eval_users']:,} held-out examples)")
     if s["best_epoch"] is not None:
-        held = {k.removeprefix("val_"): v for k, v in s.items() if k.startswith("val_")}
         print(f"  epoch {s['best_epoch']} of {s['epochs_trained']} kept: the best on the validation split "
-              f"({metric_text(held)}; patience {s['patience']})")
+              f"({metric_text(unprefixed(s))}; patience {s['patience']})")
     print(f"  bytes/step  measured {s['measured_bytes_per_step'] / mb:,.3f} MB,"
           f" cost model {s['predicted_bytes_per_step'] / mb:,.3f} MB (dedup {s['dedup']}),"
           f" and {s['bytes_per_step']['patch'] / mb:,.3f} MB of rows changed after an early answer sent again")

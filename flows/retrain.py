@@ -29,7 +29,7 @@ from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
 from shardflow.training.messages import modeled_bytes
 from shardflow.training.evaluate import metric_values
-from shardflow.training.validation import best_epoch, stop_now, validation_values
+from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
 from tasks.retrain import (
     artifact_key,
@@ -132,7 +132,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         "best_epoch": trained["chosen"]["best_epoch"],
         "patience": config.patience,
         **metric_values(metrics),
-        **{k: trained["chosen"].get(k) for k in validation_values({})},
+        **validation_of(trained["chosen"]),
         "eval_users": metrics["users"],
         "bytes_per_step": trained["bytes_per_step"],
         "modeled_bytes_per_step": trained_plan["bytes_per_step"],
@@ -231,7 +231,7 @@ def _epochs(engine, config: RetrainConfig, paths: dict, resumed: dict, kept: dic
         steps += stats["steps"]
         measured = modeled_bytes(engine.traffic()) / steps
         unless_lost(checkpoint(engine, paths["version"], epoch, {
-            "loss": stats["loss"], **metric_values(stats), **{k: stats.get(k) for k in validation_values({})},
+            "loss": stats["loss"], **metric_values(stats), **validation_of(stats),
             "seed": config.seed, "bytes_per_step": measured, "examples_per_s": stats["examples"] / stats["seconds"],
             "seconds": stats["seconds"],
         }))

@@ -15,7 +15,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from shardflow.config import RetrainConfig
 from shardflow.training.evaluate import metric_text
-from shardflow.training.validation import PREFIX
+from shardflow.training.validation import unprefixed
 from storage import versions
 from storage.checkpoint import complete_checkpoints
 from tasks.retrain import artifact_key
@@ -180,9 +180,8 @@ def _kept_epoch(s: dict) -> list[str]:
     """The line on the epoch chosen on the validation split, when one was held out."""
     if s.get("best_epoch") is None:
         return []
-    held = {k[len(PREFIX):]: v for k, v in s.items() if k.startswith(PREFIX)}
     return [f"- epoch **{s['best_epoch']}** of {s['epochs']} kept: the best on the validation split "
-            f"({metric_text(held)}; patience {s['patience']} epochs)"]
+            f"({metric_text(unprefixed(s))}; patience {s['patience']} epochs)"]
 
 
 def summary_markdown(s: dict, config: RetrainConfig) -> str:

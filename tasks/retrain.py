@@ -23,7 +23,8 @@ from shardflow.profiling.profiles import profile_dataset, profile_window
 from shardflow.training.engine import Engine
 from shardflow.training.run import prepare, start_engine
 from shardflow.training.evaluate import evaluate_export
-from shardflow.training.validation import SCORE_KEYS, best_epoch, score, validation_values
+from shardflow.training.validation import (SCORE_KEYS, VALIDATION_KEYS, best_epoch, score, validation_of,
+                                          validation_values)
 from storage.checkpoint import CHECKPOINT, checkpoint_dir, complete_checkpoints
 from storage.checkpoint import read as read_store
 from storage.dataset import Dataset
@@ -256,7 +257,7 @@ def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step
                 ("hr_at_10", 4),
                 ("ndcg_at_10", 4),
                 ("logloss", 4),
-                *((k, 4) for k in validation_values({})),
+                *((k, 4) for k in VALIDATION_KEYS),
                 ("examples_per_s", 0),
                 ("seconds", 1),
             )
@@ -341,7 +342,7 @@ def keep_best(engine: Engine, version_dir: str, patience: int | None) -> dict:
             return _lost("restoring the best epoch", e)
         get_run_logger().info("kept epoch %d of %d: the best validation score", best, epochs)
     info = read_store(found[best], CHECKPOINT)
-    return {"epochs": epochs, "best_epoch": best, **{k: info.get(k) for k in validation_values({})}}
+    return {"epochs": epochs, "best_epoch": best, **validation_of(info)}
 
 
 @task(name="download", task_run_name="download", cache_policy=NONE)

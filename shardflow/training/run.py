@@ -34,7 +34,7 @@ from shardflow.planner.estimation import estimation_plan
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import metric_values
-from shardflow.training.validation import validation_values
+from shardflow.training.validation import validation_of
 from shardflow.training.inprocess import InProcess
 from storage.dataset import Dataset
 from storage.profile import Profile
@@ -151,7 +151,7 @@ def train_from_stores(
         "epochs_trained": len(result.epoch_loss),
         "best_epoch": result.best_epoch,
         "patience": train.patience,
-        **{k: chosen.get(k) for k in validation_values({})},
+        **validation_of(chosen),
         "epoch_validation": [result.validation[e] for e in sorted(result.validation)],
         "bytes_per_step": {k: float(v.sum()) / steps for k, v in traffic.items() if k != "eval"},
         "seconds_per_step": result.timings,

@@ -13,9 +13,22 @@ PREFIX = "val_"  # a validation metric's key: val_auc, val_hr_at_10, val_ndcg_at
 SCORE_KEYS = ("val_ndcg_at_10", "val_auc")  # the first a workload has is its score
 
 
+VALIDATION_KEYS = tuple(PREFIX + k for k in METRICS)
+
+
 def validation_values(metrics: dict) -> dict:
     """The validation metrics under their val_ keys, every key of METRICS present (None where none)."""
     return {PREFIX + k: metrics.get(k) for k in METRICS}
+
+
+def validation_of(values: dict) -> dict:
+    """The val_ metrics a summary, checkpoint manifest or epoch's stats holds, every key present."""
+    return {k: values.get(k) for k in VALIDATION_KEYS}
+
+
+def unprefixed(values: dict) -> dict:
+    """The val_ metrics of `values` under the metrics' own names (for evaluate.metric_text)."""
+    return {k: values.get(PREFIX + k) for k in METRICS}
 
 
 def score(values: dict) -> float:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from shardflow.training.validation import best_epoch, score, stop_now, validation_values
+from shardflow.training.validation import (VALIDATION_KEYS, best_epoch, score, stop_now, unprefixed, validation_of,
+                                          validation_values)
 
 
 def test_sequences_are_chosen_on_ndcg_and_click_logs_on_auc():
@@ -22,3 +23,13 @@ def test_training_stops_once_patience_epochs_pass_without_a_better_score():
     assert not stop_now({1: 0.3, 2: 0.5, 3: 0.4}, 2)
     assert stop_now({1: 0.3, 2: 0.5, 3: 0.4, 4: 0.5}, 2)  # an equal score is no better
     assert stop_now({1: 0.5, 2: 0.4}, 1) and not stop_now({1: 0.4, 2: 0.5}, 1)
+
+
+def test_a_summarys_validation_metrics_are_read_back_under_either_name():
+    summary = {"auc": 0.5, "val_auc": 0.8, "val_ndcg_at_10": 0.3, "loss": 0.2}
+    assert validation_of(summary) == {"val_auc": 0.8, "val_hr_at_10": None, "val_ndcg_at_10": 0.3,
+                                      "val_logloss": None}
+    assert tuple(validation_of(summary)) == VALIDATION_KEYS
+    assert unprefixed(summary) == {"auc": 0.8, "hr_at_10": None, "ndcg_at_10": 0.3, "logloss": None}
+    assert unprefixed(validation_values({"auc": 0.7, "logloss": 0.4})) == {"auc": 0.7, "hr_at_10": None,
+                                                                          "ndcg_at_10": None, "logloss": 0.4}
