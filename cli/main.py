@@ -56,6 +56,7 @@ def _cmd_import(args: argparse.Namespace) -> dict:
         settle_s=args.settle_s,
         table_rows=dict(args.table_rows or []),
         hash_rows=DEFAULT_HASH_ROWS if args.hash_rows is None else args.hash_rows,
+        label=args.label,
     )
     started = time.perf_counter()
     if args.workers is None and args.scheduler is None:
@@ -374,6 +375,9 @@ def _import_args(p: argparse.ArgumentParser) -> None:
                    help="criteo: rows of one hashed categorical table, or exact: a row per value (repeatable)")
     p.add_argument("--hash-rows", type=_hash_rows,
                    help="criteo: rows of every other categorical table (default 2^20), or exact")
+    p.add_argument("--label", metavar="FIELD>=NUMBER",
+                   help="recbole: a click log, an interaction a click when FIELD is at least NUMBER ('rating>=4'); "
+                   "joined with the .user and .item feature files beside it")
 
 
 def _synth_args(p: argparse.ArgumentParser) -> None:

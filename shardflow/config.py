@@ -43,6 +43,11 @@ class RetrainConfig(BaseModel):
         1 << 20, description="criteo: rows of each hashed categorical table, or exact (a row per distinct value); "
         "fixed by the first import",
     )
+    click_label: str | None = Field(
+        None, description="recbole: FIELD>=NUMBER ('rating>=4') makes the .inter file a click log (an interaction is "
+        "a click when FIELD is at least NUMBER), joined with the .user and .item files beside it; fixed by the "
+        "first import",
+    )
     part_settle_s: float = Field(
         60.0, ge=0, le=7 * 86400, allow_inf_nan=False,
         description="a part of a dataset directory is read once it ends with a newline and has not been modified "
@@ -129,6 +134,18 @@ class RetrainConfig(BaseModel):
             raise ValueError(f"{v!r}; accepted: an integer >= 1 or 'exact'")
         return v
 
+    @field_validator("click_label")
+    @classmethod
+    def _click_label(cls, v: str | None) -> str | None:
+        if v is not None:
+            from storage.formats import parse_click_label
+
+            try:
+                parse_click_label(v)
+            except InputError as e:
+                raise ValueError(str(e)) from None
+        return v
+
     @field_validator("train_window", mode="before")
     @classmethod
     def _window(cls, v: object) -> str | int:
@@ -183,6 +200,9 @@ class RetrainConfig(BaseModel):
         if self.hash_rows != default and self.dataset_format != "criteo":
             raise ValueError(f"hash_rows = {self.hash_rows} with dataset_format {self.dataset_format!r}; accepted: "
                              f"hash_rows only with dataset_format 'criteo' (hashed categorical columns)")
+        if self.click_label is not None and self.dataset_format != "recbole":
+            raise ValueError(f"click_label = {self.click_label!r} with dataset_format {self.dataset_format!r}; "
+                             "accepted: click_label only with dataset_format 'recbole' (criteo logs carry labels)")
         return self
 
     @model_validator(mode="after")

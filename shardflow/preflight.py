@@ -15,7 +15,7 @@ from shardflow.errors import InputError
 from shardflow.planner.memory import check_capacity
 from storage import versions
 from storage.dataset import Dataset, segment_checksum
-from storage.importers import check_continuation
+from storage.importers import check_continuation, recorded_options
 from storage.manifest import MANIFEST
 from storage.sources import Part, not_parts, resolve_parts, unfinished
 from storage.staging import check_destination
@@ -164,12 +164,12 @@ def imported_source(config: RetrainConfig) -> dict | None:
 
 
 def import_options(config: RetrainConfig) -> dict:
-    """The table sizes an import records (criteo's hashed tables; none for the other formats)."""
-    return {"table_rows": {}, "hash_rows": config.hash_rows} if config.dataset_format == "criteo" else {}
+    """The options an import records: criteo's table sizes, recbole's click label (none for the other formats)."""
+    return recorded_options(config.dataset_format, {}, config.hash_rows, config.click_label)
 
 
 def import_kwargs(config: RetrainConfig) -> dict:
-    return {"hash_rows": config.hash_rows} if config.dataset_format == "criteo" else {}
+    return {"hash_rows": config.hash_rows} if config.dataset_format == "criteo" else {"label": config.click_label}
 
 
 def same_source(known: dict, config: RetrainConfig) -> bool:

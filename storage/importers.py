@@ -44,7 +44,8 @@ from storage.dataset import (
     segment_name,
     start_store,
 )
-from storage.formats import FORMATS, Format, make_format, runs_of, sniff_delimiter
+from storage.formats import (FEATURE_FILES, FORMATS, Format, Recbole, feature_files, make_format, parse_click_label,
+                             read_features, runs_of, sniff_delimiter)
 from storage.idmap import IdMap, IntDistinct, RowLookup, TextCodes, TextDistinct, crc32_text
 from storage.lock import writer_lock
 from storage.manifest import MANIFEST, read_manifest, write_manifest
@@ -262,6 +263,8 @@ def write_segment(
         run_users, run_lengths = numbering.run_users, scan.run_lengths
     elif numbering.code_users is not None:
         perm, run_users, run_lengths = _regroup(scan, numbering.code_users, REGROUP_EVENTS)
+    elif "order" in scan.dtypes:  # a click log with time stamps: its examples in time order, then line order
+        perm = np.argsort(read_spill(spill, "order", scan.dtypes["order"]), kind="stable")
     if numbering.own_users_from is None:
         runs = len(run_users)
     writer = SegmentWriter(
@@ -364,9 +367,14 @@ def _as_numpy(values: np.ndarray | pa.Array) -> np.ndarray:
 # -- the import --------------------------------------------------------------------------
 
 
-def _check_options(fmt: str, table_rows: dict[str, int], hash_rows: int) -> None:
+def _check_options(fmt: str, table_rows: dict[str, int], hash_rows: int, label: str | None) -> None:
     if fmt not in FORMATS:
         raise InputError(f"format {fmt!r} is not known; accepted: {', '.join(FORMATS)}")
+    if label is not None:
+        if fmt != "recbole":
+            raise InputError(f"--label {label!r} for format {fmt!r}; accepted: a click label only for recbole "
+                             "(criteo and avazu logs carry their own)")
+        parse_click_label(label)
     if fmt != "criteo" and (table_rows or hash_rows != DEFAULT_HASH_ROWS):
         raise InputError(f"table sizes are set only for hashed criteo columns, not for format {fmt!r}")
     for name, rows in [*table_rows.items(), ("--hash-rows", hash_rows)]:
@@ -394,6 +402,7 @@ def import_dataset(
     block_bytes: int = BLOCK_BYTES,
     settle_s: float = 0.0,
     replace_from: str | None = None,
+    label: str | None = None,
 ) -> dict:
     """Import `src` (a file, a .gz file or a directory of parts) in format `fmt` into the store `dest`.
 
@@ -401,14 +410,17 @@ def import_dataset(
     without it `dest` must be new (or `overwrite` given). With `replace_from` (a part name
     the store holds), that part and every later one are read again from `src`, as a new
     version of the store: the way out when a part changed after it was imported. Only
-    finished parts are read (storage.sources.resolve_parts, with `settle_s`). With a Dask
+    finished parts are read (storage.sources.resolve_parts, with `settle_s`). With `label`
+    (recbole only, `rating>=4`), the interactions become a click log (storage.formats.Recbole).
+    With a Dask
     `client`, the parts are scanned and written in parallel on its workers. Returns the
     manifest, with `parts_added`, `parts_skipped` (part paths) and `parts_waiting` (the
     unfinished parts left for later, each with why).
     """
     src, dest = Path(src), Path(dest)
     table_rows = dict(table_rows or {})
-    _check_options(fmt, table_rows, hash_rows)
+    _check_options(fmt, table_rows, hash_rows, label)
+    options = recorded_options(fmt, table_rows, hash_rows, label)
     if overwrite and (append or replace_from):
         raise InputError("--overwrite with --append or --replace-from; accepted: one of them")
     resolve_parts(src)  # a source that is not there is refused before the store is locked
@@ -418,22 +430,21 @@ def import_dataset(
         parts = resolve_parts(src, settle_s, held)
         waiting = unfinished(parts)
         if replace_from is not None:
-            return {**_replace(fmt, src, dest, parts, replace_from, table_rows, hash_rows, client, block_bytes),
+            return {**_replace(fmt, src, dest, parts, replace_from, options, client, block_bytes),
                     "parts_waiting": waiting}
         if append and (dest / MANIFEST).is_file():
             manifest = read_manifest(dest, KIND, FORMAT_VERSION, MADE_BY)
-            done = _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, block_bytes)
+            done = _append(fmt, src, dest, parts, manifest, options, client, block_bytes)
         else:
             if not finished(parts):
                 raise InputError(f"{src}: no finished part yet ({', '.join(waiting[:3])}); accepted: parts that "
                                  "end with a newline and have settled, or carry a NAME.done marker")
-            done = _fresh(fmt, src, dest, finished(parts), overwrite, table_rows, hash_rows, client, block_bytes)
+            done = _fresh(fmt, src, dest, finished(parts), overwrite, options, client, block_bytes)
         return {**done, "parts_waiting": waiting}
 
 
-def _fresh(fmt, src, dest, parts, overwrite, table_rows, hash_rows, client, block_bytes) -> dict:
+def _fresh(fmt, src, dest, parts, overwrite, options, client, block_bytes) -> dict:
     check_destination(dest, overwrite=overwrite)
-    options = _recorded_options(fmt, table_rows, hash_rows)
     with staged(dest, overwrite=overwrite) as stage:
         start_store(stage)
         manifest = _import_parts(fmt, src, stage, parts, None, options, client, block_bytes)
@@ -454,7 +465,8 @@ def check_continuation(fmt: str, src: Path, dest: Path, parts: list[Part], sourc
     if source.get("format") != fmt:
         raise InputError(f"{dest} holds a {source.get('format')} import; accepted: --format {source.get('format')}")
     if source.get("options", {}) != options:
-        raise InputError(f"{dest} was imported with {source.get('options')}; accepted: the same table sizes")
+        raise InputError(f"{dest} was imported with {source.get('options', {})}; accepted: the same options "
+                         f"({_option_flags(source.get('options', {})).strip() or 'none'})")
     on_disk = {p.name: p for p in parts}
     known = {p["name"]: p for p in source["parts"]}
     for name, recorded in known.items():
@@ -484,21 +496,24 @@ def check_continuation(fmt: str, src: Path, dest: Path, parts: list[Part], sourc
     return new
 
 
-def _recorded_options(fmt: str, table_rows: dict, hash_rows) -> dict:
-    """What a store's manifest records of an import's options: criteo's table sizes (nothing for the others)."""
-    return {"table_rows": table_rows, "hash_rows": hash_rows} if fmt == "criteo" else {}
+def recorded_options(fmt: str, table_rows: dict, hash_rows, label: str | None) -> dict:
+    """What a store's manifest records of an import's options: criteo's table sizes, recbole's click label."""
+    if fmt == "criteo":
+        return {"table_rows": table_rows, "hash_rows": hash_rows}
+    return {"label": label} if label is not None else {}
 
 
 def _option_flags(options: dict) -> str:
-    """The command-line flags that give an import `options` (criteo's table sizes)."""
+    """The command-line flags that give an import `options` (criteo's table sizes, recbole's click label)."""
+    if "label" in options:
+        return f" --label '{options['label']}'"
     if not options:
         return ""
     rows = "".join(f" --table-rows {t}={n}" for t, n in sorted(options.get("table_rows", {}).items()))
     return f" --hash-rows {options['hash_rows']}{rows}"
 
 
-def _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, block_bytes) -> dict:
-    options = _recorded_options(fmt, table_rows, hash_rows)
+def _append(fmt, src, dest, parts, manifest, options, client, block_bytes) -> dict:
     new = check_continuation(fmt, src, dest, parts, manifest["source"], options)
     skipped = [str(p.path) for p in finished(parts) if p not in new]
     if not new:
@@ -520,7 +535,7 @@ def _append(fmt, src, dest, parts, manifest, table_rows, hash_rows, client, bloc
     return {**updated, "parts_added": [str(p.path) for p in new], "parts_skipped": skipped}
 
 
-def _replace(fmt, src, dest, parts, name, table_rows, hash_rows, client, block_bytes) -> dict:
+def _replace(fmt, src, dest, parts, name, options, client, block_bytes) -> dict:
     """Replace the store's part `name` and every later one by what `src` holds now (under the writer lock).
 
     The parts before `name` must be unchanged. The new store is staged beside `dest`: the
@@ -541,7 +556,6 @@ def _replace(fmt, src, dest, parts, name, table_rows, hash_rows, client, block_b
     if name not in {p.name for p in finished(parts)}:
         raise InputError(f"--replace-from {name}: {src} holds no finished part {name!r}; accepted: a finished "
                          "part (ending with a newline, settled, or with its NAME.done marker)")
-    options = _recorded_options(fmt, table_rows, hash_rows)
     kept = {**manifest, "segments": manifest["segments"][:k], "source": {**source, "parts": source["parts"][:k]}}
     early = check_continuation(fmt, src, dest, [p for p in parts if p.name < name], kept["source"], options)
     if early:
@@ -578,14 +592,19 @@ def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, 
     `existing`: None (a fresh store), or (the store, its manifest) to continue, or (the
     store, its manifest cut before the parts replaced, the segments replaced).
     """
-    fmt = make_format(fmt_name)
+    fmt = make_format(fmt_name, options.get("label"))
+    features = {}
+    if fmt.labels and isinstance(fmt, Recbole):
+        features = {p: read_features(p, FEATURE_FILES[suffix]) for suffix, p in feature_files(src).items()}
+        fmt.join(tuple(features.values()))
     first = _first_line(parts[0])
     sniff_delimiter(fmt, first)
     if fmt.has_header:
         fmt.header(parts[0].path, first)
-    sizes = {t: options["table_rows"].get(t, options["hash_rows"]) for t in fmt.tables} if options else {}
+    sizes = {t: options["table_rows"].get(t, options["hash_rows"]) for t in fmt.tables} if "hash_rows" in options \
+        else {}
     hash_rows = {t: rows for t, rows in sizes.items() if rows != EXACT}
-    unknown = [t for t in options.get("table_rows", {}) if t not in fmt.tables] if options else []
+    unknown = [t for t in options.get("table_rows", {}) if t not in fmt.tables]
     if unknown:
         raise InputError(f"--table-rows {unknown[0]}: no such categorical column; accepted: {', '.join(fmt.tables)}")
     version = 1 if existing is None else existing[1]["version"] + 1
@@ -629,6 +648,9 @@ def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, 
     source = {"format": fmt.name, "path": str(src), "parts": old_parts + part_entries}
     if options:
         source["options"] = options
+    if features:  # what this version joined (the files may grow with later parts)
+        source["features"] = [{"name": p.name, "sha256": file_sha256(p), "fields": list(f.fields),
+                               "skipped": list(f.skipped)} for p, f in features.items()]
     return build_manifest(
         version=version, users=numberer.user_count, tables=tables, sequence_table=fmt.sequence_table,
         dense=fmt.dense, labels=fmt.labels, source=source, segments=old_segments + segments,
@@ -652,7 +674,7 @@ def _carry(ds: Dataset, dropped: list[dict], first: Numbering, fmt: Format) -> N
 
 def _numberer(fmt: Format, existing, hash_rows: dict[str, int]) -> Numberer:
     text_users = fmt.name == "recbole"
-    grouped_or_coded = fmt.name != "criteo"
+    grouped_or_coded = not fmt.labels  # a click log's examples are each their own user
     if existing is None:
         users = IdMap.empty(text_users) if grouped_or_coded else None
         tables = {t: IdMap.empty(fmt.name in ("recbole", "criteo"), hash_rows.get(t)) for t in fmt.tables}

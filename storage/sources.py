@@ -1,6 +1,7 @@
 """Where an import reads from: one file, a gzip-compressed file, or a directory of parts.
 
 A directory's parts are its regular, non-hidden files in name order (one per day, say),
+other than RecBole's feature files (`NAME.user`, `NAME.item`: storage.formats.feature_files),
 and only its finished ones are read (`finished`): a part a writer may still be writing is
 left for a later import, and so is every part after it.
 A part is read in blocks of whole lines, each knowing the number of its first line, so
@@ -45,6 +46,7 @@ class Part:
 
 
 MARKER = ".done"  # a companion marker, NAME.done, says part NAME is complete
+FEATURE_SUFFIXES = (".user", ".item")  # RecBole's feature files beside the parts (storage.formats.feature_files)
 
 
 def resolve_parts(src: str | Path, settle_s: float = 0.0, held: Collection[str] = ()) -> list[Part]:
@@ -58,7 +60,7 @@ def resolve_parts(src: str | Path, settle_s: float = 0.0, held: Collection[str] 
     if src.is_dir():
         entries = sorted(p for p in src.iterdir() if not p.name.startswith(".") and p.is_file())
         markers = {p.name for p in entries if p.name.endswith(MARKER)}
-        files = [p for p in entries if p.name not in markers]
+        files = [p for p in entries if p.name not in markers and not p.name.endswith(FEATURE_SUFFIXES)]
         if not files:
             raise InputError(f"{src}: a directory with no parts; accepted: a directory holding one file per part")
         parts = []

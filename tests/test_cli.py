@@ -54,6 +54,20 @@ def test_import_of_parts_then_append_prints_what_it_added(tmp_path):
     assert again.returncode == 0 and "version 2: 0 parts added, 3 already held" in again.stdout
 
 
+def test_import_with_a_click_label_makes_a_click_log_of_recbole_files(tmp_path):
+    imported = run("import", "--format", "recbole", "--label", "rating>=4", str(REAL["recbole"]),
+                   str(tmp_path / "ds"), "--json")
+    assert imported.returncode == 0, imported.stderr
+    summary = json.loads(imported.stdout)
+    assert summary["sequence_table"] is None and summary["users"] == summary["interactions"] == 100_000
+    assert summary["tables"] == {"user": 943, "item": 1682, "age": 61, "gender": 2, "occupation": 21,
+                                 "zip_code": 795, "release_year": 73}
+    refused = run("import", "--format", "recbole", "--label", "rating=4", str(REAL["recbole"]), str(tmp_path / "x"))
+    assert refused.returncode == 2 and refused.stdout == "" and not (tmp_path / "x").exists()
+    assert refused.stderr.strip().count("\n") == 0
+    assert "click label 'rating=4'; accepted: FIELD>=NUMBER" in refused.stderr
+
+
 def test_synth_command(tmp_path):
     done = run("synth", str(tmp_path / "ds"), "--tables", "item:1000:1.2", "tag:20", "--interactions", "5000",
                "--seed", "1", "--json")

@@ -72,3 +72,39 @@ def test_click_settings_are_checked_before_any_work(nights):
     assert not (root / "bad").exists()
     assert RetrainConfig.build({**base, "dataset_format": "criteo", "hash_rows": "exact"}).hash_rows == "exact"
     np.testing.assert_equal(RetrainConfig.build({**base, "dataset_format": "criteo"}).bottom_mlp, (64,))
+
+
+def test_two_nights_of_movielens_as_a_click_log_with_feature_files_make_two_dlrm_versions(prefect_api, client,
+                                                                                          tmp_path):
+    """RecBole's atomic files: the ratings split by time into two nights' parts, the .user and .item files beside
+    them (joined, never parts), a rating of 4 or more a click."""
+    lines = REAL["recbole"].read_text().splitlines()
+    header, rows = lines[0], sorted(lines[1:], key=lambda line: float(line.split("\t")[3]))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for suffix in (".user", ".item"):
+        (logs / f"ml-100k{suffix}").write_bytes(REAL["recbole"].with_suffix(suffix).read_bytes())
+    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
+    values = dict(dataset=str(logs), dataset_format="recbole", click_label="rating>=4", run_dir=str(tmp_path / "run"),
+                  topology=str(tmp_path / "topo.yaml"), scheduler_address=client.scheduler.address,
+                  **{**SMALL, "batch_size": 1024, "epochs": 1, "eval_users": None})
+
+    def arrives(name: str, part: list[str]) -> None:
+        (logs / name).write_text("\n".join([header, *part]) + "\n")
+        settled(logs / name)
+
+    arrives("day1.inter", rows[:90_000])
+    first = retrain(RetrainConfig.build(values))
+    assert first["trained"] and first["promoted"] and first["parts_added"] == ["day1.inter"]
+    assert first["eval_users"] == 9_000 and first["hr_at_10"] is None and 0.5 < first["auc"] <= 1
+    model = verify_export(first["model"])
+    assert model["model"]["kind"] == "click"
+    assert sorted(model["tables"]) == sorted(["user", "item", "age", "gender", "occupation", "zip_code",
+                                              "release_year"])
+    arrives("day2.inter", rows[90_000:])
+    second = retrain(RetrainConfig.build(values))
+    assert second["trained"] and second["warm_start_from"] == 1 and second["parts_added"] == ["day2.inter"]
+    assert second["eval_users"] == 1_000 and 0.5 < second["auc"] <= 1
+    with pytest.raises(InputError, match=r"click_label = 'rating>=4' with dataset_format 'criteo'; accepted: "
+                                         r"click_label only with dataset_format 'recbole'"):
+        RetrainConfig.build({**values, "dataset_format": "criteo"})

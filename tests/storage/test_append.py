@@ -199,7 +199,7 @@ def test_criteo_parts_hash_the_same_rows_as_one_file(tmp_path):
         assert dict(zip(*(a.tolist() for a in parts.raw_ids(t)))) == dict(zip(*(a.tolist() for a in whole.raw_ids(t))))
     np.testing.assert_array_equal(parts.column("labels"), whole.column("labels"))
     np.testing.assert_array_equal(parts.column("dense/I5"), whole.column("dense/I5"))
-    with pytest.raises(InputError, match=r"was imported with .*; accepted: the same table sizes"):
+    with pytest.raises(InputError, match=r"was imported with .*; accepted: the same options \(--hash-rows 1000\)"):
         import_dataset("criteo", src, tmp_path / "parts", hash_rows=999, append=True)
 
 
