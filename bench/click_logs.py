@@ -1,7 +1,7 @@
 """Click logs: the DLRM's held-out quality against logistic regression, and its training speed.
 
-    python bench/click_logs.py [--rows 1000000] [--seeds 3] [--rounds 3] [--steps 20]
-                               [--batch-size 4096] [--skip-quality] [--skip-traffic] [--skip-throughput]
+    python bench/click_logs.py [--rows 1000000] [--seeds 3] [--rounds 3] [--steps 20] [--batch-size 4096]
+                               [--skip-quality] [--skip-movielens] [--skip-traffic] [--skip-throughput]
 
 Quality, on the bundled Criteo sample (200 rows) and Avazu sample (100 rows), imported
 with 2^16-row hashed tables, and on a synthetic Criteo-layout log of --rows rows whose
@@ -24,6 +24,13 @@ the samples, the DLRM's epochs chosen on a validation split of the training rows
 (3, 10, 30 or 100): whether 3 epochs undertrain it against a regression fitted to
 convergence.
 
+MovieLens-100k as a click log: RecBole's atomic files imported with --label 'rating>=4'
+(users' and movies' features joined, time-ordered), the last 10% held out and the 10% before
+them a validation split; logistic regression with its L2 chosen on the validation log-loss
+(shardflow.training.logistic.choose_l2) beside the run's default DLRM (batch 1,024) over 5
+seeds, each stopped with patience 1 on the validation AUC and scored at its best epoch; the
+margins per seed.
+
 Traffic, on all three over topologies/demo-4.yaml (2 nodes x 2 devices), dim 16, scope
 device: every strategy planned from the dataset's profile (table-wise at 300% memory
 slack, so that whole tables fit; the others at 10%), the cost model's bytes and time per
@@ -42,13 +49,16 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from shardflow.cluster import dask_client
-from shardflow.model.dlrm import ClickConfig, numeric_input
+from shardflow.config import RetrainConfig
+from shardflow.model.dlrm import ClickConfig
+from shardflow.training.logistic import choose_l2, constant_logloss, fit_logistic
 from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
@@ -56,11 +66,12 @@ from shardflow.planner.strategies import propose
 from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import load_topology, uniform
 from shardflow.data.synthetic_clicks import synth_click_log
-from shardflow.data.clicks import HELD_OUT, load_training_data
+from shardflow.data.clicks import HELD_OUT, load_training_data, model_config
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from shardflow.model.metrics import log_loss, roc_auc
 from shardflow.training.reference import ReferenceTrainer
+from shardflow.training.validation import best_epoch
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 from train_throughput import WARMUP, pytorch_rate  # this directory: the sequence benchmark's PyTorch peer
@@ -71,6 +82,8 @@ SAMPLES = {"criteo-sample": DATA / "criteo-sample" / "criteo_sample.txt",
 # Synthetic tables: (values, Zipf alpha); three large, ten medium, thirteen small, as Criteo's spread.
 SYNTH_TABLES = [(100_000, 1.1)] * 3 + [(1_000, 0.8)] * 10 + [(50, 0.5)] * 13
 HASH_ROWS = 1 << 16
+MOVIELENS = DATA / "movielens-100k" / "ml-100k.inter"
+ML_LABEL, ML_BATCH, ML_EPOCHS, ML_PATIENCE = "rating>=4", 1024, 10, 1
 DEMO = Path(__file__).resolve().parents[1] / "topologies" / "demo-4.yaml"
 OPTIMIZER = OptimizerConfig()
 LR_L2 = 1e-3
@@ -96,41 +109,12 @@ def dlrm_quality(path: Path, batch: int, epochs: int, seed: int) -> tuple[float,
 
 
 def lr_quality(path: Path) -> tuple[tuple[float, float], tuple[float, float]]:
-    """((AUC, log-loss) of logistic regression, of the constant training click rate)."""
+    """((AUC, log-loss) of logistic regression (L2 = 1e-3), of the constant training click rate)."""
     ds = Dataset.open(path)
     model = model_for(ds, 0)
     data = load_training_data(ds, model.features)
-    train, test = data.examples(data.train_targets(), model), data.examples(data.eval_targets, model)
-
-    def inputs(ex):
-        return ({t: torch.from_numpy(ex.ids[t]) for t in model.features}, torch.from_numpy(numeric_input(ex.numeric)))
-
-    weights = {t: torch.zeros(data.rows[t], dtype=torch.float64, requires_grad=True) for t in model.features}
-    linear = torch.zeros(len(model.numeric), dtype=torch.float64, requires_grad=True)
-    bias = torch.zeros(1, dtype=torch.float64, requires_grad=True)
-    params = [*weights.values(), linear, bias]
-
-    def logit(ids, x):
-        return bias + x.double() @ linear + sum(weights[t][ids[t]] for t in model.features)
-
-    ids, x = inputs(train)
-    y = torch.from_numpy(train.labels).double()
-    opt = torch.optim.LBFGS(params, max_iter=500, tolerance_grad=1e-9, tolerance_change=1e-12,
-                            line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logit(ids, x), y)
-        loss = loss + 0.5 * LR_L2 * sum((p * p).sum() for p in params[:-1])
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    with torch.no_grad():
-        z = logit(*inputs(test)).numpy()
-    rate = float(train.labels.mean())
-    constant = np.full(test.labels.size, np.log(rate / (1 - rate)))
-    return (roc_auc(z, test.labels), log_loss(z, test.labels)), (0.5, log_loss(constant, test.labels))
+    lr = fit_logistic(data, model, LR_L2).evaluate(data, data.eval_targets, model)
+    return (lr["auc"], lr["logloss"]), (0.5, constant_logloss(data, model))
 
 
 def spread(values: list[float], digits: int = 4) -> str:
@@ -152,6 +136,38 @@ def quality(scratch: Path, synthetic: Path, seeds: int) -> None:
         print(f"{head}  {'constant':<8} {'0.5':>24} {const_ll:>24.4f}")
         print(f"{'':<38}  {'LR':<8} {lr_auc:>24.4f} {lr_ll:>24.4f}")
         print(f"{'':<38}  {'DLRM':<8} {spread([r[0] for r in runs]):>24} {spread([r[1] for r in runs]):>24}")
+
+
+def movielens(scratch: Path, seeds: int) -> None:
+    """MovieLens-100k as a click log: the DLRM's held-out AUC and log-loss beside logistic regression's."""
+    import_dataset("recbole", MOVIELENS, scratch / "movielens", label=ML_LABEL)
+    ds = Dataset.open(scratch / "movielens")
+    defaults = RetrainConfig()
+    models = [model_config(ds, dim=defaults.dim, mlp=defaults.mlp, bottom=defaults.bottom_mlp, history=1,
+                           negatives=1, seed=s) for s in range(seeds)]
+    data = load_training_data(ds, models[0].features, validation=True)
+    labels = ds.column("labels")
+    print(f"\nMovieLens-100k as a click log ({ML_LABEL} a click, click rate {labels.mean():.3f}): "
+          f"{data.targets:,} training, {data.validation_targets.size:,} validation and {data.eval_targets.size:,} "
+          f"held-out rows in time order; tables {', '.join(ds.info.table_names)}")
+    started = time.perf_counter()
+    l2 = choose_l2(data, models[0])
+    lr = fit_logistic(data, models[0], l2).evaluate(data, data.eval_targets, models[0])
+    lr_s = time.perf_counter() - started
+    runs = []
+    for model in models:
+        started = time.perf_counter()
+        trainer = ReferenceTrainer(data, model, OPTIMIZER, ML_BATCH, seed=model.seed)
+        epoch = best_epoch(trainer.fit(ML_EPOCHS, ML_PATIENCE))
+        runs.append((epoch, trainer.evaluate(data.eval_targets), time.perf_counter() - started))
+    print(f"{'model':<34} {'epochs':>10} {'AUC':>24} {'log-loss':>24} {'s':>6}")
+    print(f"{'constant (training click rate)':<34} {'':>10} {'0.5':>24} {constant_logloss(data, models[0]):>24.4f}")
+    print(f"{f'logistic regression, L2 {l2:g}':<34} {'':>10} {lr['auc']:>24.4f} {lr['logloss']:>24.4f} {lr_s:>6.0f}")
+    auc, ll = [r[1]["auc"] for r in runs], [r[1]["logloss"] for r in runs]
+    print(f"{f'DLRM, {seeds} seeds':<34} {spread([r[0] for r in runs], 0):>10} {spread(auc):>24} {spread(ll):>24} "
+          f"{float(np.median([r[2] for r in runs])):>6.0f}")
+    print(f"{'DLRM minus regression':<34} {'':>10} {spread([a - lr['auc'] for a in auc], 4):>24} "
+          f"{spread([x - lr['logloss'] for x in ll], 4):>24}")
 
 
 VALIDATION_EPOCHS = (3, 10, 30, 100)
@@ -272,6 +288,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument("--skip-movielens", action="store_true")
     parser.add_argument("--skip-traffic", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args()
@@ -287,6 +304,8 @@ def main() -> None:
         if not args.skip_quality:
             quality(scratch, synthetic, args.seeds)
             epochs_on_validation(scratch, args.seeds)
+        if not args.skip_movielens:
+            movielens(scratch, 5)
         if not args.skip_traffic:
             traffic(scratch, synthetic, args.batch_size)
         if not args.skip_throughput:

@@ -16,7 +16,9 @@ from shardflow.model.dlrm import ClickConfig
 from shardflow.model.sequence import ModelConfig, forward_backward, init_rows
 from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_adagrad
 from shardflow.data.batches import TrainData, negative_seed
+from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.data.clicks import ClickData
+from shardflow.training.validation import best_epoch, score, stop_now, validation_values
 
 
 class ReferenceTrainer:
@@ -49,6 +51,42 @@ class ReferenceTrainer:
             row_adagrad(self.optimizer, self.tables[t], self.sums[t], g.indices()[0], g.values())
         self.dense_optimizer.step(grads.dense)
         return grads.loss_sum
+
+    def train_epoch(self, epoch: int) -> None:
+        for i in range(self.data.steps_per_epoch(self.batch_size)):
+            self.step(epoch, i)
+
+    def evaluate(self, targets: np.ndarray, negatives: int = EVAL_NEGATIVES, seed: int = 0) -> dict:
+        """`targets` scored as the engine scores them (click logs: AUC and log-loss; sequences: against
+        `negatives` sampled items each), in one piece."""
+        ex = self.data.eval_examples(targets, self.config, seed, negatives)
+        with torch.no_grad():
+            logit = self.config.logits(self.dense_tensors, self.tables,
+                                       self.data.table_index(ex, self.config).on(torch.device("cpu")), sparse=True)
+        return self.data.eval_metrics(self.data.eval_part(logit.numpy(), ex))
+
+    def fit(self, epochs: int, patience: int) -> dict[int, float]:
+        """Train up to `epochs` epochs, scoring the validation split after each; stop `patience` epochs after
+        the best (shardflow.training.validation) and keep its parameters. Returns every epoch's score."""
+        scores, kept = {}, None
+        for epoch in range(1, epochs + 1):
+            self.train_epoch(epoch - 1)
+            scores[epoch] = score(validation_values(self.evaluate(self.data.validation_targets)))
+            if best_epoch(scores) == epoch:
+                kept = self._copy()
+            if stop_now(scores, patience):
+                break
+        for now, then in zip(self._parameters(), kept):
+            for k, v in then.items():
+                now[k].copy_(v)
+        return scores
+
+    def _parameters(self) -> tuple[dict, dict, dict]:
+        """The rows, their Adagrad sums and the dense weights (not the dense optimiser's state)."""
+        return self.tables, self.sums, self.dense_tensors
+
+    def _copy(self) -> tuple[dict, ...]:
+        return tuple({k: v.clone() for k, v in d.items()} for d in self._parameters())
 
     @property
     def weights(self) -> dict[str, np.ndarray]:

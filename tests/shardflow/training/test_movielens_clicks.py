@@ -1,0 +1,44 @@
+"""The DLRM on a real click log: MovieLens-100k's ratings (4 or 5 stars a click) with its users' and movies'
+features, time-ordered, the last 10% held out; it beats logistic regression on the same features and split."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardflow.config import RetrainConfig
+from shardflow.data.clicks import load_training_data, model_config
+from shardflow.training.logistic import choose_l2, fit_logistic
+from shardflow.model.optim import OptimizerConfig
+from shardflow.training.reference import ReferenceTrainer
+from shardflow.training.validation import best_epoch
+from storage.dataset import Dataset
+from storage.importers import import_dataset
+from support import REAL
+
+SEEDS = range(5)
+BATCH, EPOCHS, PATIENCE = 1024, 4, 1  # the DLRM's epochs and the regression's L2 are chosen on validation rows
+
+
+@pytest.fixture(scope="module")
+def movielens(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("ml") / "ds"
+    import_dataset("recbole", REAL["recbole"], dest, label="rating>=4")
+    return Dataset.open(dest)
+
+
+def test_the_dlrm_beats_logistic_regression_on_auc_and_log_loss_for_every_seed(movielens):
+    run = RetrainConfig()  # the run's default model
+    models = [model_config(movielens, dim=run.dim, mlp=run.mlp, bottom=run.bottom_mlp, history=1, negatives=1,
+                           seed=seed) for seed in SEEDS]
+    data = load_training_data(movielens, models[0].features, validation=True)
+    assert (data.targets, data.eval_targets.size, data.validation_targets.size) == (81_000, 10_000, 9_000)
+    regression = fit_logistic(data, models[0], choose_l2(data, models[0])).evaluate(data, data.eval_targets, models[0])
+    for model in models:
+        trainer = ReferenceTrainer(data, model, OptimizerConfig(), BATCH, seed=model.seed)
+        scores = trainer.fit(EPOCHS, PATIENCE)
+        epoch = best_epoch(scores)
+        assert len(scores) == min(EPOCHS, epoch + PATIENCE)
+        assert trainer.evaluate(data.validation_targets)["auc"] == scores[epoch], "the best epoch's parameters kept"
+        dlrm = trainer.evaluate(data.eval_targets)
+        assert dlrm["auc"] > regression["auc"], (model.seed, epoch, dlrm, regression)
+        assert dlrm["logloss"] < regression["logloss"], (model.seed, epoch, dlrm, regression)
