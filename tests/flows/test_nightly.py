@@ -22,8 +22,10 @@ from prefect.client.orchestration import get_client
 from flows.retrain import retrain
 from runs import BIN, run_until_killed, task_runs
 from shardflow.config import RetrainConfig
+from shardflow.errors import InputError
 from shardflow.training.evaluate import evaluate_export
 from storage import versions
+from storage.checkpoint import verify_export
 from storage.dataset import Dataset
 from storage.plan import read_summary
 from support import REAL, settled, snapshot, split_into_days
@@ -120,6 +122,24 @@ def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect
     assert rows[1]["replaced_auc"] == f"{second['previous_auc']:.4f}" and rows[1]["auc"] == f"{second['auc']:.4f}"
     assert all(re.fullmatch(r"0\.\d{4}", r[k]) for r in rows for k in ("auc", "hr_at_10")), rows
     assert all(len(str(v)) <= 16 for r in rows for v in r.values()), rows  # the whole table fits the UI's width
+
+
+def test_two_nights_with_the_self_attention_encoder_warm_start_its_attention_weights(prefect_api, client, days):
+    root, daily = days
+    attention = dict(encoder="self-attention", history=5, attention_blocks=1, attention_heads=2)
+    parts = root / "attention-parts"
+    parts.mkdir()
+    shutil.copy2(daily[0], parts)
+    first, _ = night(root, client, parts, "attention", "two.yaml", **attention)
+    shutil.copy2(daily[1], parts)
+    second, names = night(root, client, parts, "attention", "two.yaml", **attention)
+    assert first["trained"] and second["trained"] and second["warm_start_from"] == 1
+    assert "warm-start-from-1" in names and second["ndcg_at_10"] is not None
+    exported = [verify_export(v["model"])["model"] for v in (first, second)]
+    shapes = [(m["encoder"], m["blocks"], m["heads"], m["history"]) for m in exported]
+    assert shapes == [("self-attention", 1, 2, 5)] * 2
+    with pytest.raises(InputError, match=r"has attention_blocks = 1, this run attention_blocks = 2"):
+        night(root, client, parts, "attention", "two.yaml", **{**attention, "attention_blocks": 2})
 
 
 def artifact_rows_of_versions(run: Path) -> list[dict]:
