@@ -6,14 +6,16 @@ Each check raises an InputError naming the value and what is accepted; none writ
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from shardflow.config import RetrainConfig
+from shardflow.data.clicks import exported_record, model_config, shape_differences, warm_start_record
 from shardflow.errors import InputError
 from shardflow.planner.memory import check_capacity
 from storage import versions
+from storage.checkpoint import EXPORT
+from storage.checkpoint import read as read_checkpoint
 from storage.dataset import Dataset, segment_checksum
 from storage.importers import check_continuation, recorded_options
 from storage.manifest import MANIFEST
@@ -66,37 +68,53 @@ def check_budget(config: RetrainConfig) -> None:
     topology = config.parsed_topology
     if topology.device_memory_bytes is None:
         return
-    source, dest = Path(config.dataset), run_paths(config)["dataset"]
-    store = source if (source / MANIFEST).is_file() else dest if (dest / MANIFEST).is_file() else None
+    store = dataset_store(config)
     if store is None:
         return
     rows = sum(t.rows for t in Dataset.open(store).info.tables)
     check_capacity(rows, config.dim, topology, topology.device_memory_bytes, f"the tables of {store}", config.topology)
 
 
-# What a warm start cannot carry across: the promoted model's shape and optimiser slots.
-WARM_START_KEYS = ("dim", "mlp", "bottom_mlp", "encoder", "attention_blocks", "attention_heads", "history", "negatives",
-                   "dense_optimizer")
+# The run config's names for a model record's keys where they differ (shardflow.data.clicks.model_config).
+CONFIG_NAMES = {"bottom": "bottom_mlp", "blocks": "attention_blocks", "heads": "attention_heads",
+                "features": "the dataset's tables"}
 
 
 def check_model_shape(config: RetrainConfig) -> None:
-    """Refuse a model the promoted version cannot warm-start (another dimension, MLP, ...) before any write."""
+    """Refuse, before any write, a model the promoted version cannot warm-start (another dimension, MLP, ...):
+    the run's model as it would be built on the run's dataset beside the promoted export's, by the engine's
+    own rule (shardflow.data.clicks.shape_differences)."""
     promoted = versions.current(config.run_dir)
-    if promoted is None:
+    store = dataset_store(config)
+    if promoted is None or store is None:
         return
-    theirs, mine = versions.started(config.run_dir, promoted)["config"], config.model_dump(mode="json")
-    # A key newer than the promoted version's record was made with what is now its default (as JSON).
-    theirs = {k: theirs[k] if k in theirs else json.loads(json.dumps(RetrainConfig.model_fields[k].get_default()))
-              for k in WARM_START_KEYS}
-    means = theirs["encoder"] == mine["encoder"] == "mean"  # then the attention's keys shape nothing
-    differ = [k for k in WARM_START_KEYS if theirs[k] != mine[k] and not (means and k.startswith("attention_"))]
+    theirs = exported_record(read_checkpoint(versions.version_dir(config.run_dir, promoted) / EXPORT, EXPORT))
+    model = model_config(Dataset.open(store), dim=config.dim, mlp=tuple(config.mlp), bottom=tuple(config.bottom_mlp),
+                         history=config.history, negatives=config.negatives, seed=config.seed,
+                         encoder=config.encoder_options())
+    mine = warm_start_record(model, config.dense_optimizer)
+    differ = shape_differences(mine, theirs)
     if differ:
+        def values(record: dict) -> str:
+            return ", ".join(f"{CONFIG_NAMES.get(k, k)} = {_plain(record.get(k))!r}" for k in differ)
+
         raise InputError(
-            f"run_dir {config.run_dir}: its current model version {promoted} has "
-            f"{', '.join(f'{k} = {theirs[k]!r}' for k in differ)}, this "
-            f"run {', '.join(f'{k} = {mine[k]!r}' for k in differ)}; "
-            "a new version warm-starts from the current one. Accepted: the same values, or a new run_dir (a cold start)"
+            f"run_dir {config.run_dir}: its current model version {promoted} has {values(theirs)}, this run "
+            f"{values(mine)}; a new version warm-starts from the current one. Accepted: the same values, or a new "
+            "run_dir (a cold start)"
         )
+
+
+def _plain(value):
+    """A record's value as the run config spells it (widths as lists)."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def dataset_store(config: RetrainConfig) -> Path | None:
+    """The dataset store the run trains on as it is now: `dataset` if it is a store, else RUN_DIR/dataset once
+    something was imported into it (None before the first import)."""
+    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    return source if (source / MANIFEST).is_file() else dest if (dest / MANIFEST).is_file() else None
 
 
 def check_dataset(config: RetrainConfig) -> None:

@@ -216,6 +216,32 @@ def read_record(record: dict) -> dict:
     return {"kind": kind, **defaults, **values}
 
 
+TRAINING_SETTINGS = ("seed", "dropout")  # a model record's keys that shape no parameter and no optimiser slot
+DEFAULT_DENSE_OPTIMIZER = "adam"  # of an export made before its manifest named the dense optimiser
+
+
+def warm_start_record(config: ModelConfig | ClickConfig, dense_optimizer: str) -> dict:
+    """What a warm start carries over and must find unchanged: the model's record and the dense
+    optimiser, whose slots (Adam's moments, Adagrad's sums) it carries too."""
+    return {**config_record(config), "dense_optimizer": dense_optimizer}
+
+
+def exported_record(manifest: dict) -> dict:
+    """warm_start_record of an exported model, from its manifest."""
+    return {**read_record(manifest["model"]), "dense_optimizer": manifest.get("dense_optimizer",
+                                                                               DEFAULT_DENSE_OPTIMIZER)}
+
+
+def shape_differences(mine: dict, theirs: dict) -> list[str]:
+    """The keys of warm_start_record `mine` whose value `theirs` does not share, where a warm start from
+    `theirs` could not carry its parameters over: every key but the training settings, and none of the
+    attention's (blocks, heads) between two mean encoders, which have no attention. The one rule for the
+    flow's preflight and the engine's warm start."""
+    both_mean = mine.get("encoder") == theirs.get("encoder") == "mean"
+    ignored = {*TRAINING_SETTINGS, *(("blocks", "heads") if both_mean else ())}
+    return sorted(k for k in mine if k not in ignored and theirs.get(k) != mine[k])
+
+
 def config_from_record(record: dict) -> ModelConfig | ClickConfig:
     values = read_record(record)
     kind = values.pop("kind")

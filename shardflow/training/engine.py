@@ -104,6 +104,7 @@ class Engine(Persistence):
         self.workers = {workers[d]: info[workers[d]]["id"] for d in range(P)}
         self._last_seen: dict[str, dict] = {}  # address -> the scheduler's last word on that worker
         self.actors, self._inflight = [], []  # the running actor calls close() waits for
+        self.optimizer = optimizer
         self._futures = self._submit_actors(dataset, optimizer, scaled_rows)
         try:
             try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shardflow.errors import InputError
-from shardflow.data.clicks import config_record, read_record
+from shardflow.data.clicks import config_record, exported_record, read_record, shape_differences, warm_start_record
 from storage.checkpoint import (CHECKPOINT, EXPORT, EXPORT_CHUNK_ROWS, create_export, finish, write_arrays)
 from storage.checkpoint import read as read_checkpoint
 from storage.staging import staged
@@ -77,11 +77,8 @@ class Persistence:
         a reset whose first Adagrad and Adam steps (about lr per coordinate) would throw
         the carried weights off.
         """
-        mine, theirs = config_record(self.model), read_record(manifest["model"])
-        # The seed and the dropout rate are training settings; a mean encoder has no attention blocks.
-        ignored = {"seed", "dropout"} | ({"blocks", "heads"} if mine.get("encoder") == theirs.get("encoder") == "mean"
-                                         else set())
-        differ = sorted(k for k in mine if k not in ignored and theirs.get(k) != mine[k])
+        mine, theirs = warm_start_record(self.model, self.optimizer.dense), exported_record(manifest)
+        differ = shape_differences(mine, theirs)
         if differ:
             raise InputError(
                 f"{model}: exported with {', '.join(f'{k}={theirs.get(k)!r}' for k in differ)}; accepted for a warm "
@@ -120,6 +117,7 @@ class Persistence:
                 "tables": {t.name: t.rows for t in self.plan.tables},
                 "dim": self.model.dim,
                 "model": config_record(self.model),
+                "dense_optimizer": self.optimizer.dense,
                 "chunk_rows": EXPORT_CHUNK_ROWS,
                 "dense_steps": dense_steps,
             }, digests)

@@ -217,25 +217,35 @@ def test_a_version_killed_during_its_download_leaves_the_promoted_model_untouche
     assert resumed["current"] == (2 if resumed["promoted"] else 1) and snapshot(Path(first["model"])) == promoted
 
 
-def test_a_version_recorded_before_a_model_key_existed_is_taken_to_have_its_default(tmp_path):
-    """A run_dir promoted by an older shardflow, whose record lacks a newer key (bottom_mlp), warm-starts
-    a run that keeps that key's default, and refuses one that changes it, naming both values."""
-    from shardflow.errors import InputError
+def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_default(tmp_path):
+    """A run_dir promoted by an older shardflow, whose export's model record lacks newer keys (bottom, encoder,
+    blocks, heads, dropout; the dense optimiser), warm-starts a run that keeps their defaults, and refuses one
+    that changes what shapes the model, naming both values; settings that shape nothing pass."""
+    from shardflow.data.clicks import config_record, model_config
     from shardflow.preflight import check_model_shape
+    from storage.checkpoint import EXPORT, finish
+    from storage.importers import import_dataset
 
     cfg = RetrainConfig(run_dir=str(tmp_path))
-    newer = ("bottom_mlp", "encoder", "attention_blocks", "attention_heads", "dropout")
-    record = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in newer}
-    versions.start(tmp_path, 1, {"config": record})
+    import_dataset("sasrec", REAL["sasrec"], tmp_path / "dataset")
+    model = model_config(Dataset.open(tmp_path / "dataset"), dim=cfg.dim, mlp=cfg.mlp, bottom=cfg.bottom_mlp,
+                         history=cfg.history, negatives=cfg.negatives, seed=cfg.seed)
+    older = {k: v for k, v in config_record(model).items() if k not in ("encoder", "blocks", "heads", "dropout")}
+    versions.start(tmp_path, 1, {"config": {}})
+    (versions.version_dir(tmp_path, 1) / "model").mkdir()
+    finish(versions.version_dir(tmp_path, 1) / "model", EXPORT, {"model": older}, {})
     versions.finish(tmp_path, 1, {"promoted": True})
     versions.promote(tmp_path, 1)
     check_model_shape(cfg)
-    with pytest.raises(InputError, match=r"bottom_mlp = \[64\], this run bottom_mlp = \[32\]"):
-        check_model_shape(cfg.model_copy(update={"bottom_mlp": (32,)}))
+    with pytest.raises(InputError, match=r"has mlp = \[64, 32\], this run mlp = \[32\]"):
+        check_model_shape(cfg.model_copy(update={"mlp": (32,)}))
     # Its model had the mean encoder: another is refused; the attention's settings shape no mean model.
     with pytest.raises(InputError, match=r"has encoder = 'mean', this run encoder = 'self-attention'"):
         check_model_shape(cfg.model_copy(update={"encoder": "self-attention"}))
-    check_model_shape(cfg.model_copy(update={"attention_blocks": 5, "dropout": 0.3}))
+    with pytest.raises(InputError, match=r"has dense_optimizer = 'adam', this run dense_optimizer = 'adagrad'"):
+        check_model_shape(cfg.model_copy(update={"dense_optimizer": "adagrad"}))
+    check_model_shape(cfg.model_copy(update={"attention_blocks": 5, "dropout": 0.3, "seed": 7}))
+    check_model_shape(cfg.model_copy(update={"bottom_mlp": (32,)}))  # a sequence model has no bottom MLP
 
 
 @pytest.fixture(scope="module")

@@ -130,6 +130,11 @@ def test_a_warm_start_places_the_export_onto_a_plan_for_another_device_count(cli
         with pytest.raises(InputError, match=rf"exported with encoder='{model.encoder}'.*accepted for a warm start: "
                                              rf"encoder='{switched.encoder}'"):
             e.warm_start(tmp_path / "model", manifest)
+    adagrad = replace(OPTIMIZER, dense="adagrad")  # Adam's moments cannot become Adagrad's sums
+    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], model, adagrad, TrainConfig(3)) as e:
+        with pytest.raises(InputError, match=r"exported with dense_optimizer='adam'; accepted for a warm start: "
+                                             r"dense_optimizer='adagrad'"):
+            e.warm_start(tmp_path / "model", manifest)
     # The dropout rate is a training setting: a warm start may change it.
     with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], replace(model, dropout=0.4), OPTIMIZER,
                 TrainConfig(3)) as e:
