@@ -56,6 +56,11 @@ class EpochOrder:
     parts: int = 1  # a block is read in this many parts (read_in_parts): one per trainer, 1 elsewhere
     _cache: OrderedDict  # (block, part) -> what the part's reader holds
     _epoch: tuple | None = None  # (epoch, seed, its block groups, their cumulative target counts)
+    validation: bool = False  # whether a validation split is held out of training
+
+    def _check_validation(self) -> None:
+        if not self.validation:
+            raise InputError("no validation split was held out; accepted: data loaded with validation=True")
 
     def block_targets(self, block: int) -> np.ndarray:
         raise NotImplementedError
@@ -232,8 +237,7 @@ class TrainData(EpochOrder):
     def validation_targets(self) -> np.ndarray:
         """The second-to-last event of every evaluated user with three or more, ascending; only with a
         validation split (otherwise it is a training target)."""
-        if not self.validation:
-            raise InputError("no validation split was held out; accepted: data loaded with validation=True")
+        self._check_validation()
         return validation_positions(self.eval_targets, self.offsets)
 
     # -- targets and the order of an epoch ---------------------------------------------------

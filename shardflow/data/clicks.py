@@ -99,8 +99,7 @@ class ClickData(EpochOrder):
     @property
     def validation_targets(self) -> np.ndarray:
         """The last HELD_OUT of the training window's rows before the test rows; only with a validation split."""
-        if not self.validation:
-            raise InputError("no validation split was held out; accepted: data loaded with validation=True")
+        self._check_validation()
         return np.arange(self.validation_start, self.eval_start, dtype=np.int64)
 
     def block_targets(self, block: int) -> np.ndarray:
