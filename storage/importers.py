@@ -592,69 +592,72 @@ def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, 
     `existing`: None (a fresh store), or (the store, its manifest) to continue, or (the
     store, its manifest cut before the parts replaced, the segments replaced).
     """
-    fmt = make_format(fmt_name, options.get("label"))
-    features = {}
-    if fmt.labels and isinstance(fmt, Recbole):
-        features = {p: read_features(p, FEATURE_FILES[suffix]) for suffix, p in feature_files(src).items()}
-        fmt.join(tuple(features.values()))
-    first = _first_line(parts[0])
-    sniff_delimiter(fmt, first)
-    if fmt.has_header:
-        fmt.header(parts[0].path, first)
-    sizes = {t: options["table_rows"].get(t, options["hash_rows"]) for t in fmt.tables} if "hash_rows" in options \
-        else {}
-    hash_rows = {t: rows for t, rows in sizes.items() if rows != EXACT}
-    unknown = [t for t in options.get("table_rows", {}) if t not in fmt.tables]
-    if unknown:
-        raise InputError(f"--table-rows {unknown[0]}: no such categorical column; accepted: {', '.join(fmt.tables)}")
+    fmt, features, hash_rows = _prepared_format(fmt_name, src, parts[0], options)
     version = 1 if existing is None else existing[1]["version"] + 1
     first_index = 0 if existing is None else len(existing[1]["segments"])
     spill_root = stage / "spill"
-
-    def spill_dir(i: int) -> str:
-        return str(spill_root / segment_name(first_index + i))
-
-    if client is not None and len(parts) > 1:
-        futures = [client.submit(scan_part, fmt, p, spill_dir(i), hash_rows, block_bytes, pure=False)
-                   for i, p in enumerate(parts)]
-        scans = _gather(client, futures)
-    else:
-        scans = [scan_part(fmt, p, spill_dir(i), hash_rows, block_bytes) for i, p in enumerate(parts)]
-
+    scans = _each(client, scan_part, [(fmt, p, str(spill_root / segment_name(first_index + i)), hash_rows,
+                                       block_bytes) for i, p in enumerate(parts)])
     numberer = _numberer(fmt, existing, hash_rows)
     numberings = [numberer.number(first_index + i, s) for i, s in enumerate(scans)]
     if existing is not None and len(existing) == 3:
         _carry(existing[0], existing[2], numberings[0], fmt)
     rows = {t: m.size for t, m in numberer.tables.items()}
-    targets = [str(stage / SEGMENTS / segment_name(n.index)) for n in numberings]
     (stage / SEGMENTS).mkdir(parents=True, exist_ok=True)
-    if client is not None and len(parts) > 1:
-        futures = [client.submit(write_segment, fmt, s, n, t, version, rows, pure=False)
-                   for s, n, t in zip(scans, numberings, targets)]
-        segments = _gather(client, futures)
-    else:
-        segments = [write_segment(fmt, s, n, t, version, rows) for s, n, t in zip(scans, numberings, targets)]
+    segments = _each(client, write_segment, [(fmt, s, n, str(stage / SEGMENTS / segment_name(n.index)), version, rows)
+                                             for s, n in zip(scans, numberings)])
     shutil.rmtree(spill_root, ignore_errors=True)
-
-    part_entries = [
-        {"name": s.part.name, "sha256": s.sha256, "bytes": s.part.bytes, "mtime_ns": s.part.mtime_ns,
-         "lines": s.lines, "events": s.events, "segment": seg["name"], "version": version}
-        for s, seg in zip(scans, segments)
-    ]
-    old_parts = existing[1]["source"]["parts"] if existing else []
-    old_segments = existing[1]["segments"] if existing else []
     tables = {t: {"rows": max(1, rows[t]), "dtype": str(TableSpec(t, max(1, rows[t])).id_dtype),
                   **({"hashed": "crc32"} if t in hash_rows else {})} for t in fmt.tables}
-    source = {"format": fmt.name, "path": str(src), "parts": old_parts + part_entries}
+    return build_manifest(
+        version=version, users=numberer.user_count, tables=tables, sequence_table=fmt.sequence_table,
+        dense=fmt.dense, labels=fmt.labels, source=_source(fmt, src, scans, segments, version, existing, options,
+                                                           features),
+        segments=(existing[1]["segments"] if existing else []) + segments,
+    )
+
+
+def _prepared_format(fmt_name: str, src: Path, first_part: Part, options: dict) -> tuple[Format, dict, dict]:
+    """The format of an import, its header read from the first part and a click log's feature files joined;
+    the feature files read (path -> FeatureFile) and the hashed tables' sizes."""
+    fmt = make_format(fmt_name, options.get("label"))
+    features = {}
+    if fmt.labels and isinstance(fmt, Recbole):
+        features = {p: read_features(p, FEATURE_FILES[suffix]) for suffix, p in feature_files(src).items()}
+        fmt.join(tuple(features.values()))
+    first = _first_line(first_part)
+    sniff_delimiter(fmt, first)
+    if fmt.has_header:
+        fmt.header(first_part.path, first)
+    sizes = {t: options["table_rows"].get(t, options["hash_rows"]) for t in fmt.tables} if "hash_rows" in options \
+        else {}
+    unknown = [t for t in options.get("table_rows", {}) if t not in fmt.tables]
+    if unknown:
+        raise InputError(f"--table-rows {unknown[0]}: no such categorical column; accepted: {', '.join(fmt.tables)}")
+    return fmt, features, {t: rows for t, rows in sizes.items() if rows != EXACT}
+
+
+def _each(client, fn, calls: list[tuple]) -> list:
+    """fn(*call) for every call, in order: in parallel on the Dask `client` when there are several."""
+    if client is not None and len(calls) > 1:
+        return _gather(client, [client.submit(fn, *call, pure=False) for call in calls])
+    return [fn(*call) for call in calls]
+
+
+def _source(fmt: Format, src: Path, scans: list[PartScan], segments: list[dict], version: int, existing,
+            options: dict, features: dict) -> dict:
+    """The manifest's record of where the store came from: every part it holds, the options, the feature files."""
+    added = [{"name": s.part.name, "sha256": s.sha256, "bytes": s.part.bytes, "mtime_ns": s.part.mtime_ns,
+              "lines": s.lines, "events": s.events, "segment": seg["name"], "version": version}
+             for s, seg in zip(scans, segments)]
+    held = existing[1]["source"]["parts"] if existing else []
+    source = {"format": fmt.name, "path": str(src), "parts": held + added}
     if options:
         source["options"] = options
     if features:  # what this version joined (the files may grow with later parts)
         source["features"] = [{"name": p.name, "sha256": file_sha256(p), "fields": list(f.fields),
                                "skipped": list(f.skipped)} for p, f in features.items()]
-    return build_manifest(
-        version=version, users=numberer.user_count, tables=tables, sequence_table=fmt.sequence_table,
-        dense=fmt.dense, labels=fmt.labels, source=source, segments=old_segments + segments,
-    )
+    return source
 
 
 def _carry(ds: Dataset, dropped: list[dict], first: Numbering, fmt: Format) -> None:
