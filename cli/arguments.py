@@ -1,0 +1,193 @@
+"""The `shardflow` command line: every subcommand's arguments, and the values they take."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from cli.commands import (run_import, run_plan, run_profile, run_promote, run_run, run_synth, run_train, show_dataset,
+                          show_plan, show_profile, show_promote, show_run, show_train)
+from shardflow.errors import InputError
+
+DESCRIPTION = "The `shardflow` command: one subcommand per stage."
+
+
+def _key_value_rows(text: str) -> tuple[str, int]:
+    name, sep, rows = text.partition("=")
+    if not sep or not (rows.isdigit() or rows == "exact"):
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: NAME=ROWS or NAME=exact, e.g. C1=100000")
+    return name, rows if rows == "exact" else int(rows)
+
+
+def _hash_rows(text: str) -> int | str:
+    if not (text.isdigit() or text == "exact"):
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: ROWS (an integer) or exact")
+    return text if text == "exact" else int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 7 * 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: seconds from 0 to 604800 (a week)")
+    return value
+
+
+def _set_value(text: str) -> tuple[str, object]:
+    from shardflow.safe_yaml import load_text
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}; accepted: KEY=VALUE, e.g. epochs=3")
+    try:
+        return key, load_text(value, f"--set {key}")
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+
+def _config_flag(p: argparse.ArgumentParser, key: str, **given) -> None:
+    """--KEY for the config key `key`, its type, choices, default and help taken from RetrainConfig (the one
+    source of every default: `shardflow plan`, `train` and `run` agree); `given` adds or replaces any of them."""
+    from typing import Literal, get_args, get_origin
+
+    from shardflow.config import RetrainConfig
+
+    field = RetrainConfig.model_fields[key]
+    kind, default = field.annotation, field.default
+    spec: dict = {"default": default, "help": (field.description or key.replace("_", " ")).replace("%", "%%")}
+    if kind is bool:
+        spec["action"] = "store_true"
+    elif get_origin(kind) is Literal:
+        spec["choices"] = list(get_args(kind))
+    else:
+        spec["type"] = kind
+    spec.update(given)
+    if spec.get("required"):
+        spec.pop("default")
+    else:
+        spec["help"] += f" (default: {default})"
+    p.add_argument("--" + key.replace("_", "-"), **spec)
+
+
+def _import_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", required=True, choices=["sasrec", "s3rec", "recbole", "criteo"])
+    p.add_argument("src", help="a source file, a .gz file, or a directory of part files (read in name order)")
+    p.add_argument("dest", help="dataset store to create (or to append to, with --append)")
+    p.add_argument("--overwrite", action="store_true", help="replace a store already at DEST")
+    p.add_argument("--append", action="store_true", help="add the parts of SRC that DEST does not hold yet")
+    p.add_argument("--replace-from", metavar="PART",
+                   help="read PART (a part DEST holds that changed since) and every later part again, as a new version")
+    p.add_argument("--settle-s", type=_seconds, default=0.0, metavar="SECONDS",
+                   help="read only parts not modified for this long (default 0; parts must still end with a "
+                   "newline, or have a NAME.done marker where the directory uses them)")
+    p.add_argument("--workers", type=int, help="scan several parts in parallel on a local cluster of this size")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler to scan parts on")
+    p.add_argument("--table-rows", type=_key_value_rows, action="append", metavar="NAME=ROWS",
+                   help="criteo: rows of one hashed categorical table, or exact: a row per value (repeatable)")
+    p.add_argument("--hash-rows", type=_hash_rows,
+                   help="criteo: rows of every other categorical table (default 2^20), or exact")
+    p.add_argument("--label", metavar="FIELD>=NUMBER",
+                   help="recbole: a click log, an interaction a click when FIELD is at least NUMBER ('rating>=4'); "
+                   "joined with the .user and .item feature files beside it")
+
+
+def _synth_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dest", help="dataset store to create")
+    p.add_argument("--tables", nargs="+", required=True, metavar="NAME:ROWS[:ALPHA]",
+                   help="the first is the item sequence table, the rest feature columns")
+    p.add_argument("--interactions", type=int, required=True, help="events (ids per table)")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--mean-length", type=float, default=20.0, help="mean sequence length per user")
+    p.add_argument("--repeat", type=float, default=0.0,
+                   help="share of events that repeat one of the user's last --repeat-window items (session data)")
+    p.add_argument("--repeat-window", type=int, default=5)
+    p.add_argument("--overwrite", action="store_true", help="replace a store already at DEST")
+
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dataset", help="dataset store")
+    p.add_argument("--out", help="profile store to create (default: DATASET.profile)")
+    p.add_argument("--workers", type=int, help="local cluster size (default: one per core)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler instead of a local cluster")
+    p.add_argument("--overwrite", action="store_true", help="replace a profile already at --out")
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("profile", help="profile store")
+    p.add_argument("--topology", required=True, help="topology YAML file")
+    _config_flag(p, "strategy", required=True)
+    _config_flag(p, "memory_slack")
+    _config_flag(p, "batch_size", help="global batch (examples per step)")
+    _config_flag(p, "dim", help="embedding dimension")
+    _config_flag(p, "dedup", help="de-duplication scope: none, device (a trainer fetches each row once), node "
+                 "(a node does)")
+    _config_flag(p, "history")
+    _config_flag(p, "negatives")
+    p.add_argument("--out", help="plan store to create (default: plan-STRATEGY beside the profile)")
+    p.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dataset", help="dataset store")
+    p.add_argument("--plan", required=True, help="plan store of this dataset")
+    _config_flag(p, "epochs")
+    _config_flag(p, "patience", type=int)
+    p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
+    p.add_argument("--batch-size", type=int, help="global batch (default: the plan's)")
+    p.add_argument("--dedup", choices=["none", "device", "node"], help="de-duplication scope (default: the plan's)")
+    _config_flag(p, "early_answers", help="answer the next step's row requests while waiting, patch them when it "
+                 "begins")
+    _config_flag(p, "device", help="where each device computes: the CPU, or CUDA device d on worker d (resource "
+                 "GPU=1)")
+    _config_flag(p, "seed")
+    for key in ("encoder", "attention_blocks", "attention_heads", "dropout"):
+        _config_flag(p, key)
+    _config_flag(p, "eval_users", type=int, help="held-out users evaluated (0: all)")
+    p.add_argument("--estimate", action="store_true", help="estimation mode: every table on one parameter server")
+    p.add_argument("--server-memory", type=int, help="estimation: the server's bytes (default: the topology's)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler (one worker per device)")
+
+
+def _promote_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a run directory of 'shardflow run'")
+    p.add_argument("--version", type=int, required=True, help="the finished version to make current")
+    p.add_argument("--reason", default="rollback", help="why (kept in RUN_DIR/promotions.json)")
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file of config keys (see shardflow/config.py)")
+    p.add_argument("--set", type=_set_value, action="append", metavar="KEY=VALUE", help="override one key (repeatable)")
+    p.add_argument("--verbose", action="store_true", help="also show Dask's and the HTTP client's INFO logs")
+
+
+# Each command: its name, its help, what runs it, what prints its result, and its arguments.
+COMMANDS: tuple[tuple[str, str, Callable, Callable, Callable], ...] = (
+    ("import", "import published dataset files into a dataset store",
+     run_import, show_dataset, _import_args),
+    ("synth", "generate a seeded synthetic Zipf dataset store",
+     run_synth, show_dataset, _synth_args),
+    ("profile", "count every row's accesses, in parallel on Dask",
+     run_profile, show_profile, _profile_args),
+    ("plan", "shard every row of a profiled dataset over a topology",
+     run_plan, show_plan, _plan_args),
+    ("train", "train on a Dask cluster following a plan (no Prefect)",
+     run_train, show_train, _train_args),
+    ("promote", "make a finished model version current (a rollback), recording who, when and why",
+     run_promote, show_promote, _promote_args),
+    ("run", "the whole retraining run as a Prefect flow (embedded API)",
+     run_run, show_run, _run_args),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardflow", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help, run, show, arguments in COMMANDS:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+        p.set_defaults(run=run, show=show)
+        arguments(p)
+    return parser

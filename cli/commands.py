@@ -1,0 +1,289 @@
+"""What each `shardflow` subcommand does (run_NAME, returning its summary) and how it prints the summary
+without --json (show_NAME). Heavy imports stay inside the commands: `shardflow --help` imports none."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+from shardflow.errors import InputError
+
+log = logging.getLogger("shardflow")
+
+
+def run_import(args: argparse.Namespace) -> dict:
+    from storage.importers import DEFAULT_HASH_ROWS, import_dataset
+
+    options = dict(
+        overwrite=args.overwrite,
+        append=args.append,
+        replace_from=args.replace_from,
+        settle_s=args.settle_s,
+        table_rows=dict(args.table_rows or []),
+        hash_rows=DEFAULT_HASH_ROWS if args.hash_rows is None else args.hash_rows,
+        label=args.label,
+    )
+    started = time.perf_counter()
+    if args.workers is None and args.scheduler is None:
+        m = import_dataset(args.format, args.src, args.dest, **options)
+    else:
+        from shardflow.cluster import dask_client
+
+        logging.getLogger("distributed").setLevel(logging.WARNING)
+        with dask_client(args.scheduler, args.workers) as client:
+            m = import_dataset(args.format, args.src, args.dest, client=client, **options)
+    from storage.sources import not_parts
+
+    return {
+        **dataset_summary(args.dest, m),
+        "version": m["version"],
+        "parts_added": m["parts_added"],
+        "parts_skipped": m["parts_skipped"],
+        "parts_waiting": m["parts_waiting"],
+        "not_parts": not_parts(args.src),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def run_synth(args: argparse.Namespace) -> dict:
+    from shardflow.data.synthetic import Repeats, parse_synth_table, synth_dataset
+
+    tables = [parse_synth_table(t) for t in args.tables]
+    m = synth_dataset(
+        args.dest,
+        tables,
+        interactions=args.interactions,
+        seed=args.seed,
+        mean_length=args.mean_length,
+        overwrite=args.overwrite,
+        repeats=Repeats(args.repeat, args.repeat_window),
+    )
+    return dataset_summary(args.dest, m)
+
+
+def dataset_summary(path: str, m: dict) -> dict:
+    return {
+        "path": str(path),
+        "users": m["users"],
+        "interactions": m["interactions"],
+        "sequence_table": m["sequence_table"],
+        "tables": {name: spec["rows"] for name, spec in m["tables"].items()},
+        "checksum": m["checksum"],
+    }
+
+
+def show_dataset(s: dict) -> None:
+    print(f"dataset {s['path']}: {s['users']:,} users, {s['interactions']:,} interactions")
+    if "version" in s:
+        print(f"  version {s['version']}: {len(s['parts_added'])} parts added, {len(s['parts_skipped'])} already held"
+              f" ({s['seconds']:.1f} s)")
+        if s["not_parts"]:
+            print(f"  skipped {len(s['not_parts'])} entries that are not parts: {', '.join(s['not_parts'][:5])}")
+        if s["parts_waiting"]:
+            print(f"  left {len(s['parts_waiting'])} unfinished parts for later: {', '.join(s['parts_waiting'][:5])}")
+    for name, rows in s["tables"].items():
+        role = "item sequence" if name == s["sequence_table"] else "feature"
+        print(f"  table {name:<12} {rows:>14,} rows  ({role})")
+    print(f"  checksum {s['checksum']}")
+
+
+def run_profile(args: argparse.Namespace) -> dict:
+    from shardflow.cluster import dask_client, worker_count
+    from shardflow.profiling.profiles import check_inputs, profile_dataset
+
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    out = args.out or f"{args.dataset.rstrip('/')}.profile"
+    check_inputs(args.dataset, out, overwrite=args.overwrite)
+    started = time.perf_counter()
+    with dask_client(args.scheduler, args.workers) as client:
+        workers = worker_count(client)
+        log.info("profiling %s on %d workers (%s)", args.dataset, workers, client.scheduler.address)
+        m = profile_dataset(args.dataset, out, client=client, overwrite=args.overwrite)
+    return {"profile": out, "workers": workers, "seconds": time.perf_counter() - started, "tables": m["tables"]}
+
+
+def show_profile(s: dict) -> None:
+    print(f"profile {s['profile']} ({s['workers']} workers, {s['seconds']:.1f} s)")
+    print(f"  {'table':<12} {'rows':>14} {'accesses':>14} {'distinct':>14} {'top 1%':>7} {'top 10%':>8} {'slope':>6}")
+    for name, t in s["tables"].items():
+        print(
+            f"  {name:<12} {t['rows']:>14,} {t['accesses']:>14,} {t['distinct']:>14,} "
+            f"{t['top1pct_share']:>7.3f} {t['top10pct_share']:>8.3f} {t['zipf_slope']:>6.2f}"
+        )
+
+
+def run_plan(args: argparse.Namespace) -> dict:
+    from shardflow.planner.costmodel import StepShape
+    from shardflow.planner.topology import load_topology
+    from shardflow.planning.plans import make_plan
+
+    topology = load_topology(args.topology)
+    shape = StepShape(args.batch_size, args.dim, args.dedup)
+    out = args.out or str(Path(args.profile).resolve().parent / f"plan-{args.strategy}")
+    summary = make_plan(
+        args.profile,
+        out,
+        topology,
+        strategy=args.strategy,
+        shape=shape,
+        memory_slack=args.memory_slack,
+        history=args.history,
+        negatives=args.negatives,
+        overwrite=args.overwrite,
+    )
+    return {"plan": out, **summary}
+
+
+def show_plan(s: dict) -> None:
+    mb = 1e6
+    memory = s["memory_bytes_per_device"]
+    print(f"plan {s['plan']}: {s['strategy']} on {s['devices']} devices, de-duplication scope '{s['dedup']}'")
+    some = s["node_rows_on_some_nodes"]
+    print(f"  tiers            global {s['tiers']['global']:,}  node {s['tiers']['node']:,}"
+          f"{f' ({some:,} on some nodes only)' if some else ''}  single {s['tiers']['single']:,}")
+    print(f"  memory/device    max {max(memory) / mb:,.1f} MB of a {s['budget_bytes_per_device'] / mb:,.1f} MB budget")
+    print(
+        f"  bytes/step       lookup {s['lookup_bytes_per_step'] / mb:,.3f} "
+        f"MB  sync {s['sync_bytes_per_step'] / mb:,.3f} MB"
+        f"  inter-node {s['inter_node_bytes_per_step'] / mb:,.3f} MB"
+    )
+    print(f"  comm time/step   {s['comm_time_s_per_step'] * 1e6:,.2f} us (busiest: {s['busiest_link']});"
+          f" row-wise-mod {s['row_wise_mod_comm_time_s_per_step'] * 1e6:,.2f} us;"
+          f" bound {s['lower_bound_comm_time_s_per_step'] * 1e6:,.2f} us; gap closed {s['gap_closed']:.3f}")
+
+
+def run_train(args: argparse.Namespace) -> dict:
+    from shardflow.cluster import dask_client
+    from shardflow.training.device import torch_device
+    from shardflow.training.config import TrainConfig
+    from shardflow.training.run import train_from_stores
+    from shardflow.planning.plans import read_plan
+
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    _, topology, shape, _ = read_plan(args.plan)
+    train = TrainConfig(
+        batch_size=shape.batch_size if args.batch_size is None else args.batch_size,
+        dedup=shape.dedup if args.dedup is None else args.dedup,
+        early_answers=args.early_answers,
+        epochs=args.epochs,
+        patience=args.patience,
+        max_steps=args.max_steps,
+        device=args.device,
+        seed=args.seed,
+        eval_users=args.eval_users or None,
+    )
+    torch_device(args.device)  # refused here, before a cluster starts, if this machine has no GPU
+    with dask_client(
+        args.scheduler, None if args.scheduler else topology.devices, gpus=args.device == "cuda"
+    ) as client:
+        return train_from_stores(
+            args.dataset,
+            args.plan,
+            client,
+            train,
+            encoder={"encoder": args.encoder, "blocks": args.attention_blocks, "heads": args.attention_heads,
+                     "dropout": args.dropout},
+            estimate=args.estimate,
+            server_memory_bytes=args.server_memory,
+        )
+
+
+def show_train(s: dict) -> None:
+    mb = 1e6
+    m = s["model"]
+    encoder = f", {m['encoder']} encoder" if m["kind"] == "sequence" else ""
+    print(f"trained {s['strategy']} on {s['devices']} devices{encoder}: {s['steps']:,} steps, {s['examples']:,} "
+          f"examples, {s['examples_per_s']:,.0f} examples/s")
+    from shardflow.training.evaluate import metric_text
+    from shardflow.training.validation import unprefixed
+
+    print(f"  loss {s['loss']:.4f}   {metric_text(s)}  ({s['eval_users']:,} held-out examples)")
+    if s["best_epoch"] is not None:
+        print(f"  epoch {s['best_epoch']} of {s['epochs_trained']} kept: the best on the validation split "
+              f"({metric_text(unprefixed(s))}; patience {s['patience']})")
+    print(f"  bytes/step  measured {s['measured_bytes_per_step'] / mb:,.3f} MB,"
+          f" cost model {s['predicted_bytes_per_step'] / mb:,.3f} MB (dedup {s['dedup']}),"
+          f" and {s['bytes_per_step']['patch'] / mb:,.3f} MB of rows changed after an early answer sent again")
+    t = s["seconds_per_step"]
+    print("  ms/step     " + "  ".join(f"{k} {v * 1e3:.1f}" for k, v in t.items()))
+
+
+def run_run(args: argparse.Namespace) -> dict:
+    import os
+
+    from shardflow.config import RetrainConfig
+    from shardflow.safe_yaml import load_file
+
+    # The embedded server would try to send usage telemetry; these machines may have no network.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    values: dict = {}
+    if args.config:
+        values = load_file(args.config, "config") or {}
+        if not isinstance(values, dict):
+            raise InputError(f"--config {args.config}: a {type(values).__name__}; accepted: a YAML mapping")
+    values.update(dict(args.set or []))
+    config = RetrainConfig.build(values)
+    from shardflow.preflight import check_run
+
+    check_run(config)
+    from tasks.versions import nothing_new
+
+    idle = nothing_new(config)  # a night with nothing new: answered from the stores, no Prefect API, no cluster
+    if idle is not None:
+        return idle
+    from shardflow.cluster import VERBOSE, quiet_dask
+
+    if args.verbose:
+        os.environ[VERBOSE] = "1"
+    quiet_dask()
+    from flows.api import embedded_api, terminated_as_interrupt
+    from flows.retrain import retrain
+
+    with terminated_as_interrupt(), embedded_api():
+        return retrain(config)
+
+
+def show_run(s: dict) -> None:
+    from shardflow.training.evaluate import metric_text
+
+    mb = 1e6
+    if not s["trained"]:
+        print(f"run {s['run_dir']}: {s['message']}; version {s['current']} is current ({metric_text(s)})")
+    else:
+        start = f"warm start from version {s['warm_start_from']}" if s["warm_start_from"] else "cold start"
+        print(f"run {s['run_dir']}: version {s['version']} ({start}, {len(s['parts_added'])} part(s) imported), "
+              f"{s['epochs']} epochs, {metric_text(s)}")
+        if s["previous_auc"] is not None:
+            print(f"  version {s['warm_start_from']} on the same held-out items: AUC {s['previous_auc']:.4f}")
+        print(f"  {'promoted: version ' + str(s['version']) + ' is current' if s['promoted'] else s['message']}")
+        verb = "kept" if not s["replanned"] else "made" if s["warm_start_from"] is None else "re-made"
+        print(f"  plan {verb}: {s['replan_reason']}")
+    measured = "not measured" if s["bytes_per_step"] is None else f"{s['bytes_per_step'] / mb:,.3f} MB measured"
+    print(f"  traffic/step {measured}, {s['modeled_bytes_per_step'] / mb:,.3f} MB modeled for this plan")
+    print(f"  comm time/step (modeled) {s['comm_time_us_per_step']:,.1f} µs; row-wise-mod "
+          f"{s['row_wise_comm_time_us_per_step']:,.1f} µs, {s['row_wise_bytes_per_step'] / mb:,.3f} MB")
+    print(
+        f"  model        {s['model']} (downloaded {s['downloads']} "
+        f"time{'s' if s['downloads'] != 1 else ''} by this run)"
+    )
+    for c in s["checkpoints"]:
+        print(f"  checkpoint   {c}")
+    for p in s["plots"]:
+        print(f"  plot         {p}")
+    for w in s["warnings"]:
+        print(f"  warning      {w}")
+    print("  artifacts, logs and task runs: the Prefect UI (prefect server start), or 'prefect flow-run ls'")
+
+
+def run_promote(args: argparse.Namespace) -> dict:
+    from storage import versions
+
+    return {"run_dir": args.run_dir, **versions.rollback(args.run_dir, args.version, args.reason)}
+
+
+def show_promote(s: dict) -> None:
+    was = "no version" if s["previous"] is None else f"version {s['previous']}"
+    print(f"run {s['run_dir']}: version {s['version']} is current (was {was}); recorded: by {s['by']} at {s['at']}"
+          f" ({s['reason']}). The next run warm-starts from version {s['version']}.")
