@@ -2,7 +2,7 @@
 
     python bench/model_quality.py [--datasets games,beauty] [--encoders mean,self-attention] [--epochs 20]
                                   [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.5]
-                                  [--patience N]
+                                  [--patience N] [--row-lr 0.05]
 
 For each dataset, encoder and seed: import the bundled log, plan it with FlexShard for one node
 of 2 devices (10% memory slack), and train the run's default model (shardflow.config.RetrainConfig)
@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=RetrainConfig().history)
     parser.add_argument("--dropout", type=float, default=RetrainConfig().dropout)
     parser.add_argument("--patience", type=int, help="choose the epoch on a validation split (default: the last)")
+    parser.add_argument("--row-lr", type=float, default=RetrainConfig().row_lr, help="the rows' Adagrad rate")
     args = parser.parse_args()
     names = args.datasets.split(",")
     unknown = [n for n in names if n not in DATASETS]
@@ -101,12 +102,13 @@ def main() -> None:
         c = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout})
         models[encoder] = ModelConfig(dim=c.dim, mlp=c.mlp, history=c.history, negatives=c.negatives,
                                       **c.encoder_options())
-    optimizer = RetrainConfig().optimizer()
+    optimizer = RetrainConfig.build({"row_lr": args.row_lr}).optimizer()
     c = RetrainConfig.build({"history": args.history, "dropout": args.dropout})
     print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {DEVICES} devices; batch "
           f"{args.batch_size}; {args.epochs} epochs; seeds {seeds}; dim {c.dim}, history {c.history}, "
           f"{c.negatives} negatives; mean: MLP {list(c.mlp)}; self-attention: {c.attention_blocks} blocks, "
-          f"{c.attention_heads} heads, dropout {c.dropout}", flush=True)
+          f"{c.attention_heads} heads, dropout {c.dropout}; row Adagrad {optimizer.row_lr}, dense "
+          f"{optimizer.dense} {optimizer.dense_lr}", flush=True)
     results: dict[tuple[str, str], list[list[dict]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp, dask_client(workers=DEVICES) as client:
         for name in names:
