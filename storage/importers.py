@@ -122,13 +122,7 @@ class PartScan:
 def scan_part(fmt: Format, part: Part, spill_dir: str, hash_rows: dict[str, int], block_bytes: int) -> PartScan:
     """Read and parse one part; spill its events; collect the distinct values of every column."""
     reader = PartReader(part, block_bytes)
-    spill = Spill(Path(spill_dir))
-    numeric = {t: IntDistinct() for t in fmt.tables} if fmt.name in ("sasrec", "s3rec") else {}
-    hashed = {t: TextDistinct() for t in fmt.tables if t in hash_rows}
-    coded = {t: TextCodes() for t in fmt.tables if t not in hash_rows and t not in numeric}
-    users_numeric = IntDistinct()
-    user_codes = TextCodes()
-    run_users, run_lengths, events = [], [], 0
+    collected = _Collector(fmt, hash_rows, Spill(Path(spill_dir)))
     first = True
     try:
         for block in reader.blocks():
@@ -137,54 +131,69 @@ def scan_part(fmt: Format, part: Part, spill_dir: str, hash_rows: dict[str, int]
                 block = _take_header(fmt, part, block)
                 if block is None:
                     continue
-            cols = fmt.parse(part.path, block)
-            events += cols.events
-            for name, values in cols.tables.items():
-                if name in numeric:
-                    numeric[name].add(values)
-                    spill.add(f"table.{name}", values)
-                elif name in hashed:
-                    enc = pc.dictionary_encode(values)
-                    hashed[name].add(enc.dictionary)
-                    rows = (crc32_text(enc.dictionary) % np.uint32(hash_rows[name])).astype(np.int32)
-                    spill.add(f"table.{name}", rows[enc.indices.to_numpy()])
-                else:
-                    spill.add(f"code.{name}", coded[name].encode(values))
-            for name, values in cols.dense.items():
-                spill.add(f"dense.{name}", values)
-            if cols.labels is not None:
-                spill.add("labels", cols.labels)
-            if cols.order is not None:
-                spill.add("order", cols.order)
-            if cols.run_users is not None:
-                users_numeric.add(cols.run_users)
-                run_users.append(cols.run_users)
-                run_lengths.append(cols.run_lengths)
-            if cols.event_users is not None:
-                spill.add("users", user_codes.encode(cols.event_users))
+            collected.add(fmt.parse(part.path, block))
     finally:
-        spill.close()
+        collected.spill.close()
     if first:  # not even a header
         raise InputError(f"{part.path}: empty file; accepted: at least one interaction")
-    if events == 0:
+    if collected.events == 0:
         what = "a header but no interactions" if fmt.has_header and not fmt.body_starts_at_line_1 else "empty file"
         raise InputError(f"{part.path}: {what}; accepted: at least one interaction")
-    scan = PartScan(
-        part=part, sha256=reader.sha256, lines=reader.lines, events=events, spill=spill_dir, dtypes=spill.dtypes
-    )
-    if run_users:
-        # Runs a block boundary cut in two join here.
-        scan.run_users, scan.run_lengths = runs_of(np.concatenate(run_users), np.concatenate(run_lengths))
-        scan.distinct["users"] = users_numeric.values()
-    if "users" in spill.dtypes:
-        scan.user_codes = user_codes.dictionary
-    for name, d in numeric.items():
-        scan.distinct[name] = d.values()
-    for name, d in hashed.items():
-        scan.distinct[name] = d.values()
-    for name, c in coded.items():
-        scan.codes[name] = c.dictionary
-    return scan
+    return collected.scan(PartScan(part=part, sha256=reader.sha256, lines=reader.lines, events=collected.events,
+                                   spill=spill_dir, dtypes=collected.spill.dtypes))
+
+
+class _Collector:
+    """What the scan of one part gathers block by block: the events spilled, each table's distinct values
+    (numeric ids, hashed text, or text codes), the users' runs or codes."""
+
+    def __init__(self, fmt: Format, hash_rows: dict[str, int], spill: Spill) -> None:
+        self.hash_rows, self.spill, self.events = hash_rows, spill, 0
+        self.numeric = {t: IntDistinct() for t in fmt.tables} if fmt.name in ("sasrec", "s3rec") else {}
+        self.hashed = {t: TextDistinct() for t in fmt.tables if t in hash_rows}
+        self.coded = {t: TextCodes() for t in fmt.tables if t not in hash_rows and t not in self.numeric}
+        self.users_numeric, self.user_codes = IntDistinct(), TextCodes()
+        self.run_users, self.run_lengths = [], []
+
+    def add(self, cols) -> None:
+        self.events += cols.events
+        for name, values in cols.tables.items():
+            if name in self.numeric:
+                self.numeric[name].add(values)
+                self.spill.add(f"table.{name}", values)
+            elif name in self.hashed:
+                enc = pc.dictionary_encode(values)
+                self.hashed[name].add(enc.dictionary)
+                rows = (crc32_text(enc.dictionary) % np.uint32(self.hash_rows[name])).astype(np.int32)
+                self.spill.add(f"table.{name}", rows[enc.indices.to_numpy()])
+            else:
+                self.spill.add(f"code.{name}", self.coded[name].encode(values))
+        for name, values in cols.dense.items():
+            self.spill.add(f"dense.{name}", values)
+        for name, values in (("labels", cols.labels), ("order", cols.order)):
+            if values is not None:
+                self.spill.add(name, values)
+        if cols.run_users is not None:
+            self.users_numeric.add(cols.run_users)
+            self.run_users.append(cols.run_users)
+            self.run_lengths.append(cols.run_lengths)
+        if cols.event_users is not None:
+            self.spill.add("users", self.user_codes.encode(cols.event_users))
+
+    def scan(self, scan: PartScan) -> PartScan:
+        """`scan` with what was collected."""
+        if self.run_users:
+            # Runs a block boundary cut in two join here.
+            scan.run_users, scan.run_lengths = runs_of(np.concatenate(self.run_users),
+                                                       np.concatenate(self.run_lengths))
+            scan.distinct["users"] = self.users_numeric.values()
+        if "users" in self.spill.dtypes:
+            scan.user_codes = self.user_codes.dictionary
+        for name, d in {**self.numeric, **self.hashed}.items():
+            scan.distinct[name] = d.values()
+        for name, c in self.coded.items():
+            scan.codes[name] = c.dictionary
+        return scan
 
 
 def _take_header(fmt: Format, part: Part, block: Block) -> Block | None:
