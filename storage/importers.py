@@ -265,57 +265,60 @@ def write_segment(
     events_per_chunk: int = EVENTS_PER_CHUNK,
 ) -> dict:
     """Write one part's segment into `directory`; returns its manifest entry."""
-    spill = Path(scan.spill)
     dtypes = {t: TableSpec(t, max(1, rows[t])).id_dtype for t in fmt.tables}
-    perm, runs = None, scan.events  # every event its own user, unless the part groups them
-    if scan.run_users is not None:  # distinct raw users of adjacent runs stay distinct users
-        run_users, run_lengths = numbering.run_users, scan.run_lengths
-    elif numbering.code_users is not None:
-        perm, run_users, run_lengths = _regroup(scan, numbering.code_users, REGROUP_EVENTS)
-    elif "order" in scan.dtypes:  # a click log with time stamps: its examples in time order, then line order
-        perm = np.argsort(read_spill(spill, "order", scan.dtypes["order"]), kind="stable")
-    if numbering.own_users_from is None:
-        runs = len(run_users)
+    perm, runs = _event_order(scan, numbering)
     writer = SegmentWriter(
-        Path(directory), events=scan.events, runs=runs, tables=dtypes,
+        Path(directory), events=scan.events, runs=scan.events if runs is None else len(runs[0]), tables=dtypes,
         dense=fmt.dense, labels=fmt.labels, events_per_chunk=events_per_chunk,
     )
-    if numbering.own_users_from is None:
-        writer.write_runs(run_users, np.concatenate([[0], np.cumsum(run_lengths)]))
+    if runs is not None:
+        writer.write_runs(runs[0], np.concatenate([[0], np.cumsum(runs[1])]))
         writer.write_user_ids(_as_numpy(numbering.new_users))
     else:
         writer.write_own_users(numbering.own_users_from)
-    lookups = {t: RowLookup(*numbering.lookups[t]) for t in numbering.lookups}
-    step = events_per_chunk
 
-    def column(spilled: str, target: str, transform) -> None:
-        dtype = scan.dtypes[spilled]
-        if perm is not None:  # gathered and mapped chunk by chunk: one column and the order in memory
-            whole = read_spill(spill, spilled, dtype)
-            writer_blocks = (transform(whole[perm[a : a + step]]) for a in range(0, scan.events, step))
-        else:
-            writer_blocks = (
-                transform(read_spill(spill, spilled, dtype, a, step))
-                for a in range(0, scan.events, step)
-            )
-        for values in writer_blocks:
-            writer.write(target, values)
+    def column(spilled: str, target: str, transform=None) -> None:
+        for values in _spilled_blocks(scan, spilled, perm, events_per_chunk):
+            writer.write(target, values if transform is None else transform(values))
 
     for t in fmt.tables:
-        if t in lookups:
-            column(f"table.{t}", f"tables/{t}", lookups[t])
+        if t in numbering.lookups:
+            column(f"table.{t}", f"tables/{t}", RowLookup(*numbering.lookups[t]))
         elif t in numbering.code_rows:
             column(f"code.{t}", f"tables/{t}", numbering.code_rows[t].astype(dtypes[t]).__getitem__)
         else:
-            column(f"table.{t}", f"tables/{t}", _same)
+            column(f"table.{t}", f"tables/{t}")
         raw, raw_rows = numbering.new_raw[t]
         writer.write_raw_ids(t, _as_numpy(raw), raw_rows)
     for d in fmt.dense:
-        column(f"dense.{d}", f"dense/{d}", _same)
+        column(f"dense.{d}", f"dense/{d}")
     if fmt.labels:
-        column("labels", "labels", _same)
-    shutil.rmtree(spill, ignore_errors=True)
+        column("labels", "labels")
+    shutil.rmtree(scan.spill, ignore_errors=True)
     return writer.finish(segment_name(numbering.index), version)
+
+
+def _event_order(scan: PartScan, numbering: Numbering) -> tuple[np.ndarray | None, tuple | None]:
+    """(the order the part's events are written in, None for line order; the runs' users and lengths, None
+    when every event is its own user)."""
+    if scan.run_users is not None:  # distinct raw users of adjacent runs stay distinct users
+        return None, (numbering.run_users, scan.run_lengths)
+    if numbering.code_users is not None:
+        perm, run_users, run_lengths = _regroup(scan, numbering.code_users, REGROUP_EVENTS)
+        return perm, (run_users, run_lengths)
+    if "order" in scan.dtypes:  # a click log with time stamps: its examples in time order, then line order
+        return np.argsort(read_spill(Path(scan.spill), "order", scan.dtypes["order"]), kind="stable"), None
+    return None, None
+
+
+def _spilled_blocks(scan: PartScan, spilled: str, perm: np.ndarray | None, step: int):
+    """A spilled column, `step` events at a time, in the order `perm` (gathered chunk by chunk: one column and
+    the order in memory) or as spilled."""
+    dtype = scan.dtypes[spilled]
+    if perm is not None:
+        whole = read_spill(Path(scan.spill), spilled, dtype)
+        return (whole[perm[a : a + step]] for a in range(0, scan.events, step))
+    return (read_spill(Path(scan.spill), spilled, dtype, a, step) for a in range(0, scan.events, step))
 
 
 def _regroup(scan: PartScan, code_users: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -361,10 +364,6 @@ def _regroup(scan: PartScan, code_users: np.ndarray, chunk: int) -> tuple[np.nda
             perm[g0:g1] = segment[np.lexsort((time[segment], local))]
         del time
     return perm, code_users[by_user].astype(np.int64), counts
-
-
-def _same(values: np.ndarray) -> np.ndarray:
-    return values
 
 
 def _as_numpy(values: np.ndarray | pa.Array) -> np.ndarray:
