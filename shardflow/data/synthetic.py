@@ -170,17 +170,7 @@ def synth_dataset(
     `repeats`, the item sequence has session-like repeats (Repeats); without, every id
     is an independent Zipf draw.
     """
-    if not tables:
-        raise InputError("no tables given; accepted: at least one NAME:ROWS[:ALPHA]")
-    names = [t.name for t in tables]
-    if len(set(names)) != len(names):
-        raise InputError(f"table names repeat: {names}; accepted: unique names")
-    if isinstance(interactions, bool) or not isinstance(interactions, int) or interactions < 1:
-        raise InputError(f"interactions = {interactions!r}; accepted: an integer >= 1")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InputError(f"seed = {seed!r}; accepted: an integer >= 0")
-    if events_per_chunk < 1:
-        raise InputError(f"events per chunk = {events_per_chunk}; accepted: an integer >= 1")
+    _check_synth(tables, interactions, seed, events_per_chunk)
     dest = Path(dest)
     check_destination(dest, overwrite=overwrite)
     lengths = user_lengths(interactions, mean_length, seed)
@@ -196,16 +186,7 @@ def synth_dataset(
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         writer.write_runs(np.arange(users), offsets)
         writer.write_user_ids(np.arange(users))
-        start, before = 0, np.zeros(0, dtype=np.int64)
-        for k, (name, block) in enumerate(synth_blocks(tables, interactions, seed, events_per_chunk)):
-            if name == tables[0].name and repeats.share > 0:
-                block = repeats.apply(block, start, offsets, before, np.random.default_rng([seed, 0x5E55, k]))
-                start += block.size
-                before = np.concatenate([before, block])[-repeats.window:]
-            writer.write(f"tables/{name}", block)
-        for t in tables:
-            identity = np.arange(t.rows)
-            writer.write_raw_ids(t.name, identity, identity)
+        _write_ids(writer, tables, interactions, seed, events_per_chunk, repeats, offsets)
         manifest = build_manifest(
             version=1,
             users=users,
@@ -226,3 +207,32 @@ def synth_dataset(
         write_manifest(stage, manifest)
         record_verified(stage)
         return manifest
+
+
+def _check_synth(tables: list[SynthTable], interactions: int, seed: int, events_per_chunk: int) -> None:
+    if not tables:
+        raise InputError("no tables given; accepted: at least one NAME:ROWS[:ALPHA]")
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise InputError(f"table names repeat: {names}; accepted: unique names")
+    if isinstance(interactions, bool) or not isinstance(interactions, int) or interactions < 1:
+        raise InputError(f"interactions = {interactions!r}; accepted: an integer >= 1")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InputError(f"seed = {seed!r}; accepted: an integer >= 0")
+    if events_per_chunk < 1:
+        raise InputError(f"events per chunk = {events_per_chunk}; accepted: an integer >= 1")
+
+
+def _write_ids(writer: SegmentWriter, tables: list[SynthTable], interactions: int, seed: int, events_per_chunk: int,
+               repeats: Repeats, offsets: np.ndarray) -> None:
+    """Every table's ids, block by block (the item sequence with its repeats), and each table's identity raw ids."""
+    start, before = 0, np.zeros(0, dtype=np.int64)
+    for k, (name, block) in enumerate(synth_blocks(tables, interactions, seed, events_per_chunk)):
+        if name == tables[0].name and repeats.share > 0:
+            block = repeats.apply(block, start, offsets, before, np.random.default_rng([seed, 0x5E55, k]))
+            start += block.size
+            before = np.concatenate([before, block])[-repeats.window:]
+        writer.write(f"tables/{name}", block)
+    for t in tables:
+        identity = np.arange(t.rows)
+        writer.write_raw_ids(t.name, identity, identity)
