@@ -226,53 +226,16 @@ class CostModel:
         topo, P = self.topology, self.topology.devices
         a, v = ID_BYTES, VALUE_BYTES * self.shape.dim
         msg = a + v
-        N = len(topo.nodes)
-        relay = self.shape.dedup == "node" and N > 1
-        home_load = np.zeros((N, P))  # remote-read units served by each home, per trainer of each node
-        node_units = np.zeros((N, P))  # scope node: units node A's proxy fetches from each home
-        node_load = np.zeros(P)  # ... by each node replica, per trainer of its node
-        reduce_in = np.zeros(P)  # global rows: P(a device reads) summed per node leader
-        bcast_out = np.zeros(P)  # global rows: P(anyone reads) summed per node leader
-        up = np.zeros(P * P)  # partial sums towards the primary copy (round to-primary)
-        down = np.zeros(P * P)  # totals back to the other copies (round totals)
+        loads = _Loads.zeros(len(topo.nodes), P)
         for table in plan.tables:
-            rates = self.rates(accesses[table.name])
-            for s in range(0, table.rows, ROWS_PER_PASS):
-                cls = accesses[table.name].row_class[s : s + ROWS_PER_PASS]
-                tier = table.tier[s : s + ROWS_PER_PASS]
-                home = table.home[s : s + ROWS_PER_PASS].astype(np.int64)
-                single = tier == SINGLE
-                s_home, s_cls = home[single], cls[single]
-                home_load += np.bincount(s_home, rates.x[s_cls], minlength=P)  # every node's trainers
-                repl = ~single
-                r_ids = np.flatnonzero(repl) + s
-                r_home, r_cls, r_tier = home[repl], cls[repl], tier[repl]
-                primary = topo.node_of_device[r_home]
-                is_node, is_global = r_tier == NODE, r_tier == GLOBAL
-                for node in range(N):
-                    held = is_global | (is_node & table.node_holds(r_ids, node))
-                    far = ~held  # node rows this node holds no copy of: its trainers read them from the home
-                    home_load[node] += np.bincount(r_home[far], rates.x[r_cls[far]], minlength=P)
-                    if relay:
-                        node_units[node] += np.bincount(s_home, rates.q_node[node][s_cls], minlength=P)
-                        node_units[node] += np.bincount(r_home[far], rates.q_node[node][r_cls[far]], minlength=P)
-                    device = replica_device(r_home, topo, node)
-                    held_node = is_node & held
-                    node_load += np.bincount(device[held_node], rates.x[r_cls[held_node]], minlength=P)
-                    reduce_in += np.bincount(device[is_global], rates.q[r_cls[is_global]], minlength=P)
-                    bcast_out += np.bincount(device[is_global], rates.q_any[r_cls[is_global]], minlength=P)
-                    other = (primary != node) & held
-                    up += np.bincount(device[other] * P + r_home[other], rates.q_node[node][r_cls[other]] * msg,
-                                      minlength=P * P)
-                    down += np.bincount(r_home[other] * P + device[other], rates.q_any[r_cls[other]] * msg,
-                                        minlength=P * P)
-        if relay:
-            units = self._relayed_units(home_load, node_units)
+            self._add_table(loads, table, accesses[table.name], msg)
+        if self._relay:
+            units = self._relayed_units(loads.home, loads.node_units)
         else:
-            units = ~np.eye(P, dtype=bool) * home_load[topo.node_of_device]  # [trainer, home]
-        units = units + self._peers * node_load[None, :]  # [reader, server]: remote-read units per step
-        up = up.reshape(P, P) + self._peers * msg * reduce_in[None, :]
-        down = down.reshape(P, P) + self._peers * msg * bcast_out[:, None]
+            units = ~np.eye(P, dtype=bool) * loads.home[topo.node_of_device]  # [trainer, home]
+        units = units + self._peers * loads.node[None, :]  # [reader, server]: remote-read units per step
+        up = loads.up.reshape(P, P) + self._peers * msg * loads.reduce_in[None, :]
+        down = loads.down.reshape(P, P) + self._peers * msg * loads.bcast_out[:, None]
         parts = {"request": a * units, "reply": v * units.T, "gradients": (a + v) * units,
                  "to-primary": up, "totals": down}
         lookup, sync = (2 * a + v) * units + v * units.T, up + down
@@ -280,6 +243,45 @@ class CostModel:
         payload = self._round_payloads(plan, parts)
         comm = self.wire.bytes_factor * sum(payload.values()) + self.wire.round_s * len(payload)
         return PlanCost(lookup, sync, self._same_node, comm, link, link_time, payload)
+
+    @property
+    def _relay(self) -> bool:
+        """Scope node on more than one node: a node's proxy fetches each row once for its trainers."""
+        return self.shape.dedup == "node" and len(self.topology.nodes) > 1
+
+    def _add_table(self, loads: "_Loads", table: TablePlan, access: TableAccess, msg: int) -> None:
+        """Add one table's expected reads and syncs per step to `loads`, ROWS_PER_PASS rows at a time."""
+        topo, P = self.topology, self.topology.devices
+        rates = self.rates(access)
+        for s in range(0, table.rows, ROWS_PER_PASS):
+            cls = access.row_class[s : s + ROWS_PER_PASS]
+            tier = table.tier[s : s + ROWS_PER_PASS]
+            home = table.home[s : s + ROWS_PER_PASS].astype(np.int64)
+            single = tier == SINGLE
+            s_home, s_cls = home[single], cls[single]
+            loads.home += np.bincount(s_home, rates.x[s_cls], minlength=P)  # every node's trainers
+            repl = ~single
+            r_ids = np.flatnonzero(repl) + s
+            r_home, r_cls, r_tier = home[repl], cls[repl], tier[repl]
+            primary = topo.node_of_device[r_home]
+            is_node, is_global = r_tier == NODE, r_tier == GLOBAL
+            for node in range(len(topo.nodes)):
+                held = is_global | (is_node & table.node_holds(r_ids, node))
+                far = ~held  # node rows this node holds no copy of: its trainers read them from the home
+                loads.home[node] += np.bincount(r_home[far], rates.x[r_cls[far]], minlength=P)
+                if self._relay:
+                    loads.node_units[node] += np.bincount(s_home, rates.q_node[node][s_cls], minlength=P)
+                    loads.node_units[node] += np.bincount(r_home[far], rates.q_node[node][r_cls[far]], minlength=P)
+                device = replica_device(r_home, topo, node)
+                held_node = is_node & held
+                loads.node += np.bincount(device[held_node], rates.x[r_cls[held_node]], minlength=P)
+                loads.reduce_in += np.bincount(device[is_global], rates.q[r_cls[is_global]], minlength=P)
+                loads.bcast_out += np.bincount(device[is_global], rates.q_any[r_cls[is_global]], minlength=P)
+                other = (primary != node) & held
+                loads.up += np.bincount(device[other] * P + r_home[other], rates.q_node[node][r_cls[other]] * msg,
+                                        minlength=P * P)
+                loads.down += np.bincount(r_home[other] * P + device[other], rates.q_any[r_cls[other]] * msg,
+                                          minlength=P * P)
 
     def _relayed_units(self, home_load: np.ndarray, node_units: np.ndarray) -> np.ndarray:
         """Scope node: a trainer reads a single row of its own node from the home; a row of another node
@@ -334,3 +336,21 @@ def row_link_bytes(access: TableAccess, cls: int, tier: int, home: int, model: C
                       np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int32))
     cost = model.evaluate(ShardingPlan("one row", (one_row(access.name, tier, home, nodes),)), {access.name: one})
     return link_bytes(cost.lookup_pairs + cost.sync_pairs, model.topology)
+
+
+@dataclass
+class _Loads:
+    """A plan's expected reads and syncs per step, summed over its tables (CostModel.evaluate)."""
+
+    home: np.ndarray  # [node, home]: remote-read units served by each home, per trainer of each node
+    node_units: np.ndarray  # [node, home]: scope node: units node A's proxy fetches from each home
+    node: np.ndarray  # [device]: reads served by each node replica, per trainer of its node
+    reduce_in: np.ndarray  # [device]: global rows: P(a device reads) summed per node leader
+    bcast_out: np.ndarray  # [device]: global rows: P(anyone reads) summed per node leader
+    up: np.ndarray  # [P * P]: partial sums towards the primary copy (round to-primary)
+    down: np.ndarray  # [P * P]: totals back to the other copies (round totals)
+
+    @classmethod
+    def zeros(cls, nodes: int, P: int) -> "_Loads":
+        return cls(np.zeros((nodes, P)), np.zeros((nodes, P)), np.zeros(P), np.zeros(P), np.zeros(P),
+                   np.zeros(P * P), np.zeros(P * P))
