@@ -27,6 +27,7 @@ from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, bandwidths, one_row, row_link_bytes
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, row_bytes, table_rows_per_device
+from shardflow.planner.topology import Topology
 
 TIERS = (SINGLE, NODE, GLOBAL)
 MAX_VARIABLES = 20_000
@@ -35,22 +36,20 @@ MIP_GAP = 1e-4  # the solver stops within 0.01% of the optimum (its proven bound
 
 def exact_plan(accesses: list[TableAccess], budget_bytes: int, model: CostModel,
                time_limit_s: float = 120.0) -> tuple[ShardingPlan, float]:
-    """(a plan of least modeled communication time under the budget, that time as the program found it)."""
+    """(a plan of least modeled communication time under the budget, that time as the program found it).
+
+    One integer variable per (row class, placement): how many of the class's rows take it; one
+    continuous variable T, the busiest link's microseconds, minimised."""
     topo = model.topology
-    P, N = topo.devices, len(topo.nodes)
-    placements = [(t, d, 0) for t in TIERS for d in range(P)]
-    for d in range(P):  # a node row copied onto its home's node and some (not all) others
-        own = 1 << int(topo.node_of_device[d])
-        placements += [(NODE, d, own | other) for other in range(1, 1 << N) if not other & own
-                       and 1 < (own | other).bit_count() < N]
+    P = topo.devices
+    placements = _placements(topo)
     classes = [(a, c) for a in accesses for c in range(a.class_prob.size)]
     n_vars = len(classes) * len(placements) + 1
     if n_vars > MAX_VARIABLES:
         raise InputError(f"{len(classes)} row classes on {P} devices make {n_vars:,} variables; accepted: at most "
                          f"{MAX_VARIABLES:,} (the exact program is for small instances)")
     budget_rows = budget_bytes // row_bytes(model.shape.dim)
-    links = 2 * P + 2 * N
-    load = np.zeros((links, n_vars))
+    load = np.zeros((2 * P + 2 * len(topo.nodes), n_vars))
     memory = np.zeros((P, n_vars))
     rows = np.zeros((len(classes), n_vars))
     for i, (a, c) in enumerate(classes):
@@ -77,7 +76,24 @@ def exact_plan(accesses: list[TableAccess], budget_bytes: int, model: CostModel,
     if result.status != 0 or result.x is None:
         raise InputError(f"the exact program found no optimal plan: {result.message}; accepted: an instance whose "
                          f"tables fit {P} devices x {budget_rows:,} rows, solved within {time_limit_s:g} s")
-    n = np.rint(result.x[:-1]).astype(np.int64).reshape(len(classes), len(placements))
+    counts_placed = np.rint(result.x[:-1]).astype(np.int64).reshape(len(classes), len(placements))
+    return _plan_of(accesses, placements, counts_placed), float(result.fun) / 1e6
+
+
+def _placements(topo: Topology) -> list[tuple[int, int, int]]:
+    """Every (tier, home, node mask) a row may take: each tier on each device, and a node row copied onto its
+    home's node and some (not all) others."""
+    P, N = topo.devices, len(topo.nodes)
+    placements = [(t, d, 0) for t in TIERS for d in range(P)]
+    for d in range(P):
+        own = 1 << int(topo.node_of_device[d])
+        placements += [(NODE, d, own | other) for other in range(1, 1 << N) if not other & own
+                       and 1 < (own | other).bit_count() < N]
+    return placements
+
+
+def _plan_of(accesses: list[TableAccess], placements: list[tuple[int, int, int]], n: np.ndarray) -> ShardingPlan:
+    """The plan that gives `n[i, j]` rows of row class i (in table order) placement j, rows in id order."""
     placed_tier = np.array([t for t, _, _ in placements], dtype=np.int8)
     placed_home = np.array([d for _, d, _ in placements], dtype=np.int32)
     placed_nodes = np.array([nodes for _, _, nodes in placements], dtype=np.int64)
@@ -91,4 +107,4 @@ def exact_plan(accesses: list[TableAccess], budget_bytes: int, model: CostModel,
             i += 1
         partial = np.flatnonzero(nodes)
         tables.append(TablePlan(a.name, tier, home, partial.astype(np.int64), nodes[partial]))
-    return ShardingPlan("exact", tuple(tables)), float(result.fun) / 1e6
+    return ShardingPlan("exact", tuple(tables))
