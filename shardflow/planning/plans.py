@@ -222,26 +222,32 @@ def keep_or_replan(
     fresh_s = model.evaluate(fresh, by_name).comm_time_s_per_step
     chosen, previous_s, reason = fresh, None, "no previous plan (a cold start)"
     if previous is not None:
-        old, old_topology, old_shape, m = read_plan(previous)
-        if old_topology != topology:
-            reason = f"the topology changed ({old_topology.devices} devices → {topology.devices})"
-        elif (m["strategy"], old_shape) != (strategy, shape):
-            reason = f"the strategy or step shape changed ({m['strategy']}, {old_shape} → {strategy}, {shape})"
-        else:
-            extended = extend_plan(old, {a.name: a.rows for a in accesses}, topology.devices)
-            previous_s = model.evaluate(extended, by_name).comm_time_s_per_step
-            need = int(extended.memory_bytes_per_device(topology, shape.dim).max())
-            if need > budget:
-                reason = f"the previous plan no longer fits: {need:,} bytes on a device, budget {budget:,}"
-            elif fresh_s < previous_s * (1 - margin):
-                reason = (f"a fresh plan predicts {fresh_s * 1e6:.1f} µs/step against {previous_s * 1e6:.1f}: "
-                          f"better by more than {margin:.0%}")
-            else:
-                chosen = extended
-                reason = (f"kept the previous placement: {previous_s * 1e6:.1f} µs/step against a fresh plan's "
-                          f"{fresh_s * 1e6:.1f}, within {margin:.0%}")
+        chosen, previous_s, reason = _against_previous(previous, fresh, fresh_s, inputs, topology, strategy, shape,
+                                                       margin)
     store_plan(out, chosen, inputs, overwrite=overwrite)
     return ReplanDecision(chosen is fresh, reason, float(fresh_s), None if previous_s is None else float(previous_s))
+
+
+def _against_previous(previous: str | Path, fresh: ShardingPlan, fresh_s: float, inputs, topology: Topology,
+                      strategy: str, shape: StepShape, margin: float) -> tuple[ShardingPlan, float | None, str]:
+    """(the plan chosen, the previous plan's modeled seconds per step if it could be costed, why): the previous
+    placement extended to the new rows, kept unless it no longer applies, fits, or pays."""
+    old, old_topology, old_shape, m = read_plan(previous)
+    if old_topology != topology:
+        return fresh, None, f"the topology changed ({old_topology.devices} devices → {topology.devices})"
+    if (m["strategy"], old_shape) != (strategy, shape):
+        return fresh, None, f"the strategy or step shape changed ({m['strategy']}, {old_shape} → {strategy}, {shape})"
+    accesses, model, budget = inputs.accesses, inputs.model, inputs.budget_bytes
+    extended = extend_plan(old, {a.name: a.rows for a in accesses}, topology.devices)
+    previous_s = model.evaluate(extended, {a.name: a for a in accesses}).comm_time_s_per_step
+    need = int(extended.memory_bytes_per_device(topology, shape.dim).max())
+    if need > budget:
+        return fresh, previous_s, f"the previous plan no longer fits: {need:,} bytes on a device, budget {budget:,}"
+    if fresh_s < previous_s * (1 - margin):
+        return fresh, previous_s, (f"a fresh plan predicts {fresh_s * 1e6:.1f} µs/step against "
+                                   f"{previous_s * 1e6:.1f}: better by more than {margin:.0%}")
+    return extended, previous_s, (f"kept the previous placement: {previous_s * 1e6:.1f} µs/step against a fresh "
+                                  f"plan's {fresh_s * 1e6:.1f}, within {margin:.0%}")
 
 
 def compare_strategies(
