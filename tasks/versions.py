@@ -123,47 +123,62 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
         log.info("no new data since version %d: nothing to train", last)
         return {"train": False, "number": promoted, "newest": last, "parts": len(segments)}
     mark = fingerprint(config)
+    number = (last or 0) + 1
     if last is not None and finished is None:
-        began = versions.started(run, last)
-        if (began["segments"], began["config"], began["warm_start_from"]) == (segments, mark, promoted):
-            log.info("resuming version %d, cut off part-way", last)
-            return {"train": True, "resumed": True, **began, "path": str(versions.version_dir(run, last))}
-        if (began["segments"], began["warm_start_from"]) == (segments, promoted) \
-                and _other_devices(began["config"], mark) and complete_checkpoints(versions.version_dir(run, last)):
-            before, now = began["config"]["topology"], mark["topology"]
-            log.warning("version %d was cut off part-way and the topology changed (%d devices → %d): resuming it "
-                        "from its last checkpoint on a new plan", last, parse_topology(before, STARTED).devices,
-                        parse_topology(now, "the run's topology").devices)
-            began = versions.restart(run, last, {**began, "config": mark})
-            return {"train": True, "resumed": True, **began, "path": str(versions.version_dir(run, last))}
-        why = "new data arrived" if began["segments"] != segments else "the configuration changed" \
-            if began["config"] != mark else f"version {promoted} was made current since it began"
-        log.warning("version %d was cut off part-way and %s: making it again", last, why)
+        resumed = _resume_cut_off(run, last, segments, mark, promoted)
+        if resumed is not None:
+            return resumed
         number = last
-    else:
-        number = (last or 0) + 1
-    # The parts the warm-start source saw: those its dataset shares with this one (a part replaced since
-    # with 'shardflow import --replace-from' is new to it).
-    seen = common_prefix(versions.started(run, promoted)["segments"], segments) if promoted else 0
-    window = config.train_window
-    wanted = {"new": seen, "all": 0}.get(window) if isinstance(window, str) else max(0, len(segments) - window)
-    train_from = training_window_start(ds, wanted, config.batch_size, seen, validation=config.patience is not None)
-    if train_from < wanted:
-        log.info("the window from part %d holds less than one batch of %d examples: widened to part %d",
-                 wanted + 1, config.batch_size, train_from + 1)
+    window = _training_window(config, ds, segments, promoted)
     record = {
         "dataset": str(Path(dataset).resolve()),
         "segments": segments,
         "parts": [p["name"] for p in ds.info.source.get("parts", [])] if isinstance(ds.info.source, dict) else [],
         "warm_start_from": promoted,
-        "window": [train_from, seen],
+        "window": window,
         "config": mark,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     path = versions.start(run, number, record)
     log.info("version %d: %s, training on parts %d..%d", number,
-             f"warm start from version {promoted}" if promoted else "cold start", train_from + 1, len(segments))
+             f"warm start from version {promoted}" if promoted else "cold start", window[0] + 1, len(segments))
     return {"train": True, "resumed": False, "version": number, **record, "path": str(path)}
+
+
+def _resume_cut_off(run: str, last: int, segments: list, mark: dict, promoted: int | None) -> dict | None:
+    """Version `last`, cut off part-way, resumed as it began or on a new plan of the devices there are now; None
+    when it must be made again (new data, another configuration, another current version), said in the log."""
+    log = get_run_logger()
+    began = versions.started(run, last)
+    if (began["segments"], began["config"], began["warm_start_from"]) == (segments, mark, promoted):
+        log.info("resuming version %d, cut off part-way", last)
+        return {"train": True, "resumed": True, **began, "path": str(versions.version_dir(run, last))}
+    if (began["segments"], began["warm_start_from"]) == (segments, promoted) \
+            and _other_devices(began["config"], mark) and complete_checkpoints(versions.version_dir(run, last)):
+        before, now = began["config"]["topology"], mark["topology"]
+        log.warning("version %d was cut off part-way and the topology changed (%d devices → %d): resuming it "
+                    "from its last checkpoint on a new plan", last, parse_topology(before, STARTED).devices,
+                    parse_topology(now, "the run's topology").devices)
+        began = versions.restart(run, last, {**began, "config": mark})
+        return {"train": True, "resumed": True, **began, "path": str(versions.version_dir(run, last))}
+    why = "new data arrived" if began["segments"] != segments else "the configuration changed" \
+        if began["config"] != mark else f"version {promoted} was made current since it began"
+    log.warning("version %d was cut off part-way and %s: making it again", last, why)
+    return None
+
+
+def _training_window(config: RetrainConfig, ds: Dataset, segments: list, promoted: int | None) -> list[int]:
+    """[the first part trained on, the first part evaluated on]: after the parts the warm-start source saw
+    (those its dataset shares with this one: a part replaced since with 'shardflow import --replace-from' is
+    new to it), widened by config.train_window, and to one batch of examples at least."""
+    seen = common_prefix(versions.started(config.run_dir, promoted)["segments"], segments) if promoted else 0
+    window = config.train_window
+    wanted = {"new": seen, "all": 0}.get(window) if isinstance(window, str) else max(0, len(segments) - window)
+    train_from = training_window_start(ds, wanted, config.batch_size, seen, validation=config.patience is not None)
+    if train_from < wanted:
+        get_run_logger().info("the window from part %d holds less than one batch of %d examples: widened to part %d",
+                              wanted + 1, config.batch_size, train_from + 1)
+    return [train_from, seen]
 
 
 def _other_devices(began: dict, now: dict) -> bool:
