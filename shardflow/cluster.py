@@ -41,28 +41,10 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
     if scheduler_address:
         if workers is not None:
             raise InputError("--workers applies to a local cluster; it cannot be combined with --scheduler")
-        check_address(scheduler_address)
-        try:
-            client = Client(scheduler_address, timeout=f"{connect_timeout_s}s")
-        except (OSError, TimeoutError) as e:
-            raise InputError(
-                f"scheduler {scheduler_address!r} did not answer within "
-                f"{connect_timeout_s:.0f} s ({type(e).__name__}); "
-                "accepted: the address of a running Dask scheduler. Nothing was written"
-            ) from None
-        with client:
+        with _remote_client(scheduler_address, connect_timeout_s) as client:
             yield client
         return
-    workers = default_workers() if workers is None else workers
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise InputError(f"workers = {workers!r}; accepted: an integer >= 1")
-    limit = LOCAL_WORKERS_PER_CORE * default_workers()
-    if workers > max(limit, 8):
-        raise InputError(
-            f"workers = {workers:,}: a local cluster of {workers:,} processes (one per device) on "
-            f"{default_workers()} cores; accepted: at most {max(limit, 8)}, or a scheduler_address / cluster_class "
-            "for a larger cluster"
-        )
+    workers = _local_workers(workers)
     # Dask sets MALLOC_TRIM_THRESHOLD_ in worker processes, which also pins glibc's mmap
     # threshold at 128 KiB: every chunk-sized buffer is then a fresh mmap that page-faults.
     # Counting 10^8 ids took 1.9 s with it and 1.05 s without (bench/profile_throughput.py).
@@ -89,6 +71,33 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
             # without a warning line per worker.
             with _log_level("distributed.nanny", logging.ERROR):
                 cluster.close()
+
+
+def _remote_client(scheduler_address: str, connect_timeout_s: float) -> Client:
+    """A client of a running scheduler, or an InputError naming it when it does not answer in time."""
+    check_address(scheduler_address)
+    try:
+        return Client(scheduler_address, timeout=f"{connect_timeout_s}s")
+    except (OSError, TimeoutError) as e:
+        raise InputError(
+            f"scheduler {scheduler_address!r} did not answer within {connect_timeout_s:.0f} s "
+            f"({type(e).__name__}); accepted: the address of a running Dask scheduler. Nothing was written"
+        ) from None
+
+
+def _local_workers(workers: int | None) -> int:
+    """The size of a local cluster: one process per device, at most LOCAL_WORKERS_PER_CORE per core (or 8)."""
+    workers = default_workers() if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InputError(f"workers = {workers!r}; accepted: an integer >= 1")
+    limit = max(LOCAL_WORKERS_PER_CORE * default_workers(), 8)
+    if workers > limit:
+        raise InputError(
+            f"workers = {workers:,}: a local cluster of {workers:,} processes (one per device) on "
+            f"{default_workers()} cores; accepted: at most {limit}, or a scheduler_address / cluster_class "
+            "for a larger cluster"
+        )
+    return workers
 
 
 @contextlib.contextmanager
