@@ -321,9 +321,10 @@ class Recbole(Format):
             self.dense = tuple(floats)
             return
         field_name = self.label[0]
-        if dict(zip(names, types)).get(field_name) != "float":
+        if field_name not in floats:  # the time stamp orders the examples: it labels none
             raise InputError(f"{path}:1: click label {field_name}>={self.label[1]:g}: no '{field_name}:float' field "
-                             f"in the header {names}; accepted: a float field, one of {', '.join(floats) or 'none'}")
+                             f"in the header {names} other than timestamp; accepted: a float field, one of "
+                             f"{', '.join(floats) or 'none'}")
         floats.remove(field_name)  # the label's source is no input
         joined = [f for feature in self.features for f in feature.fields]
         own = ["user", "item", *tokens, *floats]

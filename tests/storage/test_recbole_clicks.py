@@ -105,6 +105,8 @@ BAD = [
     ({"label": "stars>=4"}, {}, r"click label stars>=4: no 'stars:float' field in the header .*accepted: a float "
                                 r"field, one of rating"),
     ({"label": "platform>=1"}, {}, r"no 'platform:float' field"),
+    ({"label": "timestamp>=20"}, {}, r"no 'timestamp:float' field in the header .* other than timestamp; accepted: "
+                                     r"a float field, one of rating"),
     ({"label": "rating>=4"}, {"log.user": "user_id:token\tage:token\nu1\t1\nu1\t2\n"},
      r"log\.user: a user_id on more than one line; accepted: each user_id once"),
     ({"label": "rating>=4"}, {"log.user": "id:token\tage:token\nu1\t1\n"},
