@@ -30,7 +30,7 @@ import numpy as np
 
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, bandwidths
-from shardflow.planner.plan import ID_BYTES, NODE, SINGLE, VALUE_BYTES, TablePlan, replica_device
+from shardflow.planner.plan import ID_BYTES, NODE, SINGLE, VALUE_BYTES, TablePlan, exchanges_partials, replica_device
 from shardflow.planner.refine import hottest_rows, single_row_seconds
 
 COPY_ROWS = 256  # hottest single and node rows whose copies the pass may change
@@ -39,24 +39,27 @@ TRADE_ROWS = 64  # the hottest of them that may move to make room for a copy
 
 
 def copy_unit_seconds(model: CostModel) -> np.ndarray:
-    """[3, P, N, links]: the seconds a copy in node A adds to a row homed on device h, per unit of each of the
-    row's rates: x (a trainer's remote reads), q_A (node A reads it), q_any (anyone reads it); zero for
-    A = h's node, which always holds it. By costmodel.py's rules (link_bytes' order of links): A's trainers
-    read the row from the copy p = replica_device(h, A) if A holds one, and p syncs with the home (a partial
-    sum up, q_A; the total down, q_any); if not, they read it from the home over both uplinks (x each), or
-    with scope node through p, which fetches it once for the node (q_A)."""
+    """[4, P, N, links]: the seconds a copy in node A adds to a row homed on device h, per unit of each of the
+    row's rates: x (a trainer's remote reads), q_A (node A reads it), q_any (anyone reads it), q_H (h's node
+    reads it); zero for A = h's node, which always holds it. By costmodel.py's rules (link_bytes' order of
+    links): A's trainers read the row from the copy p = replica_device(h, A) if A holds one, and p syncs with
+    the home (a partial sum up, q_A; the total down, q_any, or on two nodes the home's node's partial sum,
+    q_H); if not, they read it from the home over both uplinks (x each), or with scope node through p, which
+    fetches it once for the node (q_A)."""
     topo, P, N = model.topology, model.topology.devices, len(model.topology.nodes)
     a, v = ID_BYTES, VALUE_BYTES * model.shape.dim
     read, msg = 2 * a + v, a + v  # a remote read: id in, row out, id and gradient in; a sync message
     H = topo.node_of_device  # [P]: each home's node
     nodes = np.arange(N)
-    out = np.zeros((3, P, N, 2 * P + 2 * N))
+    out = np.zeros((4, P, N, 2 * P + 2 * N))
     up_out, up_in = 2 * P + nodes, 2 * P + N + nodes  # link index of each node's uplink, out and in
     # q_A: the copy's partial sum, A -> home's node; with scope node, less the fetch it replaces.
     out[1, :, nodes, up_out[nodes]] += msg
     out[1, np.arange(P)[:, None], nodes[None, :], (2 * P + N + H)[:, None]] += msg
-    out[2, np.arange(P)[:, None], nodes[None, :], (2 * P + H)[:, None]] += msg  # q_any: the total, back to A
-    out[2, :, nodes, up_in[nodes]] += msg
+    # Back to A: the total (q_any), or on two nodes the home's node's partial sum (q_H).
+    back = 3 if exchanges_partials(topo) else 2
+    out[back, np.arange(P)[:, None], nodes[None, :], (2 * P + H)[:, None]] += msg
+    out[back, :, nodes, up_in[nodes]] += msg
     n = topo.node_devices.astype(np.float64)
     if model.shape.dedup == "node":
         out[1, :, nodes, up_out[nodes]] -= read
@@ -100,7 +103,8 @@ class _Candidates:
     def deltas(self, k: int, units: np.ndarray) -> np.ndarray:
         """[N, links]: what a copy in each node adds to candidate k, homed where it is now."""
         home = self.home[k]
-        return self.x[k] * units[0, home] + self.q_node[k][:, None] * units[1, home] + self.q_any[k] * units[2, home]
+        return (self.x[k] * units[0, home] + self.q_node[k][:, None] * units[1, home] + self.q_any[k] * units[2, home]
+                + self.q_node[k][self.own[k]] * units[3, home])
 
 
 def _candidates(tables: list[TablePlan], accesses: list[TableAccess], model: CostModel) -> _Candidates | None:

@@ -27,14 +27,18 @@ reduced to one place and the sum sent back to every copy, one message of
               to the node's leader, the leaders reduce to the primary and get the total
               back as above, and each leader sends the total to the other devices of its
               node. Single rows need no sync: their one owner applies the update.
+  two nodes   (plan.exchanges_partials) the primary sends its own node's partial sum back,
+              if a trainer of its node read the row, instead of the total: each copy adds
+              the two partial sums itself.
 Partial sums are per row and device, whatever the scope.
 
 Time. A byte between two devices of one node uses the sender's and the receiver's
 intra-node ports; between nodes, the sender node's uplink out and the receiver node's
 uplink in (full duplex). A step's rounds (plan.step_round_names: request, reply, gradients,
-and to-primary, totals where rows are replicated) run one after another, each as long as
-its busiest link takes for its bytes (ids in request; rows in reply; ids and gradients in
-gradients; partial sums in to-primary; totals in totals). The modeled communication time
+and to-primary, totals where rows are replicated, or on two nodes exchange and forward) run
+one after another, each as long as its busiest link takes for its bytes (ids in request;
+rows in reply; ids and gradients in gradients; partial sums in to-primary and exchange;
+totals in totals and forward). The modeled communication time
 per step is the sum over the rounds of that payload time times the wire's bytes factor,
 plus the wire's fixed cost per round (Wire: frames and headers, each round's latency,
 serialisation and wait, fitted on the emulated cluster). `link_time_s_per_step` is the
@@ -51,7 +55,7 @@ import numpy as np
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.plan import (GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, ShardingPlan, TablePlan,
-                                    replica_device, step_round_names)
+                                    exchanges_partials, replica_device, step_round_names)
 from shardflow.planner.topology import Topology
 
 DEDUP_SCOPES = ("none", "device", "node")
@@ -235,14 +239,20 @@ class CostModel:
             units = ~np.eye(P, dtype=bool) * loads.home[topo.node_of_device]  # [trainer, home]
         units = units + self._peers * loads.node[None, :]  # [reader, server]: remote-read units per step
         up = loads.up.reshape(P, P) + self._peers * msg * loads.reduce_in[None, :]
-        down = loads.down.reshape(P, P) + self._peers * msg * loads.bcast_out[:, None]
+        bcast = self._peers * msg * loads.bcast_out[:, None]
+        down = loads.down.reshape(P, P) + bcast
         parts = {"request": a * units, "reply": v * units.T, "gradients": (a + v) * units,
-                 "to-primary": up, "totals": down}
+                 "to-primary": up, "totals": down, "exchange": up + down - bcast, "forward": bcast}
         lookup, sync = (2 * a + v) * units + v * units.T, up + down
         link_time, link = self._time(lookup + sync)
         payload = self._round_payloads(plan, parts)
         comm = self.wire.bytes_factor * sum(payload.values()) + self.wire.round_s * len(payload)
         return PlanCost(lookup, sync, self._same_node, comm, link, link_time, payload)
+
+    @property
+    def _exchange(self) -> bool:
+        """Replicas sync in one EXCHANGE round: the home's node sends its partial sum, not the total, back."""
+        return exchanges_partials(self.topology)
 
     @property
     def _relay(self) -> bool:
@@ -280,8 +290,8 @@ class CostModel:
                 other = (primary != node) & held
                 loads.up += np.bincount(device[other] * P + r_home[other], rates.q_node[node][r_cls[other]] * msg,
                                         minlength=P * P)
-                loads.down += np.bincount(r_home[other] * P + device[other], rates.q_any[r_cls[other]] * msg,
-                                          minlength=P * P)
+                back = rates.q_node[primary[other], r_cls[other]] if self._exchange else rates.q_any[r_cls[other]]
+                loads.down += np.bincount(r_home[other] * P + device[other], back * msg, minlength=P * P)
 
     def _relayed_units(self, home_load: np.ndarray, node_units: np.ndarray) -> np.ndarray:
         """Scope node: a trainer reads a single row of its own node from the home; a row of another node
@@ -310,6 +320,8 @@ class CostModel:
         names = step_round_names(has_global, replicated, self.topology, self.shape.dedup)
         if "totals" in names and "to-primary" not in names:
             parts = {**parts, "totals": parts["to-primary"] + parts["totals"]}
+        if "exchange" not in names:  # the totals round carries what forward passes on inside a node
+            parts = {k: w for k, w in parts.items() if k != "forward"}
         return {name: self._time(parts[name])[0] if name in parts else 0.0 for name in names}
 
     def _time(self, pairs: np.ndarray) -> tuple[float, str]:

@@ -39,13 +39,25 @@ def step_round_names(has_global: bool, replicated: bool, topology: Topology, ded
         rounds = ["request", "reply", "gradients"]
     if topology.devices == 1:
         return tuple(rounds)
-    if replicated and several_nodes:
-        rounds.append("to-primary")
-    if has_global or (replicated and several_nodes):
-        rounds.append("totals")
+    if replicated and exchanges_partials(topology):
+        rounds.append("exchange")
+    else:
+        if replicated and several_nodes:
+            rounds.append("to-primary")
+        if has_global or (replicated and several_nodes):
+            rounds.append("totals")
     if has_global and several_nodes:
         rounds.append("forward")
     return tuple(rounds)
+
+
+def exchanges_partials(topology: Topology) -> bool:
+    """Whether replicas sync in one EXCHANGE round (each node's copy sends its node's partial sum to the other
+    node's copy, and both add the two in node order) rather than TO_PRIMARY and TOTALS (partial sums up to the
+    home, the total back). On two nodes the exchange is one round fewer for at most the bytes (a row only one
+    node read crosses once, not twice); on more, every partial would cross to every other node."""
+    return len(topology.nodes) == 2
+
 
 def _no_ids() -> np.ndarray:
     return np.zeros(0, dtype=np.int64)

@@ -4,7 +4,7 @@ Per class of rows and per tier, the bytes a row causes on inter-node links (I) a
 intra-node links (J), at their least over every placement (perfect balance):
 
     single  I = x·w·(P - n_max)          J = x·w·(n_min - 1)
-    node    I = s·(Σ_A qA - max_A qA + (N-1)·q_any)
+    node    I = s·(Σ_A qA - max_A qA + (N-1)·q_any)   (two nodes: s·Σ_A qA, plan.exchanges_partials)
             J = x·w·(P - N)
     global  I = same as node              J = s·(P - N)·(q + q_any)
 
@@ -38,7 +38,7 @@ import numpy as np
 
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel
-from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES
+from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, exchanges_partials
 
 GOLDEN = (np.sqrt(5) - 1) / 2
 
@@ -151,7 +151,10 @@ def tier_costs(accesses: list[TableAccess], model: CostModel) -> TierCosts:
     parts = []
     for acc in accesses:
         r = model.rates(acc)
-        repl_inter = msg * (r.q_node.sum(axis=0) - r.q_node.max(axis=0) + (N - 1) * r.q_any)
+        if exchanges_partials(topo):
+            repl_inter = msg * r.q_node.sum(axis=0)
+        else:
+            repl_inter = msg * (r.q_node.sum(axis=0) - r.q_node.max(axis=0) + (N - 1) * r.q_any)
         parts.append(
             (
                 acc.class_rows,

@@ -25,6 +25,7 @@ class Round(enum.Enum):
     GRADIENTS = "gradients"
     RELAY_GRADIENTS = "relay-gradients"
     TO_PRIMARY = "to-primary"
+    EXCHANGE = "exchange"
     TOTALS = "totals"
     FORWARD = "forward"
     PREFETCH = "prefetch"  # not a round of the step: an early answer to the next step's REQUEST

@@ -18,6 +18,9 @@ round's message from every peer:
               node's leader, and the dense gradients to device 0;
   RELAY_GRADIENTS  (scope `node`) each proxy sums its node's gradients of a relayed row,
               in sender order, and sends the one sum to the row's home;
+  EXCHANGE    (two nodes, replicated rows) each node's copy sends its node's partial sum to
+              the other node's copy, and both apply the two partial sums added in node order;
+              on three or more nodes instead:
   TO_PRIMARY  (several nodes, replicated rows) a non-home node's copy passes its node's
               partial sum to the row's home;
   TOTALS      (replicated rows) every home has summed its rows' contributions in sender
@@ -26,7 +29,7 @@ round's message from every peer:
               a node row copied onto some nodes only is read by the others' trainers from
               its home, like a single row (relayed with scope node), and synced among its copies;
   FORWARD     (global rows, several nodes) a node's leader passes the totals it received
-              on inside its node.
+              (or, on two nodes, added) on inside its node.
 
 Answered early (an option; scopes none and device): a trainer sends the next step's
 REQUEST while this step waits (which rows a batch reads does not depend on their values),
@@ -87,6 +90,7 @@ class StepState:
     asked: list = field(default_factory=list)  # scope node: the REQUEST messages answered after the relay
     relayed: dict[str, tuple[np.ndarray, torch.Tensor]] = field(default_factory=dict)  # table -> (ids, rows) relayed
     relay_asked: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)  # table -> {home: ids asked of it}
+    partials: dict[str, tuple[np.ndarray, torch.Tensor]] = field(default_factory=dict)  # table -> this node's sums
 
 
 @dataclass
@@ -232,6 +236,7 @@ class StepProtocol(RelayRounds, ReplicaSync):
             Round.REPLY: self._on_replies,
             Round.GRADIENTS: self._on_gradients,
             Round.RELAY_GRADIENTS: self._on_relay_gradients,
+            Round.EXCHANGE: self._on_exchange,
             Round.TO_PRIMARY: self._on_to_primary,
             Round.TOTALS: self._on_totals,
             Round.FORWARD: self._on_forward,
@@ -403,7 +408,10 @@ class StepProtocol(RelayRounds, ReplicaSync):
             taken.append((sender, ids[mask], grads[torch.from_numpy(np.flatnonzero(mask)).to(grads.device)]))
             kept.append((sender, ids[~mask], grads[torch.from_numpy(np.flatnonzero(~mask)).to(grads.device)]))
         self.state.pending[table] = kept
-        return combine(taken, self.shard.dim, self.shard.device)
+        return self._combine(taken)
+
+    def _combine(self, contributions: list[tuple[int, np.ndarray, torch.Tensor]]) -> tuple[np.ndarray, torch.Tensor]:
+        return combine(contributions, self.shard.dim, self.shard.device)
 
     def _blocks(self, out: dict[int, Message], table: str, kind: Kind, ids: np.ndarray, values,
                 dest: np.ndarray) -> None:

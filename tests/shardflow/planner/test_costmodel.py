@@ -58,11 +58,16 @@ def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape:
                     lookup[home, copy_in(node)] += q_node * v
         if tier == SINGLE:
             continue
+        def q_node_of(node):
+            return 1 - (1 - p) ** (m * sizes[node] * touch.node.get(sizes[node], 1.0))
+
         for node in sorted(holders):
             leader = copy_in(node)
-            q_node = 1 - (1 - p) ** (m * sizes[node] * touch.node.get(sizes[node], 1.0))
-            if node != node_of[home]:
-                sync[leader, home] += q_node * msg
+            if len(sizes) == 2 and node != node_of[home]:  # each copy's partial sum to the other copy
+                sync[leader, home] += q_node_of(node) * msg
+                sync[home, leader] += q_node_of(node_of[home]) * msg
+            elif node != node_of[home]:
+                sync[leader, home] += q_node_of(node) * msg
                 sync[home, leader] += q_any * msg
             if tier == GLOBAL:
                 for e in range(starts[node], starts[node] + sizes[node]):
@@ -143,6 +148,11 @@ def test_replicated_rows_add_the_sync_rounds_and_their_fixed_cost():
     plan = ShardingPlan("x", (TablePlan("t", tier, np.zeros(4, np.int32)),))
     shape = StepShape(batch_size=2, dim=2, dedup="device")
     cost = CostModel(topo, shape, wire=Wire(round_s=1e-6)).evaluate(plan, {"t": access})
+    assert list(cost.round_payload_s) == ["request", "reply", "gradients", "exchange"]  # two nodes: one sync round
+    assert cost.round_payload_s["exchange"] > 0
+    assert cost.comm_time_s_per_step == pytest.approx(sum(cost.round_payload_s.values()) + 4e-6)
+    three = Topology((Node("a", 1, 1.0), Node("b", 1, 1.0), Node("c", 1, 1.0)), 600.0)
+    cost = CostModel(three, shape, wire=Wire(round_s=1e-6)).evaluate(plan, {"t": access})
     assert list(cost.round_payload_s) == ["request", "reply", "gradients", "to-primary", "totals"]
     assert cost.round_payload_s["to-primary"] > 0 and cost.round_payload_s["totals"] > 0
     assert cost.comm_time_s_per_step == pytest.approx(sum(cost.round_payload_s.values()) + 5e-6)

@@ -117,6 +117,7 @@ def test_a_copy_in_one_more_node_adds_what_the_cost_model_says(topology, dedup):
                 expected = (row_link_bytes(access, c, NODE, h, model, nodes=(1 << own) | (1 << a)) - alone) / bw
                 got = (
                     rates.x[c] * units[0, h, a] + rates.q_node[a, c] * units[1, h, a] + rates.q_any[c] * units[2, h, a]
+                    + rates.q_node[own, c] * units[3, h, a]
                 )
                 np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-18)
                 assert np.abs(expected).max() > 0

@@ -109,7 +109,7 @@ def test_rows_copied_onto_some_nodes_learn_what_the_reference_learns_and_their_c
     assert (copies == 2).all(), "a row named for two nodes is stored on two devices"
 
 
-EARLY_POINTS = (Round.GRADIENTS, Round.TO_PRIMARY, Round.TOTALS, Round.FORWARD, None)
+EARLY_POINTS = (Round.GRADIENTS, Round.EXCHANGE, Round.FORWARD, None)
 
 
 def bitwise_equal(a: dict, b: dict) -> bool:
@@ -159,8 +159,10 @@ def test_rounds_follow_the_plan():
 
     base = (Round.REQUEST, Round.REPLY, Round.GRADIENTS)
     assert step_rounds(plan(SINGLE), topo2) == base
-    assert step_rounds(plan(NODE), topo2) == base + (Round.TO_PRIMARY, Round.TOTALS)
-    assert step_rounds(plan(GLOBAL), topo2) == base + (Round.TO_PRIMARY, Round.TOTALS, Round.FORWARD)
+    assert step_rounds(plan(NODE), topo2) == base + (Round.EXCHANGE,)
+    assert step_rounds(plan(GLOBAL), topo2) == base + (Round.EXCHANGE, Round.FORWARD)
+    assert step_rounds(plan(NODE), THREE_NODES) == base + (Round.TO_PRIMARY, Round.TOTALS)
+    assert step_rounds(plan(GLOBAL), THREE_NODES) == base + (Round.TO_PRIMARY, Round.TOTALS, Round.FORWARD)
     one_node = TOPOLOGIES[2].__class__(TOPOLOGIES[3].nodes[:1], 100.0)  # 2 devices on one node
     assert step_rounds({"t": TablePlan("t", np.full(4, GLOBAL, np.int8), np.arange(4, dtype=np.int32) % 2)},
                        one_node) == base + (Round.TOTALS,)
@@ -413,4 +415,37 @@ def test_events_in_instructions_out_on_two_devices_of_one_node():
         ("apply", "item", [0, 2], [[3.0, 3.0], [2.0, 2.0]], 0), ("apply-dense", {"w": [3.0]}), ("end", 0)]
     assert plain(p1.receive(Round.GRADIENTS, [grads0[0].outbox[1]])) == [
         ("apply", "item", [1], [[1.0, 1.0]], 0), ("end", 0)]
+    assert p0.phase is Phase.IDLE and p1.phase is Phase.IDLE
+
+
+def test_on_two_nodes_each_copy_sends_its_nodes_partial_sum_and_both_apply_the_same_total():
+    """Two nodes of one device: row 0 a node row homed on device 0 (device 1 holds node b's copy), row 1 single
+    on device 1. Device 0 reads rows 0 and 1, device 1 row 0: one EXCHANGE round replaces TO_PRIMARY and
+    TOTALS, and both copies add the two partial sums in node order."""
+    topology = Topology((Node("a", 1, 10.0), Node("b", 1, 10.0)), 100.0)
+    plan = ShardingPlan("t", (TablePlan("item", np.array([NODE, SINGLE], np.int8), np.array([0, 1], np.int32)),))
+    tables = plan.for_devices(2)
+    p0, p1 = (StepProtocol(d, topology, tables, FakeShard(dense=d == 0)) for d in (0, 1))
+    assert p0.rounds == (Round.REQUEST, Round.REPLY, Round.GRADIENTS, Round.EXCHANGE)
+
+    ask0, ask1 = p0.start(p0.requests(0, {"item": np.array([0, 1])})), p1.start(p1.requests(0, {"item": np.array([0])}))
+    assert plain(ask1) == [("send", {0: ("request", 0, 1, [], None)})]  # its node's copy of row 0 is its own
+    reply0, reply1 = p0.receive(Round.REQUEST, [ask1[0].outbox[0]]), p1.receive(Round.REQUEST, [ask0[0].outbox[1]])
+    work0, work1 = p0.receive(Round.REPLY, [reply1[0].outbox[0]]), p1.receive(Round.REPLY, [reply0[0].outbox[1]])
+    assert plain(work0) == [("compute", {"item": [[0.0, 0.0], [1.0, 10.0]]}, {"w": [0.5]})]
+    assert plain(work1) == [("compute", {"item": [[0.0, 0.0]]}, {"w": [0.5]})]
+
+    grads0 = p0.gradients({"item": torch.tensor([[1.0, 1.0], [2.0, 2.0]])}, {"w": torch.tensor([1.0])})
+    grads1 = p1.gradients({"item": torch.tensor([[3.0, 3.0]])}, {"w": torch.tensor([2.0])})
+    sums0 = p0.receive(Round.GRADIENTS, [grads1[0].outbox[0]])
+    sums1 = p1.receive(Round.GRADIENTS, [grads0[0].outbox[1]])
+    assert plain(sums0) == [("apply-dense", {"w": [3.0]}),
+                            ("send", {1: ("exchange", 0, 0, [("sync", "item", [0], [[1.0, 1.0]])], None)})]
+    assert plain(sums1) == [("apply", "item", [1], [[2.0, 2.0]], 0),
+                            ("send", {0: ("exchange", 0, 1, [("sync", "item", [0], [[3.0, 3.0]])], None)})]
+
+    assert plain(p0.receive(Round.EXCHANGE, [sums1[1].outbox[0]])) == [("apply", "item", [0], [[4.0, 4.0]], 0),
+                                                                       ("end", 0)]
+    assert plain(p1.receive(Round.EXCHANGE, [sums0[1].outbox[1]])) == [("apply", "item", [0], [[4.0, 4.0]], 0),
+                                                                        ("end", 0)]
     assert p0.phase is Phase.IDLE and p1.phase is Phase.IDLE
