@@ -2,6 +2,7 @@
 
     python bench/train_throughput.py [--rounds 3] [--steps 20] [--batch-size 4096]
                                      [--torchrec-python PYTHON] [--epoch-auc] [--encoder mean]
+                                     [--device cpu|cuda]
 
 Imports data/amazon-video into a scratch directory, plans it with FlexShard (10% memory
 slack) for one node of 1 and of 2 devices, and measures, round after round in
@@ -24,7 +25,9 @@ round (a machine not quiet then, above half its cores, is reported: its figures 
 worth less) and printed before every later one, where it includes the benchmark's own
 previous round. The table gives min/median/max examples/s per trainer and of the ratios
 the engine is judged by. With --epoch-auc the 2-device engine also trains one epoch
-and reports leave-last-out AUC and HR@10.
+and reports leave-last-out AUC and HR@10. With --device cuda the engine computes on CUDA (one
+worker per device, every worker on the machine's GPUs in turn) and the PyTorch peer holds its
+tables and computes on the first GPU; its threads are then the host's, which build the examples.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ from shardflow.planner.strategies import propose
 from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import uniform
 from shardflow.data.batches import TrainData
+from shardflow.errors import InputError
 from shardflow.training.config import TrainConfig
+from shardflow.training.device import DEVICES, torch_device
 from shardflow.training.engine import Engine
 from shardflow.training.reference import ReferenceTrainer
 from storage.dataset import Dataset
@@ -75,21 +80,28 @@ def plan_for(dataset: Path, devices: int, batch_size: int, model: ModelConfig = 
     return propose("flexshard", access, topo, budget_bytes_per_device(access, topo, model.dim, 0.1), cost), topo
 
 
-def pytorch_rate(data, model, batch_size: int, steps: int, threads: int) -> float:
-    """The PyTorch peer: shardflow's reference trainer of `model` with `threads` threads, examples/s after
-    WARMUP steps."""
+def pytorch_rate(data, model, batch_size: int, steps: int, threads: int, device: str = "cpu") -> float:
+    """The PyTorch peer: shardflow's reference trainer of `model` with `threads` threads on `device`,
+    examples/s after WARMUP steps."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        ref = ReferenceTrainer(data, model, OPTIMIZER, batch_size, seed=0)
+        ref = ReferenceTrainer(data, model, OPTIMIZER, batch_size, seed=0, device=torch_device(device))
         for i in range(WARMUP):
             ref.step(0, i)
+        _synchronize(device)
         t = time.perf_counter()
         for i in range(WARMUP, WARMUP + steps):
             ref.step(0, i)
+        _synchronize(device)
         return steps * batch_size / (time.perf_counter() - t)
     finally:
         torch.set_num_threads(before)
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def torchrec_rate(python: str, dataset: Path, batch_size: int, steps: int) -> tuple[float | None, str]:
@@ -103,8 +115,9 @@ def torchrec_rate(python: str, dataset: Path, batch_size: int, steps: int) -> tu
 
 
 def engine_rate(client, dataset: Path, plan, topo, batch_size: int, steps: int, model: ModelConfig = MODEL,
-                early: bool = False) -> dict:
-    train = TrainConfig(batch_size=batch_size, max_steps=WARMUP + steps, eval_users=None, early_answers=early)
+                early: bool = False, device: str = "cpu") -> dict:
+    train = TrainConfig(batch_size=batch_size, max_steps=WARMUP + steps, eval_users=None, early_answers=early,
+                        device=device)
     with Engine(client, str(dataset), plan, topo, model, OPTIMIZER, train) as engine:
         result = engine.fit()
         traffic = engine.traffic()
@@ -124,7 +137,12 @@ def main() -> None:
     parser.add_argument("--torchrec-python", default=sys.executable)
     parser.add_argument("--epoch-auc", action="store_true")
     parser.add_argument("--encoder", choices=ENCODERS, default="mean")
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
     args = parser.parse_args()
+    try:
+        torch_device(args.device)  # refused here, before anything is imported, if no GPU is visible
+    except InputError as e:
+        sys.exit(f"train_throughput: {e}")
     cores = os.cpu_count() or 1
     model = replace(MODEL, encoder=args.encoder)
     B, n = args.batch_size, args.steps
@@ -134,7 +152,8 @@ def main() -> None:
         data = TrainData.load(dataset)
         plans = {d: plan_for(dataset, d, B, model) for d in (1, 2)}
         print(f"amazon-video: {data.targets:,} training examples, batch {B}, {n} steps after {WARMUP} warm-up, "
-              f"{args.rounds} rounds, {cores} cores, torch {torch.__version__}, encoder {model.encoder}")
+              f"{args.rounds} rounds, {cores} cores, torch {torch.__version__}, encoder {model.encoder}, "
+              f"device {args.device}" + (f" ({torch.cuda.get_device_name(0)})" if args.device == "cuda" else ""))
         rates: dict[str, list[float]] = {}
         splits: dict[int, list[dict]] = {1: [], 2: []}
         loads = []
@@ -143,32 +162,35 @@ def main() -> None:
         idle = os.getloadavg()[0]
         print(f"load before the first round: {idle:.2f}"
               + (f"  (not quiet: above {cores / 2:.1f}; these figures are worth less)" if idle > cores / 2 else ""))
-        with dask_client(workers=1) as one, dask_client(workers=2) as two:
+        gpus = args.device == "cuda"
+        with dask_client(workers=1, gpus=gpus) as one, dask_client(workers=2, gpus=gpus) as two:
             clients = {1: one, 2: two}
             for r in range(args.rounds):
                 load = os.getloadavg()[0]
                 loads.append(load)
                 print(f"round {r + 1}: load {load:.2f}", flush=True)
                 for devices in (1, 2):
-                    e = engine_rate(clients[devices], dataset, *plans[devices], B, n, model)
+                    e = engine_rate(clients[devices], dataset, *plans[devices], B, n, model, device=args.device)
                     rates.setdefault(f"engine, {devices} device(s)", []).append(e["rate"])
                     splits[devices].append(e["timings"])
-                early = engine_rate(clients[2], dataset, *plans[2], B, n, model, early=True)
+                early = engine_rate(clients[2], dataset, *plans[2], B, n, model, early=True, device=args.device)
                 rates.setdefault("engine, 2, early answers", []).append(early["rate"])
                 patch_share.append(early["patch_share"])
                 for threads in (1, 2):
                     rates.setdefault(f"pytorch, {threads} thread(s)", []).append(
-                        pytorch_rate(data, model, B, n, threads)
+                        pytorch_rate(data, model, B, n, threads, args.device)
                     )
                 if model.attention:
                     skipped = "the TorchRec peer trains the mean encoder's model only"
+                if args.device == "cuda":
+                    skipped = "the TorchRec peer runs on CPU ranks"
                 if not skipped:
                     rate, skipped = torchrec_rate(args.torchrec_python, dataset, B, n)
                     if rate is not None:
                         rates.setdefault("torchrec, 2 ranks", []).append(rate)
             epoch = None
             if args.epoch_auc:
-                full = TrainConfig(batch_size=B, eval_users=None)
+                full = TrainConfig(batch_size=B, eval_users=None, device=args.device)
                 with Engine(two, str(dataset), *plans[2], model, OPTIMIZER, full) as engine:
                     fit = engine.fit()
                     epoch = {

@@ -29,13 +29,14 @@ class ReferenceTrainer:
         optimizer: OptimizerConfig,
         batch_size: int,
         seed: int,
+        device: torch.device = torch.device("cpu"),
     ):
         self.data, self.config, self.optimizer = data, config, optimizer
-        self.batch_size, self.seed = batch_size, seed
-        self.tables = {t: torch.from_numpy(init_rows(t, np.arange(rows), config.dim, config.seed))
+        self.batch_size, self.seed, self.device = batch_size, seed, device
+        self.tables = {t: torch.from_numpy(init_rows(t, np.arange(rows), config.dim, config.seed)).to(device)
                        for t, rows in data.rows.items()}
-        self.sums = {t: torch.zeros(rows, dtype=torch.float32) for t, rows in data.rows.items()}
-        self.dense_tensors = {k: torch.from_numpy(v) for k, v in config.init_dense().items()}
+        self.sums = {t: torch.zeros(rows, dtype=torch.float32, device=device) for t, rows in data.rows.items()}
+        self.dense_tensors = {k: torch.from_numpy(v).to(device) for k, v in config.init_dense().items()}
         self.dense_optimizer = DenseOptimizer(optimizer, self.dense_tensors)
 
     def step(self, epoch: int, step_in_epoch: int) -> float:
@@ -43,7 +44,7 @@ class ReferenceTrainer:
         B = self.batch_size
         targets = self.data.batch(epoch, self.seed, step_in_epoch, B)
         ex = self.data.examples(targets, self.config, negative_seed(self.seed, epoch))
-        index = self.data.table_index(ex, self.config).on(torch.device("cpu"))
+        index = self.data.table_index(ex, self.config).on(self.device)
         grads = forward_backward(self.config, self.dense_tensors, self.tables, index, B * self.config.candidates,
                                  sparse=True)
         for t, g in grads.rows.items():
@@ -62,8 +63,8 @@ class ReferenceTrainer:
         ex = self.data.eval_examples(targets, self.config, seed, negatives)
         with torch.no_grad():
             logit = self.config.logits(self.dense_tensors, self.tables,
-                                       self.data.table_index(ex, self.config).on(torch.device("cpu")), sparse=True)
-        return self.data.eval_metrics(self.data.eval_part(logit.numpy(), ex))
+                                       self.data.table_index(ex, self.config).on(self.device), sparse=True)
+        return self.data.eval_metrics(self.data.eval_part(logit.cpu().numpy(), ex))
 
     def fit(self, epochs: int, patience: int) -> dict[int, float]:
         """Train up to `epochs` epochs, scoring the validation split after each; stop `patience` epochs after
@@ -90,12 +91,12 @@ class ReferenceTrainer:
 
     @property
     def weights(self) -> dict[str, np.ndarray]:
-        return {t: w.numpy() for t, w in self.tables.items()}
+        return {t: w.cpu().numpy() for t, w in self.tables.items()}
 
     @property
     def state(self) -> dict[str, np.ndarray]:
-        return {t: s.numpy() for t, s in self.sums.items()}
+        return {t: s.cpu().numpy() for t, s in self.sums.items()}
 
     @property
     def dense(self) -> dict[str, np.ndarray]:
-        return {k: v.numpy() for k, v in self.dense_tensors.items()}
+        return {k: v.cpu().numpy() for k, v in self.dense_tensors.items()}
