@@ -2,12 +2,12 @@
 
 An import runs three phases over the parts it adds:
 
-    scan    per part (in parallel on Dask when there are several): read it block by block,
-            parse each block with arrow, collect every column's distinct raw values and
+    scan    (storage.scan) per part (in parallel on Dask when there are several): read it block by
+            block, parse each block with arrow, collect every column's distinct raw values and
             spill the events' raw values (or codes) to the staging directory
-    number  in part order: the values a part introduces get the next rows of their table,
+    number  (storage.segments) in part order: the values a part introduces get the next rows of their table,
             in sorted order; new users get the next indices the same way (storage.idmap)
-    write   per part (in parallel): map the spilled values to rows, regroup by user and
+    write   (storage.segments) per part (in parallel): map the spilled values to rows, regroup by user and
             time where the format needs it (recbole), write the part's segment chunk by chunk
 
 Memory holds one block, the distinct values and the runs (not the events), except for a
@@ -22,357 +22,37 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from shardflow.errors import InputError
 from storage.tables import TableSpec
 from storage.dataset import (
-    EVENTS_PER_CHUNK,
     FORMAT_VERSION,
     KIND,
     MADE_BY,
     SEGMENTS,
     Dataset,
-    SegmentWriter,
     build_manifest,
     record_verified,
     segment_name,
     start_store,
 )
 from storage.formats import (FEATURE_FILES, FORMATS, Format, Recbole, feature_files, make_format, parse_click_label,
-                             read_features, runs_of, sniff_delimiter)
-from storage.idmap import IdMap, IntDistinct, RowLookup, TextCodes, TextDistinct, crc32_text
+                             read_features, sniff_delimiter)
+from storage.idmap import IdMap
 from storage.lock import writer_lock
 from storage.manifest import MANIFEST, read_manifest, write_manifest
 from storage.checksum import file_sha256
-from storage.sources import (BLOCK_BYTES, Block, Part, PartReader, finished, resolve_parts, same_file,
+from storage.sources import (BLOCK_BYTES, Part, PartReader, finished, resolve_parts, same_file,
                              unfinished)
+from storage.scan import PartScan, scan_part
+from storage.segments import Numberer, Numbering, as_numpy, write_segment
 from storage.staging import check_destination, staged
 
 DEFAULT_HASH_ROWS = 1 << 20
 EXACT = "exact"  # a criteo table size: a row per distinct value (rows grow with appends), not hashed
-REGROUP_EVENTS = 1 << 20  # events sorted at a time when a part is regrouped by user and time
-
-
-# -- scan --------------------------------------------------------------------------------
-
-
-class Spill:
-    """Per-event columns of one part in plain binary files, appended block by block."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.dtypes: dict[str, str] = {}
-        self._files: dict[str, object] = {}
-
-    def add(self, name: str, values: np.ndarray) -> None:
-        """Append `values`; integer ids are kept as int32 while they fit (half the bytes to spill)."""
-        if name not in self._files:
-            dtype = values.dtype
-            if dtype == np.int64 and (values.size == 0 or values.max() < 2**31):
-                dtype = np.dtype(np.int32)
-            self.dtypes[name] = dtype.str
-            self._files[name] = open(self.directory / f"{name}.bin", "wb")
-        elif self.dtypes[name] == np.dtype(np.int32).str and values.dtype == np.int64 and values.max() >= 2**31:
-            self._widen(name)
-        values.astype(self.dtypes[name], copy=False).tofile(self._files[name])
-
-    def _widen(self, name: str) -> None:
-        """Rewrite an int32 column as int64: an id past 2^31 arrived after smaller ones."""
-        self._files[name].close()
-        path = self.directory / f"{name}.bin"
-        wide = np.fromfile(path, dtype=np.int32).astype(np.int64)
-        self._files[name] = open(path, "wb")
-        wide.tofile(self._files[name])
-        self.dtypes[name] = np.dtype(np.int64).str
-
-    def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-
-
-def read_spill(directory: Path, name: str, dtype: str, start: int = 0, count: int = -1) -> np.ndarray:
-    dtype = np.dtype(dtype)
-    return np.fromfile(Path(directory) / f"{name}.bin", dtype=dtype, count=count, offset=start * dtype.itemsize)
-
-
-@dataclass
-class PartScan:
-    """What the scan of one part found: small enough to travel back from a Dask worker."""
-
-    part: Part
-    sha256: str
-    lines: int
-    events: int
-    spill: str
-    dtypes: dict
-    run_users: np.ndarray | pa.Array | None = None  # grouped formats: users of the runs
-    run_lengths: np.ndarray | None = None
-    user_codes: pa.Array | None = None  # recbole: the dictionary of the user codes spilled
-    distinct: dict = field(default_factory=dict)  # table -> sorted distinct raw values
-    codes: dict = field(default_factory=dict)  # text table -> dictionary of its spilled codes
-
-
-def scan_part(fmt: Format, part: Part, spill_dir: str, hash_rows: dict[str, int], block_bytes: int) -> PartScan:
-    """Read and parse one part; spill its events; collect the distinct values of every column."""
-    reader = PartReader(part, block_bytes)
-    collected = _Collector(fmt, hash_rows, Spill(Path(spill_dir)))
-    first = True
-    try:
-        for block in reader.blocks():
-            if first:
-                first = False
-                block = _take_header(fmt, part, block)
-                if block is None:
-                    continue
-            collected.add(fmt.parse(part.path, block))
-    finally:
-        collected.spill.close()
-    if first:  # not even a header
-        raise InputError(f"{part.path}: empty file; accepted: at least one interaction")
-    if collected.events == 0:
-        what = "a header but no interactions" if fmt.has_header and not fmt.body_starts_at_line_1 else "empty file"
-        raise InputError(f"{part.path}: {what}; accepted: at least one interaction")
-    return collected.scan(PartScan(part=part, sha256=reader.sha256, lines=reader.lines, events=collected.events,
-                                   spill=spill_dir, dtypes=collected.spill.dtypes))
-
-
-class _Collector:
-    """What the scan of one part gathers block by block: the events spilled, each table's distinct values
-    (numeric ids, hashed text, or text codes), the users' runs or codes."""
-
-    def __init__(self, fmt: Format, hash_rows: dict[str, int], spill: Spill) -> None:
-        self.hash_rows, self.spill, self.events = hash_rows, spill, 0
-        self.numeric = {t: IntDistinct() for t in fmt.tables} if fmt.name in ("sasrec", "s3rec") else {}
-        self.hashed = {t: TextDistinct() for t in fmt.tables if t in hash_rows}
-        self.coded = {t: TextCodes() for t in fmt.tables if t not in hash_rows and t not in self.numeric}
-        self.users_numeric, self.user_codes = IntDistinct(), TextCodes()
-        self.run_users, self.run_lengths = [], []
-
-    def add(self, cols) -> None:
-        self.events += cols.events
-        for name, values in cols.tables.items():
-            if name in self.numeric:
-                self.numeric[name].add(values)
-                self.spill.add(f"table.{name}", values)
-            elif name in self.hashed:
-                enc = pc.dictionary_encode(values)
-                self.hashed[name].add(enc.dictionary)
-                rows = (crc32_text(enc.dictionary) % np.uint32(self.hash_rows[name])).astype(np.int32)
-                self.spill.add(f"table.{name}", rows[enc.indices.to_numpy()])
-            else:
-                self.spill.add(f"code.{name}", self.coded[name].encode(values))
-        for name, values in cols.dense.items():
-            self.spill.add(f"dense.{name}", values)
-        for name, values in (("labels", cols.labels), ("order", cols.order)):
-            if values is not None:
-                self.spill.add(name, values)
-        if cols.run_users is not None:
-            self.users_numeric.add(cols.run_users)
-            self.run_users.append(cols.run_users)
-            self.run_lengths.append(cols.run_lengths)
-        if cols.event_users is not None:
-            self.spill.add("users", self.user_codes.encode(cols.event_users))
-
-    def scan(self, scan: PartScan) -> PartScan:
-        """`scan` with what was collected."""
-        if self.run_users:
-            # Runs a block boundary cut in two join here.
-            scan.run_users, scan.run_lengths = runs_of(np.concatenate(self.run_users),
-                                                       np.concatenate(self.run_lengths))
-            scan.distinct["users"] = self.users_numeric.values()
-        if "users" in self.spill.dtypes:
-            scan.user_codes = self.user_codes.dictionary
-        for name, d in {**self.numeric, **self.hashed}.items():
-            scan.distinct[name] = d.values()
-        for name, c in self.coded.items():
-            scan.codes[name] = c.dictionary
-        return scan
-
-
-def _take_header(fmt: Format, part: Part, block: Block) -> Block | None:
-    """The first block of a part without its header line (formats that have one)."""
-    sniff_delimiter(fmt, block.data[: block.data.find(b"\n")])
-    if not fmt.has_header:
-        return block
-    line, _, rest = block.data.partition(b"\n")
-    fmt.header(part.path, line)
-    if fmt.body_starts_at_line_1:
-        return block
-    if not rest:
-        return None
-    return Block(rest, block.first_line + 1)
-
-
-# -- number ------------------------------------------------------------------------------
-
-
-@dataclass
-class Numbering:
-    """How one part's raw values become rows and users: what `write_segment` needs."""
-
-    index: int
-    run_users: np.ndarray | None = None  # grouped: the user index of every run
-    code_users: np.ndarray | None = None  # recbole: user index of every user code
-    lookups: dict = field(default_factory=dict)  # numeric table -> (distinct, rows)
-    code_rows: dict = field(default_factory=dict)  # text table -> row of every code
-    new_users: np.ndarray | pa.Array | None = None  # raw ids of the users the part introduces
-    own_users_from: int | None = None  # every event its own user, numbered from here (new_users stays None)
-    new_raw: dict = field(default_factory=dict)  # table -> (raw values introduced, their rows)
-
-
-class Numberer:
-    """The dataset's id maps, extended part by part in order."""
-
-    def __init__(self, users: IdMap | None, tables: dict[str, IdMap], user_count: int) -> None:
-        self.users, self.tables, self.user_count = users, tables, user_count
-
-    def number(self, index: int, scan: PartScan) -> Numbering:
-        n = Numbering(index=index)
-        if scan.run_users is not None:
-            new, _ = self.users.extend(scan.distinct["users"])
-            n.run_users, n.new_users = self.users.rows_of(scan.run_users), new
-        elif scan.user_codes is not None:
-            distinct = scan.user_codes.take(pc.sort_indices(scan.user_codes))
-            new, _ = self.users.extend(distinct)
-            n.code_users, n.new_users = self.users.rows_of(scan.user_codes), new
-        else:  # every example its own user: numbered, never held (write_segment writes the numbers)
-            n.own_users_from = self.user_count
-        self.user_count += scan.events if n.own_users_from is not None else len(n.new_users)
-        for name, idmap in self.tables.items():
-            if name in scan.codes:
-                dictionary = scan.codes[name]
-                n.new_raw[name] = idmap.extend(dictionary.take(pc.sort_indices(dictionary)))
-                n.code_rows[name] = idmap.rows_of(dictionary)
-            else:
-                n.new_raw[name] = idmap.extend(scan.distinct[name])
-                if not idmap.hash_rows:
-                    n.lookups[name] = (scan.distinct[name], idmap.rows_of(scan.distinct[name]))
-        return n
-
-
-# -- write -------------------------------------------------------------------------------
-
-
-def write_segment(
-    fmt: Format, scan: PartScan, numbering: Numbering, directory: str, version: int, rows: dict[str, int],
-    events_per_chunk: int = EVENTS_PER_CHUNK,
-) -> dict:
-    """Write one part's segment into `directory`; returns its manifest entry."""
-    dtypes = {t: TableSpec(t, max(1, rows[t])).id_dtype for t in fmt.tables}
-    perm, runs = _event_order(scan, numbering)
-    writer = SegmentWriter(
-        Path(directory), events=scan.events, runs=scan.events if runs is None else len(runs[0]), tables=dtypes,
-        dense=fmt.dense, labels=fmt.labels, events_per_chunk=events_per_chunk,
-    )
-    if runs is not None:
-        writer.write_runs(runs[0], np.concatenate([[0], np.cumsum(runs[1])]))
-        writer.write_user_ids(_as_numpy(numbering.new_users))
-    else:
-        writer.write_own_users(numbering.own_users_from)
-
-    def column(spilled: str, target: str, transform=None) -> None:
-        for values in _spilled_blocks(scan, spilled, perm, events_per_chunk):
-            writer.write(target, values if transform is None else transform(values))
-
-    for t in fmt.tables:
-        if t in numbering.lookups:
-            column(f"table.{t}", f"tables/{t}", RowLookup(*numbering.lookups[t]))
-        elif t in numbering.code_rows:
-            column(f"code.{t}", f"tables/{t}", numbering.code_rows[t].astype(dtypes[t]).__getitem__)
-        else:
-            column(f"table.{t}", f"tables/{t}")
-        raw, raw_rows = numbering.new_raw[t]
-        writer.write_raw_ids(t, _as_numpy(raw), raw_rows)
-    for d in fmt.dense:
-        column(f"dense.{d}", f"dense/{d}")
-    if fmt.labels:
-        column("labels", "labels")
-    shutil.rmtree(scan.spill, ignore_errors=True)
-    return writer.finish(segment_name(numbering.index), version)
-
-
-def _event_order(scan: PartScan, numbering: Numbering) -> tuple[np.ndarray | None, tuple | None]:
-    """(the order the part's events are written in, None for line order; the runs' users and lengths, None
-    when every event is its own user)."""
-    if scan.run_users is not None:  # distinct raw users of adjacent runs stay distinct users
-        return None, (numbering.run_users, scan.run_lengths)
-    if numbering.code_users is not None:
-        perm, run_users, run_lengths = _regroup(scan, numbering.code_users, REGROUP_EVENTS)
-        return perm, (run_users, run_lengths)
-    if "order" in scan.dtypes:  # a click log with time stamps: its examples in time order, then line order
-        return np.argsort(read_spill(Path(scan.spill), "order", scan.dtypes["order"]), kind="stable"), None
-    return None, None
-
-
-def _spilled_blocks(scan: PartScan, spilled: str, perm: np.ndarray | None, step: int):
-    """A spilled column, `step` events at a time, in the order `perm` (gathered chunk by chunk: one column and
-    the order in memory) or as spilled."""
-    dtype = scan.dtypes[spilled]
-    if perm is not None:
-        whole = read_spill(Path(scan.spill), spilled, dtype)
-        return (whole[perm[a : a + step]] for a in range(0, scan.events, step))
-    return (read_spill(Path(scan.spill), spilled, dtype, a, step) for a in range(0, scan.events, step))
-
-
-def _regroup(scan: PartScan, code_users: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The order that groups a part's events by user, then time, then line; and the runs it makes.
-
-    A counting sort, chunk by chunk: events are bucketed by their user's rank (int32
-    positions, stable in line order), then each group of users holding at most `chunk`
-    events is sorted by time. Memory: the order (4 bytes per event) and the time stamps
-    (8) while they are sorted; never a sort over the whole part.
-    """
-    spill, events = Path(scan.spill), scan.events
-    index = np.int32 if events < 2**31 else np.int64
-    codes = len(code_users)
-    by_user = np.argsort(code_users, kind="stable")
-    rank = np.empty(codes, dtype=index)
-    rank[by_user] = np.arange(codes, dtype=index)
-
-    def ranks(a: int) -> np.ndarray:
-        return rank[read_spill(spill, "users", scan.dtypes["users"], a, chunk)]
-
-    counts = np.zeros(codes, dtype=np.int64)
-    for a in range(0, events, chunk):
-        counts += np.bincount(ranks(a), minlength=codes)
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    cursor = starts[:-1].copy()
-    perm = np.empty(events, dtype=index)
-    for a in range(0, events, chunk):
-        r = ranks(a)
-        o = np.argsort(r, kind="stable")
-        sorted_r = r[o]
-        within = np.arange(r.size) - np.searchsorted(sorted_r, sorted_r, side="left")
-        perm[cursor[sorted_r] + within] = a + o
-        cursor += np.bincount(r, minlength=codes)
-    if "order" in scan.dtypes:
-        time = read_spill(spill, "order", scan.dtypes["order"])
-        # Groups of whole users, each about `chunk` events (a larger user is a group alone).
-        cuts = np.unique(np.searchsorted(starts, np.arange(0, events, chunk), side="right") - 1)
-        bounds = np.concatenate([cuts, [codes]])
-        for u0, u1 in zip(bounds[:-1], bounds[1:]):
-            g0, g1 = starts[u0], starts[u1]
-            segment = perm[g0:g1]
-            local = np.repeat(np.arange(u1 - u0), counts[u0:u1])
-            perm[g0:g1] = segment[np.lexsort((time[segment], local))]
-        del time
-    return perm, code_users[by_user].astype(np.int64), counts
-
-
-def _as_numpy(values: np.ndarray | pa.Array) -> np.ndarray:
-    if isinstance(values, np.ndarray):
-        return values
-    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=str)
-
-
-# -- the import --------------------------------------------------------------------------
 
 
 def _check_options(fmt: str, table_rows: dict[str, int], hash_rows: int, label: str | None) -> None:
@@ -673,7 +353,7 @@ def _carry(ds: Dataset, dropped: list[dict], first: Numbering, fmt: Format) -> N
     ahead of its own new ones, so each keeps the row and user index it had."""
     def ahead(stored: np.ndarray, new) -> np.ndarray:
         stored = stored.astype(object) if stored.dtype.kind == "T" else stored  # zarr's strings, numpy's
-        return np.concatenate([stored, _as_numpy(new)]) if len(stored) else new
+        return np.concatenate([stored, as_numpy(new)]) if len(stored) else new
 
     for t in fmt.tables:
         raw, rows = ds.segment_raw_ids(dropped, t)
