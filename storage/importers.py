@@ -28,17 +28,8 @@ import numpy as np
 
 from shardflow.errors import InputError
 from storage.tables import TableSpec
-from storage.dataset import (
-    FORMAT_VERSION,
-    KIND,
-    MADE_BY,
-    SEGMENTS,
-    Dataset,
-    build_manifest,
-    record_verified,
-    segment_name,
-    start_store,
-)
+from storage.dataset import FORMAT_VERSION, KIND, MADE_BY, SEGMENTS, Dataset, record_verified
+from storage.dataset_writer import build_manifest, segment_name, start_store
 from storage.formats import (FEATURE_FILES, FORMATS, Format, Recbole, feature_files, make_format, parse_click_label,
                              read_features, sniff_delimiter)
 from storage.idmap import IdMap

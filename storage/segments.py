@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.dataset import EVENTS_PER_CHUNK, SegmentWriter, segment_name
+from storage.dataset import EVENTS_PER_CHUNK
+from storage.dataset_writer import SegmentWriter, segment_name
 from storage.formats import Format
 from storage.idmap import IdMap, RowLookup
 from storage.scan import PartScan, read_spill

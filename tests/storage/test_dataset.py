@@ -10,6 +10,7 @@ import zarr
 from support import REAL
 from shardflow.errors import InputError
 from storage import dataset as dataset_module
+from storage.dataset_writer import SegmentWriter
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 
@@ -148,9 +149,9 @@ def test_a_click_part_writes_its_own_users_as_the_whole_arrays_would(tmp_path, e
     """Every event its own user: the numbers written a chunk at a time are the arrays, chunks and digests
     that writing them whole gives."""
     first = 7
-    streamed = dataset_module.SegmentWriter(tmp_path / "streamed", events=events, runs=events, tables={})
+    streamed = SegmentWriter(tmp_path / "streamed", events=events, runs=events, tables={})
     streamed.write_own_users(first)
-    whole = dataset_module.SegmentWriter(tmp_path / "whole", events=events, runs=events, tables={})
+    whole = SegmentWriter(tmp_path / "whole", events=events, runs=events, tables={})
     numbers = np.arange(first, first + events, dtype=np.int64)
     whole.write_runs(numbers, np.arange(events + 1))
     whole.write_user_ids(numbers)
