@@ -2,12 +2,14 @@
 
     python bench/model_quality.py [--datasets games,beauty] [--encoders mean,self-attention] [--epochs 20]
                                   [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.5]
-                                  [--patience N] [--row-lr 0.05]
+                                  [--patience N] [--row-lr 0.05] [--negatives 4] [--devices 2]
+                                  [--device cpu|cuda]
 
 For each dataset, encoder and seed: import the bundled log, plan it with FlexShard for one node
-of 2 devices (10% memory slack), and train the run's default model (shardflow.config.RetrainConfig)
+of --devices devices (10% memory slack), and train the run's default model (shardflow.config.RetrainConfig)
 with that encoder — the mean of the history rows into an MLP, or SASRec's self-attention blocks
-(shardflow/model/attention.py) — on the Dask engine, 2 workers, for --epochs epochs.
+(shardflow/model/attention.py) — on the Dask engine, one worker per device, for --epochs epochs
+(computing on --device: cuda places every worker on the machine's GPUs in turn).
 After every epoch all users are evaluated as the paper does (Kang & McAuley, ICDM 2018,
 section IV-B): the held-out last item ranked among 100 items the user never interacted with
 (shardflow.data.examples.sample_unseen). Without --patience the epoch count is fixed in
@@ -40,7 +42,9 @@ from shardflow.config import RetrainConfig
 from shardflow.data.batches import TrainData
 from shardflow.model.optim import OptimizerConfig
 from shardflow.model.sequence import ModelConfig
+from shardflow.errors import InputError
 from shardflow.training.config import TrainConfig
+from shardflow.training.device import DEVICES, torch_device
 from shardflow.training.engine import Engine
 from shardflow.training.validation import best_epoch, score, stop_now, validation_values
 from storage.importers import import_dataset
@@ -51,15 +55,15 @@ DATASETS = {  # name -> (source, format, published HR@10, NDCG@10, where they co
     "games": (DATA / "amazon-video" / "Video.txt", "sasrec", 0.7410, 0.5360, "SASRec, the paper's Table III"),
     "beauty": (DATA / "amazon-beauty" / "Beauty.txt", "s3rec", 0.5157, 0.3479, "SASRec run on this copy"),
 }
-DEVICES = 2
 
 
 def run(client, dataset: Path, model: ModelConfig, optimizer: OptimizerConfig, batch_size: int, epochs: int,
-        seed: int, patience: int | None) -> list[dict]:
+        seed: int, patience: int | None, devices: int, device: str) -> list[dict]:
     """Every epoch's loss, metrics and seconds (training, then evaluating all users), up to the epoch reported
     (with a patience: the best on the validation split, which is the last row)."""
-    plan, topo = plan_for(dataset, DEVICES, batch_size, model)
-    train = TrainConfig(batch_size=batch_size, epochs=epochs, seed=seed, eval_users=None, patience=patience)
+    plan, topo = plan_for(dataset, devices, batch_size, model)
+    train = TrainConfig(batch_size=batch_size, epochs=epochs, seed=seed, eval_users=None, patience=patience,
+                        device=device)
     rows, scores = [], {}
     with Engine(client, str(dataset), plan, topo, model, optimizer, train) as engine:
         for epoch in range(1, epochs + 1):
@@ -91,26 +95,36 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=RetrainConfig().dropout)
     parser.add_argument("--patience", type=int, help="choose the epoch on a validation split (default: the last)")
     parser.add_argument("--row-lr", type=float, default=RetrainConfig().row_lr, help="the rows' Adagrad rate")
+    parser.add_argument("--negatives", type=int, default=RetrainConfig().negatives,
+                        help="sampled negatives per training target")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
     args = parser.parse_args()
     names = args.datasets.split(",")
     unknown = [n for n in names if n not in DATASETS]
     if unknown:
         raise SystemExit(f"--datasets {','.join(unknown)}; accepted: {', '.join(DATASETS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
+    try:
+        torch_device(args.device)  # refused here, before any work, if no GPU is visible
+    except InputError as e:
+        raise SystemExit(f"model_quality: {e}")
     models = {}
     for encoder in args.encoders.split(","):
-        c = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout})
+        c = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout,
+                                 "negatives": args.negatives})
         models[encoder] = ModelConfig(dim=c.dim, mlp=c.mlp, history=c.history, negatives=c.negatives,
                                       **c.encoder_options())
     optimizer = RetrainConfig.build({"row_lr": args.row_lr}).optimizer()
-    c = RetrainConfig.build({"history": args.history, "dropout": args.dropout})
-    print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {DEVICES} devices; batch "
-          f"{args.batch_size}; {args.epochs} epochs; seeds {seeds}; dim {c.dim}, history {c.history}, "
+    c = RetrainConfig.build({"history": args.history, "dropout": args.dropout, "negatives": args.negatives})
+    print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.devices} {args.device} devices; "
+          f"batch {args.batch_size}; {args.epochs} epochs; seeds {seeds}; dim {c.dim}, history {c.history}, "
           f"{c.negatives} negatives; mean: MLP {list(c.mlp)}; self-attention: {c.attention_blocks} blocks, "
           f"{c.attention_heads} heads, dropout {c.dropout}; row Adagrad {optimizer.row_lr}, dense "
           f"{optimizer.dense} {optimizer.dense_lr}", flush=True)
     results: dict[tuple[str, str], list[list[dict]]] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp, dask_client(workers=DEVICES) as client:
+    with (tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp,
+          dask_client(workers=args.devices, gpus=args.device == "cuda") as client):
         for name in names:
             source, fmt, *_ = DATASETS[name]
             store = Path(tmp) / name
@@ -122,7 +136,8 @@ def main() -> None:
                 for seed in seeds:
                     print(f"  {encoder}, seed {seed}", flush=True)
                     results.setdefault((name, encoder), []).append(
-                        run(client, store, model, optimizer, args.batch_size, args.epochs, seed, args.patience))
+                        run(client, store, model, optimizer, args.batch_size, args.epochs, seed, args.patience,
+                            args.devices, args.device))
     print(f"\nload after: {os.getloadavg()[0]:.1f}")
     print(f"{'dataset':8} {'encoder':14} {'epochs':>9} {'HR@10 min/median/max':>22} {'NDCG@10 min/median/max':>24}"
           f" {'paper HR@10':>11} {'NDCG@10':>8} {'ratios':>11} {'train s/epoch':>13}  published")
