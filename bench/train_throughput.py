@@ -140,7 +140,7 @@ def main() -> None:
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     args = parser.parse_args()
     try:
-        torch_device(args.device)  # refused here, before anything is imported, if no GPU is visible
+        torch_device(args.device)  # refused here, before any work, if no GPU is visible
     except InputError as e:
         sys.exit(f"train_throughput: {e}")
     cores = os.cpu_count() or 1
