@@ -1,4 +1,5 @@
-"""The CUDA path: the same steps on CUDA tensors give the CPU engine's parameters. Skipped without a GPU."""
+"""The CUDA path: the same steps on CUDA tensors give the CPU engine's parameters, and the reference trainer
+what it gives on the CPU. Skipped without a GPU."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from support import BATCH, MODEL, OPTIMIZER, TOPOLOGIES, random_plan
 from shardflow.cluster import dask_client
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
+from shardflow.training.reference import ReferenceTrainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to PyTorch")
 
@@ -27,3 +29,18 @@ def test_cuda_engine_matches_the_cpu_engine(dataset, data):
         for t in ("item", "genre"):
             scale = np.abs(cpu[t]["weights"]).max(initial=1.0)
             assert np.abs(cpu[t]["weights"] - gpu[t]["weights"]).max(initial=0.0) <= 1e-5 * scale
+
+
+def test_the_reference_trainer_on_cuda_learns_what_it_learns_on_the_cpu(data):
+    out = {}
+    for device in ("cpu", "cuda"):
+        ref = ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, seed=0, device=torch.device(device))
+        for i in range(3):
+            ref.step(0, i)
+        out[device] = ref
+    for t, cpu in out["cpu"].weights.items():
+        scale = np.abs(cpu).max(initial=1.0)
+        assert np.abs(cpu - out["cuda"].weights[t]).max(initial=0.0) <= 1e-5 * scale
+        assert np.array_equal(out["cpu"].state[t] > 0, out["cuda"].state[t] > 0), "the same rows were updated"
+    for k, cpu in out["cpu"].dense.items():
+        assert np.abs(cpu - out["cuda"].dense[k]).max(initial=0.0) <= 1e-5 * np.abs(cpu).max(initial=1.0)
