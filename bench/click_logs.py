@@ -142,7 +142,7 @@ def movielens(scratch: Path, seeds: int) -> None:
     """MovieLens-100k as a click log: the DLRM's held-out AUC and log-loss beside logistic regression's."""
     import_dataset("recbole", MOVIELENS, scratch / "movielens", label=ML_LABEL)
     ds = Dataset.open(scratch / "movielens")
-    defaults = RetrainConfig()
+    defaults = RetrainConfig().model
     models = [model_config(ds, dim=defaults.dim, mlp=defaults.mlp, bottom=defaults.bottom_mlp, history=1,
                            negatives=1, seed=s) for s in range(seeds)]
     data = load_training_data(ds, models[0].features, validation=True)

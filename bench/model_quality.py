@@ -89,13 +89,13 @@ def main() -> None:
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--batch-size", type=int, default=RetrainConfig().batch_size)
+    parser.add_argument("--batch-size", type=int, default=RetrainConfig().train.batch_size)
     parser.add_argument("--encoders", default="mean,self-attention")
-    parser.add_argument("--history", type=int, default=RetrainConfig().history)
-    parser.add_argument("--dropout", type=float, default=RetrainConfig().dropout)
+    parser.add_argument("--history", type=int, default=RetrainConfig().model.history)
+    parser.add_argument("--dropout", type=float, default=RetrainConfig().model.dropout)
     parser.add_argument("--patience", type=int, help="choose the epoch on a validation split (default: the last)")
-    parser.add_argument("--row-lr", type=float, default=RetrainConfig().row_lr, help="the rows' Adagrad rate")
-    parser.add_argument("--negatives", type=int, default=RetrainConfig().negatives,
+    parser.add_argument("--row-lr", type=float, default=RetrainConfig().train.row_lr, help="the rows' Adagrad rate")
+    parser.add_argument("--negatives", type=int, default=RetrainConfig().model.negatives,
                         help="sampled negatives per training target")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--device", choices=DEVICES, default="cpu")
@@ -111,12 +111,13 @@ def main() -> None:
         raise SystemExit(f"model_quality: {e}")
     models = {}
     for encoder in args.encoders.split(","):
-        c = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout,
-                                 "negatives": args.negatives})
+        config = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout,
+                                      "negatives": args.negatives})
+        c = config.model
         models[encoder] = ModelConfig(dim=c.dim, mlp=c.mlp, history=c.history, negatives=c.negatives,
-                                      **c.encoder_options())
+                                      **config.encoder_options())
     optimizer = RetrainConfig.build({"row_lr": args.row_lr}).optimizer()
-    c = RetrainConfig.build({"history": args.history, "dropout": args.dropout, "negatives": args.negatives})
+    c = RetrainConfig.build({"history": args.history, "dropout": args.dropout, "negatives": args.negatives}).model
     print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.devices} {args.device} devices; "
           f"batch {args.batch_size}; {args.epochs} epochs; seeds {seeds}; dim {c.dim}, history {c.history}, "
           f"{c.negatives} negatives; mean: MLP {list(c.mlp)}; self-attention: {c.attention_blocks} blocks, "

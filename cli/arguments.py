@@ -53,9 +53,9 @@ def _config_flag(p: argparse.ArgumentParser, key: str, **given) -> None:
     source of every default: `shardflow plan`, `train` and `run` agree); `given` adds or replaces any of them."""
     from typing import Literal, get_args, get_origin
 
-    from shardflow.config import RetrainConfig
+    from shardflow.config import SECTION_OF, SECTIONS
 
-    field = RetrainConfig.model_fields[key]
+    field = SECTIONS[SECTION_OF[key]].model_fields[key]
     kind, default = field.annotation, field.default
     spec: dict = {"default": default, "help": (field.description or key.replace("_", " ")).replace("%", "%%")}
     if kind is bool:

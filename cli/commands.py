@@ -213,7 +213,7 @@ def show_train(s: dict) -> None:
 def run_run(args: argparse.Namespace) -> dict:
     import os
 
-    from shardflow.config import RetrainConfig
+    from shardflow.config import RetrainConfig, overridden
     from shardflow.safe_yaml import load_file
 
     # The embedded server would try to send usage telemetry; these machines may have no network.
@@ -223,7 +223,10 @@ def run_run(args: argparse.Namespace) -> dict:
         values = load_file(args.config, "config") or {}
         if not isinstance(values, dict):
             raise InputError(f"--config {args.config}: a {type(values).__name__}; accepted: a YAML mapping")
-    values.update(dict(args.set or []))
+    try:
+        values = overridden(values, dict(args.set or []))
+    except ValueError as e:
+        raise InputError(f"bad configuration: {e}") from None
     config = RetrainConfig.build(values)
     from shardflow.preflight import check_run
 

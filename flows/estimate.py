@@ -28,14 +28,14 @@ from tasks.retrain import (
 from shardflow.preflight import run_paths
 
 
-@flow(name="estimate", flow_run_name="estimate-{config.epochs}-epochs")
+@flow(name="estimate", flow_run_name="estimate-{config.train.epochs}-epochs")
 def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
     one_line_errors()
     paths = run_paths(config)
     scratch = paths["estimate"]
     devices = config.parsed_topology.devices
-    with run_lock(paths["run"]), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
-                                             devices, gpus=config.device == "cuda") as client:
+    with run_lock(paths["run"]), run_cluster(**dict(config.cluster), workers=devices,
+                                             gpus=config.train.device == "cuda") as client:
         dataset = prepare_dataset(config)["path"]
         shutil.rmtree(scratch, ignore_errors=True)  # the last estimate's profile and plan, under the run's lock
         profile(dataset, str(scratch / "profile"), client, str(paths["run"]))
@@ -44,13 +44,13 @@ def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
         try:
             engine = start_parameter_servers(config, dataset, str(scratch / "plan"), client, estimate=True)
             # Estimation writes no checkpoints to resume from: a lost worker ends the run.
-            epochs = [unless_lost(train_epoch(engine, e)) for e in range(1, config.epochs + 1)]
+            epochs = [unless_lost(train_epoch(engine, e)) for e in range(1, config.train.epochs + 1)]
             traffic = engine.traffic()
         finally:
             release_parameter_servers(engine)
     steps = sum(e["steps"] for e in epochs)
     summary = {
-        "epochs": config.epochs,
+        "epochs": config.train.epochs,
         "examples_per_s": sum(e["examples"] for e in epochs) / sum(e["seconds"] for e in epochs),
         "bytes_per_step": modeled_bytes(traffic) / max(steps, 1),
         "epoch_loss": [e["loss"] for e in epochs],

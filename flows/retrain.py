@@ -90,8 +90,7 @@ def retrain(config: RetrainConfig = RetrainConfig()):
 def _make_version(config: RetrainConfig, run: str) -> dict:
     log = get_run_logger()
     devices = config.parsed_topology.devices
-    with run_lock(run), run_cluster(config.scheduler_address, config.cluster_class, config.cluster_kwargs,
-                                    devices, gpus=config.device == "cuda",
+    with run_lock(run), run_cluster(**dict(config.cluster), workers=devices, gpus=config.train.device == "cuda",
                                     worker_log=run_paths(config)["worker_log"]) as client:
         log.info("Dask dashboard: %s", client.dashboard_link)
         tidy(run)
@@ -110,13 +109,13 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     paths = version_paths(version["path"])
     tidy(paths["version"])
     # The plan and its cost model are fitted to what this version's window reads, histories included.
-    profile(dataset, paths["profile"], client, run, version["window"][0], config.history)
+    profile(dataset, paths["profile"], client, run, version["window"][0], config.model.history)
     source = version["warm_start_from"]
     previous_plan = None if source is None else paths_of(run, source)["plan"]
     strategies, decision = shard(config, paths["profile"], paths["plan"], previous_plan)
     trained_plan = read_summary(paths["plan"])  # the plan that trains: fresh, or the previous one kept
     trained = _train(config, dataset, paths, run, client, devices, trained_plan["bytes_per_step"], version)
-    metrics = evaluate(paths["model"], dataset, config.eval_users, config.seed, version["window"][1])
+    metrics = evaluate(paths["model"], dataset, config.train.eval_users, config.train.seed, version["window"][1])
     figures = plots(paths["version"], paths["profile"], paths["plan"], strategies)
     tidy(paths["version"])
     row_wise = next(r for r in strategies if r["strategy"] == "row-wise-mod")
@@ -130,7 +129,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         "window": version["window"],
         "epochs": trained["chosen"]["epochs"],
         "best_epoch": trained["chosen"]["best_epoch"],
-        "patience": config.patience,
+        "patience": config.train.patience,
         **metric_values(metrics),
         **validation_of(trained["chosen"]),
         "eval_users": metrics["users"],
@@ -161,7 +160,7 @@ def _tag(config: RetrainConfig) -> None:
     from prefect.client.orchestration import get_client
     from prefect.runtime import deployment, flow_run
 
-    tags = {f"strategy:{config.strategy}", f"dataset:{Path(config.dataset).name}"}
+    tags = {f"strategy:{config.plan.strategy}", f"dataset:{Path(config.data.dataset).name}"}
     if deployment.name:
         tags.add(f"deployment:{deployment.name}")
     with get_client(sync_client=True) as client:
@@ -201,42 +200,42 @@ def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: floa
     if resumed["checkpoint"] is None and source is not None:
         unless_lost(warm_start(engine, paths_of(run, source)["model"], source))
     if kept["progress"] is None:
-        kept["progress"] = create_progress_artifact(100.0 * resumed["epochs_done"] / config.epochs,
+        kept["progress"] = create_progress_artifact(100.0 * resumed["epochs_done"] / config.train.epochs,
                                                     key=artifact_key("training-progress", run),
                                                     description="epochs done")
     trained = _epochs(engine, config, paths, resumed, kept)
     publish_epoch_metrics(paths["version"], run, modeled)  # once a run: every epoch of the version
-    chosen = unless_lost(keep_best(engine, paths["version"], config.patience))
+    chosen = unless_lost(keep_best(engine, paths["version"], config.train.patience))
     unless_lost(download(engine, paths["model"], {"epochs": chosen["epochs"], "best_epoch": chosen["best_epoch"],
-                                                  "strategy": config.strategy}))
+                                                  "strategy": config.plan.strategy}))
     return {**trained, "chosen": chosen, "downloads": engine.downloads, "resumed": resumed}
 
 
 def _epochs(engine, config: RetrainConfig, paths: dict, resumed: dict, kept: dict) -> dict:
-    """The epochs after the resumed checkpoint, each checkpointed: up to config.epochs, or with a validation
+    """The epochs after the resumed checkpoint, each checkpointed: up to config.train.epochs, or with a validation
     split until `patience` epochs have passed without a better score (read back from the version's
     checkpoints, so a resumed run stops where an uninterrupted one would)."""
     steps = 0
     # Measured over this attempt's steps (the engine's counters start at zero); a run
     # with nothing left to train reports what its last checkpoint measured.
     measured = resumed["bytes_per_step"]
-    for epoch in range(resumed["epochs_done"] + 1, config.epochs + 1):  # numbered from 1
+    for epoch in range(resumed["epochs_done"] + 1, config.train.epochs + 1):  # numbered from 1
         scores = validation_scores(paths["version"])
-        if config.patience is not None and stop_now(scores, config.patience):
+        if config.train.patience is not None and stop_now(scores, config.train.patience):
             update_progress_artifact(kept["progress"], 100.0, description=f"stopped after epoch {epoch - 1}: "
                                      f"no better validation score since epoch {best_epoch(scores)}")
             break
-        stats = unless_lost(train_epoch(engine, epoch, config.epochs, kept["progress"]))
+        stats = unless_lost(train_epoch(engine, epoch, config.train.epochs, kept["progress"]))
         kept["losses"][epoch] = stats["loss"]
         steps += stats["steps"]
         measured = modeled_bytes(engine.traffic()) / steps
         unless_lost(checkpoint(engine, paths["version"], epoch, {
             "loss": stats["loss"], **metric_values(stats), **validation_of(stats),
-            "seed": config.seed, "bytes_per_step": measured, "examples_per_s": stats["examples"] / stats["seconds"],
-            "seconds": stats["seconds"],
+            "seed": config.train.seed, "bytes_per_step": measured,
+            "examples_per_s": stats["examples"] / stats["seconds"], "seconds": stats["seconds"],
         }))
-        update_progress_artifact(kept["progress"], 100.0 * epoch / config.epochs,
-                                 description=f"epoch {epoch}/{config.epochs} done · loss {stats['loss']:.3f}")
+        update_progress_artifact(kept["progress"], 100.0 * epoch / config.train.epochs,
+                                 description=f"epoch {epoch}/{config.train.epochs} done · loss {stats['loss']:.3f}")
     return {"losses": kept["losses"], "steps": steps, "bytes_per_step": measured}
 
 
@@ -247,15 +246,15 @@ def _restart(e: WorkerLost, engine, attempt: int, config: RetrainConfig, paths: 
     if engine is None and isinstance(e, WorkerOutOfMemory):
         raise TrainingError(f"the parameter servers ran out of memory while starting ({e}); a restart "
                             f"would run out again, so none was tried; {kept_note(paths['version'])}") from None
-    if attempt == config.max_restarts:
+    if attempt == config.train.max_restarts:
         raise TrainingError(
-            f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.max_restarts} reached; "
+            f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.train.max_restarts} reached; "
             f"{kept_note(paths['version'])}"
         ) from None
     get_run_logger().warning("%s; restoring the cluster and resuming from the last complete checkpoint (restart %d "
-                             "of %d)", e, attempt + 1, config.max_restarts)
+                             "of %d)", e, attempt + 1, config.train.max_restarts)
     warnings.append(f"restart {attempt + 1}: {e}; resumed from the last complete checkpoint")
     try:
-        restore_cluster(engine, client, devices, attempt + 1, config.restart_timeout_s)
+        restore_cluster(engine, client, devices, attempt + 1, config.train.restart_timeout_s)
     except TrainingError as gone:
         raise TrainingError(f"lost a worker ({e}), and {gone}; {kept_note(paths['version'])}") from None

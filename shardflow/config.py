@@ -1,8 +1,12 @@
 """The retraining run's one typed configuration: the flow's parameter schema (a form in the UI).
 
-Defaults run the bundled amazon-video dataset on the demo topology. Everything is
-checked when the config is built, before any stage starts: a bad value raises an
-InputError naming the key, the value and what is accepted.
+Its keys are grouped in sections, one per part of the run: data, model, plan, train,
+nightly and cluster, with run_dir beside them. A key's name is unique across sections,
+so it may be given bare (`epochs: 3`, `--set epochs=3`) or with its section
+(`train: {epochs: 3}`, `--set train.epochs=3`); a Prefect deployment's parameters and
+the UI's form take the sections. Defaults run the bundled amazon-video dataset on the
+demo topology. Everything is checked when the config is built, before any stage starts:
+a bad value raises an InputError naming the key, the value and what is accepted.
 """
 
 from __future__ import annotations
@@ -31,8 +35,12 @@ STEP_COPIES = 4
 DENSE_COPIES = 4  # weights, gradients and Adam's two moments
 
 
-class RetrainConfig(BaseModel):
+class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataSection(Section):
+    """What the run reads: the dataset and how its source files are imported."""
 
     dataset: str = Field(
         str(ROOT / "data" / "amazon-video" / "Video.txt"),
@@ -53,78 +61,12 @@ class RetrainConfig(BaseModel):
         description="a part of a dataset directory is read once it ends with a newline and has not been modified "
         "for this long (or, in a directory of NAME.done markers, once it has its marker); later parts wait with it",
     )
-    run_dir: str = Field("runs/retrain", description="profile, plan, checkpoints and the exported model go here")
-    topology: str = Field(str(ROOT / "topologies" / "demo-4.yaml"), description="topology YAML file")
-    strategy: Literal["table-wise", "row-wise-mod", "row-wise-block", "flexshard"] = "flexshard"
-    memory_slack: float = Field(0.1, ge=0, le=100, allow_inf_nan=False,
-                                description="per-device budget over row-wise-mod's bytes (0.1: 10% more)")
-    dim: int = Field(64, ge=1, le=4096)
-    mlp: tuple[int, ...] = Field((64, 32), description="hidden layer widths (of the top MLP for click logs)")
-    bottom_mlp: tuple[int, ...] = Field((64,), description="click logs: hidden widths of the MLP over numeric columns")
-    encoder: Literal["mean", "self-attention"] = Field(
-        "mean", description="sequence datasets: the user's state from the history, its mean into the MLP, or "
-        "SASRec's causal self-attention blocks scored by dot product (shardflow/model/attention.py)",
-    )
-    attention_blocks: int = Field(2, ge=1, le=64, description="self-attention: blocks")
-    attention_heads: int = Field(1, ge=1, le=MAX_WIDTH, description="self-attention: heads (a divisor of dim)")
-    dropout: float = Field(0.5, ge=0, lt=1, allow_inf_nan=False, description="self-attention: dropout rate")
-    history: int = Field(20, ge=1, le=MAX_LOOKUPS, description="items of a user's history an example reads")
-    negatives: int = Field(4, ge=1, le=MAX_LOOKUPS, description="sampled negatives per example")
-    dense_optimizer: Literal["adam", "adagrad"] = "adam"
-    row_lr: float = Field(0.05, gt=0, allow_inf_nan=False)
-    dense_lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
-    epochs: int = Field(2, ge=1, description="epochs to train (with patience: at most)")
-    patience: int | None = Field(
-        None, ge=1, description="hold out each user's second-to-last item (a click log: the last 10% of the "
-        "training rows) as a validation split, score it after every epoch (NDCG@10; click logs AUC), stop after "
-        "this many epochs without a better score and keep the best epoch (none: no split, every epoch)",
-    )
-    steps_per_epoch: int | None = Field(
-        None, ge=1, description="train only the first N steps of each epoch's order, a different sample of the log "
-        "every epoch (none: the whole epoch): a night's budget on a log whose epoch outlasts it",
-    )
-    batch_size: int = Field(4096, ge=1)
-    dedup: Literal["none", "device", "node"] = "device"
-    early_answers: bool = Field(
-        False, description="answer the next step's row requests while waiting and patch them when it begins (scopes "
-        "none and device): exact either way; 0.89-1.02x the examples/s of late answers on a 2-core CPU machine, where "
-        "no core is idle to hide the work (docs/benchmarks.md)",
-    )
-    device: Literal["cpu", "cuda"] = "cpu"
-    seed: int = Field(0, ge=0, le=2**63 - 1, description="batch order and negatives (a 64-bit signed integer)")
-    max_restarts: int = Field(
-        3,
-        ge=0,
-        description="times a run restores the cluster and the shards from the last checkpoint after losing a worker",
-    )
-    restart_timeout_s: float = Field(300.0, gt=0, description="how long a restore waits for enough workers")
-    eval_users: int | None = Field(5000, ge=1, description="held-out users evaluated (none: all)")
-    train_window: str | int = Field(
-        "new", description="what a new model version trains on: the parts added since the version it warm-starts "
-        "from (new), the last N parts, or all of them; earlier events always serve as history",
-    )
-    replan_margin: float = Field(
-        0.05, ge=0, lt=1, description="re-plan when a fresh plan's predicted comm time beats the kept one's by more"
-    )
-    promotion_margin: float = Field(
-        0.002, ge=0, description="a new version is promoted unless its AUC is below the current one's by more"
-    )
-    keep_versions: int = Field(3, ge=1, description="versions whose checkpoints are kept (the current one always)")
-    scheduler_address: str | None = Field(None, description="an existing Dask scheduler (one worker per device)")
-    cluster_class: str | None = Field(
-        None, description="a Dask cluster class by import path: distributed.LocalCluster or a dask_jobqueue class "
-        "(shardflow.cluster.CLUSTER_KWARGS)"
-    )
-    cluster_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="arguments of cluster_class: only the keys CLUSTER_KWARGS lists for it, "
-        "plain values only (numbers, booleans, words, lists and maps of them)",
-    )
 
-    @field_validator("mlp", "bottom_mlp")
+    @field_validator("dataset")
     @classmethod
-    def _widths(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if any(w < 1 or w > MAX_WIDTH for w in v) or len(v) > 64:
-            raise ValueError(f"widths {list(v)}; accepted: integers >= 1 and <= {MAX_WIDTH:,}, at most 64 of them")
+    def _dataset_exists(cls, v: str) -> str:
+        if not Path(v).exists():
+            raise ValueError(f"{v}: no such file or directory; accepted: a dataset store or a source file")
         return v
 
     @field_validator("hash_rows")
@@ -146,13 +88,56 @@ class RetrainConfig(BaseModel):
                 raise ValueError(str(e)) from None
         return v
 
-    @field_validator("train_window", mode="before")
+    @model_validator(mode="after")
+    def _options_of_the_format(self) -> "DataSection":
+        default = type(self).model_fields["hash_rows"].default
+        if self.hash_rows != default and self.dataset_format != "criteo":
+            raise ValueError(f"hash_rows = {self.hash_rows} with dataset_format {self.dataset_format!r}; accepted: "
+                             f"hash_rows only with dataset_format 'criteo' (hashed categorical columns)")
+        if self.click_label is not None and self.dataset_format != "recbole":
+            raise ValueError(f"click_label = {self.click_label!r} with dataset_format {self.dataset_format!r}; "
+                             "accepted: click_label only with dataset_format 'recbole' (criteo logs carry labels)")
+        return self
+
+
+class ModelSection(Section):
+    """The model's shape: embedding width, dense layers, the sequence encoder and what an example reads."""
+
+    dim: int = Field(64, ge=1, le=4096)
+    mlp: tuple[int, ...] = Field((64, 32), description="hidden layer widths (of the top MLP for click logs)")
+    bottom_mlp: tuple[int, ...] = Field((64,), description="click logs: hidden widths of the MLP over numeric columns")
+    encoder: Literal["mean", "self-attention"] = Field(
+        "mean", description="sequence datasets: the user's state from the history, its mean into the MLP, or "
+        "SASRec's causal self-attention blocks scored by dot product (shardflow/model/attention.py)",
+    )
+    attention_blocks: int = Field(2, ge=1, le=64, description="self-attention: blocks")
+    attention_heads: int = Field(1, ge=1, le=MAX_WIDTH, description="self-attention: heads (a divisor of dim)")
+    dropout: float = Field(0.5, ge=0, lt=1, allow_inf_nan=False, description="self-attention: dropout rate")
+    history: int = Field(20, ge=1, le=MAX_LOOKUPS, description="items of a user's history an example reads")
+    negatives: int = Field(4, ge=1, le=MAX_LOOKUPS, description="sampled negatives per example")
+
+    @field_validator("mlp", "bottom_mlp")
     @classmethod
-    def _window(cls, v: object) -> str | int:
-        if v in ("new", "all") or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-            return v
-        raise ValueError(f"{v!r}; accepted: 'new' (the parts since the warm-start source), 'all', or N >= 1 "
-                         "(the last N parts)")
+    def _widths(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(w < 1 or w > MAX_WIDTH for w in v) or len(v) > 64:
+            raise ValueError(f"widths {list(v)}; accepted: integers >= 1 and <= {MAX_WIDTH:,}, at most 64 of them")
+        return v
+
+    @model_validator(mode="after")
+    def _heads_divide_dim(self) -> "ModelSection":
+        if self.encoder == "self-attention" and self.dim % self.attention_heads:
+            raise ValueError(f"attention_heads = {self.attention_heads} for dim {self.dim}; accepted: a divisor of dim")
+        return self
+
+
+class PlanSection(Section):
+    """Sharding: the topology, the strategy, the per-device budget and the de-duplication scope it is priced by."""
+
+    topology: str = Field(str(ROOT / "topologies" / "demo-4.yaml"), description="topology YAML file")
+    strategy: Literal["table-wise", "row-wise-mod", "row-wise-block", "flexshard"] = "flexshard"
+    memory_slack: float = Field(0.1, ge=0, le=100, allow_inf_nan=False,
+                                description="per-device budget over row-wise-mod's bytes (0.1: 10% more)")
+    dedup: Literal["none", "device", "node"] = "device"
 
     @field_validator("topology")
     @classmethod
@@ -161,24 +146,76 @@ class RetrainConfig(BaseModel):
             raise ValueError(f"{v}: no such file; accepted: a topology YAML file")
         return v
 
-    @field_validator("run_dir")
-    @classmethod
-    def _run_dir(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("an empty path; accepted: a directory of its own for the run (new or of an earlier run)")
-        path = Path(v).expanduser().resolve()
-        if path == path.parent or path == Path.home().resolve():
-            raise ValueError(f"{path} is a file system root or the home directory; accepted: a directory of its own")
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"{v} is a file; accepted: a directory (new or of an earlier run)")
-        return v
 
-    @field_validator("dataset")
+class TrainSection(Section):
+    """The epochs: batch, optimisers, early stopping, where devices compute, evaluation and restarts."""
+
+    epochs: int = Field(2, ge=1, description="epochs to train (with patience: at most)")
+    patience: int | None = Field(
+        None, ge=1, description="hold out each user's second-to-last item (a click log: the last 10% of the "
+        "training rows) as a validation split, score it after every epoch (NDCG@10; click logs AUC), stop after "
+        "this many epochs without a better score and keep the best epoch (none: no split, every epoch)",
+    )
+    steps_per_epoch: int | None = Field(
+        None, ge=1, description="train only the first N steps of each epoch's order, a different sample of the log "
+        "every epoch (none: the whole epoch): a night's budget on a log whose epoch outlasts it",
+    )
+    batch_size: int = Field(4096, ge=1)
+    dense_optimizer: Literal["adam", "adagrad"] = "adam"
+    row_lr: float = Field(0.05, gt=0, allow_inf_nan=False)
+    dense_lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
+    early_answers: bool = Field(
+        False, description="answer the next step's row requests while waiting and patch them when it begins (scopes "
+        "none and device): exact either way; 0.89-1.02x the examples/s of late answers on a 2-core CPU machine, where "
+        "no core is idle to hide the work (docs/benchmarks.md)",
+    )
+    device: Literal["cpu", "cuda"] = "cpu"
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="batch order and negatives (a 64-bit signed integer)")
+    eval_users: int | None = Field(5000, ge=1, description="held-out users evaluated (none: all)")
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="times a run restores the cluster and the shards from the last checkpoint after losing a worker",
+    )
+    restart_timeout_s: float = Field(300.0, gt=0, description="how long a restore waits for enough workers")
+
+
+class NightlySection(Section):
+    """Model versions: what a night trains on, when it re-plans, when it is promoted, what is kept."""
+
+    train_window: str | int = Field(
+        "new", description="what a new model version trains on: the parts added since the version it warm-starts "
+        "from (new), the last N parts, or all of them; earlier events always serve as history",
+    )
+    replan_margin: float = Field(
+        0.05, ge=0, lt=1, description="re-plan when a fresh plan's predicted comm time beats the kept one's by more"
+    )
+    promotion_margin: float = Field(
+        0.002, ge=0, description="a new version is promoted unless its AUC is below the current one's by more"
+    )
+    keep_versions: int = Field(3, ge=1, description="versions whose checkpoints are kept (the current one always)")
+
+    @field_validator("train_window", mode="before")
     @classmethod
-    def _dataset_exists(cls, v: str) -> str:
-        if not Path(v).exists():
-            raise ValueError(f"{v}: no such file or directory; accepted: a dataset store or a source file")
-        return v
+    def _window(cls, v: object) -> str | int:
+        if v in ("new", "all") or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError(f"{v!r}; accepted: 'new' (the parts since the warm-start source), 'all', or N >= 1 "
+                         "(the last N parts)")
+
+
+class ClusterSection(Section):
+    """Where the Dask work runs: a local cluster (none set), an existing scheduler, or a cluster class."""
+
+    scheduler_address: str | None = Field(None, description="an existing Dask scheduler (one worker per device)")
+    cluster_class: str | None = Field(
+        None, description="a Dask cluster class by import path: distributed.LocalCluster or a dask_jobqueue class "
+        "(shardflow.cluster.CLUSTER_KWARGS)"
+    )
+    cluster_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="arguments of cluster_class: only the keys CLUSTER_KWARGS lists for it, "
+        "plain values only (numbers, booleans, words, lists and maps of them)",
+    )
 
     @field_validator("cluster_class", "scheduler_address")
     @classmethod
@@ -195,18 +232,7 @@ class RetrainConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _hash_rows_for_criteo(self) -> "RetrainConfig":
-        default = type(self).model_fields["hash_rows"].default
-        if self.hash_rows != default and self.dataset_format != "criteo":
-            raise ValueError(f"hash_rows = {self.hash_rows} with dataset_format {self.dataset_format!r}; accepted: "
-                             f"hash_rows only with dataset_format 'criteo' (hashed categorical columns)")
-        if self.click_label is not None and self.dataset_format != "recbole":
-            raise ValueError(f"click_label = {self.click_label!r} with dataset_format {self.dataset_format!r}; "
-                             "accepted: click_label only with dataset_format 'recbole' (criteo logs carry labels)")
-        return self
-
-    @model_validator(mode="after")
-    def _one_cluster(self) -> "RetrainConfig":
+    def _one_cluster(self) -> "ClusterSection":
         from shardflow.cluster import check_cluster_kwargs, resolve_cluster_class
 
         if self.scheduler_address and self.cluster_class:
@@ -219,6 +245,77 @@ class RetrainConfig(BaseModel):
             raise ValueError(str(e)) from None
         return self
 
+
+SECTIONS: dict[str, type[Section]] = {"data": DataSection, "model": ModelSection, "plan": PlanSection,
+                                      "train": TrainSection, "nightly": NightlySection, "cluster": ClusterSection}
+SECTION_OF = {key: name for name, section in SECTIONS.items() for key in section.model_fields}
+
+
+def sectioned(values: dict) -> dict:
+    """`values` with every bare key (`epochs`) and dotted key (`train.epochs`) moved into its section; a key given
+    twice, or a dotted key naming no section, is refused. Unknown bare keys are left for the schema to refuse."""
+    out: dict = {}
+    given: dict[str, str] = {}
+    for key, value in values.items():
+        if key in SECTIONS and isinstance(value, dict):
+            pairs = [(key, k, f"{key}.{k}", v) for k, v in value.items()]
+        elif "." in key:
+            section, _, name = key.partition(".")
+            if section not in SECTIONS:
+                raise ValueError(f"{key}: no section {section!r}; accepted: {', '.join(SECTIONS)}")
+            pairs = [(section, name, key, value)]
+        elif key in SECTION_OF:
+            pairs = [(SECTION_OF[key], key, key, value)]
+        else:
+            out[key] = value
+            continue
+        for section, name, spelled, value in pairs:
+            if (section, name) in given:
+                raise ValueError(f"{spelled}: given twice (also as {given[section, name]}); accepted: one of them")
+            given[section, name] = spelled
+            out.setdefault(section, {})[name] = value
+    return out
+
+
+def overridden(values: dict, overrides: dict) -> dict:
+    """`values` (a config file's) with `overrides` (`--set`'s) put over them key by key, either spelled any way."""
+    out = {k: dict(v) if k in SECTIONS and isinstance(v, dict) else v for k, v in sectioned(values).items()}
+    for key, value in sectioned(overrides).items():
+        if key in SECTIONS and isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key].update(value)
+        else:
+            out[key] = value
+    return out
+
+
+class RetrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_dir: str = Field("runs/retrain", description="profile, plan, checkpoints and the exported model go here")
+    data: DataSection = Field(default_factory=DataSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    plan: PlanSection = Field(default_factory=PlanSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    nightly: NightlySection = Field(default_factory=NightlySection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _into_sections(cls, values: object) -> object:
+        return sectioned(values) if isinstance(values, dict) else values
+
+    @field_validator("run_dir")
+    @classmethod
+    def _run_dir(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("an empty path; accepted: a directory of its own for the run (new or of an earlier run)")
+        path = Path(v).expanduser().resolve()
+        if path == path.parent or path == Path.home().resolve():
+            raise ValueError(f"{path} is a file system root or the home directory; accepted: a directory of its own")
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{v} is a file; accepted: a directory (new or of an earlier run)")
+        return v
+
     @model_validator(mode="after")
     def _batch_covers_devices(self) -> "RetrainConfig":
         from shardflow.data.batches import check_batch
@@ -228,18 +325,16 @@ class RetrainConfig(BaseModel):
         except InputError as e:
             raise ValueError(str(e)) from None
         try:
-            check_batch(self.batch_size, devices)
+            check_batch(self.train.batch_size, devices)
         except InputError as e:
-            raise ValueError(f"{e} (a trainer per device of {self.topology})") from None
+            raise ValueError(f"{e} (a trainer per device of {self.plan.topology})") from None
         return self
 
     @model_validator(mode="after")
     def _encoder_fits(self) -> "RetrainConfig":
-        if self.encoder == "self-attention" and self.dim % self.attention_heads:
-            raise ValueError(f"attention_heads = {self.attention_heads} for dim {self.dim}; accepted: a divisor of dim")
-        if self.encoder != "mean" and self.dataset_format == "criteo":
-            raise ValueError(f"encoder = {self.encoder!r} for a criteo click log; accepted: mean (the encoder is the "
-                             "sequence model's; click logs train the DLRM)")
+        if self.model.encoder != "mean" and self.data.dataset_format == "criteo":
+            raise ValueError(f"encoder = {self.model.encoder!r} for a criteo click log; accepted: mean (the encoder "
+                             "is the sequence model's; click logs train the DLRM)")
         return self
 
     @model_validator(mode="after")
@@ -252,10 +347,11 @@ class RetrainConfig(BaseModel):
         need = self.step_bytes(devices) + self.dense_bytes()
         have = psutil.virtual_memory().total
         if need > have:
+            m = self.model
             raise ValueError(
-                f"a training step needs about {need / 1e9:,.1f} GB (batch_size {self.batch_size} over {devices} "
-                f"devices × (history {self.history} + 1 + negatives {self.negatives}) rows × dim {self.dim}, and the "
-                f"dense layers {list(self.mlp)} / {list(self.bottom_mlp)}); this machine has {have / 1e9:,.1f} GB; "
+                f"a training step needs about {need / 1e9:,.1f} GB (batch_size {self.train.batch_size} over "
+                f"{devices} devices × (history {m.history} + 1 + negatives {m.negatives}) rows × dim {m.dim}, and "
+                f"the dense layers {list(m.mlp)} / {list(m.bottom_mlp)}); this machine has {have / 1e9:,.1f} GB; "
                 "accepted: smaller batch_size, history, negatives, dim or layers"
             )
         return self
@@ -266,61 +362,68 @@ class RetrainConfig(BaseModel):
         """The topology file, read and checked once per config."""
         from shardflow.planner.topology import load_topology
 
-        return load_topology(self.topology)
+        return load_topology(self.plan.topology)
 
     def step_shape(self) -> "StepShape":
         """What the planner prices a step by."""
         from shardflow.planner.costmodel import StepShape
 
-        return StepShape(self.batch_size, self.dim, self.dedup)
+        return StepShape(self.train.batch_size, self.model.dim, self.plan.dedup)
 
     def plan_options(self) -> dict:
         """The planning stage's keyword arguments besides the profile and the topology."""
-        return {"shape": self.step_shape(), "memory_slack": self.memory_slack, "history": self.history,
-                "negatives": self.negatives}
+        return {"shape": self.step_shape(), "memory_slack": self.plan.memory_slack, "history": self.model.history,
+                "negatives": self.model.negatives}
 
     def optimizer(self) -> "OptimizerConfig":
         from shardflow.model.optim import OptimizerConfig
 
-        return OptimizerConfig(row_lr=self.row_lr, dense=self.dense_optimizer, dense_lr=self.dense_lr)
+        t = self.train
+        return OptimizerConfig(row_lr=t.row_lr, dense=t.dense_optimizer, dense_lr=t.dense_lr)
 
     def training(self, window: tuple[int, int] = (0, 0)) -> "TrainConfig":
         """The engine's part: a version trains from segment window[0] and is evaluated from window[1]."""
         from shardflow.training.config import TrainConfig
 
-        return TrainConfig(batch_size=self.batch_size, dedup=self.dedup, early_answers=self.early_answers,
-                           epochs=self.epochs, steps_per_epoch=self.steps_per_epoch, device=self.device,
-                           seed=self.seed, eval_users=self.eval_users, window=tuple(window),
-                           patience=self.patience)
+        t = self.train
+        return TrainConfig(batch_size=t.batch_size, dedup=self.plan.dedup, early_answers=t.early_answers,
+                           epochs=t.epochs, steps_per_epoch=t.steps_per_epoch, device=t.device, seed=t.seed,
+                           eval_users=t.eval_users, window=tuple(window), patience=t.patience)
 
     def encoder_options(self) -> dict:
         """The sequence model's encoder, as shardflow.model.sequence.ModelConfig names it."""
-        return {"encoder": self.encoder, "blocks": self.attention_blocks, "heads": self.attention_heads,
-                "dropout": self.dropout}
+        m = self.model
+        return {"encoder": m.encoder, "blocks": m.attention_blocks, "heads": m.attention_heads, "dropout": m.dropout}
 
     def step_bytes(self, devices: int) -> int:
         """A bound on one trainer's working set in a step (bytes)."""
-        examples = -(-self.batch_size // devices)
-        rows = examples * (self.history + 1 + self.negatives)
+        m = self.model
+        examples = -(-self.train.batch_size // devices)
+        rows = examples * (m.history + 1 + m.negatives)
         attention = 0
-        if self.encoder == "self-attention":
+        if m.encoder == "self-attention":
             from shardflow.model.attention import activation_values
 
-            attention = examples * activation_values(self.dim, self.history, self.attention_blocks,
-                                                     self.attention_heads)
-        return (rows * self.dim * STEP_COPIES + attention) * 4
+            attention = examples * activation_values(m.dim, m.history, m.attention_blocks, m.attention_heads)
+        return (rows * m.dim * STEP_COPIES + attention) * 4
 
     def dense_bytes(self) -> int:
         """The dense layers' weights, gradients and optimiser state (bytes), for either workload's model."""
+        m = self.model
         params = 0
-        for widths in ((3 * self.dim, *self.mlp, 1), (self.dim, *self.bottom_mlp, self.dim)):
+        for widths in ((3 * m.dim, *m.mlp, 1), (m.dim, *m.bottom_mlp, m.dim)):
             params += sum(a * b + b for a, b in zip(widths, widths[1:]))
-        if self.encoder == "self-attention":
+        if m.encoder == "self-attention":
             from shardflow.model.attention import attention_shapes
 
-            shapes = attention_shapes(self.dim, self.history, self.attention_blocks)
+            shapes = attention_shapes(m.dim, m.history, m.attention_blocks)
             params += sum(math.prod(s) for s in shapes.values())
         return params * 4 * DENSE_COPIES
+
+    def flat(self) -> dict:
+        """Every key by its bare name, JSON values (what records store: the names are unique across sections)."""
+        values = self.model_dump(mode="json")
+        return {"run_dir": values.pop("run_dir"), **{k: v for section in values.values() for k, v in section.items()}}
 
     @classmethod
     def build(cls, values: dict) -> "RetrainConfig":
@@ -328,9 +431,15 @@ class RetrainConfig(BaseModel):
         try:
             return cls(**values)
         except ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'config'} = {err.get('input')!r}: {err['msg']}"
-                for err in e.errors()
-            )
-            accepted = ", ".join(cls.model_fields)
-            raise InputError(f"bad configuration: {problems} (keys: {accepted})") from None
+            problems = "; ".join(_problem(err) for err in e.errors())
+            accepted = ", ".join([*SECTION_OF, "run_dir"])
+            raise InputError(f"bad configuration: {problems} (keys: {accepted}; each bare or as SECTION.KEY, "
+                             f"sections {', '.join(SECTIONS)})") from None
+
+
+def _problem(err: dict) -> str:
+    """One validation error: the key, the value and the message; a check across keys has no single value."""
+    where = ".".join(str(p) for p in err["loc"]) or "config"
+    if err["type"] == "value_error" and isinstance(err.get("input"), dict):
+        return f"{where}: {err['msg']}"
+    return f"{where} = {err.get('input')!r}: {err['msg']}"

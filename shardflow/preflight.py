@@ -72,7 +72,8 @@ def check_budget(config: RetrainConfig) -> None:
     if store is None:
         return
     rows = sum(t.rows for t in Dataset.open(store).info.tables)
-    check_capacity(rows, config.dim, topology, topology.device_memory_bytes, f"the tables of {store}", config.topology)
+    check_capacity(rows, config.model.dim, topology, topology.device_memory_bytes, f"the tables of {store}",
+                   config.plan.topology)
 
 
 # The run config's names for a model record's keys where they differ (shardflow.data.clicks.model_config).
@@ -89,10 +90,11 @@ def check_model_shape(config: RetrainConfig) -> None:
     if promoted is None or store is None:
         return
     theirs = exported_record(read_checkpoint(versions.version_dir(config.run_dir, promoted) / EXPORT, EXPORT))
-    model = model_config(Dataset.open(store), dim=config.dim, mlp=tuple(config.mlp), bottom=tuple(config.bottom_mlp),
-                         history=config.history, negatives=config.negatives, seed=config.seed,
+    m = config.model
+    model = model_config(Dataset.open(store), dim=m.dim, mlp=tuple(m.mlp), bottom=tuple(m.bottom_mlp),
+                         history=m.history, negatives=m.negatives, seed=config.train.seed,
                          encoder=config.encoder_options())
-    mine = warm_start_record(model, config.dense_optimizer)
+    mine = warm_start_record(model, config.train.dense_optimizer)
     differ = shape_differences(mine, theirs)
     if differ:
         def values(record: dict) -> str:
@@ -113,7 +115,7 @@ def _plain(value):
 def dataset_store(config: RetrainConfig) -> Path | None:
     """The dataset store the run trains on as it is now: `dataset` if it is a store, else RUN_DIR/dataset once
     something was imported into it (None before the first import)."""
-    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    source, dest = Path(config.data.dataset), run_paths(config)["dataset"]
     return source if (source / MANIFEST).is_file() else dest if (dest / MANIFEST).is_file() else None
 
 
@@ -125,7 +127,7 @@ def check_dataset(config: RetrainConfig) -> None:
     so is another source once the run_dir holds model versions trained on its own. A
     dataset store given as such is checked by check_versions.
     """
-    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    source, dest = Path(config.data.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file():
         check_versions(config, str(source))
         return
@@ -133,13 +135,13 @@ def check_dataset(config: RetrainConfig) -> None:
     if known is None:
         return
     if same_source(known, config):
-        check_continuation(config.dataset_format, source, dest, source_parts(config, known), known,
+        check_continuation(config.data.dataset_format, source, dest, source_parts(config, known), known,
                            import_options(config))
     elif versions.numbers(config.run_dir):
         raise InputError(
             f"run_dir {config.run_dir} was trained on {known.get('path')} ({known.get('format')}); dataset "
-            f"{config.dataset} ({config.dataset_format}) is another one; accepted: that dataset (or a directory "
-            "of its parts with new ones), or a new run_dir"
+            f"{config.data.dataset} ({config.data.dataset_format}) is another one; accepted: that dataset (or a "
+            "directory of its parts with new ones), or a new run_dir"
         )
 
 
@@ -175,7 +177,7 @@ def check_versions(config: RetrainConfig, dataset_store: str) -> None:
 
 def imported_source(config: RetrainConfig) -> dict | None:
     """The source RUN_DIR/dataset was imported from (None: `dataset` is a store itself, or nothing imported yet)."""
-    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    source, dest = Path(config.data.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file() or not (dest / MANIFEST).is_file():
         return None
     return Dataset.open(dest).info.source
@@ -183,21 +185,22 @@ def imported_source(config: RetrainConfig) -> dict | None:
 
 def import_options(config: RetrainConfig) -> dict:
     """The options an import records: criteo's table sizes, recbole's click label (none for the other formats)."""
-    return recorded_options(config.dataset_format, {}, config.hash_rows, config.click_label)
+    return recorded_options(config.data.dataset_format, {}, config.data.hash_rows, config.data.click_label)
 
 
 def import_kwargs(config: RetrainConfig) -> dict:
-    return {"hash_rows": config.hash_rows} if config.dataset_format == "criteo" else {"label": config.click_label}
+    data = config.data
+    return {"hash_rows": data.hash_rows} if data.dataset_format == "criteo" else {"label": data.click_label}
 
 
 def same_source(known: dict, config: RetrainConfig) -> bool:
-    return (known.get("format"), known.get("path")) == (config.dataset_format, str(Path(config.dataset)))
+    return (known.get("format"), known.get("path")) == (config.data.dataset_format, str(Path(config.data.dataset)))
 
 
 def source_parts(config: RetrainConfig, known: dict | None) -> list[Part]:
     """The parts of the dataset directory, each unfinished one marked (those RUN_DIR/dataset holds are not judged)."""
     held = [p["name"] for p in known.get("parts", [])] if known and same_source(known, config) else []
-    return resolve_parts(config.dataset, config.part_settle_s, held)
+    return resolve_parts(config.data.dataset, config.data.part_settle_s, held)
 
 
 def source_warnings(source: Path, parts: list[Part]) -> list[str]:

@@ -209,14 +209,16 @@ def summary_markdown(s: dict, config: RetrainConfig) -> str:
     lines = [
         f"# Retraining run `{s['run_dir']}`",
         "",
-        f"- strategy **{config.strategy}** on `{config.topology}`, {s['epochs']} epochs, batch {config.batch_size}",
+        f"- strategy **{config.plan.strategy}** on `{config.plan.topology}`, {s['epochs']} epochs, "
+        f"batch {config.train.batch_size}",
         *head,
         *_kept_epoch(s),
         # Like for like: measured against the trained plan's model; that model against row-wise-mod's.
         (f"- traffic **{s['bytes_per_step'] / mb:.3f} MB/step measured** (the last epochs trained) against "
          if s["bytes_per_step"] is not None else "- traffic not measured (no checkpoint recorded it); ")
         + f"{s['modeled_bytes_per_step'] / mb:.3f} MB/step that the cost model predicts for the plan that trained",
-        f"- modeled communication time per step: **{s['comm_time_us_per_step']:.1f} {us}** with {config.strategy}, "
+        f"- modeled communication time per step: **{s['comm_time_us_per_step']:.1f} {us}** "
+        f"with {config.plan.strategy}, "
         f"{s['row_wise_comm_time_us_per_step']:.1f} {us} with row-wise-mod "
         f"({s['row_wise_comm_time_us_per_step'] / max(s['comm_time_us_per_step'], 1e-12):.2f}× its time); "
         f"{s['row_wise_bytes_per_step'] / mb:.3f} MB/step with row-wise-mod",
@@ -224,7 +226,7 @@ def summary_markdown(s: dict, config: RetrainConfig) -> str:
         f"- exported model: `{s['model']}`",
         f"- resumed from: `{s['resumed_from']}`" if s["resumed_from"] else "- resumed from no checkpoint",
         *(f"- **skipped damaged checkpoint** `{k['checkpoint']}`: {k['reason']}" for k in s["skipped_checkpoints"]),
-        f"- worker losses recovered from a checkpoint: {s['restarts']} (max_restarts {config.max_restarts})",
+        f"- worker losses recovered from a checkpoint: {s['restarts']} (max_restarts {config.train.max_restarts})",
         *(f"- **warning**: {w}" for w in s["warnings"]),
         "- checkpoints: " + (", ".join(f"`{c}`" for c in s["checkpoints"]) or "none"),
         "- versions, checkpoints, models and plots (SVG files) on the machine that ran it: `" + s["run_dir"] + "`",

@@ -59,7 +59,7 @@ def prepare_dataset(config: RetrainConfig) -> dict:
     versions. The warnings name what the source holds that is not a part, and the parts
     left for a later night because they may still be being written.
     """
-    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    source, dest = Path(config.data.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file():
         return {"path": str(source), "parts_added": [], "warnings": []}
     known = imported_source(config)
@@ -67,13 +67,13 @@ def prepare_dataset(config: RetrainConfig) -> dict:
     for w in warnings:
         get_run_logger().warning("%s", w)
     if known is not None and same_source(known, config):
-        added = import_dataset(config.dataset_format, source, dest, append=True, settle_s=config.part_settle_s,
-                               **import_kwargs(config))["parts_added"]
+        added = import_dataset(config.data.dataset_format, source, dest, append=True,
+                               settle_s=config.data.part_settle_s, **import_kwargs(config))["parts_added"]
         get_run_logger().info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing",
                               dest, source)
         return {"path": str(dest), "parts_added": [Path(p).name for p in added], "warnings": warnings}
-    done = import_dataset(config.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file(),
-                          settle_s=config.part_settle_s, **import_kwargs(config))
+    done = import_dataset(config.data.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file(),
+                          settle_s=config.data.part_settle_s, **import_kwargs(config))
     return {"path": str(dest), "parts_added": [Path(p).name for p in done["parts_added"]], "warnings": warnings}
 
 
@@ -128,14 +128,15 @@ def shard(config: RetrainConfig, profile_path: str, out: str,
         decision = parse_decision(json.loads(decision_file.read_text()), str(decision_file))
     else:
         decision = keep_or_replan(profile_path, out, topology, out if made else previous_plan,
-                                  strategy=config.strategy, margin=config.replan_margin,
-                                  fresh=plans.get(config.strategy), overwrite=made, **kwargs)
+                                  strategy=config.plan.strategy, margin=config.nightly.replan_margin,
+                                  fresh=plans.get(config.plan.strategy), overwrite=made, **kwargs)
         write_record(decision_file, decision.record())
     get_run_logger().info("plan: %s", decision.reason)
     create_table_artifact(
         [_comparison_row(r) for r in rows],
         key=artifact_key("plan-comparison", config.run_dir),
-        description=f"Every strategy on {config.topology}, batch {config.batch_size}, dedup {config.dedup}",
+        description=f"Every strategy on {config.plan.topology}, batch {config.train.batch_size}, "
+        f"dedup {config.plan.dedup}",
     )
     refused = [r for r in rows if "error" in r]
     if refused:  # long reasons in their own artifact: a table cuts them off at the UI's width
@@ -169,8 +170,8 @@ def _comparison_row(r: dict) -> dict:
 @task(name="start-parameter-servers", task_run_name="start-parameter-servers", cache_policy=NONE)
 def start_parameter_servers(config: RetrainConfig, dataset: str, plan_path: str, client: Client,
                             estimate: bool = False, window: tuple[int, int] = (0, 0)) -> Engine:
-    job = prepare(dataset, plan_path, config.training(window), mlp=tuple(config.mlp),
-                  bottom=tuple(config.bottom_mlp), optimizer=config.optimizer(), encoder=config.encoder_options(),
+    job = prepare(dataset, plan_path, config.training(window), mlp=tuple(config.model.mlp),
+                  bottom=tuple(config.model.bottom_mlp), optimizer=config.optimizer(), encoder=config.encoder_options(),
                   estimate=estimate)
     if job.scaled_rows is not None:
         get_run_logger().info("estimation: one parameter server, rows scaled to %s", job.scaled_rows)

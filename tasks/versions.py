@@ -45,7 +45,7 @@ def paths_of(run_dir: str, number: int) -> dict[str, str]:
 
 
 def fingerprint(config: RetrainConfig) -> dict:
-    values = {k: v for k, v in config.model_dump(mode="json").items() if k not in NOT_FINGERPRINTED}
+    values = {k: v for k, v in config.flat().items() if k not in NOT_FINGERPRINTED}
     values["topology"] = config.parsed_topology.to_dict()
     return values
 
@@ -70,7 +70,7 @@ def _nothing_new(config: RetrainConfig, run: str) -> dict | None:
     finished = versions.result(run, last)
     if finished is None or versions.promotion_cut_off(run, last):
         return None
-    source, dest = Path(config.dataset), run_paths(config)["dataset"]
+    source, dest = Path(config.data.dataset), run_paths(config)["dataset"]
     warnings = []
     if (source / MANIFEST).is_file():
         store = source
@@ -79,7 +79,7 @@ def _nothing_new(config: RetrainConfig, run: str) -> dict | None:
         if known is None or not same_source(known, config):
             return None
         parts = source_parts(config, known)
-        if check_continuation(config.dataset_format, source, dest, parts, known, import_options(config)):
+        if check_continuation(config.data.dataset_format, source, dest, parts, known, import_options(config)):
             return None
         warnings, store = source_warnings(source, parts), dest
     segments = [segment_checksum(s) for s in Dataset.open(store).segments]
@@ -107,7 +107,7 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
     else the version to make (a new one, or one cut off part-way, resumed or made again).
 
     A trained version's training window starts after the parts its warm-start source saw
-    (config.train_window widens it); its held-out items are those of the new parts.
+    (config.nightly.train_window widens it); its held-out items are those of the new parts.
     """
     log, run = get_run_logger(), config.run_dir
     ds = Dataset.open(dataset)
@@ -170,14 +170,15 @@ def _resume_cut_off(run: str, last: int, segments: list, mark: dict, promoted: i
 def _training_window(config: RetrainConfig, ds: Dataset, segments: list, promoted: int | None) -> list[int]:
     """[the first part trained on, the first part evaluated on]: after the parts the warm-start source saw
     (those its dataset shares with this one: a part replaced since with 'shardflow import --replace-from' is
-    new to it), widened by config.train_window, and to one batch of examples at least."""
+    new to it), widened by config.nightly.train_window, and to one batch of examples at least."""
     seen = common_prefix(versions.started(config.run_dir, promoted)["segments"], segments) if promoted else 0
-    window = config.train_window
+    window = config.nightly.train_window
     wanted = {"new": seen, "all": 0}.get(window) if isinstance(window, str) else max(0, len(segments) - window)
-    train_from = training_window_start(ds, wanted, config.batch_size, seen, validation=config.patience is not None)
+    train_from = training_window_start(ds, wanted, config.train.batch_size, seen,
+                                       validation=config.train.patience is not None)
     if train_from < wanted:
         get_run_logger().info("the window from part %d holds less than one batch of %d examples: widened to part %d",
-                              wanted + 1, config.batch_size, train_from + 1)
+                              wanted + 1, config.train.batch_size, train_from + 1)
     return [train_from, seen]
 
 
@@ -221,8 +222,8 @@ def gate(config: RetrainConfig, dataset: str, number: int, summary: dict) -> dic
     previous = None
     if source is not None:
         model = str(versions.version_dir(run, source) / "model")
-        previous = evaluate_export(model, dataset, config.eval_users, config.seed, began["window"][1])
-    floor = None if previous is None else previous["auc"] - config.promotion_margin
+        previous = evaluate_export(model, dataset, config.train.eval_users, config.train.seed, began["window"][1])
+    floor = None if previous is None else previous["auc"] - config.nightly.promotion_margin
     promoted = floor is None or summary["auc"] >= floor
     summary = {**summary, "previous_auc": None if previous is None else previous["auc"],
                **{f"previous_{k}": None if previous is None else v for k, v in metric_values(previous or {}).items()
@@ -236,13 +237,13 @@ def gate(config: RetrainConfig, dataset: str, number: int, summary: dict) -> dic
                  "" if previous is None else f" against {previous['auc']:.4f} of version {source}")
     else:
         message = (f"version {number} not promoted: AUC {summary['auc']:.4f} is below version {source}'s "
-                   f"{previous['auc']:.4f} by more than promotion_margin {config.promotion_margin}; "
+                   f"{previous['auc']:.4f} by more than promotion_margin {config.nightly.promotion_margin}; "
                    f"version {source} stays current")
         log.warning(message)
         _emit_rejected(run, number, source, summary, previous, message)
-    gone = versions.prune_checkpoints(run, config.keep_versions)
+    gone = versions.prune_checkpoints(run, config.nightly.keep_versions)
     if gone:
-        log.info("removed the checkpoints of versions %s (keep_versions %d)", gone, config.keep_versions)
+        log.info("removed the checkpoints of versions %s (keep_versions %d)", gone, config.nightly.keep_versions)
     return {**summary, "current": versions.current(run), "message": None if promoted else message}
 
 

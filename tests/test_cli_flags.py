@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cli.main import build_parser
-from shardflow.config import RetrainConfig
+from shardflow.config import SECTION_OF, SECTIONS
 
 SHARED = {
     "plan": ["memory_slack", "batch_size", "dim", "dedup", "history", "negatives"],
@@ -19,12 +19,12 @@ def test_every_flag_a_config_key_names_defaults_to_the_config(command, tmp_path)
                   "train": [str(tmp_path / "ds"), "--plan", str(tmp_path / "plan")]}[command]
     args = vars(build_parser().parse_args([command, *positional]))
     for key in SHARED[command]:
-        assert args[key] == RetrainConfig.model_fields[key].default, key
+        assert args[key] == SECTIONS[SECTION_OF[key]].model_fields[key].default, key
 
 
 def test_plan_and_run_plan_under_the_same_default_budget(tmp_path):
     args = build_parser().parse_args(["plan", str(tmp_path), "--topology", "t.yaml", "--strategy", "flexshard"])
-    assert args.memory_slack == RetrainConfig.model_fields["memory_slack"].default == 0.1
+    assert args.memory_slack == SECTIONS["plan"].model_fields["memory_slack"].default == 0.1
 
 
 def test_a_choice_outside_the_configs_is_refused_by_the_flag(capsys):

@@ -70,8 +70,8 @@ def test_click_settings_are_checked_before_any_work(nights):
     with pytest.raises(InputError, match=r"bottom_mlp = \[8, 0\]: .*accepted: integers >= 1"):
         RetrainConfig.build({**base, "dataset_format": "criteo", "bottom_mlp": [8, 0]})
     assert not (root / "bad").exists()
-    assert RetrainConfig.build({**base, "dataset_format": "criteo", "hash_rows": "exact"}).hash_rows == "exact"
-    np.testing.assert_equal(RetrainConfig.build({**base, "dataset_format": "criteo"}).bottom_mlp, (64,))
+    assert RetrainConfig.build({**base, "dataset_format": "criteo", "hash_rows": "exact"}).data.hash_rows == "exact"
+    np.testing.assert_equal(RetrainConfig.build({**base, "dataset_format": "criteo"}).model.bottom_mlp, (64,))
 
 
 def test_two_nights_of_movielens_as_a_click_log_with_feature_files_make_two_dlrm_versions(prefect_api, client,

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PrefectServer
+from shardflow.config import sectioned
 from storage import versions
 from support import REAL, split_into_days
 
@@ -109,7 +110,8 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     (tmp_path / "topo.yaml").write_text(TOPOLOGY)
     parts, run = tmp_path / "parts", tmp_path / "nightly"
     parts.mkdir()
-    config = {"dataset": str(parts), "run_dir": str(run), "topology": str(tmp_path / "topo.yaml"), **NIGHT}
+    # The API takes the config's sections (shardflow.config): a deployment's parameters and the UI's form.
+    config = sectioned({"dataset": str(parts), "run_dir": str(run), "topology": str(tmp_path / "topo.yaml"), **NIGHT})
 
     nights = []
     for day in days:  # three nights, each with the day's new part

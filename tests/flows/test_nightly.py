@@ -228,8 +228,9 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
 
     cfg = RetrainConfig(run_dir=str(tmp_path))
     import_dataset("sasrec", REAL["sasrec"], tmp_path / "dataset")
-    model = model_config(Dataset.open(tmp_path / "dataset"), dim=cfg.dim, mlp=cfg.mlp, bottom=cfg.bottom_mlp,
-                         history=cfg.history, negatives=cfg.negatives, seed=cfg.seed)
+    m = cfg.model
+    model = model_config(Dataset.open(tmp_path / "dataset"), dim=m.dim, mlp=m.mlp, bottom=m.bottom_mlp,
+                         history=m.history, negatives=m.negatives, seed=cfg.train.seed)
     older = {k: v for k, v in config_record(model).items() if k not in ("encoder", "blocks", "heads", "dropout")}
     versions.start(tmp_path, 1, {"config": {}})
     (versions.version_dir(tmp_path, 1) / "model").mkdir()

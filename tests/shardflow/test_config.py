@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from shardflow.config import RetrainConfig
+import re
+
+import pytest
+
+from shardflow.config import SECTION_OF, SECTIONS, RetrainConfig, overridden
+from shardflow.errors import InputError
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import load_topology
 
@@ -10,7 +15,7 @@ from shardflow.planner.topology import load_topology
 def test_the_topology_is_read_once_and_equals_the_files():
     config = RetrainConfig(batch_size=512, dim=32, dedup="node", memory_slack=0.3)
     assert config.parsed_topology is config.parsed_topology  # read by the validators, kept
-    assert config.parsed_topology == load_topology(config.topology)
+    assert config.parsed_topology == load_topology(config.plan.topology)
 
 
 def test_each_stage_gets_the_keys_it_reads():
@@ -25,3 +30,49 @@ def test_each_stage_gets_the_keys_it_reads():
     optimizer = config.optimizer()
     assert (optimizer.row_lr, optimizer.dense, optimizer.dense_lr) == (0.1, "adagrad", 1e-3)
     assert "parsed_topology" not in config.model_dump()  # not a key of the flow's parameters
+
+
+def test_a_key_is_named_bare_with_its_section_or_in_its_section_alike():
+    bare = RetrainConfig.build({"epochs": 3, "dim": 32, "strategy": "row-wise-mod", "keep_versions": 5})
+    dotted = RetrainConfig.build({"train.epochs": 3, "model.dim": 32, "plan.strategy": "row-wise-mod",
+                                  "nightly.keep_versions": 5})
+    nested = RetrainConfig.build({"train": {"epochs": 3}, "model": {"dim": 32}, "plan": {"strategy": "row-wise-mod"},
+                                  "nightly": {"keep_versions": 5}})
+    assert bare == dotted == nested
+    assert (bare.train.epochs, bare.model.dim, bare.plan.strategy, bare.nightly.keep_versions) == (3, 32,
+                                                                                                   "row-wise-mod", 5)
+    assert RetrainConfig.build(bare.flat()) == bare  # what records store builds the same config
+    assert set(bare.flat()) == {*SECTION_OF, "run_dir"}
+
+
+def test_the_schema_a_deployment_and_the_ui_read_has_the_sections():
+    schema = RetrainConfig.model_json_schema()
+    assert list(schema["properties"]) == ["run_dir", *SECTIONS]
+    assert schema["additionalProperties"] is False
+    train = schema["$defs"]["TrainSection"]
+    assert "epochs" in train["properties"] and train["additionalProperties"] is False
+
+
+@pytest.mark.parametrize(
+    ("values", "refusal"),
+    [
+        ({"epochs": 2, "train.epochs": 3}, "train.epochs: given twice (also as epochs); accepted: one of them"),
+        ({"train": {"epochs": 2}, "epochs": 3}, "epochs: given twice (also as train.epochs)"),
+        ({"training.epochs": 3}, "training.epochs: no section 'training'; accepted: data, model, plan, train, "
+         "nightly, cluster"),
+        ({"train.epoch": 3}, "train.epoch = 3: Extra inputs are not permitted"),
+        ({"model": {"epochs": 3}}, "model.epochs = 3: Extra inputs are not permitted"),
+        ({"train": 3}, "train = 3: Input should be a valid dictionary"),
+    ],
+)
+def test_a_key_misplaced_or_given_twice_is_refused_by_name(values, refusal):
+    with pytest.raises(InputError, match=re.escape(refusal)):
+        RetrainConfig.build(values)
+
+
+def test_set_overrides_a_config_file_key_however_either_spells_it():
+    file = {"run_dir": "runs/x", "train": {"epochs": 2, "seed": 4}, "dim": 16}
+    values = overridden(file, {"epochs": 5, "model.dim": 8, "plan.strategy": "table-wise"})
+    config = RetrainConfig.build(values)
+    assert (config.train.epochs, config.train.seed, config.model.dim, config.plan.strategy) == (5, 4, 8, "table-wise")
+    assert file == {"run_dir": "runs/x", "train": {"epochs": 2, "seed": 4}, "dim": 16}  # the file's values untouched

@@ -27,7 +27,7 @@ def movielens(tmp_path_factory):
 
 
 def test_the_dlrm_beats_logistic_regression_on_auc_and_log_loss_for_every_seed(movielens):
-    run = RetrainConfig()  # the run's default model
+    run = RetrainConfig().model  # the run's default model
     models = [model_config(movielens, dim=run.dim, mlp=run.mlp, bottom=run.bottom_mlp, history=1, negatives=1,
                            seed=seed) for seed in SEEDS]
     data = load_training_data(movielens, models[0].features, validation=True)
