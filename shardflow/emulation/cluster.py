@@ -8,8 +8,8 @@ unchanged through `scheduler_address`, from a command started in the hub (`comma
 Every process started here is in a session of its own (a terminal's Ctrl-C reaches only
 the harness, which stops them) and dies with the harness (PR_SET_PDEATHSIG), so a harness
 killed even by SIGKILL leaves no worker behind; its namespaces go at the next harness's
-`sweep`. `close` stops the processes (SIGTERM, then SIGKILL after STOP_WAIT_S) and removes
-the network.
+`sweep`. `close` stops the processes, commands included (SIGTERM, then SIGKILL after
+STOP_WAIT_S), and removes the network.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def worker_environment() -> dict[str, str]:
 
 def _die_with_parent() -> None:
     os.setsid()
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])  # the harness blocks its stop signals while it starts one
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
@@ -65,7 +66,8 @@ class EmulatedCluster:
         self.worker_memory = worker_memory
         self.scheduler_address = f"tcp://{HUB_ADDRESS}:{SCHEDULER_PORT}"
         self.worker_addresses: list[str] = []
-        self._procs: dict[str, subprocess.Popen] = {}
+        self._procs: dict[str, subprocess.Popen] = {}  # the scheduler and the workers, by name
+        self._commands: list[subprocess.Popen] = []  # what `command` started
 
     def __enter__(self) -> EmulatedCluster:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -120,12 +122,21 @@ class EmulatedCluster:
                 raise InputError(f"the emulated cluster's {name} exited with {proc.returncode}: {tail}")
 
     def command(self, argv: list[str], **popen) -> subprocess.Popen:
-        """Start `argv` in the hub (it reaches the scheduler and every node); it dies with the harness too."""
-        return subprocess.Popen(["ip", "netns", "exec", self.network.hub, *argv], preexec_fn=_die_with_parent,
-                                **popen)
+        """Start `argv` in the hub (it reaches the scheduler and every node); it dies with the harness too, and
+        `close` stops it with the cluster. Ctrl-C and SIGTERM wait while it starts: one arriving between the
+        fork and its record here would leave it running past the harness's cleanup."""
+        stops = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        try:
+            proc = subprocess.Popen(["ip", "netns", "exec", self.network.hub, *argv], preexec_fn=_die_with_parent,
+                                    **popen)
+            self._commands.append(proc)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        return proc
 
     def close(self) -> None:
-        procs, self._procs = list(self._procs.values()), {}
+        procs, self._procs, self._commands = [*self._commands, *self._procs.values()], {}, []
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()

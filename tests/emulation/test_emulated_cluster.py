@@ -50,6 +50,13 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "(gone)"
+
+
 def running(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -182,7 +189,13 @@ def test_ctrl_c_or_sigterm_mid_run_removes_every_namespace_and_process(tmp_path,
     made = descendants(proc.pid)
     assert len(owned_by(proc.pid)) == 3 and len(made) >= 6  # scheduler, 4 workers, the command
     os.killpg(proc.pid, signum)  # as a terminal does: the harness's process group
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=STARTED_WITHIN_S)  # a bound: the harness stops in about STOP_WAIT_S
+    except subprocess.TimeoutExpired:
+        left = {pid: cmdline(pid) for pid in made | {proc.pid} if running(pid)}
+        proc.kill()
+        raise AssertionError(f"the harness did not stop within {STARTED_WITHIN_S:.0f} s; still running: {left}; "
+                             f"its namespaces: {owned_by(proc.pid)}; stderr: {proc.communicate()[1][-2000:]}")
     assert proc.returncode == status, err
     assert len(err.strip().splitlines()) <= 1 and "Traceback" not in err, err
     assert owned_by(proc.pid) == []
