@@ -81,7 +81,11 @@ def deployed(tmp_path):
     finally:
         if worker is not None:
             os.killpg(worker.pid, signal.SIGTERM)
-            worker.wait(timeout=60)
+            try:  # Prefect's worker stops gracefully: at load 4 on 2 cores that once took over 60 s
+                worker.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # what is tested has been asserted: the rest need not wait
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait(timeout=60)
         server.stop()
 
 
