@@ -22,12 +22,13 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	touch $@
 
 # Every tier (tests/conftest.py), after the linter; CI runs this. Each tier runs on two pytest workers
-# (each its own LocalCluster and Prefect test harness); the server and fault tiers keep a module's
-# tests on one worker (--dist loadfile), as they share its servers. Each tier prints its 15 slowest.
+# (each its own LocalCluster and Prefect test harness). The server tier's tests run minutes each: a
+# worker left idle takes tests from the other's queue (--dist worksteal). The fault tier keeps a
+# module's tests on one worker (--dist loadfile): they share its stores. Each tier prints its 15 slowest.
 test: lint
 	$(BIN)/python -m pytest -q -m unit -n 2 --durations=15
 	$(BIN)/python -m pytest -q -m cluster -n 2 --durations=15
-	$(BIN)/python -m pytest -q -m server -n 2 --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -m server -n 2 --dist worksteal --durations=15
 	$(BIN)/python -m pytest -q -m fault -n 2 --dist loadfile --durations=15
 
 # The unit tier on every core: pure logic and real zarr stores, no cluster and no Prefect API.

@@ -235,7 +235,7 @@ def run_run(args: argparse.Namespace) -> dict:
 
     idle = nothing_new(config)  # a night with nothing new: answered from the stores, no Prefect API, no cluster
     if idle is not None:
-        return idle
+        return idle.to_dict()
     from shardflow.cluster import VERBOSE, quiet_dask
 
     if args.verbose:
@@ -248,34 +248,32 @@ def run_run(args: argparse.Namespace) -> dict:
         return retrain(config)
 
 
-def show_run(s: dict) -> None:
+def show_run(values: dict) -> None:
+    from shardflow.reporting.summary import RunSummary
     from shardflow.training.evaluate import metric_text
 
-    mb = 1e6
-    if not s["trained"]:
-        print(f"run {s['run_dir']}: {s['message']}; version {s['current']} is current ({metric_text(s)})")
+    mb, s = 1e6, RunSummary.parse(values)
+    if not s.trained:
+        print(f"run {s.run_dir}: {s.message}; version {s.current} is current ({metric_text(s.metrics())})")
     else:
-        start = f"warm start from version {s['warm_start_from']}" if s["warm_start_from"] else "cold start"
-        print(f"run {s['run_dir']}: version {s['version']} ({start}, {len(s['parts_added'])} part(s) imported), "
-              f"{s['epochs']} epochs, {metric_text(s)}")
-        if s["previous_auc"] is not None:
-            print(f"  version {s['warm_start_from']} on the same held-out items: AUC {s['previous_auc']:.4f}")
-        print(f"  {'promoted: version ' + str(s['version']) + ' is current' if s['promoted'] else s['message']}")
-        verb = "kept" if not s["replanned"] else "made" if s["warm_start_from"] is None else "re-made"
-        print(f"  plan {verb}: {s['replan_reason']}")
-    measured = "not measured" if s["bytes_per_step"] is None else f"{s['bytes_per_step'] / mb:,.3f} MB measured"
-    print(f"  traffic/step {measured}, {s['modeled_bytes_per_step'] / mb:,.3f} MB modeled for this plan")
-    print(f"  comm time/step (modeled) {s['comm_time_us_per_step']:,.1f} µs; row-wise-mod "
-          f"{s['row_wise_comm_time_us_per_step']:,.1f} µs, {s['row_wise_bytes_per_step'] / mb:,.3f} MB")
-    print(
-        f"  model        {s['model']} (downloaded {s['downloads']} "
-        f"time{'s' if s['downloads'] != 1 else ''} by this run)"
-    )
-    for c in s["checkpoints"]:
+        start = f"warm start from version {s.warm_start_from}" if s.warm_start_from else "cold start"
+        print(f"run {s.run_dir}: version {s.version} ({start}, {len(s.parts_added)} part(s) imported), "
+              f"{s.epochs} epochs, {metric_text(s.metrics())}")
+        if s.previous_auc is not None:
+            print(f"  version {s.warm_start_from} on the same held-out items: AUC {s.previous_auc:.4f}")
+        print(f"  {f'promoted: version {s.version} is current' if s.promoted else s.message}")
+        verb = "kept" if not s.replanned else "made" if s.warm_start_from is None else "re-made"
+        print(f"  plan {verb}: {s.replan_reason}")
+    measured = "not measured" if s.bytes_per_step is None else f"{s.bytes_per_step / mb:,.3f} MB measured"
+    print(f"  traffic/step {measured}, {s.modeled_bytes_per_step / mb:,.3f} MB modeled for this plan")
+    print(f"  comm time/step (modeled) {s.comm_time_us_per_step:,.1f} µs; row-wise-mod "
+          f"{s.row_wise_comm_time_us_per_step:,.1f} µs, {s.row_wise_bytes_per_step / mb:,.3f} MB")
+    print(f"  model        {s.model} (downloaded {s.downloads} time{'s' if s.downloads != 1 else ''} by this run)")
+    for c in s.checkpoints:
         print(f"  checkpoint   {c}")
-    for p in s["plots"]:
+    for p in s.plots:
         print(f"  plot         {p}")
-    for w in s["warnings"]:
+    for w in s.warnings:
         print(f"  warning      {w}")
     print("  artifacts, logs and task runs: the Prefect UI (prefect server start), or 'prefect flow-run ls'")
 

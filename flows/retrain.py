@@ -27,6 +27,7 @@ from prefect.states import Completed
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
+from shardflow.reporting.summary import RunSummary
 from shardflow.training.messages import modeled_bytes
 from shardflow.training.evaluate import metric_values
 from shardflow.training.validation import best_epoch, stop_now, validation_of
@@ -81,13 +82,13 @@ def retrain(config: RetrainConfig = RetrainConfig()):
     except Exception as e:  # an interrupt is a crash: Prefect records it, nothing more is sent to the API
         publish_failure(run, e)  # what failed, what stays current, what the next run does
         raise
-    name_run(run, f"v{summary['version']}" if summary["trained"] else "no new data")
+    name_run(run, f"v{summary.version}" if summary.trained else "no new data")
     publish_versions(run)
     publish_summary(summary, config)
-    return Completed(message=state_message(summary), data=summary)
+    return Completed(message=state_message(summary), data=summary.to_dict())  # the JSON edge
 
 
-def _make_version(config: RetrainConfig, run: str) -> dict:
+def _make_version(config: RetrainConfig, run: str) -> RunSummary:
     log = get_run_logger()
     devices = config.parsed_topology.devices
     with run_lock(run), run_cluster(**dict(config.cluster), workers=devices, gpus=config.train.device == "cuda",
@@ -100,7 +101,7 @@ def _make_version(config: RetrainConfig, run: str) -> dict:
             return _version(config, run, client, devices, dataset, imported)
 
 
-def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str, imported: dict) -> dict:
+def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str, imported: dict) -> RunSummary:
     """The model version of this run's data, from open-version to the promotion gate."""
     version = open_version(config, dataset)
     if not version["train"]:

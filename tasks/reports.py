@@ -14,11 +14,12 @@ from pathlib import Path
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from shardflow.config import RetrainConfig
+from shardflow.reporting.summary import RunSummary
 from shardflow.training.evaluate import metric_text
-from shardflow.training.validation import unprefixed
 from storage import versions
 from storage.checkpoint import complete_checkpoints
 from tasks.retrain import artifact_key
+from tasks.versions import version_result
 
 
 def run_label(run_dir: str | Path) -> str:
@@ -39,16 +40,16 @@ def _figure(x: float | None) -> str:
     return "" if x is None else f"{x:.4f}"
 
 
-def state_message(s: dict) -> str:
+def state_message(s: RunSummary) -> str:
     """One line for the flow run's final state: what this night did."""
-    if not s["trained"]:
-        return f"no new data since v{s['newest_version']}: v{s['current']} stays current (AUC {s['auc']:.4f})"
-    users = f"on the same {s['eval_users']:,} held-out events"
-    if s["previous_auc"] is None:
-        return f"promoted v{s['version']} (cold start): AUC {s['auc']:.4f} on {s['eval_users']:,} held-out events"
-    verdict = f"promoted v{s['version']}" if s["promoted"] else f"rejected v{s['version']}"
-    tail = "" if s["promoted"] else f"; v{s['current']} stays current"
-    return f"{verdict}: AUC {s['auc']:.4f} vs v{s['warm_start_from']}'s {s['previous_auc']:.4f} {users}{tail}"
+    if not s.trained:
+        return f"no new data since v{s.newest_version}: v{s.current} stays current (AUC {s.auc:.4f})"
+    users = f"on the same {s.eval_users:,} held-out events"
+    if s.previous_auc is None:
+        return f"promoted v{s.version} (cold start): AUC {s.auc:.4f} on {s.eval_users:,} held-out events"
+    verdict = f"promoted v{s.version}" if s.promoted else f"rejected v{s.version}"
+    tail = "" if s.promoted else f"; v{s.current} stays current"
+    return f"{verdict}: AUC {s.auc:.4f} vs v{s.warm_start_from}'s {s.previous_auc:.4f} {users}{tail}"
 
 
 def next_run(run_dir: str | Path) -> str:
@@ -66,9 +67,10 @@ def next_run(run_dir: str | Path) -> str:
 
 def failure_markdown(run_dir: str, error: BaseException) -> str:
     current = versions.current(run_dir)
-    held = versions.result(run_dir, current) if current else None
+    held = version_result(run_dir, current) if current else None
     stays = (
-        "no version is current yet" if held is None else f"version **{current}** stays current ({metric_text(held)})"
+        "no version is current yet" if held is None
+        else f"version **{current}** stays current ({metric_text(held.metrics())})"
     )
     line = " ".join(str(error).split()) or type(error).__name__
     return "\n".join([
@@ -97,30 +99,31 @@ def version_rows(run: str) -> list[dict]:
     held-out events."""
     rows, current = [], versions.current(run)
     by_operator = {p["version"] for p in versions.promotions(run)}
-    results = {n: versions.result(run, n) or {} for n in versions.numbers(run)}
-    metric = "logloss" if any(r.get("logloss") is not None for r in results.values()) else "hr_at_10"
+    results = {n: version_result(run, n) for n in versions.numbers(run)}
+    metric = "logloss" if any(r is not None and r.logloss is not None for r in results.values()) else "hr_at_10"
     for n, r in results.items():
         began = versions.started(run, n)
-        replanned = r.get("replanned")
+        replanned = None if r is None else r.replanned
+        done = {} if r is None else {**r.metrics(), **{f"previous_{k}": v for k, v in r.metrics("previous_").items()}}
         rows.append(
             {
                 "version": n,
                 "started": began["started"][:16].replace("T", " "),
                 "parts": len(began["segments"]),
                 "from": began["warm_start_from"],
-                "auc": _figure(r.get("auc")),
-                metric: _figure(r.get(metric)),
-                **({} if metric == "logloss" else {"ndcg_at_10": _figure(r.get("ndcg_at_10"))}),
-                "epochs": _epochs_kept(r),
-                "replaced_auc": _figure(r.get("previous_auc")),
-                f"replaced_{metric}": _figure(r.get(f"previous_{metric}")),
-                "held_out": r.get("eval_users"),
+                "auc": _figure(done.get("auc")),
+                metric: _figure(done.get(metric)),
+                **({} if metric == "logloss" else {"ndcg_at_10": _figure(done.get("ndcg_at_10"))}),
+                "epochs": None if r is None else _epochs_kept(r),
+                "replaced_auc": _figure(done.get("previous_auc")),
+                f"replaced_{metric}": _figure(done.get(f"previous_{metric}")),
+                "held_out": None if r is None else r.eval_users,
                 "state": "unfinished"
-                if not r
+                if r is None
                 else ("current, manual" if n in by_operator else "current")
                 if n == current
                 else "promoted"
-                if r["promoted"]
+                if r.promoted
                 else "rejected",
                 "plan": None
                 if replanned is None
@@ -134,12 +137,9 @@ def version_rows(run: str) -> list[dict]:
     return rows
 
 
-def _epochs_kept(result: dict) -> str | None:
+def _epochs_kept(result: RunSummary) -> str:
     """'7 of 10' (the best validation epoch kept, of the epochs trained), '10' without a validation split."""
-    epochs, best = result.get("epochs"), result.get("best_epoch")
-    if epochs is None:
-        return None
-    return str(epochs) if best is None else f"{best} of {epochs}"
+    return str(result.epochs) if result.best_epoch is None else f"{result.best_epoch} of {result.epochs}"
 
 
 def quality_svg(rows: list[dict]) -> str | None:
@@ -176,68 +176,68 @@ def publish_versions(run: str) -> list[dict]:
     return rows
 
 
-def _kept_epoch(s: dict) -> list[str]:
+def _kept_epoch(s: RunSummary) -> list[str]:
     """The line on the epoch chosen on the validation split, when one was held out."""
-    if s.get("best_epoch") is None:
+    if s.best_epoch is None:
         return []
-    return [f"- epoch **{s['best_epoch']}** of {s['epochs']} kept: the best on the validation split "
-            f"({metric_text(unprefixed(s))}; patience {s['patience']} epochs)"]
+    return [f"- epoch **{s.best_epoch}** of {s.epochs} kept: the best on the validation split "
+            f"({metric_text(s.metrics('val_'))}; patience {s.patience} epochs)"]
 
 
-def summary_markdown(s: dict, config: RetrainConfig) -> str:
+def summary_markdown(s: RunSummary, config: RetrainConfig) -> str:
     mb, us = 1e6, "µs"
-    held_out = "the held-out last rows" if s.get("logloss") is not None else "leave-last-out"
-    auc = f"**{metric_text(s)}** ({held_out} of the version's newest parts, exported model)"
-    if not s["trained"]:
-        head = [f"- **no new data**: nothing trained; version **{s['current']}** stays current",
-                f"- version {s['version']}: {auc}"]
+    held_out = "the held-out last rows" if s.logloss is not None else "leave-last-out"
+    auc = f"**{metric_text(s.metrics())}** ({held_out} of the version's newest parts, exported model)"
+    if not s.trained:
+        head = [f"- **no new data**: nothing trained; version **{s.current}** stays current",
+                f"- version {s.version}: {auc}"]
     else:
-        start = f"warm start from version {s['warm_start_from']}" if s["warm_start_from"] else "cold start"
-        verdict = ("**promoted** (now current)" if s["promoted"] else f"**not promoted**: {s['message']}")
-        previous = "" if s["previous_auc"] is None else \
-            f"; version {s['warm_start_from']} on the same held-out events: AUC {s['previous_auc']:.4f}"
-        old = s["previous_plan_comm_time_us_per_step"]
+        start = f"warm start from version {s.warm_start_from}" if s.warm_start_from else "cold start"
+        verdict = ("**promoted** (now current)" if s.promoted else f"**not promoted**: {s.message}")
+        previous = "" if s.previous_auc is None else \
+            f"; version {s.warm_start_from} on the same held-out events: AUC {s.previous_auc:.4f}"
+        old = s.previous_plan_comm_time_us_per_step
         head = [
-            f"- version **{s['version']}** ({start}), parts {s['window'][0] + 1}..{s['parts']} trained, "
-            f"{len(s['parts_added'])} part(s) imported by this run: {verdict}",
+            f"- version **{s.version}** ({start}), parts {s.window[0] + 1}..{s.parts} trained, "
+            f"{len(s.parts_added)} part(s) imported by this run: {verdict}",
             f"- {auc}{previous}",
-            f"- plan: **{'kept' if not s['replanned'] else 'made' if not s['warm_start_from'] else 're-made'}** — "
-            f"{s['replan_reason']} (fresh plan "
-            f"{s['fresh_plan_comm_time_us_per_step']:.1f} {us}" + ("" if old is None else f", kept plan {old:.1f} {us}")
+            f"- plan: **{'kept' if not s.replanned else 'made' if not s.warm_start_from else 're-made'}** — "
+            f"{s.replan_reason} (fresh plan "
+            f"{s.fresh_plan_comm_time_us_per_step:.1f} {us}" + ("" if old is None else f", kept plan {old:.1f} {us}")
             + " per step, modeled)",
         ]
     lines = [
-        f"# Retraining run `{s['run_dir']}`",
+        f"# Retraining run `{s.run_dir}`",
         "",
-        f"- strategy **{config.plan.strategy}** on `{config.plan.topology}`, {s['epochs']} epochs, "
+        f"- strategy **{config.plan.strategy}** on `{config.plan.topology}`, {s.epochs} epochs, "
         f"batch {config.train.batch_size}",
         *head,
         *_kept_epoch(s),
         # Like for like: measured against the trained plan's model; that model against row-wise-mod's.
-        (f"- traffic **{s['bytes_per_step'] / mb:.3f} MB/step measured** (the last epochs trained) against "
-         if s["bytes_per_step"] is not None else "- traffic not measured (no checkpoint recorded it); ")
-        + f"{s['modeled_bytes_per_step'] / mb:.3f} MB/step that the cost model predicts for the plan that trained",
-        f"- modeled communication time per step: **{s['comm_time_us_per_step']:.1f} {us}** "
+        (f"- traffic **{s.bytes_per_step / mb:.3f} MB/step measured** (the last epochs trained) against "
+         if s.bytes_per_step is not None else "- traffic not measured (no checkpoint recorded it); ")
+        + f"{s.modeled_bytes_per_step / mb:.3f} MB/step that the cost model predicts for the plan that trained",
+        f"- modeled communication time per step: **{s.comm_time_us_per_step:.1f} {us}** "
         f"with {config.plan.strategy}, "
-        f"{s['row_wise_comm_time_us_per_step']:.1f} {us} with row-wise-mod "
-        f"({s['row_wise_comm_time_us_per_step'] / max(s['comm_time_us_per_step'], 1e-12):.2f}× its time); "
-        f"{s['row_wise_bytes_per_step'] / mb:.3f} MB/step with row-wise-mod",
-        f"- loss per epoch (this run): {', '.join(f'{x:.4f}' for x in s['epoch_loss']) or 'none'}",
-        f"- exported model: `{s['model']}`",
-        f"- resumed from: `{s['resumed_from']}`" if s["resumed_from"] else "- resumed from no checkpoint",
-        *(f"- **skipped damaged checkpoint** `{k['checkpoint']}`: {k['reason']}" for k in s["skipped_checkpoints"]),
-        f"- worker losses recovered from a checkpoint: {s['restarts']} (max_restarts {config.train.max_restarts})",
-        *(f"- **warning**: {w}" for w in s["warnings"]),
-        "- checkpoints: " + (", ".join(f"`{c}`" for c in s["checkpoints"]) or "none"),
-        "- versions, checkpoints, models and plots (SVG files) on the machine that ran it: `" + s["run_dir"] + "`",
+        f"{s.row_wise_comm_time_us_per_step:.1f} {us} with row-wise-mod "
+        f"({s.row_wise_comm_time_us_per_step / max(s.comm_time_us_per_step, 1e-12):.2f}× its time); "
+        f"{s.row_wise_bytes_per_step / mb:.3f} MB/step with row-wise-mod",
+        f"- loss per epoch (this run): {', '.join(f'{x:.4f}' for x in s.epoch_loss) or 'none'}",
+        f"- exported model: `{s.model}`",
+        f"- resumed from: `{s.resumed_from}`" if s.resumed_from else "- resumed from no checkpoint",
+        *(f"- **skipped damaged checkpoint** `{k['checkpoint']}`: {k['reason']}" for k in s.skipped_checkpoints),
+        f"- worker losses recovered from a checkpoint: {s.restarts} (max_restarts {config.train.max_restarts})",
+        *(f"- **warning**: {w}" for w in s.warnings),
+        "- checkpoints: " + (", ".join(f"`{c}`" for c in s.checkpoints) or "none"),
+        "- versions, checkpoints, models and plots (SVG files) on the machine that ran it: `" + s.run_dir + "`",
         "",
         # Embedded, not linked: a path on the worker host is no picture in a browser elsewhere.
         *(f"![{Path(p).stem}](data:image/svg+xml;base64,{base64.b64encode(Path(p).read_bytes()).decode()})"
-          for p in s["plots"] if Path(p).is_file()),
+          for p in s.plots if Path(p).is_file()),
     ]
     return "\n".join(lines)
 
 
-def publish_summary(s: dict, config: RetrainConfig) -> None:
-    create_markdown_artifact(summary_markdown(s, config), key=artifact_key("retrain-summary", s["run_dir"]),
+def publish_summary(s: RunSummary, config: RetrainConfig) -> None:
+    create_markdown_artifact(summary_markdown(s, config), key=artifact_key("retrain-summary", s.run_dir),
                              description="Retraining run summary")

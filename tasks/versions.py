@@ -6,6 +6,7 @@ decision means for a user.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from shardflow.config import RetrainConfig
 from shardflow.errors import TrainingError, WorkerLost
 from shardflow.data.clicks import training_window_start
 from shardflow.planner.topology import parse_topology
+from shardflow.reporting.summary import RunSummary
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import evaluate_export, metric_values
 from storage import versions
@@ -50,7 +52,7 @@ def fingerprint(config: RetrainConfig) -> dict:
     return values
 
 
-def nothing_new(config: RetrainConfig) -> dict | None:
+def nothing_new(config: RetrainConfig) -> RunSummary | None:
     """The run's summary, read from the stores alone, when it would train nothing; else None.
 
     Nothing new: the newest version is finished (and promoted, if it was accepted) and
@@ -65,7 +67,7 @@ def nothing_new(config: RetrainConfig) -> dict | None:
         return _nothing_new(config, run)
 
 
-def _nothing_new(config: RetrainConfig, run: str) -> dict | None:
+def _nothing_new(config: RetrainConfig, run: str) -> RunSummary | None:
     last = versions.numbers(run)[-1]
     finished = versions.result(run, last)
     if finished is None or versions.promotion_cut_off(run, last):
@@ -88,17 +90,25 @@ def _nothing_new(config: RetrainConfig, run: str) -> dict | None:
     return untrained(run, versions.current(run), last, [], warnings)
 
 
-def untrained(run: str, current: int | None, newest: int, parts_added: list[str], warnings: list[str]) -> dict:
+def version_result(run: str, number: int) -> RunSummary | None:
+    """Version `number`'s result.json, parsed (None: the version is not finished)."""
+    figures = versions.result(run, number)
+    where = str(versions.version_dir(run, number) / versions.RESULT)
+    return None if figures is None else RunSummary.parse(figures, where)
+
+
+def untrained(run: str, current: int | None, newest: int, parts_added: list[str], warnings: list[str]) -> RunSummary:
     """A run that found no new data: the current version's figures, nothing trained, nothing downloaded.
 
     `newest` is the last version made, which saw every part: the current one, or a later one that was
     not promoted."""
-    figures = versions.result(run, current) if current else None
+    figures = version_result(run, current) if current else None
     if figures is None:
         raise TrainingError(f"run_dir {run} has no promoted model version and no new data to make one from")
-    return {**figures, "trained": False, "parts_added": parts_added, "current": current, "downloads": 0,
-            "epoch_loss": [], "resumed_from": None, "skipped_checkpoints": [], "restarts": 0, "warnings": warnings,
-            "newest_version": newest, "message": f"no new data since version {newest}: nothing trained"}
+    return dataclasses.replace(
+        figures, trained=False, parts_added=tuple(parts_added), current=current, downloads=0, epoch_loss=(),
+        resumed_from=None, skipped_checkpoints=(), restarts=0, warnings=tuple(warnings), newest_version=newest,
+        message=f"no new data since version {newest}: nothing trained")
 
 
 @task(name="open-version", task_run_name="open-version", cache_policy=NONE)
@@ -208,8 +218,9 @@ def warm_start(engine: Engine, model: str, number: int) -> dict:
 
 
 @task(name="promote", task_run_name="promote-version-{number}", cache_policy=NONE)
-def gate(config: RetrainConfig, dataset: str, number: int, summary: dict) -> dict:
-    """Evaluate the promoted version on the new version's held-out items; promote the new one unless worse.
+def gate(config: RetrainConfig, dataset: str, number: int, figures: dict) -> RunSummary:
+    """Evaluate the promoted version on the new version's held-out items; promote the new one unless worse;
+    the run's summary (`figures`: what the version measured).
 
     The new version is promoted when its AUC is at least the promoted one's minus
     promotion_margin. Its result.json is written first, then `current` switched; a
@@ -224,36 +235,37 @@ def gate(config: RetrainConfig, dataset: str, number: int, summary: dict) -> dic
         model = str(versions.version_dir(run, source) / "model")
         previous = evaluate_export(model, dataset, config.train.eval_users, config.train.seed, began["window"][1])
     floor = None if previous is None else previous["auc"] - config.nightly.promotion_margin
-    promoted = floor is None or summary["auc"] >= floor
-    summary = {**summary, "previous_auc": None if previous is None else previous["auc"],
-               **{f"previous_{k}": None if previous is None else v for k, v in metric_values(previous or {}).items()
-                  if k != "auc"},
-               "promoted": promoted,
-               "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    versions.finish(run, number, summary)
+    promoted = floor is None or figures["auc"] >= floor
+    summary = RunSummary.parse({
+        **figures,
+        **{f"previous_{k}": None if previous is None else v for k, v in metric_values(previous or {}).items()},
+        "promoted": promoted, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }, f"version {number}'s summary")
+    versions.finish(run, number, summary.stored())
+    message = None
     if promoted:
         versions.promote(run, number)
-        log.info("version %d promoted (AUC %.4f%s)", number, summary["auc"],
+        log.info("version %d promoted (AUC %.4f%s)", number, summary.auc,
                  "" if previous is None else f" against {previous['auc']:.4f} of version {source}")
     else:
-        message = (f"version {number} not promoted: AUC {summary['auc']:.4f} is below version {source}'s "
+        message = (f"version {number} not promoted: AUC {summary.auc:.4f} is below version {source}'s "
                    f"{previous['auc']:.4f} by more than promotion_margin {config.nightly.promotion_margin}; "
                    f"version {source} stays current")
         log.warning(message)
-        _emit_rejected(run, number, source, summary, previous, message)
+        _emit_rejected(run, number, source, summary.auc, previous, message)
     gone = versions.prune_checkpoints(run, config.nightly.keep_versions)
     if gone:
         log.info("removed the checkpoints of versions %s (keep_versions %d)", gone, config.nightly.keep_versions)
-    return {**summary, "current": versions.current(run), "message": None if promoted else message}
+    return dataclasses.replace(summary, current=versions.current(run), message=message)
 
 
-def _emit_rejected(run: str, number: int, source: int, summary: dict, previous: dict, message: str) -> None:
+def _emit_rejected(run: str, number: int, source: int, auc: float, previous: dict, message: str) -> None:
     from prefect.events import emit_event
 
     emit_event(
         event="shardflow.model.rejected",
         resource={"prefect.resource.id": f"shardflow.run-dir.{artifact_key('versions', run)}",
                   "prefect.resource.name": str(Path(run).resolve())},
-        payload={"version": number, "current": source, "auc": summary["auc"], "previous_auc": previous["auc"],
+        payload={"version": number, "current": source, "auc": auc, "previous_auc": previous["auc"],
                  "message": message},
     )

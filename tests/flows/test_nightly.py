@@ -29,6 +29,7 @@ from storage.checkpoint import verify_export
 from storage.dataset import Dataset
 from storage.plan import read_summary
 from support import REAL, settled, snapshot, split_into_days
+from shardflow.reporting.summary import RunSummary
 from tasks.reports import state_message
 from tasks.retrain import artifact_key
 
@@ -186,7 +187,7 @@ def test_a_worse_version_is_not_promoted_and_an_event_says_so(prefect_api, clien
     idle, _ = night(root, client, parts, "gate", "two.yaml")
     assert (idle["trained"], idle["newest_version"], idle["current"]) == (False, 2, 1)
     assert idle["message"] == "no new data since version 2: nothing trained"
-    assert state_message(idle).startswith("no new data since v2: v1 stays current (AUC ")
+    assert state_message(RunSummary.parse(idle)).startswith("no new data since v2: v1 stays current (AUC ")
 
     # The next night warm-starts from the promoted version 1, not from the rejected 2.
     shutil.copy2(daily[2], parts)

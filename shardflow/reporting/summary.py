@@ -1,0 +1,120 @@
+"""A retraining run's summary as one typed value: what the flow returns, result.json stores (less the run's own
+keys), `shardflow run --json` prints and the UI's summary reads.
+
+Its keys and their types are declared here once; `parse` checks a dict read back from JSON (a
+result.json of an earlier version, the flow's result) against them and names the first bad key.
+A key a version made before it existed lacks is taken as None where None is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+
+from shardflow.errors import InputError
+
+RUN_KEYS = ("current", "message", "newest_version")  # the run's, not the version's: not in result.json
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary:
+    run_dir: str
+    version: int
+    trained: bool
+    warm_start_from: int | None
+    parts_added: tuple[str, ...]
+    parts: int
+    window: tuple[int, ...]  # (first part trained on, first part evaluated on), counted from 0
+    epochs: int
+    best_epoch: int | None = None  # the epoch kept on the validation split (None: no split)
+    patience: int | None = None
+    auc: float
+    hr_at_10: float | None = None  # sequences
+    ndcg_at_10: float | None = None
+    logloss: float | None = None  # click logs
+    val_auc: float | None = None
+    val_hr_at_10: float | None = None
+    val_ndcg_at_10: float | None = None
+    val_logloss: float | None = None
+    eval_users: int
+    bytes_per_step: float | None  # measured (None: no checkpoint recorded it)
+    modeled_bytes_per_step: float
+    row_wise_bytes_per_step: float
+    comm_time_us_per_step: float
+    row_wise_comm_time_us_per_step: float
+    replanned: bool
+    replan_reason: str
+    fresh_plan_comm_time_us_per_step: float
+    previous_plan_comm_time_us_per_step: float | None
+    checkpoints: tuple[str, ...]
+    model: str
+    downloads: int
+    epoch_loss: tuple[float, ...]
+    resumed_from: str | None
+    skipped_checkpoints: tuple[dict, ...]  # {"checkpoint": path, "reason": why}
+    restarts: int
+    warnings: tuple[str, ...]
+    plots: tuple[str, ...]
+    previous_auc: float | None = None  # the version it warm-started from, on the same held-out items
+    previous_hr_at_10: float | None = None
+    previous_ndcg_at_10: float | None = None
+    previous_logloss: float | None = None
+    promoted: bool
+    finished: str  # UTC, ISO 8601
+    current: int | None = None  # the run's: the current version after it
+    message: str | None = None  # why a version was not promoted, or what a run that trained nothing found
+    newest_version: int | None = None  # a run that trained nothing: the last version made
+
+    def to_dict(self) -> dict:
+        """The JSON form: tuples as lists; newest_version only where a run trained nothing."""
+        out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        if self.newest_version is None:
+            del out["newest_version"]
+        return out
+
+    def stored(self) -> dict:
+        """What the version's result.json keeps: the summary less the run's own keys."""
+        return {k: v for k, v in self.to_dict().items() if k not in RUN_KEYS}
+
+    def metrics(self, prefix: str = "") -> dict:
+        """The held-out metrics (prefix "val_": the validation split's, "previous_": the replaced model's)."""
+        return {k: getattr(self, prefix + k) for k in ("auc", "hr_at_10", "ndcg_at_10", "logloss")}
+
+    @classmethod
+    def parse(cls, values: dict, where: str = "a run summary") -> RunSummary:
+        """The summary in `values`; an InputError naming the first key that is missing or of the wrong type."""
+        if not isinstance(values, dict):
+            raise InputError(f"{where}: a {type(values).__name__}; accepted: a JSON object")
+        hints = typing.get_type_hints(cls)
+        given = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in values:
+                if f.default is dataclasses.MISSING:
+                    raise InputError(f"{where}: no {f.name!r}; accepted: an object with every key of RunSummary")
+                continue
+            given[f.name] = _checked(values[f.name], hints[f.name], f.name, where)
+        return cls(**given)
+
+
+def _plain(value: object) -> object:
+    return [_plain(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _checked(value: object, hint: object, key: str, where: str) -> object:
+    """`value` as `hint` says (a list becomes a tuple), or an InputError naming the key."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for option in options:
+        if option is type(None) and value is None:
+            return None
+        if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)):
+            item = typing.get_args(option)[0]
+            return tuple(_checked(v, item, key, where) for v in value)
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if option in (int, str, bool, dict) and type(value) is option:
+            return value
+    accepted = " or ".join("none" if o is type(None) else getattr(o, "__name__", str(o)) for o in options)
+    raise InputError(f"{where}: {key} = {value!r}; accepted: {accepted}")
+
