@@ -53,7 +53,7 @@ def _config_flag(p: argparse.ArgumentParser, key: str, **given) -> None:
     source of every default: `shardflow plan`, `train` and `run` agree); `given` adds or replaces any of them."""
     from typing import Literal, get_args, get_origin
 
-    from shardflow.config import SECTION_OF, SECTIONS
+    from shardflow.config_sections import SECTION_OF, SECTIONS
 
     field = SECTIONS[SECTION_OF[key]].model_fields[key]
     kind, default = field.annotation, field.default

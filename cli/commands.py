@@ -213,7 +213,8 @@ def show_train(s: dict) -> None:
 def run_run(args: argparse.Namespace) -> dict:
     import os
 
-    from shardflow.config import RetrainConfig, overridden
+    from shardflow.config import RetrainConfig
+    from shardflow.config_sections import overridden
     from shardflow.safe_yaml import load_file
 
     # The embedded server would try to send usage telemetry; these machines may have no network.

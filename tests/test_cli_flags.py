@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cli.main import build_parser
-from shardflow.config import SECTION_OF, SECTIONS
+from shardflow.config_sections import SECTION_OF, SECTIONS
 
 SHARED = {
     "plan": ["memory_slack", "batch_size", "dim", "dedup", "history", "negatives"],

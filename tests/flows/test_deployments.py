@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PrefectServer
-from shardflow.config import sectioned
+from shardflow.config_sections import sectioned
 from storage import versions
 from support import REAL, split_into_days
 

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from shardflow.config import SECTION_OF, SECTIONS, RetrainConfig, overridden
+from shardflow.config import RetrainConfig
+from shardflow.config_sections import SECTION_OF, SECTIONS, overridden
 from shardflow.errors import InputError
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import load_topology
