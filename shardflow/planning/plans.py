@@ -17,6 +17,7 @@ from shardflow.planner.strategies import STRATEGIES, propose
 from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import Topology, parse_topology
 from shardflow.planning.touch import fit_touch
+from shardflow.records import parse_record
 from storage.dataset import Dataset
 from storage.plan import read_plan_arrays, write_plan
 from storage.profile import Profile
@@ -172,14 +173,7 @@ class ReplanDecision:
 
 def parse_decision(record: dict, where: str = "decision.json") -> ReplanDecision:
     """A ReplanDecision from its record; an InputError naming the key that is missing or of the wrong kind."""
-    kinds = {"replanned": (bool,), "reason": (str,), "fresh_comm_time_s": (int, float),
-             "previous_comm_time_s": (int, float, type(None))}
-    for key, accepted in kinds.items():
-        value = record.get(key, ...) if isinstance(record, dict) else ...
-        if value is ... or not isinstance(value, accepted) or (accepted != (bool,) and isinstance(value, bool)):
-            raise InputError(f"{where}: {key} = {'missing' if value is ... else repr(value)}; accepted: "
-                             f"{' or '.join('none' if k is type(None) else k.__name__ for k in accepted)}")
-    return ReplanDecision(**{k: record[k] for k in kinds})
+    return parse_record(ReplanDecision, record, where)
 
 
 def keep_or_replan(

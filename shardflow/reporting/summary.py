@@ -2,18 +2,16 @@
 keys), `shardflow run --json` prints and the UI's summary reads.
 
 Its keys and their types are declared here once; `parse` checks a dict read back from JSON (a
-result.json of an earlier version, the flow's result) against them and names the first bad key.
-A key a version made before it existed lacks is taken as None where None is accepted.
+result.json of an earlier version, the flow's result) against them and names the first bad key
+(shardflow.records). A key a version made before it existed lacks is taken as None where None is accepted.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass
 
-from shardflow.errors import InputError
+from shardflow.records import parse_record, plain
 
 RUN_KEYS = ("current", "message", "newest_version")  # the run's, not the version's: not in result.json
 
@@ -69,7 +67,7 @@ class RunSummary:
 
     def to_dict(self) -> dict:
         """The JSON form: tuples as lists; newest_version only where a run trained nothing."""
-        out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
         if self.newest_version is None:
             del out["newest_version"]
         return out
@@ -85,36 +83,4 @@ class RunSummary:
     @classmethod
     def parse(cls, values: dict, where: str = "a run summary") -> RunSummary:
         """The summary in `values`; an InputError naming the first key that is missing or of the wrong type."""
-        if not isinstance(values, dict):
-            raise InputError(f"{where}: a {type(values).__name__}; accepted: a JSON object")
-        hints = typing.get_type_hints(cls)
-        given = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in values:
-                if f.default is dataclasses.MISSING:
-                    raise InputError(f"{where}: no {f.name!r}; accepted: an object with every key of RunSummary")
-                continue
-            given[f.name] = _checked(values[f.name], hints[f.name], f.name, where)
-        return cls(**given)
-
-
-def _plain(value: object) -> object:
-    return [_plain(v) for v in value] if isinstance(value, (tuple, list)) else value
-
-
-def _checked(value: object, hint: object, key: str, where: str) -> object:
-    """`value` as `hint` says (a list becomes a tuple), or an InputError naming the key."""
-    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    for option in options:
-        if option is type(None) and value is None:
-            return None
-        if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)):
-            item = typing.get_args(option)[0]
-            return tuple(_checked(v, item, key, where) for v in value)
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if option in (int, str, bool, dict) and type(value) is option:
-            return value
-    accepted = " or ".join("none" if o is type(None) else getattr(o, "__name__", str(o)) for o in options)
-    raise InputError(f"{where}: {key} = {value!r}; accepted: {accepted}")
-
+        return parse_record(cls, values, where)

@@ -1,0 +1,61 @@
+"""Typed values read back from JSON (a record a store keeps, a flow's result): a frozen dataclass whose fields
+are JSON's kinds (int, float, str, bool, dict, None, tuples of them), each field checked against its
+annotation and the first bad one named, as zarr's `parse_*` functions check its documents.
+
+A field with a default may be absent (a record written before the field existed); a key the
+dataclass does not name is left out (a record of a later version of the field list).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import TypeVar
+
+from shardflow.errors import InputError
+
+T = TypeVar("T")
+
+
+def parse_record(cls: type[T], values: object, where: str) -> T:
+    """`values` as a `cls`; an InputError naming `where`, the key and what is accepted for the first bad one."""
+    if not isinstance(values, dict):
+        raise InputError(f"{where}: a {type(values).__name__}; accepted: a JSON object")
+    hints = typing.get_type_hints(cls)
+    given = {}
+    for f in dataclasses.fields(cls):
+        if f.name in values:
+            given[f.name] = _checked(values[f.name], hints[f.name], f.name, where)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise InputError(f"{where}: {f.name} = missing; accepted: {_accepted(hints[f.name])}")
+    return cls(**given)
+
+
+def plain(value: object) -> object:
+    """A field's value as JSON holds it: tuples as lists."""
+    return [plain(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _options(hint: object) -> tuple:
+    return typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+
+
+def _accepted(hint: object) -> str:
+    names = {int: "int", float: "int or float", str: "str", bool: "bool", dict: "dict", type(None): "none"}
+    return " or ".join(names.get(o, "list") for o in _options(hint))
+
+
+def _checked(value: object, hint: object, key: str, where: str) -> object:
+    """`value` as `hint` says (a list becomes a tuple, an int a float where a float is asked), or an InputError."""
+    for option in _options(hint):
+        if option is type(None) and value is None:
+            return None
+        if typing.get_origin(option) is tuple and isinstance(value, (list, tuple)):
+            item = typing.get_args(option)[0]
+            return tuple(_checked(v, item, key, where) for v in value)
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if option in (int, str, bool, dict) and type(value) is option:
+            return value
+    raise InputError(f"{where}: {key} = {value!r}; accepted: {_accepted(hint)}")
