@@ -150,8 +150,12 @@ def test_a_second_ctrl_c_ends_the_run_at_once_with_one_line_and_keeps_the_checkp
 def test_a_worker_killed_mid_epoch_is_a_warning_in_the_summary_not_tracebacks_on_the_terminal(tmp_path):
     proc = start(tmp_path, embedded(tmp_path))
     wait_for(proc, first_checkpoint, tmp_path / "run")
-    workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
-    assert len(workers) == 2, [p.cmdline() for p in workers]
+    # The local cluster's workers are forked from its fork server (shardflow.cluster.WORKER_PRELOAD).
+    # A forked worker keeps its server's command line: the server is the one the run started itself.
+    servers = [p for p in psutil.Process(proc.pid).children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+    assert len(servers) == 1, [p.cmdline() for p in psutil.Process(proc.pid).children()]
+    workers = servers[0].children()
+    assert len(workers) == 2, [p.pid for p in workers]
     workers[0].kill()
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
