@@ -239,15 +239,19 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
     versions.finish(tmp_path, 1, {"promoted": True})
     versions.promote(tmp_path, 1)
     check_model_shape(cfg)
+
+    def changed(**keys) -> RetrainConfig:
+        return RetrainConfig.build({**cfg.flat(), **keys})
+
     with pytest.raises(InputError, match=r"has mlp = \[64, 32\], this run mlp = \[32\]"):
-        check_model_shape(cfg.model_copy(update={"mlp": (32,)}))
+        check_model_shape(changed(mlp=(32,)))
     # Its model had the mean encoder: another is refused; the attention's settings shape no mean model.
     with pytest.raises(InputError, match=r"has encoder = 'mean', this run encoder = 'self-attention'"):
-        check_model_shape(cfg.model_copy(update={"encoder": "self-attention"}))
+        check_model_shape(changed(encoder="self-attention"))
     with pytest.raises(InputError, match=r"has dense_optimizer = 'adam', this run dense_optimizer = 'adagrad'"):
-        check_model_shape(cfg.model_copy(update={"dense_optimizer": "adagrad"}))
-    check_model_shape(cfg.model_copy(update={"attention_blocks": 5, "dropout": 0.3, "seed": 7}))
-    check_model_shape(cfg.model_copy(update={"bottom_mlp": (32,)}))  # a sequence model has no bottom MLP
+        check_model_shape(changed(dense_optimizer="adagrad"))
+    check_model_shape(changed(attention_blocks=5, dropout=0.3, seed=7))
+    check_model_shape(changed(bottom_mlp=(32,)))  # a sequence model has no bottom MLP
 
 
 @pytest.fixture(scope="module")
