@@ -196,7 +196,10 @@ class Engine(Persistence):
                 return call.result(timeout=POLL_S)
             except TimeoutError:
                 self.check_workers()
-            except OSError:  # the worker could not be reached, or the method's own I/O error
+            except (OSError, WorkerLost):
+                # The worker could not be reached (or the method's own I/O error), or a device found a peer
+                # gone: the scheduler, given its grace, names the device whose worker left (a node cut off is
+                # often seen by a peer's probe first); else the error as it came.
                 self.check_workers(grace_s=LOSS_GRACE_S)
                 raise
 
