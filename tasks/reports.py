@@ -103,8 +103,8 @@ def version_rows(run: str) -> list[dict]:
     metric = "logloss" if any(r is not None and r.logloss is not None for r in results.values()) else "hr_at_10"
     for n, r in results.items():
         began = versions.started(run, n)
-        replanned = None if r is None else r.replanned
-        done = {} if r is None else {**r.metrics(), **{f"previous_{k}": v for k, v in r.metrics("previous_").items()}}
+        done = {} if r is None else r.to_dict()  # an unfinished version: every figure empty
+        replanned = done.get("replanned")
         rows.append(
             {
                 "version": n,
@@ -117,7 +117,7 @@ def version_rows(run: str) -> list[dict]:
                 "epochs": None if r is None else _epochs_kept(r),
                 "replaced_auc": _figure(done.get("previous_auc")),
                 f"replaced_{metric}": _figure(done.get(f"previous_{metric}")),
-                "held_out": None if r is None else r.eval_users,
+                "held_out": done.get("eval_users"),
                 "state": "unfinished"
                 if r is None
                 else ("current, manual" if n in by_operator else "current")

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from shardflow.records import parse_record, plain
+from shardflow.training.evaluate import METRICS
 
 RUN_KEYS = ("current", "message", "newest_version")  # the run's, not the version's: not in result.json
 
@@ -78,7 +79,7 @@ class RunSummary:
 
     def metrics(self, prefix: str = "") -> dict:
         """The held-out metrics (prefix "val_": the validation split's, "previous_": the replaced model's)."""
-        return {k: getattr(self, prefix + k) for k in ("auc", "hr_at_10", "ndcg_at_10", "logloss")}
+        return {k: getattr(self, prefix + k) for k in METRICS}
 
     @classmethod
     def parse(cls, values: dict, where: str = "a run summary") -> RunSummary:
