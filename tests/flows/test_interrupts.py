@@ -25,8 +25,8 @@ from test_real_server import READ_BACK
 ENDS_WITHIN_S = 15
 
 
-def start(tmp_path: Path, env: dict) -> subprocess.Popen:
-    synth_dataset(tmp_path / "ds", [SynthTable("item", 400, 1.1)], interactions=40000, seed=3, mean_length=12)
+def start(tmp_path: Path, env: dict, interactions: int = 40000) -> subprocess.Popen:
+    synth_dataset(tmp_path / "ds", [SynthTable("item", 400, 1.1)], interactions=interactions, seed=3, mean_length=12)
     (tmp_path / "topo.yaml").write_text(TOPOLOGY)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({
         **{k: list(v) if isinstance(v, tuple) else v for k, v in SMALL.items()}, "epochs": 3,
@@ -128,7 +128,9 @@ def embedded(tmp_path: Path) -> dict:
 
 
 def test_ctrl_c_while_profiling_is_one_line_and_the_workers_say_nothing_on_the_terminal(tmp_path):
-    proc = start(tmp_path, embedded(tmp_path))
+    # Workers forked with the engine imported profile 40,000 events in under the 10 ms the test polls at (missed
+    # once): 2,000,000 keep the profile's staging directory there long enough to be seen; none of them is trained.
+    proc = start(tmp_path, embedded(tmp_path), interactions=2_000_000)
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT,
                                                                         moment=profiling)
     assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, err[-3000:])
