@@ -124,21 +124,35 @@ def _start(server, timeout_s: int, output=None) -> None:
 
 
 class _Watchdog(threading.Thread):
-    """Starts the embedded API again, on its address and database, when its process dies during the run."""
+    """Starts the embedded API again, on its address and database, when its process dies during the run.
+
+    The parent-death signal follows the thread that started the server, not the process (prctl(2)): a
+    server this thread started again would be stopped the moment the thread ended, before Prefect's log
+    and event workers sent what they hold at exit. So once it has started one, this thread stays parked
+    after `stop` and ends with the process."""
 
     POLL_S = 0.5
 
     def __init__(self, server, timeout_s: int) -> None:
         super().__init__(name="shardflow-api-watchdog", daemon=True)
         self.server, self.timeout_s = server, timeout_s
-        self.stopping = threading.Event()
+        self.stopping, self.watched = threading.Event(), threading.Event()
+        self.restarted = False
         self.start()
 
     def stop(self) -> None:
         self.stopping.set()
-        self.join(timeout=5)
+        self.watched.wait(timeout=5)
 
     def run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            self.watched.set()
+        if self.restarted:
+            threading.Event().wait()  # never set: the server started here lives as long as the process
+
+    def _watch(self) -> None:
         log = logging.getLogger("shardflow")
         while not self.stopping.wait(self.POLL_S):
             process = self.server.server_process
@@ -156,6 +170,7 @@ class _Watchdog(threading.Thread):
                         self._stop_run(f"the embedded Prefect API stopped (exit status {status}) and did not start "
                                        f"again ({_first_line(e)}{_last_error(output)})")
                     return
+            self.restarted = True
 
     @staticmethod
     def _stop_run(why: str) -> None:

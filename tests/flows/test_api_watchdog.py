@@ -1,0 +1,51 @@
+"""The embedded API's watchdog (flows/api.py) on a stand-in server process: what it starts again outlives it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from flows.api import _Watchdog
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+class StandInServer:
+    """The parts of Prefect's SubprocessASGIServer the watchdog uses; its process sleeps instead of serving.
+    It starts that process through `prefect.server.api.server.subprocess`, as Prefect's server does, so
+    the watchdog's own session and parent-death signal apply to it."""
+
+    address = "http://127.0.0.1:1"
+
+    def __init__(self) -> None:
+        self.server_process: subprocess.Popen | None = None
+        self.running = False
+        self.starts = 0
+
+    def start(self, timeout: int) -> None:
+        import prefect.server.api.server as api_server
+
+        self.server_process = api_server.subprocess.Popen(SLEEPER)
+        self.running = True
+        self.starts += 1
+
+
+def test_a_server_started_again_outlives_the_watchdog_until_the_process_exits():
+    server = StandInServer()
+    server.start(timeout=1)
+    first = server.server_process
+    watchdog = _Watchdog(server, timeout_s=5)
+    try:
+        first.kill()
+        deadline = time.monotonic() + 30
+        while server.starts < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.starts == 2, "the watchdog did not start the server again within 30 s"
+        watchdog.stop()
+        time.sleep(1)  # the parent-death signal, had the thread that started it ended, arrives at once
+        assert server.server_process.poll() is None, "the server started again was stopped with the watchdog"
+        assert watchdog.is_alive()
+    finally:
+        server.server_process.kill()
+        server.server_process.wait()
