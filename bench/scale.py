@@ -35,6 +35,7 @@ import psutil
 
 from shardflow.data.batches import TrainData
 from storage.dataset import Dataset
+from shardflow.planning.plans import read_plan_summary
 from shardflow.planner.memory import WORKER_BYTES_PER_USER, WORKER_EXTRA_BYTES, WORKER_SCALE, worker_peak_bytes
 
 HERE = Path(__file__).resolve().parent
@@ -162,9 +163,9 @@ def run_size(work: Path, rows: int, events: int, args, env: dict, imports: float
         print(f"flow FAILED: {result.get('error')} (log: {work / 'flow.log'})")
     else:
         summary = result["summary"]
-        plan = json.loads((Path(summary["run_dir"]) / "versions" / "0001" / "plan" / "summary.json").read_text())
-        need = max(plan["memory_bytes_per_device"]) / MB
-        held = TrainData.load(ds).held_bytes(len(plan["memory_bytes_per_device"]))
+        plan = read_plan_summary(Path(summary["run_dir"]) / "versions" / "0001" / "plan")
+        need = max(plan.memory_bytes_per_device) / MB
+        held = TrainData.load(ds).held_bytes(plan.devices)
         bound = worker_peak_bytes(need * MB, users, held) / MB
         print(f"plan: {need:,.0f} MB on the largest device; largest worker peaked at {worker:,.0f} MB = "
               f"{worker / max(need, 1):.2f} x plan, {worker - need:,.0f} MB over it (a worker's imports alone, "

@@ -133,7 +133,7 @@ def run_plan(args: argparse.Namespace) -> dict:
         negatives=args.negatives,
         overwrite=args.overwrite,
     )
-    return {"plan": out, **summary}
+    return {"plan": out, **summary.to_dict()}
 
 
 def show_plan(s: dict) -> None:

@@ -27,6 +27,7 @@ from prefect.states import Completed
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
+from shardflow.planning.plans import read_plan_summary
 from shardflow.reporting.summary import RunSummary
 from shardflow.training.messages import modeled_bytes
 from shardflow.training.evaluate import metric_values
@@ -55,7 +56,6 @@ from tasks.retrain import (
     validation_scores,
 )
 from shardflow.preflight import check_run, run_paths
-from storage.plan import read_summary
 from tasks.reports import name_run, publish_failure, publish_summary, publish_versions, run_label, state_message
 from tasks.versions import gate, nothing_new, open_version, paths_of, untrained, version_paths, warm_start
 
@@ -114,12 +114,12 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     source = version["warm_start_from"]
     previous_plan = None if source is None else paths_of(run, source)["plan"]
     strategies, decision = shard(config, paths["profile"], paths["plan"], previous_plan)
-    trained_plan = read_summary(paths["plan"])  # the plan that trains: fresh, or the previous one kept
-    trained = _train(config, dataset, paths, run, client, devices, trained_plan["bytes_per_step"], version)
+    trained_plan = read_plan_summary(paths["plan"])  # the plan that trains: fresh, or the previous one kept
+    trained = _train(config, dataset, paths, run, client, devices, trained_plan.bytes_per_step, version)
     metrics = evaluate(paths["model"], dataset, config.train.eval_users, config.train.seed, version["window"][1])
     figures = plots(paths["version"], paths["profile"], paths["plan"], strategies)
     tidy(paths["version"])
-    row_wise = next(r for r in strategies if r["strategy"] == "row-wise-mod")
+    row_wise = next(r for r in strategies if r.strategy == "row-wise-mod")
     return gate(config, dataset, version["version"], {
         "run_dir": run,
         "version": version["version"],
@@ -135,10 +135,10 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         **validation_of(trained["chosen"]),
         "eval_users": metrics["users"],
         "bytes_per_step": trained["bytes_per_step"],
-        "modeled_bytes_per_step": trained_plan["bytes_per_step"],
-        "row_wise_bytes_per_step": row_wise["bytes_per_step"],
-        "comm_time_us_per_step": trained_plan["comm_time_s_per_step"] * 1e6,
-        "row_wise_comm_time_us_per_step": row_wise["comm_time_s_per_step"] * 1e6,
+        "modeled_bytes_per_step": trained_plan.bytes_per_step,
+        "row_wise_bytes_per_step": row_wise.bytes_per_step,
+        "comm_time_us_per_step": trained_plan.comm_time_s_per_step * 1e6,
+        "row_wise_comm_time_us_per_step": row_wise.comm_time_s_per_step * 1e6,
         "replanned": decision.replanned,
         "replan_reason": decision.reason,
         "fresh_plan_comm_time_us_per_step": decision.fresh_comm_time_s * 1e6,

@@ -16,7 +16,7 @@ from shardflow.config import RetrainConfig
 from shardflow.preflight import import_kwargs, imported_source, run_paths, same_source, source_parts, source_warnings
 from shardflow.cluster import live_workers
 from shardflow.errors import InputError, TrainingError, WorkerLost
-from shardflow.planner.report import table_tiers
+from shardflow.planner.report import PlanSummary, StrategyRefused, table_tiers
 from shardflow.planner.topology import parse_topology
 from shardflow.planning.plans import ReplanDecision, compare_strategies, keep_or_replan, parse_decision, read_plan
 from shardflow.profiling.profiles import profile_dataset, profile_window
@@ -112,7 +112,7 @@ def profile(dataset: str, out: str, client: Client, run_dir: str, first: int = 0
 
 @task(name="shard", task_run_name="shard", cache_policy=NONE)
 def shard(config: RetrainConfig, profile_path: str, out: str,
-          previous_plan: str | None) -> tuple[list[dict], ReplanDecision]:
+          previous_plan: str | None) -> tuple[list[PlanSummary | StrategyRefused], ReplanDecision]:
     """(every strategy's figures, the drift decision): the version's plan, the promoted one's kept or replaced.
 
     A version resumed part-way keeps the plan it was trained with, unless it resumes on
@@ -138,10 +138,10 @@ def shard(config: RetrainConfig, profile_path: str, out: str,
         description=f"Every strategy on {config.plan.topology}, batch {config.train.batch_size}, "
         f"dedup {config.plan.dedup}",
     )
-    refused = [r for r in rows if "error" in r]
+    refused = [r for r in rows if isinstance(r, StrategyRefused)]
     if refused:  # long reasons in their own artifact: a table cuts them off at the UI's width
         create_markdown_artifact("\n".join(["# Strategies that made no plan", ""]
-                                           + [f"- **{r['strategy']}**: {r['error']}" for r in refused]),
+                                           + [f"- **{r.strategy}**: {r.error}" for r in refused]),
                                  key=artifact_key("plan-refusals", config.run_dir),
                                  description="Why a strategy made no plan under this budget")
     create_table_artifact(
@@ -152,18 +152,21 @@ def shard(config: RetrainConfig, profile_path: str, out: str,
     return rows, decision
 
 
-def _comparison_row(r: dict) -> dict:
+def _comparison_row(r: PlanSummary | StrategyRefused) -> dict:
     """One strategy's figures; every row has every column (the UI takes its columns from the first row), and
     short ones: the whole table fits the UI's 1600 px (a strategy with no plan says so in `plan`)."""
-    mb, ok = 1e6, "error" not in r
+    if isinstance(r, StrategyRefused):
+        return {"strategy": r.strategy, "plan": "none: see plan-refusals",
+                **dict.fromkeys(("MB_per_step", "inter_node_MB", "comm_us", "bound_us", "max_MB_per_device"))}
+    mb = 1e6
     return {
-        "strategy": r["strategy"],
-        "plan": "made" if ok else "none: see plan-refusals",
-        "MB_per_step": round(r["bytes_per_step"] / mb, 3) if ok else None,
-        "inter_node_MB": round(r["inter_node_bytes_per_step"] / mb, 3) if ok else None,
-        "comm_us": round(r["comm_time_s_per_step"] * 1e6, 2) if ok else None,
-        "bound_us": round(r["lower_bound_comm_time_s_per_step"] * 1e6, 2) if ok else None,
-        "max_MB_per_device": round(max(r["memory_bytes_per_device"]) / mb, 3) if ok else None,
+        "strategy": r.strategy,
+        "plan": "made",
+        "MB_per_step": round(r.bytes_per_step / mb, 3),
+        "inter_node_MB": round(r.inter_node_bytes_per_step / mb, 3),
+        "comm_us": round(r.comm_time_s_per_step * 1e6, 2),
+        "bound_us": round(r.lower_bound_comm_time_s_per_step * 1e6, 2),
+        "max_MB_per_device": round(max(r.memory_bytes_per_device) / mb, 3),
     }
 
 

@@ -15,7 +15,7 @@ from shardflow.data.examples import PAD, build_examples
 from shardflow.planner.access import sequence_lookups
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import uniform
-from shardflow.planning.plans import make_plan, read_plan
+from shardflow.planning.plans import make_plan, read_plan, read_plan_summary
 from shardflow.profiling.profiles import profile_dataset
 from storage.dataset import Dataset
 from storage.importers import import_dataset
@@ -68,6 +68,7 @@ def test_plan_command_prints_the_summary_and_writes_the_store(profiled):
     assert topo.devices == 4 and shape == StepShape(4096, 64, "none")
     assert plan.tier_counts() == s["tiers"]
     assert json.loads((out / "summary.json").read_text())["comm_time_s_per_step"] == s["comm_time_s_per_step"]
+    assert read_plan_summary(out).to_dict() == {k: v for k, v in s.items() if k != "plan"}
 
     zarr.open_array(str(out / "tables" / "item" / "home"), mode="a")[7] = 4
     with pytest.raises(InputError, match=r"homes outside 0..3 for 4 devices"):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 
 from shardflow.planner.access import TableAccess
@@ -42,6 +45,45 @@ def gap_closed(plan_s: float, mod_s: float, bound_s: float) -> float:
     return (mod_s - plan_s) / (mod_s - bound_s)
 
 
+@dataclass(frozen=True, kw_only=True)
+class PlanSummary:
+    """What a plan is judged by, under one budget and cost model: what `shardflow plan --json` prints and the
+    plan store keeps as summary.json (`to_dict`; read back by shardflow.planning.plans.read_plan_summary)."""
+
+    strategy: str
+    dedup: str  # the de-duplication scope the cost model priced
+    devices: int
+    budget_bytes_per_device: int
+    memory_bytes_per_device: tuple[int, ...]
+    lookup_bytes_per_step: float
+    sync_bytes_per_step: float
+    bytes_per_step: float  # lookup + sync
+    inter_node_bytes_per_step: float
+    comm_time_s_per_step: float  # the rounds one after another, on their busiest links
+    round_payload_s_per_step: dict  # round -> its payload's seconds on its busiest link
+    link_time_s_per_step: float  # the busiest link's bytes over the whole step
+    busiest_link: str
+    row_wise_mod_comm_time_s_per_step: float
+    lower_bound_comm_time_s_per_step: float
+    gap_closed: float  # of row-wise-mod's link time down to the bound (gap_closed)
+    tiers: dict  # tier name -> rows, all tables together
+    node_rows_on_some_nodes: int
+    device_bytes_per_step: tuple[float, ...]
+
+    def to_dict(self) -> dict:
+        """The JSON form: tuples as lists."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class StrategyRefused:
+    """A strategy that made no plan under the budget, and why (its InputError's line)."""
+
+    strategy: str
+    error: str
+
+
 def summarize(
     plan: ShardingPlan,
     accesses: list[TableAccess],
@@ -50,29 +92,29 @@ def summarize(
     model: CostModel,
     bound_s: float,
     mod: PlanCost,
-) -> dict:
+) -> PlanSummary:
     cost = model.evaluate(plan, {a.name: a for a in accesses})
-    return {
-        "strategy": plan.strategy,
-        "dedup": model.shape.dedup,
-        "devices": topology.devices,
-        "budget_bytes_per_device": int(budget_bytes),
-        "memory_bytes_per_device": [int(b) for b in plan.memory_bytes_per_device(topology, model.shape.dim)],
-        "lookup_bytes_per_step": cost.lookup_bytes_per_step,
-        "sync_bytes_per_step": cost.sync_bytes_per_step,
-        "bytes_per_step": cost.bytes_per_step,
-        "inter_node_bytes_per_step": cost.inter_node_bytes_per_step,
-        "comm_time_s_per_step": cost.comm_time_s_per_step,
-        "round_payload_s_per_step": cost.round_payload_s,
-        "link_time_s_per_step": cost.link_time_s_per_step,
-        "busiest_link": cost.busiest_link,
-        "row_wise_mod_comm_time_s_per_step": mod.comm_time_s_per_step,
-        "lower_bound_comm_time_s_per_step": bound_s,
-        "gap_closed": gap_closed(cost.link_time_s_per_step, mod.link_time_s_per_step, bound_s),
-        "tiers": plan.tier_counts(),
-        "node_rows_on_some_nodes": int(sum(t.partial_ids.size for t in plan.tables)),
-        "device_bytes_per_step": [float(b) for b in np.round(cost.device_bytes_per_step(), 3)],
-    }
+    return PlanSummary(
+        strategy=plan.strategy,
+        dedup=model.shape.dedup,
+        devices=topology.devices,
+        budget_bytes_per_device=int(budget_bytes),
+        memory_bytes_per_device=tuple(int(b) for b in plan.memory_bytes_per_device(topology, model.shape.dim)),
+        lookup_bytes_per_step=cost.lookup_bytes_per_step,
+        sync_bytes_per_step=cost.sync_bytes_per_step,
+        bytes_per_step=cost.bytes_per_step,
+        inter_node_bytes_per_step=cost.inter_node_bytes_per_step,
+        comm_time_s_per_step=cost.comm_time_s_per_step,
+        round_payload_s_per_step=cost.round_payload_s,
+        link_time_s_per_step=cost.link_time_s_per_step,
+        busiest_link=cost.busiest_link,
+        row_wise_mod_comm_time_s_per_step=mod.comm_time_s_per_step,
+        lower_bound_comm_time_s_per_step=bound_s,
+        gap_closed=gap_closed(cost.link_time_s_per_step, mod.link_time_s_per_step, bound_s),
+        tiers=plan.tier_counts(),
+        node_rows_on_some_nodes=int(sum(t.partial_ids.size for t in plan.tables)),
+        device_bytes_per_step=tuple(float(b) for b in np.round(cost.device_bytes_per_step(), 3)),
+    )
 
 
 def tier_text(t: TablePlan, devices: int) -> str:

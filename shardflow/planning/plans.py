@@ -12,14 +12,14 @@ from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, check_plan
-from shardflow.planner.report import bound_and_baseline, summarize
+from shardflow.planner.report import PlanSummary, StrategyRefused, bound_and_baseline, summarize
 from shardflow.planner.strategies import STRATEGIES, propose
 from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import Topology, parse_topology
 from shardflow.planning.touch import fit_touch
 from shardflow.records import parse_record
 from storage.dataset import Dataset
-from storage.plan import read_plan_arrays, write_plan
+from storage.plan import read_plan_arrays, read_summary, write_plan
 from storage.profile import Profile
 from storage.lock import writer_lock
 from storage.staging import check_destination, staged
@@ -104,7 +104,7 @@ def make_plan(
     history: int = DEFAULT_HISTORY,
     negatives: int = DEFAULT_NEGATIVES,
     overwrite: bool = False,
-) -> dict:
+) -> PlanSummary:
     """Plan, evaluate and store; returns the summary."""
     if strategy not in STRATEGIES:
         raise InputError(f"strategy {strategy!r}; accepted: {', '.join(STRATEGIES)}")
@@ -114,7 +114,7 @@ def make_plan(
     return store_plan(out, plan, inputs, overwrite=overwrite)
 
 
-def store_plan(out: str | Path, plan: ShardingPlan, inputs: PlanInputs, *, overwrite: bool = False) -> dict:
+def store_plan(out: str | Path, plan: ShardingPlan, inputs: PlanInputs, *, overwrite: bool = False) -> PlanSummary:
     """Summarise `plan` against the bound and row-wise-mod and write the plan store; the summary."""
     accesses, model, budget, source = inputs.accesses, inputs.model, inputs.budget_bytes, inputs.source
     bound, mod = bound_and_baseline(accesses, model.topology, budget, model)
@@ -129,8 +129,14 @@ def store_plan(out: str | Path, plan: ShardingPlan, inputs: PlanInputs, *, overw
                    "source": provenance}
     with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
         write_plan(stage, {t.name: {"tier": t.tier, "home": t.home, "partial_ids": t.partial_ids,
-                                    "partial_nodes": t.partial_nodes} for t in plan.tables}, description, summary)
+                                    "partial_nodes": t.partial_nodes} for t in plan.tables}, description,
+                   summary.to_dict())
     return summary
+
+
+def read_plan_summary(path: str | Path) -> PlanSummary:
+    """The summary kept beside the plan stored at `path`; an InputError naming its first bad key."""
+    return parse_record(PlanSummary, read_summary(path), f"{path}/summary.json")
 
 
 def read_plan(path: str | Path) -> tuple[ShardingPlan, Topology, StepShape, dict]:
@@ -252,7 +258,7 @@ def compare_strategies(
     memory_slack: float,
     history: int = DEFAULT_HISTORY,
     negatives: int = DEFAULT_NEGATIVES,
-) -> tuple[list[dict], dict[str, ShardingPlan]]:
+) -> tuple[list[PlanSummary | StrategyRefused], dict[str, ShardingPlan]]:
     """(every strategy's summary under the same budget, the plans made); a strategy that fits no plan
     says why and has no plan."""
     inputs = plan_inputs(profile_path, topology, shape, memory_slack, history, negatives)
@@ -263,7 +269,7 @@ def compare_strategies(
         try:
             plans[name] = propose(name, accesses, topology, budget, model)
         except InputError as e:
-            rows.append({"strategy": name, "error": str(e)})
+            rows.append(StrategyRefused(name, str(e)))
             continue
         rows.append(summarize(plans[name], accesses, topology, budget, model, bound, mod))
     return rows, plans

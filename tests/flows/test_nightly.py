@@ -23,11 +23,11 @@ from flows.retrain import retrain
 from runs import BIN, run_until_killed, task_runs
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
+from shardflow.planning.plans import read_plan_summary
 from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.checkpoint import verify_export
 from storage.dataset import Dataset
-from storage.plan import read_summary
 from support import REAL, settled, snapshot, split_into_days
 from shardflow.reporting.summary import RunSummary
 from tasks.reports import state_message
@@ -80,9 +80,8 @@ def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect
     assert second["replanned"] == (fresh < kept * 0.95)
     # The figures reported are those of the plan that trained, kept or fresh.
     assert second["comm_time_us_per_step"] == pytest.approx(kept if not second["replanned"] else fresh, rel=1e-9)
-    assert (
-        second["modeled_bytes_per_step"] == read_summary(root / "run" / "versions" / "0002" / "plan")["bytes_per_step"]
-    )
+    trained_plan = read_plan_summary(root / "run" / "versions" / "0002" / "plan")
+    assert second["modeled_bytes_per_step"] == trained_plan.bytes_per_step
     assert second["previous_auc"] is not None and second["promoted"] == (
         second["auc"] >= second["previous_auc"] - 0.002
     )

@@ -1,6 +1,7 @@
 """Strategies on tiny hand-built topologies (exact placements) and their invariants (property tests)."""
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -15,11 +16,12 @@ from shardflow.planner.exact import exact_plan
 from shardflow.planner import plan as plan_module
 from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, BlockRows, ModuloRows, ShardingPlan, TablePlan, check_plan,
                                    for_devices, row_bytes, table_rows_per_device)
-from shardflow.planner.report import bound_and_baseline, tier_text
+from shardflow.planner.report import bound_and_baseline, summarize, tier_text
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.strategies import SLACK_LADDER, propose
 from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import Node, Topology, uniform
+from shardflow.planning.plans import read_plan_summary
 
 TWO_BY_TWO = uniform(2, 2, 12.5)
 
@@ -282,3 +284,19 @@ def test_with_the_fitted_wire_flexshard_copies_no_rows_whose_sync_rounds_cost_mo
     assert not fitted.table("t").has_tier(NODE) and not fitted.table("t").has_tier(GLOBAL)
     by_name = {"t": access}
     assert model.evaluate(fitted, by_name).comm_time_s_per_step <= model.evaluate(mod, by_name).comm_time_s_per_step
+
+
+def test_a_plan_summary_reads_back_from_its_json_as_written_and_names_a_bad_key(tmp_path):
+    accesses = [zipf_access("item", 2_000, 1.1, 30.0)]
+    model = CostModel(TWO_BY_TWO, StepShape(64, 4, "device"), wire=FITTED_WIRE)
+    budget = budget_bytes_per_device(accesses, TWO_BY_TWO, 4, 0.2)
+    bound, mod = bound_and_baseline(accesses, TWO_BY_TWO, budget, model)
+    summary = summarize(propose("flexshard", accesses, TWO_BY_TWO, budget, model), accesses, TWO_BY_TWO, budget,
+                        model, bound, mod)
+    assert summary.bytes_per_step == pytest.approx(summary.lookup_bytes_per_step + summary.sync_bytes_per_step)
+    assert summary.lower_bound_comm_time_s_per_step <= summary.comm_time_s_per_step
+    (tmp_path / "summary.json").write_text(json.dumps(summary.to_dict()))
+    assert read_plan_summary(tmp_path) == summary
+    (tmp_path / "summary.json").write_text(json.dumps({**summary.to_dict(), "devices": "4"}))
+    with pytest.raises(InputError, match=r"summary.json: devices = '4'; accepted: int$"):
+        read_plan_summary(tmp_path)
