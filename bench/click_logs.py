@@ -223,7 +223,7 @@ def traffic(scratch: Path, synthetic: Path, batch: int) -> None:
                 steps = min(TRAFFIC_STEPS, driver.devices[0].data.steps_per_epoch(b))  # whole batches only
                 for i in range(steps):
                     driver.step(0, i, i, 0)
-                sent = sum(float(t["lookup"].sum() + t["sync"].sum()) for t in (d.traffic() for d in driver.devices))
+                sent = sum(d.traffic().modeled_bytes for d in driver.devices)
                 measured = sent / steps
                 print(f"{name:<16} {b:>6,} {strategy:<15} {job.predicted_bytes_per_step / 1e6:>11.4f} "
                       f"{measured / 1e6:>12.4f} {measured / job.predicted_bytes_per_step:>6.3f} "

@@ -22,7 +22,6 @@ from distributed import Client, LocalCluster
 
 import shardflow.planning.plans as planning
 from shardflow.errors import InputError
-from shardflow.training.messages import modeled_bytes
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import load_topology
 from shardflow.profiling.profiles import profile_dataset
@@ -44,7 +43,7 @@ def measured_over_predicted(ds: Path, plan: Path, dedup: str, steps: int) -> flo
     driver = in_process(job)
     for i in range(steps):
         driver.step(0, i, i, 0)
-    sent = sum(modeled_bytes(d.traffic()) for d in driver.devices) / steps
+    sent = sum(d.traffic().modeled_bytes for d in driver.devices) / steps
     return sent / job.predicted_bytes_per_step
 
 

@@ -122,7 +122,7 @@ def engine_rate(client, dataset: Path, plan, topo, batch_size: int, steps: int, 
         result = engine.fit()
         traffic = engine.traffic()
     return {"rate": result.examples_per_s, "timings": result.timings,
-            "patch_share": float(traffic["patch"].sum() / max(traffic["lookup"].sum(), 1.0))}
+            "patch_share": float(traffic.patch.sum() / max(traffic.lookup.sum(), 1.0))}
 
 
 def spread(values: list[float]) -> str:

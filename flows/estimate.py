@@ -14,7 +14,6 @@ from prefect import flow, get_run_logger
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import one_line_errors
-from shardflow.training.messages import modeled_bytes
 from storage.lock import run_lock
 from tasks.retrain import (
     prepare_dataset,
@@ -52,7 +51,7 @@ def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
     summary = {
         "epochs": config.train.epochs,
         "examples_per_s": sum(e["examples"] for e in epochs) / sum(e["seconds"] for e in epochs),
-        "bytes_per_step": modeled_bytes(traffic) / max(steps, 1),
+        "bytes_per_step": traffic.modeled_bytes / max(steps, 1),
         "epoch_loss": [e["loss"] for e in epochs],
     }
     get_run_logger().info("estimation: %s", summary)

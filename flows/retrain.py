@@ -29,7 +29,6 @@ from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
 from shardflow.planning.plans import read_plan_summary
 from shardflow.reporting.summary import RunSummary
-from shardflow.training.messages import modeled_bytes
 from shardflow.training.evaluate import metric_values
 from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
@@ -229,7 +228,7 @@ def _epochs(engine, config: RetrainConfig, paths: dict, resumed: dict, kept: dic
         stats = unless_lost(train_epoch(engine, epoch, config.train.epochs, kept["progress"]))
         kept["losses"][epoch] = stats["loss"]
         steps += stats["steps"]
-        measured = modeled_bytes(engine.traffic()) / steps
+        measured = engine.traffic().modeled_bytes / steps
         unless_lost(checkpoint(engine, paths["version"], epoch, {
             "loss": stats["loss"], **metric_values(stats), **validation_of(stats),
             "seed": config.train.seed, "bytes_per_step": measured,

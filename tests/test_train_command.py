@@ -83,7 +83,7 @@ def measured_and_predicted(dataset: Path, plan: Path, dedup: str) -> tuple[float
         driver.step(0, i, i, 0)
     traffic = [d.traffic() for d in driver.devices]
     assert job.topology.devices == 4
-    return sum(float(t["lookup"].sum() + t["sync"].sum()) for t in traffic) / 6, job.predicted_bytes_per_step
+    return sum(t.modeled_bytes for t in traffic) / 6, job.predicted_bytes_per_step
 
 
 @pytest.mark.parametrize("dedup", ["none", "device", "node"])
@@ -110,7 +110,7 @@ def test_the_cluster_moves_exactly_the_bytes_of_the_in_process_driver(client, pl
     driver = in_process(prepare(planned / "ds", planned / "flexshard", train, mlp=(16,)))
     for i in range(4):
         driver.step(0, i, i, 0)
-    local = {k: sum(float(d.traffic()[k].sum()) for d in driver.devices) / 4 for k in ("lookup", "sync", "dense")}
+    local = {k: sum(d.traffic().sums()[k] for d in driver.devices) / 4 for k in ("lookup", "sync", "dense")}
     assert s["steps"] == 4 and s["devices"] == 4
     # Early answers are off by default: no row is sent twice.
     assert {k: v for k, v in s["bytes_per_step"].items() if k != "patch"} == local

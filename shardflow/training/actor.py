@@ -18,7 +18,7 @@ from shardflow.planner.plan import DevicePlan
 from shardflow.planner.topology import Topology
 from shardflow.data.clicks import load_training_data
 from shardflow.training.device import Device, StepStats
-from shardflow.training.messages import Message, Round
+from shardflow.training.messages import Message, Round, Traffic
 from shardflow.training.transport import Mailbox, answer
 from storage.checkpoint import write_export_chunk
 
@@ -145,7 +145,7 @@ class DeviceActor:
     def dense_parameters(self) -> tuple[dict, dict, int]:
         return self.device.dense_parameters()
 
-    def traffic(self) -> dict:
+    def traffic(self) -> Traffic:
         return self.device.traffic()
 
     def parameters(self) -> dict:

@@ -26,8 +26,8 @@ from shardflow.planner.topology import Topology
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.clicks import ClickData
 from shardflow.training.evaluate import EVAL_CHUNK
-from shardflow.training.messages import (Apply, ApplyDense, Compute, EndStep, Instruction, Kind, Message, Round, Send,
-                                         to_host)
+from shardflow.training.messages import (Apply, ApplyDense, Compute, EndStep, Instruction, Message, Round, Send,
+                                         Traffic, to_host)
 from shardflow.training.protocol import StepProtocol
 from shardflow.training.rehome import rehome, shard_names
 from shardflow.training.shard import ParameterShard, RowLayout
@@ -209,14 +209,14 @@ class Device:
     def serve_rows(self, table: str, ids: np.ndarray, sender: int) -> np.ndarray:
         """Rows for another device's evaluation (counted as `eval` traffic)."""
         rows = to_host(self.shard.read(table, ids))
-        self.protocol.traffic[Kind.EVAL.value][sender, self.index] += ids.nbytes
-        self.protocol.traffic[Kind.EVAL.value][self.index, sender] += rows.nbytes
+        self.protocol.traffic.eval[sender, self.index] += ids.nbytes
+        self.protocol.traffic.eval[self.index, sender] += rows.nbytes
         return rows
 
     def serve_dense(self, sender: int) -> dict:
         params = self.dense_parameters()[0]
         if sender != self.index:
-            self.protocol.traffic[Kind.EVAL.value][self.index, sender] += sum(v.nbytes for v in params.values())
+            self.protocol.traffic.eval[self.index, sender] += sum(v.nbytes for v in params.values())
         return params
 
     def evaluate(self, targets: np.ndarray, negatives: int, seed: int, remote_rows, remote_dense) -> dict:
@@ -256,8 +256,8 @@ class Device:
         return ({k: to_host(v).copy() for k, v in self.shard.dense.items()},
                 {k: to_host(v).copy() for k, v in opt.state.items()}, opt.t)
 
-    def traffic(self) -> dict:
-        return {k: v.copy() for k, v in self.protocol.traffic.items()}
+    def traffic(self) -> Traffic:
+        return self.protocol.traffic.copy()
 
     def parameters(self) -> dict:
         """Everything this shard stores, on the host: for tests and the reference comparison."""

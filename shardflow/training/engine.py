@@ -11,11 +11,12 @@ is applied. Checkpoints, restores, warm starts and exports: shardflow.training.p
 
 from __future__ import annotations
 
+import functools
+import operator
 import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 from distributed import Client, wait
 from distributed.client import FutureCancelledError, FuturesCancelledError
 
@@ -35,7 +36,7 @@ from shardflow.training.device import StepStats
 from shardflow.training.evaluate import SPLITS, eval_targets
 from shardflow.training.validation import best_epoch, score, stop_now, validation_values
 from shardflow.training.persistence import Persistence
-from shardflow.training.messages import TRAFFIC_KINDS, PeerStopped
+from shardflow.training.messages import PeerStopped, Traffic
 from shardflow.training.transport import CLOSE_WAIT_S, PROBE_S
 
 # How often a wait on the devices checks that their workers are still in the cluster.
@@ -342,10 +343,9 @@ class Engine(Persistence):
         calls = [a.evaluate(p, self.train.eval_negatives, seed) for a, p in zip(self.actors, parts)]
         return self.data.eval_metrics(self.data.eval_merge(self._wait(calls)))
 
-    def traffic(self) -> dict[str, np.ndarray]:
+    def traffic(self) -> Traffic:
         """Bytes per kind, [sender, receiver], summed over every shard since the start."""
-        per = self._all("traffic")
-        return {k: sum(p[k] for p in per) for k in TRAFFIC_KINDS}
+        return functools.reduce(operator.add, self._all("traffic"))
 
     def parameters(self) -> list[dict]:
         return self._all("parameters")

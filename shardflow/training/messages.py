@@ -1,7 +1,7 @@
 """What the devices of a step send each other, and what the step protocol asks its host to do.
 
 A round's `Message` from one device to one peer holds typed `Block`s, one table each,
-counted by `Kind` (the cost model prices LOOKUP and SYNC: `modeled_bytes`). The protocol
+counted by `Kind` into `Traffic` (the cost model prices LOOKUP and SYNC: `Traffic.modeled_bytes`). The protocol
 (shardflow.training.protocol) answers each event with `Instruction`s its host carries
 out in order.
 """
@@ -41,13 +41,38 @@ class Kind(enum.Enum):
     PATCH = "patch"  # rows changed after an early answer carried them, sent again
 
 
-TRAFFIC_KINDS = tuple(k.value for k in Kind)
-MODELED_KINDS = (Kind.LOOKUP.value, Kind.SYNC.value)  # what the cost model prices (dense and eval it does not)
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes sent, one [sender, receiver] matrix per Kind: what one device's protocol counts (it adds to the
+    matrices in place), or, added up, what every device sent."""
 
+    lookup: np.ndarray
+    sync: np.ndarray
+    dense: np.ndarray
+    eval: np.ndarray
+    patch: np.ndarray
 
-def modeled_bytes(traffic: dict[str, np.ndarray]) -> float:
-    """The bytes of `traffic` (kind -> [sender, receiver] bytes) that the cost model prices: lookups and sync."""
-    return float(sum(traffic[k].sum() for k in MODELED_KINDS))
+    @classmethod
+    def zeros(cls, devices: int) -> Traffic:
+        return cls(**{k.value: np.zeros((devices, devices)) for k in Kind})
+
+    def of(self, kind: Kind) -> np.ndarray:
+        return getattr(self, kind.value)
+
+    def copy(self) -> Traffic:
+        return Traffic(**{k.value: self.of(k).copy() for k in Kind})
+
+    def sums(self) -> dict[str, float]:
+        """Bytes per kind, every sender and receiver together."""
+        return {k.value: float(self.of(k).sum()) for k in Kind}
+
+    def __add__(self, other: Traffic) -> Traffic:
+        return Traffic(**{k.value: self.of(k) + other.of(k) for k in Kind})
+
+    @property
+    def modeled_bytes(self) -> float:
+        """What the cost model prices: lookups and sync (dense and eval it does not)."""
+        return float(self.lookup.sum() + self.sync.sum())
 
 
 class PeerStopped(TrainingError):
@@ -83,12 +108,12 @@ class Message:
     error: str | None = None  # the sender stopped this step: why
     patch: bool = False  # a REPLY that patches the sender's PREFETCH answer (its blocks are patches)
 
-    def count(self, traffic: dict[str, np.ndarray], receiver: int) -> None:
-        """Add this message's bytes to traffic[kind][sender, receiver]."""
+    def count(self, traffic: Traffic, receiver: int) -> None:
+        """Add this message's bytes to its kinds' [sender, receiver] in `traffic`."""
         for b in self.blocks:
-            traffic[b.kind.value][self.sender, receiver] += b.nbytes
+            traffic.of(b.kind)[self.sender, receiver] += b.nbytes
         if self.dense is not None:
-            traffic[Kind.DENSE.value][self.sender, receiver] += sum(v.nbytes for v in self.dense.values())
+            traffic.dense[self.sender, receiver] += sum(v.nbytes for v in self.dense.values())
 
 
 # The instructions an event answers with, carried out in order by the protocol's host (a Device): the shard is

@@ -59,8 +59,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from shardflow.training.messages import (NO_IDS, TRAFFIC_KINDS, Block, Compute, EndStep,
-                                         Instruction, Kind, Message, PeerStopped, Round, Send, to_host)
+from shardflow.training.messages import (NO_IDS, Block, Compute, EndStep, Instruction, Kind, Message,
+                                         PeerStopped, Round, Send, Traffic, to_host)
 from shardflow.planner.plan import GLOBAL, NODE, DevicePlan, replica_device, step_round_names
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
@@ -146,7 +146,7 @@ class StepProtocol(RelayRounds, ReplicaSync):
         self.rounds = step_rounds(tables, topology, dedup)
         self.relay = Round.RELAY_REQUEST in self.rounds
         self.early = early and not self.relay and topology.devices > 1  # answers REQUESTs early (PREFETCH)
-        self.traffic = {k: np.zeros((topology.devices, topology.devices)) for k in TRAFFIC_KINDS}
+        self.traffic = Traffic.zeros(topology.devices)
         self._forget_early()
         self._reset()
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from distributed import Client
 
 from shardflow.errors import InputError
-from shardflow.training.messages import modeled_bytes
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.sequence import ModelConfig
 from shardflow.model.optim import OptimizerConfig
@@ -137,7 +136,7 @@ def train_from_stores(
         "examples": result.examples,
         "examples_per_s": result.examples_per_s,
         "steady_steps": result.steady["steps"],
-        "measured_bytes_per_step": modeled_bytes(traffic) / steps,
+        "measured_bytes_per_step": traffic.modeled_bytes / steps,
         "predicted_bytes_per_step": job.predicted_bytes_per_step,
         **metric_values(metrics),
         "loss": result.epoch_loss[-1] if result.epoch_loss else float("nan"),
@@ -153,6 +152,6 @@ def train_from_stores(
         "patience": train.patience,
         **validation_of(chosen),
         "epoch_validation": [result.validation[e] for e in sorted(result.validation)],
-        "bytes_per_step": {k: float(v.sum()) / steps for k, v in traffic.items() if k != "eval"},
+        "bytes_per_step": {k: v / steps for k, v in traffic.sums().items() if k != "eval"},
         "seconds_per_step": result.timings,
     }

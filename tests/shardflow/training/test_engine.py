@@ -99,7 +99,7 @@ def test_the_cluster_gives_bitwise_the_parameters_of_the_in_process_driver(clien
         e.steps(0, 0, 2)
         e.steps(0, 2, 5)  # several steps per call: the next batch's requests travel during a step
         on_cluster = e.parameters()
-        patched = e.traffic()["patch"].sum()
+        patched = e.traffic().patch.sum()
     assert (patched > 0) == early, patched
     driver = InProcess(in_process_devices(data, plan, TOPOLOGIES[4]))
     for i in range(7):
@@ -121,7 +121,7 @@ def test_estimation_mode_scales_tables_onto_one_server(client, dataset, data):
         traffic = e.traffic()
     assert shards[0]["item"]["weights"].shape == (scaled["item"], MODEL.dim)
     assert shards[1]["item"]["weights"].shape == (0, MODEL.dim)
-    assert traffic["lookup"][1, 0] > 0 and traffic["lookup"][0, 1] > 0  # trainer 1 reads from the server
+    assert traffic.lookup[1, 0] > 0 and traffic.lookup[0, 1] > 0  # trainer 1 reads from the server
     assert np.isfinite(result.epoch_loss[0])
     whole, scaled_all, one = estimation_plan(rows, MODEL.dim, server_bytes=None)
     assert one == 1.0 and scaled_all == rows

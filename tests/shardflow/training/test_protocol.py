@@ -132,8 +132,8 @@ def test_answering_the_next_steps_requests_early_leaves_every_parameter_bitwise_
     InProcess(late).run(starts)
     for answered_early, answered_late in zip(early, late):
         assert bitwise_equal(answered_early.parameters(), answered_late.parameters())
-        assert (answered_early.traffic()["lookup"] == answered_late.traffic()["lookup"]).all()
-    patched = sum(d.traffic()["patch"].sum() for d in early)
+        assert (answered_early.traffic().lookup == answered_late.traffic().lookup).all()
+    patched = sum(d.traffic().patch.sum() for d in early)
     if dedup == "node":  # the proxies relay whole replies: nothing is answered early
         assert patched == 0 and not any(d.protocol.early for d in early)
     else:
@@ -242,7 +242,7 @@ def test_estimation_sums_ids_that_share_a_scaled_row(data):
     assert np.isfinite(stats[0].loss_sum) and (after["version"] == 1).any()
     assert not np.array_equal(before, after["weights"])
     traffic = devs[1].traffic()
-    assert traffic["lookup"][1, 0] > 0 and traffic["dense"][1, 0] > 0  # trainer 1 reads from the one server
+    assert traffic.lookup[1, 0] > 0 and traffic.dense[1, 0] > 0  # trainer 1 reads from the one server
 
 
 def test_a_table_plan_with_no_remote_rows_sends_only_empty_messages(data):
@@ -252,9 +252,9 @@ def test_a_table_plan_with_no_remote_rows_sends_only_empty_messages(data):
     one_node = TOPOLOGIES[2].__class__(TOPOLOGIES[3].nodes[:1], 100.0)
     devs = in_process_devices(data, ShardingPlan("all-global", tuple(tables.values())), one_node)
     InProcess(devs).step(0, 0, 0, 0)
-    t = sum(d.traffic()["lookup"] for d in devs)
+    t = sum(d.traffic().lookup for d in devs)
     assert t.sum() == 0
-    assert sum(d.traffic()["sync"] for d in devs).sum() > 0
+    assert sum(d.traffic().sync for d in devs).sum() > 0
     a, b = (d.parameters()["item"]["weights"] for d in devs)
     assert a.tobytes() == b.tobytes()
     assert torch.equal(devs[0].shard.weights["item"], devs[1].shard.weights["item"])
