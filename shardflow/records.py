@@ -1,6 +1,6 @@
 """Typed values read back from JSON (a record a store keeps, a flow's result): a frozen dataclass whose fields
-are JSON's kinds (int, float, str, bool, dict, None, tuples of them), each field checked against its
-annotation and the first bad one named, as zarr's `parse_*` functions check its documents.
+are JSON's kinds (int, float, str, bool, dict, None, tuples of them) or such dataclasses, each field checked
+against its annotation and the first bad one named, as zarr's `parse_*` functions check its documents.
 
 A field with a default may be absent (a record written before the field existed); a key the
 dataclass does not name is left out (a record of a later version of the field list).
@@ -33,7 +33,9 @@ def parse_record(cls: type[T], values: object, where: str) -> T:
 
 
 def plain(value: object) -> object:
-    """A field's value as JSON holds it: tuples as lists."""
+    """A field's value as JSON holds it: tuples as lists, a dataclass as an object."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     return [plain(v) for v in value] if isinstance(value, (tuple, list)) else value
 
 
@@ -43,7 +45,7 @@ def _options(hint: object) -> tuple:
 
 def _accepted(hint: object) -> str:
     names = {int: "int", float: "int or float", str: "str", bool: "bool", dict: "dict", type(None): "none"}
-    return " or ".join(names.get(o, "list") for o in _options(hint))
+    return " or ".join(names.get(o, "dict" if dataclasses.is_dataclass(o) else "list") for o in _options(hint))
 
 
 def _checked(value: object, hint: object, key: str, where: str) -> object:
@@ -58,4 +60,6 @@ def _checked(value: object, hint: object, key: str, where: str) -> object:
             return float(value)
         if option in (int, str, bool, dict) and type(value) is option:
             return value
+        if dataclasses.is_dataclass(option) and isinstance(value, dict):
+            return parse_record(option, value, f"{where} {key}")
     raise InputError(f"{where}: {key} = {value!r}; accepted: {_accepted(hint)}")

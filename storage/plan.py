@@ -15,12 +15,14 @@ Arrays and JSON only: shardflow.planning.plans turns them into plans, topologies
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import zarr
 
 from shardflow.errors import InputError
+from shardflow.records import parse_record
 from storage.checksum import ArrayHash, combine
 from storage.dataset import COMPRESSORS
 from storage.manifest import read_manifest, write_manifest
@@ -62,19 +64,45 @@ def write_plan(stage: Path, tables: dict[str, dict[str, np.ndarray]], manifest: 
     return manifest
 
 
-def read_plan_manifest(path: str | Path) -> dict:
+@dataclass(frozen=True)
+class PlanSource:
+    """The profile a plan was made from, and the lookups per example it assumed."""
+
+    profile: str  # its path, resolved
+    profile_checksum: str
+    history: int
+    negatives: int
+    memory_slack: float
+
+
+@dataclass(frozen=True)
+class PlanManifest:
+    """A plan store's manifest: what the plan is of, read back typed (the format's own keys are checked by
+    read_manifest)."""
+
+    strategy: str
+    topology: dict  # a Topology's record (shardflow.planner.topology.parse_topology)
+    step: dict  # a StepShape's fields
+    budget_bytes_per_device: int
+    source: PlanSource
+    tables: dict  # table -> rows
+    checksum: str
+
+
+def read_plan_manifest(path: str | Path) -> PlanManifest:
     """The manifest of a complete plan store (its strategy, topology, step and tables), without its arrays."""
-    return read_manifest(Path(path), KIND, FORMAT_VERSION, MADE_BY)
+    return parse_record(PlanManifest, read_manifest(Path(path), KIND, FORMAT_VERSION, MADE_BY),
+                        f"{path}/manifest.json")
 
 
-def read_plan_arrays(path: str | Path) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
+def read_plan_arrays(path: str | Path) -> tuple[dict[str, dict[str, np.ndarray]], PlanManifest]:
     """({table: {"tier": int8, "home": int32, "partial_ids": int64, "partial_nodes": int64}}, manifest) of a
     complete plan store (the partial arrays empty where the table has none)."""
     path = Path(path)
     m = read_plan_manifest(path)
     root = zarr.open_group(str(path), mode="r")
     tables = {}
-    for name in m["tables"]:
+    for name in m.tables:
         try:
             tier, home = root[f"tables/{name}/tier"][:], root[f"tables/{name}/home"][:]
         except KeyError:

@@ -7,12 +7,14 @@ Layout:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import zarr
 
 from shardflow.errors import InputError
+from shardflow.records import parse_record
 from storage.checksum import ArrayHash, combine
 from storage.dataset import COMPRESSORS
 from storage.manifest import read_manifest, write_manifest
@@ -56,12 +58,33 @@ def finish_profile(stage: Path, dataset: dict, stats: dict[str, dict], digests: 
     return manifest
 
 
+@dataclass(frozen=True)
+class Window:
+    """What a profile of a model version's training window counted: the examples of parts `first_part` on,
+    each reading a `history`-item history (a whole log's profile: part 0 on, no history)."""
+
+    first_part: int = 0
+    history: int | None = None
+    examples: int | None = None  # with item_lookups: the item sequence's lookups per example, counted
+    item_lookups: int | None = None
+
+
+@dataclass(frozen=True)
+class ProfiledDataset:
+    """The dataset a profile counts, as its manifest records it."""
+
+    path: str
+    checksum: str
+    window: Window = field(default_factory=Window)
+
+
 class Profile:
     """A complete profile store, validated when opened."""
 
     def __init__(self, path: Path, manifest: dict) -> None:
         self.path = Path(path)
         self.manifest = manifest
+        self.dataset = parse_record(ProfiledDataset, manifest.get("dataset"), f"{path}/manifest.json dataset")
         self.stats = {name: dict(s) for name, s in manifest["tables"].items()}  # table -> its figures
         self.rows = {name: int(s["rows"]) for name, s in self.stats.items()}
 

@@ -84,15 +84,16 @@ def profile(dataset: str, out: str, client: Client, run_dir: str, first: int = 0
     dataset and window is reused."""
     log = get_run_logger()
     checksum = Dataset.open(dataset).info.checksum
-    kept = Profile.open(out).manifest["dataset"] if (Path(out) / MANIFEST).is_file() else {}
-    window = kept.get("window", {})
-    if kept.get("checksum") == checksum and (window.get("first_part", 0), window.get("history")) == (first, history):
+    kept = Profile.open(out) if (Path(out) / MANIFEST).is_file() else None
+    made = kept and kept.dataset
+    if made and (made.checksum, made.window.first_part, made.window.history) == (checksum, first, history):
         log.info("reusing profile %s", out)
-        stats = Profile.open(out).manifest["tables"]
+        stats = kept.stats
     elif history is None:
-        stats = profile_dataset(dataset, out, client=client, overwrite=bool(kept), first=first)["tables"]
+        stats = profile_dataset(dataset, out, client=client, overwrite=kept is not None, first=first)["tables"]
     else:
-        stats = profile_window(dataset, out, client=client, first=first, history=history, overwrite=bool(kept))[
+        stats = profile_window(dataset, out, client=client, first=first, history=history,
+                               overwrite=kept is not None)[
             "tables"
         ]
     create_table_artifact(
@@ -123,7 +124,7 @@ def shard(config: RetrainConfig, profile_path: str, out: str,
     rows, plans = compare_strategies(profile_path, topology, **kwargs)
     decision_file = Path(out) / "decision.json"
     made = (Path(out) / MANIFEST).is_file() and decision_file.is_file()
-    if made and parse_topology(read_plan_manifest(out)["topology"], f"{out}/manifest.json") == topology:
+    if made and parse_topology(read_plan_manifest(out).topology, f"{out}/manifest.json") == topology:
         get_run_logger().info("reusing plan %s", out)
         decision = parse_decision(json.loads(decision_file.read_text()), str(decision_file))
     else:

@@ -80,9 +80,10 @@ def test_the_core_imports_no_dask_prefect_zarr_or_storage():
     assert not bad, sorted(bad)
 
 
-def test_storage_imports_only_the_error_types_of_shardflow():
+def test_storage_imports_only_the_error_types_and_the_record_parser_of_shardflow():
     bad = {f"{m} imports {n}" for m, names in imports().items() if m.startswith("storage")
-           for n in names if n.split(".")[0] in PACKAGES and n.split(".")[0] != "storage" and n != "shardflow.errors"}
+           for n in names if n.split(".")[0] in PACKAGES and n.split(".")[0] != "storage"
+           and n not in ("shardflow.errors", "shardflow.records")}
     assert not bad, sorted(bad)
 
 

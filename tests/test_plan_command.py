@@ -70,8 +70,16 @@ def test_plan_command_prints_the_summary_and_writes_the_store(profiled):
     assert json.loads((out / "summary.json").read_text())["comm_time_s_per_step"] == s["comm_time_s_per_step"]
     assert read_plan_summary(out).to_dict() == {k: v for k, v in s.items() if k != "plan"}
 
+    assert (manifest.strategy, manifest.source.memory_slack, manifest.source.history) == ("flexshard", 0.1, 20)
+    assert manifest.tables == {"item": plan.table("item").rows} and manifest.budget_bytes_per_device == s[
+        "budget_bytes_per_device"]
+
     zarr.open_array(str(out / "tables" / "item" / "home"), mode="a")[7] = 4
     with pytest.raises(InputError, match=r"homes outside 0..3 for 4 devices"):
+        read_plan(out)
+    edited = {**json.loads((out / "manifest.json").read_text()), "source": {"profile": str(out)}}
+    (out / "manifest.json").write_text(json.dumps(edited))
+    with pytest.raises(InputError, match=r"plan/manifest.json source: profile_checksum = missing; accepted: str$"):
         read_plan(out)
 
 

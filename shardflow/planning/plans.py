@@ -19,7 +19,7 @@ from shardflow.planner.topology import Topology, parse_topology
 from shardflow.planning.touch import fit_touch
 from shardflow.records import parse_record
 from storage.dataset import Dataset
-from storage.plan import read_plan_arrays, read_summary, write_plan
+from storage.plan import PlanManifest, read_plan_arrays, read_summary, write_plan
 from storage.profile import Profile
 from storage.lock import writer_lock
 from storage.staging import check_destination, staged
@@ -37,21 +37,21 @@ def accesses_from_profile(profile: Profile, history: int, negatives: int) -> lis
     """
     if history < 1 or negatives < 0:
         raise InputError(f"history = {history}, negatives = {negatives}; accepted: history >= 1, negatives >= 0")
-    dataset = Dataset.open(profile.manifest["dataset"]["path"])
-    if dataset.info.checksum != profile.manifest["dataset"]["checksum"]:
+    dataset = Dataset.open(profile.dataset.path)
+    if dataset.info.checksum != profile.dataset.checksum:
         raise InputError(
-            f"{profile.path} profiles dataset {dataset.path} with checksum {profile.manifest['dataset']['checksum']}, "
+            f"{profile.path} profiles dataset {dataset.path} with checksum {profile.dataset.checksum}, "
             f"but that dataset now has {dataset.info.checksum}; accepted: a profile of the current dataset "
             "(run 'shardflow profile' again)"
         )
-    window = profile.manifest["dataset"].get("window", {})
-    if "history" in window and window["history"] != history:
-        raise InputError(f"{profile.path} counts the lookups of histories of {window['history']} items; this plan's "
+    window = profile.dataset.window
+    if window.history is not None and window.history != history:
+        raise InputError(f"{profile.path} counts the lookups of histories of {window.history} items; this plan's "
                          f"examples read {history}; accepted: a profile made with history {history}")
     accesses = []
     for name in profile.stats:
-        if name == dataset.info.sequence_table and "examples" in window:
-            per_example = window["item_lookups"] / max(window["examples"], 1) + negatives
+        if name == dataset.info.sequence_table and window.examples is not None:
+            per_example = window.item_lookups / max(window.examples, 1) + negatives
             accesses.append(TableAccess.from_counts(name, profile.counts(name), per_example, negatives / per_example))
         elif name == dataset.info.sequence_table:
             per_example, uniform = sequence_lookups(dataset.offsets(), history, negatives)
@@ -65,10 +65,9 @@ def cost_model(profile: Profile, accesses: list[TableAccess], topology: Topology
                negatives: int) -> CostModel:
     """The cost model with every table's distinct rows fitted to real batches of the profiled dataset
     (shardflow.planning.touch): of its training window, if the profile counted one."""
-    dataset = Dataset.open(profile.manifest["dataset"]["path"])
-    first = profile.manifest["dataset"].get("window", {}).get("first_part", 0)
+    dataset = Dataset.open(profile.dataset.path)
     return CostModel(topology, shape, fit_touch(dataset, accesses, topology, shape.batch_size, history, negatives,
-                                                first=first))
+                                                first=profile.dataset.window.first_part))
 
 
 @dataclass(frozen=True)
@@ -139,13 +138,13 @@ def read_plan_summary(path: str | Path) -> PlanSummary:
     return parse_record(PlanSummary, read_summary(path), f"{path}/summary.json")
 
 
-def read_plan(path: str | Path) -> tuple[ShardingPlan, Topology, StepShape, dict]:
+def read_plan(path: str | Path) -> tuple[ShardingPlan, Topology, StepShape, PlanManifest]:
     """(plan, topology, step shape, manifest) of a complete plan store, checked against each other."""
     arrays, m = read_plan_arrays(path)
-    topology = parse_topology(m["topology"], f"{path}/manifest.json topology")
-    shape = StepShape(**m["step"])
-    plan = ShardingPlan(m["strategy"], tuple(TablePlan(name, **a) for name, a in arrays.items()))
-    check_plan(plan, m["tables"], topology)
+    topology = parse_topology(m.topology, f"{path}/manifest.json topology")
+    shape = StepShape(**m.step)
+    plan = ShardingPlan(m.strategy, tuple(TablePlan(name, **a) for name, a in arrays.items()))
+    check_plan(plan, m.tables, topology)
     return plan, topology, shape, m
 
 
@@ -235,8 +234,8 @@ def _against_previous(previous: str | Path, fresh: ShardingPlan, fresh_s: float,
     old, old_topology, old_shape, m = read_plan(previous)
     if old_topology != topology:
         return fresh, None, f"the topology changed ({old_topology.devices} devices → {topology.devices})"
-    if (m["strategy"], old_shape) != (strategy, shape):
-        return fresh, None, f"the strategy or step shape changed ({m['strategy']}, {old_shape} → {strategy}, {shape})"
+    if (m.strategy, old_shape) != (strategy, shape):
+        return fresh, None, f"the strategy or step shape changed ({m.strategy}, {old_shape} → {strategy}, {shape})"
     accesses, model, budget = inputs.accesses, inputs.model, inputs.budget_bytes
     extended = extend_plan(old, {a.name: a.rows for a in accesses}, topology.devices)
     previous_s = model.evaluate(extended, {a.name: a for a in accesses}).comm_time_s_per_step

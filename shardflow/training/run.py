@@ -68,25 +68,25 @@ def prepare(
     """The job of training `dataset` on the plan at `plan_path`, refused before any work if they do not match."""
     ds = Dataset.open(dataset)
     plan, topology, shape, manifest = read_plan(plan_path)
-    profile = Profile.open(manifest["source"]["profile"])
-    made_from = profile.manifest["dataset"]["checksum"]
+    profile = Profile.open(manifest.source.profile)
+    made_from = profile.dataset.checksum
     if made_from != ds.info.checksum:
         raise InputError(
-            f"plan {plan_path} was made from a profile of dataset {profile.manifest['dataset']['path']} "
+            f"plan {plan_path} was made from a profile of dataset {profile.dataset.path} "
             f"(checksum {made_from}), not of {dataset} ({ds.info.checksum}); accepted: a plan of this dataset"
         )
-    source = manifest["source"]
-    model = model_config(ds, dim=shape.dim, mlp=mlp, bottom=bottom, history=source["history"],
-                         negatives=source["negatives"], seed=train.seed, encoder=encoder)
+    source = manifest.source
+    model = model_config(ds, dim=shape.dim, mlp=mlp, bottom=bottom, history=source.history,
+                         negatives=source.negatives, seed=train.seed, encoder=encoder)
     scaled = None
     if estimate:
         budget = server_memory_bytes if server_memory_bytes is not None else topology.device_memory_bytes
         plan, scaled, factor = estimation_plan({t.name: t.rows for t in plan.tables}, shape.dim, budget)
         log.info("estimation: every table on device 0, rows scaled by %.4f", factor)
-    accesses = {a.name: a for a in accesses_from_profile(profile, source["history"], source["negatives"])}
+    accesses = {a.name: a for a in accesses_from_profile(profile, source.history, source.negatives)}
     step = StepShape(train.batch_size, shape.dim, train.dedup)
-    predicted = cost_model(profile, list(accesses.values()), topology, step, source["history"],
-                           source["negatives"]).evaluate(plan, accesses)
+    predicted = cost_model(profile, list(accesses.values()), topology, step, source.history,
+                           source.negatives).evaluate(plan, accesses)
     return TrainingJob(str(dataset), plan, topology, model, optimizer or OptimizerConfig(), train, scaled,
                        predicted.bytes_per_step)
 
