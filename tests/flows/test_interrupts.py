@@ -54,9 +54,10 @@ def wait_for(proc: subprocess.Popen, moment, run: Path) -> None:
 
 def interrupt_after_the_first_checkpoint(proc: subprocess.Popen, run: Path, signum: int, moment=first_checkpoint,
                                          again_after_s: float | None = None) -> tuple[int, float, str, list]:
-    """(exit status, seconds from the last signal to the exit, stderr, the run's processes before the signal).
+    """(exit status, seconds from the last signal to the run's exit, stderr, the run's processes before the signal).
 
-    `again_after_s`: the same signal a second time, that long after the first."""
+    `again_after_s`: the same signal a second time, that long after the first. The run's own exit is timed:
+    its stderr closes later, when the last process that inherited it (the API server, a worker) has gone."""
     wait_for(proc, moment, run)
     family = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
     os.killpg(proc.pid, signum)  # the whole process group, as a terminal's Ctrl-C
@@ -67,10 +68,12 @@ def interrupt_after_the_first_checkpoint(proc: subprocess.Popen, run: Path, sign
             os.killpg(proc.pid, signum)
             sent = time.monotonic()
     try:
+        proc.wait(timeout=120)
+        seconds = time.monotonic() - sent
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    return proc.returncode, time.monotonic() - sent, err, family
+    return proc.returncode, seconds, err, family
 
 
 def still_running(pids: list[int]) -> list[str]:
