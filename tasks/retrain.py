@@ -387,7 +387,8 @@ def release_parameter_servers(engine: Engine | None) -> None:
 
 
 @task(name="plots", task_run_name="plots", cache_policy=NONE)
-def plots(run_dir: str, profile_path: str, plan_path: str, strategies: list[dict]) -> list[str]:
+def plots(run_dir: str, profile_path: str, plan_path: str,
+          strategies: list[PlanSummary | StrategyRefused]) -> list[str]:
     """Access curve with tier boundaries, per-device traffic per strategy, loss and AUC per epoch (SVG)."""
     import numpy as np
 
@@ -410,7 +411,7 @@ def plots(run_dir: str, profile_path: str, plan_path: str, strategies: list[dict
             marks[f"{t.name}: node | single"] = n_global + n_node
     files = [line_chart(out / "access.svg", curves, title="Accesses per row, most-read first (tiers dashed)",
                         xlabel="row rank", ylabel="accesses", log=True, marks=marks)]
-    groups = {r["strategy"]: [b / 1e6 for b in r["device_bytes_per_step"]] for r in strategies if "error" not in r}
+    groups = {r.strategy: [b / 1e6 for b in r.device_bytes_per_step] for r in strategies if isinstance(r, PlanSummary)}
     files.append(bar_chart(out / "traffic.svg", groups, title="Bytes sent + received per device per step (cost model)",
                            xlabel="device", ylabel="MB per step"))
     epochs = [read_store(p, CHECKPOINT) for _, p in complete_checkpoints(run_dir)]
