@@ -21,15 +21,12 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) --editable '.[test]'
 	touch $@
 
-# Every tier (tests/conftest.py), after the linter; CI runs this. Each tier runs on two pytest workers
-# (each its own LocalCluster and Prefect test harness). The server tier's tests run minutes each: a
-# worker left idle takes tests from the other's queue (--dist worksteal). The fault tier keeps a
-# module's tests on one worker (--dist loadfile): they share its stores. Each tier prints its 15 slowest.
+# Every tier (tests/conftest.py), after the linter; CI runs this. One session on two pytest workers (each
+# its own LocalCluster and Prefect test harness), the tiers heaviest first: a worker left idle takes tests
+# from the other's queue (--dist worksteal), so the cluster and server tests' waits are filled with other
+# tests' work. `-m TIER` runs one tier. Prints the 15 slowest tests.
 test: lint
-	$(BIN)/python -m pytest -q -m unit -n 2 --durations=15
-	$(BIN)/python -m pytest -q -m cluster -n 2 --durations=15
-	$(BIN)/python -m pytest -q -m server -n 2 --dist worksteal --durations=15
-	$(BIN)/python -m pytest -q -m fault -n 2 --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15
 
 # The unit tier on every core: pure logic and real zarr stores, no cluster and no Prefect API.
 test-quick: $(VENV)/.installed-test

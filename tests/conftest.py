@@ -45,8 +45,14 @@ def tier(module: str, fixtures: set[str]) -> str:
 
 
 def pytest_collection_modifyitems(items) -> None:
+    """Mark each test with its tier, and order the tiers heaviest first (fault, server, cluster, unit): `make
+    test` runs them in one session whose two workers take tests from each other's queues, so the minutes-long
+    tests start first and the unit tier's milliseconds fill the ends (and a server test's waits)."""
+    tiers = {}
     for item in items:
-        item.add_marker(tier(item.module.__name__.rpartition(".")[2], set(item.fixturenames)))
+        tiers[item] = tier(item.module.__name__.rpartition(".")[2], set(item.fixturenames))
+        item.add_marker(tiers[item])
+    items.sort(key=lambda item: TIERS.index(tiers[item]))
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from flows.api import STARTUP_TIMEOUT_S
+from runs import home_template, prefect_home
 
 BIN = Path(sys.executable).parent
 
@@ -23,9 +25,9 @@ class PrefectServer:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/api"
-        self.env = {**os.environ, "PREFECT_HOME": str(home / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                    "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": self.url,
-                    "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}"}
+        self.env = {**os.environ, "PREFECT_HOME": str(prefect_home(home / "prefect", STARTUP_TIMEOUT_S)),
+                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                    "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": self.url}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -52,6 +54,13 @@ class PrefectServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=30)
+
+
+def pytest_sessionfinish(session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the session's controlling process
+        template = home_template(os.getpid())
+        shutil.rmtree(template, ignore_errors=True)
+        Path(f"{template}.lock").unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from runs import BIN, SMALL, TOPOLOGY
+from runs import BIN, SMALL, TOPOLOGY, prefect_home
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from test_real_server import READ_BACK
 
@@ -97,7 +97,7 @@ def one_line(err: str, begins: str) -> None:
 
 def test_ctrl_c_with_the_embedded_api_ends_at_once_leaves_nothing_running_and_resumes(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env |= {"PREFECT_HOME": str(prefect_home(tmp_path / "prefect")), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     proc = start(tmp_path, env)
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT)
     assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, err[-3000:])
@@ -127,7 +127,7 @@ def test_sigterm_to_the_group_is_recorded_as_crashed_and_the_same_command_resume
 
 def embedded(tmp_path: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    return env | {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    return env | {"PREFECT_HOME": str(prefect_home(tmp_path / "prefect")), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
 
 def test_ctrl_c_while_profiling_is_one_line_and_the_workers_say_nothing_on_the_terminal(tmp_path):
@@ -145,7 +145,9 @@ def test_a_second_ctrl_c_ends_the_run_at_once_with_one_line_and_keeps_the_checkp
     proc = start(tmp_path, embedded(tmp_path))
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT,
                                                                         again_after_s=0.5)
-    assert status == 130 and seconds < 5, (status, seconds, err[-3000:])
+    # A second Ctrl-C that lands once the run has said its line and is exiting (Python has put SIGINT's default
+    # back) ends it by the signal itself: a shell reports that as 130 too.
+    assert status in (130, -signal.SIGINT) and seconds < 5, (status, seconds, err[-3000:])
     one_line(err, "shardflow run: interrupted")
     assert "leaked semaphore" not in err, err[-3000:]  # multiprocessing's resource tracker, after the stop at once
     assert still_running(family) == []
