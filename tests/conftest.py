@@ -13,6 +13,8 @@ Every test is in one tier (a marker, set here from what the test uses):
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 # Each pytest worker (two on CI's two cores) computes with PyTorch; an intra-op thread per core each only
 # spins against the other worker's (OpenMP waits by spinning). Set before PyTorch loads, and inherited by
@@ -45,6 +47,18 @@ def tier(module: str, fixtures: set[str]) -> str:
     if module in CLUSTER_MODULES or "client" in fixtures:
         return "cluster"
     return "unit"
+
+
+def pytest_configure(config) -> None:
+    """The session's controlling process makes the directory its pytest workers share (they inherit the
+    variable): tests/flows/runs.py keeps the Prefect home template there."""
+    if not hasattr(config, "workerinput"):
+        os.environ["SHARDFLOW_TEST_PREFECT_HOME"] = tempfile.mkdtemp(prefix="shardflow-prefect-home-")
+
+
+def pytest_unconfigure(config) -> None:
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ.pop("SHARDFLOW_TEST_PREFECT_HOME"), ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items) -> None:

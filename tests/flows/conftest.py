@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flows.api import STARTUP_TIMEOUT_S
-from runs import home_template, prefect_home
+from runs import prefect_home
 
 BIN = Path(sys.executable).parent
 
@@ -54,13 +53,6 @@ class PrefectServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=30)
-
-
-def pytest_sessionfinish(session) -> None:
-    if not hasattr(session.config, "workerinput"):  # the session's controlling process
-        template = home_template(os.getpid())
-        shutil.rmtree(template, ignore_errors=True)
-        Path(f"{template}.lock").unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ import yaml
 import zarr
 
 BIN = Path(sys.executable).parent
+PREFECT_HOME_TEMPLATE = "SHARDFLOW_TEST_PREFECT_HOME"  # a directory the whole test session shares
 TOPOLOGY = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n"
             "  - {name: b, devices: 1, uplink_gbytes_per_s: 5}\n")
 SMALL = dict(dim=8, mlp=(8,), history=5, negatives=2, batch_size=128, epochs=2, eval_users=200, memory_slack=0.5)
@@ -37,11 +37,12 @@ def prefect_home(home: Path, startup_timeout_s: int = 600) -> Path:
     migrated and its block types registered (prefect.db, memo_store.toml). Each is a copy of one made once
     per test session; a server started on it answered in 4.0 s instead of 11.2 s (2 cores, quiet). A first
     start on an empty home is what test_startup runs."""
-    template = home_template(os.getppid() if "PYTEST_XDIST_WORKER" in os.environ else os.getpid())
-    with open(f"{template}.lock", "w") as lock:
+    shared = Path(os.environ[PREFECT_HOME_TEMPLATE])  # the session's (tests/conftest.py)
+    template = shared / "home"
+    with open(shared / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the session's pytest workers make it once, one of them
         if not (template / "prefect.db").is_file():
-            made = template.with_name(template.name + ".making")
+            made = shared / "making"
             shutil.rmtree(made, ignore_errors=True)
             env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
             done = subprocess.run([sys.executable, "-c", FIRST_START, str(startup_timeout_s)], capture_output=True,
@@ -57,12 +58,6 @@ def prefect_home(home: Path, startup_timeout_s: int = 600) -> Path:
     for name in ("prefect.db", "memo_store.toml"):
         shutil.copy2(template / name, home / name)
     return home
-
-
-def home_template(session_pid: int) -> Path:
-    """Where prefect_home's template lies for the test session whose (controlling) pytest process is
-    `session_pid`; removed when that session finishes (tests/flows/conftest.py)."""
-    return Path(tempfile.gettempdir()) / f"shardflow-prefect-home-{session_pid}"
 
 
 def stderr_of(proc: subprocess.Popen) -> str:
