@@ -107,7 +107,7 @@ def main() -> None:
                 engine.steps(0, 0, 2)
                 for r in range(args.rounds):
                     t = time.perf_counter()
-                    engine.checkpoint(scratch / f"ckpt-{r}", {"round": r})
+                    engine.checkpoint(scratch / f"ckpt-{r}", r + 1)
                     took = time.perf_counter() - t
                     size = sum(f.stat().st_size for f in (scratch / f"ckpt-{r}").rglob("*") if f.is_file())
                     rates["checkpoint"].append(size / took / MB)
@@ -115,7 +115,7 @@ def main() -> None:
                     wrote = sum(client.run(plain_checkpoint, str(scratch / f"plain-{r}")).values())
                     rates["plain checkpoint"].append(wrote / (time.perf_counter() - t) / MB)
                     t = time.perf_counter()
-                    engine.export(scratch / f"model-{r}", {"round": r})
+                    engine.export(scratch / f"model-{r}")
                     took = time.perf_counter() - t
                     rates["export"].append(R * (D + 1) * 4 / took / MB)
                     store = scratch / f"plain-model-{r}"

@@ -206,8 +206,7 @@ def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: floa
     trained = _epochs(engine, config, paths, resumed, kept)
     publish_epoch_metrics(paths["version"], run, modeled)  # once a run: every epoch of the version
     chosen = unless_lost(keep_best(engine, paths["version"], config.train.patience))
-    unless_lost(download(engine, paths["model"], {"epochs": chosen["epochs"], "best_epoch": chosen["best_epoch"],
-                                                  "strategy": config.plan.strategy}))
+    unless_lost(download(engine, paths["model"], chosen["epochs"], chosen["best_epoch"], config.plan.strategy))
     return {**trained, "chosen": chosen, "downloads": engine.downloads, "resumed": resumed}
 
 
@@ -231,7 +230,7 @@ def _epochs(engine, config: RetrainConfig, paths: dict, resumed: dict, kept: dic
         measured = engine.traffic().modeled_bytes / steps
         unless_lost(checkpoint(engine, paths["version"], epoch, {
             "loss": stats["loss"], **metric_values(stats), **validation_of(stats),
-            "seed": config.train.seed, "bytes_per_step": measured,
+            "bytes_per_step": measured,
             "examples_per_s": stats["examples"] / stats["seconds"], "seconds": stats["seconds"],
         }))
         update_progress_artifact(kept["progress"], 100.0 * epoch / config.train.epochs,

@@ -15,7 +15,7 @@ from shardflow.errors import InputError
 from shardflow.planner.memory import check_capacity
 from storage import versions
 from storage.checkpoint import EXPORT
-from storage.checkpoint import read as read_checkpoint
+from storage.checkpoint import read_export_manifest
 from storage.dataset import Dataset, segment_checksum
 from storage.importers import check_continuation, recorded_options
 from storage.manifest import MANIFEST
@@ -89,7 +89,7 @@ def check_model_shape(config: RetrainConfig) -> None:
     store = dataset_store(config)
     if promoted is None or store is None:
         return
-    theirs = exported_record(read_checkpoint(versions.version_dir(config.run_dir, promoted) / EXPORT, EXPORT))
+    theirs = exported_record(read_export_manifest(versions.version_dir(config.run_dir, promoted) / EXPORT))
     m = config.model
     model = model_config(Dataset.open(store), dim=m.dim, mlp=tuple(m.mlp), bottom=tuple(m.bottom_mlp),
                          history=m.history, negatives=m.negatives, seed=config.train.seed,

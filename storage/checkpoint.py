@@ -5,25 +5,27 @@ Checkpoint of a run after epoch N (run_dir/checkpoints/epoch-000N):
     shards/<device>/<table>/weights|state|version|ids   written by that device's shard (ids: the global
                       ids of its rows, so another plan can take them: shardflow.training.rehome)
     shards/0/dense/<name>, shards/0/dense_opt/<slot> device 0: the MLP and its optimizer
-    manifest.json     written last by the engine: epoch, step, seed, plan checksum,
-                      model and optimizer configs, every array's checksum
+    manifest.json     written last by the engine (CheckpointManifest): epochs done, step,
+                      seed, model, every array's checksum, what the epoch measured
 
 Export (a version's model/): tables/<name> float32 [rows, dim] in global id order and
 state/<name> float32 [rows] (their row-wise Adagrad sums), chunk k of both written by one
 task; dense/<name> and dense_opt/<slot> (the dense optimiser, whose step count the
-manifest holds as dense_steps); manifest.json last. Each writer touches only its own
+manifest holds as dense_steps); manifest.json (ExportManifest) last. Each writer touches only its own
 arrays or chunks (zarr 3 has no atomic commit); a store without its manifest is never read.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 import zarr
 
 from shardflow.errors import InputError
+from shardflow.records import parse_record, plain
 from storage.checksum import ArrayHash, combine
 from storage.manifest import MANIFEST, read_manifest, write_manifest
 
@@ -36,6 +38,64 @@ EXPORT_CHUNK_ROWS = 1 << 16
 # checkpoints and exports are stored uncompressed.
 COMPRESSORS = None
 _EPOCH_DIR = re.compile(r"^epoch-(\d{6})$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointManifest:
+    """A checkpoint's manifest.json: where training stood after `epochs_done` epochs, the model
+    (shardflow.data.clicks.config_record), every array's checksum (`arrays`, combined in `checksum`),
+    and what the epoch measured: each figure None where the workload has none (sequences have no
+    log-loss, click logs no HR@10) or the writer measured none."""
+
+    epochs_done: int
+    step: int
+    dense_steps: int
+    devices: int
+    model: dict
+    batch_size: int
+    seed: int
+    arrays: dict
+    checksum: str
+    loss: float | None = None
+    auc: float | None = None
+    hr_at_10: float | None = None
+    ndcg_at_10: float | None = None
+    logloss: float | None = None
+    val_auc: float | None = None
+    val_hr_at_10: float | None = None
+    val_ndcg_at_10: float | None = None
+    val_logloss: float | None = None
+    bytes_per_step: float | None = None
+    examples_per_s: float | None = None
+    seconds: float | None = None
+
+    @property
+    def figures(self) -> dict[str, float | None]:
+        """What the epoch measured, by name (loss, the metrics, their val_ twins, bytes_per_step, speed)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in _FIGURES}
+
+
+_FIGURES = {f.name for f in fields(CheckpointManifest) if f.default is None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportManifest:
+    """An exported model's manifest.json: each table's rows (chunked by `chunk_rows`), the model
+    (shardflow.data.clicks.config_record) and its dense optimiser with the step count its state has
+    reached, every chunk's checksum; the epochs trained, the one kept and the plan's strategy where
+    the run said (None from an engine used without the flow)."""
+
+    tables: dict
+    dim: int
+    model: dict
+    chunk_rows: int
+    dense_steps: int
+    arrays: dict
+    checksum: str
+    dense_optimizer: str = "adam"  # what an export made before its manifest named one was trained with
+    epochs: int | None = None
+    best_epoch: int | None = None
+    strategy: str | None = None
 
 
 def checkpoint_dir(run_dir: str | Path, epochs_done: int) -> Path:
@@ -124,23 +184,32 @@ def _blocks(shape: tuple[int, ...]) -> list[tuple[int, int]]:
     return [(a, min(a + step, rows)) for a in range(0, max(rows, 1), step)]
 
 
-def finish(store: Path, kind: str, info: dict, digests: dict[str, str]) -> dict:
-    manifest = {
-        "format": f"shardflow.{kind}",
-        "format_version": FORMAT_VERSION,
-        **info,
-        "arrays": digests,
-        "checksum": combine(digests),
-    }
-    write_manifest(store, manifest)
-    return manifest
+def sealed(digests: dict[str, str]) -> dict:
+    """The `arrays` and `checksum` fields of a manifest over these array checksums."""
+    return {"arrays": digests, "checksum": combine(digests)}
+
+
+def finish(store: Path, manifest: CheckpointManifest | ExportManifest) -> None:
+    """Write the manifest of a checkpoint or export into `store`, last: from then on it is complete."""
+    kind = CHECKPOINT if isinstance(manifest, CheckpointManifest) else EXPORT
+    write_manifest(store, {"format": f"shardflow.{kind}", "format_version": FORMAT_VERSION, **plain(manifest)})
 
 
 def read(store: str | Path, kind: str) -> dict:
     return read_manifest(Path(store), kind, FORMAT_VERSION, MADE_BY)
 
 
-def verify_export(store: str | Path) -> dict:
+def read_checkpoint(store: str | Path) -> CheckpointManifest:
+    """The manifest of a complete checkpoint, or an InputError naming what is missing or bad."""
+    return parse_record(CheckpointManifest, read(store, CHECKPOINT), f"{store}/{MANIFEST}")
+
+
+def read_export_manifest(store: str | Path) -> ExportManifest:
+    """The manifest of a complete export (not its chunks: verify_export reads those too)."""
+    return parse_record(ExportManifest, read(store, EXPORT), f"{store}/{MANIFEST}")
+
+
+def verify_export(store: str | Path) -> ExportManifest:
     """Read every chunk of an exported model and check it against the manifest; the manifest.
 
     A store without its manifest (a download cut off) is refused as incomplete; a chunk
@@ -149,9 +218,9 @@ def verify_export(store: str | Path) -> dict:
     store = Path(store)
     if not (store / MANIFEST).is_file():
         raise InputError(f"{store}: no {MANIFEST}; the export is incomplete (a download was cut off) or absent")
-    m = read(store, EXPORT)
-    expected = dict(m["arrays"])
-    for table, rows in m["tables"].items():
+    m = read_export_manifest(store)
+    expected = dict(m.arrays)
+    for table, rows in m.tables.items():
         for kind in ("tables", "state"):
             try:
                 arr = zarr.open_array(str(store / kind / table), mode="r")
@@ -159,10 +228,10 @@ def verify_export(store: str | Path) -> dict:
                 raise InputError(
                     f"{store}/{kind}/{table}: unreadable ({type(e).__name__}); the export is damaged"
                 ) from None
-            for start in range(0, rows, m["chunk_rows"]):
+            for start in range(0, rows, m.chunk_rows):
                 name = f"{kind}/{table}/{start}"
                 try:
-                    values = arr[start : start + m["chunk_rows"]]
+                    values = arr[start : start + m.chunk_rows]
                 except Exception as e:
                     raise InputError(
                         f"{store}/{name}: unreadable ({type(e).__name__}: {e}); the export is damaged"
@@ -173,7 +242,7 @@ def verify_export(store: str | Path) -> dict:
                     )
     for group in ("dense", "dense_opt"):
         names = sorted(k.removeprefix(f"{group}/") for k in expected if k.startswith(f"{group}/"))
-        read_arrays(store / group, names, group, m["arrays"])
+        read_arrays(store / group, names, group, m.arrays)
     return m
 
 

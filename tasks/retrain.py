@@ -25,8 +25,7 @@ from shardflow.training.run import prepare, start_engine
 from shardflow.training.evaluate import evaluate_export
 from shardflow.training.validation import (SCORE_KEYS, VALIDATION_KEYS, best_epoch, score, validation_of,
                                           validation_values)
-from storage.checkpoint import CHECKPOINT, checkpoint_dir, complete_checkpoints
-from storage.checkpoint import read as read_store
+from storage.checkpoint import checkpoint_dir, complete_checkpoints, read_checkpoint
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 from storage.manifest import MANIFEST
@@ -197,7 +196,7 @@ def resume(engine: Engine, run_dir: str) -> dict:
     skipped = []
     for epochs_done, path in reversed(complete_checkpoints(run_dir)):
         try:
-            m = engine.restore(path)
+            m, moved = engine.restore(path)
         except WorkerLost as e:
             return _lost("resume", e)
         except InputError as e:
@@ -205,10 +204,10 @@ def resume(engine: Engine, run_dir: str) -> dict:
             skipped.append({"checkpoint": str(path), "reason": str(e)})
             continue
         log.info("resumed from %s: %d epochs done, step %d%s", path, epochs_done, engine.step_count,
-                 f"; its rows moved from the {m['devices']} devices that wrote it onto this plan's "
-                 f"{len(engine.actors)}" if m["moved"] else "")
+                 f"; its rows moved from the {m.devices} devices that wrote it onto this plan's "
+                 f"{len(engine.actors)}" if moved else "")
         return {"epochs_done": epochs_done, "checkpoint": str(path), "skipped": skipped,
-                "bytes_per_step": m.get("bytes_per_step")}
+                "bytes_per_step": m.bytes_per_step}
     if skipped:
         log.warning("no usable checkpoint; training starts from the initial parameters")
     return {"epochs_done": 0, "checkpoint": None, "skipped": skipped, "bytes_per_step": None}
@@ -253,9 +252,9 @@ def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step
     """
     mb, rows = 1e6, []
     for epoch, path in complete_checkpoints(version_dir):
-        info = read_store(path, CHECKPOINT)
+        info = read_checkpoint(path).figures
         rounded = {
-            k: None if info.get(k) is None else round(info[k], digits)
+            k: None if info[k] is None else round(info[k], digits)
             for k, digits in (
                 ("loss", 4),
                 ("auc", 4),
@@ -267,7 +266,7 @@ def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step
                 ("seconds", 1),
             )
         }
-        measured = info.get("bytes_per_step")
+        measured = info["bytes_per_step"]
         rows.append({"epoch": epoch, **rounded,
                      "bytes_per_step_MB_measured": None if measured is None else round(measured / mb, 3),
                      "bytes_per_step_MB_modeled": round(modeled_bytes_per_step / mb, 3)})
@@ -314,11 +313,12 @@ def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=
 
 
 @task(name="checkpoint", task_run_name="checkpoint-epoch-{epoch}", cache_policy=NONE)
-def checkpoint(engine: Engine, run_dir: str, epoch: int, info: dict) -> dict:
-    """The checkpoint after epoch `epoch` (numbered from 1): {"path"}, or {"lost"} (see _lost)."""
+def checkpoint(engine: Engine, run_dir: str, epoch: int, figures: dict) -> dict:
+    """The checkpoint after epoch `epoch` (numbered from 1), with what it measured (`figures`,
+    storage.checkpoint.CheckpointManifest's): {"path"}, or {"lost"} (see _lost)."""
     path = checkpoint_dir(run_dir, epoch)
     try:
-        engine.checkpoint(path, {"epochs_done": epoch, **info})
+        engine.checkpoint(path, epoch, figures)
     except WorkerLost as e:
         return _lost(f"checkpoint {epoch}", e)
     return {"path": str(path)}
@@ -326,7 +326,7 @@ def checkpoint(engine: Engine, run_dir: str, epoch: int, info: dict) -> dict:
 
 def validation_scores(version_dir: str) -> dict[int, float]:
     """Epoch (from 1) -> its validation score, from the version's complete checkpoints that have one."""
-    infos = {e: read_store(p, CHECKPOINT) for e, p in complete_checkpoints(version_dir)}
+    infos = {e: read_checkpoint(p).figures for e, p in complete_checkpoints(version_dir)}
     return {e: score(i) for e, i in infos.items() if any(i.get(k) is not None for k in SCORE_KEYS)}
 
 
@@ -346,15 +346,14 @@ def keep_best(engine: Engine, version_dir: str, patience: int | None) -> dict:
         except WorkerLost as e:
             return _lost("restoring the best epoch", e)
         get_run_logger().info("kept epoch %d of %d: the best validation score", best, epochs)
-    info = read_store(found[best], CHECKPOINT)
-    return {"epochs": epochs, "best_epoch": best, **validation_of(info)}
+    return {"epochs": epochs, "best_epoch": best, **validation_of(read_checkpoint(found[best]).figures)}
 
 
 @task(name="download", task_run_name="download", cache_policy=NONE)
-def download(engine: Engine, out: str, info: dict) -> dict:
+def download(engine: Engine, out: str, epochs: int, best_epoch: int | None, strategy: str) -> dict:
     """The one parameter download of a run, after the last epoch: {"path"}, or {"lost"} (see _lost)."""
     try:
-        engine.export(out, info)
+        engine.export(out, epochs, best_epoch, strategy)
     except WorkerLost as e:
         return _lost("download", e)
     get_run_logger().info("model exported to %s", out)
@@ -414,12 +413,12 @@ def plots(run_dir: str, profile_path: str, plan_path: str,
     groups = {r.strategy: [b / 1e6 for b in r.device_bytes_per_step] for r in strategies if isinstance(r, PlanSummary)}
     files.append(bar_chart(out / "traffic.svg", groups, title="Bytes sent + received per device per step (cost model)",
                            xlabel="device", ylabel="MB per step"))
-    epochs = [read_store(p, CHECKPOINT) for _, p in complete_checkpoints(run_dir)]
+    epochs = [read_checkpoint(p) for _, p in complete_checkpoints(run_dir)]
     if epochs:
-        x = [m["epochs_done"] for m in epochs]
+        x = [m.epochs_done for m in epochs]
         files.append(stacked_chart(out / "training.svg",
-                                   [("training loss", {"training loss": (x, [m["loss"] for m in epochs])}),
-                                    ("held-out AUC", {"AUC (held out)": (x, [m["auc"] for m in epochs])})],
+                                   [("training loss", {"training loss": (x, [m.loss for m in epochs])}),
+                                    ("held-out AUC", {"AUC (held out)": (x, [m.auc for m in epochs])})],
                                    title="Loss and AUC per epoch", xlabel="epochs done", integer_x=True))
     return [str(f) for f in files]
 

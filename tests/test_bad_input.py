@@ -62,7 +62,7 @@ def world(tmp_path_factory, client):
     data = TrainData.load(str(root / "ds"), MODEL.features)
     with engine(client, root, random_plan(data, 2, 1)) as e:
         e.step(0, 0)
-        e.checkpoint(checkpoint_dir(root / "run", 1), {"epochs_done": 1})
+        e.checkpoint(checkpoint_dir(root / "run", 1), 1)
     return root
 
 
@@ -539,7 +539,7 @@ def case_training_non_finite_gradients(world, client, tmp_path):
             e.restore(checkpoint_dir(run, 1))
             for i in range(5):
                 e.step(0, 1 + i)
-            e.checkpoint(checkpoint_dir(run, 2), {})
+            e.checkpoint(checkpoint_dir(run, 2), 2)
     return [run], train, TrainingError, r"step \d+: (non-finite gradient in .* on device \d|the loss is (nan|inf))"
 
 

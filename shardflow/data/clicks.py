@@ -28,6 +28,7 @@ from shardflow.model.sequence import ModelConfig
 from shardflow.data.batches import (ORDER_BLOCK_EVENTS, EpochOrder, Lookups, TrainData,
                                         fetched, window_start)
 from shardflow.model.metrics import log_loss, roc_auc
+from storage.checkpoint import ExportManifest
 from storage.dataset import Dataset
 
 HELD_OUT = 0.1  # the share of the rows (the last ones) held out for evaluation
@@ -216,7 +217,6 @@ def read_record(record: dict) -> dict:
 
 
 TRAINING_SETTINGS = ("seed", "dropout")  # a model record's keys that shape no parameter and no optimiser slot
-DEFAULT_DENSE_OPTIMIZER = "adam"  # of an export made before its manifest named the dense optimiser
 
 
 def warm_start_record(config: ModelConfig | ClickConfig, dense_optimizer: str) -> dict:
@@ -225,10 +225,9 @@ def warm_start_record(config: ModelConfig | ClickConfig, dense_optimizer: str) -
     return {**config_record(config), "dense_optimizer": dense_optimizer}
 
 
-def exported_record(manifest: dict) -> dict:
+def exported_record(manifest: ExportManifest) -> dict:
     """warm_start_record of an exported model, from its manifest."""
-    return {**read_record(manifest["model"]), "dense_optimizer": manifest.get("dense_optimizer",
-                                                                               DEFAULT_DENSE_OPTIMIZER)}
+    return {**read_record(manifest.model), "dense_optimizer": manifest.dense_optimizer}
 
 
 def shape_differences(mine: dict, theirs: dict) -> list[str]:

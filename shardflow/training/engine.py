@@ -327,7 +327,7 @@ class Engine(Persistence):
         result.validation[epoch] = validation_values(self.evaluate("validation"))
         scores = {e: score(v) for e, v in result.validation.items()}
         if best_epoch(scores) == epoch:
-            self.checkpoint(best, {"epochs_done": epoch, **result.validation[epoch]})
+            self.checkpoint(best, epoch, result.validation[epoch])
             result.best_epoch = epoch
         return stop_now(scores, self.train.patience)
 

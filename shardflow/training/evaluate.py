@@ -61,7 +61,7 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
     score with zero vectors (the model has never seen them).
     """
     m = verify_export(model_dir)
-    config = config_from_record(m["model"])
+    config = config_from_record(m.model)
     data = load_training_data(dataset, config.features, (0, eval_from))
     dense = {k: torch.from_numpy(v) for k, v in read_export_dense(model_dir, config.dense_shapes(), [])[0].items()}
     targets = eval_targets(data, users, seed)

@@ -16,33 +16,31 @@ from pathlib import Path
 
 from shardflow.errors import InputError
 from shardflow.data.clicks import config_record, exported_record, read_record, shape_differences, warm_start_record
-from storage.checkpoint import (CHECKPOINT, EXPORT, EXPORT_CHUNK_ROWS, create_export, finish, write_arrays)
-from storage.checkpoint import read as read_checkpoint
+from storage.checkpoint import (EXPORT_CHUNK_ROWS, CheckpointManifest, ExportManifest, create_export, finish,
+                                read_checkpoint, sealed, write_arrays)
 from storage.staging import staged
 
 
 class Persistence:
-    def checkpoint(self, path: str | Path, info: dict) -> dict:
-        """Every shard writes itself into a staging directory beside `path`; the manifest is written
-        last and the directory renamed to `path` (replacing a damaged checkpoint a resume skipped).
+    def checkpoint(self, path: str | Path, epochs_done: int, figures: dict | None = None) -> CheckpointManifest:
+        """Every shard writes itself into a staging directory beside `path`; the manifest, with what the epoch
+        measured (`figures`: CheckpointManifest's figure fields), is written last and the directory renamed to
+        `path` (replacing a damaged checkpoint a resume skipped).
 
         A checkpoint cut off at any point is a leftover staging directory, never `path`.
         """
         with staged(Path(path), overwrite=True) as stage:
             saved = self._all("save", str(stage))
-            digests = {k: v for s in saved for k, v in s["digests"].items()}
-            return finish(stage, CHECKPOINT, {
-                **info,
-                "step": self.step_count,
-                "dense_steps": saved[0]["dense_steps"],
-                "devices": self.topology.devices,
-                "model": config_record(self.model),
-                "batch_size": self.train.batch_size,
-                "seed": self.train.seed,
-            }, digests)
+            manifest = CheckpointManifest(
+                **(figures or {}), epochs_done=epochs_done, step=self.step_count,
+                dense_steps=saved[0]["dense_steps"], devices=self.topology.devices, model=config_record(self.model),
+                batch_size=self.train.batch_size, seed=self.train.seed,
+                **sealed({k: v for s in saved for k, v in s["digests"].items()}))
+            finish(stage, manifest)
+            return manifest
 
-    def restore(self, path: str | Path) -> dict:
-        """Load every shard from the complete checkpoint at `path`; its manifest, with `moved`: whether rows moved.
+    def restore(self, path: str | Path) -> tuple[CheckpointManifest, bool]:
+        """Load every shard from the complete checkpoint at `path`; its manifest, and whether rows moved.
 
         A checkpoint written under this plan is read in place, shard by shard. One written
         under another plan (a topology that lost or gained devices since) is moved onto this
@@ -50,22 +48,21 @@ class Persistence:
         (shardflow.training.rehome). Either way every shard of the checkpoint is verified
         before any is read: a damaged checkpoint changes nothing.
         """
-        m = read_checkpoint(path, CHECKPOINT)
-        mine, theirs = config_record(self.model), read_record(m["model"])
-        carries_ids = any(k.endswith("/ids") for k in m["arrays"])
-        if theirs != mine or (m["devices"] != self.topology.devices and not carries_ids):
+        m = read_checkpoint(path)
+        mine, theirs = config_record(self.model), read_record(m.model)
+        carries_ids = any(k.endswith("/ids") for k in m.arrays)
+        if theirs != mine or (m.devices != self.topology.devices and not carries_ids):
             raise InputError(
-                f"{path}: checkpoint of model {theirs} on {m['devices']} devices; accepted: model {mine} "
+                f"{path}: checkpoint of model {theirs} on {m.devices} devices; accepted: model {mine} "
                 f"on {self.topology.devices} devices (the run's configuration)"
             )
         P = len(self.actors)
-        self._wait([self.actors[k % P].verify(str(path), m["arrays"], k) for k in range(m["devices"])])
-        moved = self._wait([a.restore(str(path), m["arrays"], m["devices"], m["step"], m["dense_steps"])
-                            for a in self.actors])
-        self.step_count = m["step"]
-        return {**m, "moved": any(moved)}
+        self._wait([self.actors[k % P].verify(str(path), m.arrays, k) for k in range(m.devices)])
+        moved = self._wait([a.restore(str(path), m.arrays, m.devices, m.step, m.dense_steps) for a in self.actors])
+        self.step_count = m.step
+        return m, any(moved)
 
-    def warm_start(self, model: str | Path, manifest: dict) -> None:
+    def warm_start(self, model: str | Path, manifest: ExportManifest) -> None:
         """Start from an exported model (`manifest` is its verified manifest), placed onto this plan.
 
         Row r of a table takes the export's row r and its Adagrad sum where the export has
@@ -84,22 +81,24 @@ class Persistence:
                 f"{model}: exported with {', '.join(f'{k}={theirs.get(k)!r}' for k in differ)}; accepted for a warm "
                 f"start: {', '.join(f'{k}={mine[k]!r}' for k in differ)} (the run's configuration), or a cold start"
             )
-        rows = manifest["tables"]
+        rows = manifest.tables
         grown = {t.name: t.rows for t in self.plan.tables}
         shrunk = sorted(name for name, n in rows.items() if n > grown.get(name, -1))
         if shrunk:
             raise InputError(f"{model}: tables {shrunk} have more rows than this dataset's; accepted: an export of "
                              "this dataset before an append")
-        self._wait([a.warm_start(str(model), rows, manifest["dense_steps"]) for a in self.actors])
+        self._wait([a.warm_start(str(model), rows, manifest.dense_steps) for a in self.actors])
 
-    def export(self, out: str | Path, info: dict) -> dict:
+    def export(self, out: str | Path, epochs: int | None = None, best_epoch: int | None = None,
+               strategy: str | None = None) -> ExportManifest:
         """The parameter download: every table in global id order, chunk by chunk in parallel, with the
         optimiser state a later model version starts from (row Adagrad sums, the dense optimiser's).
 
         Device d writes chunks d, d + P, d + 2P, ... of every table: it reads the rows it
         homes itself and asks the other homes for theirs, the next chunk's while it writes
         this one; no process holds more than two chunks of a table. Built beside `out` and
-        swapped in when its manifest is written.
+        swapped in when its manifest is written; the manifest names the epochs trained, the one
+        kept and the plan's strategy as the caller gives them.
         """
         with staged(Path(out), overwrite=True) as stage:
             create_export(stage, {t.name: t.rows for t in self.plan.tables}, self.model.dim)
@@ -112,14 +111,10 @@ class Persistence:
             dense, dense_state, dense_steps = self._wait([self.actors[0].dense_parameters()])[0]
             digests.update(write_arrays(stage / "dense", dense, "dense"))
             digests.update(write_arrays(stage / "dense_opt", dense_state, "dense_opt"))
-            manifest = finish(stage, EXPORT, {
-                **info,
-                "tables": {t.name: t.rows for t in self.plan.tables},
-                "dim": self.model.dim,
-                "model": config_record(self.model),
-                "dense_optimizer": self.optimizer.dense,
-                "chunk_rows": EXPORT_CHUNK_ROWS,
-                "dense_steps": dense_steps,
-            }, digests)
+            manifest = ExportManifest(
+                tables={t.name: t.rows for t in self.plan.tables}, dim=self.model.dim,
+                model=config_record(self.model), dense_optimizer=self.optimizer.dense, chunk_rows=EXPORT_CHUNK_ROWS,
+                dense_steps=dense_steps, epochs=epochs, best_epoch=best_epoch, strategy=strategy, **sealed(digests))
+            finish(stage, manifest)
         self.downloads += 1
         return manifest

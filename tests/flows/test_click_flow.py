@@ -45,7 +45,7 @@ def test_two_nights_of_a_click_log_make_two_dlrm_versions(prefect_api, client, n
     assert first["eval_users"] == 14  # the last 10% of 140 rows
     assert first["bytes_per_step"] == pytest.approx(first["modeled_bytes_per_step"], rel=0.05)
     model = verify_export(first["model"])
-    assert model["model"]["kind"] == "click" and len(model["tables"]) == 26
+    assert model.model["kind"] == "click" and len(model.tables) == 26
     tiers = artifact_rows(state.state_details.flow_run_id, artifact_key("plan-tables", root / "run"))
     assert [r["table"] for r in tiers] == [f"C{i}" for i in range(1, 27)]
     assert all(r["rows"] == 256 and r["table-wise"].startswith("device ") for r in tiers)
@@ -98,8 +98,8 @@ def test_two_nights_of_movielens_as_a_click_log_with_feature_files_make_two_dlrm
     assert first["trained"] and first["promoted"] and first["parts_added"] == ["day1.inter"]
     assert first["eval_users"] == 9_000 and first["hr_at_10"] is None and 0.5 < first["auc"] <= 1
     model = verify_export(first["model"])
-    assert model["model"]["kind"] == "click"
-    assert sorted(model["tables"]) == sorted(["user", "item", "age", "gender", "occupation", "zip_code",
+    assert model.model["kind"] == "click"
+    assert sorted(model.tables) == sorted(["user", "item", "age", "gender", "occupation", "zip_code",
                                               "release_year"])
     arrives("day2.inter", rows[90_000:])
     second = retrain(RetrainConfig.build(values))

@@ -135,7 +135,7 @@ def test_two_nights_with_the_self_attention_encoder_warm_start_its_attention_wei
     second, names = night(root, client, parts, "attention", "two.yaml", **attention)
     assert first["trained"] and second["trained"] and second["warm_start_from"] == 1
     assert "warm-start-from-1" in names and second["ndcg_at_10"] is not None
-    exported = [verify_export(v["model"])["model"] for v in (first, second)]
+    exported = [verify_export(v["model"]).model for v in (first, second)]
     shapes = [(m["encoder"], m["blocks"], m["heads"], m["history"]) for m in exported]
     assert shapes == [("self-attention", 1, 2, 5)] * 2
     with pytest.raises(InputError, match=r"has attention_blocks = 1, this run attention_blocks = 2"):
@@ -223,7 +223,8 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
     that changes what shapes the model, naming both values; settings that shape nothing pass."""
     from shardflow.data.clicks import config_record, model_config
     from shardflow.preflight import check_model_shape
-    from storage.checkpoint import EXPORT, finish
+    from storage.checkpoint import sealed
+    from storage.manifest import write_manifest
     from storage.importers import import_dataset
 
     cfg = RetrainConfig(run_dir=str(tmp_path))
@@ -234,7 +235,9 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
     older = {k: v for k, v in config_record(model).items() if k not in ("encoder", "blocks", "heads", "dropout")}
     versions.start(tmp_path, 1, {"config": {}})
     (versions.version_dir(tmp_path, 1) / "model").mkdir()
-    finish(versions.version_dir(tmp_path, 1) / "model", EXPORT, {"model": older}, {})
+    write_manifest(versions.version_dir(tmp_path, 1) / "model", {  # as that shardflow wrote it: no dense_optimizer
+        "format": "shardflow.model", "format_version": 1, "tables": {}, "dim": m.dim, "model": older, "chunk_rows": 1,
+        "dense_steps": 0, **sealed({})})
     versions.finish(tmp_path, 1, {"promoted": True})
     versions.promote(tmp_path, 1)
     check_model_shape(cfg)

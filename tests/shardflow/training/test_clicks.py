@@ -137,7 +137,7 @@ def test_the_engine_trains_evaluates_and_exports_a_click_model(client, criteo, t
         result = e.fit()
         shards = e.parameters()
         metrics = e.evaluate()
-        manifest = e.export(tmp_path / "model", {})
+        manifest = e.export(tmp_path / "model")
     steps = data.steps_per_epoch(CLICK_BATCH)
     assert result.steps == 2 * steps and len(result.epoch_loss) == 2
     ref = reference(data, 0, model, CLICK_BATCH)
@@ -145,7 +145,7 @@ def test_the_engine_trains_evaluates_and_exports_a_click_model(client, criteo, t
         for i in range(steps):
             ref.step(epoch, i)
     check_against(ref, shards)
-    assert manifest["model"]["kind"] == "click"
+    assert manifest.model["kind"] == "click"
     assert metrics["users"] == data.eval_targets.size and set(metrics) == {"auc", "logloss", "users"}
     logit = _reference_logits(ref, data, model)
     labels = data.examples(data.eval_targets, model).labels
@@ -190,13 +190,13 @@ def test_a_click_checkpoint_resumes_bitwise_and_its_export_warm_starts_another_p
         plan = e.plan
         for i in range(2):
             e.step(0, i)
-        e.checkpoint(tmp_path / "run" / "checkpoints" / "epoch-000001", {"epochs_done": 1})
+        e.checkpoint(tmp_path / "run" / "checkpoints" / "epoch-000001", 1)
         for i in range(2, 4):
             e.step(0, i)
         uninterrupted = e.parameters()
-        e.export(tmp_path / "model", {"epochs": 1})
+        e.export(tmp_path / "model", epochs=1)
     with Engine(client, path, plan, TOPOLOGIES[4], model, OPTIMIZER, train) as e:
-        assert e.restore(tmp_path / "run" / "checkpoints" / "epoch-000001")["step"] == 2
+        assert e.restore(tmp_path / "run" / "checkpoints" / "epoch-000001")[0].step == 2
         for i in range(2, 4):
             e.step(0, i)
         resumed = e.parameters()

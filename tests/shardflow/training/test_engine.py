@@ -168,22 +168,23 @@ def test_a_restored_checkpoint_continues_bitwise_and_the_export_holds_every_row(
                                                                                 model):
     import zarr
 
-    from storage.checkpoint import CHECKPOINT, EXPORT, complete_checkpoints, read
+    from storage.checkpoint import complete_checkpoints, read_checkpoint, read_export_manifest
 
     plan = random_plan(data, 4, seed=7)
     train = TrainConfig(BATCH)
     with Engine(client, dataset, plan, TOPOLOGIES[4], model, OPTIMIZER, train) as e:
         for i in range(2):
             e.step(0, i)
-        e.checkpoint(tmp_path / "run" / "checkpoints" / "epoch-000001", {"epochs_done": 1})
+        e.checkpoint(tmp_path / "run" / "checkpoints" / "epoch-000001", 1)
         for i in range(2, 4):
             e.step(0, i)
         uninterrupted = e.parameters()
-        e.export(tmp_path / "model", {"epochs": 1})
+        e.export(tmp_path / "model", epochs=1)
     assert [n for n, _ in complete_checkpoints(tmp_path / "run")] == [1]
     with Engine(client, dataset, plan, TOPOLOGIES[4], model, OPTIMIZER, train) as e:
-        m = e.restore(tmp_path / "run" / "checkpoints" / "epoch-000001")
-        assert m["step"] == 2 and read(tmp_path / "run" / "checkpoints" / "epoch-000001", CHECKPOINT)
+        m, moved = e.restore(tmp_path / "run" / "checkpoints" / "epoch-000001")
+        assert m.step == 2 and m.epochs_done == 1 and not moved
+        assert m == read_checkpoint(tmp_path / "run" / "checkpoints" / "epoch-000001")
         for i in range(2, 4):
             e.step(0, i)
         resumed = e.parameters()
@@ -194,8 +195,8 @@ def test_a_restored_checkpoint_continues_bitwise_and_the_export_holds_every_row(
         for k in a.get("dense", {}):
             assert a["dense"][k].tobytes() == b["dense"][k].tobytes()
     assert set(uninterrupted[0]["dense"]) == set(model.dense_shapes())
-    manifest = read(tmp_path / "model", EXPORT)
-    assert manifest["tables"] == data.rows
+    manifest = read_export_manifest(tmp_path / "model")
+    assert manifest.tables == data.rows and manifest.epochs == 1 and manifest.best_epoch is None
     exported = zarr.open_array(str(tmp_path / "model" / "tables" / "item"), mode="r")[...]
     for shard in uninterrupted:
         ids = shard["item"]["ids"]
@@ -218,11 +219,11 @@ def test_a_checkpoint_of_four_devices_resumes_on_the_two_left_and_learns_what_th
                 TrainConfig(BATCH)) as e:
         for i in range(2):
             e.step(0, i)
-        e.checkpoint(path, {"epochs_done": 1})
+        e.checkpoint(path, 1)
     with Engine(client, dataset, planned(dataset, "row-wise-mod", 2), TOPOLOGIES[2], MODEL, OPTIMIZER,
                 TrainConfig(BATCH)) as e:
-        m = e.restore(path)
-        assert m["moved"] and m["devices"] == 4 and e.step_count == 2
+        m, moved = e.restore(path)
+        assert moved and m.devices == 4 and e.step_count == 2
         for i in range(2, 4):
             e.step(0, i)
         check_against(reference(data, 4), e.parameters())

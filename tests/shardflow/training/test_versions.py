@@ -95,9 +95,9 @@ def test_a_warm_start_places_the_export_onto_a_plan_for_another_device_count(cli
     plan_two = random_plan(two, 2, seed=3)
     with Engine(client, str(days / "ds-2"), plan_two, TOPOLOGIES[2], model, OPTIMIZER, TrainConfig(2)) as e:
         e.step(0, 0)
-        e.export(tmp_path / "model", {})
+        e.export(tmp_path / "model")
     manifest = verify_export(tmp_path / "model")
-    old_rows = manifest["tables"]["item"]
+    old_rows = manifest.tables["item"]
     three = TrainData.load(days / "ds-3")
     plan_three = random_plan(three, 3, seed=5)
     with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], model, OPTIMIZER, TrainConfig(3)) as e:
