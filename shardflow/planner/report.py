@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +12,7 @@ from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.relaxation import floor_bound, lower_bound, node_bound, row_floors, tier_costs
 from shardflow.planner.strategies import RowWiseMod
 from shardflow.planner.topology import Topology
+from shardflow.records import plain
 
 
 def bound_and_baseline(
@@ -72,8 +72,7 @@ class PlanSummary:
 
     def to_dict(self) -> dict:
         """The JSON form: tuples as lists."""
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
-                for f in dataclasses.fields(self)}
+        return plain(self)
 
 
 @dataclass(frozen=True)

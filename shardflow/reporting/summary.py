@@ -8,7 +8,6 @@ result.json of an earlier version, the flow's result) against them and names the
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from shardflow.records import parse_record, plain
@@ -68,7 +67,7 @@ class RunSummary:
 
     def to_dict(self) -> dict:
         """The JSON form: tuples as lists; newest_version only where a run trained nothing."""
-        out = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out = plain(self)
         if self.newest_version is None:
             del out["newest_version"]
         return out
