@@ -9,7 +9,6 @@ mean log-loss.
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import rankdata
 
 
 def hits(logit: np.ndarray) -> tuple[float, float, float]:
@@ -33,8 +32,20 @@ def roc_auc(logit: np.ndarray, label: np.ndarray) -> float:
     negatives = label.size - positives
     if positives == 0 or negatives == 0:
         return float("nan")
-    ranks = rankdata(logit)
+    ranks = average_ranks(logit)
     return float((ranks[label == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks from 1, equal values sharing the mean of their ranks (scipy.stats.rankdata's default, without
+    importing scipy.stats: half a second of every process's start-up)."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    ends = np.r_[starts[1:], values.size]
+    ranks = np.empty(values.size, dtype=np.float64)
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
+    return ranks
 
 
 def log_loss(logit: np.ndarray, label: np.ndarray) -> float:

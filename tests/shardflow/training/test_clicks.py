@@ -17,7 +17,7 @@ from shardflow.data.batches import CACHED_BLOCKS
 from shardflow.data.clicks import HELD_OUT, ClickData, load_training_data
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
-from shardflow.model.metrics import log_loss, roc_auc
+from shardflow.model.metrics import average_ranks, log_loss, roc_auc
 from shardflow.training.inprocess import InProcess
 from storage.dataset import Dataset
 from storage.importers import import_dataset
@@ -172,6 +172,7 @@ def test_auc_and_log_loss_against_their_definitions():
     p = 1 / (1 + np.exp(-logit))
     assert log_loss(logit, label) == pytest.approx(-np.mean(label * np.log(p) + (1 - label) * np.log(1 - p)), rel=1e-9)
     assert np.isnan(roc_auc(logit, np.ones(60)))
+    assert average_ranks(np.array([3.0, 1.0, 3.0, 2.0, 3.0])).tolist() == [4.0, 1.0, 4.0, 2.0, 4.0]
 
 
 def test_unknown_categorical_tables_are_refused_by_name(clicks):
