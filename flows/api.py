@@ -4,9 +4,11 @@ Without PREFECT_API_URL, Prefect starts a temporary server (uvicorn) as a child 
 the first API call. Started that way it sits in the terminal's process group: Ctrl-C
 reaches it first, and the run then spends minutes retrying a dead API before it can
 record that it was interrupted; a SIGTERM to the run leaves it running, re-parented.
-`embedded_api` starts that same server up front in a session of its own (a terminal's
-signals never reach it) that dies with the run's process (the parent-death signal, on
-Linux); Prefect stops it at exit, once its log and event workers have sent what they hold.
+`embedded_api` starts that same server (`EmbeddedServer`: Prefect's command and
+environment, without importing Prefect's server package here) up front, in a session of
+its own (a terminal's signals never reach it) that dies with the run's process (the
+parent-death signal, on Linux), and stops it at exit, once Prefect's log and event
+workers have sent what they hold.
 
 Prefect gives that server PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS to answer, 20 s
 by default: at load 10-15 on 2 cores it needed 120-300 s. Unless that variable is set, a
@@ -27,14 +29,19 @@ parameter servers are released on the way out, and the checkpoints are kept.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
-import os
 import logging
+import os
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 
 from shardflow.errors import TrainingError
@@ -68,59 +75,120 @@ def _die_with_parent() -> None:
         pass
 
 
-class _OwnSession:
-    """`subprocess` as Prefect's server module sees it while it starts the server: its own session, and
-    its output into `output` (a file) if given."""
+def spawn(argv: list[str], env: dict[str, str] | None = None, output=None) -> subprocess.Popen:
+    """A server process in a session of its own (a terminal's signals never reach it) that gets SIGTERM
+    when the thread that started it ends; its output into `output` (a file) if given."""
+    streams = {} if output is None else {"stdout": output, "stderr": subprocess.STDOUT}
+    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_die_with_parent, **streams)
 
-    def __init__(self, output=None) -> None:
-        self.output = output
 
-    def __getattr__(self, name: str):
-        return getattr(subprocess, name)
+class ServerExited(RuntimeError):
+    """The server's process exited before it answered."""
 
-    def Popen(self, *args, **kwargs):  # noqa: N802 (subprocess's name)
-        if self.output is not None:
-            kwargs |= {"stdout": self.output, "stderr": subprocess.STDOUT}
-        return subprocess.Popen(*args, start_new_session=True, preexec_fn=_die_with_parent, **kwargs)
+
+class EmbeddedServer:
+    """Prefect's API app served by uvicorn on 127.0.0.1:`port`: the command and environment Prefect's own
+    temporary server has (prefect.server.api.server.SubprocessASGIServer), started from here so that
+    this process never imports Prefect's server package (1.9 s of every run's start-up, measured)."""
+
+    HEALTH_POLL_S = 0.1
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.server_process: subprocess.Popen | None = None
+        self.running = False
+
+    @property
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.address}/api"
+
+    def start(self, timeout: int, output=None) -> None:
+        """Start the server and wait until it answers; TimeoutError after `timeout` s, ServerExited if its
+        process ends first."""
+        import prefect
+        from prefect.settings import get_current_settings
+
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+               **get_current_settings().to_environment_variables(exclude_unset=True)}
+        env.pop("PREFECT_API_URL", None)  # this process's, naming the server itself
+        logging.getLogger("prefect").info("Starting temporary server on %s", self.address)
+        self.server_process = spawn([sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent),
+                                     "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
+                                     "--port", str(self.port), "--log-level", "error", "--lifespan", "on"], env, output)
+        self.running = True
+        deadline = time.monotonic() + timeout
+        while not self._healthy():
+            if self.server_process.poll() is not None:
+                raise ServerExited(f"its process exited with status {self.server_process.returncode} while starting")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer within {timeout} s")
+            time.sleep(self.HEALTH_POLL_S)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.api_url}/health", timeout=5) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        process, self.server_process, self.running = self.server_process, None, False
+        if process is None or process.poll() is not None:
+            return
+        logging.getLogger("prefect").info("Stopping temporary server on %s", self.address)
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
 def embedded_api() -> Iterator[str | None]:
-    """Yield the API URL this process uses: PREFECT_API_URL if set, else a temporary server started here."""
-    from prefect.settings import PREFECT_API_URL
+    """Yield the API URL this process uses: PREFECT_API_URL if set, else that of a temporary server started here.
+
+    The process's Prefect settings then name that server: the main thread's, and the environment, from
+    which a thread without a settings context builds its own. It is stopped at exit, after Prefect's
+    log and event workers have sent what they hold (they register their drains later: atexit runs
+    those first)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     if PREFECT_API_URL.value():
         yield PREFECT_API_URL.value()
         return
-    import prefect.server.api.server as api_server
-
     timeout_s = startup_timeout_s()
-    server = api_server.SubprocessASGIServer()  # the instance Prefect's clients use without PREFECT_API_URL
+    server = EmbeddedServer(free_port())
+    atexit.register(server.stop)
     try:
-        _start(server, timeout_s)  # registers its own stop at exit, after Prefect's log and event workers drained
-    except RuntimeError as e:
-        if "Timed out" not in str(e):
-            raise
+        server.start(timeout_s)
+    except TimeoutError:
         server.stop()
         raise TrainingError(
             f"the embedded Prefect API did not answer within {timeout_s} s ({STARTUP_SETTING}); nothing was "
             "written. A busy machine needs more: set it higher, or point PREFECT_API_URL at a running server"
         ) from None
+    except ServerExited as e:
+        raise TrainingError(f"the embedded Prefect API did not start: {e} (its error is above); nothing was "
+                            "written") from None
+    os.environ["PREFECT_API_URL"] = server.api_url
     watchdog = _Watchdog(server, timeout_s)
     try:
-        yield server.api_url
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            yield server.api_url
     finally:
         watchdog.stop()
-
-
-def _start(server, timeout_s: int, output=None) -> None:
-    import prefect.server.api.server as api_server
-
-    api_server.subprocess = _OwnSession(output)
-    try:
-        server.start(timeout=timeout_s)
-    finally:
-        api_server.subprocess = subprocess
 
 
 class _Watchdog(threading.Thread):
@@ -164,7 +232,7 @@ class _Watchdog(threading.Thread):
             self.server.running = False
             with tempfile.TemporaryFile() as output:  # what the server says while it tries: for the one line
                 try:
-                    _start(self.server, self.timeout_s, output)
+                    self.server.start(self.timeout_s, output)
                 except Exception as e:  # noqa: BLE001 (whatever stopped it: the run cannot go on without an API)
                     if not self.stopping.is_set():
                         self._stop_run(f"the embedded Prefect API stopped (exit status {status}) and did not start "

@@ -6,15 +6,14 @@ import subprocess
 import sys
 import time
 
-from flows.api import _Watchdog
+from flows.api import _Watchdog, spawn
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
 
 class StandInServer:
-    """The parts of Prefect's SubprocessASGIServer the watchdog uses; its process sleeps instead of serving.
-    It starts that process through `prefect.server.api.server.subprocess`, as Prefect's server does, so
-    the watchdog's own session and parent-death signal apply to it."""
+    """The parts of flows.api.EmbeddedServer the watchdog uses; its process sleeps instead of serving. It
+    starts that process as the embedded server does (`spawn`: its own session, the parent-death signal)."""
 
     address = "http://127.0.0.1:1"
 
@@ -23,10 +22,8 @@ class StandInServer:
         self.running = False
         self.starts = 0
 
-    def start(self, timeout: int) -> None:
-        import prefect.server.api.server as api_server
-
-        self.server_process = api_server.subprocess.Popen(SLEEPER)
+    def start(self, timeout: int, output=None) -> None:
+        self.server_process = spawn(SLEEPER, output=output)
         self.running = True
         self.starts += 1
 
