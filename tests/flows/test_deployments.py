@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -31,16 +32,6 @@ TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, upli
 NIGHT = dict(epochs=1, batch_size=512, dim=8, mlp=[8], history=5, negatives=2, eval_users=500, memory_slack=0.5)
 RUN_S = 600  # one deployment run, start-up of its process and cluster included, on a loaded 2-core machine
 
-STATES = """
-import asyncio, json, sys
-from prefect.client.orchestration import get_client
-async def main():
-    async with get_client() as c:
-        runs = await c.read_flow_runs()
-        print(json.dumps([{"id": str(r.id), "name": r.name, "state": r.state_type.value, "message": r.state.message,
-                           "deployment": str(r.deployment_id), "auto": r.auto_scheduled} for r in runs]))
-asyncio.run(main())
-"""
 SCHEDULE = """
 import asyncio, json, sys
 from datetime import datetime, timezone
@@ -90,9 +81,13 @@ def deployed(tmp_path):
 
 
 def flow_runs(server) -> list[dict]:
-    back = subprocess.run([sys.executable, "-c", STATES], env=server.env, capture_output=True, text=True, timeout=120)
-    assert back.returncode == 0, back.stderr[-3000:]
-    return json.loads(back.stdout)
+    """Every flow run, read back through the API's REST endpoint (what Prefect's client calls)."""
+    request = urllib.request.Request(f"{server.url}/flow_runs/filter", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        runs = json.load(answer)
+    return [{"id": r["id"], "name": r["name"], "state": r["state_type"], "message": (r["state"] or {}).get("message"),
+             "deployment": r["deployment_id"], "auto": r["auto_scheduled"]} for r in runs]
 
 
 def run_deployment(server, name: str, config: dict) -> dict:
