@@ -32,6 +32,7 @@ from shardflow.reporting.summary import RunSummary
 from shardflow.training.evaluate import metric_values
 from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
+from storage.versions import VersionStart
 from tasks.retrain import (
     artifact_key,
     checkpoint,
@@ -56,7 +57,7 @@ from tasks.retrain import (
 )
 from shardflow.preflight import check_run, run_paths
 from tasks.reports import name_run, publish_failure, publish_summary, publish_versions, run_label, state_message
-from tasks.versions import gate, nothing_new, open_version, paths_of, untrained, version_paths, warm_start
+from tasks.versions import NothingNew, gate, nothing_new, open_version, paths_of, untrained, warm_start
 
 
 def _run_name() -> str:
@@ -103,30 +104,30 @@ def _make_version(config: RetrainConfig, run: str) -> RunSummary:
 def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str, imported: dict) -> RunSummary:
     """The model version of this run's data, from open-version to the promotion gate."""
     version = open_version(config, dataset)
-    if not version["train"]:
-        return untrained(run, version["number"], version["newest"], imported["parts_added"], imported["warnings"])
-    name_run(run, f"v{version['version']}")
-    paths = version_paths(version["path"])
+    if isinstance(version, NothingNew):
+        return untrained(run, version.current, version.newest, imported["parts_added"], imported["warnings"])
+    name_run(run, f"v{version.version}")
+    paths = paths_of(run, version.version)
     tidy(paths["version"])
     # The plan and its cost model are fitted to what this version's window reads, histories included.
-    profile(dataset, paths["profile"], client, run, version["window"][0], config.model.history)
-    source = version["warm_start_from"]
+    profile(dataset, paths["profile"], client, run, version.window[0], config.model.history)
+    source = version.warm_start_from
     previous_plan = None if source is None else paths_of(run, source)["plan"]
     strategies, decision = shard(config, paths["profile"], paths["plan"], previous_plan)
     trained_plan = read_plan_summary(paths["plan"])  # the plan that trains: fresh, or the previous one kept
     trained = _train(config, dataset, paths, run, client, devices, trained_plan.bytes_per_step, version)
-    metrics = evaluate(paths["model"], dataset, config.train.eval_users, config.train.seed, version["window"][1])
+    metrics = evaluate(paths["model"], dataset, config.train.eval_users, config.train.seed, version.window[1])
     figures = plots(paths["version"], paths["profile"], paths["plan"], strategies)
     tidy(paths["version"])
     row_wise = next(r for r in strategies if r.strategy == "row-wise-mod")
-    return gate(config, dataset, version["version"], {
+    return gate(config, dataset, version.version, {
         "run_dir": run,
-        "version": version["version"],
+        "version": version.version,
         "trained": True,
         "warm_start_from": source,
         "parts_added": imported["parts_added"],
-        "parts": len(version["segments"]),
-        "window": version["window"],
+        "parts": len(version.segments),
+        "window": version.window,
         "epochs": trained["chosen"]["epochs"],
         "best_epoch": trained["chosen"]["best_epoch"],
         "patience": config.train.patience,
@@ -169,7 +170,7 @@ def _tag(config: RetrainConfig) -> None:
 
 
 def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, devices: int, modeled: float,
-           version: dict) -> dict:
+           version: VersionStart) -> dict:
     """The epochs left, a checkpoint after each, then the one download.
 
     One attempt is one set of parameter servers (_attempt). Losing a worker ends the
@@ -181,7 +182,7 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
     for attempt in itertools.count():
         engine = None
         try:
-            engine = start_parameter_servers(config, dataset, paths["plan"], client, window=version["window"])
+            engine = start_parameter_servers(config, dataset, paths["plan"], client, window=version.window)
             return {**_attempt(engine, config, paths, run, modeled, version, kept), "restarts": attempt,
                     "warnings": kept["warnings"]}
         except SchedulerLost as e:
@@ -192,11 +193,12 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
             release_parameter_servers(engine)
 
 
-def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: float, version: dict, kept: dict) -> dict:
+def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: float, version: VersionStart,
+             kept: dict) -> dict:
     """One set of parameter servers: resume from the last complete checkpoint or, with none yet, start from the
     promoted version's model (a warm start) when there is one; the epochs left, each checkpointed; the download."""
     resumed = unless_lost(resume(engine, paths["version"]))
-    source = version["warm_start_from"]
+    source = version.warm_start_from
     if resumed["checkpoint"] is None and source is not None:
         unless_lost(warm_start(engine, paths_of(run, source)["model"], source))
     if kept["progress"] is None:

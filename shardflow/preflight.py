@@ -157,20 +157,20 @@ def check_versions(config: RetrainConfig, dataset_store: str) -> None:
     if not made:
         return
     last = made[-1]
-    if last["dataset"] != str(Path(dataset_store).resolve()):
+    if last.dataset != str(Path(dataset_store).resolve()):
         raise InputError(
-            f"run_dir {run} holds model versions of dataset {last['dataset']}; dataset {dataset_store} is another "
+            f"run_dir {run} holds model versions of dataset {last.dataset}; dataset {dataset_store} is another "
             "store. Accepted: that dataset (grown with 'shardflow import --append'), or a new run_dir"
         )
     ds = Dataset.open(dataset_store)
     have = [segment_checksum(s) for s in ds.segments]
-    differs = next((i for i, (a, b) in enumerate(zip(have, last["segments"])) if a != b),
-                   None if len(have) >= len(last["segments"]) else len(have))
+    differs = next((i for i, (a, b) in enumerate(zip(have, last.segments)) if a != b),
+                   None if len(have) >= len(last.segments) else len(have))
     replaced = [r["segment"] for r in ds.info.source.get("replaced", [])] if isinstance(ds.info.source, dict) else []
     if differs is not None and not any(k <= differs for k in replaced):
         raise InputError(
-            f"dataset {dataset_store} no longer starts with the {len(last['segments'])} parts version "
-            f"{last['version']} of run_dir {run} was trained on (a part was changed or re-imported); accepted: "
+            f"dataset {dataset_store} no longer starts with the {len(last.segments)} parts version "
+            f"{last.version} of run_dir {run} was trained on (a part was changed or re-imported); accepted: "
             "the dataset grown only by appends, or a new run_dir"
         )
 

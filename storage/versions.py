@@ -25,16 +25,34 @@ import os
 import re
 import shutil
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from shardflow.errors import InputError
+from shardflow.records import parse_record, plain
 
 VERSIONS, CURRENT = "versions", "current"
 STARTED, RESULT = "version.json", "result.json"
 PROMOTIONS = "promotions.json"
 # What an atomic write leaves behind when it is cut off: write_record's and promote's temporary names.
 _TEMP = re.compile(r"^\.(.+\.json|current)\.[0-9a-f]{8}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VersionStart:
+    """A version's version.json, written when it starts: the dataset store and the checksums of the parts
+    (segments) it trains on, their source names, the version it warm-starts from, its window (the first
+    part trained on, the first evaluated on), the configuration's fingerprint and when it began."""
+
+    version: int
+    dataset: str
+    segments: tuple[str, ...]
+    warm_start_from: int | None
+    window: tuple[int, ...]
+    config: dict
+    started: str
+    parts: tuple[str, ...] = ()
 
 
 def version_dir(run_dir: str | Path, number: int) -> Path:
@@ -66,30 +84,31 @@ def write_record(path: Path, record: dict) -> None:
     os.replace(tmp, path)
 
 
-def started(run_dir: str | Path, number: int) -> dict | None:
-    return _read(version_dir(run_dir, number) / STARTED)
+def started(run_dir: str | Path, number: int) -> VersionStart | None:
+    """Version `number`'s start record (None: no such version); an InputError naming a bad field."""
+    path = version_dir(run_dir, number) / STARTED
+    record = _read(path)
+    return None if record is None else parse_record(VersionStart, record, str(path))
 
 
 def result(run_dir: str | Path, number: int) -> dict | None:
     return _read(version_dir(run_dir, number) / RESULT)
 
 
-def start(run_dir: str | Path, number: int, record: dict) -> Path:
-    """Create version `number` (an unfinished one of that number is removed first)."""
-    path = version_dir(run_dir, number)
+def start(run_dir: str | Path, record: VersionStart) -> Path:
+    """Create version `record.version` (an unfinished one of that number is removed first)."""
+    path = version_dir(run_dir, record.version)
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)
-    write_record(path / STARTED, {"version": number, **record})
+    write_record(path / STARTED, plain(record))
     return path
 
 
-def restart(run_dir: str | Path, number: int, record: dict) -> dict:
-    """Rewrite unfinished version `number`'s start record (a resume under another topology), keeping everything
-    it holds; the record."""
-    record = {**record, "version": number}
-    write_record(version_dir(run_dir, number) / STARTED, record)
-    return record
+def restart(run_dir: str | Path, record: VersionStart) -> None:
+    """Rewrite unfinished version `record.version`'s start record (a resume under another topology), keeping
+    everything it holds."""
+    write_record(version_dir(run_dir, record.version) / STARTED, plain(record))
 
 
 def finish(run_dir: str | Path, number: int, record: dict) -> None:

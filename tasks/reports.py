@@ -108,9 +108,9 @@ def version_rows(run: str) -> list[dict]:
         rows.append(
             {
                 "version": n,
-                "started": began["started"][:16].replace("T", " "),
-                "parts": len(began["segments"]),
-                "from": began["warm_start_from"],
+                "started": began.started[:16].replace("T", " "),
+                "parts": len(began.segments),
+                "from": began.warm_start_from,
                 "auc": _figure(done.get("auc")),
                 metric: _figure(done.get(metric)),
                 **({} if metric == "logloss" else {"ndcg_at_10": _figure(done.get("ndcg_at_10"))}),
@@ -130,7 +130,7 @@ def version_rows(run: str) -> list[dict]:
                 else "kept"
                 if not replanned
                 else "made"
-                if began["warm_start_from"] is None
+                if began.warm_start_from is None
                 else "re-made",
             }
         )

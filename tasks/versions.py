@@ -7,6 +7,7 @@ decision means for a user.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from shardflow.reporting.summary import RunSummary
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import evaluate_export, metric_values
 from storage import versions
-from storage.versions import STARTED
+from storage.versions import STARTED, VersionStart
 from storage.checkpoint import complete_checkpoints, verify_export
 from storage.dataset import Dataset, segment_checksum
 from storage.importers import check_continuation
@@ -36,14 +37,10 @@ NOT_FINGERPRINTED = ("run_dir", "scheduler_address", "cluster_class", "cluster_k
                      "restart_timeout_s", "promotion_margin", "keep_versions", "part_settle_s")
 
 
-def version_paths(path: str | Path) -> dict[str, str]:
-    path = Path(path)
-    return {"version": str(path), **{k: str(path / k) for k in ("profile", "plan", "model")}}
-
-
 def paths_of(run_dir: str, number: int) -> dict[str, str]:
     """The stores of model version `number` of a run_dir."""
-    return version_paths(versions.version_dir(run_dir, number))
+    path = versions.version_dir(run_dir, number)
+    return {"version": str(path), **{k: str(path / k) for k in ("profile", "plan", "model")}}
 
 
 def fingerprint(config: RetrainConfig) -> dict:
@@ -85,7 +82,7 @@ def _nothing_new(config: RetrainConfig, run: str) -> RunSummary | None:
             return None
         warnings, store = source_warnings(source, parts), dest
     segments = [segment_checksum(s) for s in Dataset.open(store).segments]
-    if versions.started(run, last)["segments"] != segments:
+    if versions.started(run, last).segments != tuple(segments):
         return None
     return untrained(run, versions.current(run), last, [], warnings)
 
@@ -111,10 +108,20 @@ def untrained(run: str, current: int | None, newest: int, parts_added: list[str]
         message=f"no new data since version {newest}: nothing trained")
 
 
+@dataclass(frozen=True)
+class NothingNew:
+    """What open-version finds when the dataset holds nothing the versions have not seen: the current
+    version, the newest one made (it saw every part) and how many parts there are."""
+
+    current: int | None
+    newest: int
+    parts: int
+
+
 @task(name="open-version", task_run_name="open-version", cache_policy=NONE)
-def open_version(config: RetrainConfig, dataset: str) -> dict:
-    """What this run does: {"train": False} when the dataset holds nothing the versions have not seen,
-    else the version to make (a new one, or one cut off part-way, resumed or made again).
+def open_version(config: RetrainConfig, dataset: str) -> VersionStart | NothingNew:
+    """What this run does: NothingNew when the dataset holds nothing the versions have not seen, else the
+    start record of the version to make (a new one, or one cut off part-way, resumed or made again).
 
     A trained version's training window starts after the parts its warm-start source saw
     (config.nightly.train_window widens it); its held-out items are those of the new parts.
@@ -129,9 +136,9 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
         versions.promote(run, last)  # a run cut off between the version's result and its promotion
         log.warning("version %d was accepted but its promotion was cut off; promoted now", last)
     promoted = versions.current(run)
-    if finished is not None and versions.started(run, last)["segments"] == segments:
+    if finished is not None and versions.started(run, last).segments == tuple(segments):
         log.info("no new data since version %d: nothing to train", last)
-        return {"train": False, "number": promoted, "newest": last, "parts": len(segments)}
+        return NothingNew(promoted, last, len(segments))
     mark = fingerprint(config)
     number = (last or 0) + 1
     if last is not None and finished is None:
@@ -140,39 +147,36 @@ def open_version(config: RetrainConfig, dataset: str) -> dict:
             return resumed
         number = last
     window = _training_window(config, ds, segments, promoted)
-    record = {
-        "dataset": str(Path(dataset).resolve()),
-        "segments": segments,
-        "parts": [p["name"] for p in ds.info.source.get("parts", [])] if isinstance(ds.info.source, dict) else [],
-        "warm_start_from": promoted,
-        "window": window,
-        "config": mark,
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    path = versions.start(run, number, record)
+    record = VersionStart(
+        version=number, dataset=str(Path(dataset).resolve()), segments=tuple(segments),
+        parts=tuple(p["name"] for p in ds.info.source.get("parts", [])) if isinstance(ds.info.source, dict) else (),
+        warm_start_from=promoted, window=tuple(window), config=mark,
+        started=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    versions.start(run, record)
     log.info("version %d: %s, training on parts %d..%d", number,
              f"warm start from version {promoted}" if promoted else "cold start", window[0] + 1, len(segments))
-    return {"train": True, "resumed": False, "version": number, **record, "path": str(path)}
+    return record
 
 
-def _resume_cut_off(run: str, last: int, segments: list, mark: dict, promoted: int | None) -> dict | None:
+def _resume_cut_off(run: str, last: int, segments: list, mark: dict, promoted: int | None) -> VersionStart | None:
     """Version `last`, cut off part-way, resumed as it began or on a new plan of the devices there are now; None
     when it must be made again (new data, another configuration, another current version), said in the log."""
     log = get_run_logger()
-    began = versions.started(run, last)
-    if (began["segments"], began["config"], began["warm_start_from"]) == (segments, mark, promoted):
+    began, segments = versions.started(run, last), tuple(segments)
+    if (began.segments, began.config, began.warm_start_from) == (segments, mark, promoted):
         log.info("resuming version %d, cut off part-way", last)
-        return {"train": True, "resumed": True, **began, "path": str(versions.version_dir(run, last))}
-    if (began["segments"], began["warm_start_from"]) == (segments, promoted) \
-            and _other_devices(began["config"], mark) and complete_checkpoints(versions.version_dir(run, last)):
-        before, now = began["config"]["topology"], mark["topology"]
+        return began
+    if (began.segments, began.warm_start_from) == (segments, promoted) \
+            and _other_devices(began.config, mark) and complete_checkpoints(versions.version_dir(run, last)):
+        before, now = began.config["topology"], mark["topology"]
         log.warning("version %d was cut off part-way and the topology changed (%d devices → %d): resuming it "
                     "from its last checkpoint on a new plan", last, parse_topology(before, STARTED).devices,
                     parse_topology(now, "the run's topology").devices)
-        began = versions.restart(run, last, {**began, "config": mark})
-        return {"train": True, "resumed": True, **began, "path": str(versions.version_dir(run, last))}
-    why = "new data arrived" if began["segments"] != segments else "the configuration changed" \
-        if began["config"] != mark else f"version {promoted} was made current since it began"
+        began = dataclasses.replace(began, config=mark)
+        versions.restart(run, began)
+        return began
+    why = "new data arrived" if began.segments != segments else "the configuration changed" \
+        if began.config != mark else f"version {promoted} was made current since it began"
     log.warning("version %d was cut off part-way and %s: making it again", last, why)
     return None
 
@@ -181,7 +185,7 @@ def _training_window(config: RetrainConfig, ds: Dataset, segments: list, promote
     """[the first part trained on, the first part evaluated on]: after the parts the warm-start source saw
     (those its dataset shares with this one: a part replaced since with 'shardflow import --replace-from' is
     new to it), widened by config.nightly.train_window, and to one batch of examples at least."""
-    seen = common_prefix(versions.started(config.run_dir, promoted)["segments"], segments) if promoted else 0
+    seen = common_prefix(versions.started(config.run_dir, promoted).segments, segments) if promoted else 0
     window = config.nightly.train_window
     wanted = {"new": seen, "all": 0}.get(window) if isinstance(window, str) else max(0, len(segments) - window)
     train_from = training_window_start(ds, wanted, config.train.batch_size, seen,
@@ -199,7 +203,7 @@ def _other_devices(began: dict, now: dict) -> bool:
         k: v for k, v in now.items() if k != "topology"}
 
 
-def common_prefix(a: list, b: list) -> int:
+def common_prefix(a: tuple | list, b: tuple | list) -> int:
     """How many leading entries `a` and `b` share."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -229,11 +233,11 @@ def gate(config: RetrainConfig, dataset: str, number: int, figures: dict) -> Run
     """
     log, run = get_run_logger(), config.run_dir
     began = versions.started(run, number)
-    source = began["warm_start_from"]
+    source = began.warm_start_from
     previous = None
     if source is not None:
         model = str(versions.version_dir(run, source) / "model")
-        previous = evaluate_export(model, dataset, config.train.eval_users, config.train.seed, began["window"][1])
+        previous = evaluate_export(model, dataset, config.train.eval_users, config.train.seed, began.window[1])
     floor = None if previous is None else previous["auc"] - config.nightly.promotion_margin
     promoted = floor is None or figures["auc"] >= floor
     summary = RunSummary.parse({

@@ -22,6 +22,7 @@ from shardflow.planner.topology import Node, Topology
 from shardflow.training.device import Device
 from shardflow.training.reference import ReferenceTrainer
 from storage.dataset import Dataset
+from storage.versions import VersionStart
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 REAL = {
@@ -209,3 +210,9 @@ def numeric_gradient(param, loss, eps: float = 1e-6) -> np.ndarray:
         param[i] = keep
         out[i] = (up - down) / (2 * eps)
     return out
+
+
+def version_start(number: int, **fields) -> VersionStart:
+    """A start record of version `number` as a test needs one: the fields it names, the rest empty."""
+    return VersionStart(**{"version": number, "dataset": "", "segments": (), "warm_start_from": None,
+                           "window": (0, 0), "config": {}, "started": "2026-01-01T00:00:00+00:00", **fields})

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import zarr
 
-from support import MODEL, OPTIMIZER, TOPOLOGIES, random_plan, settled, snapshot
+from support import MODEL, OPTIMIZER, TOPOLOGIES, random_plan, settled, snapshot, version_start
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError, TrainingError
 from shardflow.model.optim import OptimizerConfig
@@ -553,7 +553,7 @@ def _run_dir_trained_on(world, tmp_path, source: Path) -> Path:
     cfg = RetrainConfig.build({"dataset": str(source), "topology": str(world / "topo.yaml"), "run_dir": str(run)})
     dataset = prepare_dataset.fn(cfg)["path"]
     segments = [segment_checksum(s) for s in Dataset.open(dataset).segments]
-    version = versions.start(run, 1, {"dataset": dataset, "segments": segments, "warm_start_from": None})
+    version = versions.start(run, version_start(1, dataset=dataset, segments=tuple(segments)))
     shutil.copytree(world / "run" / "checkpoints", version / "checkpoints")
     return run
 

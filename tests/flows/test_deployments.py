@@ -130,8 +130,8 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     assert versions.numbers(run) == [1, 2, 3]
     made = [versions.started(run, n) for n in (1, 2, 3)]
     promoted_2 = nights[1]["message"].startswith("promoted")  # v3 warm-starts from whichever is current
-    assert [m["warm_start_from"] for m in made] == [None, 1, 2 if promoted_2 else 1]
-    assert [len(m["parts"]) for m in made] == [1, 2, 3]
+    assert [m.warm_start_from for m in made] == [None, 1, 2 if promoted_2 else 1]
+    assert [len(m.parts) for m in made] == [1, 2, 3]
     # What the worker's log shows of four successful runs: Prefect's lines, none of Dask's, no traceback.
     assert "Traceback" not in text and "distributed." not in text, text[-5000:]
 

@@ -174,7 +174,7 @@ def test_a_version_cut_off_goes_on_from_its_checkpoint_on_the_devices_left(prefe
     assert summary["replanned"] and summary["replan_reason"] == "the topology changed (2 devices → 1)"
     names = task_runs(state.state_details.flow_run_id)
     assert "train-epoch-1" not in names and names.count("train-epoch-2") == 1
-    assert versions.started(run, 1)["config"]["topology"]["nodes"] == [{"name": "a", "devices": 1,
+    assert versions.started(run, 1).config["topology"]["nodes"] == [{"name": "a", "devices": 1,
                                                                         "uplink_gbytes_per_s": 10.0}]
     assert snapshot(first) == kept  # the checkpoint it went on from is untouched
     moved = exported(version / "model")

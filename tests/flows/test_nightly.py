@@ -28,7 +28,7 @@ from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.checkpoint import verify_export
 from storage.dataset import Dataset
-from support import REAL, settled, snapshot, split_into_days
+from support import REAL, settled, snapshot, split_into_days, version_start
 from shardflow.reporting.summary import RunSummary
 from tasks.reports import state_message
 from tasks.retrain import artifact_key
@@ -233,7 +233,7 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
     model = model_config(Dataset.open(tmp_path / "dataset"), dim=m.dim, mlp=m.mlp, bottom=m.bottom_mlp,
                          history=m.history, negatives=m.negatives, seed=cfg.train.seed)
     older = {k: v for k, v in config_record(model).items() if k not in ("encoder", "blocks", "heads", "dropout")}
-    versions.start(tmp_path, 1, {"config": {}})
+    versions.start(tmp_path, version_start(1))
     (versions.version_dir(tmp_path, 1) / "model").mkdir()
     write_manifest(versions.version_dir(tmp_path, 1) / "model", {  # as that shardflow wrote it: no dense_optimizer
         "format": "shardflow.model", "format_version": 1, "tables": {}, "dim": m.dim, "model": older, "chunk_rows": 1,

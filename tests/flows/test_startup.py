@@ -107,6 +107,6 @@ def test_a_run_owns_its_data_an_append_meanwhile_is_refused_naming_the_run(tmp_p
     assert append.returncode == 2 and "Traceback" not in append.stderr, append.stderr[-3000:]
     assert f"dataset is held by another process (run {run}: host " in append.stderr
     summary = json.loads(out)
-    assert summary["parts"] == 1 and len(versions.started(run, 1)["parts"]) == 1  # measured on its own data
+    assert summary["parts"] == 1 and len(versions.started(run, 1).parts) == 1  # measured on its own data
     assert f"skipped 2 entries of {parts} that are not parts: .day-2.txt.part (hidden), archive (a directory)" \
         in summary["warnings"]

@@ -8,15 +8,16 @@ import pytest
 
 from shardflow.errors import InputError
 from storage import versions
+from support import version_start
 
 
 @pytest.fixture
 def run(tmp_path):
     """Three finished versions (1 and 3 promoted, 2 rejected) and version 4 begun; version 3 current."""
     for n, promoted in ((1, True), (2, False), (3, True)):
-        versions.start(tmp_path, n, {"segments": [str(n)]})
+        versions.start(tmp_path, version_start(n, segments=(str(n),)))
         versions.finish(tmp_path, n, {"promoted": promoted})
-    versions.start(tmp_path, 4, {"segments": ["4"]})
+    versions.start(tmp_path, version_start(4, segments=("4",)))
     versions.promote(tmp_path, 3)
     return tmp_path
 
@@ -85,3 +86,14 @@ def test_a_rollback_holds_the_run_dirs_lock_and_refuses_a_run_dir_without_versio
     assert versions.current(run) == 3
     with pytest.raises(InputError, match="holds no model versions"):
         versions.rollback(tmp_path_factory.mktemp("empty"), 1, "x")
+
+
+def test_a_start_record_reads_back_as_written_and_a_bad_field_is_named(run):
+    made = version_start(5, dataset="/data/ds", segments=("a1", "b2"), parts=("day-1.txt", "day-2.txt"),
+                         warm_start_from=3, window=(1, 1), config={"epochs": 2})
+    versions.start(run, made)
+    assert versions.started(run, 5) == made and versions.started(run, 6) is None
+    path = versions.version_dir(run, 5) / versions.STARTED
+    path.write_text(path.read_text().replace('"warm_start_from": 3', '"warm_start_from": "3"'))
+    with pytest.raises(InputError, match=rf"{path}: warm_start_from = '3'; accepted: int or none"):
+        versions.started(run, 5)
