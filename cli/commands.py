@@ -280,9 +280,10 @@ def show_run(values: dict) -> None:
 
 
 def run_promote(args: argparse.Namespace) -> dict:
+    from shardflow.records import plain
     from storage import versions
 
-    return {"run_dir": args.run_dir, **versions.rollback(args.run_dir, args.version, args.reason)}
+    return {"run_dir": args.run_dir, **plain(versions.rollback(args.run_dir, args.version, args.reason))}
 
 
 def show_promote(s: dict) -> None:

@@ -16,9 +16,9 @@ from tasks.reports import publish_versions
 
 
 @flow(name="promote", flow_run_name="promote-v{version}")
-def promote_version(run_dir: str, version: int, reason: str = "rollback") -> dict:
+def promote_version(run_dir: str, version: int, reason: str = "rollback") -> versions.Promotion:
     one_line_errors()
     record = versions.rollback(run_dir, version, reason)
-    get_run_logger().info("version %d of %s is current (was %s): %s", version, run_dir, record["previous"], reason)
+    get_run_logger().info("version %d of %s is current (was %s): %s", version, run_dir, record.previous, reason)
     publish_versions(run_dir)
     return record

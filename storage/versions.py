@@ -55,6 +55,19 @@ class VersionStart:
     parts: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, kw_only=True)
+class Promotion:
+    """One entry of promotions.json: an operator made `version` current (`previous` was), when the newest
+    finished version was `newest_finished`; who, when (UTC, ISO 8601) and why."""
+
+    version: int
+    previous: int | None
+    newest_finished: int
+    by: str
+    at: str
+    reason: str
+
+
 def version_dir(run_dir: str | Path, number: int) -> Path:
     return Path(run_dir) / VERSIONS / f"{number:04d}"
 
@@ -75,7 +88,7 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def write_record(path: Path, record: dict) -> None:
+def write_record(path: Path, record: dict | list) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
     with open(tmp, "w") as f:
         json.dump(record, f, indent=2)
@@ -141,12 +154,18 @@ def promote(run_dir: str | Path, number: int) -> None:
     os.replace(tmp, link)
 
 
-def promotions(run_dir: str | Path) -> list[dict]:
-    """An operator's promotions of `run_dir`, oldest first."""
-    return _read(Path(run_dir) / PROMOTIONS) or []
+def promotions(run_dir: str | Path) -> list[Promotion]:
+    """An operator's promotions of `run_dir`, oldest first; an InputError naming a bad entry."""
+    path = Path(run_dir) / PROMOTIONS
+    records = _read(path)
+    if records is None:
+        return []
+    if not isinstance(records, list):
+        raise InputError(f"{path}: a {type(records).__name__}; accepted: a JSON list of promotions")
+    return [parse_record(Promotion, r, f"{path} entry {i + 1}") for i, r in enumerate(records)]
 
 
-def promote_by_operator(run_dir: str | Path, number: int, reason: str) -> dict:
+def promote_by_operator(run_dir: str | Path, number: int, reason: str) -> Promotion:
     """Make finished version `number` current at an operator's word, and record who, when and why.
 
     The record names the newest finished version: a run never re-promotes it or an older one
@@ -161,14 +180,14 @@ def promote_by_operator(run_dir: str | Path, number: int, reason: str) -> dict:
     except InputError:
         before = None  # a damaged link is what this mends
     newest = max(n for n in numbers(run_dir) if result(run_dir, n) is not None)
-    record = {"version": number, "previous": before, "newest_finished": newest, "by": getpass.getuser(),
-              "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "reason": reason}
-    write_record(Path(run_dir) / PROMOTIONS, promotions(run_dir) + [record])
+    record = Promotion(version=number, previous=before, newest_finished=newest, by=getpass.getuser(),
+                       at=datetime.now(timezone.utc).isoformat(timespec="seconds"), reason=reason)
+    write_record(Path(run_dir) / PROMOTIONS, [plain(p) for p in [*promotions(run_dir), record]])
     promote(run_dir, number)
     return record
 
 
-def rollback(run_dir: str | Path, number: int, reason: str) -> dict:
+def rollback(run_dir: str | Path, number: int, reason: str) -> Promotion:
     """An operator's promotion as the CLI and the rollback deployment make it: under the run_dir's lock
     (never under a running night), of a version whose export verifies; the record (promote_by_operator)."""
     from storage.checkpoint import verify_export
@@ -188,7 +207,7 @@ def promotion_cut_off(run_dir: str | Path, last: int | None) -> bool:
     finished = None if last is None else result(run_dir, last)
     if finished is None or not finished["promoted"] or current(run_dir) == last:
         return False
-    return not any(p["newest_finished"] >= last for p in promotions(run_dir))
+    return not any(p.newest_finished >= last for p in promotions(run_dir))
 
 
 def sweep_temporary(run_dir: str | Path) -> list[str]:

@@ -98,7 +98,7 @@ def version_rows(run: str) -> list[dict]:
     a table at 1600 px). `replaced_*`: the model that was current when the version was made, on the same
     held-out events."""
     rows, current = [], versions.current(run)
-    by_operator = {p["version"] for p in versions.promotions(run)}
+    by_operator = {p.version for p in versions.promotions(run)}
     results = {n: version_result(run, n) for n in versions.numbers(run)}
     metric = "logloss" if any(r is not None and r.logloss is not None for r in results.values()) else "hr_at_10"
     for n, r in results.items():

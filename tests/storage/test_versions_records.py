@@ -25,9 +25,9 @@ def run(tmp_path):
 def test_an_operator_rolls_back_and_no_run_undoes_it(run):
     record = versions.promote_by_operator(run, 1, "v3 recommends stale items")
     assert versions.current(run) == 1
-    assert (record["version"], record["previous"], record["newest_finished"], record["reason"]) == (1, 3, 3,
-                                                                                         "v3 recommends stale items")
-    assert versions.promotions(run) == [record] and record["by"] and record["at"]
+    assert (record.version, record.previous, record.newest_finished, record.reason) == (1, 3, 3,
+                                                                                     "v3 recommends stale items")
+    assert versions.promotions(run) == [record] and record.by and record.at
     assert not versions.promotion_cut_off(run, 3)  # without the record, 3 would count as a cut-off promotion
     os.remove(run / versions.PROMOTIONS)
     assert versions.promotion_cut_off(run, 3)
@@ -97,3 +97,14 @@ def test_a_start_record_reads_back_as_written_and_a_bad_field_is_named(run):
     path.write_text(path.read_text().replace('"warm_start_from": 3', '"warm_start_from": "3"'))
     with pytest.raises(InputError, match=rf"{path}: warm_start_from = '3'; accepted: int or none"):
         versions.started(run, 5)
+
+
+def test_a_bad_promotion_entry_is_named(run):
+    versions.promote_by_operator(run, 1, "rollback")
+    path = run / versions.PROMOTIONS
+    path.write_text(path.read_text().replace('"newest_finished": 3', '"newest_finished": null'))
+    with pytest.raises(InputError, match=rf"{path} entry 1: newest_finished = None; accepted: int"):
+        versions.promotions(run)
+    path.write_text("{}")
+    with pytest.raises(InputError, match=rf"{path}: a dict; accepted: a JSON list of promotions"):
+        versions.promotions(run)
