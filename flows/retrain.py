@@ -34,6 +34,7 @@ from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
 from storage.versions import VersionStart
 from tasks.retrain import (
+    Resumed,
     artifact_key,
     checkpoint,
     checkpoint_paths,
@@ -148,8 +149,8 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         "model": paths["model"],
         "downloads": trained["downloads"],
         "epoch_loss": [trained["losses"][e] for e in sorted(trained["losses"])],
-        "resumed_from": trained["resumed"]["checkpoint"],
-        "skipped_checkpoints": trained["resumed"]["skipped"],
+        "resumed_from": trained["resumed"].checkpoint,
+        "skipped_checkpoints": trained["resumed"].skipped,
         "restarts": trained["restarts"],
         "warnings": trained["warnings"] + imported["warnings"],
         "plots": figures,
@@ -199,10 +200,10 @@ def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: floa
     promoted version's model (a warm start) when there is one; the epochs left, each checkpointed; the download."""
     resumed = unless_lost(resume(engine, paths["version"]))
     source = version.warm_start_from
-    if resumed["checkpoint"] is None and source is not None:
+    if resumed.checkpoint is None and source is not None:
         unless_lost(warm_start(engine, paths_of(run, source)["model"], source))
     if kept["progress"] is None:
-        kept["progress"] = create_progress_artifact(100.0 * resumed["epochs_done"] / config.train.epochs,
+        kept["progress"] = create_progress_artifact(100.0 * resumed.epochs_done / config.train.epochs,
                                                     key=artifact_key("training-progress", run),
                                                     description="epochs done")
     trained = _epochs(engine, config, paths, resumed, kept)
@@ -212,15 +213,15 @@ def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: floa
     return {**trained, "chosen": chosen, "downloads": engine.downloads, "resumed": resumed}
 
 
-def _epochs(engine, config: RetrainConfig, paths: dict, resumed: dict, kept: dict) -> dict:
+def _epochs(engine, config: RetrainConfig, paths: dict, resumed: Resumed, kept: dict) -> dict:
     """The epochs after the resumed checkpoint, each checkpointed: up to config.train.epochs, or with a validation
     split until `patience` epochs have passed without a better score (read back from the version's
     checkpoints, so a resumed run stops where an uninterrupted one would)."""
     steps = 0
     # Measured over this attempt's steps (the engine's counters start at zero); a run
     # with nothing left to train reports what its last checkpoint measured.
-    measured = resumed["bytes_per_step"]
-    for epoch in range(resumed["epochs_done"] + 1, config.train.epochs + 1):  # numbered from 1
+    measured = resumed.bytes_per_step
+    for epoch in range(resumed.epochs_done + 1, config.train.epochs + 1):  # numbered from 1
         scores = validation_scores(paths["version"])
         if config.train.patience is not None and stop_now(scores, config.train.patience):
             update_progress_artifact(kept["progress"], 100.0, description=f"stopped after epoch {epoch - 1}: "

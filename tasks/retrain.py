@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from distributed import Client
 from prefect import get_run_logger, task
@@ -34,6 +36,8 @@ from storage.profile import Profile
 from storage import versions
 from storage.staging import remove_leftovers
 from storage.versions import write_record
+
+T = TypeVar("T")
 
 
 def artifact_key(kind: str, run_dir: str | Path) -> str:
@@ -184,13 +188,27 @@ def start_parameter_servers(config: RetrainConfig, dataset: str, plan_path: str,
     return engine
 
 
-@task(name="resume", task_run_name="resume", cache_policy=NONE)
-def resume(engine: Engine, run_dir: str) -> dict:
-    """Restore the newest complete checkpoint that verifies.
+@dataclass(frozen=True)
+class Lost:
+    """A lost worker, handed to the flow as a task's result (see _lost): why, in one line."""
 
-    Returns epochs_done (0: none), the checkpoint used, the bytes per step measured when it
-    was written (None if none) and every newer one skipped with why.
-    """
+    why: str
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where the resume task left the engine: the epochs done (0: none), the checkpoint restored (None: none),
+    the bytes per step measured when it was written (None if none) and every newer one skipped, with why."""
+
+    epochs_done: int
+    checkpoint: str | None
+    skipped: tuple[dict, ...]
+    bytes_per_step: float | None
+
+
+@task(name="resume", task_run_name="resume", cache_policy=NONE)
+def resume(engine: Engine, run_dir: str) -> Resumed | Lost:
+    """Restore the newest complete checkpoint that verifies."""
 
     log = get_run_logger()
     skipped = []
@@ -206,11 +224,10 @@ def resume(engine: Engine, run_dir: str) -> dict:
         log.info("resumed from %s: %d epochs done, step %d%s", path, epochs_done, engine.step_count,
                  f"; its rows moved from the {m.devices} devices that wrote it onto this plan's "
                  f"{len(engine.actors)}" if moved else "")
-        return {"epochs_done": epochs_done, "checkpoint": str(path), "skipped": skipped,
-                "bytes_per_step": m.bytes_per_step}
+        return Resumed(epochs_done, str(path), tuple(skipped), m.bytes_per_step)
     if skipped:
         log.warning("no usable checkpoint; training starts from the initial parameters")
-    return {"epochs_done": 0, "checkpoint": None, "skipped": skipped, "bytes_per_step": None}
+    return Resumed(0, None, tuple(skipped), None)
 
 
 @task(name="restore-cluster", task_run_name="restore-cluster-{attempt}", cache_policy=NONE)
@@ -282,7 +299,7 @@ PROGRESS_EVERY_S = 2.0  # how often a training epoch moves its progress artifact
 
 
 @task(name="train-epoch", task_run_name="train-epoch-{epoch}", cache_policy=NONE)
-def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=None) -> dict:
+def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=None) -> dict | Lost:
     """Train epoch `epoch` (numbered from 1, as checkpoints and plots are).
 
     With a progress artifact, moves it every PROGRESS_EVERY_S seconds and at the end:
@@ -313,9 +330,9 @@ def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=
 
 
 @task(name="checkpoint", task_run_name="checkpoint-epoch-{epoch}", cache_policy=NONE)
-def checkpoint(engine: Engine, run_dir: str, epoch: int, figures: dict) -> dict:
+def checkpoint(engine: Engine, run_dir: str, epoch: int, figures: dict) -> dict | Lost:
     """The checkpoint after epoch `epoch` (numbered from 1), with what it measured (`figures`,
-    storage.checkpoint.CheckpointManifest's): {"path"}, or {"lost"} (see _lost)."""
+    storage.checkpoint.CheckpointManifest's): {"path"}, or Lost (see _lost)."""
     path = checkpoint_dir(run_dir, epoch)
     try:
         engine.checkpoint(path, epoch, figures)
@@ -331,10 +348,10 @@ def validation_scores(version_dir: str) -> dict[int, float]:
 
 
 @task(name="keep-best-epoch", task_run_name="keep-best-epoch", cache_policy=NONE)
-def keep_best(engine: Engine, version_dir: str, patience: int | None) -> dict:
+def keep_best(engine: Engine, version_dir: str, patience: int | None) -> dict | Lost:
     """The epoch the download takes: with a validation split the best-scoring one, restored from its checkpoint
     unless it is the last; {"epochs" trained, "best_epoch" (None without a split), its val_ metrics}, or
-    {"lost"} (see _lost)."""
+    Lost (see _lost)."""
     found = dict(complete_checkpoints(version_dir))
     epochs = max(found, default=0)
     best = best_epoch(validation_scores(version_dir)) if patience is not None else None
@@ -350,8 +367,8 @@ def keep_best(engine: Engine, version_dir: str, patience: int | None) -> dict:
 
 
 @task(name="download", task_run_name="download", cache_policy=NONE)
-def download(engine: Engine, out: str, epochs: int, best_epoch: int | None, strategy: str) -> dict:
-    """The one parameter download of a run, after the last epoch: {"path"}, or {"lost"} (see _lost)."""
+def download(engine: Engine, out: str, epochs: int, best_epoch: int | None, strategy: str) -> dict | Lost:
+    """The one parameter download of a run, after the last epoch: {"path"}, or Lost (see _lost)."""
     try:
         engine.export(out, epochs, best_epoch, strategy)
     except WorkerLost as e:
@@ -360,18 +377,18 @@ def download(engine: Engine, out: str, epochs: int, best_epoch: int | None, stra
     return {"path": out}
 
 
-def unless_lost(result: dict) -> dict:
+def unless_lost(result: T | Lost) -> T:
     """A task's result, or the WorkerLost it handed back (see _lost), raised in the flow that recovers it."""
-    if "lost" in result:
-        raise WorkerLost(result["lost"])
+    if isinstance(result, Lost):
+        raise WorkerLost(result.why)
     return result
 
 
-def _lost(what: str, e: WorkerLost) -> dict:
+def _lost(what: str, e: WorkerLost) -> Lost:
     """A lost worker, handed to the flow as a result: it restores the cluster and resumes from the last
     checkpoint, so the loss is a warning in the run's summary, not a red task inside a Completed run."""
     get_run_logger().warning("%s stopped: %s", what, e)
-    return {"lost": str(e)}
+    return Lost(str(e))
 
 
 @task(name="evaluate", task_run_name="evaluate", cache_policy=NONE)

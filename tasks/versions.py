@@ -28,7 +28,7 @@ from storage.dataset import Dataset, segment_checksum
 from storage.importers import check_continuation
 from storage.lock import run_lock
 from storage.manifest import MANIFEST
-from tasks.retrain import artifact_key
+from tasks.retrain import Lost, artifact_key
 from shardflow.preflight import import_options, imported_source, run_paths, same_source, source_parts, source_warnings
 
 # Keys that change nothing a version computes: a version cut off part-way is resumed
@@ -209,14 +209,14 @@ def common_prefix(a: tuple | list, b: tuple | list) -> int:
 
 
 @task(name="warm-start", task_run_name="warm-start-from-{number}", cache_policy=NONE)
-def warm_start(engine: Engine, model: str, number: int) -> dict:
-    """Load the promoted version's exported model into fresh shards: {"model"}, or {"lost"}."""
+def warm_start(engine: Engine, model: str, number: int) -> dict | Lost:
+    """Load the promoted version's exported model into fresh shards: {"model"}, or Lost."""
     manifest = verify_export(model)
     try:
         engine.warm_start(model, manifest)
     except WorkerLost as e:
         get_run_logger().warning("warm start stopped: %s", e)
-        return {"lost": str(e)}
+        return Lost(str(e))
     get_run_logger().info("warm start from version %d (%s)", number, model)
     return {"model": model}
 
