@@ -129,11 +129,11 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         "parts_added": imported["parts_added"],
         "parts": len(version.segments),
         "window": version.window,
-        "epochs": trained["chosen"]["epochs"],
-        "best_epoch": trained["chosen"]["best_epoch"],
+        "epochs": trained["chosen"].epochs,
+        "best_epoch": trained["chosen"].best_epoch,
         "patience": config.train.patience,
         **metric_values(metrics),
-        **validation_of(trained["chosen"]),
+        **validation_of(trained["chosen"].validation),
         "eval_users": metrics["users"],
         "bytes_per_step": trained["bytes_per_step"],
         "modeled_bytes_per_step": trained_plan.bytes_per_step,
@@ -209,7 +209,7 @@ def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: floa
     trained = _epochs(engine, config, paths, resumed, kept)
     publish_epoch_metrics(paths["version"], run, modeled)  # once a run: every epoch of the version
     chosen = unless_lost(keep_best(engine, paths["version"], config.train.patience))
-    unless_lost(download(engine, paths["model"], chosen["epochs"], chosen["best_epoch"], config.plan.strategy))
+    unless_lost(download(engine, paths["model"], chosen.epochs, chosen.best_epoch, config.plan.strategy))
     return {**trained, "chosen": chosen, "downloads": engine.downloads, "resumed": resumed}
 
 

@@ -347,23 +347,32 @@ def validation_scores(version_dir: str) -> dict[int, float]:
     return {e: score(i) for e, i in infos.items() if any(i.get(k) is not None for k in SCORE_KEYS)}
 
 
+@dataclass(frozen=True)
+class Kept:
+    """The epoch the download takes: of `epochs` trained, `best_epoch` (None without a validation split),
+    with its validation metrics under their val_ keys (empty without a split)."""
+
+    epochs: int
+    best_epoch: int | None
+    validation: dict
+
+
 @task(name="keep-best-epoch", task_run_name="keep-best-epoch", cache_policy=NONE)
-def keep_best(engine: Engine, version_dir: str, patience: int | None) -> dict | Lost:
-    """The epoch the download takes: with a validation split the best-scoring one, restored from its checkpoint
-    unless it is the last; {"epochs" trained, "best_epoch" (None without a split), its val_ metrics}, or
-    Lost (see _lost)."""
+def keep_best(engine: Engine, version_dir: str, patience: int | None) -> Kept | Lost:
+    """With a validation split, the best-scoring epoch, restored from its checkpoint unless it is the last;
+    or Lost (see _lost)."""
     found = dict(complete_checkpoints(version_dir))
     epochs = max(found, default=0)
     best = best_epoch(validation_scores(version_dir)) if patience is not None else None
     if best is None:
-        return {"epochs": epochs, "best_epoch": None}
+        return Kept(epochs, None, {})
     if best != epochs:
         try:
             engine.restore(found[best])
         except WorkerLost as e:
             return _lost("restoring the best epoch", e)
         get_run_logger().info("kept epoch %d of %d: the best validation score", best, epochs)
-    return {"epochs": epochs, "best_epoch": best, **validation_of(read_checkpoint(found[best]).figures)}
+    return Kept(epochs, best, validation_of(read_checkpoint(found[best]).figures))
 
 
 @task(name="download", task_run_name="download", cache_policy=NONE)
