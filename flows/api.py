@@ -161,8 +161,8 @@ def embedded_api() -> Iterator[str | None]:
 
     The process's Prefect settings then name that server: the main thread's, and the environment, from
     which a thread without a settings context builds its own. It is stopped at exit, after Prefect's
-    log and event workers have sent what they hold (they register their drains later: atexit runs
-    those first)."""
+    log and event workers have sent what they hold (they drain at threading's shutdown, which comes
+    before any atexit callback)."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     if PREFECT_API_URL.value():
