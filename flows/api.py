@@ -97,7 +97,6 @@ class EmbeddedServer:
     def __init__(self, port: int) -> None:
         self.port = port
         self.server_process: subprocess.Popen | None = None
-        self.running = False
 
     @property
     def address(self) -> str:
@@ -120,7 +119,6 @@ class EmbeddedServer:
         self.server_process = spawn([sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent),
                                      "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
                                      "--port", str(self.port), "--log-level", "error", "--lifespan", "on"], env, output)
-        self.running = True
         deadline = time.monotonic() + timeout
         while not self._healthy():
             if self.server_process.poll() is not None:
@@ -137,7 +135,7 @@ class EmbeddedServer:
             return False
 
     def stop(self) -> None:
-        process, self.server_process, self.running = self.server_process, None, False
+        process, self.server_process = self.server_process, None
         if process is None or process.poll() is not None:
             return
         logging.getLogger("prefect").info("Stopping temporary server on %s", self.address)
@@ -150,6 +148,7 @@ class EmbeddedServer:
 
 
 def free_port() -> int:
+    """A TCP port of 127.0.0.1 nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -229,7 +228,6 @@ class _Watchdog(threading.Thread):
             status = process.returncode
             log.warning("the embedded Prefect API stopped (exit status %s); starting it again at %s, the run goes "
                         "on", status, self.server.address)
-            self.server.running = False
             with tempfile.TemporaryFile() as output:  # what the server says while it tries: for the one line
                 try:
                     self.server.start(self.timeout_s, output)

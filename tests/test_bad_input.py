@@ -663,13 +663,10 @@ def case_config_scheduler_address_malformed(world, client, tmp_path):
 
 
 def case_run_scheduler_that_never_answers(world, client, tmp_path):
-    import socket
-
+    from flows.api import free_port
     from shardflow.cluster import dask_client
 
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    address = f"tcp://127.0.0.1:{free_port()}"  # a port nothing listens on
     return [world / "ds"], lambda: dask_client(address, connect_timeout_s=2).__enter__(), (
         r"scheduler 'tcp://127.0.0.1:\d+' did not answer within 2 s \(\w+\); accepted: the address of a running")
 

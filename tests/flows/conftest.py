@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.api import STARTUP_TIMEOUT_S
+from flows.api import STARTUP_TIMEOUT_S, free_port
 from runs import prefect_home
 
 BIN = Path(sys.executable).parent
@@ -20,9 +19,7 @@ BIN = Path(sys.executable).parent
 
 class PrefectServer:
     def __init__(self, home: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/api"
         self.env = {**os.environ, "PREFECT_HOME": str(prefect_home(home / "prefect", STARTUP_TIMEOUT_S)),
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

@@ -19,12 +19,10 @@ class StandInServer:
 
     def __init__(self) -> None:
         self.server_process: subprocess.Popen | None = None
-        self.running = False
         self.starts = 0
 
     def start(self, timeout: int, output=None) -> None:
         self.server_process = spawn(SLEEPER, output=output)
-        self.running = True
         self.starts += 1
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import pytest
 import yaml
 
+from flows.api import free_port
 from runs import BIN, SMALL, TOPOLOGY, stderr_of
 from shardflow.data.synthetic import SynthTable, synth_dataset
 
@@ -25,9 +25,7 @@ RESTART_TIMEOUT_S = 5
 
 class ExternalCluster:
     def __init__(self, nanny: bool) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        self.address = f"tcp://127.0.0.1:{free_port()}"
         self.procs = [self._start(["scheduler", "--port", self.address.rsplit(":", 1)[1]])]
         time.sleep(2)
         self.procs += [self._start(["worker", self.address, "--nthreads", "1", *([] if nanny else ["--no-nanny"])])
