@@ -35,7 +35,7 @@ def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
     devices = config.parsed_topology.devices
     with run_lock(paths["run"]), run_cluster(**dict(config.cluster), workers=devices,
                                              gpus=config.train.device == "cuda") as client:
-        dataset = prepare_dataset(config)["path"]
+        dataset = prepare_dataset(config).path
         shutil.rmtree(scratch, ignore_errors=True)  # the last estimate's profile and plan, under the run's lock
         profile(dataset, str(scratch / "profile"), client, str(paths["run"]))
         shard(config, str(scratch / "profile"), str(scratch / "plan"), None)
@@ -43,16 +43,16 @@ def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
         try:
             engine = start_parameter_servers(config, dataset, str(scratch / "plan"), client, estimate=True)
             # Estimation writes no checkpoints to resume from: a lost worker ends the run.
-            epochs = [unless_lost(train_epoch(engine, e)) for e in range(1, config.train.epochs + 1)]
+            epochs = [unless_lost(train_epoch(engine, e)).stats for e in range(1, config.train.epochs + 1)]
             traffic = engine.traffic()
         finally:
             release_parameter_servers(engine)
-    steps = sum(e["steps"] for e in epochs)
+    steps = sum(e.steps for e in epochs)
     summary = {
         "epochs": config.train.epochs,
-        "examples_per_s": sum(e["examples"] for e in epochs) / sum(e["seconds"] for e in epochs),
+        "examples_per_s": sum(e.examples for e in epochs) / sum(e.seconds for e in epochs),
         "bytes_per_step": traffic.modeled_bytes / max(steps, 1),
-        "epoch_loss": [e["loss"] for e in epochs],
+        "epoch_loss": [e.loss for e in epochs],
     }
     get_run_logger().info("estimation: %s", summary)
     return summary

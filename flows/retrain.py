@@ -17,8 +17,10 @@ directory's lock throughout; a lost worker is recovered from the last checkpoint
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -34,6 +36,8 @@ from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
 from storage.versions import VersionStart
 from tasks.retrain import (
+    Imported,
+    Kept,
     Resumed,
     artifact_key,
     checkpoint,
@@ -97,16 +101,16 @@ def _make_version(config: RetrainConfig, run: str) -> RunSummary:
         log.info("Dask dashboard: %s", client.dashboard_link)
         tidy(run)
         imported = prepare_dataset(config)
-        dataset = imported["path"]
+        dataset = imported.path
         with owned(dataset, run):  # the run owns its data: no append until it ends
             return _version(config, run, client, devices, dataset, imported)
 
 
-def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str, imported: dict) -> RunSummary:
+def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str, imported: Imported) -> RunSummary:
     """The model version of this run's data, from open-version to the promotion gate."""
     version = open_version(config, dataset)
     if isinstance(version, NothingNew):
-        return untrained(run, version.current, version.newest, imported["parts_added"], imported["warnings"])
+        return untrained(run, version.current, version.newest, imported.parts_added, imported.warnings)
     name_run(run, f"v{version.version}")
     paths = paths_of(run, version.version)
     tidy(paths["version"])
@@ -126,16 +130,16 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         "version": version.version,
         "trained": True,
         "warm_start_from": source,
-        "parts_added": imported["parts_added"],
+        "parts_added": imported.parts_added,
         "parts": len(version.segments),
         "window": version.window,
-        "epochs": trained["chosen"].epochs,
-        "best_epoch": trained["chosen"].best_epoch,
+        "epochs": trained.chosen.epochs,
+        "best_epoch": trained.chosen.best_epoch,
         "patience": config.train.patience,
         **metric_values(metrics),
-        **validation_of(trained["chosen"].validation),
+        **validation_of(trained.chosen.validation),
         "eval_users": metrics["users"],
-        "bytes_per_step": trained["bytes_per_step"],
+        "bytes_per_step": trained.bytes_per_step,
         "modeled_bytes_per_step": trained_plan.bytes_per_step,
         "row_wise_bytes_per_step": row_wise.bytes_per_step,
         "comm_time_us_per_step": trained_plan.comm_time_s_per_step * 1e6,
@@ -147,12 +151,12 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         else decision.previous_comm_time_s * 1e6,
         "checkpoints": checkpoint_paths(paths["version"]),
         "model": paths["model"],
-        "downloads": trained["downloads"],
-        "epoch_loss": [trained["losses"][e] for e in sorted(trained["losses"])],
-        "resumed_from": trained["resumed"].checkpoint,
-        "skipped_checkpoints": trained["resumed"].skipped,
-        "restarts": trained["restarts"],
-        "warnings": trained["warnings"] + imported["warnings"],
+        "downloads": trained.downloads,
+        "epoch_loss": [trained.losses[e] for e in sorted(trained.losses)],
+        "resumed_from": trained.resumed.checkpoint,
+        "skipped_checkpoints": trained.resumed.skipped,
+        "restarts": trained.restarts,
+        "warnings": [*trained.warnings, *imported.warnings],
         "plots": figures,
     })
 
@@ -170,8 +174,31 @@ def _tag(config: RetrainConfig) -> None:
         client.update_flow_run(flow_run.id, tags=sorted(known | tags))
 
 
+@dataclass
+class Attempts:
+    """What a version's attempts share: each epoch's loss (by epoch, from 1), the warnings, the progress
+    artifact."""
+
+    losses: dict[int, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    progress: UUID | None = None
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A version's training: the epoch kept, the bytes per step measured, where it resumed, what it took."""
+
+    chosen: Kept
+    bytes_per_step: float | None
+    downloads: int
+    resumed: Resumed
+    losses: dict[int, float] = field(default_factory=dict)
+    restarts: int = 0
+    warnings: tuple[str, ...] = ()
+
+
 def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, devices: int, modeled: float,
-           version: VersionStart) -> dict:
+           version: VersionStart) -> Trained:
     """The epochs left, a checkpoint after each, then the one download.
 
     One attempt is one set of parameter servers (_attempt). Losing a worker ends the
@@ -179,44 +206,44 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
     checkpoint, at most max_restarts times (_restart). Training is deterministic in
     (seed, step), so the run ends with the parameters of an uninterrupted one.
     """
-    kept: dict = {"losses": {}, "warnings": [], "progress": None}  # what the attempts share
+    kept = Attempts()
     for attempt in itertools.count():
         engine = None
         try:
             engine = start_parameter_servers(config, dataset, paths["plan"], client, window=version.window)
-            return {**_attempt(engine, config, paths, run, modeled, version, kept), "restarts": attempt,
-                    "warnings": kept["warnings"]}
+            trained = _attempt(engine, config, paths, run, modeled, version, kept)
+            return replace(trained, losses=kept.losses, restarts=attempt, warnings=tuple(kept.warnings))
         except SchedulerLost as e:
             raise TrainingError(f"{e}; {kept_note(paths['version'])}") from None
         except WorkerLost as e:
-            _restart(e, engine, attempt, config, paths, client, devices, kept["warnings"])
+            _restart(e, engine, attempt, config, paths, client, devices, kept.warnings)
         finally:
             release_parameter_servers(engine)
 
 
 def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: float, version: VersionStart,
-             kept: dict) -> dict:
+             kept: Attempts) -> Trained:
     """One set of parameter servers: resume from the last complete checkpoint or, with none yet, start from the
     promoted version's model (a warm start) when there is one; the epochs left, each checkpointed; the download."""
     resumed = unless_lost(resume(engine, paths["version"]))
     source = version.warm_start_from
     if resumed.checkpoint is None and source is not None:
         unless_lost(warm_start(engine, paths_of(run, source)["model"], source))
-    if kept["progress"] is None:
-        kept["progress"] = create_progress_artifact(100.0 * resumed.epochs_done / config.train.epochs,
+    if kept.progress is None:
+        kept.progress = create_progress_artifact(100.0 * resumed.epochs_done / config.train.epochs,
                                                     key=artifact_key("training-progress", run),
                                                     description="epochs done")
-    trained = _epochs(engine, config, paths, resumed, kept)
+    measured = _epochs(engine, config, paths, resumed, kept)
     publish_epoch_metrics(paths["version"], run, modeled)  # once a run: every epoch of the version
     chosen = unless_lost(keep_best(engine, paths["version"], config.train.patience))
     unless_lost(download(engine, paths["model"], chosen.epochs, chosen.best_epoch, config.plan.strategy))
-    return {**trained, "chosen": chosen, "downloads": engine.downloads, "resumed": resumed}
+    return Trained(chosen, measured, engine.downloads, resumed)
 
 
-def _epochs(engine, config: RetrainConfig, paths: dict, resumed: Resumed, kept: dict) -> dict:
+def _epochs(engine, config: RetrainConfig, paths: dict, resumed: Resumed, kept: Attempts) -> float | None:
     """The epochs after the resumed checkpoint, each checkpointed: up to config.train.epochs, or with a validation
     split until `patience` epochs have passed without a better score (read back from the version's
-    checkpoints, so a resumed run stops where an uninterrupted one would)."""
+    checkpoints, so a resumed run stops where an uninterrupted one would). The bytes per step measured."""
     steps = 0
     # Measured over this attempt's steps (the engine's counters start at zero); a run
     # with nothing left to train reports what its last checkpoint measured.
@@ -224,21 +251,17 @@ def _epochs(engine, config: RetrainConfig, paths: dict, resumed: Resumed, kept: 
     for epoch in range(resumed.epochs_done + 1, config.train.epochs + 1):  # numbered from 1
         scores = validation_scores(paths["version"])
         if config.train.patience is not None and stop_now(scores, config.train.patience):
-            update_progress_artifact(kept["progress"], 100.0, description=f"stopped after epoch {epoch - 1}: "
+            update_progress_artifact(kept.progress, 100.0, description=f"stopped after epoch {epoch - 1}: "
                                      f"no better validation score since epoch {best_epoch(scores)}")
             break
-        stats = unless_lost(train_epoch(engine, epoch, config.train.epochs, kept["progress"]))
-        kept["losses"][epoch] = stats["loss"]
-        steps += stats["steps"]
+        done = unless_lost(train_epoch(engine, epoch, config.train.epochs, kept.progress))
+        kept.losses[epoch] = done.stats.loss
+        steps += done.stats.steps
         measured = engine.traffic().modeled_bytes / steps
-        unless_lost(checkpoint(engine, paths["version"], epoch, {
-            "loss": stats["loss"], **metric_values(stats), **validation_of(stats),
-            "bytes_per_step": measured,
-            "examples_per_s": stats["examples"] / stats["seconds"], "seconds": stats["seconds"],
-        }))
-        update_progress_artifact(kept["progress"], 100.0 * epoch / config.train.epochs,
-                                 description=f"epoch {epoch}/{config.train.epochs} done · loss {stats['loss']:.3f}")
-    return {"losses": kept["losses"], "steps": steps, "bytes_per_step": measured}
+        unless_lost(checkpoint(engine, paths["version"], epoch, done.figures(measured)))
+        update_progress_artifact(kept.progress, 100.0 * epoch / config.train.epochs,
+                                 description=f"epoch {epoch}/{config.train.epochs} done · loss {done.stats.loss:.3f}")
+    return measured
 
 
 def _restart(e: WorkerLost, engine, attempt: int, config: RetrainConfig, paths: dict, client, devices: int,

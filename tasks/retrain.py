@@ -22,9 +22,10 @@ from shardflow.planner.report import PlanSummary, StrategyRefused, table_tiers
 from shardflow.planner.topology import parse_topology
 from shardflow.planning.plans import ReplanDecision, compare_strategies, keep_or_replan, parse_decision, read_plan
 from shardflow.profiling.profiles import profile_dataset, profile_window
+from shardflow.training.config import EpochStats
 from shardflow.training.engine import Engine
 from shardflow.training.run import prepare, start_engine
-from shardflow.training.evaluate import evaluate_export
+from shardflow.training.evaluate import evaluate_export, metric_values
 from shardflow.training.validation import (SCORE_KEYS, VALIDATION_KEYS, best_epoch, score, validation_of,
                                           validation_values)
 from storage.checkpoint import checkpoint_dir, complete_checkpoints, read_checkpoint
@@ -51,9 +52,18 @@ def artifact_key(kind: str, run_dir: str | Path) -> str:
     return f"{kind}-{slug}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:6]}"
 
 
+@dataclass(frozen=True)
+class Imported:
+    """The dataset store a run trains on, the names of the parts it added, and what it warned of."""
+
+    path: str
+    parts_added: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
 @task(name="import-dataset", task_run_name="import-dataset", cache_policy=NONE)
-def prepare_dataset(config: RetrainConfig) -> dict:
-    """The dataset store and the parts this run added to it: {"path", "parts_added", "warnings"}.
+def prepare_dataset(config: RetrainConfig) -> Imported:
+    """The dataset store and the parts this run added to it.
 
     `dataset` itself if it is a store (grown, if at all, by 'shardflow import --append'),
     else its import into RUN_DIR/dataset. A source the run_dir imported before gets its
@@ -64,9 +74,9 @@ def prepare_dataset(config: RetrainConfig) -> dict:
     """
     source, dest = Path(config.data.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file():
-        return {"path": str(source), "parts_added": [], "warnings": []}
+        return Imported(str(source))
     known = imported_source(config)
-    warnings = source_warnings(source, source_parts(config, known))
+    warnings = tuple(source_warnings(source, source_parts(config, known)))
     for w in warnings:
         get_run_logger().warning("%s", w)
     if known is not None and same_source(known, config):
@@ -74,10 +84,10 @@ def prepare_dataset(config: RetrainConfig) -> dict:
                                settle_s=config.data.part_settle_s, **import_kwargs(config))["parts_added"]
         get_run_logger().info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing",
                               dest, source)
-        return {"path": str(dest), "parts_added": [Path(p).name for p in added], "warnings": warnings}
+        return Imported(str(dest), tuple(Path(p).name for p in added), warnings)
     done = import_dataset(config.data.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file(),
                           settle_s=config.data.part_settle_s, **import_kwargs(config))
-    return {"path": str(dest), "parts_added": [Path(p).name for p in done["parts_added"]], "warnings": warnings}
+    return Imported(str(dest), tuple(Path(p).name for p in done["parts_added"]), warnings)
 
 
 @task(name="profile", task_run_name="profile", cache_policy=NONE)
@@ -298,8 +308,25 @@ def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step
 PROGRESS_EVERY_S = 2.0  # how often a training epoch moves its progress artifact
 
 
+@dataclass(frozen=True)
+class EpochDone:
+    """A trained epoch: what it did, the model's held-out metrics after it, and its validation split's (val_
+    keys; none without a split)."""
+
+    stats: EpochStats
+    metrics: dict
+    validation: dict
+
+    def figures(self, bytes_per_step: float) -> dict:
+        """What its checkpoint keeps (storage.checkpoint.CheckpointManifest's figures), with the bytes per step
+        measured so far."""
+        return {"loss": self.stats.loss, **metric_values(self.metrics), **validation_of(self.validation),
+                "bytes_per_step": bytes_per_step, "examples_per_s": self.stats.examples_per_s,
+                "seconds": self.stats.seconds}
+
+
 @task(name="train-epoch", task_run_name="train-epoch-{epoch}", cache_policy=NONE)
-def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=None) -> dict | Lost:
+def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=None) -> EpochDone | Lost:
     """Train epoch `epoch` (numbered from 1, as checkpoints and plots are).
 
     With a progress artifact, moves it every PROGRESS_EVERY_S seconds and at the end:
@@ -319,26 +346,25 @@ def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=
 
     try:
         stats = engine.train_epoch(epoch - 1, on_step=report)
-        stats.update(engine.evaluate())
-        if engine.train.validation:
-            stats.update(validation_values(engine.evaluate("validation")))
+        done = EpochDone(stats, engine.evaluate(),
+                         validation_values(engine.evaluate("validation")) if engine.train.validation else {})
     except WorkerLost as e:
         return _lost(f"epoch {epoch}", e)
-    get_run_logger().info("epoch %d: %d steps, loss %.4f, AUC %.4f, %.0f examples/s", epoch, stats["steps"],
-                          stats["loss"], stats["auc"], stats["examples"] / stats["seconds"])
-    return stats
+    get_run_logger().info("epoch %d: %d steps, loss %.4f, AUC %.4f, %.0f examples/s", epoch, stats.steps,
+                          stats.loss, done.metrics["auc"], stats.examples_per_s)
+    return done
 
 
 @task(name="checkpoint", task_run_name="checkpoint-epoch-{epoch}", cache_policy=NONE)
-def checkpoint(engine: Engine, run_dir: str, epoch: int, figures: dict) -> dict | Lost:
+def checkpoint(engine: Engine, run_dir: str, epoch: int, figures: dict) -> str | Lost:
     """The checkpoint after epoch `epoch` (numbered from 1), with what it measured (`figures`,
-    storage.checkpoint.CheckpointManifest's): {"path"}, or Lost (see _lost)."""
+    storage.checkpoint.CheckpointManifest's): its path, or Lost (see _lost)."""
     path = checkpoint_dir(run_dir, epoch)
     try:
         engine.checkpoint(path, epoch, figures)
     except WorkerLost as e:
         return _lost(f"checkpoint {epoch}", e)
-    return {"path": str(path)}
+    return str(path)
 
 
 def validation_scores(version_dir: str) -> dict[int, float]:
@@ -376,14 +402,14 @@ def keep_best(engine: Engine, version_dir: str, patience: int | None) -> Kept | 
 
 
 @task(name="download", task_run_name="download", cache_policy=NONE)
-def download(engine: Engine, out: str, epochs: int, best_epoch: int | None, strategy: str) -> dict | Lost:
-    """The one parameter download of a run, after the last epoch: {"path"}, or Lost (see _lost)."""
+def download(engine: Engine, out: str, epochs: int, best_epoch: int | None, strategy: str) -> str | Lost:
+    """The one parameter download of a run, after the last epoch: the model's path, or Lost (see _lost)."""
     try:
         engine.export(out, epochs, best_epoch, strategy)
     except WorkerLost as e:
         return _lost("download", e)
     get_run_logger().info("model exported to %s", out)
-    return {"path": out}
+    return out
 
 
 def unless_lost(result: T | Lost) -> T:

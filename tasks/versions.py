@@ -84,7 +84,7 @@ def _nothing_new(config: RetrainConfig, run: str) -> RunSummary | None:
     segments = [segment_checksum(s) for s in Dataset.open(store).segments]
     if versions.started(run, last).segments != tuple(segments):
         return None
-    return untrained(run, versions.current(run), last, [], warnings)
+    return untrained(run, versions.current(run), last, (), tuple(warnings))
 
 
 def version_result(run: str, number: int) -> RunSummary | None:
@@ -94,7 +94,8 @@ def version_result(run: str, number: int) -> RunSummary | None:
     return None if figures is None else RunSummary.parse(figures, where)
 
 
-def untrained(run: str, current: int | None, newest: int, parts_added: list[str], warnings: list[str]) -> RunSummary:
+def untrained(run: str, current: int | None, newest: int, parts_added: tuple[str, ...],
+              warnings: tuple[str, ...]) -> RunSummary:
     """A run that found no new data: the current version's figures, nothing trained, nothing downloaded.
 
     `newest` is the last version made, which saw every part: the current one, or a later one that was
@@ -103,8 +104,8 @@ def untrained(run: str, current: int | None, newest: int, parts_added: list[str]
     if figures is None:
         raise TrainingError(f"run_dir {run} has no promoted model version and no new data to make one from")
     return dataclasses.replace(
-        figures, trained=False, parts_added=tuple(parts_added), current=current, downloads=0, epoch_loss=(),
-        resumed_from=None, skipped_checkpoints=(), restarts=0, warnings=tuple(warnings), newest_version=newest,
+        figures, trained=False, parts_added=parts_added, current=current, downloads=0, epoch_loss=(),
+        resumed_from=None, skipped_checkpoints=(), restarts=0, warnings=warnings, newest_version=newest,
         message=f"no new data since version {newest}: nothing trained")
 
 

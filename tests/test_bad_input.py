@@ -551,7 +551,7 @@ def _run_dir_trained_on(world, tmp_path, source: Path) -> Path:
 
     run = tmp_path / "run"
     cfg = RetrainConfig.build({"dataset": str(source), "topology": str(world / "topo.yaml"), "run_dir": str(run)})
-    dataset = prepare_dataset.fn(cfg)["path"]
+    dataset = prepare_dataset.fn(cfg).path
     segments = [segment_checksum(s) for s in Dataset.open(dataset).segments]
     version = versions.start(run, version_start(1, dataset=dataset, segments=tuple(segments)))
     shutil.copytree(world / "run" / "checkpoints", version / "checkpoints")

@@ -1,4 +1,5 @@
-"""What a training run is asked to do (TrainConfig) and what it did (TrainResult)."""
+"""What a training run is asked to do (TrainConfig) and what it did: each epoch (EpochStats), the whole run
+(TrainResult)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,35 @@ class TrainConfig:
         return self.patience is not None
 
 
+@dataclass(frozen=True)
+class Span:
+    """Steps, the examples they trained and the seconds they took; spans add up."""
+
+    steps: int = 0
+    examples: int = 0
+    seconds: float = 0.0
+
+    def __add__(self, other: Span) -> Span:
+        return Span(self.steps + other.steps, self.examples + other.examples, self.seconds + other.seconds)
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """What one epoch did (Engine.train_epoch)."""
+
+    epoch: int  # numbered from 0
+    steps: int
+    examples: int
+    loss: float  # mean BCE per candidate (nan: no example)
+    seconds: float
+    parts: dict[str, float]  # the slowest device's seconds per part (batch, each round, compute), over the steps
+    steady: Span  # the steps after the engine's warm-up steps
+
+    @property
+    def examples_per_s(self) -> float:
+        return self.examples / self.seconds if self.seconds else 0.0
+
+
 @dataclass
 class TrainResult:
     steps: int = 0
@@ -53,13 +83,13 @@ class TrainResult:
     seconds: float = 0.0
     epoch_loss: list = field(default_factory=list)  # mean BCE per epoch (per candidate)
     timings: dict = field(default_factory=dict)  # mean seconds per step: batch, each round, compute
-    steady: dict = field(default_factory=lambda: {"steps": 0, "examples": 0, "seconds": 0.0})  # after warm-up
+    steady: Span = Span()  # after the engine's warm-up steps
     validation: dict = field(default_factory=dict)  # epoch (from 1) -> its val_ metrics, with a validation split
     best_epoch: int | None = None  # the epoch whose parameters the engine holds at the end (validation split)
 
     @property
     def examples_per_s(self) -> float:
         """Over the steady-state steps (after the engine's WARMUP_STEPS), or all of them if there are none."""
-        if self.steady["seconds"] > 0:
-            return self.steady["examples"] / self.steady["seconds"]
+        if self.steady.seconds > 0:
+            return self.steady.examples / self.steady.seconds
         return self.examples / self.seconds if self.seconds else 0.0

@@ -31,7 +31,7 @@ from shardflow.planner.topology import Topology
 from shardflow.training.actor import DeviceActor
 from shardflow.data.batches import TrainData, check_batch, negative_seed
 from shardflow.data.clicks import ClickData, load_training_data
-from shardflow.training.config import TrainConfig, TrainResult
+from shardflow.training.config import EpochStats, Span, TrainConfig, TrainResult
 from shardflow.training.device import StepStats
 from shardflow.training.evaluate import SPLITS, eval_targets
 from shardflow.training.validation import best_epoch, score, stop_now, validation_values
@@ -246,9 +246,8 @@ class Engine(Persistence):
         self.step_count += count
         return [list(per_step) for per_step in zip(*results)]
 
-    def train_epoch(self, epoch: int, max_steps: int | None = None, on_step=None) -> dict:
-        """Every step of `epoch` (at most `max_steps` and the config's steps_per_epoch); loss, examples,
-        steps, seconds and the time split.
+    def train_epoch(self, epoch: int, max_steps: int | None = None, on_step=None) -> EpochStats:
+        """Every step of `epoch` (at most `max_steps` and the config's steps_per_epoch): what they did.
 
         `on_step(done, steps, loss, examples, seconds)`, if given, hears after every step
         how far the epoch is (the mean loss and the examples so far). The split is the
@@ -260,7 +259,7 @@ class Engine(Persistence):
         steps = min([self.data.steps_per_epoch(self.train.batch_size), *caps])
         parts: dict[str, float] = {}
         loss = examples = 0.0
-        steady = {"steps": 0, "examples": 0, "seconds": 0.0}
+        steady = Span()
         t0 = time.perf_counter()
         i = 0
         while i < steps:
@@ -277,21 +276,12 @@ class Engine(Persistence):
                 for part, seconds in StepStats.slowest(stats).items():
                     parts[part] = parts.get(part, 0.0) + seconds
                 if self.step_count > WARMUP_STEPS:
-                    steady["steps"] += 1
-                    steady["examples"] += n
-                    steady["seconds"] += took / count
+                    steady += Span(1, int(n), took / count)
                 if on_step is not None:
                     on_step(i, steps, loss / (examples * candidates) if examples else float("nan"), int(examples),
                             time.perf_counter() - t0)
-        return {
-            "epoch": epoch,
-            "steps": steps,
-            "examples": int(examples),
-            "loss": loss / (examples * candidates) if examples else float("nan"),
-            "seconds": time.perf_counter() - t0,
-            "parts": parts,
-            "steady": steady,
-        }
+        return EpochStats(epoch, steps, int(examples), loss / (examples * candidates) if examples else float("nan"),
+                          time.perf_counter() - t0, parts, steady)
 
     def fit(self, start_epoch: int = 0, best: str | Path | None = None) -> TrainResult:
         """Epochs start_epoch.. (at most max_steps steps in all). With a validation split (train.patience),
@@ -306,14 +296,13 @@ class Engine(Persistence):
             if left is not None and left <= 0:
                 break
             e = self.train_epoch(epoch, left)
-            result.steps += e["steps"]
-            result.examples += e["examples"]
-            result.seconds += e["seconds"]
-            result.epoch_loss.append(e["loss"])
-            for k, v in e["parts"].items():
+            result.steps += e.steps
+            result.examples += e.examples
+            result.seconds += e.seconds
+            result.epoch_loss.append(e.loss)
+            for k, v in e.parts.items():
                 parts[k] = parts.get(k, 0.0) + v
-            for k, v in e["steady"].items():
-                result.steady[k] += v
+            result.steady += e.steady
             if self.train.validation and self._validate(epoch + 1, result, best):
                 break
         if result.best_epoch is not None and result.best_epoch != start_epoch + len(result.epoch_loss):

@@ -135,7 +135,7 @@ def train_from_stores(
         "steps": result.steps,
         "examples": result.examples,
         "examples_per_s": result.examples_per_s,
-        "steady_steps": result.steady["steps"],
+        "steady_steps": result.steady.steps,
         "measured_bytes_per_step": traffic.modeled_bytes / steps,
         "predicted_bytes_per_step": job.predicted_bytes_per_step,
         **metric_values(metrics),
