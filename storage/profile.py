@@ -7,7 +7,7 @@ Layout:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -45,13 +45,29 @@ def write_counts(stage: str | Path, table: str, counts: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def finish_profile(stage: Path, dataset: dict, stats: dict[str, dict], digests: dict[str, str]) -> dict:
+@dataclass(frozen=True)
+class TableStats:
+    """How skewed the accesses to one table are (shardflow.profiling.counting.table_stats), as a profile's
+    manifest keeps them under its table's name."""
+
+    rows: int
+    accesses: int
+    distinct: int  # rows read at least once
+    top1pct_share: float  # of all accesses, to the most-read 1% of the rows read
+    top10pct_share: float
+    zipf_slope: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def finish_profile(stage: Path, dataset: dict, stats: dict[str, TableStats], digests: dict[str, str]) -> dict:
     """The manifest, written last: `stats[table]` is that table's figures (rows, accesses, skew)."""
     manifest = {
         "format": f"shardflow.{KIND}",
         "format_version": FORMAT_VERSION,
         "dataset": dataset,
-        "tables": {name: dict(s) for name, s in stats.items()},
+        "tables": {name: s.to_dict() for name, s in stats.items()},
         "checksum": combine({f"counts/{name}": d for name, d in digests.items()}),
     }
     write_manifest(stage, manifest)
@@ -85,8 +101,9 @@ class Profile:
         self.path = Path(path)
         self.manifest = manifest
         self.dataset = parse_record(ProfiledDataset, manifest.get("dataset"), f"{path}/manifest.json dataset")
-        self.stats = {name: dict(s) for name, s in manifest["tables"].items()}  # table -> its figures
-        self.rows = {name: int(s["rows"]) for name, s in self.stats.items()}
+        self.stats = {name: parse_record(TableStats, s, f"{path}/manifest.json tables.{name}")
+                      for name, s in manifest["tables"].items()}  # table -> its figures
+        self.rows = {name: s.rows for name, s in self.stats.items()}
 
     @classmethod
     def open(cls, path: str | Path) -> "Profile":

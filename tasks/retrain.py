@@ -33,7 +33,7 @@ from storage.dataset import Dataset
 from storage.importers import import_dataset
 from storage.manifest import MANIFEST
 from storage.plan import read_plan_manifest
-from storage.profile import Profile
+from storage.profile import Profile, TableStats
 from storage import versions
 from storage.staging import remove_leftovers
 from storage.versions import write_record
@@ -91,29 +91,27 @@ def prepare_dataset(config: RetrainConfig) -> Imported:
 
 
 @task(name="profile", task_run_name="profile", cache_policy=NONE)
-def profile(dataset: str, out: str, client: Client, run_dir: str, first: int = 0, history: int | None = None) -> dict:
+def profile(dataset: str, out: str, client: Client, run_dir: str, first: int = 0,
+            history: int | None = None) -> dict[str, TableStats]:
     """Per-row lookups by the training window's examples (parts `first` on, with their `history`-item
     histories), or, without `history`, per-row accesses of the whole log; a complete profile of this very
-    dataset and window is reused."""
+    dataset and window is reused. Every table's figures."""
     log = get_run_logger()
     checksum = Dataset.open(dataset).info.checksum
     kept = Profile.open(out) if (Path(out) / MANIFEST).is_file() else None
     made = kept and kept.dataset
     if made and (made.checksum, made.window.first_part, made.window.history) == (checksum, first, history):
         log.info("reusing profile %s", out)
-        stats = kept.stats
     elif history is None:
-        stats = profile_dataset(dataset, out, client=client, overwrite=kept is not None, first=first)["tables"]
+        profile_dataset(dataset, out, client=client, overwrite=kept is not None, first=first)
     else:
-        stats = profile_window(dataset, out, client=client, first=first, history=history,
-                               overwrite=kept is not None)[
-            "tables"
-        ]
+        profile_window(dataset, out, client=client, first=first, history=history, overwrite=kept is not None)
+    stats = Profile.open(out).stats
     create_table_artifact(
         [
-            {"table": name, "rows": s["rows"], "accesses": s["accesses"], "rows_read": s["distinct"],
-             "top_1pct_rows_share_of_accesses": round(s["top1pct_share"], 3),
-             "top_10pct_rows_share_of_accesses": round(s["top10pct_share"], 3), "zipf_slope": round(s["zipf_slope"], 2)}
+            {"table": name, "rows": s.rows, "accesses": s.accesses, "rows_read": s.distinct,
+             "top_1pct_rows_share_of_accesses": round(s.top1pct_share, 3),
+             "top_10pct_rows_share_of_accesses": round(s.top10pct_share, 3), "zipf_slope": round(s.zipf_slope, 2)}
             for name, s in stats.items()
         ],
         key=artifact_key("profile", run_dir),

@@ -1,17 +1,18 @@
 """Profiling kernels: per-row access counts and the skew statistics derived from them.
 
-Pure numpy. The distributed driver (shardflow.profiling.profiles) calls `count_ids` on each
-block of a dataset's chunks and `table_stats` once per table on the summed counts.
+Numpy only; the statistics are the profile store's record (storage.profile.TableStats).
+The distributed driver (shardflow.profiling.profiles) calls `count_ids` on each block of a
+dataset's chunks and `table_stats` once per table on the summed counts.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from shardflow.errors import InputError
+from storage.profile import TableStats
 
 
 def count_ids(
@@ -36,21 +37,6 @@ def count_ids(
         )
     np.add.at(counts, ids, 1)
     return counts
-
-
-@dataclass(frozen=True)
-class TableStats:
-    """How skewed the accesses to one table are."""
-
-    rows: int
-    accesses: int
-    distinct: int
-    top1pct_share: float
-    top10pct_share: float
-    zipf_slope: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _read_rows_descending(counts: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ from shardflow.errors import InputError
 from shardflow.profiling.counting import count_ids, table_stats
 from shardflow.data.batches import ORDER_BLOCK_EVENTS, window_targets
 from storage.dataset import Dataset, open_column
-from storage.profile import finish_profile, start_profile, write_counts
+from storage.profile import TableStats, finish_profile, start_profile, write_counts
 from storage.lock import writer_lock
 from storage.staging import check_destination, staged
 
@@ -48,12 +48,12 @@ def count_block(dataset: str, array: str, rows: int, start: int, stop: int) -> n
     return counts
 
 
-def sum_and_write(stage: str, table: str, *blocks: np.ndarray) -> tuple[dict, str]:
+def sum_and_write(stage: str, table: str, *blocks: np.ndarray) -> tuple[TableStats, str]:
     """Sum a table's block counts; write them while their statistics are computed."""
     counts = blocks[0] if len(blocks) == 1 else np.sum(blocks, axis=0)
     with ThreadPoolExecutor(max_workers=1) as writer:
         digest = writer.submit(write_counts, stage, table, counts)
-        stats = table_stats(counts).to_dict()
+        stats = table_stats(counts)
         return stats, digest.result()
 
 
@@ -120,10 +120,10 @@ def window_lookups(dataset: str, table: str, first: int, history: int, start: in
     return counts, examples
 
 
-def sum_lookups(stage: str, table: str, *blocks: tuple[np.ndarray, int]) -> tuple[dict, str, int, int]:
+def sum_lookups(stage: str, table: str, *blocks: tuple[np.ndarray, int]) -> tuple[TableStats, str, int, int]:
     """A table's window lookups summed and written: (stats, digest, lookups, examples)."""
     stats, digest = sum_and_write(stage, table, *(counts for counts, _ in blocks))
-    return stats, digest, int(stats["accesses"]), sum(n for _, n in blocks)
+    return stats, digest, stats.accesses, sum(n for _, n in blocks)
 
 
 def profile_window(dataset: str | Path, out: str | Path, *, client: Client, first: int, history: int,
