@@ -15,15 +15,8 @@ from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import one_line_errors
 from storage.lock import run_lock
-from tasks.retrain import (
-    prepare_dataset,
-    profile,
-    release_parameter_servers,
-    shard,
-    start_parameter_servers,
-    train_epoch,
-    unless_lost,
-)
+from tasks.retrain import prepare_dataset, profile, shard
+from tasks.training import release_parameter_servers, start_parameter_servers, train_epoch, unless_lost
 from shardflow.preflight import run_paths
 
 

@@ -17,10 +17,9 @@ directory's lock throughout; a lost worker is recovered from the last checkpoint
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -35,27 +34,21 @@ from shardflow.training.evaluate import metric_values
 from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
 from storage.versions import VersionStart
-from tasks.retrain import (
-    Imported,
-    Kept,
+from tasks.retrain import Imported, artifact_key, evaluate, plots, prepare_dataset, profile, shard, tidy
+from tasks.training import (
+    Attempts,
     Resumed,
-    artifact_key,
+    Trained,
     checkpoint,
     checkpoint_paths,
     download,
-    evaluate,
     keep_best,
     kept_note,
-    plots,
-    prepare_dataset,
-    profile,
     publish_epoch_metrics,
     release_parameter_servers,
     restore_cluster,
     resume,
-    shard,
     start_parameter_servers,
-    tidy,
     train_epoch,
     unless_lost,
     validation_scores,
@@ -172,29 +165,6 @@ def _tag(config: RetrainConfig) -> None:
     with get_client(sync_client=True) as client:
         known = set(client.read_flow_run(flow_run.id).tags)
         client.update_flow_run(flow_run.id, tags=sorted(known | tags))
-
-
-@dataclass
-class Attempts:
-    """What a version's attempts share: each epoch's loss (by epoch, from 1), the warnings, the progress
-    artifact."""
-
-    losses: dict[int, float] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    progress: UUID | None = None
-
-
-@dataclass(frozen=True)
-class Trained:
-    """A version's training: the epoch kept, the bytes per step measured, where it resumed, what it took."""
-
-    chosen: Kept
-    bytes_per_step: float | None
-    downloads: int
-    resumed: Resumed
-    losses: dict[int, float] = field(default_factory=dict)
-    restarts: int = 0
-    warnings: tuple[str, ...] = ()
 
 
 def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, devices: int, modeled: float,

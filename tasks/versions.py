@@ -28,7 +28,8 @@ from storage.dataset import Dataset, segment_checksum
 from storage.importers import check_continuation
 from storage.lock import run_lock
 from storage.manifest import MANIFEST
-from tasks.retrain import Lost, artifact_key
+from tasks.retrain import artifact_key
+from tasks.training import Lost, lost
 from shardflow.preflight import import_options, imported_source, run_paths, same_source, source_parts, source_warnings
 
 # Keys that change nothing a version computes: a version cut off part-way is resumed
@@ -210,16 +211,15 @@ def common_prefix(a: tuple | list, b: tuple | list) -> int:
 
 
 @task(name="warm-start", task_run_name="warm-start-from-{number}", cache_policy=NONE)
-def warm_start(engine: Engine, model: str, number: int) -> dict | Lost:
-    """Load the promoted version's exported model into fresh shards: {"model"}, or Lost."""
+def warm_start(engine: Engine, model: str, number: int) -> str | Lost:
+    """Load the promoted version's exported model into fresh shards: its path, or Lost."""
     manifest = verify_export(model)
     try:
         engine.warm_start(model, manifest)
     except WorkerLost as e:
-        get_run_logger().warning("warm start stopped: %s", e)
-        return Lost(str(e))
+        return lost("warm start", e)
     get_run_logger().info("warm start from version %d (%s)", number, model)
-    return {"model": model}
+    return model
 
 
 @task(name="promote", task_run_name="promote-version-{number}", cache_policy=NONE)

@@ -80,7 +80,7 @@ def test_table_artifacts_have_the_same_columns_in_every_row(prefect_api, client,
 
 
 def test_progress_moves_during_epochs_and_every_epoch_is_in_the_metrics_table(prefect_api, client, base, monkeypatch):
-    import tasks.retrain as stages
+    import tasks.training as stages
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     monkeypatch.setattr(stages, "PROGRESS_EVERY_S", 0.0)  # report after every step
