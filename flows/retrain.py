@@ -29,7 +29,7 @@ from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
 from shardflow.planning.plans import read_plan_summary
-from shardflow.reporting.summary import RunSummary
+from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.training.evaluate import metric_values
 from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
@@ -118,40 +118,40 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     figures = plots(paths["version"], paths["profile"], paths["plan"], strategies)
     tidy(paths["version"])
     row_wise = next(r for r in strategies if r.strategy == "row-wise-mod")
-    return gate(config, dataset, version.version, {
-        "run_dir": run,
-        "version": version.version,
-        "trained": True,
-        "warm_start_from": source,
-        "parts_added": imported.parts_added,
-        "parts": len(version.segments),
-        "window": version.window,
-        "epochs": trained.chosen.epochs,
-        "best_epoch": trained.chosen.best_epoch,
-        "patience": config.train.patience,
+    return gate(config, dataset, version.version, VersionFigures(
+        run_dir=run,
+        version=version.version,
+        trained=True,
+        warm_start_from=source,
+        parts_added=imported.parts_added,
+        parts=len(version.segments),
+        window=version.window,
+        epochs=trained.chosen.epochs,
+        best_epoch=trained.chosen.best_epoch,
+        patience=config.train.patience,
         **metric_values(metrics),
         **validation_of(trained.chosen.validation),
-        "eval_users": metrics["users"],
-        "bytes_per_step": trained.bytes_per_step,
-        "modeled_bytes_per_step": trained_plan.bytes_per_step,
-        "row_wise_bytes_per_step": row_wise.bytes_per_step,
-        "comm_time_us_per_step": trained_plan.comm_time_s_per_step * 1e6,
-        "row_wise_comm_time_us_per_step": row_wise.comm_time_s_per_step * 1e6,
-        "replanned": decision.replanned,
-        "replan_reason": decision.reason,
-        "fresh_plan_comm_time_us_per_step": decision.fresh_comm_time_s * 1e6,
-        "previous_plan_comm_time_us_per_step": None if decision.previous_comm_time_s is None
+        eval_users=metrics["users"],
+        bytes_per_step=trained.bytes_per_step,
+        modeled_bytes_per_step=trained_plan.bytes_per_step,
+        row_wise_bytes_per_step=row_wise.bytes_per_step,
+        comm_time_us_per_step=trained_plan.comm_time_s_per_step * 1e6,
+        row_wise_comm_time_us_per_step=row_wise.comm_time_s_per_step * 1e6,
+        replanned=decision.replanned,
+        replan_reason=decision.reason,
+        fresh_plan_comm_time_us_per_step=decision.fresh_comm_time_s * 1e6,
+        previous_plan_comm_time_us_per_step=None if decision.previous_comm_time_s is None
         else decision.previous_comm_time_s * 1e6,
-        "checkpoints": checkpoint_paths(paths["version"]),
-        "model": paths["model"],
-        "downloads": trained.downloads,
-        "epoch_loss": [trained.losses[e] for e in sorted(trained.losses)],
-        "resumed_from": trained.resumed.checkpoint,
-        "skipped_checkpoints": trained.resumed.skipped,
-        "restarts": trained.restarts,
-        "warnings": [*trained.warnings, *imported.warnings],
-        "plots": figures,
-    })
+        checkpoints=tuple(checkpoint_paths(paths["version"])),
+        model=paths["model"],
+        downloads=trained.downloads,
+        epoch_loss=tuple(trained.losses[e] for e in sorted(trained.losses)),
+        resumed_from=trained.resumed.checkpoint,
+        skipped_checkpoints=trained.resumed.skipped,
+        restarts=trained.restarts,
+        warnings=(*trained.warnings, *imported.warnings),
+        plots=tuple(figures),
+    ))
 
 
 def _tag(config: RetrainConfig) -> None:

@@ -18,7 +18,8 @@ from shardflow.config import RetrainConfig
 from shardflow.errors import TrainingError, WorkerLost
 from shardflow.data.clicks import training_window_start
 from shardflow.planner.topology import parse_topology
-from shardflow.reporting.summary import RunSummary
+from shardflow.records import plain
+from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import evaluate_export, metric_values
 from storage import versions
@@ -223,7 +224,7 @@ def warm_start(engine: Engine, model: str, number: int) -> str | Lost:
 
 
 @task(name="promote", task_run_name="promote-version-{number}", cache_policy=NONE)
-def gate(config: RetrainConfig, dataset: str, number: int, figures: dict) -> RunSummary:
+def gate(config: RetrainConfig, dataset: str, number: int, figures: VersionFigures) -> RunSummary:
     """Evaluate the promoted version on the new version's held-out items; promote the new one unless worse;
     the run's summary (`figures`: what the version measured).
 
@@ -240,9 +241,9 @@ def gate(config: RetrainConfig, dataset: str, number: int, figures: dict) -> Run
         model = str(versions.version_dir(run, source) / "model")
         previous = evaluate_export(model, dataset, config.train.eval_users, config.train.seed, began.window[1])
     floor = None if previous is None else previous["auc"] - config.nightly.promotion_margin
-    promoted = floor is None or figures["auc"] >= floor
+    promoted = floor is None or figures.auc >= floor
     summary = RunSummary.parse({
-        **figures,
+        **plain(figures),
         **{f"previous_{k}": None if previous is None else v for k, v in metric_values(previous or {}).items()},
         "promoted": promoted, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }, f"version {number}'s summary")

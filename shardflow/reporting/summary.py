@@ -17,7 +17,10 @@ RUN_KEYS = ("current", "message", "newest_version")  # the run's, not the versio
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunSummary:
+class VersionFigures:
+    """What a trained version measured, as the flow hands it to the promotion gate (tasks.versions.gate), which
+    adds the replaced model's metrics on the same held-out items and its decision: the RunSummary."""
+
     run_dir: str
     version: int
     trained: bool
@@ -55,6 +58,10 @@ class RunSummary:
     restarts: int
     warnings: tuple[str, ...]
     plots: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary(VersionFigures):
     previous_auc: float | None = None  # the version it warm-started from, on the same held-out items
     previous_hr_at_10: float | None = None
     previous_ndcg_at_10: float | None = None
