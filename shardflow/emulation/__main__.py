@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardflow.emulation: {reason}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _terminated)
+    # Ctrl-C too, even where the parent ignored it (a shell's background job, a supervisor): Python keeps an
+    # inherited SIG_IGN, and the cluster would then outlive the interrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from shardflow.emulation.cluster import EmulatedCluster
     from shardflow.emulation.probe import stream_bytes_per_s
 

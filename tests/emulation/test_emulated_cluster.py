@@ -162,10 +162,14 @@ def test_the_engine_trains_unchanged_on_the_emulated_cluster_and_its_rows_cross_
         assert sent > 4 * 0.25 * summary["measured_bytes_per_step"], (node, sent, summary["measured_bytes_per_step"])
 
 
-def harness(tmp_path: Path, topology_file: Path, *command: str) -> subprocess.Popen:
+def harness(tmp_path: Path, topology_file: Path, *command: str, parent_ignores_ctrl_c: bool = False
+            ) -> subprocess.Popen:
+    """The harness in a process group of its own; `parent_ignores_ctrl_c`: started as a shell's background job
+    or a supervisor starts it, with SIGINT ignored (which a process inherits)."""
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if parent_ignores_ctrl_c else None
     return subprocess.Popen([sys.executable, "-m", "shardflow.emulation", str(topology_file), "--logs",
                              str(tmp_path / "logs"), "--", *command], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=ignore)
 
 
 def wait_for_line(proc: subprocess.Popen, text: str) -> None:
@@ -182,9 +186,13 @@ SLEEPER = [sys.executable, "-c", "import time; print('running', flush=True); tim
 
 
 @needs_netns
-@pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)])
-def test_ctrl_c_or_sigterm_mid_run_removes_every_namespace_and_process(tmp_path, topology_file, signum, status):
-    proc = harness(tmp_path, topology_file, *SLEEPER)
+@pytest.mark.parametrize("signum,status,parent_ignores_ctrl_c", [
+    (signal.SIGINT, 130, False), (signal.SIGTERM, 128 + signal.SIGTERM, False),
+    (signal.SIGINT, 130, True),  # a Ctrl-C sent on purpose still stops it
+])
+def test_ctrl_c_or_sigterm_mid_run_removes_every_namespace_and_process(tmp_path, topology_file, signum, status,
+                                                                      parent_ignores_ctrl_c):
+    proc = harness(tmp_path, topology_file, *SLEEPER, parent_ignores_ctrl_c=parent_ignores_ctrl_c)
     wait_for_line(proc, "running")
     made = descendants(proc.pid)
     assert len(owned_by(proc.pid)) == 3 and len(made) >= 6  # scheduler, 4 workers, the command
