@@ -29,8 +29,9 @@ import numpy as np
 from shardflow.errors import InputError
 from shardflow.data.examples import (PAD, Examples, count_train_targets, examples_from, held_out_positions,
                                      sample_unseen, target_positions, validation_positions)
+from shardflow.data.windows import window_key, window_targets
 from shardflow.model.sequence import BatchIndex, ModelConfig
-from shardflow.model.metrics import hits
+from shardflow.model.metrics import RankCounts
 from storage.dataset import Dataset
 
 ORDER_BLOCK_EVENTS = 1 << 20  # events per block of the epoch order (8 MB of int64 ids)
@@ -164,6 +165,8 @@ class EpochOrder:
 
 class TrainData(EpochOrder):
     """A dataset as its trainers read it: the order of an epoch, and the examples of any targets."""
+
+    scored = RankCounts  # what its scored held-out examples add up to
 
     def __init__(self, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
                  block_events: int = ORDER_BLOCK_EVENTS, validation: bool = False) -> None:
@@ -341,49 +344,6 @@ class TrainData(EpochOrder):
             out[np.repeat(bounds[span], lengths) + within] = self._column(f"tables/{self.item}", lo, hi)[
                 np.repeat(starts[span] - lo, lengths) + within]
         return out, bounds
-
-    @staticmethod
-    def eval_part(logit: np.ndarray, ex: Examples) -> dict:
-        """What a chunk of scored examples adds to the metrics: AUC and HR@10 counts, the NDCG@10 sum."""
-        auc, hit, ndcg = hits(logit)
-        return {"auc_sum": auc, "hits": hit, "ndcg_sum": ndcg, "examples": len(ex)}
-
-    @staticmethod
-    def eval_merge(parts: list[dict]) -> dict:
-        return {k: sum(p[k] for p in parts) for k in ("auc_sum", "hits", "ndcg_sum", "examples")}
-
-    @staticmethod
-    def eval_metrics(part: dict) -> dict:
-        """AUC against the first sampled negative, HR@10 and NDCG@10 among the candidates, over `users` held-out
-        items."""
-        n = max(part["examples"], 1)
-        return {"auc": part["auc_sum"] / n, "hr_at_10": part["hits"] / n, "ndcg_at_10": part["ndcg_sum"] / n,
-                "users": part["examples"]}
-
-
-def window_key(segment: np.ndarray, targets: np.ndarray, held: int = 1) -> np.ndarray:
-    """The part that puts each training target in a window: its own, or that of one of the `held` events
-    after it if that is newer.
-
-    `segment` holds the part of every event (indexed like `targets`, and `held` past each).
-    A user's last `held` events before a window were held out by the version that saw them
-    (test, and validation with one), never trained on: each joins the window in which the
-    user's events after it arrived.
-    """
-    return np.max(np.stack([segment[targets + j] for j in range(held + 1)]), axis=0)
-
-
-def window_targets(ds: Dataset, offsets: np.ndarray, start: int, stop: int, first: int,
-                   segments: np.ndarray | None = None, held: int = 1) -> np.ndarray:
-    """The training targets in events start:stop (user order) of a window from part `first`; `segments`,
-    if read already, are the parts of events start .. stop (`held` past the range, for window_key)."""
-    targets = target_positions(offsets, "train", start, stop, held)
-    if first == 0:
-        return targets
-    stop = min(stop, int(offsets[-1]))
-    segments = ds.event_segments(start, min(stop + held, int(offsets[-1]))) if segments is None else segments
-    return targets[window_key(segments, targets - start, held) >= first]
-
 
 def window_start(dataset: str | Dataset, wanted: int, batch_size: int, validation: bool = False) -> int:
     """`wanted`, or the latest earlier part whose window holds at least one global batch of training

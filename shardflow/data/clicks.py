@@ -27,7 +27,7 @@ from shardflow.errors import InputError
 from shardflow.model.sequence import ModelConfig
 from shardflow.data.batches import (ORDER_BLOCK_EVENTS, EpochOrder, Lookups, TrainData,
                                         fetched, window_start)
-from shardflow.model.metrics import log_loss, roc_auc
+from shardflow.model.metrics import ScoredRows
 from storage.checkpoint import ExportManifest
 from storage.dataset import Dataset
 
@@ -46,6 +46,7 @@ class Clicks:
 
 class ClickData(EpochOrder):
     item = None  # no item sequence
+    scored = ScoredRows  # what its scored held-out rows add up to
 
     def __init__(self, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
                  block_events: int = ORDER_BLOCK_EVENTS, validation: bool = False) -> None:
@@ -145,21 +146,6 @@ class ClickData(EpochOrder):
     # -- evaluation: the held-out rows ---------------------------------------------------------
     def eval_examples(self, targets: np.ndarray, config: ClickConfig, seed: int, negatives: int) -> Clicks:
         return self.examples(targets, config)
-
-    @staticmethod
-    def eval_part(logit: np.ndarray, ex: Clicks) -> dict:
-        return {"logit": np.asarray(logit, dtype=np.float32).reshape(-1), "label": ex.labels}
-
-    @staticmethod
-    def eval_merge(parts: list[dict]) -> dict:
-        empty = np.zeros(0, dtype=np.float32)
-        return {k: np.concatenate([empty, *(p[k] for p in parts)]) for k in ("logit", "label")}
-
-    @staticmethod
-    def eval_metrics(part: dict) -> dict:
-        """AUC and mean log-loss over `users` held-out rows (each row is its own user in the store)."""
-        return {"auc": roc_auc(part["logit"], part["label"]), "logloss": log_loss(part["logit"], part["label"]),
-                "users": int(part["label"].size)}
 
 
 def load_training_data(dataset: str | Path | Dataset, features: tuple[str, ...] = (), window: tuple[int, int] = (0, 0),

@@ -4,11 +4,67 @@ Sequences (leave-last-out): each held-out item's logit against sampled negatives
 count per example that adds up over chunks and devices. Click logs: AUC over the whole
 held-out split (a ranking of every example, so the logits are gathered first) and the
 mean log-loss.
+
+Each workload's scored examples are a value that adds up (`+`, and `sum(parts, Empty())`)
+over chunks and devices, and whose `.metrics()` is the metrics record a version keeps.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
+
+
+@dataclass(frozen=True)
+class RankCounts:
+    """Scored sequence examples, counted (`of` logits [E, C] whose column 0 is the positive)."""
+
+    auc: float = 0.0  # examples whose positive scores above the first negative (ties half)
+    hits: float = 0.0  # positives ranked in the top 10
+    ndcg: float = 0.0  # NDCG@10, summed
+    examples: int = 0
+
+    @classmethod
+    def of(cls, logit: np.ndarray, examples=None) -> RankCounts:
+        return cls(*hits(logit), examples=len(logit))
+
+    def __add__(self, other: RankCounts) -> RankCounts:
+        return RankCounts(self.auc + other.auc, self.hits + other.hits, self.ndcg + other.ndcg,
+                          self.examples + other.examples)
+
+    def metrics(self) -> dict:
+        """AUC against the first sampled negative, HR@10 and NDCG@10 among the candidates, over `users`
+        held-out items."""
+        n = max(self.examples, 1)
+        return {"auc": self.auc / n, "hr_at_10": self.hits / n, "ndcg_at_10": self.ndcg / n, "users": self.examples}
+
+
+def _no_scores() -> np.ndarray:
+    return np.zeros(0, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class ScoredRows:
+    """Scored click rows: their logits and labels (AUC ranks the whole split, so they are kept, not counted)."""
+
+    logit: np.ndarray = field(default_factory=_no_scores)
+    label: np.ndarray = field(default_factory=_no_scores)
+
+    @classmethod
+    def of(cls, logit: np.ndarray, examples) -> ScoredRows:
+        return cls(np.asarray(logit, dtype=np.float32).reshape(-1), examples.labels)
+
+    def __add__(self, other: ScoredRows) -> ScoredRows:
+        return ScoredRows(np.concatenate([self.logit, other.logit]), np.concatenate([self.label, other.label]))
+
+    def metrics(self) -> dict:
+        """AUC and mean log-loss over `users` held-out rows (each row is its own user in the store)."""
+        return {"auc": roc_auc(self.logit, self.label), "logloss": log_loss(self.logit, self.label),
+                "users": int(self.label.size)}
+
+
+Scored = RankCounts | ScoredRows  # either workload's
 
 
 def hits(logit: np.ndarray) -> tuple[float, float, float]:

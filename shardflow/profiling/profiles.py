@@ -22,7 +22,8 @@ from distributed import Client, wait
 from shardflow.cluster import worker_count
 from shardflow.errors import InputError
 from shardflow.profiling.counting import count_ids, table_stats
-from shardflow.data.batches import ORDER_BLOCK_EVENTS, window_targets
+from shardflow.data.batches import ORDER_BLOCK_EVENTS
+from shardflow.data.windows import window_targets
 from storage.dataset import Dataset, open_column
 from storage.profile import TableStats, finish_profile, start_profile, write_counts
 from storage.lock import writer_lock

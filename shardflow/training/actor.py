@@ -13,6 +13,7 @@ import numpy as np
 from shardflow.model.dlrm import ClickConfig
 from shardflow.errors import TrainingError, WorkerLost
 from shardflow.model.sequence import ModelConfig
+from shardflow.model.metrics import Scored
 from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import DevicePlan
 from shardflow.planner.topology import Topology
@@ -119,7 +120,7 @@ class DeviceActor:
             digests.update(write_export_chunk(store, table, start, rows, state))
         return digests
 
-    def evaluate(self, targets: np.ndarray, negatives: int, seed: int) -> dict:
+    def evaluate(self, targets: np.ndarray, negatives: int, seed: int) -> Scored:
         self.mail.check_open()
 
         def rows(peer: int, table: str, ids: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ import torch
 from shardflow.errors import InputError, TrainingError
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.sequence import ModelConfig, forward_backward
+from shardflow.model.metrics import Scored
 from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import DevicePlan
 from shardflow.planner.shardmap import ShardMap
@@ -219,8 +220,9 @@ class Device:
             self.protocol.traffic.eval[self.index, sender] += sum(v.nbytes for v in params.values())
         return params
 
-    def evaluate(self, targets: np.ndarray, negatives: int, seed: int, remote_rows, remote_dense) -> dict:
-        """The held-out `targets` scored, as the data's eval_merge part (sequences: against `negatives` each).
+    def evaluate(self, targets: np.ndarray, negatives: int, seed: int, remote_rows, remote_dense) -> Scored:
+        """The held-out `targets` scored, added up as the data's `scored` value (sequences: against `negatives`
+        each).
 
         `remote_rows(peer, table, ids)` and `remote_dense()` read from the other devices.
         """
@@ -243,8 +245,8 @@ class Device:
                 rows[table] = r
             with torch.no_grad():
                 logit = self.config.logits(dense, rows, need.index.on(self.torch))
-            parts.append(self.data.eval_part(to_host(logit), ex))
-        return self.data.eval_merge(parts)
+            parts.append(self.data.scored.of(to_host(logit), ex))
+        return sum(parts, self.data.scored())
 
     def export_rows(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Current rows of `ids` and their Adagrad sums (training is over)."""

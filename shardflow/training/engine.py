@@ -330,7 +330,7 @@ class Engine(Persistence):
         parts = self.data.sub_batches(targets, len(self.actors))  # each device's in the parts it reads
         seed = negative_seed(self.train.seed, -1)
         calls = [a.evaluate(p, self.train.eval_negatives, seed) for a, p in zip(self.actors, parts)]
-        return self.data.eval_metrics(self.data.eval_merge(self._wait(calls)))
+        return sum(self._wait(calls), self.data.scored()).metrics()
 
     def traffic(self) -> Traffic:
         """Bytes per kind, [sender, receiver], summed over every shard since the start."""

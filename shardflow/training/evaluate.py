@@ -72,5 +72,5 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
         rows = {t: torch.from_numpy(read_export(model_dir, "tables", t, ids, zeros_past_end=True))
                 for t, ids in need.fetch.items()}
         with torch.no_grad():
-            parts.append(data.eval_part(config.logits(dense, rows, need.index.on(torch.device("cpu"))).numpy(), ex))
-    return data.eval_metrics(data.eval_merge(parts))
+            parts.append(data.scored.of(config.logits(dense, rows, need.index.on(torch.device("cpu"))).numpy(), ex))
+    return sum(parts, data.scored()).metrics()

@@ -64,7 +64,7 @@ class ReferenceTrainer:
         with torch.no_grad():
             logit = self.config.logits(self.dense_tensors, self.tables,
                                        self.data.table_index(ex, self.config).on(self.device), sparse=True)
-        return self.data.eval_metrics(self.data.eval_part(logit.cpu().numpy(), ex))
+        return self.data.scored.of(logit.cpu().numpy(), ex).metrics()
 
     def fit(self, epochs: int, patience: int) -> dict[int, float]:
         """Train up to `epochs` epochs, scoring the validation split after each; stop `patience` epochs after

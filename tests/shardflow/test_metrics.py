@@ -28,9 +28,9 @@ def test_hr_and_ndcg_at_10_count_the_positive_rank():
 
 
 def test_the_merged_metrics_are_means_over_the_held_out_items():
-    parts = [TrainData.eval_part(np.stack([scores_with_rank(0)]), [None]),
-             TrainData.eval_part(np.stack([scores_with_rank(3), scores_with_rank(20)]), [None, None])]
-    m = TrainData.eval_metrics(TrainData.eval_merge(parts))
+    parts = [TrainData.scored.of(np.stack([scores_with_rank(0)])),
+             TrainData.scored.of(np.stack([scores_with_rank(3), scores_with_rank(20)]))]
+    m = sum(parts, TrainData.scored()).metrics()
     assert m["users"] == 3 and math.isclose(m["hr_at_10"], 2 / 3)
     assert math.isclose(m["ndcg_at_10"], (1.0 + 1 / math.log2(5)) / 3)
     assert metric_text({**m, "logloss": None}).endswith(f"NDCG@10 {m['ndcg_at_10']:.4f}")
