@@ -37,11 +37,11 @@ def run_import(args: argparse.Namespace) -> dict:
     from storage.sources import not_parts
 
     return {
-        **dataset_summary(args.dest, m),
-        "version": m["version"],
-        "parts_added": m["parts_added"],
-        "parts_skipped": m["parts_skipped"],
-        "parts_waiting": m["parts_waiting"],
+        **dataset_summary(args.dest, m.manifest),
+        "version": m.manifest["version"],
+        "parts_added": list(m.parts_added),
+        "parts_skipped": list(m.parts_skipped),
+        "parts_waiting": list(m.parts_waiting),
         "not_parts": not_parts(args.src),
         "seconds": time.perf_counter() - started,
     }

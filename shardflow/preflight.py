@@ -16,7 +16,7 @@ from shardflow.planner.memory import check_capacity
 from storage import versions
 from storage.checkpoint import EXPORT
 from storage.checkpoint import read_export_manifest
-from storage.dataset import Dataset, segment_checksum
+from storage.dataset import Dataset
 from storage.importers import check_continuation, recorded_options
 from storage.manifest import MANIFEST
 from storage.sources import Part, not_parts, resolve_parts, unfinished
@@ -163,7 +163,7 @@ def check_versions(config: RetrainConfig, dataset_store: str) -> None:
             "store. Accepted: that dataset (grown with 'shardflow import --append'), or a new run_dir"
         )
     ds = Dataset.open(dataset_store)
-    have = [segment_checksum(s) for s in ds.segments]
+    have = [s.checksum for s in ds.segments]
     differs = next((i for i, (a, b) in enumerate(zip(have, last.segments)) if a != b),
                    None if len(have) >= len(last.segments) else len(have))
     replaced = [r["segment"] for r in ds.info.source.get("replaced", [])] if isinstance(ds.info.source, dict) else []

@@ -42,6 +42,7 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from shardflow.errors import InputError
+from shardflow.records import parse_record
 from storage.tables import TableSpec
 from storage.checksum import ArrayHash, combine
 from storage.manifest import MANIFEST, read_manifest
@@ -88,8 +89,21 @@ class DatasetInfo:
         return tuple(t for t in self.table_names if t != self.sequence_table)
 
 
-def segment_checksum(segment: dict) -> str:
-    return combine(segment["arrays"])
+@dataclass(frozen=True)
+class Segment:
+    """One part's segment as the manifest lists it (in import order)."""
+
+    name: str  # its directory under segments/
+    version: int  # the store version that wrote it
+    events: int
+    runs: int  # a run: one user's consecutive events in the part
+    new_users: int  # users this part introduced
+    arrays: dict  # array path in the segment -> sha256 of its content
+
+    @property
+    def checksum(self) -> str:
+        """The digest of its content: equal for two stores only if every array is."""
+        return combine(self.arrays)
 
 
 def dataset_checksum(segments: list[dict], manifest: dict) -> str:
@@ -101,7 +115,7 @@ def dataset_checksum(segments: list[dict], manifest: dict) -> str:
     declared["segments"] = [{k: s[k] for k in ("name", "events", "runs", "new_users")} for s in segments]
     declared = json.dumps(declared, sort_keys=True).encode()
     return combine({
-        **{f"{SEGMENTS}/{s['name']}": segment_checksum(s) for s in segments},
+        **{f"{SEGMENTS}/{s['name']}": combine(s["arrays"]) for s in segments},
         "declared": hashlib.sha256(declared).hexdigest(),
     })
 
@@ -140,7 +154,7 @@ class SegmentRuns:
 class Dataset:
     """A complete dataset store, validated when opened; read in user order."""
 
-    def __init__(self, path: Path, info: DatasetInfo, root: zarr.Group, segments: list[dict]) -> None:
+    def __init__(self, path: Path, info: DatasetInfo, root: zarr.Group, segments: tuple[Segment, ...]) -> None:
         self.path = Path(path)
         self.info = info
         self._root = root
@@ -165,9 +179,10 @@ class Dataset:
                 checksum=m["checksum"],
                 version=_count(m["version"], "version", where),
             )
-            segments = list(m["segments"])
-            declared = [(s["name"], _count(s["events"], "events", where), _count(s["runs"], "runs", where))
-                        for s in segments]
+            segments = tuple(parse_record(Segment, s, f"{where} segments[{i}]") for i, s in enumerate(m["segments"]))
+            for s in segments:
+                _count(s.events, "events", where)
+                _count(s.runs, "runs", where)
         except (KeyError, TypeError, AttributeError) as e:
             raise InputError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
         if not tables:
@@ -177,17 +192,17 @@ class Dataset:
                 f"{where}: empty dataset ({info.users} users, {info.interactions} interactions); "
                 "accepted: at least one user with at least one interaction"
             )
-        if not segments or sum(events for _, events, _ in declared) != info.interactions:
+        if not segments or sum(s.events for s in segments) != info.interactions:
             raise InputError(
-                f"{where}: the segments hold {sum(e for _, e, _ in declared)} events; "
+                f"{where}: the segments hold {sum(s.events for s in segments)} events; "
                 f"the manifest says {info.interactions}"
             )
         root = zarr.open_group(str(path), mode="r")
         ds = cls(path, info, root, segments)
-        for name, events, runs in declared:
-            ds._validate_segment(name, events, runs)
+        for s in segments:
+            ds._validate_segment(s.name, s.events, s.runs)
         try:
-            matches = dataset_checksum(segments, m) == m["checksum"]
+            matches = dataset_checksum(m["segments"], m) == m["checksum"]
         except (KeyError, TypeError) as e:
             raise InputError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
         if not matches:
@@ -212,8 +227,8 @@ class Dataset:
         except (OSError, ValueError, AttributeError):
             pass
         for s in self.segments:
-            for name, expected in s["arrays"].items():
-                arr = self._root[f"{SEGMENTS}/{s['name']}/{name}"]
+            for name, expected in s.arrays.items():
+                arr = self._root[f"{SEGMENTS}/{s.name}/{name}"]
                 h = ArrayHash(name, arr.dtype, arr.shape)
                 step = max(1, int(arr.chunks[0]))
                 try:
@@ -221,12 +236,12 @@ class Dataset:
                         h.update(arr[a : a + step])
                 except (RuntimeError, ValueError, OSError) as e:
                     raise InputError(
-                        f"{self.path}/{SEGMENTS}/{s['name']}/{name}: unreadable ({e}); accepted: the store as "
+                        f"{self.path}/{SEGMENTS}/{s.name}/{name}: unreadable ({e}); accepted: the store as "
                         f"{MADE_BY} wrote it"
                     ) from None
                 if h.hexdigest() != expected:
                     raise InputError(
-                        f"{self.path}/{SEGMENTS}/{s['name']}/{name}: its content does not match the manifest's "
+                        f"{self.path}/{SEGMENTS}/{s.name}/{name}: its content does not match the manifest's "
                         f"digest (changed after it was written); accepted: the store as {MADE_BY} wrote it"
                     )
         try:
@@ -295,14 +310,14 @@ class Dataset:
             return self._layout
         if len(self.segments) == 1 and self._in_user_order(self.segments[0]):
             # a run per user, in user order: the segment's offsets are the users' (no other temporary)
-            stored = self._root[f"{SEGMENTS}/{self.segments[0]['name']}/offsets"]
+            stored = self._root[f"{SEGMENTS}/{self.segments[0].name}/offsets"]
             offsets = np.empty(stored.shape[0], dtype=np.int64)
             for a in range(0, offsets.size, OFFSETS_PER_CHUNK):  # into one array: no whole-array temporary
                 offsets[a : a + OFFSETS_PER_CHUNK] = stored[a : a + OFFSETS_PER_CHUNK]
             self._layout = (offsets, None)
             return self._layout
-        users = [self._root[f"{SEGMENTS}/{s['name']}/users"][:] for s in self.segments]
-        offsets = [self._root[f"{SEGMENTS}/{s['name']}/offsets"][:] for s in self.segments]
+        users = [self._root[f"{SEGMENTS}/{s.name}/users"][:] for s in self.segments]
+        offsets = [self._root[f"{SEGMENTS}/{s.name}/offsets"][:] for s in self.segments]
         lengths = [np.diff(o) for o in offsets]
         all_users, all_lengths = np.concatenate(users), np.concatenate(lengths)
         per_user = np.bincount(all_users, weights=all_lengths, minlength=self.info.users).astype(np.int64)
@@ -317,11 +332,11 @@ class Dataset:
                                        zip(bounds[:-1], bounds[1:], offsets)])
         return self._layout
 
-    def _in_user_order(self, segment: dict) -> bool:
+    def _in_user_order(self, segment: Segment) -> bool:
         """Whether a segment's runs are users 0, 1, 2, ... (checked a chunk at a time)."""
-        if segment["runs"] != self.info.users:
+        if segment.runs != self.info.users:
             return False
-        users = self._root[f"{SEGMENTS}/{segment['name']}/users"]
+        users = self._root[f"{SEGMENTS}/{segment.name}/users"]
         step = OFFSETS_PER_CHUNK
         return all(np.array_equal(users[a : a + step], np.arange(a, min(a + step, users.shape[0])))
                    for a in range(0, users.shape[0], step))
@@ -343,8 +358,8 @@ class Dataset:
         start, stop = self._span(start, stop)
         _, segments = self._runs()
         if segments is None:
-            return self._root[f"{SEGMENTS}/{self.segments[0]['name']}/{path}"][start:stop]
-        arrays = [self._root[f"{SEGMENTS}/{s['name']}/{path}"] for s in self.segments]
+            return self._root[f"{SEGMENTS}/{self.segments[0].name}/{path}"][start:stop]
+        arrays = [self._root[f"{SEGMENTS}/{s.name}/{path}"] for s in self.segments]
         out = np.empty(stop - start, dtype=np.result_type(*(a.dtype for a in arrays)))
         for runs, arr in zip(segments, arrays):
             logical, stored = runs.between(start, stop)
@@ -362,12 +377,12 @@ class Dataset:
         start, stop = self._span(start, stop)
         parts, at = [], 0
         for s in self.segments:
-            lo, hi = max(start - at, 0), min(stop - at, s["events"])
+            lo, hi = max(start - at, 0), min(stop - at, s.events)
             if hi > lo:
-                parts.append(self._root[f"{SEGMENTS}/{s['name']}/{path}"][lo:hi])
-            at += s["events"]
+                parts.append(self._root[f"{SEGMENTS}/{s.name}/{path}"][lo:hi])
+            at += s.events
         if not parts:
-            return self._root[f"{SEGMENTS}/{self.segments[0]['name']}/{path}"][0:0]
+            return self._root[f"{SEGMENTS}/{self.segments[0].name}/{path}"][0:0]
         return np.concatenate(parts)
 
     def event_segments(self, start: int = 0, stop: int | None = None) -> np.ndarray:
@@ -381,7 +396,7 @@ class Dataset:
 
     def dtype(self, path: str) -> np.dtype:
         """The type `column` and `stored_column` give for `path` (from the arrays' metadata, reading no chunk)."""
-        return np.result_type(*(self._root[f"{SEGMENTS}/{s['name']}/{path}"].dtype for s in self.segments))
+        return np.result_type(*(self._root[f"{SEGMENTS}/{s.name}/{path}"].dtype for s in self.segments))
 
     def ids(self, table: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         self.info.table(table)
@@ -391,24 +406,24 @@ class Dataset:
         """(source values, the rows they became) of `table`, the values of earlier parts first."""
         return self.segment_raw_ids(self.segments, table)
 
-    def segment_raw_ids(self, segments: list[dict], table: str) -> tuple[np.ndarray, np.ndarray]:
+    def segment_raw_ids(self, segments: tuple[Segment, ...], table: str) -> tuple[np.ndarray, np.ndarray]:
         """(source values, the rows they became) that `segments` (of this store) introduced to `table`."""
         self.info.table(table)
         if not segments:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        raw = [self._root[f"{SEGMENTS}/{s['name']}/raw_ids/{table}"][:] for s in segments]
-        rows = [self._root[f"{SEGMENTS}/{s['name']}/raw_rows/{table}"][:] for s in segments]
+        raw = [self._root[f"{SEGMENTS}/{s.name}/raw_ids/{table}"][:] for s in segments]
+        rows = [self._root[f"{SEGMENTS}/{s.name}/raw_rows/{table}"][:] for s in segments]
         return np.concatenate(raw), np.concatenate(rows)
 
     def user_ids(self) -> np.ndarray:
         """The raw id of every user, by user index."""
         return self.segment_user_ids(self.segments)
 
-    def segment_user_ids(self, segments: list[dict]) -> np.ndarray:
+    def segment_user_ids(self, segments: tuple[Segment, ...]) -> np.ndarray:
         """The raw ids of the users `segments` (of this store) introduced, by user index."""
         if not segments:
             return np.zeros(0, dtype=np.int64)
-        return np.concatenate([self._root[f"{SEGMENTS}/{s['name']}/user_ids"][:] for s in segments])
+        return np.concatenate([self._root[f"{SEGMENTS}/{s.name}/user_ids"][:] for s in segments])
 
     # -- the stored order, for readers that do not care about users (profiling) -------------
 
@@ -418,7 +433,7 @@ class Dataset:
 
         Every event lies in exactly one range; ranges never cross segments.
         """
-        arrays = [(f"{SEGMENTS}/{s['name']}/tables/{table}", s["events"]) for s in self.segments[first:]]
+        arrays = [(f"{SEGMENTS}/{s.name}/tables/{table}", s.events) for s in self.segments[first:]]
         chunks = [(path, n, int(self._root[path].chunks[0])) for path, n in arrays if n]
         total = sum(-(-n // c) for _, n, c in chunks)
         out = []

@@ -22,13 +22,14 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from shardflow.errors import InputError
 from storage.tables import TableSpec
-from storage.dataset import FORMAT_VERSION, KIND, MADE_BY, SEGMENTS, Dataset, record_verified
+from storage.dataset import FORMAT_VERSION, KIND, MADE_BY, SEGMENTS, Dataset, Segment, record_verified
 from storage.dataset_writer import build_manifest, segment_name, start_store
 from storage.formats import (FEATURE_FILES, FORMATS, Format, Recbole, feature_files, make_format, parse_click_label,
                              read_features, sniff_delimiter)
@@ -68,6 +69,17 @@ def _first_line(part: Part) -> bytes:
     return b""
 
 
+@dataclass(frozen=True)
+class ImportResult:
+    """What an import did: the store's manifest as it wrote it (or found it), the paths of the parts it read
+    and of those the store held already, and the unfinished parts it left for later, each with why."""
+
+    manifest: dict
+    parts_added: tuple[str, ...]
+    parts_skipped: tuple[str, ...] = ()
+    parts_waiting: tuple[str, ...] = ()
+
+
 def import_dataset(
     fmt: str,
     src: str | Path,
@@ -82,7 +94,7 @@ def import_dataset(
     settle_s: float = 0.0,
     replace_from: str | None = None,
     label: str | None = None,
-) -> dict:
+) -> ImportResult:
     """Import `src` (a file, a .gz file or a directory of parts) in format `fmt` into the store `dest`.
 
     With `append`, only the parts `dest` does not hold yet are added, as a new version;
@@ -92,9 +104,7 @@ def import_dataset(
     finished parts are read (storage.sources.resolve_parts, with `settle_s`). With `label`
     (recbole only, `rating>=4`), the interactions become a click log (storage.formats.Recbole).
     With a Dask
-    `client`, the parts are scanned and written in parallel on its workers. Returns the
-    manifest, with `parts_added`, `parts_skipped` (part paths) and `parts_waiting` (the
-    unfinished parts left for later, each with why).
+    `client`, the parts are scanned and written in parallel on its workers.
     """
     src, dest = Path(src), Path(dest)
     table_rows = dict(table_rows or {})
@@ -107,11 +117,10 @@ def import_dataset(
         held = [p["name"] for p in read_manifest(dest, KIND, FORMAT_VERSION, MADE_BY)["source"].get("parts", [])] \
             if (append or replace_from) and (dest / MANIFEST).is_file() else []
         parts = resolve_parts(src, settle_s, held)
-        waiting = unfinished(parts)
+        waiting = tuple(unfinished(parts))
         if replace_from is not None:
-            return {**_replace(fmt, src, dest, parts, replace_from, options, client, block_bytes),
-                    "parts_waiting": waiting}
-        if append and (dest / MANIFEST).is_file():
+            done = _replace(fmt, src, dest, parts, replace_from, options, client, block_bytes)
+        elif append and (dest / MANIFEST).is_file():
             manifest = read_manifest(dest, KIND, FORMAT_VERSION, MADE_BY)
             done = _append(fmt, src, dest, parts, manifest, options, client, block_bytes)
         else:
@@ -119,19 +128,17 @@ def import_dataset(
                 raise InputError(f"{src}: no finished part yet ({', '.join(waiting[:3])}); accepted: parts that "
                                  "end with a newline and have settled, or carry a NAME.done marker")
             done = _fresh(fmt, src, dest, finished(parts), overwrite, options, client, block_bytes)
-        return {**done, "parts_waiting": waiting}
+        return replace(done, parts_waiting=waiting)
 
 
-def _fresh(fmt, src, dest, parts, overwrite, options, client, block_bytes) -> dict:
+def _fresh(fmt, src, dest, parts, overwrite, options, client, block_bytes) -> ImportResult:
     check_destination(dest, overwrite=overwrite)
     with staged(dest, overwrite=overwrite) as stage:
         start_store(stage)
         manifest = _import_parts(fmt, src, stage, parts, None, options, client, block_bytes)
         write_manifest(stage, manifest)
         record_verified(stage)
-    manifest["parts_added"] = [str(p.path) for p in parts]
-    manifest["parts_skipped"] = []
-    return manifest
+    return ImportResult(manifest, tuple(str(p.path) for p in parts))
 
 
 def check_continuation(fmt: str, src: Path, dest: Path, parts: list[Part], source: dict, options: dict) -> list[Part]:
@@ -192,11 +199,11 @@ def _option_flags(options: dict) -> str:
     return f" --hash-rows {options['hash_rows']}{rows}"
 
 
-def _append(fmt, src, dest, parts, manifest, options, client, block_bytes) -> dict:
+def _append(fmt, src, dest, parts, manifest, options, client, block_bytes) -> ImportResult:
     new = check_continuation(fmt, src, dest, parts, manifest["source"], options)
-    skipped = [str(p.path) for p in finished(parts) if p not in new]
+    skipped = tuple(str(p.path) for p in finished(parts) if p not in new)
     if not new:
-        return {**manifest, "parts_added": [], "parts_skipped": skipped}
+        return ImportResult(manifest, (), skipped)
     segments_dir = dest / SEGMENTS
     listed = {s["name"] for s in manifest["segments"]}
     for leftover in segments_dir.iterdir():  # segments a cut-off append wrote but never published
@@ -211,10 +218,10 @@ def _append(fmt, src, dest, parts, manifest, options, client, block_bytes) -> di
         record_verified(dest)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    return {**updated, "parts_added": [str(p.path) for p in new], "parts_skipped": skipped}
+    return ImportResult(updated, tuple(str(p.path) for p in new), skipped)
 
 
-def _replace(fmt, src, dest, parts, name, options, client, block_bytes) -> dict:
+def _replace(fmt, src, dest, parts, name, options, client, block_bytes) -> ImportResult:
     """Replace the store's part `name` and every later one by what `src` holds now (under the writer lock).
 
     The parts before `name` must be unchanged. The new store is staged beside `dest`: the
@@ -241,12 +248,12 @@ def _replace(fmt, src, dest, parts, name, options, client, block_bytes) -> dict:
         raise InputError(f"{src}: new part {early[0].name!r} sorts before {name!r}, which is replaced; accepted: "
                          "new parts named after the last one imported")
     again = [p for p in finished(parts) if p.name >= name]
-    dropped = manifest["segments"][k:]
     with staged(dest, overwrite=True) as stage:
         start_store(stage)
         for s in kept["segments"]:
             shutil.copytree(dest / SEGMENTS / s["name"], stage / SEGMENTS / s["name"], copy_function=_link)
-        existing = (Dataset.open(dest), kept, dropped)
+        ds = Dataset.open(dest)
+        existing = (ds, kept, ds.segments[k:])
         updated = _import_parts(fmt, src, stage, again, existing, options, client, block_bytes)
         updated["source"]["replaced"] = source.get("replaced", []) + [{
             "part": name, "segment": k, "version": updated["version"],
@@ -254,8 +261,7 @@ def _replace(fmt, src, dest, parts, name, options, client, block_bytes) -> dict:
         }]
         write_manifest(stage, updated)
         record_verified(stage)
-    return {**updated, "parts_added": [str(p.path) for p in again],
-            "parts_skipped": [str(p.path) for p in parts if p.name < name]}
+    return ImportResult(updated, tuple(str(p.path) for p in again), tuple(str(p.path) for p in parts if p.name < name))
 
 
 def _link(src: str, dst: str) -> None:
@@ -339,7 +345,7 @@ def _source(fmt: Format, src: Path, scans: list[PartScan], segments: list[dict],
     return source
 
 
-def _carry(ds: Dataset, dropped: list[dict], first: Numbering, fmt: Format) -> None:
+def _carry(ds: Dataset, dropped: tuple[Segment, ...], first: Numbering, fmt: Format) -> None:
     """Give the first segment of a replacement the raw ids and users the `dropped` segments introduced,
     ahead of its own new ones, so each keeps the row and user index it had."""
     def ahead(stored: np.ndarray, new) -> np.ndarray:

@@ -71,13 +71,13 @@ def prepare_dataset(config: RetrainConfig) -> Imported:
         get_run_logger().warning("%s", w)
     if known is not None and same_source(known, config):
         added = import_dataset(config.data.dataset_format, source, dest, append=True,
-                               settle_s=config.data.part_settle_s, **import_kwargs(config))["parts_added"]
+                               settle_s=config.data.part_settle_s, **import_kwargs(config)).parts_added
         get_run_logger().info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing",
                               dest, source)
         return Imported(str(dest), tuple(Path(p).name for p in added), warnings)
     done = import_dataset(config.data.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file(),
                           settle_s=config.data.part_settle_s, **import_kwargs(config))
-    return Imported(str(dest), tuple(Path(p).name for p in done["parts_added"]), warnings)
+    return Imported(str(dest), tuple(Path(p).name for p in done.parts_added), warnings)
 
 
 @task(name="profile", task_run_name="profile", cache_policy=NONE)

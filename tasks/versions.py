@@ -25,7 +25,7 @@ from shardflow.training.evaluate import evaluate_export, metric_values
 from storage import versions
 from storage.versions import STARTED, VersionStart
 from storage.checkpoint import complete_checkpoints, verify_export
-from storage.dataset import Dataset, segment_checksum
+from storage.dataset import Dataset
 from storage.importers import check_continuation
 from storage.lock import run_lock
 from storage.manifest import MANIFEST
@@ -83,7 +83,7 @@ def _nothing_new(config: RetrainConfig, run: str) -> RunSummary | None:
         if check_continuation(config.data.dataset_format, source, dest, parts, known, import_options(config)):
             return None
         warnings, store = source_warnings(source, parts), dest
-    segments = [segment_checksum(s) for s in Dataset.open(store).segments]
+    segments = [s.checksum for s in Dataset.open(store).segments]
     if versions.started(run, last).segments != tuple(segments):
         return None
     return untrained(run, versions.current(run), last, (), tuple(warnings))
@@ -131,7 +131,7 @@ def open_version(config: RetrainConfig, dataset: str) -> VersionStart | NothingN
     """
     log, run = get_run_logger(), config.run_dir
     ds = Dataset.open(dataset)
-    segments = [segment_checksum(s) for s in ds.segments]
+    segments = [s.checksum for s in ds.segments]
     made = versions.numbers(run)
     last = made[-1] if made else None
     finished = versions.result(run, last) if last else None

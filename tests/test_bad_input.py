@@ -546,13 +546,13 @@ def case_training_non_finite_gradients(world, client, tmp_path):
 def _run_dir_trained_on(world, tmp_path, source: Path) -> Path:
     """A run_dir that imported `source` and holds a model version of it (its checkpoint the world's, copied)."""
     from storage import versions
-    from storage.dataset import Dataset, segment_checksum
+    from storage.dataset import Dataset
     from tasks.retrain import prepare_dataset
 
     run = tmp_path / "run"
     cfg = RetrainConfig.build({"dataset": str(source), "topology": str(world / "topo.yaml"), "run_dir": str(run)})
     dataset = prepare_dataset.fn(cfg).path
-    segments = [segment_checksum(s) for s in Dataset.open(dataset).segments]
+    segments = [s.checksum for s in Dataset.open(dataset).segments]
     version = versions.start(run, version_start(1, dataset=dataset, segments=tuple(segments)))
     shutil.copytree(world / "run" / "checkpoints", version / "checkpoints")
     return run

@@ -55,7 +55,7 @@ class ClickData(EpochOrder):
         self.numeric = tuple(ds.info.dense)
         self.rows = {t: ds.info.table(t).rows for t in self.features}
         self.events = ds.info.interactions
-        part_starts = np.concatenate([[0], np.cumsum([s["events"] for s in ds.segments])]).astype(np.int64)
+        part_starts = np.concatenate([[0], np.cumsum([s.events for s in ds.segments])]).astype(np.int64)
         first_train, first_eval = (int(part_starts[min(w, len(ds.segments))]) for w in window)
         self.eval_start = self.events - math.ceil(HELD_OUT * (self.events - first_eval))
         self.validation_start = self.eval_start

@@ -56,14 +56,14 @@ def test_append_of_a_day_equals_a_fresh_import_of_all_days(tmp_path, days):
 
     source_with(tmp_path, days)
     grown = import_dataset("sasrec", src, tmp_path / "grown", append=True)
-    assert grown["parts_added"] == [str(src / "day-3.txt")]
-    assert grown["parts_skipped"] == [str(src / "day-1.txt"), str(src / "day-2.txt")]
-    assert (first["version"], grown["version"]) == (1, 2)
-    assert len(grown["segments"]) == 3 and grown["segments"][2]["version"] == 2
+    assert grown.parts_added == (str(src / "day-3.txt"),)
+    assert grown.parts_skipped == (str(src / "day-1.txt"), str(src / "day-2.txt"))
+    assert (first.manifest["version"], grown.manifest["version"]) == (1, 2)
+    assert len(grown.manifest["segments"]) == 3 and grown.manifest["segments"][2]["version"] == 2
 
     fresh = import_dataset("sasrec", src, tmp_path / "fresh")
-    assert grown["checksum"] == fresh["checksum"]
-    assert [p["sha256"] for p in grown["source"]["parts"]] == [file_sha256(p) for p in days]
+    assert grown.manifest["checksum"] == fresh.manifest["checksum"]
+    assert [p["sha256"] for p in grown.manifest["source"]["parts"]] == [file_sha256(p) for p in days]
 
     ds = Dataset.open(tmp_path / "grown")
     assert sequences_by_raw_user(ds) == original_sequences()
@@ -79,7 +79,7 @@ def test_a_repeated_append_adds_nothing_and_changes_no_byte(tmp_path, days):
     import_dataset("sasrec", src, tmp_path / "ds")
     before = snapshot(tmp_path / "ds")
     again = import_dataset("sasrec", src, tmp_path / "ds", append=True)
-    assert again["parts_added"] == [] and len(again["parts_skipped"]) == 3 and again["version"] == 1
+    assert again.parts_added == () and len(again.parts_skipped) == 3 and again.manifest["version"] == 1
     assert snapshot(tmp_path / "ds") == before
 
 
@@ -87,14 +87,14 @@ def test_parts_are_scanned_in_parallel_on_dask_with_the_same_result(client, tmp_
     src = source_with(tmp_path, days)
     alone = import_dataset("sasrec", src, tmp_path / "alone")
     on_dask = import_dataset("sasrec", src, tmp_path / "dask", client=client)
-    assert on_dask["checksum"] == alone["checksum"]
+    assert on_dask.manifest["checksum"] == alone.manifest["checksum"]
     assert siblings(tmp_path / "dask") == ["alone", "src"]
 
 
 def test_append_to_a_missing_store_is_a_fresh_import(tmp_path, days):
     src = source_with(tmp_path, days[:1])
     m = import_dataset("sasrec", src, tmp_path / "ds", append=True)
-    assert m["version"] == 1 and m["parts_added"] == [str(src / "day-1.txt")]
+    assert m.manifest["version"] == 1 and m.parts_added == (str(src / "day-1.txt"),)
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -127,7 +127,7 @@ def test_a_part_rewritten_with_the_same_bytes_is_still_the_same_part(tmp_path, d
     text = (src / "day-1.txt").read_bytes()
     (src / "day-1.txt").unlink()
     (src / "day-1.txt").write_bytes(text)  # a new mtime, the same content: hashed, then accepted
-    assert import_dataset("sasrec", src, tmp_path / "ds", append=True)["parts_added"] == []
+    assert import_dataset("sasrec", src, tmp_path / "ds", append=True).parts_added == ()
 
 
 def test_two_writers_exclude_each_other(tmp_path, days):
@@ -143,7 +143,7 @@ def test_two_writers_exclude_each_other(tmp_path, days):
             import_dataset("sasrec", src, tmp_path / "ds", overwrite=True)
     assert snapshot(tmp_path / "ds") == before
     assert (tmp_path / ".ds.lock").read_text() == ""  # released, and emptied
-    assert import_dataset("sasrec", src, tmp_path / "ds", append=True)["parts_added"] == [str(src / "day-3.txt")]
+    assert import_dataset("sasrec", src, tmp_path / "ds", append=True).parts_added == (str(src / "day-3.txt"),)
 
 
 def test_an_append_cut_off_before_its_manifest_leaves_the_store_as_it_was(tmp_path, days):
@@ -208,8 +208,8 @@ def test_a_gzip_source_imports_like_the_plain_file(tmp_path):
     gz.write_bytes(gzip.compress(REAL["sasrec"].read_bytes()))
     plain = import_dataset("sasrec", REAL["sasrec"], tmp_path / "plain")
     packed = import_dataset("sasrec", gz, tmp_path / "packed", block_bytes=1 << 16)
-    assert packed["checksum"] == plain["checksum"]
-    assert packed["source"]["parts"][0]["sha256"] == file_sha256(gz)
+    assert packed.manifest["checksum"] == plain.manifest["checksum"]
+    assert packed.manifest["source"]["parts"][0]["sha256"] == file_sha256(gz)
 
 
 def test_a_fresh_import_never_replaces_a_store_another_writer_published_meanwhile(tmp_path):

@@ -126,6 +126,25 @@ def test_manifest_that_does_not_match_the_arrays(copy, changes, message):
         Dataset.open(copy)
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"events": "287107"}, r"manifest.json segments\[0\]: events = '287107'; accepted: int"),
+        ({"arrays": None}, r"manifest.json segments\[0\]: arrays = None; accepted: dict"),
+        ({"runs": -2}, r"runs = -2; accepted: an integer >= 0"),
+    ],
+)
+def test_a_malformed_segment_is_refused_naming_its_key(copy, change, message):
+    m = json.loads((copy / "manifest.json").read_text())
+    edit_manifest(copy, segments=[{**m["segments"][0], **change}])
+    with pytest.raises(InputError, match=message):
+        Dataset.open(copy)
+    del m["segments"][0]["new_users"]
+    edit_manifest(copy, segments=m["segments"])
+    with pytest.raises(InputError, match=r"segments\[0\]: new_users = missing; accepted: int"):
+        Dataset.open(copy)
+
+
 def test_garbage_manifest(copy):
     (copy / "manifest.json").write_text("{not json")
     with pytest.raises(InputError, match="not valid JSON"):

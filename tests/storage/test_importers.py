@@ -48,7 +48,7 @@ def sequences(ds: Dataset, table: str = "item") -> dict:
 def test_every_bundled_file_stores_what_the_line_by_line_parser_stored(tmp_path, fmt, block_bytes):
     options = {"hash_rows": 1000, "table_rows": {"C1": 7}} if fmt == "criteo" else {}
     m = import_dataset(fmt, REAL[fmt], tmp_path / "ds", block_bytes=block_bytes, **options)
-    assert content_checksum(m["segments"][0]) == LINE_BY_LINE[fmt]
+    assert content_checksum(m.manifest["segments"][0]) == LINE_BY_LINE[fmt]
 
 
 @given(st.lists(st.text(max_size=12), max_size=40))
@@ -161,9 +161,9 @@ def test_criteo_takes_avazus_layout_with_the_hour_of_day_as_a_table(tmp_path):
 def test_import_is_deterministic(tmp_path):
     a = import_dataset("sasrec", REAL["sasrec"], tmp_path / "a")
     b = import_dataset("sasrec", REAL["sasrec"], tmp_path / "b")
-    assert a["checksum"] == b["checksum"]
-    assert a["source"]["parts"] == b["source"]["parts"]
-    assert a["source"]["parts"][0]["sha256"] == file_sha256(REAL["sasrec"])
+    assert a.manifest["checksum"] == b.manifest["checksum"]
+    assert a.manifest["source"]["parts"] == b.manifest["source"]["parts"]
+    assert a.manifest["source"]["parts"][0]["sha256"] == file_sha256(REAL["sasrec"])
 
 
 def write(tmp_path: Path, name: str, text: str | bytes) -> Path:
@@ -214,7 +214,7 @@ def test_bad_source_is_refused_with_its_line_and_writes_nothing(tmp_path, fmt, t
     src = write(tmp_path, "bad.txt", text)
     dest = tmp_path / "out" / "ds"
     if message is None:  # whitespace-only lines are skipped, as blank ones are
-        assert import_dataset(fmt, src, dest)["interactions"] == 2
+        assert import_dataset(fmt, src, dest).manifest["interactions"] == 2
         return
     with pytest.raises(InputError, match=message) as refused:
         import_dataset(fmt, src, dest)

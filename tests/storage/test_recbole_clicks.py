@@ -37,8 +37,8 @@ def test_movielens_becomes_a_time_ordered_click_log_with_user_and_item_features(
     assert ds.info.sequence_table is None and ds.info.labels and ds.info.dense == ()
     assert ds.info.table_names == ["user", "item", "age", "gender", "occupation", "zip_code", "release_year"]
     assert ds.info.users == ds.info.interactions == 100_000
-    assert m["source"]["options"] == {"label": "rating>=4"}
-    assert [(f["name"], f["skipped"]) for f in m["source"]["features"]] == [
+    assert m.manifest["source"]["options"] == {"label": "rating>=4"}
+    assert [(f["name"], f["skipped"]) for f in m.manifest["source"]["features"]] == [
         ("ml-100k.user", []), ("ml-100k.item", ["movie_title", "class"])]
 
     inter = read_tsv(ML)
@@ -86,7 +86,7 @@ def test_a_directory_of_parts_keeps_its_feature_files_out_of_the_parts_and_appen
     write(logs, "ml.item", "item_id:token\tyear:token\ni1\t1990\n")
     write(logs, "day1.inter", INTER + "u1\ti1\t5\t2\tweb\nu2\ti1\t2\t1\tweb\n")
     first = import_dataset("recbole", logs, tmp_path / "ds", label="rating>=3")
-    assert [p["name"] for p in first["source"]["parts"]] == ["day1.inter"]
+    assert [p["name"] for p in first.manifest["source"]["parts"]] == ["day1.inter"]
     write(logs, "day2.inter", INTER + "u2\ti2\t3\t4\tapp\nu3\ti1\t1\t3\tweb\n")
     with pytest.raises(InputError, match=r"imported with \{'label': 'rating>=3'\}; accepted: the same options "
                                          r"\(--label 'rating>=3'\)"):

@@ -35,16 +35,16 @@ def test_a_part_without_its_last_newline_waits_and_so_does_every_part_after_it(t
                                               "day-3.txt (after an unfinished part)",
                                               "day-4.txt (after an unfinished part)"]
     done = import_dataset("sasrec", src, tmp_path / "ds")
-    assert (done["parts_added"], done["parts_waiting"][0]) == ([str(src / "day-1.txt")],
-                                                               "day-2.txt (does not end with a newline)")
+    assert (done.parts_added, done.parts_waiting[0]) == ((str(src / "day-1.txt"),),
+                                                         "day-2.txt (does not end with a newline)")
     assert Dataset.open(tmp_path / "ds").info.interactions == 2
 
     with open(src / "day-2.txt", "a") as f:
         f.write("\n")
     (src / "day-4.txt").write_text("4 7\n")
     grown = import_dataset("sasrec", src, tmp_path / "ds", append=True)
-    assert names(map(Path, grown["parts_added"])) == ["day-2.txt", "day-3.txt", "day-4.txt"]
-    assert grown["parts_waiting"] == [] and Dataset.open(tmp_path / "ds").info.interactions == 6
+    assert names(map(Path, grown.parts_added)) == ["day-2.txt", "day-3.txt", "day-4.txt"]
+    assert grown.parts_waiting == () and Dataset.open(tmp_path / "ds").info.interactions == 6
 
 
 def test_an_empty_or_recently_modified_part_waits_for_the_settle_time(tmp_path):
@@ -104,8 +104,9 @@ def test_a_part_that_changed_after_its_import_is_replaced_keeping_every_row(tmp_
     assert snapshot(tmp_path / "ds") == kept
 
     done = import_dataset("sasrec", src, tmp_path / "ds", replace_from="day-3.txt")
-    assert (done["version"], done["parts_added"]) == (2, [str(src / "day-3.txt")])
-    assert done["source"]["replaced"][0]["part"] == "day-3.txt" and done["source"]["replaced"][0]["segment"] == 2
+    assert (done.manifest["version"], done.parts_added) == (2, (str(src / "day-3.txt"),))
+    assert done.manifest["source"]["replaced"][0]["part"] == "day-3.txt"
+    assert done.manifest["source"]["replaced"][0]["segment"] == 2
     ds = Dataset.open(tmp_path / "ds")
     import_dataset("sasrec", src, tmp_path / "fresh")
     fresh = Dataset.open(tmp_path / "fresh")
@@ -117,7 +118,7 @@ def test_a_part_that_changed_after_its_import_is_replaced_keeping_every_row(tmp_
     assert ds.user_ids().tolist()[: len(users_before)] == users_before
     assert np.array_equal(ds.user_ids()[len(users_before):], np.setdiff1d(fresh.user_ids(), users_before))
     assert siblings(tmp_path / "ds") == ["fresh", "src"]  # no staged or replaced store left beside it
-    assert import_dataset("sasrec", src, tmp_path / "ds", append=True)["parts_added"] == []
+    assert import_dataset("sasrec", src, tmp_path / "ds", append=True).parts_added == ()
 
 
 @pytest.mark.parametrize("name, message", [
