@@ -101,7 +101,8 @@ def run_profile(args: argparse.Namespace) -> dict:
         workers = worker_count(client)
         log.info("profiling %s on %d workers (%s)", args.dataset, workers, client.scheduler.address)
         m = profile_dataset(args.dataset, out, client=client, overwrite=args.overwrite)
-    return {"profile": out, "workers": workers, "seconds": time.perf_counter() - started, "tables": m["tables"]}
+    return {"profile": out, "workers": workers, "seconds": time.perf_counter() - started,
+            "tables": {name: s.to_dict() for name, s in m.tables.items()}}
 
 
 def show_profile(s: dict) -> None:

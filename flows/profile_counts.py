@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import flow
 
 from shardflow.cluster import dask_client
+from storage.profile import TableStats
 from tasks.profiling import profile
 
 
@@ -15,6 +16,6 @@ def profile_flow(
     scheduler_address: str | None = None,
     workers: int | None = None,
     overwrite: bool = False,
-) -> dict:
+) -> dict[str, TableStats]:
     with dask_client(scheduler_address, workers) as client:
         return profile(dataset, out, client.scheduler.address, overwrite)

@@ -14,7 +14,7 @@ import numpy as np
 import zarr
 
 from shardflow.errors import InputError
-from shardflow.records import parse_record
+from shardflow.records import parse_record, plain
 from storage.checksum import ArrayHash, combine
 from storage.dataset import COMPRESSORS
 from storage.manifest import read_manifest, write_manifest
@@ -61,16 +61,11 @@ class TableStats:
         return asdict(self)
 
 
-def finish_profile(stage: Path, dataset: dict, stats: dict[str, TableStats], digests: dict[str, str]) -> dict:
+def finish_profile(stage: Path, dataset: ProfiledDataset, stats: dict[str, TableStats],
+                   digests: dict[str, str]) -> ProfileManifest:
     """The manifest, written last: `stats[table]` is that table's figures (rows, accesses, skew)."""
-    manifest = {
-        "format": f"shardflow.{KIND}",
-        "format_version": FORMAT_VERSION,
-        "dataset": dataset,
-        "tables": {name: s.to_dict() for name, s in stats.items()},
-        "checksum": combine({f"counts/{name}": d for name, d in digests.items()}),
-    }
-    write_manifest(stage, manifest)
+    manifest = ProfileManifest(dataset, stats, combine({f"counts/{name}": d for name, d in digests.items()}))
+    write_manifest(stage, manifest.record())
     return manifest
 
 
@@ -94,15 +89,35 @@ class ProfiledDataset:
     window: Window = field(default_factory=Window)
 
 
+@dataclass(frozen=True)
+class ProfileManifest:
+    """What a profile store's manifest says: the dataset (and window) it counts, every table's figures, and the
+    checksum of its counts."""
+
+    dataset: ProfiledDataset
+    tables: dict[str, TableStats]
+    checksum: str
+
+    @classmethod
+    def parse(cls, manifest: dict, where: str) -> ProfileManifest:
+        return cls(parse_record(ProfiledDataset, manifest.get("dataset"), f"{where} dataset"),
+                   {name: parse_record(TableStats, s, f"{where} tables.{name}")
+                    for name, s in manifest["tables"].items()},
+                   manifest["checksum"])
+
+    def record(self) -> dict:
+        return {"format": f"shardflow.{KIND}", "format_version": FORMAT_VERSION, "dataset": plain(self.dataset),
+                "tables": {name: s.to_dict() for name, s in self.tables.items()}, "checksum": self.checksum}
+
+
 class Profile:
     """A complete profile store, validated when opened."""
 
     def __init__(self, path: Path, manifest: dict) -> None:
         self.path = Path(path)
-        self.manifest = manifest
-        self.dataset = parse_record(ProfiledDataset, manifest.get("dataset"), f"{path}/manifest.json dataset")
-        self.stats = {name: parse_record(TableStats, s, f"{path}/manifest.json tables.{name}")
-                      for name, s in manifest["tables"].items()}  # table -> its figures
+        self.manifest = ProfileManifest.parse(manifest, f"{path}/manifest.json")
+        self.dataset = self.manifest.dataset
+        self.stats = self.manifest.tables  # table -> its figures
         self.rows = {name: s.rows for name, s in self.stats.items()}
 
     @classmethod

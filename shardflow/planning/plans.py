@@ -120,7 +120,7 @@ def store_plan(out: str | Path, plan: ShardingPlan, inputs: PlanInputs, *, overw
     summary = summarize(plan, accesses, model.topology, budget, model, bound, mod)
     provenance = {
         "profile": str(Path(source["profile_path"]).resolve()),
-        "profile_checksum": source["profile"].manifest["checksum"],
+        "profile_checksum": source["profile"].manifest.checksum,
         **{k: source[k] for k in ("history", "negatives", "memory_slack")},
     }
     description = {"strategy": plan.strategy, "topology": model.topology.to_dict(),

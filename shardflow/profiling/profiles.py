@@ -25,7 +25,8 @@ from shardflow.profiling.counting import count_ids, table_stats
 from shardflow.data.batches import ORDER_BLOCK_EVENTS
 from shardflow.data.windows import window_targets
 from storage.dataset import Dataset, open_column
-from storage.profile import TableStats, finish_profile, start_profile, write_counts
+from storage.profile import (ProfiledDataset, ProfileManifest, TableStats, Window, finish_profile, start_profile,
+                             write_counts)
 from storage.lock import writer_lock
 from storage.staging import check_destination, staged
 
@@ -67,10 +68,10 @@ def check_inputs(dataset: str | Path, out: str | Path, *, overwrite: bool) -> Da
 
 def profile_dataset(
     dataset: str | Path, out: str | Path, *, client: Client, overwrite: bool = False, blocks: int | None = None,
-    first: int = 0, window: dict | None = None,
-) -> dict:
+    first: int = 0, window: Window | None = None,
+) -> ProfileManifest:
     """Profile `dataset` (its events of parts `first` on) into a profile store at `out`; the manifest.
-    `window`: what the manifest records of the window (default: its first part, if not 0)."""
+    `window`: what the manifest records of the window (default: its first part)."""
     ds = check_inputs(dataset, out, overwrite=overwrite)
     blocks = blocks or worker_count(client)
     with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
@@ -88,8 +89,7 @@ def profile_dataset(
         results = client.gather(per_table)
         return finish_profile(
             stage,
-            {"path": str(ds.path.resolve()), "checksum": ds.info.checksum,
-             **({"window": window} if window else {"window": {"first_part": first}} if first else {})},
+            ProfiledDataset(str(ds.path.resolve()), ds.info.checksum, window or Window(first)),
             {name: stats for name, (stats, _) in results.items()},
             {name: digest for name, (_, digest) in results.items()},
         )
@@ -128,7 +128,7 @@ def sum_lookups(stage: str, table: str, *blocks: tuple[np.ndarray, int]) -> tupl
 
 
 def profile_window(dataset: str | Path, out: str | Path, *, client: Client, first: int, history: int,
-                   overwrite: bool = False, blocks: int | None = None) -> dict:
+                   overwrite: bool = False, blocks: int | None = None) -> ProfileManifest:
     """Profile what the training examples of the window from part `first` read (module docstring).
 
     A click log's examples read each table once per row: its window is the rows of parts
@@ -138,7 +138,7 @@ def profile_window(dataset: str | Path, out: str | Path, *, client: Client, firs
     ds = check_inputs(dataset, out, overwrite=overwrite)
     if ds.info.sequence_table is None:
         return profile_dataset(dataset, out, client=client, overwrite=overwrite, blocks=blocks, first=first,
-                               window={"first_part": first, "history": history})
+                               window=Window(first, history))
     if history < 1:
         raise InputError(f"history = {history}; accepted: history >= 1")
     events = int(ds.offsets()[-1])
@@ -156,10 +156,10 @@ def profile_window(dataset: str | Path, out: str | Path, *, client: Client, firs
         wait(pending)
         results = client.gather(per_table)
         item = results[ds.info.sequence_table]
-        window = {"first_part": first, "history": history, "examples": item[3], "item_lookups": item[2]}
+        window = Window(first, history, examples=item[3], item_lookups=item[2])
         return finish_profile(
             stage,
-            {"path": str(ds.path.resolve()), "checksum": ds.info.checksum, "window": window},
+            ProfiledDataset(str(ds.path.resolve()), ds.info.checksum, window),
             {name: r[0] for name, r in results.items()},
             {name: r[1] for name, r in results.items()},
         )

@@ -20,7 +20,7 @@ async def latest_artifacts():
 def test_profile_flow_writes_the_profile_and_a_table_artifact(prefect_api, client, tmp_path):
     import_dataset("sasrec", REAL["sasrec"], tmp_path / "ds")
     stats = profile_flow(str(tmp_path / "ds"), str(tmp_path / "p"), scheduler_address=client.scheduler.address)
-    assert stats["item"]["accesses"] == 287107
+    assert stats["item"].accesses == 287107
     assert Profile.open(tmp_path / "p").counts("item").sum() == 287107
 
     table = next(a for a in asyncio.run(latest_artifacts()) if a.key == "profile")

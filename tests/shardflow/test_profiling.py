@@ -13,7 +13,7 @@ from shardflow.profiling.profiles import profile_dataset
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from storage.dataset import Dataset
 from storage.importers import import_dataset
-from storage.profile import Profile
+from storage.profile import Profile, Window
 
 
 def raw_counters(fmt: str) -> dict[str, Counter]:
@@ -46,18 +46,18 @@ def test_counts_equal_a_counter_over_the_real_file(client, tmp_path, fmt):
     for table, raw in raw_counters(fmt).items():
         counts = profile.counts(table)
         assert {i: int(c) for i, c in enumerate(counts) if c} == as_row_counts(ds, table, raw)
-        assert manifest["tables"][table]["accesses"] == sum(raw.values())
-        assert manifest["tables"][table]["distinct"] == len(set(as_row_counts(ds, table, raw)))
-    assert manifest["dataset"]["checksum"] == ds.info.checksum
+        assert manifest.tables[table].accesses == sum(raw.values())
+        assert manifest.tables[table].distinct == len(set(as_row_counts(ds, table, raw)))
+    assert manifest.dataset.checksum == ds.info.checksum
 
 
 def test_skew_of_amazon_video_matches_the_published_figures(client, tmp_path):
     import_dataset("sasrec", REAL["sasrec"], tmp_path / "ds")
-    stats = profile_dataset(tmp_path / "ds", tmp_path / "p", client=client)["tables"]["item"]
+    stats = profile_dataset(tmp_path / "ds", tmp_path / "p", client=client).tables["item"]
     # The figures published with the data (top 1% 0.17, top 10% 0.55, slope 1.12), to their rounding.
-    assert stats["top1pct_share"] == pytest.approx(0.17, abs=0.005)
-    assert stats["top10pct_share"] == pytest.approx(0.55, abs=0.01)
-    assert stats["zipf_slope"] == pytest.approx(1.12, abs=0.005)
+    assert stats.top1pct_share == pytest.approx(0.17, abs=0.005)
+    assert stats.top10pct_share == pytest.approx(0.55, abs=0.01)
+    assert stats.zipf_slope == pytest.approx(1.12, abs=0.005)
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +160,7 @@ def test_a_window_profile_counts_what_the_windows_examples_read(client, three_da
     expected, examples = window_oracle(ds, first, history)
     got = Profile.open(out).counts("item")
     assert (got == expected["item"]).all()
-    assert m["dataset"]["window"] == {"first_part": first, "history": history, "examples": examples,
-                                      "item_lookups": int(expected["item"].sum())}
+    assert m.dataset.window == Window(first, history, examples, int(expected["item"].sum()))
     assert 0 < examples < ds.info.interactions and got.sum() > examples  # histories were counted: not vacuous
 
 

@@ -10,13 +10,13 @@ import pytest
 from shardflow.errors import InputError
 from shardflow.profiling.counting import table_stats
 from storage.manifest import MANIFEST
-from storage.profile import Profile, TableStats, finish_profile, start_profile, write_counts
+from storage.profile import Profile, ProfiledDataset, TableStats, finish_profile, start_profile, write_counts
 
 
 def written(path, counts: np.ndarray) -> None:
     start_profile(path)
     digest = write_counts(path, "item", counts)
-    finish_profile(path, {"path": "/data/ds", "checksum": "sha256:0"}, {"item": table_stats(counts)},
+    finish_profile(path, ProfiledDataset("/data/ds", "sha256:0"), {"item": table_stats(counts)},
                    {"item": digest})
 
 
