@@ -195,19 +195,24 @@ def synth_dataset(
             sequence_table=tables[0].name,
             dense=(),
             labels=False,
-            source={
-                "generator": "shardflow synth",
-                "tables": [f"{t.name}:{t.rows}:{t.alpha}" for t in tables],
-                "interactions": interactions,
-                "mean_length": mean_length,
-                "seed": seed,
-                **({"repeats": {"share": repeats.share, "window": repeats.window}} if repeats.share else {}),
-            },
+            source=_source(tables, interactions, mean_length, seed, repeats),
             segments=[writer.finish(segment_name(0), 1)],
         )
         write_manifest(stage, manifest)
         record_verified(stage)
         return manifest
+
+
+def _source(tables: list[SynthTable], interactions: int, mean_length: float, seed: int, repeats: Repeats) -> dict:
+    """The manifest's record of how the log was made: enough to make it again."""
+    return {
+        "generator": "shardflow synth",
+        "tables": [f"{t.name}:{t.rows}:{t.alpha}" for t in tables],
+        "interactions": interactions,
+        "mean_length": mean_length,
+        "seed": seed,
+        **({"repeats": {"share": repeats.share, "window": repeats.window}} if repeats.share else {}),
+    }
 
 
 def _check_synth(tables: list[SynthTable], interactions: int, seed: int, events_per_chunk: int) -> None:
