@@ -12,8 +12,8 @@ import zarr
 
 from shardflow.errors import InputError
 from storage.checksum import ArrayHash
-from storage.dataset import (COMPRESSORS, EVENTS_PER_CHUNK, FORMAT_VERSION, KIND, OFFSETS_PER_CHUNK, SEGMENTS,
-                             dataset_checksum)
+from storage.dataset import COMPRESSORS, EVENTS_PER_CHUNK, OFFSETS_PER_CHUNK
+from storage.dataset_manifest import FORMAT_VERSION, KIND, SEGMENTS, dataset_checksum
 from storage.tables import parse_table_name
 
 

@@ -29,7 +29,8 @@ import numpy as np
 
 from shardflow.errors import InputError
 from storage.tables import TableSpec
-from storage.dataset import FORMAT_VERSION, KIND, MADE_BY, SEGMENTS, Dataset, Segment, record_verified
+from storage.dataset import Dataset
+from storage.dataset_manifest import FORMAT_VERSION, KIND, MADE_BY, SEGMENTS, Segment, record_verified
 from storage.dataset_writer import build_manifest, segment_name, start_store
 from storage.formats import (FEATURE_FILES, FORMATS, Format, Recbole, feature_files, make_format, parse_click_label,
                              read_features, sniff_delimiter)

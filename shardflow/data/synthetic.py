@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from shardflow.errors import InputError
-from storage.dataset import EVENTS_PER_CHUNK, record_verified
+from storage.dataset import EVENTS_PER_CHUNK
+from storage.dataset_manifest import record_verified
 from storage.dataset_writer import SegmentWriter, build_manifest, segment_name, start_store
 from storage.lock import writer_lock
 from storage.manifest import write_manifest
