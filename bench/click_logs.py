@@ -114,7 +114,7 @@ def lr_quality(path: Path) -> tuple[tuple[float, float], tuple[float, float]]:
     model = model_for(ds, 0)
     data = load_training_data(ds, model.features)
     lr = fit_logistic(data, model, LR_L2).evaluate(data, data.eval_targets, model)
-    return (lr["auc"], lr["logloss"]), (0.5, constant_logloss(data, model))
+    return (lr.auc, lr.logloss), (0.5, constant_logloss(data, model))
 
 
 def spread(values: list[float], digits: int = 4) -> str:
@@ -162,12 +162,12 @@ def movielens(scratch: Path, seeds: int) -> None:
         runs.append((epoch, trainer.evaluate(data.eval_targets), time.perf_counter() - started))
     print(f"{'model':<34} {'epochs':>10} {'AUC':>24} {'log-loss':>24} {'s':>6}")
     print(f"{'constant (training click rate)':<34} {'':>10} {'0.5':>24} {constant_logloss(data, models[0]):>24.4f}")
-    print(f"{f'logistic regression, L2 {l2:g}':<34} {'':>10} {lr['auc']:>24.4f} {lr['logloss']:>24.4f} {lr_s:>6.0f}")
-    auc, ll = [r[1]["auc"] for r in runs], [r[1]["logloss"] for r in runs]
+    print(f"{f'logistic regression, L2 {l2:g}':<34} {'':>10} {lr.auc:>24.4f} {lr.logloss:>24.4f} {lr_s:>6.0f}")
+    auc, ll = [r[1].auc for r in runs], [r[1].logloss for r in runs]
     print(f"{f'DLRM, {seeds} seeds':<34} {spread([r[0] for r in runs], 0):>10} {spread(auc):>24} {spread(ll):>24} "
           f"{float(np.median([r[2] for r in runs])):>6.0f}")
-    print(f"{'DLRM minus regression':<34} {'':>10} {spread([a - lr['auc'] for a in auc], 4):>24} "
-          f"{spread([x - lr['logloss'] for x in ll], 4):>24}")
+    print(f"{'DLRM minus regression':<34} {'':>10} {spread([a - lr.auc for a in auc], 4):>24} "
+          f"{spread([x - lr.logloss for x in ll], 4):>24}")
 
 
 VALIDATION_EPOCHS = (3, 10, 30, 100)

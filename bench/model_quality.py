@@ -72,10 +72,10 @@ def run(client, dataset: Path, model: ModelConfig, optimizer: OptimizerConfig, b
             metrics = engine.evaluate()
             held = validation_values(engine.evaluate("validation")) if patience else {}
             rows.append({"epoch": epoch, "loss": e.loss, "train_s": e.seconds,
-                         "eval_s": time.perf_counter() - t, **metrics, **held})
+                         "eval_s": time.perf_counter() - t, **metrics.values(), "users": metrics.users, **held})
             chosen = f"  validation NDCG@10 {held['val_ndcg_at_10']:.4f}" if held else ""
-            print(f"    epoch {epoch:3d}: loss {e.loss:.4f}  HR@10 {metrics['hr_at_10']:.4f}  NDCG@10 "
-                  f"{metrics['ndcg_at_10']:.4f}  AUC {metrics['auc']:.4f}{chosen}  ({e.seconds:.0f} s + "
+            print(f"    epoch {epoch:3d}: loss {e.loss:.4f}  HR@10 {metrics.hr_at_10:.4f}  NDCG@10 "
+                  f"{metrics.ndcg_at_10:.4f}  AUC {metrics.auc:.4f}{chosen}  ({e.seconds:.0f} s + "
                   f"{rows[-1]['eval_s']:.0f} s eval, load {os.getloadavg()[0]:.1f})", flush=True)
             if held:
                 scores[epoch] = score(held)

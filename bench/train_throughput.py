@@ -193,8 +193,10 @@ def main() -> None:
                 full = TrainConfig(batch_size=B, eval_users=None, device=args.device)
                 with Engine(two, str(dataset), *plans[2], model, OPTIMIZER, full) as engine:
                     fit = engine.fit()
+                    held = engine.evaluate()
                     epoch = {
-                        **engine.evaluate(),
+                        **held.values(),
+                        "users": held.users,
                         "steps": fit.steps,
                         "seconds": fit.seconds,
                         "loss": fit.epoch_loss[-1],

@@ -197,13 +197,12 @@ def show_train(s: dict) -> None:
     encoder = f", {m['encoder']} encoder" if m["kind"] == "sequence" else ""
     print(f"trained {s['strategy']} on {s['devices']} devices{encoder}: {s['steps']:,} steps, {s['examples']:,} "
           f"examples, {s['examples_per_s']:,.0f} examples/s")
-    from shardflow.training.evaluate import metric_text
-    from shardflow.training.validation import unprefixed
+    from shardflow.model.metrics import Metrics
 
-    print(f"  loss {s['loss']:.4f}   {metric_text(s)}  ({s['eval_users']:,} held-out examples)")
+    print(f"  loss {s['loss']:.4f}   {Metrics.read(s).text()}  ({s['eval_users']:,} held-out examples)")
     if s["best_epoch"] is not None:
         print(f"  epoch {s['best_epoch']} of {s['epochs_trained']} kept: the best on the validation split "
-              f"({metric_text(unprefixed(s))}; patience {s['patience']})")
+              f"({Metrics.read(s, 'val_').text()}; patience {s['patience']})")
     print(f"  bytes/step  measured {s['measured_bytes_per_step'] / mb:,.3f} MB,"
           f" cost model {s['predicted_bytes_per_step'] / mb:,.3f} MB (dedup {s['dedup']}),"
           f" and {s['bytes_per_step']['patch'] / mb:,.3f} MB of rows changed after an early answer sent again")
@@ -252,15 +251,14 @@ def run_run(args: argparse.Namespace) -> dict:
 
 def show_run(values: dict) -> None:
     from shardflow.reporting.summary import RunSummary
-    from shardflow.training.evaluate import metric_text
 
     mb, s = 1e6, RunSummary.parse(values)
     if not s.trained:
-        print(f"run {s.run_dir}: {s.message}; version {s.current} is current ({metric_text(s.metrics())})")
+        print(f"run {s.run_dir}: {s.message}; version {s.current} is current ({s.metrics().text()})")
     else:
         start = f"warm start from version {s.warm_start_from}" if s.warm_start_from else "cold start"
         print(f"run {s.run_dir}: version {s.version} ({start}, {len(s.parts_added)} part(s) imported), "
-              f"{s.epochs} epochs, {metric_text(s.metrics())}")
+              f"{s.epochs} epochs, {s.metrics().text()}")
         if s.previous_auc is not None:
             print(f"  version {s.warm_start_from} on the same held-out items: AUC {s.previous_auc:.4f}")
         print(f"  {f'promoted: version {s.version} is current' if s.promoted else s.message}")

@@ -30,7 +30,6 @@ from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
 from shardflow.planning.plans import read_plan_summary
 from shardflow.reporting.summary import RunSummary, VersionFigures
-from shardflow.training.evaluate import metric_values
 from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
 from storage.versions import VersionStart
@@ -129,9 +128,9 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         epochs=trained.chosen.epochs,
         best_epoch=trained.chosen.best_epoch,
         patience=config.train.patience,
-        **metric_values(metrics),
+        **metrics.values(),
         **validation_of(trained.chosen.validation),
-        eval_users=metrics["users"],
+        eval_users=metrics.users,
         bytes_per_step=trained.bytes_per_step,
         modeled_bytes_per_step=trained_plan.bytes_per_step,
         row_wise_bytes_per_step=row_wise.bytes_per_step,

@@ -15,7 +15,6 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from shardflow.config import RetrainConfig
 from shardflow.reporting.summary import RunSummary
-from shardflow.training.evaluate import metric_text
 from storage import versions
 from storage.checkpoint import complete_checkpoints
 from tasks.retrain import artifact_key
@@ -70,7 +69,7 @@ def failure_markdown(run_dir: str, error: BaseException) -> str:
     held = version_result(run_dir, current) if current else None
     stays = (
         "no version is current yet" if held is None
-        else f"version **{current}** stays current ({metric_text(held.metrics())})"
+        else f"version **{current}** stays current ({held.metrics().text()})"
     )
     line = " ".join(str(error).split()) or type(error).__name__
     return "\n".join([
@@ -181,13 +180,13 @@ def _kept_epoch(s: RunSummary) -> list[str]:
     if s.best_epoch is None:
         return []
     return [f"- epoch **{s.best_epoch}** of {s.epochs} kept: the best on the validation split "
-            f"({metric_text(s.metrics('val_'))}; patience {s.patience} epochs)"]
+            f"({s.metrics('val_').text()}; patience {s.patience} epochs)"]
 
 
 def summary_markdown(s: RunSummary, config: RetrainConfig) -> str:
     mb, us = 1e6, "µs"
     held_out = "the held-out last rows" if s.logloss is not None else "leave-last-out"
-    auc = f"**{metric_text(s.metrics())}** ({held_out} of the version's newest parts, exported model)"
+    auc = f"**{s.metrics().text()}** ({held_out} of the version's newest parts, exported model)"
     if not s.trained:
         head = [f"- **no new data**: nothing trained; version **{s.current}** stays current",
                 f"- version {s.version}: {auc}"]

@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
 from shardflow.config import RetrainConfig
+from shardflow.model.metrics import Metrics
 from shardflow.planner.report import PlanSummary, StrategyRefused, table_tiers
 from shardflow.planner.topology import parse_topology
 from shardflow.planning.plans import ReplanDecision, compare_strategies, keep_or_replan, parse_decision, read_plan
@@ -173,7 +174,7 @@ def _comparison_row(r: PlanSummary | StrategyRefused) -> dict:
 
 
 @task(name="evaluate", task_run_name="evaluate", cache_policy=NONE)
-def evaluate(model_dir: str, dataset: str, users: int | None, seed: int, eval_from: int = 0) -> dict:
+def evaluate(model_dir: str, dataset: str, users: int | None, seed: int, eval_from: int = 0) -> Metrics:
     return evaluate_export(model_dir, dataset, users, seed, eval_from)
 
 

@@ -18,7 +18,7 @@ from shardflow.config import RetrainConfig
 from shardflow.errors import InputError, TrainingError, WorkerLost
 from shardflow.training.config import EpochStats
 from shardflow.training.engine import Engine
-from shardflow.training.evaluate import metric_values
+from shardflow.model.metrics import Metrics
 from shardflow.training.run import prepare, start_engine
 from shardflow.training.validation import (SCORE_KEYS, VALIDATION_KEYS, best_epoch, score, validation_of,
                                           validation_values)
@@ -158,13 +158,13 @@ class EpochDone:
     keys; none without a split)."""
 
     stats: EpochStats
-    metrics: dict
+    metrics: Metrics
     validation: dict
 
     def figures(self, bytes_per_step: float) -> dict:
         """What its checkpoint keeps (storage.checkpoint.CheckpointManifest's figures), with the bytes per step
         measured so far."""
-        return {"loss": self.stats.loss, **metric_values(self.metrics), **validation_of(self.validation),
+        return {"loss": self.stats.loss, **self.metrics.values(), **validation_of(self.validation),
                 "bytes_per_step": bytes_per_step, "examples_per_s": self.stats.examples_per_s,
                 "seconds": self.stats.seconds}
 
@@ -195,7 +195,7 @@ def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=
     except WorkerLost as e:
         return lost(f"epoch {epoch}", e)
     get_run_logger().info("epoch %d: %d steps, loss %.4f, AUC %.4f, %.0f examples/s", epoch, stats.steps,
-                          stats.loss, done.metrics["auc"], stats.examples_per_s)
+                          stats.loss, done.metrics.auc, stats.examples_per_s)
     return done
 
 

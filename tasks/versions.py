@@ -21,7 +21,8 @@ from shardflow.planner.topology import parse_topology
 from shardflow.records import plain
 from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.training.engine import Engine
-from shardflow.training.evaluate import evaluate_export, metric_values
+from shardflow.model.metrics import Metrics
+from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.versions import STARTED, VersionStart
 from storage.checkpoint import complete_checkpoints, verify_export
@@ -240,11 +241,11 @@ def gate(config: RetrainConfig, dataset: str, number: int, figures: VersionFigur
     if source is not None:
         model = str(versions.version_dir(run, source) / "model")
         previous = evaluate_export(model, dataset, config.train.eval_users, config.train.seed, began.window[1])
-    floor = None if previous is None else previous["auc"] - config.nightly.promotion_margin
+    floor = None if previous is None else previous.auc - config.nightly.promotion_margin
     promoted = floor is None or figures.auc >= floor
     summary = RunSummary.parse({
         **plain(figures),
-        **{f"previous_{k}": None if previous is None else v for k, v in metric_values(previous or {}).items()},
+        **(previous or Metrics(None)).values("previous_"),
         "promoted": promoted, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }, f"version {number}'s summary")
     versions.finish(run, number, summary.stored())
@@ -252,10 +253,10 @@ def gate(config: RetrainConfig, dataset: str, number: int, figures: VersionFigur
     if promoted:
         versions.promote(run, number)
         log.info("version %d promoted (AUC %.4f%s)", number, summary.auc,
-                 "" if previous is None else f" against {previous['auc']:.4f} of version {source}")
+                 "" if previous is None else f" against {previous.auc:.4f} of version {source}")
     else:
         message = (f"version {number} not promoted: AUC {summary.auc:.4f} is below version {source}'s "
-                   f"{previous['auc']:.4f} by more than promotion_margin {config.nightly.promotion_margin}; "
+                   f"{previous.auc:.4f} by more than promotion_margin {config.nightly.promotion_margin}; "
                    f"version {source} stays current")
         log.warning(message)
         _emit_rejected(run, number, source, summary.auc, previous, message)
@@ -265,13 +266,13 @@ def gate(config: RetrainConfig, dataset: str, number: int, figures: VersionFigur
     return dataclasses.replace(summary, current=versions.current(run), message=message)
 
 
-def _emit_rejected(run: str, number: int, source: int, auc: float, previous: dict, message: str) -> None:
+def _emit_rejected(run: str, number: int, source: int, auc: float, previous: Metrics, message: str) -> None:
     from prefect.events import emit_event
 
     emit_event(
         event="shardflow.model.rejected",
         resource={"prefect.resource.id": f"shardflow.run-dir.{artifact_key('versions', run)}",
                   "prefect.resource.name": str(Path(run).resolve())},
-        payload={"version": number, "current": source, "auc": auc, "previous_auc": previous["auc"],
+        payload={"version": number, "current": source, "auc": auc, "previous_auc": previous.auc,
                  "message": message},
     )

@@ -6,7 +6,7 @@ held-out split (a ranking of every example, so the logits are gathered first) an
 mean log-loss.
 
 Each workload's scored examples are a value that adds up (`+`, and `sum(parts, Empty())`)
-over chunks and devices, and whose `.metrics()` is the metrics record a version keeps.
+over chunks and devices, and whose `.metrics()` are the model's `Metrics`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,38 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+METRICS = ("auc", "hr_at_10", "ndcg_at_10", "logloss")  # every summary has each key: None where the workload has none
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """A model's metrics on held-out examples: AUC, and HR@10 and NDCG@10 (sequences) or log-loss (click
+    logs), over `users` examples (None where a record did not keep the count)."""
+
+    auc: float | None
+    users: int | None = None
+    hr_at_10: float | None = None
+    ndcg_at_10: float | None = None
+    logloss: float | None = None
+
+    def values(self, prefix: str = "") -> dict:
+        """Under every key of METRICS, None where the workload has none; each key prefixed (val_, previous_)."""
+        return {prefix + k: getattr(self, k) for k in METRICS}
+
+    @classmethod
+    def read(cls, values: dict, prefix: str = "") -> Metrics:
+        """The metrics a summary, checkpoint manifest or epoch's record keeps under `prefix` keys."""
+        return cls(**{k: values.get(prefix + k) for k in METRICS})
+
+    def text(self) -> str:
+        """One line: 'AUC 0.7906, HR@10 0.4510, NDCG@10 0.2760' or 'AUC 0.7100, log-loss 0.4900'."""
+        if self.logloss is not None:
+            second = f"log-loss {self.logloss:.4f}"
+        else:  # a version made before NDCG@10 was measured has none
+            ndcg = "" if self.ndcg_at_10 is None else f", NDCG@10 {self.ndcg_at_10:.4f}"
+            second = f"HR@10 {self.hr_at_10:.4f}{ndcg}"
+        return f"AUC {self.auc:.4f}, {second}"
 
 
 @dataclass(frozen=True)
@@ -33,11 +65,11 @@ class RankCounts:
         return RankCounts(self.auc + other.auc, self.hits + other.hits, self.ndcg + other.ndcg,
                           self.examples + other.examples)
 
-    def metrics(self) -> dict:
+    def metrics(self) -> Metrics:
         """AUC against the first sampled negative, HR@10 and NDCG@10 among the candidates, over `users`
         held-out items."""
         n = max(self.examples, 1)
-        return {"auc": self.auc / n, "hr_at_10": self.hits / n, "ndcg_at_10": self.ndcg / n, "users": self.examples}
+        return Metrics(self.auc / n, self.examples, hr_at_10=self.hits / n, ndcg_at_10=self.ndcg / n)
 
 
 def _no_scores() -> np.ndarray:
@@ -58,10 +90,9 @@ class ScoredRows:
     def __add__(self, other: ScoredRows) -> ScoredRows:
         return ScoredRows(np.concatenate([self.logit, other.logit]), np.concatenate([self.label, other.label]))
 
-    def metrics(self) -> dict:
+    def metrics(self) -> Metrics:
         """AUC and mean log-loss over `users` held-out rows (each row is its own user in the store)."""
-        return {"auc": roc_auc(self.logit, self.label), "logloss": log_loss(self.logit, self.label),
-                "users": int(self.label.size)}
+        return Metrics(roc_auc(self.logit, self.label), int(self.label.size), logloss=log_loss(self.logit, self.label))
 
 
 Scored = RankCounts | ScoredRows  # either workload's

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardflow.records import parse_record, plain
-from shardflow.training.evaluate import METRICS
+from shardflow.model.metrics import Metrics
 
 RUN_KEYS = ("current", "message", "newest_version")  # the run's, not the version's: not in result.json
 
@@ -83,9 +83,9 @@ class RunSummary(VersionFigures):
         """What the version's result.json keeps: the summary less the run's own keys."""
         return {k: v for k, v in self.to_dict().items() if k not in RUN_KEYS}
 
-    def metrics(self, prefix: str = "") -> dict:
+    def metrics(self, prefix: str = "") -> Metrics:
         """The held-out metrics (prefix "val_": the validation split's, "previous_": the replaced model's)."""
-        return {k: getattr(self, prefix + k) for k in METRICS}
+        return Metrics.read(plain(self), prefix)
 
     @classmethod
     def parse(cls, values: dict, where: str = "a run summary") -> RunSummary:

@@ -24,6 +24,7 @@ from shardflow.cluster import live_workers
 from shardflow.model.dlrm import ClickConfig
 from shardflow.errors import InputError, WorkerLost, WorkerOutOfMemory
 from shardflow.model.sequence import ModelConfig
+from shardflow.model.metrics import Metrics
 from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.memory import check_worker_memory
 from shardflow.planner.plan import ShardingPlan
@@ -320,7 +321,7 @@ class Engine(Persistence):
             result.best_epoch = epoch
         return stop_now(scores, self.train.patience)
 
-    def evaluate(self, split: str = "test") -> dict:
+    def evaluate(self, split: str = "test") -> Metrics:
         """The model's metrics on a seeded sample of eval_users held-out examples of `split` (test, or
         validation when one is held out). Sequences: HR@10 and NDCG@10 among eval_negatives items its
         user had not touched, AUC against the first of them; click logs: AUC and log-loss."""

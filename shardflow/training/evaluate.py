@@ -17,6 +17,7 @@ import torch
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.data.clicks import ClickData, config_from_record, load_training_data
+from shardflow.model.metrics import Metrics
 from storage.checkpoint import read_export, read_export_dense, verify_export
 
 EVAL_CHUNK = 256  # examples scored at a time
@@ -33,27 +34,8 @@ def eval_targets(data: TrainData | ClickData, users: int | None, seed: int, spli
     return targets
 
 
-METRICS = ("auc", "hr_at_10", "ndcg_at_10", "logloss")  # every summary has each key: None where the workload has none
-
-
-def metric_values(metrics: dict) -> dict:
-    """The metrics under every key of METRICS (sequences have no log-loss, click logs no HR@10 or NDCG@10)."""
-    return {k: metrics.get(k) for k in METRICS}
-
-
-def metric_text(metrics: dict) -> str:
-    """The metrics of either workload as one line: 'AUC 0.7906, HR@10 0.4510, NDCG@10 0.2760' or
-    'AUC 0.7100, log-loss 0.4900'."""
-    if metrics.get("logloss") is not None:
-        second = f"log-loss {metrics['logloss']:.4f}"
-    else:  # a version made before NDCG@10 was measured has none
-        ndcg = metrics.get("ndcg_at_10")
-        second = f"HR@10 {metrics['hr_at_10']:.4f}" + ("" if ndcg is None else f", NDCG@10 {ndcg:.4f}")
-    return f"AUC {metrics['auc']:.4f}, {second}"
-
-
 def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | None, seed: int,
-                    eval_from: int = 0) -> dict:
+                    eval_from: int = 0) -> Metrics:
     """The metrics of an exported model on the dataset's held-out examples (after verifying every chunk).
 
     With `eval_from`, only the held-out examples in segments eval_from.. (the newest parts).

@@ -16,7 +16,7 @@ import torch
 
 from shardflow.data.clicks import ClickData, Clicks
 from shardflow.model.dlrm import ClickConfig, numeric_input
-from shardflow.model.metrics import log_loss, roc_auc
+from shardflow.model.metrics import Metrics, ScoredRows, log_loss
 
 L2 = 1e-3
 L2_GRID = (1e-3, 1e-4, 3e-5, 1e-5, 3e-6)  # choose_l2's choices
@@ -32,12 +32,12 @@ class Logistic:
         x = torch.from_numpy(numeric_input(ex.numeric)).double()
         return self.bias + x @ self.linear + sum(w[torch.from_numpy(ex.ids[t])] for t, w in self.weights.items())
 
-    def evaluate(self, data: ClickData, targets: np.ndarray, config: ClickConfig) -> dict:
+    def evaluate(self, data: ClickData, targets: np.ndarray, config: ClickConfig) -> Metrics:
         """AUC and log-loss on the rows `targets`."""
         ex = data.examples(targets, config)
         with torch.no_grad():
             z = self.logits(ex).numpy()
-        return {"auc": roc_auc(z, ex.labels), "logloss": log_loss(z, ex.labels)}
+        return ScoredRows(z.reshape(-1), ex.labels).metrics()
 
 
 def fit_logistic(data: ClickData, config: ClickConfig, l2: float = L2) -> Logistic:
@@ -71,7 +71,7 @@ def choose_l2(data: ClickData, config: ClickConfig, grid: tuple[float, ...] = L2
     DLRM's epochs are, never on the test rows."""
     best, least = grid[0], float("inf")
     for l2 in grid:
-        loss = fit_logistic(data, config, l2).evaluate(data, data.validation_targets, config)["logloss"]
+        loss = fit_logistic(data, config, l2).evaluate(data, data.validation_targets, config).logloss
         if loss >= least:
             break
         best, least = l2, loss

@@ -14,6 +14,7 @@ import torch
 
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.sequence import ModelConfig, forward_backward, init_rows
+from shardflow.model.metrics import Metrics
 from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_adagrad
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.examples import EVAL_NEGATIVES
@@ -57,7 +58,7 @@ class ReferenceTrainer:
         for i in range(self.data.steps_per_epoch(self.batch_size)):
             self.step(epoch, i)
 
-    def evaluate(self, targets: np.ndarray, negatives: int = EVAL_NEGATIVES, seed: int = 0) -> dict:
+    def evaluate(self, targets: np.ndarray, negatives: int = EVAL_NEGATIVES, seed: int = 0) -> Metrics:
         """`targets` scored as the engine scores them (click logs: AUC and log-loss; sequences: against
         `negatives` sampled items each), in one piece."""
         ex = self.data.eval_examples(targets, self.config, seed, negatives)

@@ -32,7 +32,6 @@ from shardflow.training.device import Device
 from shardflow.planner.estimation import estimation_plan
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
-from shardflow.training.evaluate import metric_values
 from shardflow.training.validation import validation_of
 from shardflow.training.inprocess import InProcess
 from storage.dataset import Dataset
@@ -138,14 +137,14 @@ def train_from_stores(
         "steady_steps": result.steady.steps,
         "measured_bytes_per_step": traffic.modeled_bytes / steps,
         "predicted_bytes_per_step": job.predicted_bytes_per_step,
-        **metric_values(metrics),
+        **metrics.values(),
         "loss": result.epoch_loss[-1] if result.epoch_loss else float("nan"),
         "strategy": job.plan.strategy,
         "model": config_record(job.model),
         "devices": job.topology.devices,
         "dedup": train.dedup,
         "batch_size": train.batch_size,
-        "eval_users": metrics["users"],
+        "eval_users": metrics.users,
         "epoch_loss": result.epoch_loss,
         "epochs_trained": len(result.epoch_loss),
         "best_epoch": result.best_epoch,

@@ -7,7 +7,7 @@ The test split is never scored here.
 
 from __future__ import annotations
 
-from shardflow.training.evaluate import METRICS
+from shardflow.model.metrics import METRICS, Metrics
 
 PREFIX = "val_"  # a validation metric's key: val_auc, val_hr_at_10, val_ndcg_at_10, val_logloss
 SCORE_KEYS = ("val_ndcg_at_10", "val_auc")  # the first a workload has is its score
@@ -16,19 +16,14 @@ SCORE_KEYS = ("val_ndcg_at_10", "val_auc")  # the first a workload has is its sc
 VALIDATION_KEYS = tuple(PREFIX + k for k in METRICS)
 
 
-def validation_values(metrics: dict) -> dict:
+def validation_values(metrics: Metrics) -> dict:
     """The validation metrics under their val_ keys, every key of METRICS present (None where none)."""
-    return {PREFIX + k: metrics.get(k) for k in METRICS}
+    return metrics.values(PREFIX)
 
 
 def validation_of(values: dict) -> dict:
     """The val_ metrics a summary, checkpoint manifest or epoch's stats holds, every key present."""
     return {k: values.get(k) for k in VALIDATION_KEYS}
-
-
-def unprefixed(values: dict) -> dict:
-    """The val_ metrics of `values` under the metrics' own names (for evaluate.metric_text)."""
-    return {k: values.get(PREFIX + k) for k in METRICS}
 
 
 def score(values: dict) -> float:

@@ -109,10 +109,10 @@ def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect
     cold, _ = night(root, client, everything, "cold", "three.yaml")
     assert cold["version"] == 1 and cold["warm_start_from"] is None
     cold_auc = evaluate_export(cold["model"], root / "run" / "dataset", None, 0, eval_from=2)
-    assert cold_auc["users"] == third["eval_users"] > 1000
-    assert third["auc"] >= cold_auc["auc"] - 0.01, (third["auc"], cold_auc)
-    print(f"\nnight 3: warm-started version AUC {third['auc']:.4f}, cold start on everything {cold_auc['auc']:.4f}, "
-          f"{cold_auc['users']} held-out users")
+    assert cold_auc.users == third["eval_users"] > 1000
+    assert third["auc"] >= cold_auc.auc - 0.01, (third["auc"], cold_auc)
+    print(f"\nnight 3: warm-started version AUC {third['auc']:.4f}, cold start on everything {cold_auc.auc:.4f}, "
+          f"{cold_auc.users} held-out users")
 
     rows = artifact_rows_of_versions(root / "run")
     assert [r["version"] for r in rows] == [1, 2, 3] and len({tuple(r) for r in rows}) == 1

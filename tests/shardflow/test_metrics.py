@@ -8,7 +8,7 @@ import numpy as np
 
 from shardflow.data.batches import TrainData
 from shardflow.model.metrics import hits
-from shardflow.training.evaluate import metric_text
+from shardflow.model.metrics import Metrics
 
 
 def scores_with_rank(rank: int, candidates: int = 101) -> np.ndarray:
@@ -31,7 +31,8 @@ def test_the_merged_metrics_are_means_over_the_held_out_items():
     parts = [TrainData.scored.of(np.stack([scores_with_rank(0)])),
              TrainData.scored.of(np.stack([scores_with_rank(3), scores_with_rank(20)]))]
     m = sum(parts, TrainData.scored()).metrics()
-    assert m["users"] == 3 and math.isclose(m["hr_at_10"], 2 / 3)
-    assert math.isclose(m["ndcg_at_10"], (1.0 + 1 / math.log2(5)) / 3)
-    assert metric_text({**m, "logloss": None}).endswith(f"NDCG@10 {m['ndcg_at_10']:.4f}")
-    assert "NDCG" not in metric_text({"auc": 0.8, "hr_at_10": 0.5})  # a version made before NDCG@10 was measured
+    assert m.users == 3 and math.isclose(m.hr_at_10, 2 / 3) and m.logloss is None
+    assert math.isclose(m.ndcg_at_10, (1.0 + 1 / math.log2(5)) / 3)
+    assert m.text() == f"AUC {m.auc:.4f}, HR@10 {m.hr_at_10:.4f}, NDCG@10 {m.ndcg_at_10:.4f}"
+    assert Metrics.read({"auc": 0.8, "hr_at_10": 0.5}).text() == "AUC 0.8000, HR@10 0.5000"  # before NDCG@10
+    assert Metrics(0.71, 9, logloss=0.49).text() == "AUC 0.7100, log-loss 0.4900"

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from shardflow.model.metrics import Metrics
 from shardflow.errors import InputError
 from shardflow.reporting.summary import RUN_KEYS, RunSummary
 
@@ -32,7 +33,7 @@ def test_the_json_form_reads_back_to_the_same_value_with_every_key_as_before():
     assert summary.to_dict() == TRAINED  # newest_version only where a run trained nothing
     assert RunSummary.parse(json.loads(json.dumps(summary.to_dict()))) == summary
     assert set(summary.stored()) == set(TRAINED) - set(RUN_KEYS)
-    assert summary.metrics("previous_") == {"auc": 0.8, "hr_at_10": 0.48, "ndcg_at_10": 0.28, "logloss": None}
+    assert summary.metrics("previous_") == Metrics(0.8, hr_at_10=0.48, ndcg_at_10=0.28)
     idle = dataclasses.replace(summary, trained=False, newest_version=3)
     assert idle.to_dict()["newest_version"] == 3
 

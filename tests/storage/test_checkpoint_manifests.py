@@ -8,7 +8,7 @@ import json
 import pytest
 
 from shardflow.errors import InputError
-from shardflow.training.evaluate import METRICS
+from shardflow.model.metrics import METRICS
 from shardflow.training.validation import VALIDATION_KEYS
 from storage.checkpoint import (CheckpointManifest, ExportManifest, finish, read_checkpoint, read_export_manifest,
                                 sealed)

@@ -146,11 +146,11 @@ def test_the_engine_trains_evaluates_and_exports_a_click_model(client, criteo, t
             ref.step(epoch, i)
     check_against(ref, shards)
     assert manifest.model["kind"] == "click"
-    assert metrics["users"] == data.eval_targets.size and set(metrics) == {"auc", "logloss", "users"}
+    assert metrics.users == data.eval_targets.size and metrics.hr_at_10 is None and metrics.ndcg_at_10 is None
     logit = _reference_logits(ref, data, model)
     labels = data.examples(data.eval_targets, model).labels
-    assert metrics["auc"] == pytest.approx(roc_auc(logit, labels), abs=1e-6)
-    assert metrics["logloss"] == pytest.approx(log_loss(logit, labels), rel=1e-4)
+    assert metrics.auc == pytest.approx(roc_auc(logit, labels), abs=1e-6)
+    assert metrics.logloss == pytest.approx(log_loss(logit, labels), rel=1e-4)
 
 
 def _reference_logits(ref, data, model) -> np.ndarray:

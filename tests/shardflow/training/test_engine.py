@@ -370,9 +370,9 @@ def test_early_stopping_ends_patience_epochs_after_the_best_validation_score_and
     best = max(scores, key=scores.get)
     assert result.best_epoch == best and len(result.epoch_loss) == best + 2 < 12, scores
     # The engine holds the best epoch's parameters: it scores the validation split exactly as it did then.
-    assert {f"val_{k}": held.get(k) for k in ("auc", "hr_at_10", "ndcg_at_10")} == {
+    assert {f"val_{k}": getattr(held, k) for k in ("auc", "hr_at_10", "ndcg_at_10")} == {
         k: result.validation[best][k] for k in ("val_auc", "val_hr_at_10", "val_ndcg_at_10")}
-    assert test["users"] > held["users"] > 0  # users with two events have a test item and no validation one
+    assert test.users > held.users > 0  # users with two events have a test item and no validation one
     with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH)) as e:
         with pytest.raises(InputError, match="no validation split was held out"):
             e.evaluate("validation")

@@ -38,7 +38,7 @@ def test_the_dlrm_beats_logistic_regression_on_auc_and_log_loss_for_every_seed(m
         scores = trainer.fit(EPOCHS, PATIENCE)
         epoch = best_epoch(scores)
         assert len(scores) == min(EPOCHS, epoch + PATIENCE)
-        assert trainer.evaluate(data.validation_targets)["auc"] == scores[epoch], "the best epoch's parameters kept"
+        assert trainer.evaluate(data.validation_targets).auc == scores[epoch], "the best epoch's parameters kept"
         dlrm = trainer.evaluate(data.eval_targets)
-        assert dlrm["auc"] > regression["auc"], (model.seed, epoch, dlrm, regression)
-        assert dlrm["logloss"] < regression["logloss"], (model.seed, epoch, dlrm, regression)
+        assert dlrm.auc > regression.auc, (model.seed, epoch, dlrm, regression)
+        assert dlrm.logloss < regression.logloss, (model.seed, epoch, dlrm, regression)

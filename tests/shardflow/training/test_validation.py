@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from shardflow.training.validation import (VALIDATION_KEYS, best_epoch, score, stop_now, unprefixed, validation_of,
+from shardflow.model.metrics import Metrics
+from shardflow.training.validation import (VALIDATION_KEYS, best_epoch, score, stop_now, validation_of,
                                           validation_values)
 
 
 def test_sequences_are_chosen_on_ndcg_and_click_logs_on_auc():
-    assert score(validation_values({"auc": 0.9, "hr_at_10": 0.6, "ndcg_at_10": 0.4})) == 0.4
-    assert score(validation_values({"auc": 0.7, "logloss": 0.5})) == 0.7
-    assert set(validation_values({})) == {"val_auc", "val_hr_at_10", "val_ndcg_at_10", "val_logloss"}
+    assert score(validation_values(Metrics(0.9, 100, hr_at_10=0.6, ndcg_at_10=0.4))) == 0.4
+    assert score(validation_values(Metrics(0.7, 100, logloss=0.5))) == 0.7
+    assert set(validation_values(Metrics(None))) == {"val_auc", "val_hr_at_10", "val_ndcg_at_10", "val_logloss"}
 
 
 def test_the_best_epoch_is_the_earliest_of_the_highest_scores():
@@ -30,6 +31,6 @@ def test_a_summarys_validation_metrics_are_read_back_under_either_name():
     assert validation_of(summary) == {"val_auc": 0.8, "val_hr_at_10": None, "val_ndcg_at_10": 0.3,
                                       "val_logloss": None}
     assert tuple(validation_of(summary)) == VALIDATION_KEYS
-    assert unprefixed(summary) == {"auc": 0.8, "hr_at_10": None, "ndcg_at_10": 0.3, "logloss": None}
-    assert unprefixed(validation_values({"auc": 0.7, "logloss": 0.4})) == {"auc": 0.7, "hr_at_10": None,
-                                                                          "ndcg_at_10": None, "logloss": 0.4}
+    assert Metrics.read(summary, "val_") == Metrics(0.8, ndcg_at_10=0.3)
+    assert validation_values(Metrics(0.7, 10, logloss=0.4)) == {"val_auc": 0.7, "val_hr_at_10": None,
+                                                                "val_ndcg_at_10": None, "val_logloss": 0.4}
