@@ -5,8 +5,8 @@ count per example that adds up over chunks and devices. Click logs: AUC over the
 held-out split (a ranking of every example, so the logits are gathered first) and the
 mean log-loss.
 
-Each workload's scored examples are a value that adds up (`+`, and `sum(parts, Empty())`)
-over chunks and devices, and whose `.metrics()` are the model's `Metrics`.
+Each workload's scored examples are a value that adds up over chunks and devices (`a + b`;
+`sum(parts, RankCounts())` from nothing), and whose `.metrics()` are the model's `Metrics`.
 """
 
 from __future__ import annotations
