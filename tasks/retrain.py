@@ -93,11 +93,12 @@ def profile(dataset: str, out: str, client: Client, run_dir: str, first: int = 0
     made = kept and kept.dataset
     if made and (made.checksum, made.window.first_part, made.window.history) == (checksum, first, history):
         log.info("reusing profile %s", out)
+        stats = kept.stats
     elif history is None:
-        profile_dataset(dataset, out, client=client, overwrite=kept is not None, first=first)
+        stats = profile_dataset(dataset, out, client=client, overwrite=kept is not None, first=first).tables
     else:
-        profile_window(dataset, out, client=client, first=first, history=history, overwrite=kept is not None)
-    stats = Profile.open(out).stats
+        stats = profile_window(dataset, out, client=client, first=first, history=history,
+                               overwrite=kept is not None).tables
     create_table_artifact(
         [
             {"table": name, "rows": s.rows, "accesses": s.accesses, "rows_read": s.distinct,
