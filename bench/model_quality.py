@@ -2,7 +2,8 @@
 
     python bench/model_quality.py [--datasets games,beauty] [--encoders mean,self-attention] [--epochs 20]
                                   [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.5]
-                                  [--patience N] [--row-lr 0.05] [--negatives 4] [--devices 2]
+                                  [--patience N] [--row-optimizer adagrad|adam] [--row-lr RATE]
+                                  [--negatives 4] [--devices 2]
                                   [--device cpu|cuda]
 
 For each dataset, encoder and seed: import the bundled log, plan it with FlexShard for one node
@@ -40,7 +41,7 @@ from pathlib import Path
 from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
 from shardflow.data.batches import TrainData
-from shardflow.model.optim import OptimizerConfig
+from shardflow.model.optim import ROW_OPTIMIZERS, OptimizerConfig
 from shardflow.model.sequence import ModelConfig
 from shardflow.errors import InputError
 from shardflow.training.config import TrainConfig
@@ -94,7 +95,8 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=RetrainConfig().model.history)
     parser.add_argument("--dropout", type=float, default=RetrainConfig().model.dropout)
     parser.add_argument("--patience", type=int, help="choose the epoch on a validation split (default: the last)")
-    parser.add_argument("--row-lr", type=float, default=RetrainConfig().train.row_lr, help="the rows' Adagrad rate")
+    parser.add_argument("--row-optimizer", choices=ROW_OPTIMIZERS, default=RetrainConfig().train.row_optimizer)
+    parser.add_argument("--row-lr", type=float, help="the rows' rate (default: the row optimizer's, ROW_LR)")
     parser.add_argument("--negatives", type=int, default=RetrainConfig().model.negatives,
                         help="sampled negatives per training target")
     parser.add_argument("--devices", type=int, default=2)
@@ -116,12 +118,12 @@ def main() -> None:
         c = config.model
         models[encoder] = ModelConfig(dim=c.dim, mlp=c.mlp, history=c.history, negatives=c.negatives,
                                       **config.encoder_options())
-    optimizer = RetrainConfig.build({"row_lr": args.row_lr}).optimizer()
+    optimizer = RetrainConfig.build({"row_lr": args.row_lr, "row_optimizer": args.row_optimizer}).optimizer()
     c = RetrainConfig.build({"history": args.history, "dropout": args.dropout, "negatives": args.negatives}).model
     print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.devices} {args.device} devices; "
           f"batch {args.batch_size}; {args.epochs} epochs; seeds {seeds}; dim {c.dim}, history {c.history}, "
           f"{c.negatives} negatives; mean: MLP {list(c.mlp)}; self-attention: {c.attention_blocks} blocks, "
-          f"{c.attention_heads} heads, dropout {c.dropout}; row Adagrad {optimizer.row_lr}, dense "
+          f"{c.attention_heads} heads, dropout {c.dropout}; rows {optimizer.rows} {optimizer.row_lr}, dense "
           f"{optimizer.dense} {optimizer.dense_lr}", flush=True)
     results: dict[tuple[str, str], list[list[dict]]] = {}
     with (tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp,

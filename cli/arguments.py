@@ -67,8 +67,8 @@ def _config_flag(p: argparse.ArgumentParser, key: str, **given) -> None:
     spec.update(given)
     if spec.get("required"):
         spec.pop("default")
-    else:
-        spec["help"] += f" (default: {default})"
+    elif spec["default"] is not None or default is None:  # a None given here instead: its help says what it takes
+        spec["help"] += f" (default: {spec['default']})"
     p.add_argument("--" + key.replace("_", "-"), **spec)
 
 
@@ -126,6 +126,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                  "(a node does)")
     _config_flag(p, "history")
     _config_flag(p, "negatives")
+    _config_flag(p, "row_optimizer", help="the rows' optimizer, whose state a row's memory counts")
     p.add_argument("--out", help="plan store to create (default: plan-STRATEGY beside the profile)")
     p.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
 
@@ -138,6 +139,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, help="global batch (default: the plan's)")
     p.add_argument("--dedup", choices=["none", "device", "node"], help="de-duplication scope (default: the plan's)")
+    _config_flag(p, "row_optimizer", default=None, help="the rows' optimizer (default: the plan's, whose memory "
+                 "budget counts its state)")
+    _config_flag(p, "row_lr", type=float)
     _config_flag(p, "early_answers", help="answer the next step's row requests while waiting, patch them when it "
                  "begins")
     _config_flag(p, "device", help="where each device computes: the CPU, or CUDA device d on worker d (resource "

@@ -121,7 +121,7 @@ def run_plan(args: argparse.Namespace) -> dict:
     from shardflow.planning.plans import make_plan
 
     topology = load_topology(args.topology)
-    shape = StepShape(args.batch_size, args.dim, args.dedup)
+    shape = StepShape(args.batch_size, args.dim, args.dedup, args.row_optimizer)
     out = args.out or str(Path(args.profile).resolve().parent / f"plan-{args.strategy}")
     summary = make_plan(
         args.profile,
@@ -157,6 +157,7 @@ def show_plan(s: dict) -> None:
 
 def run_train(args: argparse.Namespace) -> dict:
     from shardflow.cluster import dask_client
+    from shardflow.model.optim import OptimizerConfig
     from shardflow.training.device import torch_device
     from shardflow.training.config import TrainConfig
     from shardflow.training.run import train_from_stores
@@ -184,6 +185,7 @@ def run_train(args: argparse.Namespace) -> dict:
             args.plan,
             client,
             train,
+            optimizer=OptimizerConfig(rows=args.row_optimizer or shape.row_optimizer, row_lr=args.row_lr),
             encoder={"encoder": args.encoder, "blocks": args.attention_blocks, "heads": args.attention_heads,
                      "dropout": args.dropout},
             estimate=args.estimate,

@@ -114,7 +114,7 @@ class RetrainConfig(BaseModel):
         """What the planner prices a step by."""
         from shardflow.planner.costmodel import StepShape
 
-        return StepShape(self.train.batch_size, self.model.dim, self.plan.dedup)
+        return StepShape(self.train.batch_size, self.model.dim, self.plan.dedup, self.train.row_optimizer)
 
     def plan_options(self) -> dict:
         """The planning stage's keyword arguments besides the profile and the topology."""
@@ -125,7 +125,7 @@ class RetrainConfig(BaseModel):
         from shardflow.model.optim import OptimizerConfig
 
         t = self.train
-        return OptimizerConfig(row_lr=t.row_lr, dense=t.dense_optimizer, dense_lr=t.dense_lr)
+        return OptimizerConfig(row_lr=t.row_lr, rows=t.row_optimizer, dense=t.dense_optimizer, dense_lr=t.dense_lr)
 
     def training(self, window: tuple[int, int] = (0, 0)) -> "TrainConfig":
         """The engine's part: a version trains from segment window[0] and is evaluated from window[1]."""

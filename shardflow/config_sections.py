@@ -147,7 +147,13 @@ class TrainSection(Section):
     )
     batch_size: int = Field(4096, ge=1)
     dense_optimizer: Literal["adam", "adagrad"] = "adam"
-    row_lr: float = Field(0.05, gt=0, allow_inf_nan=False)
+    row_optimizer: Literal["adagrad", "adam"] = Field(
+        "adagrad", description="the embedding rows' optimizer: row-wise Adagrad (one float of state a row) or "
+        "Adam per row (2·dim + 1 floats a row: the plan's memory counts it; nearer the SASRec paper's figures, "
+        "docs/benchmarks.md)",
+    )
+    row_lr: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                 description="the rows' rate (none: 0.05 for adagrad, 0.002 for adam)")
     dense_lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
     early_answers: bool = Field(
         False, description="answer the next step's row requests while waiting and patch them when it begins (scopes "

@@ -93,6 +93,7 @@ class ExportManifest:
     arrays: dict
     checksum: str
     dense_optimizer: str = "adam"  # what an export made before its manifest named one was trained with
+    row_optimizer: str = "adagrad"  # likewise: the only row optimizer before there were two
     epochs: int | None = None
     best_epoch: int | None = None
     strategy: str | None = None
@@ -172,7 +173,7 @@ def read_arrays(root: Path, names: list[str], prefix: str, digests: dict[str, st
             target = np.empty(arr.shape, dtype=arr.dtype)
         elif tuple(arr.shape) != tuple(target.shape):
             raise InputError(f"{root}/{name}: shape {tuple(arr.shape)}; accepted: {tuple(target.shape)} (the rows "
-                             "this plan puts on the device, the model's dimension)")
+                             "this plan puts on the device, the model's dimension, the rows' optimizer state)")
         _hashed(root, name, prefix, digests, arr, target)
         out[name] = target
     return out
@@ -246,20 +247,21 @@ def verify_export(store: str | Path) -> ExportManifest:
     return m
 
 
-def create_export(store: Path, tables: dict[str, int], dim: int) -> None:
-    """The empty arrays of an export: `tables/<t>` [rows, dim] and `state/<t>` [rows], chunked by EXPORT_CHUNK_ROWS."""
+def create_export(store: Path, tables: dict[str, int], dim: int, state: tuple[int, ...] = ()) -> None:
+    """The empty arrays of an export: `tables/<t>` [rows, dim] and `state/<t>` [rows, *state] (a row's optimizer
+    state: () for Adagrad's sum), chunked by EXPORT_CHUNK_ROWS."""
     root = zarr.open_group(str(store), mode="w")
     for name, rows in tables.items():
         root.create_array(f"tables/{name}", shape=(rows, dim), dtype=np.float32, chunks=(EXPORT_CHUNK_ROWS, dim),
                           compressors=COMPRESSORS)
-        root.create_array(f"state/{name}", shape=(rows,), dtype=np.float32, chunks=(EXPORT_CHUNK_ROWS,),
-                          compressors=COMPRESSORS)
+        root.create_array(f"state/{name}", shape=(rows, *state), dtype=np.float32,
+                          chunks=(EXPORT_CHUNK_ROWS, *state), compressors=COMPRESSORS)
 
 
 def write_export_chunk(
     store: str | Path, table: str, start: int, rows: np.ndarray, state: np.ndarray
 ) -> dict[str, str]:
-    """Rows start.. of `table` and their Adagrad sums, one chunk only this writer writes; {chunk name: digest}."""
+    """Rows start.. of `table` and their optimizer state, one chunk only this writer writes; {chunk name: digest}."""
     out = {}
     for kind, values in (("tables", rows), ("state", state)):
         zarr.open_array(f"{store}/{kind}/{table}", mode="r+")[start : start + values.shape[0]] = values
@@ -269,7 +271,7 @@ def write_export_chunk(
 
 def read_export(store: str | Path, kind: str, table: str, ids: np.ndarray, zeros_past_end: bool = False
                 ) -> np.ndarray:
-    """Entries `ids` of an export's `kind` array of `table` (`tables`: rows, `state`: Adagrad sums), each
+    """Entries `ids` of an export's `kind` array of `table` (`tables`: rows, `state`: their optimizer state), each
     chunk read once whatever the ids' order.
 
     With `zeros_past_end`, ids past the exported table's end (added to the dataset since)

@@ -114,3 +114,16 @@ def test_a_profile_of_a_changed_dataset_is_refused(profiled, tmp_path):
         make_plan(tmp_path / "copy" / "profile", tmp_path / "p", uniform(1, 2, 1.0), strategy="flexshard",
                   shape=StepShape(64, 8))
     assert not (tmp_path / "p").exists()
+
+
+def test_a_plan_for_adam_rows_counts_their_moments_in_each_devices_memory(profiled, tmp_path):
+    topo = uniform(1, 4, 12.5)
+    made = {}
+    for rows in ("adagrad", "adam"):
+        make_plan(profiled / "profile", tmp_path / rows, topo, strategy="row-wise-mod",
+                  shape=StepShape(64, 8, "device", rows))
+        made[rows] = read_plan_summary(tmp_path / rows)
+        assert read_plan(tmp_path / rows)[2].row_optimizer == rows
+    per_row = {rows: max(s.memory_bytes_per_device) / 5929 for rows, s in made.items()}  # ceil(23,715 / 4) rows
+    assert per_row == {"adagrad": 4 * (8 + 1), "adam": 4 * (8 + 17)}
+    assert made["adam"].budget_bytes_per_device > made["adagrad"].budget_bytes_per_device

@@ -205,15 +205,16 @@ def read_record(record: dict) -> dict:
 TRAINING_SETTINGS = ("seed", "dropout")  # a model record's keys that shape no parameter and no optimiser slot
 
 
-def warm_start_record(config: ModelConfig | ClickConfig, dense_optimizer: str) -> dict:
-    """What a warm start carries over and must find unchanged: the model's record and the dense
-    optimiser, whose slots (Adam's moments, Adagrad's sums) it carries too."""
-    return {**config_record(config), "dense_optimizer": dense_optimizer}
+def warm_start_record(config: ModelConfig | ClickConfig, dense_optimizer: str, row_optimizer: str) -> dict:
+    """What a warm start carries over and must find unchanged: the model's record and the dense and row
+    optimisers, whose slots (Adam's moments, Adagrad's sums) it carries too."""
+    return {**config_record(config), "dense_optimizer": dense_optimizer, "row_optimizer": row_optimizer}
 
 
 def exported_record(manifest: ExportManifest) -> dict:
     """warm_start_record of an exported model, from its manifest."""
-    return {**read_record(manifest.model), "dense_optimizer": manifest.dense_optimizer}
+    return {**read_record(manifest.model), "dense_optimizer": manifest.dense_optimizer,
+            "row_optimizer": manifest.row_optimizer}
 
 
 def shape_differences(mine: dict, theirs: dict) -> list[str]:

@@ -1,7 +1,15 @@
-"""Optimizers in PyTorch: row-wise Adagrad for embedding rows, Adam or Adagrad for dense parameters.
+"""Optimizers in PyTorch: row-wise Adagrad or per-row Adam for embedding rows, Adam or Adagrad for dense
+parameters.
 
-Row-wise Adagrad keeps one float per row, beside the row, wherever the row lives:
+A row's optimizer state lives beside the row, wherever the row lives. Row-wise Adagrad keeps
+one float per row:
     G_r += mean(g_r ** 2);  w_r -= lr * g_r / (sqrt(G_r) + eps)
+Per-row Adam keeps 2·dim + 1 floats: the moments m_r and v_r and the count c_r of the row's
+own updates, which its bias correction uses (each row is the Adam of its own, as if it were
+a parameter alone; a row not read by a step is not touched, so a step costs what its rows do):
+    c_r += 1;  m_r = b1·m_r + (1 - b1)·g_r;  v_r = b2·v_r + (1 - b2)·g_r²
+    w_r -= lr · (m_r / (1 - b1^c_r)) / (sqrt(v_r / (1 - b2^c_r)) + eps)
+The count is a float32: exact to 2^24 updates of a row, where 1 - b^c is 1 to float precision.
 Every operation is elementwise per row in a fixed order, so two copies of a row that
 start equal and apply the same gradient stay bitwise equal, whatever other rows are
 updated beside them.
@@ -19,13 +27,24 @@ import numpy as np
 import torch
 
 from shardflow.errors import InputError
+from shardflow.planner.plan import row_state_floats
 
 DENSE_OPTIMIZERS = ("adam", "adagrad")
+# Each row optimizer's default rate: Adagrad's as the DLRM reference code sets it; Adam's the best of 1e-3, 2e-3
+# and 5e-3 on the SASRec paper's Amazon Games (docs/benchmarks.md, the rows' optimizer).
+ROW_LR = {"adagrad": 0.05, "adam": 2e-3}
+ROW_OPTIMIZERS = tuple(ROW_LR)
+
+
+def row_state_shape(rows: str, dim: int) -> tuple[int, ...]:
+    """The shape of one row's state in a state tensor [rows, ...]: a scalar for Adagrad."""
+    return () if rows == "adagrad" else (row_state_floats(rows, dim),)
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    row_lr: float = 0.05
+    row_lr: float | None = None  # None: the row optimizer's default (ROW_LR)
+    rows: str = "adagrad"
     dense: str = "adam"
     dense_lr: float = 1e-3
     eps: float = 1e-8
@@ -33,6 +52,10 @@ class OptimizerConfig:
     beta2: float = 0.999
 
     def __post_init__(self) -> None:
+        if self.rows not in ROW_OPTIMIZERS:
+            raise InputError(f"row optimizer {self.rows!r}; accepted: {', '.join(ROW_OPTIMIZERS)}")
+        if self.row_lr is None:
+            object.__setattr__(self, "row_lr", ROW_LR[self.rows])
         if self.dense not in DENSE_OPTIMIZERS:
             raise InputError(f"dense optimizer {self.dense!r}; accepted: {', '.join(DENSE_OPTIMIZERS)}")
         for name in ("row_lr", "dense_lr", "eps"):
@@ -45,6 +68,12 @@ class OptimizerConfig:
                 raise InputError(f"optimizer {name} = {v!r}; accepted: 0 <= value < 1")
 
 
+def row_update(config: OptimizerConfig, weights: torch.Tensor, state: torch.Tensor, local: torch.Tensor,
+               grads: torch.Tensor) -> None:
+    """Update rows `local` (distinct) of `weights` [rows, dim] and their `state` in place, by config.rows."""
+    (row_adagrad if config.rows == "adagrad" else row_adam)(config, weights, state, local, grads)
+
+
 @torch.no_grad()
 def row_adagrad(config: OptimizerConfig, weights: torch.Tensor, state: torch.Tensor, local: torch.Tensor,
                 grads: torch.Tensor) -> None:
@@ -52,6 +81,21 @@ def row_adagrad(config: OptimizerConfig, weights: torch.Tensor, state: torch.Ten
     acc = state[local] + (grads * grads).mean(dim=1)
     state[local] = acc
     weights[local] -= config.row_lr * grads / (acc.sqrt()[:, None] + config.eps)
+
+
+@torch.no_grad()
+def row_adam(config: OptimizerConfig, weights: torch.Tensor, state: torch.Tensor, local: torch.Tensor,
+             grads: torch.Tensor) -> None:
+    """Update rows `local` (distinct) of `weights` [rows, dim] and `state` [rows, 2·dim + 1] in place."""
+    D, b1, b2 = weights.shape[1], config.beta1, config.beta2
+    held = state[local]
+    m = b1 * held[:, :D] + (1 - b1) * grads
+    v = b2 * held[:, D : 2 * D] + (1 - b2) * grads * grads
+    count = held[:, 2 * D :] + 1
+    state[local] = torch.cat([m, v, count], dim=1)
+    m_hat = m / (1 - torch.pow(b1, count))
+    v_hat = v / (1 - torch.pow(b2, count))
+    weights[local] -= config.row_lr * m_hat / (v_hat.sqrt() + config.eps)
 
 
 # The state torch.optim keeps per parameter, by the name an export stores it under.

@@ -55,7 +55,7 @@ import numpy as np
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.plan import (GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, ShardingPlan, TablePlan,
-                                    exchanges_partials, replica_device, step_round_names)
+                                    exchanges_partials, replica_device, row_bytes, step_round_names)
 from shardflow.planner.topology import Topology
 
 DEDUP_SCOPES = ("none", "device", "node")
@@ -75,6 +75,7 @@ class StepShape:
     batch_size: int
     dim: int
     dedup: str = "device"
+    row_optimizer: str = "adagrad"  # what a row's state costs in memory (row_bytes); a plan from before: Adagrad
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "dim"):
@@ -82,6 +83,13 @@ class StepShape:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1")
         check_dedup(self.dedup)
+        if self.row_optimizer not in ("adagrad", "adam"):
+            raise InputError(f"row_optimizer = {self.row_optimizer!r}; accepted: adagrad, adam")
+
+    @property
+    def row_bytes(self) -> int:
+        """A row and its optimizer state in device memory."""
+        return row_bytes(self.dim, self.row_optimizer)
 
     @property
     def message_bytes(self) -> int:

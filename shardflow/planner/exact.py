@@ -26,7 +26,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, bandwidths, one_row, row_link_bytes
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, row_bytes, table_rows_per_device
+from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, table_rows_per_device
 from shardflow.planner.topology import Topology
 
 TIERS = (SINGLE, NODE, GLOBAL)
@@ -48,7 +48,7 @@ def exact_plan(accesses: list[TableAccess], budget_bytes: int, model: CostModel,
     if n_vars > MAX_VARIABLES:
         raise InputError(f"{len(classes)} row classes on {P} devices make {n_vars:,} variables; accepted: at most "
                          f"{MAX_VARIABLES:,} (the exact program is for small instances)")
-    budget_rows = budget_bytes // row_bytes(model.shape.dim)
+    budget_rows = budget_bytes // model.shape.row_bytes
     load = np.zeros((2 * P + 2 * len(topo.nodes), n_vars))
     memory = np.zeros((P, n_vars))
     rows = np.zeros((len(classes), n_vars))

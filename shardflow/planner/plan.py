@@ -63,9 +63,15 @@ def _no_ids() -> np.ndarray:
     return np.zeros(0, dtype=np.int64)
 
 
-def row_bytes(dim: int) -> int:
-    """A row and its row-wise Adagrad state (one float) in device memory."""
-    return VALUE_BYTES * (dim + 1)
+def row_state_floats(rows: str, dim: int) -> int:
+    """The floats of optimizer state a row keeps beside its values (shardflow.model.optim): row-wise Adagrad's
+    sum, or Adam's two moments and its count of the row's updates."""
+    return 1 if rows == "adagrad" else 2 * dim + 1
+
+
+def row_bytes(dim: int, rows: str = "adagrad") -> int:
+    """A row and its optimizer's state in device memory."""
+    return VALUE_BYTES * (dim + row_state_floats(rows, dim))
 
 
 @dataclass(frozen=True)
@@ -225,8 +231,9 @@ class ShardingPlan:
         """Row copies stored on every device, all tables together."""
         return sum(table_rows_per_device(t, topology) for t in self.tables)
 
-    def memory_bytes_per_device(self, topology: Topology, dim: int) -> np.ndarray:
-        return self.rows_per_device(topology) * row_bytes(dim)
+    def memory_bytes_per_device(self, topology: Topology, dim: int, rows: str = "adagrad") -> np.ndarray:
+        """Each device's rows and their state under row optimizer `rows`."""
+        return self.rows_per_device(topology) * row_bytes(dim, rows)
 
     def for_devices(self, devices: int) -> dict[str, DevicePlan]:
         """Every table's plan as the devices receive it (for_devices), by name."""

@@ -8,7 +8,7 @@ import numpy as np
 
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, PlanCost
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, row_bytes
+from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.relaxation import floor_bound, lower_bound, node_bound, row_floors, tier_costs
 from shardflow.planner.strategies import RowWiseMod
 from shardflow.planner.topology import Topology
@@ -21,7 +21,7 @@ def bound_and_baseline(
     """(a lower bound on the busiest link's time per step, row-wise-mod's cost) for this memory, scope and
     model. The bound holds for comm_time_s_per_step too: rounds one after another take at least as long as
     their bytes on the busiest link, and the wire's factor and fixed costs only add."""
-    spare = topology.devices * (budget_bytes // row_bytes(model.shape.dim)) - sum(a.rows for a in accesses)
+    spare = topology.devices * (budget_bytes // model.shape.row_bytes) - sum(a.rows for a in accesses)
     spare = max(spare, 0)
     # Three valid bounds: the fractional relaxation, the floor indivisible hot rows set, and each
     # node's uplink carrying what the node cannot hold. The first two price a trainer's remote reads
@@ -29,7 +29,7 @@ def bound_and_baseline(
     # single, node and global copies; a node row copied onto k of N nodes costs what its mix
     # (k-1)/(N-1) of node and the rest single costs only when nodes are the same size, so on three or
     # more nodes of different sizes it is left out.
-    bound = node_bound(accesses, model, budget_bytes // row_bytes(model.shape.dim))
+    bound = node_bound(accesses, model, budget_bytes // model.shape.row_bytes)
     if model.shape.dedup != "node":
         bound = max(bound, floor_bound(row_floors(accesses, model), spare))
         if len(topology.nodes) <= 2 or len(set(topology.node_devices.tolist())) == 1:
@@ -98,7 +98,8 @@ def summarize(
         dedup=model.shape.dedup,
         devices=topology.devices,
         budget_bytes_per_device=int(budget_bytes),
-        memory_bytes_per_device=tuple(int(b) for b in plan.memory_bytes_per_device(topology, model.shape.dim)),
+        memory_bytes_per_device=tuple(
+            int(b) for b in plan.memory_bytes_per_device(topology, model.shape.dim, model.shape.row_optimizer)),
         lookup_bytes_per_step=cost.lookup_bytes_per_step,
         sync_bytes_per_step=cost.sync_bytes_per_step,
         bytes_per_step=cost.bytes_per_step,

@@ -19,7 +19,7 @@ from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel
 from shardflow.planner.memory import check_capacity, slack_budget_bytes
 from shardflow.planner.placement import place, tiers_from_counts
-from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
+from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.refine import pack_tables, table_home_seconds
 from shardflow.planner.relaxation import best_tiers, tier_costs
 from shardflow.planner.topology import Topology
@@ -75,13 +75,13 @@ class TableWise:
     name = "table-wise"
 
     def plan(self, accesses, topology, budget_bytes, model):
-        budget_rows = budget_bytes // row_bytes(model.shape.dim)
+        budget_rows = budget_bytes // model.shape.row_bytes
         rows = np.array([a.rows for a in accesses], dtype=np.int64)
         homes = pack_tables(table_home_seconds(accesses, model), rows, budget_rows)
         if homes is None:
             big = int(np.argmax(rows))
             if rows[big] > budget_rows:
-                short = (int(rows[big]) - budget_rows) * row_bytes(model.shape.dim)
+                short = (int(rows[big]) - budget_rows) * model.shape.row_bytes
                 raise InputError(
                     f"table-wise: table '{accesses[big].name}' ({rows[big]:,} rows) fits on no device: it needs "
                     f"{short:,} bytes more than the budget of {budget_bytes:,} bytes per device leaves; accepted: a "
@@ -115,7 +115,7 @@ class FlexShard:
         self.copies = copies  # False: whole-node copies only (no row on some nodes only), for comparison
 
     def plan(self, accesses, topology, budget_bytes, model):
-        budget_rows = budget_bytes // row_bytes(model.shape.dim)
+        budget_rows = budget_bytes // model.shape.row_bytes
         by_name = {a.name: a for a in accesses}
         best, best_time = None, np.inf
         for plan in self.candidates(accesses, topology, budget_bytes, model):  # one at a time: 10^8 rows is 500 MB
@@ -129,9 +129,10 @@ class FlexShard:
     def candidates(self, accesses, topology, budget_bytes, model) -> Iterator[ShardingPlan | None]:
         """Its tiered plan (None where none fits), then the same placement with no replication, each at the
         budget and at the smaller ones of SLACK_LADDER, then row-wise-mod's placement; made one at a time."""
-        budget_rows = budget_bytes // row_bytes(model.shape.dim)
+        budget_rows = budget_bytes // model.shape.row_bytes
         flat = [np.full(a.rows, SINGLE, dtype=np.int8) for a in accesses]
-        smaller = [slack_budget_bytes(accesses, topology, model.shape.dim, slack) // row_bytes(model.shape.dim)
+        shape = model.shape
+        smaller = [slack_budget_bytes(accesses, topology, shape.dim, slack, shape.row_optimizer) // shape.row_bytes
                    for slack in SLACK_LADDER]
         budgets = [budget_rows, *(rows for rows in sorted(set(smaller)) if rows < budget_rows)]
         candidates = (
@@ -178,9 +179,10 @@ def propose(
 ) -> ShardingPlan:
     if strategy not in STRATEGIES:
         raise InputError(f"strategy {strategy!r}; accepted: {', '.join(STRATEGIES)}")
-    check_capacity(sum(a.rows for a in accesses), model.shape.dim, topology, budget_bytes)
+    check_capacity(sum(a.rows for a in accesses), model.shape.dim, topology, budget_bytes,
+                   rows_optimizer=model.shape.row_optimizer)
     plan = STRATEGIES[strategy].plan(accesses, topology, budget_bytes, model)
-    memory = plan.memory_bytes_per_device(topology, model.shape.dim)
+    memory = plan.memory_bytes_per_device(topology, model.shape.dim, model.shape.row_optimizer)
     d = int(np.argmax(memory))
     if memory[d] > budget_bytes:
         raise InputError(

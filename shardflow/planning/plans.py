@@ -86,7 +86,7 @@ def plan_inputs(profile_path: str | Path, topology: Topology, shape: StepShape, 
     profile = Profile.open(profile_path)
     accesses = accesses_from_profile(profile, history, negatives)
     model = cost_model(profile, accesses, topology, shape, history, negatives)
-    budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack)
+    budget = budget_bytes_per_device(accesses, topology, shape.dim, memory_slack, shape.row_optimizer)
     source = {"profile_path": profile_path, "profile": profile, "history": history, "negatives": negatives,
               "memory_slack": memory_slack}
     return PlanInputs(accesses, model, budget, source)
@@ -239,7 +239,7 @@ def _against_previous(previous: str | Path, fresh: ShardingPlan, fresh_s: float,
     accesses, model, budget = inputs.accesses, inputs.model, inputs.budget_bytes
     extended = extend_plan(old, {a.name: a.rows for a in accesses}, topology.devices)
     previous_s = model.evaluate(extended, {a.name: a for a in accesses}).comm_time_s_per_step
-    need = int(extended.memory_bytes_per_device(topology, shape.dim).max())
+    need = int(extended.memory_bytes_per_device(topology, shape.dim, shape.row_optimizer).max())
     if need > budget:
         return fresh, previous_s, f"the previous plan no longer fits: {need:,} bytes on a device, budget {budget:,}"
     if fresh_s < previous_s * (1 - margin):

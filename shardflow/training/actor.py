@@ -14,7 +14,7 @@ from shardflow.model.dlrm import ClickConfig
 from shardflow.errors import TrainingError, WorkerLost
 from shardflow.model.sequence import ModelConfig
 from shardflow.model.metrics import Scored
-from shardflow.model.optim import OptimizerConfig
+from shardflow.model.optim import OptimizerConfig, row_state_shape
 from shardflow.planner.plan import DevicePlan
 from shardflow.planner.topology import Topology
 from shardflow.data.clicks import load_training_data
@@ -36,7 +36,7 @@ class DeviceActor:
         data = load_training_data(dataset, config.features, window, validation=validation)
         self.device = Device(device, topology, tables, data, config, optimizer, batch_size=batch_size, dedup=dedup,
                              array_device=array_device, scaled_rows=scaled_rows, early=early)
-        self.index = device
+        self.index, self.row_state = device, row_state_shape(optimizer.rows, config.dim)
         self.peers: list = []
         self.mail = Mailbox()
         self._stepping = False  # inside a call to steps (the actor's thread writes the shard)
@@ -111,7 +111,7 @@ class DeviceActor:
             start, ids, home, calls = upcoming
             upcoming = request(starts[i + 1]) if i + 1 < len(starts) else None
             rows = np.empty((ids.size, self.device.config.dim), dtype=np.float32)
-            state = np.empty(ids.size, dtype=np.float32)
+            state = np.empty((ids.size, *self.row_state), dtype=np.float32)
             mine = home == self.index
             if mine.any():
                 rows[mine], state[mine] = self.device.export_rows(table, ids[mine])

@@ -249,7 +249,7 @@ class Device:
         return sum(parts, self.data.scored())
 
     def export_rows(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Current rows of `ids` and their Adagrad sums (training is over)."""
+        """Current rows of `ids` and their optimizer state (training is over)."""
         return to_host(self.shard.read(table, ids)), to_host(self.shard.read_state(table, ids))
 
     def dense_parameters(self) -> tuple[dict, dict, int]:
@@ -342,23 +342,24 @@ class Device:
         arrays = read_arrays(root, self._arrays(), f"shards/{self.index}", digests, into)
         for t in sh.layouts:
             if self.torch.type != "cpu":
-                w = arrays[f"{t}/weights"]
-                if w.shape != tuple(sh.weights[t].shape):
-                    raise InputError(f"{root}/{t}/weights: shape {w.shape}; accepted: {tuple(sh.weights[t].shape)} "
-                                     "(the rows this plan puts on the device, the model's dimension)")
-                sh.weights[t] = torch.from_numpy(w).to(self.torch)
-                sh.state[t] = torch.from_numpy(arrays[f"{t}/state"]).to(self.torch)
+                for kind, held in (("weights", sh.weights), ("state", sh.state)):
+                    a = arrays[f"{t}/{kind}"]
+                    if a.shape != tuple(held[t].shape):
+                        raise InputError(f"{root}/{t}/{kind}: shape {a.shape}; accepted: {tuple(held[t].shape)} (the "
+                                         "rows this plan puts on the device, the model's dimension, the rows' "
+                                         "optimizer state)")
+                    held[t] = torch.from_numpy(a).to(self.torch)
         if sh.dense is not None:
             sh.load_dense({k: arrays[f"dense/{k}"] for k in sh.dense},
                           {k: arrays[f"dense_opt/{k}"] for k in sh.dense_optimizer.state}, dense_steps, str(root))
         sh.clock = clock
 
     def warm_start(self, model: str, rows: dict, dense_steps: int) -> None:
-        """Take the rows this shard stores and their Adagrad sums, and (device 0) the dense layers and their
+        """Take the rows this shard stores and their optimizer state, and (device 0) the dense layers and their
         optimiser, from the exported model at `model`.
 
         Called on a fresh shard: rows at or past the export's `rows[table]` were added since
-        and keep their initial values and a zero sum; versions and the clock stay at zero.
+        and keep their initial values and a zero state; versions and the clock stay at zero.
         """
         sh = self.shard
         for t, lay in sh.layouts.items():

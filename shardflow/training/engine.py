@@ -100,7 +100,8 @@ class Engine(Persistence):
             raise InputError(f"the plan has {P} devices, the cluster {len(workers)} workers; accepted: >= {P} workers")
         self.need_bytes = check_worker_memory(plan, topology, model.dim, scaled_rows,
                                               {workers[d]: info[workers[d]] for d in range(P)},
-                                              users=self.data.offset_users, held=self.data.held_bytes(P))
+                                              users=self.data.offset_users, held=self.data.held_bytes(P),
+                                              rows_optimizer=optimizer.rows)
         # The worker each device lives on, by address and by the worker's unique id: a
         # worker restarted by its nanny comes back as a different id without the shard.
         self.workers = {workers[d]: info[workers[d]]["id"] for d in range(P)}

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shardflow.errors import InputError
+from shardflow.model.optim import row_state_shape
 from shardflow.data.clicks import config_record, exported_record, read_record, shape_differences, warm_start_record
 from storage.checkpoint import (EXPORT_CHUNK_ROWS, CheckpointManifest, ExportManifest, create_export, finish,
                                 read_checkpoint, sealed, write_arrays)
@@ -65,16 +66,17 @@ class Persistence:
     def warm_start(self, model: str | Path, manifest: ExportManifest) -> None:
         """Start from an exported model (`manifest` is its verified manifest), placed onto this plan.
 
-        Row r of a table takes the export's row r and its Adagrad sum where the export has
+        Row r of a table takes the export's row r and its optimizer state where the export has
         it (the dataset's appends keep every raw id's row, so row r is the same item); rows
-        added since keep their fresh initial values and a zero sum. Each shard reads only
+        added since keep their fresh initial values and a zero state. Each shard reads only
         the rows it stores, straight from the export store: the model is never gathered in
         one process. The dense layers and their optimiser state (and step count) are
         carried over: training goes on as if the new days had been more epochs, instead of
         a reset whose first Adagrad and Adam steps (about lr per coordinate) would throw
         the carried weights off.
         """
-        mine, theirs = warm_start_record(self.model, self.optimizer.dense), exported_record(manifest)
+        mine = warm_start_record(self.model, self.optimizer.dense, self.optimizer.rows)
+        theirs = exported_record(manifest)
         differ = shape_differences(mine, theirs)
         if differ:
             raise InputError(
@@ -92,7 +94,7 @@ class Persistence:
     def export(self, out: str | Path, epochs: int | None = None, best_epoch: int | None = None,
                strategy: str | None = None) -> ExportManifest:
         """The parameter download: every table in global id order, chunk by chunk in parallel, with the
-        optimiser state a later model version starts from (row Adagrad sums, the dense optimiser's).
+        optimiser state a later model version starts from (the rows' optimizer's, the dense optimiser's).
 
         Device d writes chunks d, d + P, d + 2P, ... of every table: it reads the rows it
         homes itself and asks the other homes for theirs, the next chunk's while it writes
@@ -101,7 +103,8 @@ class Persistence:
         kept and the plan's strategy as the caller gives them.
         """
         with staged(Path(out), overwrite=True) as stage:
-            create_export(stage, {t.name: t.rows for t in self.plan.tables}, self.model.dim)
+            create_export(stage, {t.name: t.rows for t in self.plan.tables}, self.model.dim,
+                          row_state_shape(self.optimizer.rows, self.model.dim))
             P = len(self.actors)
             step = P * EXPORT_CHUNK_ROWS
             calls = [a.write_export(str(stage), t.name, list(range(d * EXPORT_CHUNK_ROWS, t.rows, step)),
@@ -113,7 +116,8 @@ class Persistence:
             digests.update(write_arrays(stage / "dense_opt", dense_state, "dense_opt"))
             manifest = ExportManifest(
                 tables={t.name: t.rows for t in self.plan.tables}, dim=self.model.dim,
-                model=config_record(self.model), dense_optimizer=self.optimizer.dense, chunk_rows=EXPORT_CHUNK_ROWS,
+                model=config_record(self.model), dense_optimizer=self.optimizer.dense,
+                row_optimizer=self.optimizer.rows, chunk_rows=EXPORT_CHUNK_ROWS,
                 dense_steps=dense_steps, epochs=epochs, best_epoch=best_epoch, strategy=strategy, **sealed(digests))
             finish(stage, manifest)
         self.downloads += 1

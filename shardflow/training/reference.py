@@ -15,7 +15,7 @@ import torch
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.sequence import ModelConfig, forward_backward, init_rows
 from shardflow.model.metrics import Metrics
-from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_adagrad
+from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_state_shape, row_update
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.data.clicks import ClickData
@@ -36,7 +36,9 @@ class ReferenceTrainer:
         self.batch_size, self.seed, self.device = batch_size, seed, device
         self.tables = {t: torch.from_numpy(init_rows(t, np.arange(rows), config.dim, config.seed)).to(device)
                        for t, rows in data.rows.items()}
-        self.sums = {t: torch.zeros(rows, dtype=torch.float32, device=device) for t, rows in data.rows.items()}
+        width = row_state_shape(optimizer.rows, config.dim)
+        self.sums = {t: torch.zeros((rows, *width), dtype=torch.float32, device=device)
+                     for t, rows in data.rows.items()}
         self.dense_tensors = {k: torch.from_numpy(v).to(device) for k, v in config.init_dense().items()}
         self.dense_optimizer = DenseOptimizer(optimizer, self.dense_tensors)
 
@@ -50,7 +52,7 @@ class ReferenceTrainer:
                                  sparse=True)
         for t, g in grads.rows.items():
             g = g.coalesce()
-            row_adagrad(self.optimizer, self.tables[t], self.sums[t], g.indices()[0], g.values())
+            row_update(self.optimizer, self.tables[t], self.sums[t], g.indices()[0], g.values())
         self.dense_optimizer.step(grads.dense)
         return grads.loss_sum
 
@@ -84,7 +86,7 @@ class ReferenceTrainer:
         return scores
 
     def _parameters(self) -> tuple[dict, dict, dict]:
-        """The rows, their Adagrad sums and the dense weights (not the dense optimiser's state)."""
+        """The rows, their optimizer state and the dense weights (not the dense optimiser's state)."""
         return self.tables, self.sums, self.dense_tensors
 
     def _copy(self) -> tuple[dict, ...]:

@@ -79,7 +79,9 @@ def _move(shard: ParameterShard, table: str, root: Path, local: np.ndarray, sour
         into = torch.from_numpy(dst).to(shard.device)
         shard.weights[table][into] = torch.from_numpy(
             arrays["weights"].get_orthogonal_selection((src, slice(None)))).to(shard.device)
-        shard.state[table][into] = torch.from_numpy(arrays["state"].get_orthogonal_selection((src,))).to(shard.device)
+        state = arrays["state"]
+        shard.state[table][into] = torch.from_numpy(
+            state.get_orthogonal_selection((src,) + (slice(None),) * (state.ndim - 1))).to(shard.device)
         shard.version[table][dst] = arrays["version"].get_orthogonal_selection((src,))
 
 

@@ -77,16 +77,18 @@ def prepare(
     source = manifest.source
     model = model_config(ds, dim=shape.dim, mlp=mlp, bottom=bottom, history=source.history,
                          negatives=source.negatives, seed=train.seed, encoder=encoder)
+    optimizer = optimizer or OptimizerConfig(rows=shape.row_optimizer)
     scaled = None
     if estimate:
         budget = server_memory_bytes if server_memory_bytes is not None else topology.device_memory_bytes
-        plan, scaled, factor = estimation_plan({t.name: t.rows for t in plan.tables}, shape.dim, budget)
+        plan, scaled, factor = estimation_plan({t.name: t.rows for t in plan.tables}, shape.dim, budget,
+                                               optimizer.rows)
         log.info("estimation: every table on device 0, rows scaled by %.4f", factor)
     accesses = {a.name: a for a in accesses_from_profile(profile, source.history, source.negatives)}
-    step = StepShape(train.batch_size, shape.dim, train.dedup)
+    step = StepShape(train.batch_size, shape.dim, train.dedup, optimizer.rows)
     predicted = cost_model(profile, list(accesses.values()), topology, step, source.history,
                            source.negatives).evaluate(plan, accesses)
-    return TrainingJob(str(dataset), plan, topology, model, optimizer or OptimizerConfig(), train, scaled,
+    return TrainingJob(str(dataset), plan, topology, model, optimizer, train, scaled,
                        predicted.bytes_per_step)
 
 

@@ -1,7 +1,7 @@
 """The parameter shard of one device: its rows as tensors, their optimizer state and versions.
 
 A plain class with no knowledge of messages (shardflow.training.protocol routes them).
-It stores only the rows the plan gives its device, each with its row-wise Adagrad state
+It stores only the rows the plan gives its device, each with its row optimizer's state
 and a version (the step after whose update the row was last written), plus, on device 0,
 the dense parameters and their optimizer. Callers speak global ids; a RowLayout turns
 them into local rows.
@@ -17,7 +17,7 @@ import torch
 from shardflow.errors import InputError
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.sequence import ModelConfig, init_rows
-from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_adagrad
+from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_state_shape, row_update
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,9 @@ class ParameterShard:
         self.device, self.dim = torch_device, config.dim
         self.weights = {t: torch.from_numpy(init_rows(t, lay.init_ids, config.dim, config.seed)).to(torch_device)
                         for t, lay in layouts.items()}
-        self.state = {t: torch.zeros(lay.rows, dtype=torch.float32, device=torch_device) for t, lay in layouts.items()}
+        width = row_state_shape(optimizer.rows, config.dim)
+        self.state = {t: torch.zeros((lay.rows, *width), dtype=torch.float32, device=torch_device)
+                      for t, lay in layouts.items()}
         self.version = {t: np.zeros(lay.rows, dtype=np.int64) for t, lay in layouts.items()}
         self.clock = 0  # steps whose updates this shard has applied
         self.dense = None
@@ -113,7 +115,7 @@ class ParameterShard:
             local, where = np.unique(local, return_inverse=True)
             summed = torch.zeros((local.size, self.dim), dtype=torch.float32, device=self.device)
             grads = summed.index_add_(0, torch.from_numpy(where).to(self.device), grads)
-        row_adagrad(
+        row_update(
             self.optimizer, self.weights[table], self.state[table], torch.from_numpy(local).to(self.device), grads
         )
         self.version[table][local] = step + 1

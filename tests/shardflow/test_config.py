@@ -31,6 +31,8 @@ def test_each_stage_gets_the_keys_it_reads():
     optimizer = config.optimizer()
     assert (optimizer.row_lr, optimizer.dense, optimizer.dense_lr) == (0.1, "adagrad", 1e-3)
     assert "parsed_topology" not in config.model_dump()  # not a key of the flow's parameters
+    adam = RetrainConfig(row_optimizer="adam")
+    assert (adam.optimizer().rows, adam.optimizer().row_lr, adam.step_shape().row_optimizer) == ("adam", 2e-3, "adam")
 
 
 def test_a_key_is_named_bare_with_its_section_or_in_its_section_alike():
@@ -64,6 +66,7 @@ def test_the_schema_a_deployment_and_the_ui_read_has_the_sections():
         ({"train.epoch": 3}, "train.epoch = 3: Extra inputs are not permitted"),
         ({"model": {"epochs": 3}}, "model.epochs = 3: Extra inputs are not permitted"),
         ({"train": 3}, "train = 3: Input should be a valid dictionary"),
+        ({"row_optimizer": "sgd"}, "train.row_optimizer = 'sgd': Input should be 'adagrad' or 'adam'"),
     ],
 )
 def test_a_key_misplaced_or_given_twice_is_refused_by_name(values, refusal):

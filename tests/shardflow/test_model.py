@@ -8,7 +8,9 @@ import torch
 
 from support import bce_loss, numeric_gradient
 from shardflow.model.sequence import BatchIndex, ModelConfig, forward_backward, init_dense, init_rows, scores
-from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_adagrad
+from shardflow.errors import InputError
+from shardflow.model.optim import ROW_LR, DenseOptimizer, OptimizerConfig, row_adagrad, row_adam
+from shardflow.planner.plan import row_bytes
 
 CONFIG = ModelConfig(dim=4, mlp=(5, 3), history=3, negatives=2, features=("genre",), seed=3)
 CPU = torch.device("cpu")
@@ -95,6 +97,36 @@ def test_row_adagrad_and_dense_optimizers_descend():
         for _ in range(50):
             opt.step({"x": 2 * p["x"]})
         assert float((p["x"] ** 2).sum()) < 0.5 * 13.0, kind  # from 3² + 2²
+
+
+def test_row_adam_updates_each_row_as_torch_adam_would_that_row_alone():
+    """Rows read by different steps: each follows torch.optim.Adam over its own gradients, bias-corrected by its
+    own count of updates."""
+    config = OptimizerConfig(rows="adam", row_lr=0.01)
+    rng = np.random.default_rng(0)
+    w = torch.from_numpy(rng.normal(size=(4, 3)).astype(np.float32))
+    state = torch.zeros((4, 2 * 3 + 1))
+    alone = [torch.nn.Parameter(w[r].clone()) for r in range(4)]
+    optims = [torch.optim.Adam([p], lr=0.01) for p in alone]
+    for step in range(12):
+        rows = [r for r in range(4) if (step + 1) % (r + 1) == 0]  # row r in every (r + 1)-th step
+        grads = torch.from_numpy(rng.normal(size=(len(rows), 3)).astype(np.float32))
+        row_adam(config, w, state, torch.tensor(rows), grads)
+        for r, g in zip(rows, grads):
+            alone[r].grad = g.clone()
+            optims[r].step()
+    for r in range(4):
+        np.testing.assert_allclose(w[r].numpy(), alone[r].detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert state[:, -1].tolist() == [12.0, 6.0, 4.0, 3.0]
+
+
+def test_the_row_optimizer_sets_its_rate_and_what_a_row_costs_and_a_bad_name_is_refused():
+    assert OptimizerConfig().row_lr == ROW_LR["adagrad"] == 0.05
+    assert OptimizerConfig(rows="adam").row_lr == ROW_LR["adam"]
+    assert OptimizerConfig(rows="adam", row_lr=0.1).row_lr == 0.1
+    assert row_bytes(64) == 4 * 65 and row_bytes(64, "adam") == 4 * (64 + 129)
+    with pytest.raises(InputError, match=r"row optimizer 'sgd'; accepted: adagrad, adam"):
+        OptimizerConfig(rows="sgd")
 
 
 @pytest.mark.parametrize("kind", ["adam", "adagrad"])

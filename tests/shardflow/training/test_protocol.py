@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from support import (ATTENTION, BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, in_process_devices, planned,
-                     random_plan, reference)
+from support import (ADAM, ATTENTION, BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, in_process_devices,
+                     planned, random_plan, reference)
 from shardflow.errors import InputError, TrainingError
 from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
@@ -46,6 +46,21 @@ def test_the_self_attention_encoder_learns_what_the_reference_learns_under_every
     assert set(ref.dense) == set(ATTENTION.dense_shapes()) and any(k.startswith("attention.1.") for k in ref.dense)
 
 
+@pytest.mark.parametrize("dedup", ["none", "node"])
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_rows_under_adam_learn_what_the_reference_learns_under_every_plan(dataset, data, strategy, dedup):
+    """Each row's moments and update count live beside it: every copy applies the same total, the same way."""
+    devs = in_process_devices(data, planned(dataset, strategy, 4), TOPOLOGIES[4], dedup, optimizer=ADAM)
+    driver = InProcess(devs)
+    for i in range(STEPS):
+        driver.step(0, i, i, 0)
+    ref = reference(data, STEPS, optimizer=ADAM)
+    check_against(ref, [d.parameters() for d in devs])
+    counts = ref.state["item"][:, -1]
+    assert ref.state["item"].shape == (data.rows["item"], 2 * MODEL.dim + 1)
+    assert counts.max() == STEPS and np.unique(counts).size > 2, "each row counts the steps that read it"
+
+
 @pytest.mark.parametrize("dedup", ["none", "device", "node"])
 def test_a_trainer_whose_sub_batch_is_empty_still_takes_its_part_in_the_step(dataset, data, dedup):
     batch, steps = 4, 8  # one example per trainer on average: some trainer gets none in most steps
@@ -57,13 +72,14 @@ def test_a_trainer_whose_sub_batch_is_empty_still_takes_its_part_in_the_step(dat
     check_against(reference(data, steps, batch=batch), [d.parameters() for d in devs])
 
 
+@pytest.mark.parametrize("optimizer", [OPTIMIZER, ADAM], ids=["adagrad", "adam"])
 @pytest.mark.parametrize("dedup", ["none", "device", "node"])
-def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(data, dedup):
+def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(data, dedup, optimizer):
     plan = random_plan(data, 4, seed=1)
     tiers = np.concatenate([t.tier for t in plan.tables])
     assert (tiers == NODE).any() and (tiers == GLOBAL).any()
-    devs = in_process_devices(data, plan, TOPOLOGIES[4], dedup)
-    driver, ref = InProcess(devs), ReferenceTrainer(data, MODEL, OPTIMIZER, BATCH, seed=0)
+    devs = in_process_devices(data, plan, TOPOLOGIES[4], dedup, optimizer=optimizer)
+    driver, ref = InProcess(devs), ReferenceTrainer(data, MODEL, optimizer, BATCH, seed=0)
     for i in range(6):
         driver.step(0, i, i, 0)
         ref.step(0, i)
@@ -286,12 +302,13 @@ def test_a_shard_restores_in_place_and_a_damaged_checkpoint_changes_nothing(data
     assert devs[0].shard.weights["item"] is weights  # restored into the same tensor, not a second copy
 
 
-@pytest.mark.parametrize("before, after", [(4, 2), (3, 4), (2, 1)])
+@pytest.mark.parametrize("before, after, optimizer", [(4, 2, OPTIMIZER), (3, 4, OPTIMIZER), (2, 1, OPTIMIZER),
+                                                      (3, 2, ADAM)], ids=["4-2", "3-4", "2-1", "3-2-adam"])
 def test_a_checkpoint_moves_onto_another_plan_and_training_goes_on_as_the_reference_does(data, tmp_path, before,
-                                                                                          after):
-    """A topology that lost (or gained) devices: the checkpoint's rows, sums, versions and dense state land on a
-    plan of the devices there are now, and the steps after it learn what the reference learns."""
-    old = in_process_devices(data, random_plan(data, before, seed=5), TOPOLOGIES[before])
+                                                                                          after, optimizer):
+    """A topology that lost (or gained) devices: the checkpoint's rows, their optimizer state, versions and dense
+    state land on a plan of the devices there are now, and the steps after it learn what the reference learns."""
+    old = in_process_devices(data, random_plan(data, before, seed=5), TOPOLOGIES[before], optimizer=optimizer)
     for i in range(2):
         InProcess(old).step(0, i, i, 0)
     saved = [d.save(str(tmp_path / "ckpt")) for d in old]
@@ -299,9 +316,9 @@ def test_a_checkpoint_moves_onto_another_plan_and_training_goes_on_as_the_refere
     at_save = {t: {} for t in data.rows}
     for p in (d.parameters() for d in old):
         for t in data.rows:
-            at_save[t].update({i: (w.tobytes(), a, v) for i, w, a, v in zip(p[t]["ids"].tolist(), p[t]["weights"],
-                                                                            p[t]["state"], p[t]["version"])})
-    new = in_process_devices(data, random_plan(data, after, seed=6), TOPOLOGIES[after])
+            at_save[t].update({i: (w.tobytes(), a.tobytes(), v) for i, w, a, v in zip(
+                p[t]["ids"].tolist(), p[t]["weights"], p[t]["state"], p[t]["version"])})
+    new = in_process_devices(data, random_plan(data, after, seed=6), TOPOLOGIES[after], optimizer=optimizer)
     for k in range(before):
         new[k % after].verify(str(tmp_path / "ckpt"), digests, k)
     moved = [d.restore(str(tmp_path / "ckpt"), digests, before, 2, saved[0]["dense_steps"]) for d in new]
@@ -309,11 +326,11 @@ def test_a_checkpoint_moves_onto_another_plan_and_training_goes_on_as_the_refere
     for p in (d.parameters() for d in new):
         for t in data.rows:
             assert [at_save[t][i] for i in p[t]["ids"].tolist()] == [
-                (w.tobytes(), a, v) for w, a, v in zip(p[t]["weights"], p[t]["state"], p[t]["version"])]
+                (w.tobytes(), a.tobytes(), v) for w, a, v in zip(p[t]["weights"], p[t]["state"], p[t]["version"])]
     assert all(np.array_equal(new[0].parameters()["dense"][k], v) for k, v in old[0].parameters()["dense"].items())
     for i in range(2, 4):
         InProcess(new).step(0, i, i, 0)
-    check_against(reference(data, 4), [d.parameters() for d in new])
+    check_against(reference(data, 4, optimizer=optimizer), [d.parameters() for d in new])
 
 
 def test_a_checkpoint_of_the_same_plan_is_read_in_place_and_one_without_ids_moves_nowhere(data, tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zarr
 
-from support import OPTIMIZER, TOPOLOGIES, random_plan
+from support import ADAM, OPTIMIZER, TOPOLOGIES, random_plan
 from shardflow.errors import InputError
 from shardflow.model.sequence import ModelConfig, init_rows
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
@@ -88,19 +88,22 @@ def test_an_old_plan_extended_keeps_every_placement_and_stores_new_rows_once_by_
     assert grown.strategy == "flexshard" and old.table("item").rows == 3
 
 
-@pytest.mark.parametrize("model", [MODEL, replace(MODEL, encoder="self-attention", heads=2, dropout=0.1)],
-                         ids=["mean", "self-attention"])
-def test_a_warm_start_places_the_export_onto_a_plan_for_another_device_count(client, days, tmp_path, model):
+@pytest.mark.parametrize("model, optimizer", [(MODEL, OPTIMIZER),
+                                              (replace(MODEL, encoder="self-attention", heads=2, dropout=0.1), ADAM)],
+                         ids=["mean", "self-attention-adam-rows"])
+def test_a_warm_start_places_the_export_onto_a_plan_for_another_device_count(client, days, tmp_path, model,
+                                                                             optimizer):
     two = TrainData.load(days / "ds-2")
     plan_two = random_plan(two, 2, seed=3)
-    with Engine(client, str(days / "ds-2"), plan_two, TOPOLOGIES[2], model, OPTIMIZER, TrainConfig(2)) as e:
+    with Engine(client, str(days / "ds-2"), plan_two, TOPOLOGIES[2], model, optimizer, TrainConfig(2)) as e:
         e.step(0, 0)
         e.export(tmp_path / "model")
     manifest = verify_export(tmp_path / "model")
     old_rows = manifest.tables["item"]
     three = TrainData.load(days / "ds-3")
     plan_three = random_plan(three, 3, seed=5)
-    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], model, OPTIMIZER, TrainConfig(3)) as e:
+    assert manifest.row_optimizer == optimizer.rows
+    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], model, optimizer, TrainConfig(3)) as e:
         e.warm_start(tmp_path / "model", manifest)
         shards = e.parameters()
     exported = zarr.open_array(str(tmp_path / "model" / "tables" / "item"), mode="r")[...]
@@ -122,21 +125,27 @@ def test_a_warm_start_places_the_export_onto_a_plan_for_another_device_count(cli
     assert set(shards[0]["dense"]) == set(model.dense_shapes())
 
     other = replace(model, dim=8)
-    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], other, OPTIMIZER, TrainConfig(3)) as e:
+    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], other, optimizer, TrainConfig(3)) as e:
         with pytest.raises(InputError, match=r"exported with dim=4; accepted for a warm start: dim=8"):
             e.warm_start(tmp_path / "model", manifest)
     switched = replace(model, encoder="mean" if model.attention else "self-attention")
-    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], switched, OPTIMIZER, TrainConfig(3)) as e:
+    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], switched, optimizer, TrainConfig(3)) as e:
         with pytest.raises(InputError, match=rf"exported with encoder='{model.encoder}'.*accepted for a warm start: "
                                              rf"encoder='{switched.encoder}'"):
             e.warm_start(tmp_path / "model", manifest)
-    adagrad = replace(OPTIMIZER, dense="adagrad")  # Adam's moments cannot become Adagrad's sums
+    adagrad = replace(optimizer, dense="adagrad")  # Adam's moments cannot become Adagrad's sums
     with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], model, adagrad, TrainConfig(3)) as e:
         with pytest.raises(InputError, match=r"exported with dense_optimizer='adam'; accepted for a warm start: "
                                              r"dense_optimizer='adagrad'"):
             e.warm_start(tmp_path / "model", manifest)
+    rows = "adagrad" if optimizer.rows == "adam" else "adam"  # nor can the rows' state change its kind
+    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], model, replace(optimizer, rows=rows),
+                TrainConfig(3)) as e:
+        with pytest.raises(InputError, match=rf"exported with row_optimizer='{optimizer.rows}'; accepted for a warm "
+                                             rf"start: row_optimizer='{rows}'"):
+            e.warm_start(tmp_path / "model", manifest)
     # The dropout rate is a training setting: a warm start may change it.
-    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], replace(model, dropout=0.4), OPTIMIZER,
+    with Engine(client, str(days / "ds-3"), plan_three, TOPOLOGIES[3], replace(model, dropout=0.4), optimizer,
                 TrainConfig(3)) as e:
         e.warm_start(tmp_path / "model", manifest)
 
