@@ -197,8 +197,8 @@ def show_train(s: dict) -> None:
     mb = 1e6
     m = s["model"]
     encoder = f", {m['encoder']} encoder" if m["kind"] == "sequence" else ""
-    print(f"trained {s['strategy']} on {s['devices']} devices{encoder}: {s['steps']:,} steps, {s['examples']:,} "
-          f"examples, {s['examples_per_s']:,.0f} examples/s")
+    print(f"trained {s['strategy']} on {s['devices']} devices{encoder}, rows {s['row_optimizer']}: {s['steps']:,} "
+          f"steps, {s['examples']:,} examples, {s['examples_per_s']:,.0f} examples/s")
     from shardflow.model.metrics import Metrics
 
     print(f"  loss {s['loss']:.4f}   {Metrics.read(s).text()}  ({s['eval_users']:,} held-out examples)")

@@ -119,12 +119,13 @@ def test_the_cluster_moves_exactly_the_bytes_of_the_in_process_driver(client, pl
 
 def test_train_command_prints_the_summary_keys(planned):
     """With --early-answers: 4 steps are two warm-up calls and one of 2 steps, whose second step is patched; the
-    model is the self-attention encoder's (the flows train the default mean encoder); with --patience the
-    validation split is scored after the one (cut short) epoch."""
+    model is the self-attention encoder's (the flows train the default mean encoder), its rows under Adam (the
+    plan's Adagrad by default); with --patience the validation split is scored after the one (cut short) epoch."""
     done = subprocess.run(
         [SHARDFLOW, "train", str(planned / "ds"), "--plan", str(planned / "flexshard"), "--max-steps", "4",
          "--batch-size", "512", "--dedup", "none", "--eval-users", "300", "--early-answers", "--encoder",
-         "self-attention", "--attention-heads", "2", "--dropout", "0.1", "--patience", "3", "--json"],
+         "self-attention", "--attention-heads", "2", "--dropout", "0.1", "--patience", "3", "--row-optimizer", "adam",
+         "--json"],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
@@ -134,7 +135,7 @@ def test_train_command_prints_the_summary_keys(planned):
         assert isinstance(s[key], kind), key
     assert (s["steps"], s["examples"], s["dedup"], s["eval_users"]) == (4, 4 * 512, "none", 300)
     assert (s["model"]["encoder"], s["model"]["heads"], s["model"]["dropout"]) == ("self-attention", 2, 0.1)
-    assert s["bytes_per_step"]["patch"] > 0
+    assert s["row_optimizer"] == "adam" and s["bytes_per_step"]["patch"] > 0
     assert (s["epochs_trained"], s["best_epoch"], s["patience"]) == (1, 1, 3) and len(s["epoch_validation"]) == 1
     assert s["epoch_validation"][0]["val_ndcg_at_10"] == s["val_ndcg_at_10"] and 0 < s["val_hr_at_10"] <= 1
     assert 0 <= s["auc"] <= 1 and 0 <= s["hr_at_10"] <= 1 and 0 < s["loss"] < 1

@@ -143,6 +143,7 @@ def train_from_stores(
         "loss": result.epoch_loss[-1] if result.epoch_loss else float("nan"),
         "strategy": job.plan.strategy,
         "model": config_record(job.model),
+        "row_optimizer": job.optimizer.rows,
         "devices": job.topology.devices,
         "dedup": train.dedup,
         "batch_size": train.batch_size,
