@@ -219,7 +219,7 @@ def test_a_version_killed_during_its_download_leaves_the_promoted_model_untouche
 
 def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_default(tmp_path):
     """A run_dir promoted by an older shardflow, whose export's model record lacks newer keys (bottom, encoder,
-    blocks, heads, dropout; the dense optimiser), warm-starts a run that keeps their defaults, and refuses one
+    blocks, heads, dropout; the dense and row optimisers), warm-starts a run that keeps their defaults, and refuses one
     that changes what shapes the model, naming both values; settings that shape nothing pass."""
     from shardflow.data.clicks import config_record, model_config
     from shardflow.preflight import check_model_shape
@@ -235,7 +235,7 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
     older = {k: v for k, v in config_record(model).items() if k not in ("encoder", "blocks", "heads", "dropout")}
     versions.start(tmp_path, version_start(1))
     (versions.version_dir(tmp_path, 1) / "model").mkdir()
-    write_manifest(versions.version_dir(tmp_path, 1) / "model", {  # as that shardflow wrote it: no dense_optimizer
+    write_manifest(versions.version_dir(tmp_path, 1) / "model", {  # as that shardflow wrote it: no optimizers named
         "format": "shardflow.model", "format_version": 1, "tables": {}, "dim": m.dim, "model": older, "chunk_rows": 1,
         "dense_steps": 0, **sealed({})})
     versions.finish(tmp_path, 1, {"promoted": True})
@@ -252,6 +252,9 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
         check_model_shape(changed(encoder="self-attention"))
     with pytest.raises(InputError, match=r"has dense_optimizer = 'adam', this run dense_optimizer = 'adagrad'"):
         check_model_shape(changed(dense_optimizer="adagrad"))
+    # Its manifest names no row optimizer either: Adagrad's sums, the only rows' state there was.
+    with pytest.raises(InputError, match=r"has row_optimizer = 'adagrad', this run row_optimizer = 'adam'"):
+        check_model_shape(changed(row_optimizer="adam"))
     check_model_shape(changed(attention_blocks=5, dropout=0.3, seed=7))
     check_model_shape(changed(bottom_mlp=(32,)))  # a sequence model has no bottom MLP
 
