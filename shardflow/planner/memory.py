@@ -54,6 +54,8 @@ def check_capacity(rows: int, dim: int, topology: Topology, budget_bytes: int, w
         )
 
 
+STATE = {"adagrad": "Adagrad sums", "adam": "Adam moments"}  # a row optimizer's state, as a message names it
+
 # What a worker holds beside its shard's rows and their optimizer state, as measured by bench/scale.py on tables of
 # 10^5 to 5*10^7 rows and logs of up to 10^9 events (docs/benchmarks.md): its peak stayed within 1.3 x the
 # plan's bytes + 1.1 GB, of which 0.56 GB is what importing torch's CUDA build and the engine costs any
@@ -85,12 +87,14 @@ def check_worker_memory(plan: ShardingPlan, topology: Topology, dim: int, scaled
         limit = info.get("memory_limit") or 0
         if limit and peak[d] > limit:
             raise InputError(
-                f"device {d}'s shard needs {need[d] / 2**30:.2f} GiB for its rows and their Adagrad sums at dim {dim}, "
+                f"device {d}'s shard needs {need[d] / 2**30:.2f} GiB for its rows and their {STATE[rows_optimizer]} at "
+                f"dim {dim}, "
                 f"and its worker about {peak[d] / 2**30:.2f} GiB in all ({WORKER_SCALE} x that + "
                 f"{WORKER_EXTRA_BYTES / 1e9:.1f} GB for torch, batches and buffers + {WORKER_BYTES_PER_USER} bytes "
                 f"for each of the log's {users:,} users + {held / 2**30:.2f} GiB for the examples a trainer holds, "
                 f"as measured by bench/scale.py), "
                 f"but its worker {address} may use {limit / 2**30:.2f} GiB; accepted: workers with more memory, a plan "
                 f"over more devices, less memory_slack (fewer replicas) or a smaller dim"
+                + (" or row_optimizer adagrad" if rows_optimizer == "adam" else "")
             )
     return need
