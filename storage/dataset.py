@@ -125,7 +125,7 @@ class Dataset:
         root = zarr.open_group(str(path), mode="r")
         ds = cls(path, info, root, segments)
         for s in segments:
-            ds._validate_segment(s.name, s.events, s.runs)
+            ds._validate_segment(s)
         try:
             matches = dataset_checksum(m["segments"], m) == m["checksum"]
         except (KeyError, TypeError) as e:
@@ -188,8 +188,8 @@ class Dataset:
             raise InputError(f"{self.path}/{name}: {arr.shape[0]} values; the manifest says {length}")
         return arr
 
-    def _validate_segment(self, name: str, events: int, runs: int) -> None:
-        info, seg = self.info, f"{SEGMENTS}/{name}"
+    def _validate_segment(self, segment: Segment) -> None:
+        info, seg, events, runs = self.info, f"{SEGMENTS}/{segment.name}", segment.events, segment.runs
         for t in info.tables:
             self._array(f"{seg}/tables/{t.name}", "iu", events)
         for d in info.dense:
