@@ -27,14 +27,13 @@ import numpy as np
 import torch
 
 from shardflow.errors import InputError
-from shardflow.planner.plan import row_state_floats
+from shardflow.planner.plan import ROW_OPTIMIZERS, row_state_floats
 
 DENSE_OPTIMIZERS = ("adam", "adagrad")
 # Each row optimizer's default rate. Adam's: of 1e-3, 2e-3 and 5e-3 tried on Amazon Games (self-attention, one
 # exploratory single-process run each on a lent H200), 1e-3 stayed near the popularity ranking (HR@10 0.48) for
 # 15 epochs, 2e-3 reached HR@10 0.732 by epoch 37 and 5e-3 0.730 by 31; the engine's figures: docs/benchmarks.md.
 ROW_LR = {"adagrad": 0.05, "adam": 2e-3}
-ROW_OPTIMIZERS = tuple(ROW_LR)
 
 
 def row_state_shape(rows: str, dim: int) -> tuple[int, ...]:

@@ -55,7 +55,8 @@ import numpy as np
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.plan import (GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, ShardingPlan, TablePlan,
-                                    exchanges_partials, replica_device, row_bytes, step_round_names)
+                                    ROW_OPTIMIZERS, exchanges_partials, replica_device, row_bytes,
+                                    step_round_names)
 from shardflow.planner.topology import Topology
 
 DEDUP_SCOPES = ("none", "device", "node")
@@ -83,8 +84,8 @@ class StepShape:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1")
         check_dedup(self.dedup)
-        if self.row_optimizer not in ("adagrad", "adam"):
-            raise InputError(f"row_optimizer = {self.row_optimizer!r}; accepted: adagrad, adam")
+        if self.row_optimizer not in ROW_OPTIMIZERS:
+            raise InputError(f"row_optimizer = {self.row_optimizer!r}; accepted: {', '.join(ROW_OPTIMIZERS)}")
 
     @property
     def row_bytes(self) -> int:

@@ -63,6 +63,9 @@ def _no_ids() -> np.ndarray:
     return np.zeros(0, dtype=np.int64)
 
 
+ROW_OPTIMIZERS = ("adagrad", "adam")  # the embedding rows' optimizers (shardflow.model.optim)
+
+
 def row_state_floats(rows: str, dim: int) -> int:
     """The floats of optimizer state a row keeps beside its values (shardflow.model.optim): row-wise Adagrad's
     sum, or Adam's two moments and its count of the row's updates."""

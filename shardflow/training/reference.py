@@ -37,7 +37,7 @@ class ReferenceTrainer:
         self.tables = {t: torch.from_numpy(init_rows(t, np.arange(rows), config.dim, config.seed)).to(device)
                        for t, rows in data.rows.items()}
         width = row_state_shape(optimizer.rows, config.dim)
-        self.sums = {t: torch.zeros((rows, *width), dtype=torch.float32, device=device)
+        self.row_state = {t: torch.zeros((rows, *width), dtype=torch.float32, device=device)
                      for t, rows in data.rows.items()}
         self.dense_tensors = {k: torch.from_numpy(v).to(device) for k, v in config.init_dense().items()}
         self.dense_optimizer = DenseOptimizer(optimizer, self.dense_tensors)
@@ -52,7 +52,7 @@ class ReferenceTrainer:
                                  sparse=True)
         for t, g in grads.rows.items():
             g = g.coalesce()
-            row_update(self.optimizer, self.tables[t], self.sums[t], g.indices()[0], g.values())
+            row_update(self.optimizer, self.tables[t], self.row_state[t], g.indices()[0], g.values())
         self.dense_optimizer.step(grads.dense)
         return grads.loss_sum
 
@@ -87,7 +87,7 @@ class ReferenceTrainer:
 
     def _parameters(self) -> tuple[dict, dict, dict]:
         """The rows, their optimizer state and the dense weights (not the dense optimiser's state)."""
-        return self.tables, self.sums, self.dense_tensors
+        return self.tables, self.row_state, self.dense_tensors
 
     def _copy(self) -> tuple[dict, ...]:
         return tuple({k: v.clone() for k, v in d.items()} for d in self._parameters())
@@ -98,7 +98,7 @@ class ReferenceTrainer:
 
     @property
     def state(self) -> dict[str, np.ndarray]:
-        return {t: s.cpu().numpy() for t, s in self.sums.items()}
+        return {t: s.cpu().numpy() for t, s in self.row_state.items()}
 
     @property
     def dense(self) -> dict[str, np.ndarray]:
