@@ -95,24 +95,6 @@ def one_line(err: str, begins: str) -> None:
     assert len(ours) == 1 and ours[0].startswith(begins) and "run the same command again to resume" in ours[0], ours
 
 
-def test_ctrl_c_with_the_embedded_api_ends_at_once_leaves_nothing_running_and_resumes(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env |= {"PREFECT_HOME": str(prefect_home(tmp_path / "prefect")), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    proc = start(tmp_path, env)
-    status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT)
-    assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, err[-3000:])
-    one_line(err, "shardflow run: interrupted;")
-    assert len(family) > 2 and still_running(family) == []  # the embedded server and every Dask process
-    assert "Finished in state Crashed('Execution was aborted by an interrupt signal.')" in err
-
-    rerun = subprocess.run([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml"), "--json"], env=env,
-                           capture_output=True, text=True, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    summary = json.loads(rerun.stdout)
-    assert summary["version"] == 1 and summary["resumed_from"].endswith("epoch-000001") and summary["promoted"]
-    assert [Path(c).name for c in summary["checkpoints"]] == ["epoch-000001", "epoch-000002", "epoch-000003"]
-
-
 def test_sigterm_to_the_group_is_recorded_as_crashed_and_the_same_command_resumes(server, tmp_path):
     proc = start(tmp_path, server.env)
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGTERM)
@@ -193,13 +175,26 @@ def test_a_worker_then_the_embedded_api_killed_mid_run_are_ridden_through_quietl
     assert "epoch 3: " in err and "promoted" in out
 
 
-def test_an_embedded_api_that_cannot_start_again_stops_the_run_in_one_line_and_the_next_run_resumes(tmp_path):
+def test_ctrl_c_ends_at_once_then_an_embedded_api_that_cannot_start_again_stops_the_resumed_run_and_the_next_resumes(
+        tmp_path):
+    """Three runs of one config (a run's start-up fewer than a test each): Ctrl-C once the first checkpoint is
+    written ends the run at once with one line, leaves nothing running and records it as Crashed; the same
+    command resumes from that checkpoint and, its embedded API killed after the second and its address taken,
+    stops in one line with exit status 3; the next run resumes from the second and completes."""
     import socket
 
     env = embedded(tmp_path)
     proc = start(tmp_path, env)
-    wait_for(proc, first_checkpoint, tmp_path / "run")
-    server = embedded_server(proc)
+    status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT)
+    assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, err[-3000:])
+    one_line(err, "shardflow run: interrupted;")
+    assert len(family) > 2 and still_running(family) == []  # the embedded server and every Dask process
+    assert "Finished in state Crashed('Execution was aborted by an interrupt signal.')" in err
+
+    resumed = subprocess.Popen([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml")], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(resumed, checkpoint(2), tmp_path / "run")
+    server = embedded_server(resumed)
     port = next(c.laddr.port for c in server.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
     server.kill()
     server.wait(10)
@@ -208,15 +203,20 @@ def test_an_embedded_api_that_cannot_start_again_stops_the_run_in_one_line_and_t
     squatter.bind(("127.0.0.1", port))
     squatter.listen(16)
     try:
-        _, err = proc.communicate(timeout=600)
+        _, err = resumed.communicate(timeout=600)
     finally:
         squatter.close()
-    assert proc.returncode == 3, err[-3000:]
+    assert resumed.returncode == 3, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
+    first = tmp_path / "run" / "versions" / "0001" / "checkpoints" / "epoch-000001"
+    assert f"resumed from {first}: 1 epochs done" in err, err[-3000:]
     ours = [line for line in err.splitlines() if line.startswith("shardflow run:")]
     assert len(ours) == 1 and ours[0].startswith("shardflow run: training stopped: the embedded Prefect API stopped "
                                                  "(exit status -9) and did not start again"), ours
+
     rerun = subprocess.run([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml"), "--json"], env=env,
                            capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert json.loads(rerun.stdout)["resumed_from"] is not None
+    summary = json.loads(rerun.stdout)
+    assert summary["version"] == 1 and summary["resumed_from"].endswith("epoch-000002") and summary["promoted"]
+    assert [Path(c).name for c in summary["checkpoints"]] == ["epoch-000001", "epoch-000002", "epoch-000003"]
