@@ -2,7 +2,7 @@
 
     python bench/model_quality.py [--datasets games,beauty] [--encoders mean,self-attention] [--epochs 20]
                                   [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.5]
-                                  [--patience N] [--row-optimizer adagrad|adam] [--row-lr RATE]
+                                  [--patience N [--min-epochs M]] [--row-optimizer adagrad|adam] [--row-lr RATE]
                                   [--negatives 4] [--devices 2]
                                   [--device cpu|cuda]
 
@@ -16,8 +16,9 @@ section IV-B): the held-out last item ranked among 100 items the user never inte
 (shardflow.data.examples.sample_unseen). Without --patience the epoch count is fixed in
 advance and the figure reported is the last epoch's. With --patience N, as the paper does,
 each user's second-to-last item is held out as a validation split too, scored after every
-epoch; training stops N epochs after the best validation NDCG@10 and the figure reported is
-the test split's at that best epoch (the test item chooses nothing). Either way:
+epoch; training stops N epochs after the best validation NDCG@10 (not before epoch M, with
+--min-epochs M) and the figure reported is the test split's at that best epoch (the test item
+chooses nothing). Either way:
 min/median/max over the seeds, and the medians over the published figures (ratios). The
 per-epoch rows are printed as a learning curve.
 
@@ -36,6 +37,7 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from shardflow.cluster import dask_client
@@ -58,16 +60,15 @@ DATASETS = {  # name -> (source, format, published HR@10, NDCG@10, where they co
 }
 
 
-def run(client, dataset: Path, model: ModelConfig, optimizer: OptimizerConfig, batch_size: int, epochs: int,
-        seed: int, patience: int | None, devices: int, device: str) -> list[dict]:
+def run(client, dataset: Path, model: ModelConfig, optimizer: OptimizerConfig, train: TrainConfig,
+        devices: int) -> list[dict]:
     """Every epoch's loss, metrics and seconds (training, then evaluating all users), up to the epoch reported
     (with a patience: the best on the validation split, which is the last row)."""
-    plan, topo = plan_for(dataset, devices, batch_size, model)
-    train = TrainConfig(batch_size=batch_size, epochs=epochs, seed=seed, eval_users=None, patience=patience,
-                        device=device)
+    plan, topo = plan_for(dataset, devices, train.batch_size, model)
+    patience = train.patience
     rows, scores = [], {}
     with Engine(client, str(dataset), plan, topo, model, optimizer, train) as engine:
-        for epoch in range(1, epochs + 1):
+        for epoch in range(1, train.epochs + 1):
             e = engine.train_epoch(epoch - 1)
             t = time.perf_counter()
             metrics = engine.evaluate()
@@ -80,7 +81,7 @@ def run(client, dataset: Path, model: ModelConfig, optimizer: OptimizerConfig, b
                   f"{rows[-1]['eval_s']:.0f} s eval, load {os.getloadavg()[0]:.1f})", flush=True)
             if held:
                 scores[epoch] = score(held)
-                if stop_now(scores, patience):
+                if stop_now(scores, patience, train.min_epochs):
                     break
     return rows[: best_epoch(scores)] if scores else rows
 
@@ -95,6 +96,7 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=RetrainConfig().model.history)
     parser.add_argument("--dropout", type=float, default=RetrainConfig().model.dropout)
     parser.add_argument("--patience", type=int, help="choose the epoch on a validation split (default: the last)")
+    parser.add_argument("--min-epochs", type=int, help="with --patience: train at least this many epochs")
     parser.add_argument("--row-optimizer", choices=ROW_OPTIMIZERS, default=RetrainConfig().train.row_optimizer)
     parser.add_argument("--row-lr", type=float, help="the rows' rate (default: the row optimizer's, ROW_LR)")
     parser.add_argument("--negatives", type=int, default=RetrainConfig().model.negatives,
@@ -109,6 +111,8 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     try:
         torch_device(args.device)  # refused here, before any work, if no GPU is visible
+        train = TrainConfig(batch_size=args.batch_size, epochs=args.epochs, eval_users=None, patience=args.patience,
+                            min_epochs=args.min_epochs, device=args.device)
     except InputError as e:
         raise SystemExit(f"model_quality: {e}")
     models = {}
@@ -139,8 +143,7 @@ def main() -> None:
                 for seed in seeds:
                     print(f"  {encoder}, seed {seed}", flush=True)
                     results.setdefault((name, encoder), []).append(
-                        run(client, store, model, optimizer, args.batch_size, args.epochs, seed, args.patience,
-                            args.devices, args.device))
+                        run(client, store, model, optimizer, replace(train, seed=seed), args.devices))
     print(f"\nload after: {os.getloadavg()[0]:.1f}")
     print(f"{'dataset':8} {'encoder':14} {'epochs':>9} {'HR@10 min/median/max':>22} {'NDCG@10 min/median/max':>24}"
           f" {'paper HR@10':>11} {'NDCG@10':>8} {'ratios':>11} {'train s/epoch':>13}  published")

@@ -136,6 +136,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", required=True, help="plan store of this dataset")
     _config_flag(p, "epochs")
     _config_flag(p, "patience", type=int)
+    _config_flag(p, "min_epochs", type=int)
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, help="global batch (default: the plan's)")
     p.add_argument("--dedup", choices=["none", "device", "node"], help="de-duplication scope (default: the plan's)")

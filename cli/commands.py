@@ -171,6 +171,7 @@ def run_train(args: argparse.Namespace) -> dict:
         early_answers=args.early_answers,
         epochs=args.epochs,
         patience=args.patience,
+        min_epochs=args.min_epochs,
         max_steps=args.max_steps,
         device=args.device,
         seed=args.seed,

@@ -211,15 +211,15 @@ def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: floa
 
 def _epochs(engine, config: RetrainConfig, paths: dict, resumed: Resumed, kept: Attempts) -> float | None:
     """The epochs after the resumed checkpoint, each checkpointed: up to config.train.epochs, or with a validation
-    split until `patience` epochs have passed without a better score (read back from the version's
-    checkpoints, so a resumed run stops where an uninterrupted one would). The bytes per step measured."""
+    split until `patience` epochs have passed without a better score, not before `min_epochs` (read back from the
+    version's checkpoints, so a resumed run stops where an uninterrupted one would). The bytes per step measured."""
     steps = 0
     # Measured over this attempt's steps (the engine's counters start at zero); a run
     # with nothing left to train reports what its last checkpoint measured.
     measured = resumed.bytes_per_step
     for epoch in range(resumed.epochs_done + 1, config.train.epochs + 1):  # numbered from 1
         scores = validation_scores(paths["version"])
-        if config.train.patience is not None and stop_now(scores, config.train.patience):
+        if config.train.patience is not None and stop_now(scores, config.train.patience, config.train.min_epochs):
             update_progress_artifact(kept.progress, 100.0, description=f"stopped after epoch {epoch - 1}: "
                                      f"no better validation score since epoch {best_epoch(scores)}")
             break

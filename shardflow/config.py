@@ -134,7 +134,8 @@ class RetrainConfig(BaseModel):
         t = self.train
         return TrainConfig(batch_size=t.batch_size, dedup=self.plan.dedup, early_answers=t.early_answers,
                            epochs=t.epochs, steps_per_epoch=t.steps_per_epoch, device=t.device, seed=t.seed,
-                           eval_users=t.eval_users, window=tuple(window), patience=t.patience)
+                           eval_users=t.eval_users, window=tuple(window), patience=t.patience,
+                           min_epochs=t.min_epochs)
 
     def encoder_options(self) -> dict:
         """The sequence model's encoder, as shardflow.model.sequence.ModelConfig names it."""

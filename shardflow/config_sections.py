@@ -141,6 +141,10 @@ class TrainSection(Section):
         "training rows) as a validation split, score it after every epoch (NDCG@10; click logs AUC), stop after "
         "this many epochs without a better score and keep the best epoch (none: no split, every epoch)",
     )
+    min_epochs: int | None = Field(
+        None, ge=1, description="with patience: train at least this many epochs before stopping (Adam's rows "
+        "can sit on a plateau for the first 9-13 epochs, longer than a short patience: docs/benchmarks.md)",
+    )
     steps_per_epoch: int | None = Field(
         None, ge=1, description="train only the first N steps of each epoch's order, a different sample of the log "
         "every epoch (none: the whole epoch): a night's budget on a log whose epoch outlasts it",
@@ -169,6 +173,16 @@ class TrainSection(Section):
         description="times a run restores the cluster and the shards from the last checkpoint after losing a worker",
     )
     restart_timeout_s: float = Field(300.0, gt=0, description="how long a restore waits for enough workers")
+
+    @model_validator(mode="after")
+    def _min_epochs_with_patience(self) -> "TrainSection":
+        from shardflow.training.validation import check_min_epochs
+
+        try:
+            check_min_epochs(self.min_epochs, self.patience, self.epochs)
+        except InputError as e:
+            raise ValueError(str(e)) from None
+        return self
 
 
 class NightlySection(Section):

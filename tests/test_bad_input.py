@@ -307,6 +307,11 @@ def case_config_patience_of_zero_epochs(world, client, tmp_path):
     return [world / "ds"], config(world, patience=0), r"patience = 0: Input should be greater than or equal to 1"
 
 
+def case_config_min_epochs_without_patience(world, client, tmp_path):
+    return [world / "ds"], config(world, min_epochs=5), \
+        r"min_epochs = 5 without patience; accepted: min_epochs only with patience"
+
+
 def case_config_self_attention_for_a_click_log(world, client, tmp_path):
     return [world / "ds"], config(world, encoder="self-attention", dataset_format="criteo"), \
         r"encoder = 'self-attention' for a criteo click log; accepted: mean"

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.errors import InputError
 from shardflow.planner.costmodel import check_dedup
+from shardflow.training.validation import check_min_epochs
 
 
 @dataclass(frozen=True)
@@ -27,17 +28,19 @@ class TrainConfig:
     # rows), score it after every epoch, stop after this many epochs without a better score and keep the
     # best epoch's parameters. None: no split, every epoch trained.
     patience: int | None = None
+    min_epochs: int | None = None  # with patience: epochs trained before it may stop training (validation.stop_now)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "epochs", "eval_negatives"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1")
-        for name in ("max_steps", "steps_per_epoch", "eval_users", "patience"):
+        for name in ("max_steps", "steps_per_epoch", "eval_users", "patience", "min_epochs"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1, or none")
         check_dedup(self.dedup)
+        check_min_epochs(self.min_epochs, self.patience, self.epochs)
         if not isinstance(self.early_answers, bool):
             raise InputError(f"early_answers = {self.early_answers!r}; accepted: true or false")
 

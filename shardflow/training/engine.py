@@ -320,7 +320,7 @@ class Engine(Persistence):
         if best_epoch(scores) == epoch:
             self.checkpoint(best, epoch, result.validation[epoch])
             result.best_epoch = epoch
-        return stop_now(scores, self.train.patience)
+        return stop_now(scores, self.train.patience, self.train.min_epochs)
 
     def evaluate(self, split: str = "test") -> Metrics:
         """The model's metrics on a seeded sample of eval_users held-out examples of `split` (test, or

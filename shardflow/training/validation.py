@@ -7,6 +7,7 @@ The test split is never scored here.
 
 from __future__ import annotations
 
+from shardflow.errors import InputError
 from shardflow.model.metrics import METRICS, Metrics
 
 PREFIX = "val_"  # a validation metric's key: val_auc, val_hr_at_10, val_ndcg_at_10, val_logloss
@@ -39,7 +40,20 @@ def best_epoch(scores: dict[int, float]) -> int | None:
     return max(sorted(scores), key=lambda e: (scores[e], -e))
 
 
-def stop_now(scores: dict[int, float], patience: int) -> bool:
-    """Whether `patience` epochs have passed since the best one without a better score."""
+def stop_now(scores: dict[int, float], patience: int, min_epochs: int | None = None) -> bool:
+    """Whether `patience` epochs have passed since the best one without a better score, once at least
+    `min_epochs` are scored (a warm-up in which no better score is expected: Keras' `start_from_epoch`).
+    The best epoch is chosen among all of them, the warm-up's included."""
     best = best_epoch(scores)
-    return best is not None and max(scores) - best >= patience
+    return best is not None and max(scores) >= (min_epochs or 0) and max(scores) - best >= patience
+
+
+def check_min_epochs(min_epochs: int | None, patience: int | None, epochs: int) -> None:
+    """min_epochs only with a patience, and at most the epochs trained; InputError otherwise."""
+    if min_epochs is None:
+        return
+    if patience is None:
+        raise InputError(f"min_epochs = {min_epochs} without patience; accepted: min_epochs only with patience "
+                         "(the epochs trained before early stopping may end training)")
+    if min_epochs > epochs:
+        raise InputError(f"min_epochs = {min_epochs} above epochs = {epochs}; accepted: at most epochs")

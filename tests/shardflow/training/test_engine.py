@@ -24,6 +24,7 @@ from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from shardflow.training.inprocess import InProcess
 from shardflow.training.reference import ReferenceTrainer
+from shardflow.training.validation import stop_now
 
 
 def live_actors(client) -> int:
@@ -373,6 +374,16 @@ def test_early_stopping_ends_patience_epochs_after_the_best_validation_score_and
     assert {f"val_{k}": getattr(held, k) for k in ("auc", "hr_at_10", "ndcg_at_10")} == {
         k: result.validation[best][k] for k in ("val_auc", "val_hr_at_10", "val_ndcg_at_10")}
     assert test.users > held.users > 0  # users with two events have a test item and no validation one
+    # With min_epochs one past where it stopped, the same (seeded) epochs score the same and training goes on
+    # to at least that epoch, stopping at the first epoch the rule allows.
+    warm = len(result.epoch_loss) + 1
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER,
+                TrainConfig(BATCH, epochs=12, patience=2, min_epochs=warm, eval_users=None)) as e:
+        longer = e.fit(best=tmp_path / "best-after-warm-up")
+    again = {epoch: v["val_ndcg_at_10"] for epoch, v in longer.validation.items()}
+    assert {k: again[k] for k in scores} == scores, (scores, again)
+    allowed = next((n for n in range(1, 13) if stop_now({k: again[k] for k in range(1, n + 1)}, 2, warm)), 12)
+    assert len(longer.epoch_loss) == allowed >= warm, (again, warm)
     with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH)) as e:
         with pytest.raises(InputError, match="no validation split was held out"):
             e.evaluate("validation")

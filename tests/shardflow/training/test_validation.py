@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
+from shardflow.errors import InputError
 from shardflow.model.metrics import Metrics
-from shardflow.training.validation import (VALIDATION_KEYS, best_epoch, score, stop_now, validation_of,
-                                          validation_values)
+from shardflow.training.config import TrainConfig
+from shardflow.training.validation import (VALIDATION_KEYS, best_epoch, check_min_epochs, score, stop_now,
+                                          validation_of, validation_values)
 
 
 def test_sequences_are_chosen_on_ndcg_and_click_logs_on_auc():
@@ -24,6 +28,21 @@ def test_training_stops_once_patience_epochs_pass_without_a_better_score():
     assert not stop_now({1: 0.3, 2: 0.5, 3: 0.4}, 2)
     assert stop_now({1: 0.3, 2: 0.5, 3: 0.4, 4: 0.5}, 2)  # an equal score is no better
     assert stop_now({1: 0.5, 2: 0.4}, 1) and not stop_now({1: 0.4, 2: 0.5}, 1)
+
+
+def test_min_epochs_holds_training_through_a_warm_up_and_needs_a_patience():
+    plateau = {1: 0.30, 2: 0.29, 3: 0.30, 4: 0.30}  # no better score after epoch 1, as Adam's rows start
+    assert stop_now(plateau, 2) and not stop_now(plateau, 2, min_epochs=5)
+    assert stop_now(plateau | {5: 0.29}, 2, min_epochs=5)  # the best is still epoch 1, chosen among them all
+    assert not stop_now(plateau | {5: 0.45}, 2, min_epochs=5)
+    check_min_epochs(None, None, 3)
+    check_min_epochs(3, 2, 3)
+    with pytest.raises(InputError, match=r"min_epochs = 3 without patience; accepted: min_epochs only with patience"):
+        check_min_epochs(3, None, 10)
+    with pytest.raises(InputError, match=r"min_epochs = 11 above epochs = 10; accepted: at most epochs"):
+        check_min_epochs(11, 2, 10)
+    with pytest.raises(InputError, match=r"min_epochs = 0; accepted: an integer >= 1, or none"):
+        TrainConfig(epochs=4, patience=1, min_epochs=0)
 
 
 def test_a_summarys_validation_metrics_are_read_back_under_either_name():
