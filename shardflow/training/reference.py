@@ -38,7 +38,7 @@ class ReferenceTrainer:
                        for t, rows in data.rows.items()}
         width = row_state_shape(optimizer.rows, config.dim)
         self.row_state = {t: torch.zeros((rows, *width), dtype=torch.float32, device=device)
-                     for t, rows in data.rows.items()}
+                          for t, rows in data.rows.items()}
         self.dense_tensors = {k: torch.from_numpy(v).to(device) for k, v in config.init_dense().items()}
         self.dense_optimizer = DenseOptimizer(optimizer, self.dense_tensors)
 
