@@ -191,6 +191,10 @@ def test_early_stopping_keeps_the_best_epoch_and_a_resumed_run_stops_where_an_un
     # export is the best epoch's, not the last one's.
     upto = retrain(config(base, "upto", client, epochs=best, patience=best))
     assert upto["best_epoch"] == best and exported(upto["model"]) == exported(stops["model"])
+    # With min_epochs past where it stopped, the same epochs score the same and training goes on through them.
+    warm = retrain(config(base, "warm", client, epochs=8, patience=1, min_epochs=best + 2))
+    assert 8 >= warm["epochs"] >= best + 2 and len(warm["checkpoints"]) == warm["epochs"], warm["epochs"]
+    assert warm["best_epoch"] >= best
     # Cut off after its last checkpoint: the resumed run reads the scores back, trains nothing more.
     version = Path(stops["model"]).parent
     for gone in (version / "model", version / "plots"):
