@@ -143,7 +143,7 @@ class TrainSection(Section):
     )
     min_epochs: int | None = Field(
         None, ge=1, description="with patience: train at least this many epochs before stopping (Adam's rows "
-        "can sit on a plateau for the first 9-13 epochs, longer than a short patience: docs/benchmarks.md)",
+        "sat on a plateau for the first 9-18 epochs, more with more negatives: docs/benchmarks.md)",
     )
     steps_per_epoch: int | None = Field(
         None, ge=1, description="train only the first N steps of each epoch's order, a different sample of the log "
