@@ -240,11 +240,13 @@ def run_run(args: argparse.Namespace) -> dict:
     idle = nothing_new(config)  # a night with nothing new: answered from the stores, no Prefect API, no cluster
     if idle is not None:
         return idle.to_dict()
-    from shardflow.cluster import VERBOSE, quiet_dask
+    from shardflow.cluster import VERBOSE, quiet_dask, start_worker_server
 
     if args.verbose:
         os.environ[VERBOSE] = "1"
     quiet_dask()
+    if not (config.cluster.scheduler_address or config.cluster.cluster_class):
+        start_worker_server()  # a local cluster's: its imports overlap the embedded API's start
     from flows.api import embedded_api, terminated_as_interrupt
     from flows.retrain import retrain
 

@@ -28,6 +28,12 @@ LOCAL_WORKERS_PER_CORE = 4  # a local cluster beyond this only thrashes (each wo
 # imported in 4.9 s against 19.7 s spawned (2 cores at load 5-7). The server is started with the nanny's
 # pre-spawn environment (one OpenMP thread), imports no CUDA, and ends with the process that started it.
 WORKER_PRELOAD = ["distributed", "shardflow.training.actor"]
+# How local worker processes start (distributed's config): forked from that server. Dask would set
+# MALLOC_TRIM_THRESHOLD_ in them, which also pins glibc's mmap threshold at 128 KiB: every chunk-sized
+# buffer is then a fresh mmap that page-faults. Counting 10^8 ids took 1.9 s with it and 1.05 s without
+# (bench/profile_throughput.py).
+LOCAL_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+                        "distributed.worker.multiprocessing-method": "forkserver"}
 
 
 def default_workers() -> int:
@@ -51,15 +57,10 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
             yield client
         return
     workers = _local_workers(workers)
-    # Dask sets MALLOC_TRIM_THRESHOLD_ in worker processes, which also pins glibc's mmap
-    # threshold at 128 KiB: every chunk-sized buffer is then a fresh mmap that page-faults.
-    # Counting 10^8 ids took 1.9 s with it and 1.05 s without (bench/profile_throughput.py).
-    local = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
-             "distributed.worker.multiprocessing-method": "forkserver"}
     quiet = worker_log is not None and os.environ.get(VERBOSE, "0") in ("", "0")
     # Until the cluster is closed: a worker the nanny starts again is forked like the first, and what the
     # cluster says while closing goes where the rest went.
-    with dask.config.set(local), _dask_log_to(worker_log if quiet else None):
+    with dask.config.set(LOCAL_CLUSTER_CONFIG), _dask_log_to(worker_log if quiet else None):
         get_mp_context().set_forkserver_preload(WORKER_PRELOAD)  # after distributed's own choice, before a fork
         cluster = LocalCluster(
             n_workers=workers,
@@ -80,6 +81,32 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
             # without a warning line per worker.
             with _log_level("distributed.nanny", logging.ERROR):
                 cluster.close()
+
+
+def start_worker_server() -> None:
+    """Start now the server local workers are forked from (WORKER_PRELOAD), so that its imports (PyTorch, the
+    engine) overlap what this process waits on next (a run's embedded API) instead of the cluster's start.
+
+    It gets the environment the first nanny would give it (distributed's pre-spawn-environ, a fixed
+    PYTHONHASHSEED as distributed.nanny sets it): this process's own environment is left as it was."""
+    import multiprocessing.forkserver
+
+    with dask.config.set(LOCAL_CLUSTER_CONFIG):
+        get_mp_context().set_forkserver_preload(WORKER_PRELOAD)
+        env = {k: os.environ.get(k, str(v)) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
+               if v is not None}
+    if env.get("PYTHONHASHSEED") in (None, "0"):
+        env["PYTHONHASHSEED"] = "6640"
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _remote_client(scheduler_address: str, connect_timeout_s: float) -> Client:
