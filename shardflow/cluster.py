@@ -27,7 +27,9 @@ LOCAL_WORKERS_PER_CORE = 4  # a local cluster beyond this only thrashes (each wo
 # (PyTorch, zarr, the engine) once, instead of each spawned worker importing it: 4 workers up with the engine
 # imported in 4.9 s against 19.7 s spawned (2 cores at load 5-7). The server is started with the nanny's
 # pre-spawn environment (one OpenMP thread), imports no CUDA, and ends with the process that started it.
-WORKER_PRELOAD = ["distributed", "shardflow.training.actor"]
+# torch._dynamo too: a process's first torch.optim optimizer imports it (2.1 s of CPU here), which every
+# worker did when its parameter server started (2 devices up in 2.0 s instead of 5.0 s, 2 cores).
+WORKER_PRELOAD = ["distributed", "shardflow.training.actor", "torch._dynamo"]
 # How local worker processes start (distributed's config): forked from that server. Dask would set
 # MALLOC_TRIM_THRESHOLD_ in them, which also pins glibc's mmap threshold at 128 KiB: every chunk-sized
 # buffer is then a fresh mmap that page-faults. Counting 10^8 ids took 1.9 s with it and 1.05 s without
