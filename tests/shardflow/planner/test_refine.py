@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support import zipf_access
 
 from shardflow.planner import refine
+from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.memory import budget_bytes_per_device
+from shardflow.planner.strategies import propose
+from shardflow.planner.topology import Node, Topology
 
 
 def every_move_and_swap_priced(vec: np.ndarray, home: np.ndarray, seconds: np.ndarray,
@@ -63,3 +68,24 @@ def test_the_search_chooses_what_pricing_every_move_and_swap_chooses(seed):
     assert np.array_equal(home, want_home) and np.array_equal(room, want_room)
     assert np.array_equal(got, want)
     assert got.max() <= seconds.max()
+
+
+def flexshard(tables, topo, slack, dedup):
+    accesses = [zipf_access(f"t{i}", rows, alpha, lookups=8.0, seed=i) for i, (rows, alpha) in enumerate(tables)]
+    model = CostModel(topo, StepShape(512, 8, dedup))
+    plan = propose("flexshard", accesses, topo, budget_bytes_per_device(accesses, topo, 8, slack), model)
+    return [(t.tier.tobytes(), t.home.tobytes(), t.partial_ids.tobytes(), t.partial_nodes.tobytes())
+            for t in plan.tables]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_flexshard_plans_are_those_of_a_search_that_prices_every_move_and_swap(case, monkeypatch):
+    rng = np.random.default_rng(case)
+    sizes = rng.integers(1, 5, rng.integers(2, 5))
+    topo = Topology(tuple(Node(f"n{i}", int(s), float(rng.choice([1.0, 3.0, 12.5]))) for i, s in enumerate(sizes)),
+                    600.0)
+    tables = [(int(rng.integers(20, 400)), float(rng.uniform(0.6, 1.5))) for _ in range(rng.integers(1, 3))]
+    slack, dedup = float(rng.choice([0.0, 0.1, 0.5, 2.0])), str(rng.choice(["none", "device", "node"]))
+    got = flexshard(tables, topo, slack, dedup)
+    monkeypatch.setattr(refine, "_moves_and_swaps", every_move_and_swap_priced)
+    assert flexshard(tables, topo, slack, dedup) == got
