@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import time
@@ -92,19 +93,40 @@ def accesses(dataset) -> list[TableAccess]:
     ]
 
 
+_PLANS: dict[tuple, ShardingPlan] = {}
+
+
 def planned(dataset, strategy: str, devices: int, dim: int = MODEL.dim, batch: int = BATCH) -> ShardingPlan:
-    topo = TOPOLOGIES[devices]
-    acc = accesses(dataset)
-    model = CostModel(topo, StepShape(batch, dim))
-    return propose(strategy, acc, topo, budget_bytes_per_device(acc, topo, dim, 3.0), model)
+    """The plan `strategy` makes for the store at `dataset`, made once per test process and shared: the exactness
+    grids ask for each one dozens of times. Its arrays are read-only, so a test that wrote into a shared plan
+    would fail there."""
+    key = (str(dataset), strategy, devices, dim, batch)
+    if key not in _PLANS:
+        topo = TOPOLOGIES[devices]
+        acc = accesses(dataset)
+        model = CostModel(topo, StepShape(batch, dim))
+        plan = propose(strategy, acc, topo, budget_bytes_per_device(acc, topo, dim, 3.0), model)
+        for table in plan.tables:
+            for array in (table.tier, table.home, table.partial_ids, table.partial_nodes):
+                array.flags.writeable = False
+        _PLANS[key] = plan
+    return _PLANS[key]
+
+
+_REFERENCES: dict[tuple, tuple] = {}
 
 
 def reference(data, steps: int, model=MODEL, batch: int = BATCH, optimizer: OptimizerConfig = OPTIMIZER
               ) -> ReferenceTrainer:
-    ref = ReferenceTrainer(data, model, optimizer, batch, seed=0)
-    for i in range(steps):
-        ref.step(0, i)
-    return ref
+    """The single-process reference after `steps` steps of epoch 0: trained once per test process and argument
+    list, and each caller given its own copy (a test may go on stepping it), sharing the read-only `data`."""
+    key = (id(data), steps, model, batch, optimizer)
+    if key not in _REFERENCES:
+        ref = ReferenceTrainer(data, model, optimizer, batch, seed=0)
+        for i in range(steps):
+            ref.step(0, i)
+        _REFERENCES[key] = (data, ref)  # holding `data` keeps its id from being reused by another object
+    return copy.deepcopy(_REFERENCES[key][1], {id(data): data})
 
 
 def check_against(ref: ReferenceTrainer, shards: list[dict]) -> None:
