@@ -236,6 +236,15 @@ class CostModel:
         return class_rates(access, self.topology, self.shape, self.touch.get(access.name, INDEPENDENT))
 
     def evaluate(self, plan: ShardingPlan, accesses: dict[str, TableAccess]) -> PlanCost:
+        lookup, sync, parts = self.pairs(plan, accesses)
+        link_time, link = self._time(lookup + sync)
+        payload = self._round_payloads(plan, parts)
+        comm = self.wire.bytes_factor * sum(payload.values()) + self.wire.round_s * len(payload)
+        return PlanCost(lookup, sync, self._same_node, comm, link, link_time, payload)
+
+    def pairs(self, plan: ShardingPlan, accesses: dict[str, TableAccess]
+              ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """(lookup, sync, each round's part): [P, P] expected bytes per step, sender -> receiver."""
         topo, P = self.topology, self.topology.devices
         a, v = ID_BYTES, VALUE_BYTES * self.shape.dim
         msg = a + v
@@ -252,11 +261,7 @@ class CostModel:
         down = loads.down.reshape(P, P) + bcast
         parts = {"request": a * units, "reply": v * units.T, "gradients": (a + v) * units,
                  "to-primary": up, "totals": down, "exchange": up + down - bcast, "forward": bcast}
-        lookup, sync = (2 * a + v) * units + v * units.T, up + down
-        link_time, link = self._time(lookup + sync)
-        payload = self._round_payloads(plan, parts)
-        comm = self.wire.bytes_factor * sum(payload.values()) + self.wire.round_s * len(payload)
-        return PlanCost(lookup, sync, self._same_node, comm, link, link_time, payload)
+        return (2 * a + v) * units + v * units.T, up + down, parts
 
     @property
     def _exchange(self) -> bool:
@@ -355,8 +360,9 @@ def row_link_bytes(access: TableAccess, cls: int, tier: int, home: int, model: C
     every quantity the model prices is a sum of such vectors over rows."""
     one = TableAccess(access.name, 1, access.lookups_per_example, access.class_prob[cls : cls + 1],
                       np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int32))
-    cost = model.evaluate(ShardingPlan("one row", (one_row(access.name, tier, home, nodes),)), {access.name: one})
-    return link_bytes(cost.lookup_pairs + cost.sync_pairs, model.topology)
+    plan = ShardingPlan("one row", (one_row(access.name, tier, home, nodes),))
+    lookup, sync, _ = model.pairs(plan, {access.name: one})
+    return link_bytes(lookup + sync, model.topology)
 
 
 @dataclass
