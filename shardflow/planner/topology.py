@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,26 +64,33 @@ class Topology:
             **({"device_memory_bytes": self.device_memory_bytes} if self.device_memory_bytes else {}),
         }
 
-    @property
+    # The arrays below are computed once per topology (the planner's inner loops read them per table pass) and
+    # read-only, as the topology is.
+    @functools.cached_property
     def node_of_device(self) -> np.ndarray:
-        return np.repeat(np.arange(len(self.nodes)), [n.devices for n in self.nodes])
+        return _read_only(np.repeat(np.arange(len(self.nodes)), [n.devices for n in self.nodes]))
 
-    @property
+    @functools.cached_property
     def node_start(self) -> np.ndarray:
         """First device of every node."""
-        return np.concatenate([[0], np.cumsum([n.devices for n in self.nodes])[:-1]]).astype(np.int64)
+        return _read_only(np.concatenate([[0], np.cumsum([n.devices for n in self.nodes])[:-1]]).astype(np.int64))
 
-    @property
+    @functools.cached_property
     def node_devices(self) -> np.ndarray:
-        return np.array([n.devices for n in self.nodes], dtype=np.int64)
+        return _read_only(np.array([n.devices for n in self.nodes], dtype=np.int64))
 
-    @property
+    @functools.cached_property
     def uplink_bytes_per_s(self) -> np.ndarray:
-        return np.array([n.uplink_gbytes_per_s for n in self.nodes], dtype=np.float64) * 1e9
+        return _read_only(np.array([n.uplink_gbytes_per_s for n in self.nodes], dtype=np.float64) * 1e9)
 
     @property
     def intra_bytes_per_s(self) -> float:
         return self.intra_node_gbytes_per_s * 1e9
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def _positive(value, what: str) -> None:
