@@ -17,6 +17,9 @@ from storage.dataset_manifest import FORMAT_VERSION, KIND, SEGMENTS, dataset_che
 from storage.tables import parse_table_name
 
 
+WRITE_VALUES = 1 << 14  # values of an event column gathered before they are stored
+
+
 def segment_name(index: int) -> str:
     return f"{index:04d}"
 
@@ -50,7 +53,9 @@ class SegmentWriter:
         self.events, self.runs = int(events), int(runs)
         self._root = zarr.open_group(str(self.directory), mode="w")
         self._columns: dict[str, tuple[zarr.Array, ArrayHash]] = {}
-        self._written: dict[str, int] = {}
+        self._written: dict[str, int] = {}  # values given to write()
+        self._stored: dict[str, int] = {}  # of those, values in the store; the rest wait in _pending
+        self._pending: dict[str, list[np.ndarray]] = {}
         self.new_users = 0
         for name, dtype in tables.items():
             self._add(f"tables/{name}", dtype, self.events, events_per_chunk)
@@ -68,16 +73,27 @@ class SegmentWriter:
         return arr
 
     def write(self, path: str, block: np.ndarray) -> None:
-        """Append `block` to event column `path` ('tables/item', 'dense/rating', 'labels')."""
+        """Append `block` to event column `path` ('tables/item', 'dense/rating', 'labels').
+
+        Blocks are stored WRITE_VALUES values at a time or more: each store call has a fixed cost, which
+        short blocks (a store of short chunks) would pay once a chunk."""
         arr, h = self._columns[path]
-        start = self._written[path]
-        stop = start + len(block)
+        stop = self._written[path] + len(block)
         if stop > arr.shape[0]:
             raise RuntimeError(f"internal error: {path}: {stop} values written; the segment declares {arr.shape[0]}")
         block = np.asarray(block).astype(arr.dtype, copy=False)
-        arr[start:stop] = block
         h.update(block)
+        self._pending.setdefault(path, []).append(block)
         self._written[path] = stop
+        if stop - self._stored.get(path, 0) >= WRITE_VALUES:
+            self._store(path)
+
+    def _store(self, path: str) -> None:
+        blocks = self._pending.pop(path, [])
+        if blocks:
+            start = self._stored.get(path, 0)
+            self._columns[path][0][start : self._written[path]] = np.concatenate(blocks)
+            self._stored[path] = self._written[path]
 
     def write_runs(self, users: np.ndarray, offsets: np.ndarray) -> None:
         self._whole("users", np.asarray(users, dtype=np.int64), OFFSETS_PER_CHUNK)
@@ -130,6 +146,8 @@ class SegmentWriter:
         self._written[path] = len(values)
 
     def finish(self, name: str, version: int) -> dict:
+        for path in list(self._pending):
+            self._store(path)
         for path, (arr, _) in self._columns.items():
             if self._written[path] != arr.shape[0]:
                 raise RuntimeError(f"internal error: {path} has {self._written[path]} of {arr.shape[0]} values")
