@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from shardflow.errors import TrainingError
 
@@ -106,9 +106,10 @@ class EmbeddedServer:
     def api_url(self) -> str:
         return f"{self.address}/api"
 
-    def start(self, timeout: int, output=None) -> None:
+    def start(self, timeout: int, output=None, meanwhile: Callable[[], object] | None = None) -> None:
         """Start the server and wait until it answers; TimeoutError after `timeout` s, ServerExited if its
-        process ends first."""
+        process ends first. `meanwhile` runs once the server's process is started, before the wait: work of
+        this process that overlaps the server's start-up (its timeout counts from the start)."""
         import prefect
         from prefect.settings import get_current_settings
 
@@ -120,6 +121,8 @@ class EmbeddedServer:
                                      "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
                                      "--port", str(self.port), "--log-level", "error", "--lifespan", "on"], env, output)
         deadline = time.monotonic() + timeout
+        if meanwhile is not None:
+            meanwhile()
         while not self._healthy():
             if self.server_process.poll() is not None:
                 raise ServerExited(f"its process exited with status {self.server_process.returncode} while starting")
@@ -155,8 +158,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def embedded_api() -> Iterator[str | None]:
+def embedded_api(meanwhile: Callable[[], object] = lambda: None) -> Iterator[str | None]:
     """Yield the API URL this process uses: PREFECT_API_URL if set, else that of a temporary server started here.
+    `meanwhile` runs before the yield, while that server starts up.
 
     The process's Prefect settings then name that server: the main thread's, and the environment, from
     which a thread without a settings context builds its own. It is stopped at exit, after Prefect's
@@ -165,13 +169,14 @@ def embedded_api() -> Iterator[str | None]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     if PREFECT_API_URL.value():
+        meanwhile()
         yield PREFECT_API_URL.value()
         return
     timeout_s = startup_timeout_s()
     server = EmbeddedServer(free_port())
     atexit.register(server.stop)
     try:
-        server.start(timeout_s)
+        server.start(timeout_s, meanwhile=meanwhile)
     except TimeoutError:
         server.stop()
         raise TrainingError(
