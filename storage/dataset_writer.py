@@ -83,7 +83,9 @@ class SegmentWriter:
             raise RuntimeError(f"internal error: {path}: {stop} values written; the segment declares {arr.shape[0]}")
         block = np.asarray(block).astype(arr.dtype, copy=False)
         h.update(block)
-        self._pending.setdefault(path, []).append(block)
+        # A short block waits for the next: a copy, as the caller may refill its buffer. One that is long
+        # enough is stored before this returns.
+        self._pending.setdefault(path, []).append(block if len(block) >= WRITE_VALUES else block.copy())
         self._written[path] = stop
         if stop - self._stored.get(path, 0) >= WRITE_VALUES:
             self._store(path)

@@ -179,3 +179,19 @@ def test_a_click_part_writes_its_own_users_as_the_whole_arrays_would(tmp_path, e
     for path in ("users", "offsets", "user_ids"):
         x, y = zarr.open_array(str(tmp_path / "streamed" / path)), zarr.open_array(str(tmp_path / "whole" / path))
         assert x.chunks == y.chunks and np.array_equal(x[:], y[:])
+
+
+def test_short_blocks_from_one_refilled_buffer_are_stored_as_written(tmp_path):
+    """The writer gathers short blocks before it stores them (dataset_writer.WRITE_VALUES): a caller that refills
+    one buffer for every block must find each block's values stored, not the buffer's last."""
+    events = 3 * (1 << 14) + 5
+    writer = SegmentWriter(tmp_path / "seg", events=events, runs=1, tables={"item": np.int64}, events_per_chunk=7)
+    buffer = np.empty(1000, np.int64)
+    for a in range(0, events, buffer.size):
+        block = buffer[: min(buffer.size, events - a)]
+        block[:] = np.arange(a, a + block.size)
+        writer.write("tables/item", block)
+    writer.write_runs(np.zeros(1, np.int64), np.array([0, events]))
+    writer.write_user_ids(np.zeros(1, np.int64))
+    writer.finish("s", 1)
+    assert np.array_equal(zarr.open_array(str(tmp_path / "seg" / "tables" / "item"))[:], np.arange(events))
