@@ -18,10 +18,11 @@ before = dict(os.environ)
 start_worker_server()
 after = dict(os.environ)
 server = forkserver._forkserver._forkserver_pid
-with open(f"/proc/{server}/environ", "rb") as f:
-    env = dict(e.split(b"=", 1) for e in f.read().split(b"\\0") if b"=" in e)
 with dask_client(workers=2) as client:
     workers = client.run(lambda: (os.getppid(), __import__("torch").get_num_threads()))
+    # Read once workers were forked from it: until the server has exec'd, /proc shows its parent's environment.
+    with open(f"/proc/{server}/environ", "rb") as f:
+        env = dict(e.split(b"=", 1) for e in f.read().split(b"\\0") if b"=" in e)
 print(json.dumps({"unchanged": before == after, "server": server, "workers": list(workers.values()),
                   "env": {k.decode(): env.get(k, b"").decode()
                           for k in (b"OMP_NUM_THREADS", b"PYTHONHASHSEED", b"MALLOC_TRIM_THRESHOLD_")}}))
