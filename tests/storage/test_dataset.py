@@ -185,7 +185,7 @@ def test_short_blocks_from_one_refilled_buffer_are_stored_as_written(tmp_path):
     """The writer gathers short blocks before it stores them (dataset_writer.WRITE_VALUES): a caller that refills
     one buffer for every block must find each block's values stored, not the buffer's last."""
     events = 3 * (1 << 14) + 5
-    writer = SegmentWriter(tmp_path / "seg", events=events, runs=1, tables={"item": np.int64}, events_per_chunk=7)
+    writer = SegmentWriter(tmp_path / "seg", events=events, runs=1, tables={"item": np.int64}, events_per_chunk=4096)
     buffer = np.empty(1000, np.int64)
     for a in range(0, events, buffer.size):
         block = buffer[: min(buffer.size, events - a)]
