@@ -64,7 +64,7 @@ class RetrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _batch_covers_devices(self) -> "RetrainConfig":
-        from shardflow.data.batches import check_batch
+        from shardflow.training.config import check_batch
 
         try:
             devices = self.parsed_topology.devices
@@ -149,7 +149,7 @@ class RetrainConfig(BaseModel):
         rows = examples * (m.history + 1 + m.negatives)
         attention = 0
         if m.encoder == "self-attention":
-            from shardflow.model.attention import activation_values
+            from shardflow.model.sizes import activation_values
 
             attention = examples * activation_values(m.dim, m.history, m.attention_blocks, m.attention_heads)
         return (rows * m.dim * STEP_COPIES + attention) * 4
@@ -161,7 +161,7 @@ class RetrainConfig(BaseModel):
         for widths in ((3 * m.dim, *m.mlp, 1), (m.dim, *m.bottom_mlp, m.dim)):
             params += sum(a * b + b for a, b in zip(widths, widths[1:]))
         if m.encoder == "self-attention":
-            from shardflow.model.attention import attention_shapes
+            from shardflow.model.sizes import attention_shapes
 
             shapes = attention_shapes(m.dim, m.history, m.attention_blocks)
             params += sum(math.prod(s) for s in shapes.values())

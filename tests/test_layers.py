@@ -4,6 +4,8 @@ the stages, the CLI outside the core package."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,3 +95,28 @@ def test_only_the_cli_and_flows_sit_above_the_tasks():
              and m.split(".")[0] not in ("tasks", "flows", "cli")}
     assert not above, sorted(above)
     assert not any(n.split(".")[0] == "cli" for m, names in found.items() if not m.startswith("cli") for n in names)
+
+
+CONFIG_CHECKS = """
+import sys
+from shardflow.config import RetrainConfig
+from shardflow.errors import InputError
+RetrainConfig.build({"run_dir": "r", "model": {"encoder": "self-attention"}})
+for bad in ({"train": {"batch_size": 1}}, {"train": {"batch_size": 10**9}}):
+    try:
+        RetrainConfig.build({"run_dir": "r", **bad})
+    except InputError:
+        pass
+    else:
+        raise SystemExit(f"accepted {bad}")
+print(sorted(m for m in sys.modules if m.split(".")[0] == "torch")[:3])
+"""
+
+
+def test_the_config_and_every_check_of_it_import_no_pytorch():
+    """A bad config is refused in about a second: its checks (batch against trainers, the step's memory bound
+    with the attention's shapes) are arithmetic; importing PyTorch took 3-4 s of a refusal's 5 s."""
+    done = subprocess.run([sys.executable, "-c", CONFIG_CHECKS], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[]"]

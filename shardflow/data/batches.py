@@ -367,16 +367,6 @@ def negative_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch + 1) & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def check_batch(batch_size: int, trainers: int, examples: int | None = None) -> None:
-    """The one check of a global batch against the trainers it is split over (and the examples it is
-    drawn from): at least one example per trainer on average, every epoch at least one step."""
-    if batch_size < trainers:
-        raise InputError(f"batch size {batch_size} < {trainers} trainers; accepted: batch size >= {trainers}, "
-                         "one example per trainer")
-    if examples is not None and batch_size > examples:
-        raise InputError(f"batch size {batch_size} > {examples} training examples; accepted: at most {examples}")
-
-
 @dataclass
 class HeldPart:
     """The columns of one part of a block: its runs one after the other, each with the tail before it."""

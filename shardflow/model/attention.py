@@ -42,21 +42,6 @@ MASK_BANK = 1024  # rows of seeded uniforms a dropout mask is drawn from (two pe
 NORM_EPS = 1e-8  # the paper's code's layer-norm epsilon
 
 
-def attention_shapes(dim: int, history: int, blocks: int) -> dict[str, tuple[int, ...]]:
-    """Every dense parameter of the encoder, by name: weights [in, out], biases and norms [dim]."""
-    out: dict[str, tuple[int, ...]] = {"attention.position": (history, dim)}
-    for b in range(blocks):
-        p = f"attention.{b}"
-        for name in ("query", "key", "value", "out", "ffn1", "ffn2"):
-            out[f"{p}.{name}.weight"] = (dim, dim)
-            if name != "key":  # a key bias adds the same to every score of a query: softmax cancels it
-                out[f"{p}.{name}.bias"] = (dim,)
-        for norm in ("norm1", "norm2"):
-            out[f"{p}.{norm}.weight"], out[f"{p}.{norm}.bias"] = (dim,), (dim,)
-    out["attention.norm.weight"], out["attention.norm.bias"] = (dim,), (dim,)
-    return out
-
-
 def init_attention(shapes: dict[str, tuple[int, ...]], rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Glorot-uniform matrices (the positions too), zero biases, layer norms at one and zero."""
     params = {}
@@ -69,11 +54,6 @@ def init_attention(shapes: dict[str, tuple[int, ...]], rng: np.random.Generator)
         else:
             params[name] = np.zeros(shape, dtype=np.float32)
     return params
-
-
-def activation_values(dim: int, history: int, blocks: int, heads: int) -> int:
-    """A bound on the float32 values one example's forward keeps for its backward."""
-    return history * dim * (2 + 12 * blocks) + blocks * 2 * heads * history * history
 
 
 @lru_cache(maxsize=8)

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from shardflow.errors import InputError
 from shardflow.hashing import splitmix64
-from shardflow.model.attention import attention_shapes, encode, init_attention
+from shardflow.model.attention import encode, init_attention
+from shardflow.model.sizes import attention_shapes
 
 ENCODERS = ("mean", "self-attention")
 

@@ -96,3 +96,13 @@ class TrainResult:
         if self.steady.seconds > 0:
             return self.steady.examples / self.steady.seconds
         return self.examples / self.seconds if self.seconds else 0.0
+
+
+def check_batch(batch_size: int, trainers: int, examples: int | None = None) -> None:
+    """The one check of a global batch against the trainers it is split over (and the examples it is
+    drawn from): at least one example per trainer on average, every epoch at least one step."""
+    if batch_size < trainers:
+        raise InputError(f"batch size {batch_size} < {trainers} trainers; accepted: batch size >= {trainers}, "
+                         "one example per trainer")
+    if examples is not None and batch_size > examples:
+        raise InputError(f"batch size {batch_size} > {examples} training examples; accepted: at most {examples}")

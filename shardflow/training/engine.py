@@ -30,9 +30,9 @@ from shardflow.planner.memory import check_worker_memory
 from shardflow.planner.plan import ShardingPlan
 from shardflow.planner.topology import Topology
 from shardflow.training.actor import DeviceActor
-from shardflow.data.batches import TrainData, check_batch, negative_seed
+from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.clicks import ClickData, load_training_data
-from shardflow.training.config import EpochStats, Span, TrainConfig, TrainResult
+from shardflow.training.config import EpochStats, Span, TrainConfig, TrainResult, check_batch
 from shardflow.training.device import StepStats
 from shardflow.training.evaluate import SPLITS, eval_targets
 from shardflow.training.validation import best_epoch, score, stop_now, validation_values

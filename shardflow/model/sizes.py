@@ -1,0 +1,25 @@
+"""The models' parameter shapes and working-set sizes, as plain arithmetic without PyTorch: the config's
+memory check (shardflow.config) prices a run with them before anything heavy is imported, and the
+models (shardflow.model.sequence, shardflow.model.attention) build their parameters from the same shapes."""
+
+from __future__ import annotations
+
+
+def attention_shapes(dim: int, history: int, blocks: int) -> dict[str, tuple[int, ...]]:
+    """Every dense parameter of the self-attention encoder, by name: weights [in, out], biases and norms [dim]."""
+    out: dict[str, tuple[int, ...]] = {"attention.position": (history, dim)}
+    for b in range(blocks):
+        p = f"attention.{b}"
+        for name in ("query", "key", "value", "out", "ffn1", "ffn2"):
+            out[f"{p}.{name}.weight"] = (dim, dim)
+            if name != "key":  # a key bias adds the same to every score of a query: softmax cancels it
+                out[f"{p}.{name}.bias"] = (dim,)
+        for norm in ("norm1", "norm2"):
+            out[f"{p}.{norm}.weight"], out[f"{p}.{norm}.bias"] = (dim,), (dim,)
+    out["attention.norm.weight"], out["attention.norm.bias"] = (dim,), (dim,)
+    return out
+
+
+def activation_values(dim: int, history: int, blocks: int, heads: int) -> int:
+    """A bound on the float32 values one example's forward through the encoder keeps for its backward."""
+    return history * dim * (2 + 12 * blocks) + blocks * 2 * heads * history * history
