@@ -1,6 +1,6 @@
 """The models' parameter shapes and working-set sizes, as plain arithmetic without PyTorch: the config's
 memory check (shardflow.config) prices a run with them before anything heavy is imported, and the
-models (shardflow.model.sequence, shardflow.model.attention) build their parameters from the same shapes."""
+sequence model (shardflow.model.sequence) builds its encoder's parameters from the same shapes."""
 
 from __future__ import annotations
 
