@@ -200,7 +200,8 @@ class StepCall:
                 self._prepare(k + 1, count)
             work = (self._answer_early, lambda: self._prepare(k + 1, count)) if device.early and more \
                 else (None, None)
-            inbox = self.actor.mail.wait(self.tag, self.step + k, round, self.peers, *work)
+            linked = {d: self.peers[d] for d in device.round_peers[round]}
+            inbox = self.actor.mail.wait(self.tag, self.step + k, round, linked, *work)
             if round is Round.REPLY:  # a patch goes with the sender's early answer
                 patched = {m.sender: self.peers[m.sender] for m in inbox if m.patch}
                 for m in self.actor.mail.wait(self.tag, self.step + k, Round.PREFETCH, patched) if patched else []:

@@ -95,7 +95,7 @@ class Device:
                        for t in tables}
         self.shard = ParameterShard(device, layouts, config, optimizer, self.torch, holds_dense=device == 0)
         self.protocol = StepProtocol(device, topology, tables, self.shard, maps, dedup, early)
-        self.rounds = self.protocol.rounds
+        self.rounds, self.round_peers = self.protocol.rounds, self.protocol.round_peers
         self._prepared: tuple | None = None
         self._seconds: dict[str, float] = {}  # the step under way's parts
         self._examples, self._loss_sum = 0, 0.0

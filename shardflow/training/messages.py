@@ -120,7 +120,8 @@ class Message:
 # written by whoever carries them out, never by the protocol itself (it only reads the shard).
 @dataclass(frozen=True)
 class Send:
-    """Send each peer its message of the round (one per peer, empty when there is nothing for it)."""
+    """Send each peer the round links this device with its message of the round (empty when there is nothing
+    for it)."""
 
     outbox: dict[int, Message]
 

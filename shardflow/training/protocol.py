@@ -2,8 +2,9 @@
 
 A synchronous step is a fixed sequence of rounds (`step_rounds`, the same on every
 device for a plan). In each round every device sends exactly one message to every
-other device (empty when it has nothing for it), and it moves on once it holds the
-round's message from every peer:
+peer the round links it with (`round_peers`: those that can have something for it;
+the message is empty when it has nothing for one), and it moves on once it holds the
+round's message from every one of them:
 
   REQUEST     the ids each trainer reads from a peer's copies (its own copies it reads
               without a message);
@@ -63,7 +64,7 @@ from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
 from shardflow.training.relay import RelayRounds
 from shardflow.training.replicas import ReplicaSync
-from shardflow.training.steps import Phase, Requests, StepState, step_rounds
+from shardflow.training.steps import Phase, Requests, StepState, round_peers, step_rounds
 
 
 def combine(contributions: list[tuple[int, np.ndarray, torch.Tensor]], dim: int, device: torch.device):
@@ -101,6 +102,7 @@ class StepProtocol(RelayRounds, ReplicaSync):
         self.node_peers = [d for d in range(start, start + int(topology.node_devices[self.node])) if d != device]
         self.rounds = step_rounds(tables, topology, dedup)
         self.relay = Round.RELAY_REQUEST in self.rounds
+        self.round_peers = round_peers(device, topology, self.rounds)
         self.early = early and not self.relay and topology.devices > 1  # answers REQUESTs early (PREFETCH)
         self.traffic = Traffic.zeros(topology.devices)
         self._forget_early()
@@ -137,7 +139,7 @@ class StepProtocol(RelayRounds, ReplicaSync):
             owners[table] = (ids, owner)
             for peer in np.unique(owner[owner != self.device]).tolist():
                 out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[owner == peer]))
-        return Requests(step, owners, out)
+        return Requests(step, owners, self._linked(Round.REQUEST, out))
 
     def start(self, requests: "Requests") -> list[Instruction]:
         """Step `requests.step` begins (every earlier step applied here): send its REQUESTs."""
@@ -178,9 +180,9 @@ class StepProtocol(RelayRounds, ReplicaSync):
                 self._reset()
                 raise PeerStopped(m.error)
         senders = sorted(m.sender for m in inbox)
-        if senders != self.peers:
+        if senders != list(self.round_peers[round]):
             raise RuntimeError(f"device {self.device}: round {round.value} from devices {senders}, "
-                               f"expected {self.peers}")
+                               f"expected {list(self.round_peers[round])}")
         for m in inbox:
             if m.step != self.step or m.round is not round:
                 raise RuntimeError(f"device {self.device}: a message of step {m.step} round {m.round.value} in "
@@ -331,8 +333,19 @@ class StepProtocol(RelayRounds, ReplicaSync):
     def _outbox(self, round: Round) -> dict[int, Message]:
         return {p: Message(round, self.step, self.device) for p in self.peers}
 
+    def _linked(self, round: Round, out: dict[int, Message]) -> dict[int, Message]:
+        """The outbox's messages to the peers `round` links this device with; a message with something for any
+        other peer is a RuntimeError (round_peers would not have it waited for)."""
+        linked = self.round_peers[round]
+        for peer, m in out.items():
+            if peer not in linked and (m.blocks or m.dense is not None):
+                raise RuntimeError(f"device {self.device}: round {round.value} has a message for device {peer}, "
+                                   f"which the round does not link it with ({list(linked)})")
+        return {peer: out[peer] for peer in linked}
+
     def _sent(self, round: Round, out: dict[int, Message]) -> dict[int, Message]:
         """Count the outbox's bytes; its round is the one to receive next, the one after it the next to send."""
+        out = self._linked(round, out)
         for peer, m in out.items():
             m.count(self.traffic, peer)
         i = self.rounds.index(round)

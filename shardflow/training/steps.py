@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from shardflow.planner.plan import GLOBAL, NODE, DevicePlan, step_round_names
+from shardflow.planner.plan import GLOBAL, NODE, DevicePlan, replica_device, step_round_names
 from shardflow.planner.topology import Topology
 from shardflow.training.messages import Message, Round
 
@@ -58,3 +58,35 @@ def step_rounds(tables: dict[str, DevicePlan], topology: Topology,
     has_global = any(t.has_tier(GLOBAL) for t in tables.values())
     replicated = has_global or any(t.has_tier(NODE) for t in tables.values())
     return tuple(Round(name) for name in step_round_names(has_global, replicated, topology, dedup))
+
+
+def round_peers(device: int, topology: Topology, rounds: tuple[Round, ...]) -> dict[Round, tuple[int, ...]]:
+    """The peers `device` exchanges a message with in each round (the relation is the same both ways): the
+    devices that can have something for it, or it for them, under any plan with these rounds.
+
+    - REQUEST, REPLY, GRADIENTS: every peer (a trainer may read any device's rows), or with scope node
+      only its node's devices (a row of another node is asked of its proxy here), and device 0 with every
+      device (the dense parameters and their gradients);
+    - RELAY_REQUEST, RELAY_REPLY, RELAY_GRADIENTS, EXCHANGE, TO_PRIMARY: the devices of other nodes that
+      hold copies of the rows of the same homes as this device (`replica_device`): a proxy and a home, or
+      two copies of one row;
+    - TOTALS: those, and this node's devices (global rows' totals); FORWARD: this node's devices.
+
+    A message to any other peer would be empty every step; not sending it saves a transport call each."""
+    node = int(topology.node_of_device[device])
+    start = int(topology.node_start[node])
+    everyone = tuple(d for d in range(topology.devices) if d != device)
+    node_peers = {d for d in range(start, start + int(topology.node_devices[node])) if d != device}
+    homes = np.arange(topology.devices, dtype=np.int64)
+    here = homes[replica_device(homes, topology, node) == device]  # homes whose rows this device holds here
+    copies = {int(d) for other in range(len(topology.nodes)) if other != node
+              for d in replica_device(here, topology, other)}
+    dense = set(everyone) if device == 0 else {0}
+    if Round.RELAY_REQUEST in rounds:
+        near = node_peers | dense
+    else:
+        near = set(everyone)
+    linked = {Round.REQUEST: near, Round.REPLY: near, Round.GRADIENTS: near, Round.RELAY_REQUEST: copies,
+              Round.RELAY_REPLY: copies, Round.RELAY_GRADIENTS: copies, Round.EXCHANGE: copies,
+              Round.TO_PRIMARY: copies, Round.TOTALS: copies | node_peers, Round.FORWARD: node_peers}
+    return {r: tuple(sorted(linked[r])) for r in rounds}

@@ -185,17 +185,43 @@ def test_rounds_follow_the_plan():
     assert step_rounds(plan(GLOBAL), topo1) == base
 
 
-def test_every_device_sends_one_message_to_every_peer_in_every_round(data):
-    devs = in_process_devices(data, random_plan(data, 4, seed=2), TOPOLOGIES[4])
-    outboxes = [d.start(0, 0, 0, 0) for d in devs]
-    for round in devs[0].rounds:
-        for sender, out in enumerate(outboxes):
-            assert sorted(out) == [p for p in range(4) if p != sender], round
-            assert all(m.round is round and m.sender == sender and m.step == 0 for m in out.values())
-        inboxes = [[out[r] for out in outboxes if r in out] for r in range(4)]
-        outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(devs, inboxes)]
-    assert outboxes == [{}] * 4  # the last round answers nothing: the step is applied
-    assert all(d.shard.clock == 1 for d in devs)
+UNEVEN = Topology((Node("a", 3, 10.0), Node("b", 2, 10.0)), 100.0)  # a node's copies of 3 homes on 2 devices
+
+
+@pytest.mark.parametrize("dedup", ["device", "node"])
+@pytest.mark.parametrize("where", ["2x2", "three nodes, rows on some", "3+2"])
+def test_every_device_sends_one_message_to_every_peer_its_round_links_it_with_and_learns_what_the_reference_learns(
+        data, where, dedup):
+    topology, plan = {"2x2": (TOPOLOGIES[4], random_plan(data, 4, seed=2)),
+                      "three nodes, rows on some": (THREE_NODES, partial_plan(data, seed=2)),
+                      "3+2": (UNEVEN, random_plan(data, 5, seed=2))}[where]
+    devs = in_process_devices(data, plan, topology, dedup)
+    P = topology.devices
+    for round in devs[0].rounds:  # the relation is the same both ways, so every message sent is waited for
+        assert all((p in devs[d].round_peers[round]) == (d in devs[p].round_peers[round])
+                   for d in range(P) for p in range(P) if p != d), round
+    for step in range(STEPS):
+        outboxes = [d.start(0, step, step, 0) for d in devs]
+        for round in devs[0].rounds:
+            for sender, out in enumerate(outboxes):
+                assert sorted(out) == list(devs[sender].round_peers[round]), round
+                assert all(m.round is round and m.sender == sender and m.step == step for m in out.values())
+            inboxes = [[out[r] for out in outboxes if r in out] for r in range(P)]
+            outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(devs, inboxes)]
+        assert outboxes == [{}] * P  # the last round answers nothing: the step is applied
+        assert all(d.shard.clock == step + 1 for d in devs)
+    check_against(reference(data, STEPS), [d.parameters() for d in devs])
+
+
+def test_scope_node_on_two_nodes_of_two_sends_half_the_messages_of_every_device_to_every_peer(data):
+    """Its trainers talk inside their node, each proxy to one device of the other node, device 0 to all (the dense
+    parameters): 36 messages a step where one to every peer in each of its 6 rounds would be 72."""
+    devs = in_process_devices(data, random_plan(data, 4, seed=2), TOPOLOGIES[4], "node")
+    peers = {r: [d.round_peers[r] for d in devs] for r in devs[0].rounds}
+    assert peers[Round.REQUEST] == peers[Round.REPLY] == peers[Round.GRADIENTS] == [(1, 2, 3), (0,), (0, 3), (0, 2)]
+    assert peers[Round.RELAY_REQUEST] == peers[Round.RELAY_GRADIENTS] == peers[Round.EXCHANGE] == [(2,), (3,), (0,),
+                                                                                                   (1,)]
+    assert sum(len(p) for r in devs[0].rounds[:6] for p in peers[r]) == 36
 
 
 def test_a_round_out_of_order_or_from_the_wrong_step_is_refused(data):
