@@ -151,8 +151,8 @@ def movielens(scratch: Path, seeds: int) -> None:
           f"{data.targets:,} training, {data.validation_targets.size:,} validation and {data.eval_targets.size:,} "
           f"held-out rows in time order; tables {', '.join(ds.info.table_names)}")
     started = time.perf_counter()
-    l2 = choose_l2(data, models[0])
-    lr = fit_logistic(data, models[0], l2).evaluate(data, data.eval_targets, models[0])
+    l2, tuned = choose_l2(data, models[0])
+    lr = tuned.evaluate(data, data.eval_targets, models[0])
     lr_s = time.perf_counter() - started
     runs = []
     for model in models:

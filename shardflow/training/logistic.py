@@ -65,16 +65,17 @@ def fit_logistic(data: ClickData, config: ClickConfig, l2: float = L2) -> Logist
     return model
 
 
-def choose_l2(data: ClickData, config: ClickConfig, grid: tuple[float, ...] = L2_GRID) -> float:
+def choose_l2(data: ClickData, config: ClickConfig, grid: tuple[float, ...] = L2_GRID) -> tuple[float, Logistic]:
     """The L2 weight of `grid` (strongest first) whose fit has the least log-loss on the validation split
-    (data loaded with validation=True), walking down until that loss rises: the regression tuned as the
-    DLRM's epochs are, never on the test rows."""
-    best, least = grid[0], float("inf")
+    (data loaded with validation=True), walking down until that loss rises, and that fit: the regression
+    tuned as the DLRM's epochs are, never on the test rows."""
+    best, least = None, float("inf")
     for l2 in grid:
-        loss = fit_logistic(data, config, l2).evaluate(data, data.validation_targets, config).logloss
+        fitted = fit_logistic(data, config, l2)
+        loss = fitted.evaluate(data, data.validation_targets, config).logloss
         if loss >= least:
             break
-        best, least = l2, loss
+        best, least = (l2, fitted), loss
     return best
 
 

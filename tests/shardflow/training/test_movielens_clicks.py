@@ -7,7 +7,7 @@ import pytest
 
 from shardflow.config import RetrainConfig
 from shardflow.data.clicks import load_training_data, model_config
-from shardflow.training.logistic import choose_l2, fit_logistic
+from shardflow.training.logistic import choose_l2
 from shardflow.model.optim import OptimizerConfig
 from shardflow.training.reference import ReferenceTrainer
 from shardflow.training.validation import best_epoch
@@ -32,7 +32,8 @@ def test_the_dlrm_beats_logistic_regression_on_auc_and_log_loss_for_every_seed(m
                            seed=seed) for seed in SEEDS]
     data = load_training_data(movielens, models[0].features, validation=True)
     assert (data.targets, data.eval_targets.size, data.validation_targets.size) == (81_000, 10_000, 9_000)
-    regression = fit_logistic(data, models[0], choose_l2(data, models[0])).evaluate(data, data.eval_targets, models[0])
+    _, tuned = choose_l2(data, models[0])
+    regression = tuned.evaluate(data, data.eval_targets, models[0])
     for model in models:
         trainer = ReferenceTrainer(data, model, OptimizerConfig(), BATCH, seed=model.seed)
         scores = trainer.fit(EPOCHS, PATIENCE)
