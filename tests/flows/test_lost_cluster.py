@@ -56,7 +56,9 @@ class ExternalCluster:
 def test_a_lost_cluster_ends_in_one_line_and_keeps_the_checkpoints(prefect_api, tmp_path, lost, says):
     cluster = ExternalCluster(nanny=lost != "a worker without a nanny")
     try:
-        synth_dataset(tmp_path / "ds", [SynthTable("item", 400, 1.1)], interactions=40000, seed=3, mean_length=12)
+        # 10,000 events: epochs of about 65 steps (5 s beside a CI run on 2 cores), the run still training after
+        # its first checkpoint, when the fault comes
+        synth_dataset(tmp_path / "ds", [SynthTable("item", 400, 1.1)], interactions=10_000, seed=3, mean_length=12)
         (tmp_path / "topo.yaml").write_text(TOPOLOGY)
         (tmp_path / "run.yaml").write_text(yaml.safe_dump({
             **{k: list(v) if isinstance(v, tuple) else v for k, v in SMALL.items()}, "epochs": 5,
