@@ -100,11 +100,11 @@ class _Candidates:
     q_node: np.ndarray  # [K, N]
     q_any: np.ndarray
 
-    def deltas(self, k: int, units: np.ndarray) -> np.ndarray:
-        """[N, links]: what a copy in each node adds to candidate k, homed where it is now."""
-        home = self.home[k]
-        return (self.x[k] * units[0, home] + self.q_node[k][:, None] * units[1, home] + self.q_any[k] * units[2, home]
-                + self.q_node[k][self.own[k]] * units[3, home])
+    def deltas(self, k: np.ndarray, units: np.ndarray) -> np.ndarray:
+        """[len(k), N, links]: what a copy in each node adds to each candidate of `k`, homed where it is now."""
+        home, at = self.home[k], (slice(None), None, None)
+        return (self.x[k][at] * units[0, home] + self.q_node[k][:, :, None] * units[1, home]
+                + self.q_any[k][at] * units[2, home] + self.q_node[k, self.own[k]][at] * units[3, home])
 
 
 def _candidates(tables: list[TablePlan], accesses: list[TableAccess], model: CostModel) -> _Candidates | None:
@@ -156,20 +156,15 @@ def _search(c: _Candidates, model: CostModel, seconds: np.ndarray, room: np.ndar
     """While it lowers the busiest link, the best single change to `c` (a copy added or dropped), else the
     best trade on a full device (_best_trade, _best_move_for_copy); at most COPY_STEPS changes."""
     topo, N = model.topology, len(model.topology.nodes)
-    K = c.row.size
     units = copy_unit_seconds(model)
-    delta = np.stack([c.deltas(k, units) for k in range(K)])
+    delta = c.deltas(np.arange(c.row.size), units)
     single_vec = single_row_seconds(model, c.x, c.q, c.q_node)
     copy_at = np.stack([replica_device(c.home, topo, a) for a in range(N)], axis=1)  # [K, N]
     holds, home, own = c.holds, c.home, c.own
     for _ in range(COPY_STEPS):
-        sign = np.where(holds, -1.0, 1.0)  # a held copy is dropped, a missing one added
-        after = (seconds[None, None, :] + sign[:, :, None] * delta).max(axis=2)
-        after[np.arange(K), own] = np.inf
-        after[~holds & (room[copy_at] <= 0)] = np.inf
-        k, a = np.unravel_index(np.argmin(after), after.shape)
+        best, k, a = _best_change(seconds, delta, holds, own, copy_at, room)
         changes, move = [(k, a)], None
-        if after[k, a] >= seconds.max() * (1 - 1e-9):
+        if best >= seconds.max() * (1 - 1e-9):
             changes = _best_trade(seconds, delta, holds, own, copy_at, room)
             if changes is None:
                 found = _best_move_for_copy(seconds, delta, single_vec, holds, home, copy_at, room)
@@ -185,11 +180,29 @@ def _search(c: _Candidates, model: CostModel, seconds: np.ndarray, room: np.ndar
             holds[j] = False
             holds[j, own[j]] = True
             copy_at[j] = [replica_device(np.array([f]), topo, a)[0] for a in range(N)]
-            delta[j] = c.deltas(j, units)
+            delta[j] = c.deltas(np.array([j]), units)[0]
         for k, a in changes:
             seconds = seconds + (-1.0 if holds[k, a] else 1.0) * delta[k, a]
             room[copy_at[k, a]] += 1 if holds[k, a] else -1
             holds[k, a] = not holds[k, a]
+
+
+def _best_change(seconds, delta, holds, own, copy_at, room) -> tuple[float, int, int]:
+    """(the busiest link's seconds after the best single change, a copy of row k in node a added or dropped,
+    k, a); inf if none lowers the busiest link. A change that does not lower it leaves the maximum at least
+    where it is, so only those that do are priced on every link (as refine's _best_move): the same choice,
+    ties included, as pricing all."""
+    busiest = int(np.argmax(seconds))
+    sign = np.where(holds, -1.0, 1.0)  # a held copy is dropped, a missing one added
+    lowers = seconds[busiest] + sign * delta[:, :, busiest] < seconds[busiest]
+    lowers[np.arange(holds.shape[0]), own] = False
+    lowers &= holds | (room[copy_at] > 0)
+    ks, as_ = np.nonzero(lowers)  # in row-major order, as argmin over the whole [K, N] would scan
+    if ks.size == 0:
+        return np.inf, -1, -1
+    after = (seconds[None, :] + sign[ks, as_, None] * delta[ks, as_]).max(axis=1)
+    i = int(np.argmin(after))
+    return float(after[i]), int(ks[i]), int(as_[i])
 
 
 def _best_trade(seconds, delta, holds, own, copy_at, room) -> list[tuple[int, int]] | None:
@@ -198,17 +211,22 @@ def _best_trade(seconds, delta, holds, own, copy_at, room) -> list[tuple[int, in
     K, N = holds.shape
     droppable = holds.copy()
     droppable[np.arange(K), own] = False
+    busiest = int(np.argmax(seconds))
     best, found = seconds.max() * (1 - 1e-9), None
     for e in np.flatnonzero(room <= 0).tolist():
         adds = np.argwhere(~holds & (copy_at == e))
         drops = np.argwhere(droppable & (copy_at == e))
         if not adds.size or not drops.size:
             continue
-        gain = delta[adds[:, 0], adds[:, 1]][:, None, :] - delta[drops[:, 0], drops[:, 1]][None, :, :]
-        after = (seconds[None, None, :] + gain).max(axis=2)
-        i, j = np.unravel_index(np.argmin(after), after.shape)
-        if after[i, j] < best:
-            best, found = after[i, j], [tuple(drops[j]), tuple(adds[i])]
+        added, dropped = delta[adds[:, 0], adds[:, 1]], delta[drops[:, 0], drops[:, 1]]
+        lowers = seconds[busiest] + (added[:, None, busiest] - dropped[None, :, busiest]) < seconds[busiest]
+        i, j = np.nonzero(lowers)  # only these can lower the busiest link (_best_change)
+        if not i.size:
+            continue
+        after = (seconds[None, :] + (added[i] - dropped[j])).max(axis=1)
+        at = int(np.argmin(after))
+        if after[at] < best:
+            best, found = after[at], [tuple(drops[j[at]]), tuple(adds[i[at]])]
     return found
 
 
@@ -232,6 +250,7 @@ def _best_move_for_copy(seconds, delta, single_vec, holds, home, copy_at, room):
             i = int(np.argmin((seconds[None, :] - delta[at[:, 0], at[:, 1]]).max(axis=1)))
             drop[f], drop_vec[f] = tuple(at[i]), -delta[at[i, 0], at[i, 1]]
     to = np.array([room[f] > 0 or drop[f] is not None for f in range(P)])
+    busiest = int(np.argmax(seconds))
     best, found = seconds.max() * (1 - 1e-9), None
     hot = np.arange(K) < TRADE_ROWS
     for e in np.flatnonzero(room <= 0).tolist():
@@ -241,13 +260,17 @@ def _best_move_for_copy(seconds, delta, single_vec, holds, home, copy_at, room):
         if not adds.size or not movers.size or not dest.size:
             continue
         moved = single_vec[movers][:, dest] - single_vec[movers, e][:, None] + drop_vec[dest][None]
-        gain = delta[adds[:, 0], adds[:, 1]][:, None, None, :] + moved[None]
-        after = (seconds + gain).max(axis=3)  # [adds, movers, dest]
-        after[adds[:, 0][:, None] == movers[None, :]] = np.inf  # a row does not make room for its own copy
-        i, m, j = np.unravel_index(np.argmin(after), after.shape)
-        if after[i, m, j] < best:
-            best, f = after[i, m, j], int(dest[j])
-            found = ((int(movers[m]), f), ([drop[f]] if room[f] <= 0 else []) + [tuple(adds[i])])
+        added = delta[adds[:, 0], adds[:, 1]]
+        lowers = seconds[busiest] + (added[:, None, None, busiest] + moved[None, :, :, busiest]) < seconds[busiest]
+        lowers[adds[:, 0][:, None] == movers[None, :]] = False  # a row does not make room for its own copy
+        i, m, j = np.nonzero(lowers)  # [adds, movers, dest]: only these can lower the busiest link
+        if not i.size:
+            continue
+        after = (seconds + (added[i] + moved[m, j])).max(axis=1)
+        at = int(np.argmin(after))
+        if after[at] < best:
+            best, f = after[at], int(dest[j[at]])
+            found = ((int(movers[m[at]]), f), ([drop[f]] if room[f] <= 0 else []) + [tuple(adds[i[at]])])
     return found
 
 

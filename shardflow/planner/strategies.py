@@ -128,31 +128,31 @@ class FlexShard:
 
     def candidates(self, accesses, topology, budget_bytes, model) -> Iterator[ShardingPlan | None]:
         """Its tiered plan (None where none fits), then the same placement with no replication, each at the
-        budget and at the smaller ones of SLACK_LADDER, then row-wise-mod's placement; made one at a time."""
-        budget_rows = budget_bytes // model.shape.row_bytes
+        budget and at the smaller ones of SLACK_LADDER, then row-wise-mod's placement; made one at a time.
+        Where the tiered plan was placed from single rows only, it is the placement with no replication
+        at that budget: that one is not made again (None in its place)."""
         flat = [np.full(a.rows, SINGLE, dtype=np.int8) for a in accesses]
-        shape = model.shape
-        smaller = [slack_budget_bytes(accesses, topology, shape.dim, slack, shape.row_optimizer) // shape.row_bytes
-                   for slack in SLACK_LADDER]
-        budgets = [budget_rows, *(rows for rows in sorted(set(smaller)) if rows < budget_rows)]
-        candidates = (
-            *(lambda rows=rows: self._tiered(accesses, topology, rows, model) for rows in budgets),
-            *(lambda rows=rows: ShardingPlan(self.name, tuple(place(accesses, flat, topology, rows, model,
-                                                                   self.copies)))
-              for rows in budgets),
-            lambda: ShardingPlan(self.name, RowWiseMod().plan(accesses, topology, budget_bytes, model).tables),
-        )
-        for make in candidates:
-            yield make()
+        budgets = ladder_budgets(accesses, topology, budget_bytes, model)
+        made_flat = set()
+        for rows in budgets:
+            plan, replicates = self._tiered(accesses, topology, rows, model)
+            if plan is not None and not replicates:
+                made_flat.add(rows)
+            yield plan
+        for rows in budgets:
+            yield None if rows in made_flat else ShardingPlan(
+                self.name, tuple(place(accesses, flat, topology, rows, model, self.copies)))
+        yield ShardingPlan(self.name, RowWiseMod().plan(accesses, topology, budget_bytes, model).tables)
 
-    def _tiered(self, accesses, topology, budget_rows, model) -> ShardingPlan | None:
+    def _tiered(self, accesses, topology, budget_rows, model) -> tuple[ShardingPlan | None, bool]:
+        """(the tiered plan that fits `budget_rows`, or None; whether its tiers replicate any row)."""
         P = topology.devices
         spare = P * budget_rows - sum(a.rows for a in accesses)
         costs = tier_costs(accesses, model)
         bounds = np.cumsum([0] + [a.class_rows.size for a in accesses])
         for _ in range(FIT_RETRIES):
             if spare <= 0:
-                return None
+                return None, False
             tier_rows = best_tiers(costs, spare)
             tiers = [
                 tiers_from_counts(a, tier_rows[2, s:e], tier_rows[1, s:e])
@@ -166,9 +166,18 @@ class FlexShard:
             else:
                 over = int(np.maximum(plan.rows_per_device(topology) - budget_rows, 0).max()) * P
                 if over == 0:
-                    return plan
+                    return plan, bool(tier_rows[1:].any())
             spare -= max(over, spare // 4, 1)
-        return None
+        return None, False
+
+
+def ladder_budgets(accesses: list[TableAccess], topology: Topology, budget_bytes: int, model: CostModel) -> list[int]:
+    """The rows per device FlexShard plans under: the budget's, then the smaller ones of SLACK_LADDER."""
+    shape = model.shape
+    budget_rows = budget_bytes // shape.row_bytes
+    smaller = [slack_budget_bytes(accesses, topology, shape.dim, slack, shape.row_optimizer) // shape.row_bytes
+               for slack in SLACK_LADDER]
+    return [budget_rows, *(rows for rows in sorted(set(smaller)) if rows < budget_rows)]
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (TableWise(), RowWiseMod(), RowWiseBlock(), FlexShard())}
