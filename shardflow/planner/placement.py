@@ -135,9 +135,9 @@ def largest_first(load: np.ndarray, weights: np.ndarray, room: np.ndarray, node_
 def water_level(base: np.ndarray, weights: np.ndarray, amount: float) -> np.ndarray:
     """Loads to add to `base` so that the devices below the level T·weight are raised to it."""
     lo, hi = 0.0, float(((base + amount) / weights).max())
-    for _ in range(60):
+    for _ in range(60):  # with nothing to add (most calls), no sum of raises is below it: only hi halves
         t = (lo + hi) / 2
-        lo, hi = (t, hi) if np.maximum(t * weights - base, 0).sum() < amount else (lo, t)
+        lo, hi = (t, hi) if amount > 0 and np.maximum(t * weights - base, 0).sum() < amount else (lo, t)
     return np.maximum(hi * weights - base, 0)
 
 
