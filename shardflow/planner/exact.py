@@ -52,12 +52,12 @@ def exact_plan(accesses: list[TableAccess], budget_bytes: int, model: CostModel,
     load = np.zeros((2 * P + 2 * len(topo.nodes), n_vars))
     memory = np.zeros((P, n_vars))
     rows = np.zeros((len(classes), n_vars))
+    copies = np.array([table_rows_per_device(one_row("row", t, d, nodes), topo) for t, d, nodes in placements]).T
     for i, (a, c) in enumerate(classes):
         for j, (t, d, nodes) in enumerate(placements):
-            k = i * len(placements) + j
-            load[:, k] = row_link_bytes(a, c, t, d, model, nodes)
-            memory[:, k] = table_rows_per_device(one_row(a.name, t, d, nodes), topo)
-            rows[i, k] = 1
+            load[:, i * len(placements) + j] = row_link_bytes(a, c, t, d, model, nodes)
+        memory[:, i * len(placements) : (i + 1) * len(placements)] = copies  # a row's copies: its placement's
+        rows[i, i * len(placements) : (i + 1) * len(placements)] = 1
     load = load / bandwidths(topo)[:, None] * 1e6  # microseconds: well above the solver's absolute tolerances
     load[:, -1] = -1.0  # a link's microseconds - T <= 0
     counts = np.array([a.class_rows[c] for a, c in classes], dtype=np.float64)
