@@ -113,8 +113,6 @@ def chosen(change, seconds):
     return (k, a) if best < seconds.max() * (1 - 1e-9) else None
 
 
-
-
 def case(seed: int):
     """A random topology of 2-4 nodes and one or two Zipf tables, tight budgets more often than not."""
     rng = np.random.default_rng(seed)
