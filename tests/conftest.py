@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # Each pytest worker (two on CI's two cores) computes with PyTorch; an intra-op thread per core each only
 # spins against the other worker's (OpenMP waits by spinning). Set before PyTorch loads, and inherited by
@@ -45,6 +46,9 @@ CLUSTER_MODULES = {"test_train_command", "test_plan_command",  # commands that s
                    "test_worker_server",  # a process that starts one
                    "test_emulated_cluster"}  # or an emulated one (shardflow.emulation)
 TIERS = ("fault", "server", "cluster", "unit")
+# Every test here uses Prefect (the server tier or a heavier one). `-m unit` does not import these modules: their
+# imports (Prefect's API server among them) cost each pytest worker 3.0-3.6 s of its 11-12 s of collection.
+FLOWS = Path(__file__).parent / "flows"
 
 
 def tier(module: str, fixtures: set[str]) -> str:
@@ -69,6 +73,10 @@ def pytest_unconfigure(config) -> None:
         shutil.rmtree(os.environ.pop("SHARDFLOW_TEST_PREFECT_HOME"), ignore_errors=True)
 
 
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    return True if config.option.markexpr == "unit" and collection_path == FLOWS else None
+
+
 def pytest_collection_modifyitems(items) -> None:
     """Mark each test with its tier, and order the tiers heaviest first (fault, server, cluster, unit): `make
     test` runs them in one session whose two workers take tests from each other's queues, so the minutes-long
@@ -76,6 +84,9 @@ def pytest_collection_modifyitems(items) -> None:
     tiers = {}
     for item in items:
         tiers[item] = tier(item.module.__name__.rpartition(".")[2], set(item.fixturenames))
+        if tiers[item] == "unit" and FLOWS in item.path.parents:
+            raise pytest.UsageError(f"{item.nodeid} is in the unit tier; accepted there: tests that use Prefect "
+                                    f"(`-m unit` does not collect {FLOWS.name}/): move it beside the code it tests")
         item.add_marker(tiers[item])
     items.sort(key=lambda item: TIERS.index(tiers[item]))
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
 from flows.retrain import retrain
@@ -58,20 +57,6 @@ def test_two_nights_of_a_click_log_make_two_dlrm_versions(prefect_api, client, n
     assert second["eval_users"] == 6 and second["previous_logloss"] is not None and second["previous_hr_at_10"] is None
     assert second["promoted"] == (second["auc"] >= second["previous_auc"] - 0.002)
     assert second["parts_added"] == ["day2.csv"]
-
-
-def test_click_settings_are_checked_before_any_work(nights):
-    root, _, _ = nights
-    base = dict(dataset=str(root / "logs"), run_dir=str(root / "bad"), topology=str(root / "topo.yaml"))
-    with pytest.raises(InputError, match="hash_rows = 64 with dataset_format 'sasrec'; accepted: hash_rows only with"):
-        RetrainConfig.build({**base, "hash_rows": 64})
-    with pytest.raises(InputError, match="hash_rows = 0: .*accepted: an integer >= 1 or 'exact'"):
-        RetrainConfig.build({**base, "dataset_format": "criteo", "hash_rows": 0})
-    with pytest.raises(InputError, match=r"bottom_mlp = \[8, 0\]: .*accepted: integers >= 1"):
-        RetrainConfig.build({**base, "dataset_format": "criteo", "bottom_mlp": [8, 0]})
-    assert not (root / "bad").exists()
-    assert RetrainConfig.build({**base, "dataset_format": "criteo", "hash_rows": "exact"}).data.hash_rows == "exact"
-    np.testing.assert_equal(RetrainConfig.build({**base, "dataset_format": "criteo"}).model.bottom_mlp, (64,))
 
 
 def test_two_nights_of_movielens_as_a_click_log_with_feature_files_make_two_dlrm_versions(prefect_api, client,

@@ -28,7 +28,7 @@ from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.checkpoint import verify_export
 from storage.dataset import Dataset
-from support import REAL, settled, snapshot, split_into_days, version_start
+from support import REAL, settled, snapshot, split_into_days
 from shardflow.reporting.summary import RunSummary
 from tasks.reports import state_message
 from tasks.retrain import artifact_key
@@ -215,48 +215,6 @@ def test_a_version_killed_during_its_download_leaves_the_promoted_model_untouche
     assert resumed["version"] == 2 and resumed["resumed_from"].endswith("epoch-000001")
     assert not any(n.startswith("train-epoch") for n in names) and names.count("download") == 1
     assert resumed["current"] == (2 if resumed["promoted"] else 1) and snapshot(Path(first["model"])) == promoted
-
-
-def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_default(tmp_path):
-    """A run_dir promoted by an older shardflow, whose export's model record lacks newer keys (bottom, encoder,
-    blocks, heads, dropout; the dense and row optimisers), warm-starts a run that keeps their defaults, and refuses one
-    that changes what shapes the model, naming both values; settings that shape nothing pass."""
-    from shardflow.data.clicks import config_record, model_config
-    from shardflow.preflight import check_model_shape
-    from storage.checkpoint import sealed
-    from storage.manifest import write_manifest
-    from storage.importers import import_dataset
-
-    cfg = RetrainConfig(run_dir=str(tmp_path))
-    import_dataset("sasrec", REAL["sasrec"], tmp_path / "dataset")
-    m = cfg.model
-    model = model_config(Dataset.open(tmp_path / "dataset"), dim=m.dim, mlp=m.mlp, bottom=m.bottom_mlp,
-                         history=m.history, negatives=m.negatives, seed=cfg.train.seed)
-    older = {k: v for k, v in config_record(model).items() if k not in ("encoder", "blocks", "heads", "dropout")}
-    versions.start(tmp_path, version_start(1))
-    (versions.version_dir(tmp_path, 1) / "model").mkdir()
-    write_manifest(versions.version_dir(tmp_path, 1) / "model", {  # as that shardflow wrote it: no optimizers named
-        "format": "shardflow.model", "format_version": 1, "tables": {}, "dim": m.dim, "model": older, "chunk_rows": 1,
-        "dense_steps": 0, **sealed({})})
-    versions.finish(tmp_path, 1, {"promoted": True})
-    versions.promote(tmp_path, 1)
-    check_model_shape(cfg)
-
-    def changed(**keys) -> RetrainConfig:
-        return RetrainConfig.build({**cfg.flat(), **keys})
-
-    with pytest.raises(InputError, match=r"has mlp = \[64, 32\], this run mlp = \[32\]"):
-        check_model_shape(changed(mlp=(32,)))
-    # Its model had the mean encoder: another is refused; the attention's settings shape no mean model.
-    with pytest.raises(InputError, match=r"has encoder = 'mean', this run encoder = 'self-attention'"):
-        check_model_shape(changed(encoder="self-attention"))
-    with pytest.raises(InputError, match=r"has dense_optimizer = 'adam', this run dense_optimizer = 'adagrad'"):
-        check_model_shape(changed(dense_optimizer="adagrad"))
-    # Its manifest names no row optimizer either: Adagrad's sums, the only rows' state there was.
-    with pytest.raises(InputError, match=r"has row_optimizer = 'adagrad', this run row_optimizer = 'adam'"):
-        check_model_shape(changed(row_optimizer="adam"))
-    check_model_shape(changed(attention_blocks=5, dropout=0.3, seed=7))
-    check_model_shape(changed(bottom_mlp=(32,)))  # a sequence model has no bottom MLP
 
 
 @pytest.fixture(scope="module")

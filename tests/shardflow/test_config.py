@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from shardflow.config import RetrainConfig
@@ -11,6 +12,8 @@ from shardflow.config_sections import SECTION_OF, SECTIONS, overridden
 from shardflow.errors import InputError
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import load_topology
+
+TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
 
 
 def test_the_topology_is_read_once_and_equals_the_files():
@@ -80,3 +83,27 @@ def test_set_overrides_a_config_file_key_however_either_spells_it():
     config = RetrainConfig.build(values)
     assert (config.train.epochs, config.train.seed, config.model.dim, config.plan.strategy) == (5, 4, 8, "table-wise")
     assert file == {"run_dir": "runs/x", "train": {"epochs": 2, "seed": 4}, "dim": 16}  # the file's values untouched
+
+
+def test_bad_configuration_is_refused_before_anything_starts(tmp_path):
+    with pytest.raises(InputError, match=r"strategy = 'fast'.*epochs = 0.*batch_size = -1"):
+        RetrainConfig.build({"run_dir": str(tmp_path / "r"), "epochs": 0, "batch_size": -1, "strategy": "fast"})
+    with pytest.raises(InputError, match="no such file; accepted: a topology YAML file"):
+        RetrainConfig.build({"topology": str(tmp_path / "missing.yaml")})
+    assert not (tmp_path / "r").exists()
+
+
+def test_click_settings_are_checked_before_any_work(tmp_path):
+    root = tmp_path
+    (root / "logs").mkdir()
+    (root / "topo.yaml").write_text(TOPOLOGY)
+    base = dict(dataset=str(root / "logs"), run_dir=str(root / "bad"), topology=str(root / "topo.yaml"))
+    with pytest.raises(InputError, match="hash_rows = 64 with dataset_format 'sasrec'; accepted: hash_rows only with"):
+        RetrainConfig.build({**base, "hash_rows": 64})
+    with pytest.raises(InputError, match="hash_rows = 0: .*accepted: an integer >= 1 or 'exact'"):
+        RetrainConfig.build({**base, "dataset_format": "criteo", "hash_rows": 0})
+    with pytest.raises(InputError, match=r"bottom_mlp = \[8, 0\]: .*accepted: integers >= 1"):
+        RetrainConfig.build({**base, "dataset_format": "criteo", "bottom_mlp": [8, 0]})
+    assert not (root / "bad").exists()
+    assert RetrainConfig.build({**base, "dataset_format": "criteo", "hash_rows": "exact"}).data.hash_rows == "exact"
+    np.testing.assert_equal(RetrainConfig.build({**base, "dataset_format": "criteo"}).model.bottom_mlp, (64,))

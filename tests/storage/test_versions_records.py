@@ -6,9 +6,11 @@ import os
 
 import pytest
 
+from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
 from storage import versions
-from support import version_start
+from storage.dataset import Dataset
+from support import REAL, version_start
 
 
 @pytest.fixture
@@ -108,3 +110,45 @@ def test_a_bad_promotion_entry_is_named(run):
     path.write_text("{}")
     with pytest.raises(InputError, match=rf"{path}: a dict; accepted: a JSON list of promotions"):
         versions.promotions(run)
+
+
+def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_default(tmp_path):
+    """A run_dir promoted by an older shardflow, whose export's model record lacks newer keys (bottom, encoder,
+    blocks, heads, dropout; the dense and row optimisers), warm-starts a run that keeps their defaults, and refuses one
+    that changes what shapes the model, naming both values; settings that shape nothing pass."""
+    from shardflow.data.clicks import config_record, model_config
+    from shardflow.preflight import check_model_shape
+    from storage.checkpoint import sealed
+    from storage.manifest import write_manifest
+    from storage.importers import import_dataset
+
+    cfg = RetrainConfig(run_dir=str(tmp_path))
+    import_dataset("sasrec", REAL["sasrec"], tmp_path / "dataset")
+    m = cfg.model
+    model = model_config(Dataset.open(tmp_path / "dataset"), dim=m.dim, mlp=m.mlp, bottom=m.bottom_mlp,
+                         history=m.history, negatives=m.negatives, seed=cfg.train.seed)
+    older = {k: v for k, v in config_record(model).items() if k not in ("encoder", "blocks", "heads", "dropout")}
+    versions.start(tmp_path, version_start(1))
+    (versions.version_dir(tmp_path, 1) / "model").mkdir()
+    write_manifest(versions.version_dir(tmp_path, 1) / "model", {  # as that shardflow wrote it: no optimizers named
+        "format": "shardflow.model", "format_version": 1, "tables": {}, "dim": m.dim, "model": older, "chunk_rows": 1,
+        "dense_steps": 0, **sealed({})})
+    versions.finish(tmp_path, 1, {"promoted": True})
+    versions.promote(tmp_path, 1)
+    check_model_shape(cfg)
+
+    def changed(**keys) -> RetrainConfig:
+        return RetrainConfig.build({**cfg.flat(), **keys})
+
+    with pytest.raises(InputError, match=r"has mlp = \[64, 32\], this run mlp = \[32\]"):
+        check_model_shape(changed(mlp=(32,)))
+    # Its model had the mean encoder: another is refused; the attention's settings shape no mean model.
+    with pytest.raises(InputError, match=r"has encoder = 'mean', this run encoder = 'self-attention'"):
+        check_model_shape(changed(encoder="self-attention"))
+    with pytest.raises(InputError, match=r"has dense_optimizer = 'adam', this run dense_optimizer = 'adagrad'"):
+        check_model_shape(changed(dense_optimizer="adagrad"))
+    # Its manifest names no row optimizer either: Adagrad's sums, the only rows' state there was.
+    with pytest.raises(InputError, match=r"has row_optimizer = 'adagrad', this run row_optimizer = 'adam'"):
+        check_model_shape(changed(row_optimizer="adam"))
+    check_model_shape(changed(attention_blocks=5, dropout=0.3, seed=7))
+    check_model_shape(changed(bottom_mlp=(32,)))  # a sequence model has no bottom MLP
