@@ -32,7 +32,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
 NIGHT = dict(epochs=1, batch_size=512, dim=8, mlp=[8], history=5, negatives=2, eval_users=500, memory_slack=0.5)
 RUN_S = 600  # one deployment run, start-up of its process and cluster included, on a loaded 2-core machine
-WORKER_STOP_S = 20  # a worker with nothing running stopped within 2 s, quiet and beside busy loops
 
 SCHEDULE = """
 import asyncio, json, sys
@@ -78,18 +77,12 @@ def deployed(tmp_path):
 
 
 def stop_worker(worker: subprocess.Popen, url: str) -> None:
-    """Prefect's worker stops on SIGTERM once the flow-run processes it started have exited (each in a
-    session of its own). It stopped within 2 s here, quiet and beside a busy loop on every core, but on CI
-    once not within 60 s of its last run's FAILED state. What is tested has been asserted by then: after
-    WORKER_STOP_S the worker is killed, and so is every process left that it started (those alone have
-    this server's URL in their environment)."""
-    os.killpg(worker.pid, signal.SIGTERM)
-    try:
-        worker.wait(timeout=WORKER_STOP_S)
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=60)
+    """Killed, with every process left that it started (those alone have this server's URL in their
+    environment). What is tested has been asserted by then. Prefect's worker stops on SIGTERM only once the
+    flow-run processes it started have exited: within 2 s on a quiet machine, but not within 20 s in a
+    suite beside a CPU-bound job (2026-11-28), and once not within 60 s on CI."""
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=60)
     marker = f"PREFECT_API_URL={url}".encode()
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
