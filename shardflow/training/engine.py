@@ -117,6 +117,11 @@ class Engine(Persistence):
                 # An actor's worker died while the actor was being made: a lost worker, not a failed run.
                 self.check_workers(grace_s=LOSS_GRACE_S)
                 raise
+            except RuntimeError:
+                # Made, then its worker died before this read it (distributed: "Worker holding Actor was lost").
+                # An actor whose constructor raised is in error too, on a worker still there: raised as it came.
+                self.check_workers(grace_s=LOSS_GRACE_S, by_actor=False)
+                raise
             self._wait([a.connect(self.actors) for a in self.actors])
         except BaseException:
             self.close()
@@ -149,16 +154,17 @@ class Engine(Persistence):
             raise
         return self._wait(calls)
 
-    def check_workers(self, grace_s: float = 0.0) -> None:
+    def check_workers(self, grace_s: float = 0.0, by_actor: bool = True) -> None:
         """WorkerLost if a worker holding one of this engine's shards has left the cluster.
 
         With `grace_s`, keep looking that long: the scheduler may learn of a death after a
-        peer already failed to reach the worker.
+        peer already failed to reach the worker. With `by_actor`, an actor's future in error,
+        lost or cancelled counts as its worker gone too.
         """
         deadline = time.monotonic() + grace_s
         while True:
             now = live_workers(self.client)  # first: a lost scheduler cancels every actor, and is no worker loss
-            for d, f in enumerate(self._futures):
+            for d, f in enumerate(self._futures if by_actor else ()):
                 if f.status in ("error", "lost", "cancelled"):
                     self._lost(d, f"device {d}'s actor is {f.status}: its worker left the cluster, the shard is lost")
             for d, (address, wid) in enumerate(self.workers.items()):
