@@ -13,7 +13,9 @@ Layout of a dataset directory (zarr v3):
         offsets       int64 [runs + 1]   run r holds the segment's events offsets[r]:offsets[r+1]
         tables/<name> int32|int64 [events]  one id per event for every embedding table; the
                                          sequence table holds the item sequence, the others
-                                         are categorical feature columns
+                                         are categorical feature columns; a table the manifest
+                                         gives a width k (token sequences: genres) is
+                                         [events, k], up to k ids per event, -1 padding
         dense/<name>  float32 [events]   optional numeric columns (NaN = missing)
         labels        float32 [events]   optional click labels
         user_ids      [new users]        raw ids of the users this part introduced; user
@@ -93,6 +95,8 @@ class Dataset:
         where = path / "manifest.json"
         try:
             tables = tuple(TableSpec(name, spec["rows"]) for name, spec in m["tables"].items())
+            widths = {name: _count(spec["width"], f"tables.{name}.width", where) for name, spec in m["tables"].items()
+                      if "width" in spec}
             info = DatasetInfo(
                 users=_count(m["users"], "users", where),
                 interactions=_count(m["interactions"], "interactions", where),
@@ -103,6 +107,7 @@ class Dataset:
                 source=m["source"],
                 checksum=m["checksum"],
                 version=_count(m["version"], "version", where),
+                widths=widths,
             )
             segments = tuple(parse_record(Segment, s, f"{where} segments[{i}]") for i, s in enumerate(m["segments"]))
             for s in segments:
@@ -112,6 +117,8 @@ class Dataset:
             raise InputError(f"{where}: malformed manifest ({type(e).__name__}: {e})") from None
         if not tables:
             raise InputError(f"{where}: the dataset has no tables; accepted: at least one table")
+        if any(w < 1 for w in widths.values()):
+            raise InputError(f"{where}: table widths {widths}; accepted: widths >= 1")
         if info.users < 1 or info.interactions < 1:
             raise InputError(
                 f"{where}: empty dataset ({info.users} users, {info.interactions} interactions); "
@@ -174,13 +181,15 @@ class Dataset:
         except OSError:  # a read-only store: verified again next time
             pass
 
-    def _array(self, name: str, kind: str, length: int) -> zarr.Array:
+    def _array(self, name: str, kind: str, length: int, width: int | None = None) -> zarr.Array:
         try:
             arr = self._root[name]
         except KeyError:
             raise InputError(f"{self.path}: array {name!r} is missing; the manifest lists it") from None
-        if not isinstance(arr, zarr.Array) or arr.ndim != 1:
-            raise InputError(f"{self.path}/{name}: not a 1-d array; accepted: a 1-d array of {length} values")
+        shape = (length,) if width is None else (length, width)
+        if not isinstance(arr, zarr.Array) or arr.shape[1:] != shape[1:]:
+            raise InputError(f"{self.path}/{name}: not an array of shape {list(shape)}; accepted: that shape, as "
+                             "the manifest declares")
         if np.dtype(arr.dtype).kind not in kind:
             accepted = {"iu": "an integer dtype", "f": "a float dtype", "i": "a signed integer dtype"}[kind]
             raise InputError(f"{self.path}/{name}: dtype {arr.dtype}; accepted: {accepted}")
@@ -191,7 +200,7 @@ class Dataset:
     def _validate_segment(self, segment: Segment) -> None:
         info, seg, events, runs = self.info, f"{SEGMENTS}/{segment.name}", segment.events, segment.runs
         for t in info.tables:
-            self._array(f"{seg}/tables/{t.name}", "iu", events)
+            self._array(f"{seg}/tables/{t.name}", "iu", events, info.widths.get(t.name))
         for d in info.dense:
             self._array(f"{seg}/dense/{d}", "f", events)
         if info.labels:
@@ -285,7 +294,7 @@ class Dataset:
         if segments is None:
             return self._root[f"{SEGMENTS}/{self.segments[0].name}/{path}"][start:stop]
         arrays = [self._root[f"{SEGMENTS}/{s.name}/{path}"] for s in self.segments]
-        out = np.empty(stop - start, dtype=np.result_type(*(a.dtype for a in arrays)))
+        out = np.empty((stop - start, *arrays[0].shape[1:]), dtype=np.result_type(*(a.dtype for a in arrays)))
         for runs, arr in zip(segments, arrays):
             logical, stored = runs.between(start, stop)
             if stored.size:
@@ -322,6 +331,11 @@ class Dataset:
     def dtype(self, path: str) -> np.dtype:
         """The type `column` and `stored_column` give for `path` (from the arrays' metadata, reading no chunk)."""
         return np.result_type(*(self._root[f"{SEGMENTS}/{s.name}/{path}"].dtype for s in self.segments))
+
+    def event_bytes(self, path: str) -> int:
+        """Bytes one event takes in `column`'s result for `path` (a table of token sequences: its width's ids)."""
+        within = self._root[f"{SEGMENTS}/{self.segments[0].name}/{path}"].shape[1:]
+        return self.dtype(path).itemsize * int(np.prod(within))
 
     def ids(self, table: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         self.info.table(table)

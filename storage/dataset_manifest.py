@@ -39,6 +39,8 @@ class DatasetInfo:
     source: dict = field(default_factory=dict)
     checksum: str = ""
     version: int = 1
+    # A table of token sequences (genres) -> the most ids an event holds: its column is [events, width], -1 padding.
+    widths: dict = field(default_factory=dict)
 
     def table(self, name: str) -> TableSpec:
         for t in self.tables:

@@ -48,6 +48,7 @@ class SegmentWriter:
         dense: tuple[str, ...] = (),
         labels: bool = False,
         events_per_chunk: int = EVENTS_PER_CHUNK,
+        widths: dict[str, int] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.events, self.runs = int(events), int(runs)
@@ -58,16 +59,17 @@ class SegmentWriter:
         self._pending: dict[str, list[np.ndarray]] = {}
         self.new_users = 0
         for name, dtype in tables.items():
-            self._add(f"tables/{name}", dtype, self.events, events_per_chunk)
+            self._add(f"tables/{name}", dtype, self.events, events_per_chunk, (widths or {}).get(name))
         for d in dense:
             self._add(f"dense/{d}", np.float32, self.events, events_per_chunk)
         if labels:
             self._add("labels", np.float32, self.events, events_per_chunk)
 
-    def _add(self, path: str, dtype, length: int, chunk: int) -> zarr.Array:
-        arr = self._root.create_array(
-            path, shape=(length,), dtype=dtype, chunks=(max(1, min(chunk, length)),), compressors=COMPRESSORS
-        )
+    def _add(self, path: str, dtype, length: int, chunk: int, width: int | None = None) -> zarr.Array:
+        """An event column: [length], or [length, width] for a table of up to `width` ids per event."""
+        within = () if width is None else (width,)
+        arr = self._root.create_array(path, shape=(length, *within), dtype=dtype,
+                                      chunks=(max(1, min(chunk, length)), *within), compressors=COMPRESSORS)
         self._columns[path] = (arr, ArrayHash(path, arr.dtype, arr.shape))
         self._written[path] = 0
         return arr

@@ -278,7 +278,8 @@ def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, 
     `existing`: None (a fresh store), or (the store, its manifest) to continue, or (the
     store, its manifest cut before the parts replaced, the segments replaced).
     """
-    fmt, features, hash_rows = _prepared_format(fmt_name, src, parts[0], options)
+    fmt, features, hash_rows = _prepared_format(fmt_name, src, parts[0], options,
+                                                None if existing is None else existing[0].info.widths)
     version = 1 if existing is None else existing[1]["version"] + 1
     first_index = 0 if existing is None else len(existing[1]["segments"])
     spill_root = stage / "spill"
@@ -294,7 +295,8 @@ def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, 
                                              for s, n in zip(scans, numberings)])
     shutil.rmtree(spill_root, ignore_errors=True)
     tables = {t: {"rows": max(1, rows[t]), "dtype": str(TableSpec(t, max(1, rows[t])).id_dtype),
-                  **({"hashed": "crc32"} if t in hash_rows else {})} for t in fmt.tables}
+                  **({"hashed": "crc32"} if t in hash_rows else {}),
+                  **({"width": fmt.widths[t]} if t in fmt.widths else {})} for t in fmt.tables}
     return build_manifest(
         version=version, users=numberer.user_count, tables=tables, sequence_table=fmt.sequence_table,
         dense=fmt.dense, labels=fmt.labels, source=_source(fmt, src, scans, segments, version, existing, options,
@@ -303,9 +305,11 @@ def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, 
     )
 
 
-def _prepared_format(fmt_name: str, src: Path, first_part: Part, options: dict) -> tuple[Format, dict, dict]:
-    """The format of an import, its header read from the first part and a click log's feature files joined;
-    the feature files read (path -> FeatureFile) and the hashed tables' sizes."""
+def _prepared_format(fmt_name: str, src: Path, first_part: Part, options: dict,
+                     stored_widths: dict | None) -> tuple[Format, dict, dict]:
+    """The format of an import, its header read from the first part and a click log's feature files joined
+    (their token sequences as wide as `stored_widths`, a store's, if given); the feature files read
+    (path -> FeatureFile) and the hashed tables' sizes."""
     fmt = make_format(fmt_name, options.get("label"))
     features = {}
     if fmt.labels and isinstance(fmt, Recbole):
@@ -315,6 +319,8 @@ def _prepared_format(fmt_name: str, src: Path, first_part: Part, options: dict) 
     sniff_delimiter(fmt, first)
     if fmt.has_header:
         fmt.header(first_part.path, first)
+    if features and stored_widths is not None:
+        fmt.fit_widths(stored_widths)
     sizes = {t: options["table_rows"].get(t, options["hash_rows"]) for t in fmt.tables} if "hash_rows" in options \
         else {}
     unknown = [t for t in options.get("table_rows", {}) if t not in fmt.tables]

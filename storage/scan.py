@@ -110,6 +110,7 @@ class _Collector:
         self.numeric = {t: IntDistinct() for t in fmt.tables} if fmt.name in ("sasrec", "s3rec") else {}
         self.hashed = {t: TextDistinct() for t in fmt.tables if t in hash_rows}
         self.coded = {t: TextCodes() for t in fmt.tables if t not in hash_rows and t not in self.numeric}
+        self.widths = dict(fmt.widths)
         self.users_numeric, self.user_codes = IntDistinct(), TextCodes()
         self.run_users, self.run_lengths = [], []
 
@@ -124,6 +125,8 @@ class _Collector:
                 self.hashed[name].add(enc.dictionary)
                 rows = (crc32_text(enc.dictionary) % np.uint32(self.hash_rows[name])).astype(np.int32)
                 self.spill.add(f"table.{name}", rows[enc.indices.to_numpy()])
+            elif name in self.widths:
+                self.spill.add(f"code.{name}", padded_codes(self.coded[name], values, self.widths[name]))
             else:
                 self.spill.add(f"code.{name}", self.coded[name].encode(values))
         for name, values in cols.dense.items():
@@ -152,6 +155,16 @@ class _Collector:
         for name, c in self.coded.items():
             scan.codes[name] = c.dictionary
         return scan
+
+
+def padded_codes(codes: TextCodes, lists: pa.ListArray, width: int) -> np.ndarray:
+    """int32 [events, width]: the codes of each event's tokens, in order, then -1."""
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+    out = np.full((len(lists), width), -1, dtype=np.int32)
+    flat = codes.encode(pc.list_flatten(lists))
+    out[np.repeat(np.arange(len(lists)), lengths), np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths,
+                                                                                       lengths)] = flat
+    return out
 
 
 def _take_header(fmt: Format, part: Part, block: Block) -> Block | None:

@@ -78,7 +78,7 @@ def write_segment(
     perm, runs = _event_order(scan, numbering)
     writer = SegmentWriter(
         Path(directory), events=scan.events, runs=scan.events if runs is None else len(runs[0]), tables=dtypes,
-        dense=fmt.dense, labels=fmt.labels, events_per_chunk=events_per_chunk,
+        dense=fmt.dense, labels=fmt.labels, events_per_chunk=events_per_chunk, widths=dict(fmt.widths),
     )
     if runs is not None:
         writer.write_runs(runs[0], np.concatenate([[0], np.cumsum(runs[1])]))
@@ -86,15 +86,16 @@ def write_segment(
     else:
         writer.write_own_users(numbering.own_users_from)
 
-    def column(spilled: str, target: str, transform=None) -> None:
-        for values in _spilled_blocks(scan, spilled, perm, events_per_chunk):
+    def column(spilled: str, target: str, transform=None, width: int | None = None) -> None:
+        for values in _spilled_blocks(scan, spilled, perm, events_per_chunk, width):
             writer.write(target, values if transform is None else transform(values))
 
     for t in fmt.tables:
         if t in numbering.lookups:
             column(f"table.{t}", f"tables/{t}", RowLookup(*numbering.lookups[t]))
-        elif t in numbering.code_rows:
-            column(f"code.{t}", f"tables/{t}", numbering.code_rows[t].astype(dtypes[t]).__getitem__)
+        elif t in numbering.code_rows:  # a token sequence's padding, code -1, stays -1 (the last entry)
+            rows = np.append(numbering.code_rows[t], -1).astype(dtypes[t])
+            column(f"code.{t}", f"tables/{t}", rows.__getitem__, fmt.widths.get(t))
         else:
             column(f"table.{t}", f"tables/{t}")
         raw, raw_rows = numbering.new_raw[t]
@@ -120,14 +121,16 @@ def _event_order(scan: PartScan, numbering: Numbering) -> tuple[np.ndarray | Non
     return None, None
 
 
-def _spilled_blocks(scan: PartScan, spilled: str, perm: np.ndarray | None, step: int):
+def _spilled_blocks(scan: PartScan, spilled: str, perm: np.ndarray | None, step: int, width: int | None = None):
     """A spilled column, `step` events at a time, in the order `perm` (gathered chunk by chunk: one column and
-    the order in memory) or as spilled."""
-    dtype = scan.dtypes[spilled]
+    the order in memory) or as spilled; [events, width] blocks for a table of token sequences."""
+    dtype, k = scan.dtypes[spilled], width or 1
+    shape = (-1,) if width is None else (-1, width)
     if perm is not None:
-        whole = read_spill(Path(scan.spill), spilled, dtype)
+        whole = read_spill(Path(scan.spill), spilled, dtype).reshape(shape)
         return (whole[perm[a : a + step]] for a in range(0, scan.events, step))
-    return (read_spill(Path(scan.spill), spilled, dtype, a, step) for a in range(0, scan.events, step))
+    return (read_spill(Path(scan.spill), spilled, dtype, a * k, step * k).reshape(shape)
+            for a in range(0, scan.events, step))
 
 
 def _regroup(scan: PartScan, code_users: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -86,11 +86,15 @@ def random_plan(data, devices: int, seed: int) -> ShardingPlan:
 
 # -- the engine against the single-process reference -------------------------------------------
 def accesses(dataset) -> list[TableAccess]:
+    """Every table's lookups by the dataset's events: one per event, or a table of token sequences' ids."""
     ds = Dataset.open(dataset)
-    return [
-        TableAccess.from_counts(t, np.bincount(ds.ids(t), minlength=ds.info.table(t).rows), 1.0)
-        for t in ds.info.table_names
-    ]
+    out = []
+    for t in ds.info.table_names:
+        ids = ds.ids(t)
+        held = ids[ids >= 0]
+        out.append(TableAccess.from_counts(t, np.bincount(held, minlength=ds.info.table(t).rows),
+                                           held.size / ds.info.interactions))
+    return out
 
 
 _PLANS: dict[tuple, ShardingPlan] = {}

@@ -100,7 +100,7 @@ class EpochOrder:
     def held_bytes(self, trainers: int) -> int:
         """The most a trainer's cache of parts holds: CACHED_BLOCKS parts of the columns it reads (without the
         runs' history tails, at most history / PART_EVENTS more)."""
-        event_bytes = sum(self.dataset.dtype(c).itemsize for c in self.columns)
+        event_bytes = sum(self.dataset.event_bytes(c) for c in self.columns)
         return CACHED_BLOCKS * -(-min(self.block_events, self.events) // trainers) * event_bytes
 
     def sub_batches(self, batch: np.ndarray, trainers: int) -> list[np.ndarray]:

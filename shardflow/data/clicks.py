@@ -1,8 +1,9 @@
 """Click logs as their trainers read them, and the choice between the two workloads.
 
-A click-log dataset (imported from Criteo's or Avazu's layout) has no item sequence:
-every row is one example, with one id per categorical table, its numeric columns and a
-0/1 label, and the store keeps the rows in arrival order. The last HELD_OUT of the rows
+A click-log dataset (imported from Criteo's, Avazu's or RecBole's layout) has no item
+sequence: every row is one example, with one id per categorical table (up to the table's
+width of a table of token sequences, such as genres), its numeric columns and a 0/1
+label, and the store keeps the rows in arrival order. The last HELD_OUT of the rows
 (by that order) are held out for evaluation, the rows before them are the training
 targets; with a validation split, the last HELD_OUT of those are held out to choose
 epochs on. With a window (a model version trained on the newest parts), training starts
@@ -36,7 +37,7 @@ HELD_OUT = 0.1  # the share of the rows (the last ones) held out for evaluation
 
 @dataclass(frozen=True)
 class Clicks:
-    ids: dict  # table -> int64 [E]
+    ids: dict  # table -> int64 [E], or [E, width] for a table of token sequences (-1 padding)
     numeric: np.ndarray  # float32 [E, numeric columns], as stored (NaN = missing)
     labels: np.ndarray  # float32 [E]
 
@@ -54,6 +55,7 @@ class ClickData(EpochOrder):
         self.validation = validation
         self.numeric = tuple(ds.info.dense)
         self.rows = {t: ds.info.table(t).rows for t in self.features}
+        self.widths = {t: (ds.info.widths[t],) if t in ds.info.widths else () for t in self.features}
         self.events = ds.info.interactions
         part_starts = np.concatenate([[0], np.cumsum([s.events for s in ds.segments])]).astype(np.int64)
         first_train, first_eval = (int(part_starts[min(w, len(ds.segments))]) for w in window)
@@ -119,7 +121,7 @@ class ClickData(EpochOrder):
 
     def examples(self, targets: np.ndarray, config: ClickConfig, seed: int = 0, negatives: int | None = None) -> Clicks:
         targets = np.asarray(targets, dtype=np.int64)
-        ids = {t: np.empty(targets.size, dtype=np.int64) for t in config.features}
+        ids = {t: np.empty((targets.size, *self.widths[t]), dtype=np.int64) for t in config.features}
         numeric = np.empty((targets.size, len(self.numeric)), dtype=np.float32)
         labels = np.empty(targets.size, dtype=np.float32)
         for block, part, sel in self._parts_of(targets):  # each part's rows found once, for every column
@@ -133,10 +135,18 @@ class ClickData(EpochOrder):
         return Clicks(ids=ids, numeric=numeric, labels=labels)
 
     def lookups(self, ex: Clicks, config: ClickConfig, dedup: str) -> Lookups:
-        """Which rows a trainer needs for `ex`; with scope `none` each occurrence is fetched on its own."""
+        """Which rows a trainer needs for `ex`; with scope `none` each occurrence is fetched on its own. A table
+        of token sequences fetches the ids its examples hold; its padding (-1) stays -1 in the index."""
         fetch, where = {}, {}
         for name in config.features:
-            fetch[name], where[name] = fetched(ex.ids[name], dedup)
+            ids = ex.ids[name]
+            if ids.ndim == 1:
+                fetch[name], where[name] = fetched(ids, dedup)
+                continue
+            held = ids >= 0
+            fetch[name], at = fetched(ids[held], dedup)
+            where[name] = np.full(ids.shape, -1, dtype=np.int64)
+            where[name][held] = at
         return Lookups(fetch=fetch, index=ClickIndex(where, numeric_input(ex.numeric), ex.labels))
 
     def table_index(self, ex: Clicks, config: ClickConfig) -> ClickIndex:

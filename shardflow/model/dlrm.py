@@ -1,8 +1,10 @@
 """The click-log DLRM (Naumov et al., 2019) in PyTorch, beside the sequence model of shardflow.model.sequence.
 
 One example: the numeric columns x (Criteo's I1..I13; none in Avazu's layout) and one id
-per categorical table. With b = bottom MLP(log(1 + max(x, 0))) of width dim (ReLU after
-every layer) and e_1..e_T the examples' rows of the T tables:
+per categorical table, or for a table of token sequences (RecBole's token_seq: genres)
+the ids the example holds. With b = bottom MLP(log(1 + max(x, 0))) of width dim (ReLU
+after every layer) and e_1..e_T the examples' rows of the T tables (the mean of the rows
+held for a table of token sequences, zero when it holds none):
 
     v = [b, e_1, ..., e_T]                 (n = T + 1 vectors; n = T without numeric columns)
     z = [b, <v_i, v_j> for i < j]          (every pairwise dot product, the DLRM "dot" interaction)
@@ -85,10 +87,7 @@ class ClickConfig:
 
     def logits(self, dense: dict, rows: dict, index: "ClickTensorIndex", sparse: bool = False) -> torch.Tensor:
         """Logits [E]."""
-        if sparse:  # whole tables (the reference): sparse gradients of the rows read
-            vectors = [F.embedding(index.features[t], rows[t], sparse=True) for t in self.features]
-        else:  # a trainer's pulled rows: index_select's backward (index_add) is 1.6x embedding's on CPU
-            vectors = [rows[t].index_select(0, index.features[t]) for t in self.features]
+        vectors = [table_vectors(rows[t], index.features[t], sparse) for t in self.features]
         head = []
         if self.numeric:
             b = index.numeric
@@ -113,6 +112,15 @@ class ClickConfig:
         return index.labels
 
 
+def table_vectors(rows: torch.Tensor, at: "torch.Tensor | Bags", sparse: bool) -> torch.Tensor:
+    """[E, dim]: each example's row of a table, or the mean of the rows its token sequence holds (zero when
+    it holds none). `sparse`: `rows` is the whole table (the reference) and its gradient sparse; otherwise
+    a trainer's pulled rows, where index_select's backward (index_add) is 1.6x embedding's on CPU."""
+    if isinstance(at, Bags):
+        return F.embedding_bag(at.ids, rows, at.offsets, mode="mean", sparse=sparse)
+    return F.embedding(at, rows, sparse=True) if sparse else rows.index_select(0, at)
+
+
 def numeric_input(values: np.ndarray) -> np.ndarray:
     """The bottom MLP's input from raw numeric columns: log(1 + max(x, 0)), 0 where missing."""
     x = np.nan_to_num(np.asarray(values, dtype=np.float32), nan=0.0)
@@ -123,21 +131,38 @@ def numeric_input(values: np.ndarray) -> np.ndarray:
 class ClickIndex:
     """Where each lookup of a sub-batch finds its row, with the examples' numeric inputs and labels."""
 
-    features: dict  # table -> int64 [E] row index
+    features: dict  # table -> int64 [E] row index, or [E, width] for a table of token sequences (-1 padding)
     numeric: np.ndarray  # float32 [E, numeric columns], already numeric_input
     labels: np.ndarray  # float32 [E]
 
     def on(self, device: torch.device) -> "ClickTensorIndex":
+        def tensor(v: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)).to(device)
+
         return ClickTensorIndex(
-            features={k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)).to(device)
-                      for k, v in self.features.items()},
+            features={k: tensor(v) if v.ndim == 1 else Bags.of(v, tensor) for k, v in self.features.items()},
             numeric=torch.from_numpy(np.ascontiguousarray(self.numeric, dtype=np.float32)).to(device),
             labels=torch.from_numpy(np.ascontiguousarray(self.labels, dtype=np.float32)).to(device),
         )
 
 
+@dataclass(frozen=True)
+class Bags:
+    """The rows of a table of token sequences each example holds, as embedding_bag takes them: example e holds
+    ids[offsets[e]:offsets[e + 1]] (the last to the end)."""
+
+    ids: torch.Tensor
+    offsets: torch.Tensor
+
+    @classmethod
+    def of(cls, padded: np.ndarray, tensor) -> "Bags":
+        held = padded >= 0
+        counts = held.sum(axis=1)
+        return cls(tensor(padded[held]), tensor(np.concatenate([[0], np.cumsum(counts)[:-1]])))
+
+
 @dataclass
 class ClickTensorIndex:
-    features: dict
+    features: dict  # table -> int64 tensor [E], or its Bags
     numeric: torch.Tensor
     labels: torch.Tensor

@@ -33,7 +33,8 @@ def accesses_from_profile(profile: Profile, history: int, negatives: int) -> lis
 
     The sequence table is read by every history item, the positive and the negatives of
     an example (exact counts from the dataset's sequence lengths, or, for a profile of a
-    training window, from the lookups it counted); a feature table once per example.
+    training window, from the lookups it counted); a feature table once per example, a table of token
+    sequences (genres) as often as the profiled examples hold its ids on average.
     """
     if history < 1 or negatives < 0:
         raise InputError(f"history = {history}, negatives = {negatives}; accepted: history >= 1, negatives >= 0")
@@ -56,6 +57,10 @@ def accesses_from_profile(profile: Profile, history: int, negatives: int) -> lis
         elif name == dataset.info.sequence_table:
             per_example, uniform = sequence_lookups(dataset.offsets(), history, negatives)
             accesses.append(TableAccess.from_counts(name, profile.counts(name), per_example, uniform))
+        elif name in dataset.info.widths:  # token sequences: the ids the window's examples hold, on average
+            counts = profile.counts(name)
+            examples = sum(s.events for s in dataset.segments[window.first_part:])
+            accesses.append(TableAccess.from_counts(name, counts, max(int(counts.sum()), 1) / max(examples, 1)))
         else:
             accesses.append(TableAccess.from_counts(name, profile.counts(name), 1.0))
     return accesses

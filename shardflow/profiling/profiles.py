@@ -46,6 +46,8 @@ def count_block(dataset: str, array: str, rows: int, start: int, stop: int) -> n
             ids = ahead.result()
             if a + step < stop:
                 ahead = reader.submit(column.__getitem__, slice(a + step, min(stop, a + 2 * step)))
+            if ids.ndim == 2:  # a table of token sequences: every id an event holds, not the padding (-1)
+                ids = ids[ids != -1]
             count_ids(ids, rows, where=f"{dataset}/{array}", first_position=a, out=counts)
     return counts
 

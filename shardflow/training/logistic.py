@@ -1,6 +1,7 @@
 """Logistic regression over a click log's features: the baseline the DLRM must beat.
 
-One weight per (table, row), one per numeric input (the DLRM's, log(1 + max(x, 0)), 0 where
+One weight per (table, row) (a table of token sequences, genres: the mean of the weights of
+the rows an example holds), one per numeric input (the DLRM's, log(1 + max(x, 0)), 0 where
 missing) and a bias; the mean log-loss plus L2 (`l2` / 2 times the squared weights, bias
 aside), fitted to convergence by full-batch L-BFGS in float64 on the training rows. Nothing
 is seeded: the optimum is unique, so one fit stands for every seed. With a validation split
@@ -30,7 +31,7 @@ class Logistic:
 
     def logits(self, ex: Clicks) -> torch.Tensor:
         x = torch.from_numpy(numeric_input(ex.numeric)).double()
-        return self.bias + x @ self.linear + sum(w[torch.from_numpy(ex.ids[t])] for t, w in self.weights.items())
+        return self.bias + x @ self.linear + sum(row_weights(w, ex.ids[t]) for t, w in self.weights.items())
 
     def evaluate(self, data: ClickData, targets: np.ndarray, config: ClickConfig) -> Metrics:
         """AUC and log-loss on the rows `targets`."""
@@ -38,6 +39,16 @@ class Logistic:
         with torch.no_grad():
             z = self.logits(ex).numpy()
         return ScoredRows(z.reshape(-1), ex.labels).metrics()
+
+
+def row_weights(weights: torch.Tensor, ids: np.ndarray) -> torch.Tensor:
+    """[E]: each example's weight of a table, or the mean of the weights of the rows its token sequence holds
+    ([E, width], -1 padding; 0 when it holds none), as the DLRM pools their vectors."""
+    if ids.ndim == 1:
+        return weights[torch.from_numpy(ids)]
+    held = torch.from_numpy(ids >= 0)
+    total = (weights[torch.from_numpy(ids).clamp(min=0)] * held).sum(dim=1)
+    return total / held.sum(dim=1).clamp(min=1)
 
 
 def fit_logistic(data: ClickData, config: ClickConfig, l2: float = L2) -> Logistic:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +33,7 @@ class Columns:
     """
 
     events: int
-    tables: dict[str, pa.Array | np.ndarray]
+    tables: dict[str, pa.Array | np.ndarray]  # a table of token sequences: a list array, a list per event
     run_users: pa.Array | np.ndarray | None = None
     run_lengths: np.ndarray | None = None
     event_users: pa.Array | None = None
@@ -63,6 +65,7 @@ class Format:
     tables: tuple[str, ...]
     sequence_table: str | None = None
     dense: tuple[str, ...] = ()
+    widths: Mapping[str, int] = MappingProxyType({})  # a table of token sequences -> the most ids an event holds
     labels: bool = False
     has_header: bool = False
     body_starts_at_line_1: bool = False  # a header-less file of a format that may have one (criteo)

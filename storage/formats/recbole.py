@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,14 +38,25 @@ class FeatureFile:
 
     path: Path
     key: str  # user_id or item_id
-    table: pa.Table  # the key and the fields joined, tokens as strings and floats as float64
+    table: pa.Table  # the key and the fields joined: tokens as strings, token sequences as lists of them, floats
     tokens: tuple[str, ...]
     floats: tuple[str, ...]
-    skipped: tuple[str, ...]  # sequence fields (token_seq, float_seq), not joined yet
+    skipped: tuple[str, ...]  # float_seq fields, not joined
+    sequences: dict = field(default_factory=dict)  # token_seq field -> the most tokens one line holds (>= 1)
 
     @property
     def fields(self) -> tuple[str, ...]:
-        return (*self.tokens, *self.floats)
+        return (*self.tokens, *self.sequences, *self.floats)
+
+
+def token_lists(values: pa.Array) -> pa.ListArray:
+    """A token_seq field's text as lists of its whitespace-separated tokens (an empty field: none)."""
+    split = pc.utf8_split_whitespace(values)
+    flat, parents = pc.list_flatten(split), pc.list_parent_indices(split).to_numpy()
+    keep = pc.not_equal(flat, "")
+    lengths = np.bincount(parents[keep.to_numpy(zero_copy_only=False)], minlength=len(values))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat.filter(keep))
 
 
 def read_features(path: Path, key: str) -> FeatureFile:
@@ -63,6 +74,7 @@ def read_features(path: Path, key: str) -> FeatureFile:
     if dict(zip(names, types)).get(key) != "token" or len(set(names)) != len(names):
         raise InputError(f"{path}:1: header {names}; accepted: one '{key}:token' field and each name once")
     tokens = tuple(parse_table_name(n) for n, k in zip(names, types) if k == "token" and n != key)
+    sequences = tuple(parse_table_name(n) for n, k in zip(names, types) if k == "token_seq")
     floats = tuple(n for n, k in zip(names, types) if k == "float")
     column_types = {n: pa.string() if k != "float" else pa.float64() for n, k in zip(names, types)}
     try:
@@ -70,7 +82,8 @@ def read_features(path: Path, key: str) -> FeatureFile:
             path,
             read_options=pacsv.ReadOptions(column_names=names, skip_rows=1),
             parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False),
-            convert_options=pacsv.ConvertOptions(column_types=column_types, include_columns=[key, *tokens, *floats],
+            convert_options=pacsv.ConvertOptions(column_types=column_types,
+                                                 include_columns=[key, *tokens, *sequences, *floats],
                                                  null_values=[""], strings_can_be_null=False),
         )
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
@@ -82,8 +95,14 @@ def read_features(path: Path, key: str) -> FeatureFile:
         values = table[n].to_numpy()
         if np.isinf(values).any() or np.isnan(values[~np.asarray(table[n].is_null())]).any():
             raise InputError(f"{path}: {n} holds a NaN or an infinity; accepted: finite numbers or empty")
-    skipped = tuple(n for n, k in zip(names, types) if k.endswith("_seq"))
-    return FeatureFile(Path(path), key, table.combine_chunks(), tokens, floats, skipped)
+    table = table.combine_chunks()
+    widths = {}
+    for n in sequences:
+        lists = token_lists(table[n].combine_chunks())
+        table = table.set_column(table.schema.get_field_index(n), n, lists)
+        widths[n] = max(1, int(pc.max(pc.list_value_length(lists)).as_py() or 0))
+    skipped = tuple(n for n, k in zip(names, types) if k == "float_seq")
+    return FeatureFile(Path(path), key, table, tokens, floats, skipped, widths)
 
 
 class Recbole(Format):
@@ -95,12 +114,28 @@ class Recbole(Format):
         self.types: list[str] = []
         self.label = parse_click_label(label) if label is not None else None
         self.features: tuple[FeatureFile, ...] = ()
+        self.widths: dict[str, int] = {}  # a joined token_seq field -> the most tokens an interaction reads of it
         if self.label is not None:  # a click log: every interaction its own example, with its label
             self.sequence_table, self.labels = None, True
 
     def join(self, features: tuple[FeatureFile, ...]) -> None:
         """Join every interaction (of a click log) with these feature files' fields, by user or item id."""
         self.features = tuple(features)
+        self.widths = {n: w for feature in self.features for n, w in feature.sequences.items()}
+
+    def fit_widths(self, stored: dict[str, int]) -> None:
+        """Read every token_seq field into the width a store already gives it (`stored`: table -> width), which
+        is fixed at its first import: a field whose lines now hold more tokens than that is refused."""
+        mine = {n for n in self.tables if n in self.widths}
+        if mine != set(stored):
+            raise InputError(f"token sequence fields {sorted(mine)}; the store holds {sorted(stored)}; accepted: the "
+                             "field types of the store's first import")
+        for n, w in self.widths.items():
+            if w > stored[n]:
+                path = next(f.path for f in self.features if n in f.sequences)
+                raise InputError(f"{path}: a {n} of {w} tokens; accepted: at most {stored[n]}, the most the store's "
+                                 "first import read (import into a new store to read more)")
+            self.widths[n] = stored[n]
 
     def header(self, path, line):
         names, types = [], []
@@ -138,7 +173,7 @@ class Recbole(Format):
             raise InputError(f"field {clash[0]!r} is in more than one of {path} and the feature files "
                              f"{', '.join(str(f.path) for f in self.features)}; accepted: each field name once")
         self.tables = ("user", "item", *(parse_table_name(n) for n in tokens),
-                       *(n for feature in self.features for n in feature.tokens))
+                       *(n for feature in self.features for n in (*feature.tokens, *feature.sequences)))
         self.dense = (*floats, *(n for feature in self.features for n in feature.floats))
 
     def _parse(self, data):
@@ -163,6 +198,8 @@ class Recbole(Format):
             joined = feature.table.take(at)  # an id the file lacks: nulls, the token '' and a missing float (NaN)
             for n in feature.tokens:
                 tables[n] = pc.fill_null(joined[n], "").combine_chunks()
+            for n in feature.sequences:  # an id the file lacks: no tokens
+                tables[n] = joined[n].combine_chunks()
             for n in feature.floats:
                 dense[n] = joined[n].to_numpy()
         return Columns(

@@ -85,7 +85,7 @@ def test_two_nights_of_movielens_as_a_click_log_with_feature_files_make_two_dlrm
     model = verify_export(first["model"])
     assert model.model["kind"] == "click"
     assert sorted(model.tables) == sorted(["user", "item", "age", "gender", "occupation", "zip_code",
-                                              "release_year"])
+                                              "release_year", "movie_title", "class"])  # genres, title words too
     arrives("day2.inter", rows[90_000:])
     second = retrain(RetrainConfig.build(values))
     assert second["trained"] and second["warm_start_from"] == 1 and second["parts_added"] == ["day2.inter"]

@@ -14,6 +14,10 @@ from shardflow.model.sequence import forward_backward
 CPU = torch.device("cpu")
 WITH_NUMERIC = ClickConfig(dim=3, bottom=(4,), mlp=(5,), features=("a", "b"), numeric=("I1", "I2"), seed=2)
 WITHOUT = ClickConfig(dim=3, mlp=(4, 2), features=("a", "b", "c"), seed=5)
+# "g" a table of token sequences (genres): up to 3 ids an example, -1 padding; one example holds none, one a repeat.
+# Seed 7: no example's bottom MLP output sits at ReLU's kink (seed 3 leaves two examples' hidden units all 0).
+WITH_SEQUENCE = ClickConfig(dim=3, bottom=(4,), mlp=(5,), features=("a", "g"), numeric=("I1", "I2"), seed=7)
+SEQUENCE = np.array([[0, 2, -1], [-1, -1, -1], [1, 1, 3], [4, -1, -1]])
 
 
 def _problem(config):
@@ -22,7 +26,7 @@ def _problem(config):
     rows = {t: torch.from_numpy(rng.normal(size=(4 + k, config.dim))) for k, t in enumerate(config.features)}
     raw = np.array([[3.0, np.nan], [0.0, 120.0], [-2.0, 7.0], [1.0, 1.0]], dtype=np.float32)[:, : len(config.numeric)]
     index = ClickIndex(
-        features={t: np.array([0, 3, 1, 3]) for t in config.features},
+        features={t: SEQUENCE if t == "g" else np.array([0, 3, 1, 3]) for t in config.features},
         numeric=numeric_input(raw).astype(np.float64),
         labels=np.array([1.0, 0.0, 0.0, 1.0]),
     )
@@ -35,12 +39,20 @@ def _tensor_index(index):
     return on
 
 
+def row_or_mean(table: np.ndarray, at) -> np.ndarray:
+    """An example's row, or for a token sequence the mean of the rows it holds (zero when none)."""
+    if np.ndim(at) == 0:
+        return table[at]
+    held = [table[i] for i in at if i >= 0]
+    return np.mean(held, axis=0) if held else np.zeros(table.shape[1])
+
+
 def _plain_logits(config, dense, rows, index) -> np.ndarray:
     """Each example on its own: the bottom MLP, every pairwise dot product i < j, the top MLP."""
     d = {k: v.numpy() for k, v in dense.items()}
     out = []
     for e in range(index.labels.size):
-        vectors, head = [rows[t].numpy()[index.features[t][e]] for t in config.features], []
+        vectors, head = [row_or_mean(rows[t].numpy(), index.features[t][e]) for t in config.features], []
         if config.numeric:
             b = index.numeric[e]
             for i in range(len(config.bottom_layers)):
@@ -56,7 +68,8 @@ def _plain_logits(config, dense, rows, index) -> np.ndarray:
     return np.array(out)
 
 
-@pytest.mark.parametrize("config", [WITH_NUMERIC, WITHOUT], ids=["numeric", "categorical-only"])
+@pytest.mark.parametrize("config", [WITH_NUMERIC, WITHOUT, WITH_SEQUENCE],
+                         ids=["numeric", "categorical-only", "token-sequence"])
 def test_the_forward_is_the_plain_per_example_model(config):
     dense, rows, index = _problem(config)
     fast = config.logits(dense, rows, _tensor_index(index)).numpy()
@@ -77,9 +90,9 @@ def _loss(config, dense, rows, index) -> float:
     return float((np.logaddexp(0, logit) - index.labels * logit).sum()) / 9
 
 
-@pytest.mark.parametrize("which", ["dense", "a", "b"])
-def test_gradients_match_finite_differences(which):
-    config = WITH_NUMERIC
+@pytest.mark.parametrize("config, which", [(WITH_NUMERIC, "dense"), (WITH_NUMERIC, "a"), (WITH_NUMERIC, "b"),
+                                           (WITH_SEQUENCE, "dense"), (WITH_SEQUENCE, "g")])
+def test_gradients_match_finite_differences(config, which):
     dense, rows, index = _problem(config)
     grads = forward_backward(config, dense, rows, _tensor_index(index), norm=9)
     targets = dense if which == "dense" else {which: rows[which]}
@@ -102,10 +115,11 @@ def test_bad_configs_are_refused_by_name(bad, fragment):
         ClickConfig(**{"features": ("a",), **bad})
 
 
-def test_sparse_gradients_of_whole_tables_equal_the_dense_ones():
-    dense, rows, index = _problem(WITH_NUMERIC)
-    plain = forward_backward(WITH_NUMERIC, dense, rows, _tensor_index(index), norm=9)
-    sparse = forward_backward(WITH_NUMERIC, dense, rows, _tensor_index(index), norm=9, sparse=True)
+@pytest.mark.parametrize("config", [WITH_NUMERIC, WITH_SEQUENCE], ids=["numeric", "token-sequence"])
+def test_sparse_gradients_of_whole_tables_equal_the_dense_ones(config):
+    dense, rows, index = _problem(config)
+    plain = forward_backward(config, dense, rows, _tensor_index(index), norm=9)
+    sparse = forward_backward(config, dense, rows, _tensor_index(index), norm=9, sparse=True)
     for t in rows:
         assert sparse.rows[t].is_sparse and not plain.rows[t].is_sparse
         np.testing.assert_allclose(sparse.rows[t].to_dense().numpy(), plain.rows[t].numpy(), rtol=1e-12, atol=1e-15)

@@ -174,3 +174,20 @@ def test_a_window_profile_counts_feature_tables_once_per_example(client, tmp_pat
     profile = Profile.open(tmp_path / "p")
     assert (profile.counts("genre") == expected["genre"]).all() and profile.counts("genre").sum() == examples
     assert (profile.counts("item") == expected["item"]).all()
+
+
+def test_a_table_of_token_sequences_counts_every_token_an_example_holds_and_plans_that_many(client, tmp_path):
+    from shardflow.planning.plans import accesses_from_profile
+    from shardflow.profiling.profiles import profile_window
+
+    import_dataset("recbole", REAL["recbole"], tmp_path / "ds", label="rating>=4")
+    profile_window(tmp_path / "ds", tmp_path / "p", client=client, first=0, history=1)
+    ds, profile = Dataset.open(tmp_path / "ds"), Profile.open(tmp_path / "p")
+    items = {line.split("\t")[0]: line.split("\t")[3].split()
+             for line in REAL["recbole"].with_suffix(".item").read_text().splitlines()[1:]}
+    genres = Counter(g for line in REAL["recbole"].read_text().splitlines()[1:] for g in items[line.split("\t")[1]])
+    counts = profile.counts("class")
+    assert {i: int(c) for i, c in enumerate(counts) if c} == as_row_counts(ds, "class", genres)
+    per_example = {a.name: a.lookups_per_example for a in accesses_from_profile(profile, history=1, negatives=0)}
+    assert per_example["class"] == pytest.approx(sum(genres.values()) / 100_000) and per_example["class"] > 2
+    assert per_example["item"] == 1.0

@@ -117,6 +117,10 @@ def test_offsets_that_do_not_cover_the_events(copy):
         ({"tables": {}}, "the dataset has no tables"),
         ({"tables": {"item": {"rows": 0}}}, r"rows = 0; accepted: an integer >= 1"),
         ({"tables": {"genre": {"rows": 5}}}, "array 'segments/0000/tables/genre' is missing"),
+        ({"tables": {"item": {"rows": 23715, "width": 3}}},
+         r"tables/item: not an array of shape \[287107, 3\]; accepted: that shape, as the manifest declares"),
+        ({"tables": {"item": {"rows": 23715, "width": 0}}}, r"table widths \{'item': 0\}; accepted: widths >= 1"),
+        ({"tables": {"item": {"rows": 23715, "width": "3"}}}, r"tables\.item\.width = '3'; accepted: an integer"),
         ({"users": 30000}, r"users\[\d+\] = 30000; accepted: 0 <= user < 30000"),
     ],
 )

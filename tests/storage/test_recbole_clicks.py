@@ -16,12 +16,18 @@ from support import REAL, snapshot
 ML = REAL["recbole"]
 
 
-def raw_column(ds: Dataset, table: str) -> np.ndarray:
-    """Every example's raw value of `table`, read back through the store's raw ids."""
+def raw_column(ds: Dataset, table: str) -> np.ndarray | list[list[str]]:
+    """Every example's raw value of `table` read back through the store's raw ids; a table of token sequences:
+    every example's tokens."""
     raw, rows = ds.raw_ids(table)
     of_row = np.empty(ds.info.table(table).rows, dtype=object)
     of_row[rows] = raw
-    return of_row[ds.column(f"tables/{table}")]
+    ids = ds.column(f"tables/{table}")
+    if ids.ndim == 1:
+        return of_row[ids]
+    held = ids >= 0
+    assert (np.sort(~held, axis=1) == ~held).all() and (ids[~held] == -1).all(), "the padding, -1, comes last"
+    return [of_row[r[r >= 0]].tolist() for r in ids]
 
 
 def read_tsv(path) -> list[dict]:
@@ -35,11 +41,12 @@ def test_movielens_becomes_a_time_ordered_click_log_with_user_and_item_features(
     m = import_dataset("recbole", ML, tmp_path / "ds", label="rating>=4")
     ds = Dataset.open(tmp_path / "ds")
     assert ds.info.sequence_table is None and ds.info.labels and ds.info.dense == ()
-    assert ds.info.table_names == ["user", "item", "age", "gender", "occupation", "zip_code", "release_year"]
+    assert ds.info.table_names == ["user", "item", "age", "gender", "occupation", "zip_code", "release_year",
+                                   "movie_title", "class"]
     assert ds.info.users == ds.info.interactions == 100_000
     assert m.manifest["source"]["options"] == {"label": "rating>=4"}
     assert [(f["name"], f["skipped"]) for f in m.manifest["source"]["features"]] == [
-        ("ml-100k.user", []), ("ml-100k.item", ["movie_title", "class"])]
+        ("ml-100k.user", []), ("ml-100k.item", [])]
 
     inter = read_tsv(ML)
     users = {r["user_id"]: r for r in read_tsv(ML.with_suffix(".user"))}
@@ -53,6 +60,11 @@ def test_movielens_becomes_a_time_ordered_click_log_with_user_and_item_features(
     for field in ("age", "gender", "occupation", "zip_code"):
         assert raw_column(ds, field).tolist() == [users[u][field] for u in got_users.tolist()], field
     assert raw_column(ds, "release_year").tolist() == [items[i]["release_year"] for i in got_items.tolist()]
+    for field in ("class", "movie_title"):  # token sequences: every token of the item's line, in order
+        tokens = {i: r[field].split() for i, r in items.items()}
+        assert ds.info.widths[field] == max(len(t) for t in tokens.values()), field
+        assert raw_column(ds, field) == [tokens[i] for i in got_items.tolist()], field
+    assert ds.info.widths == {"movie_title": 15, "class": 6}
 
 
 def write(root, name: str, text: str):
@@ -64,19 +76,22 @@ def write(root, name: str, text: str):
 INTER = "user_id:token\titem_id:token\trating:float\ttimestamp:float\tplatform:token\n"
 
 
-def test_an_id_a_feature_file_lacks_joins_as_a_token_of_its_own_and_a_missing_number(tmp_path):
-    src = write(tmp_path, "log.inter", INTER + "u1\ti1\t5\t30\tweb\nu2\ti2\t1\t10\tapp\nu1\ti3\t4\t20\tweb\n")
+def test_an_id_a_feature_file_lacks_joins_as_a_token_of_its_own_a_missing_number_and_no_tokens(tmp_path):
+    src = write(tmp_path, "log.inter", INTER + "u1\ti1\t5\t30\tweb\nu2\ti2\t1\t10\tapp\nu1\ti3\t4\t20\tweb\n"
+                                               "u2\ti9\t4\t40\tweb\n")
     write(tmp_path, "log.user", "user_id:token\theight:float\tcountry:token\nu1\t1.8\tDE\n")
-    write(tmp_path, "log.item", "item_id:token\tgenres:token_seq\tbrand:token\ni1\ta b\tX\ni2\tc\t\ni3\t\tY\n")
+    write(tmp_path, "log.item", "item_id:token\tgenres:token_seq\tbrand:token\ni1\t a  b \tX\ni2\tc\t\ni3\t\tY\n")
     import_dataset("recbole", src, tmp_path / "ds", label="rating>=4")
     ds = Dataset.open(tmp_path / "ds")
-    assert ds.info.table_names == ["user", "item", "platform", "country", "brand"]
-    assert ds.info.dense == ("height",)
-    assert raw_column(ds, "user").tolist() == ["u2", "u1", "u1"]  # by timestamp 10, 20, 30
-    assert raw_column(ds, "country").tolist() == ["", "DE", "DE"]  # u2 has no line in log.user
-    assert raw_column(ds, "brand").tolist() == ["", "Y", "X"]  # i2's brand is empty
-    np.testing.assert_array_equal(ds.column("dense/height"), np.array([np.nan, 1.8, 1.8], dtype=np.float32))
-    np.testing.assert_array_equal(ds.column("labels"), [0.0, 1.0, 1.0])
+    assert ds.info.table_names == ["user", "item", "platform", "country", "brand", "genres"]
+    assert ds.info.dense == ("height",) and ds.info.widths == {"genres": 2}
+    assert raw_column(ds, "user").tolist() == ["u2", "u1", "u1", "u2"]  # by timestamp 10, 20, 30, 40
+    assert raw_column(ds, "country").tolist() == ["", "DE", "DE", ""]  # u2 has no line in log.user
+    assert raw_column(ds, "brand").tolist() == ["", "Y", "X", ""]  # i2's brand is empty, i9 has no line
+    assert raw_column(ds, "genres") == [["c"], [], ["a", "b"], []]  # i3's are empty, i9 has no line
+    assert ds.info.table("genres").rows == 3  # a, b, c: no row for the empty field or the missing line
+    np.testing.assert_array_equal(ds.column("dense/height"), np.array([np.nan, 1.8, 1.8, np.nan], dtype=np.float32))
+    np.testing.assert_array_equal(ds.column("labels"), [0.0, 1.0, 1.0, 1.0])
 
 
 def test_a_directory_of_parts_keeps_its_feature_files_out_of_the_parts_and_appends_by_time(tmp_path):
@@ -98,6 +113,31 @@ def test_a_directory_of_parts_keeps_its_feature_files_out_of_the_parts_and_appen
     assert raw_column(ds, "age").tolist() == ["30", "20", "", "30"]
     assert raw_column(ds, "year").tolist() == ["1990", "1990", "1990", ""]
     np.testing.assert_array_equal(ds.column("labels"), [0.0, 1.0, 0.0, 1.0])
+
+
+def test_an_append_reads_token_sequences_as_wide_as_the_first_import_and_refuses_longer_ones(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write(logs, "ml.item", "item_id:token\tgenres:token_seq\ni1\ta b\ni2\tc\n")
+    write(logs, "day1.inter", INTER + "u1\ti1\t5\t1\tweb\n")
+    import_dataset("recbole", logs, tmp_path / "ds", label="rating>=3")
+    write(logs, "ml.item", "item_id:token\tgenres:token_seq\ni1\ta b\ni2\tc\ni3\td\n")
+    write(logs, "day2.inter", INTER + "u2\ti3\t3\t2\tapp\nu3\ti2\t1\t3\tweb\n")
+    import_dataset("recbole", logs, tmp_path / "ds", append=True, label="rating>=3")
+    ds = Dataset.open(tmp_path / "ds")
+    assert ds.info.widths == {"genres": 2}
+    assert raw_column(ds, "genres") == [["a", "b"], ["d"], ["c"]]
+    write(logs, "ml.item", "item_id:token\tgenres:token_seq\ni1\ta b\ni2\tc\ni3\td\ni4\ta b c\n")
+    write(logs, "day3.inter", INTER + "u4\ti4\t5\t4\tweb\n")
+    before = snapshot(tmp_path / "ds")
+    with pytest.raises(InputError, match=r"ml\.item: a genres of 3 tokens; accepted: at most 2, the most the store's "
+                                         r"first import read \(import into a new store to read more\)"):
+        import_dataset("recbole", logs, tmp_path / "ds", append=True, label="rating>=3")
+    assert snapshot(tmp_path / "ds") == before
+    write(logs, "ml.item", "item_id:token\tgenres:token\ni4\ta\n")
+    with pytest.raises(InputError, match=r"token sequence fields \[\]; the store holds \['genres'\]"):
+        import_dataset("recbole", logs, tmp_path / "ds", append=True, label="rating>=3")
+    assert snapshot(tmp_path / "ds") == before
 
 
 BAD = [

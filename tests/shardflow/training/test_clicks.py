@@ -28,17 +28,26 @@ CLICK_STEPS = 3
 
 def _imported(tmp_path_factory, name: str):
     path = tmp_path_factory.mktemp("clicks") / name
-    import_dataset("criteo", REAL["criteo"] if name == "criteo" else AVAZU, path, hash_rows=64)
+    if name == "movielens":  # with token sequences (genres, title words): several rows of a table per example
+        import_dataset("recbole", REAL["recbole"], path, label="rating>=4")
+    else:
+        import_dataset("criteo", REAL["criteo"] if name == "criteo" else AVAZU, path, hash_rows=64)
     ds = Dataset.open(path)
     model = ClickConfig(dim=4, bottom=(8,), mlp=(8,), features=tuple(ds.info.table_names), numeric=ds.info.dense,
                         seed=1)
     return str(path), model, load_training_data(ds, model.features)
 
 
-@pytest.fixture(scope="module", params=["criteo", "avazu"])
+@pytest.fixture(scope="module", params=["criteo", "avazu", "movielens"])
 def clicks(request, tmp_path_factory):
-    """Either sample: the checks of the data and of exactness in process run on both layouts."""
+    """Either sample or MovieLens: the checks of the data and of exactness in process run on every layout."""
     return _imported(tmp_path_factory, request.param)
+
+
+@pytest.fixture(scope="module")
+def movielens(tmp_path_factory):
+    """MovieLens-100k with its genres and title words (tables of token sequences): every scope in process."""
+    return _imported(tmp_path_factory, "movielens")
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +134,18 @@ def test_a_trainer_holds_every_column_of_its_part_only_and_the_memory_check_coun
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
-def test_every_strategy_learns_what_the_reference_learns_on_both_layouts(clicks, strategy):
+def test_every_strategy_learns_what_the_reference_learns_on_every_layout(clicks, strategy):
     _learns_what_the_reference_learns(*clicks, strategy, 3, "node")
+
+
+@pytest.mark.parametrize("dedup", ["none", "device", "node"])
+@pytest.mark.parametrize("devices", [1, 2, 4])
+def test_tables_of_token_sequences_learn_what_the_reference_learns_in_every_scope(movielens, devices, dedup):
+    path, model, data = movielens
+    ex = data.examples(data.batch(0, 0, 0, CLICK_BATCH), model)
+    held = (ex.ids["class"] >= 0).sum(axis=1)
+    assert held.max() > 1 and ex.ids["movie_title"].shape == (CLICK_BATCH, 15), "several rows of a table an example"
+    _learns_what_the_reference_learns(path, model, data, "flexshard", devices, dedup)
 
 
 def test_the_engine_trains_evaluates_and_exports_a_click_model(client, criteo, tmp_path):
@@ -177,7 +196,7 @@ def test_auc_and_log_loss_against_their_definitions():
 
 def test_unknown_categorical_tables_are_refused_by_name(clicks):
     path, model, data = clicks
-    with pytest.raises(InputError, match="categorical tables \\['nope'\\]; accepted: some of .*C1"):
+    with pytest.raises(InputError, match=f"categorical tables \\['nope'\\]; accepted: some of {model.features[0]}, "):
         load_training_data(path, ("nope",))
 
 
