@@ -29,7 +29,8 @@ MovieLens-100k as a click log: RecBole's atomic files imported with --label 'rat
 them a validation split; logistic regression with its L2 chosen on the validation log-loss
 (shardflow.training.logistic.choose_l2) beside the run's default DLRM (batch 1,024) over 5
 seeds, each stopped with patience 1 on the validation AUC and scored at its best epoch; the
-margins per seed.
+margins per seed. Both with every table, and again without the movies' genres and title
+words (tables of token sequences), to show what joining those buys.
 
 Traffic, on all three over topologies/demo-4.yaml (2 nodes x 2 devices), dim 16, scope
 device: every strategy planned from the dataset's profile (table-wise at 300% memory
@@ -50,6 +51,7 @@ import argparse
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -138,36 +140,46 @@ def quality(scratch: Path, synthetic: Path, seeds: int) -> None:
         print(f"{'':<38}  {'DLRM':<8} {spread([r[0] for r in runs]):>24} {spread([r[1] for r in runs]):>24}")
 
 
+ML_SEQUENCES = ("class", "movie_title")  # the movies' genres and title words: RecBole token_seq fields
+
+
 def movielens(scratch: Path, seeds: int) -> None:
-    """MovieLens-100k as a click log: the DLRM's held-out AUC and log-loss beside logistic regression's."""
+    """MovieLens-100k as a click log: the DLRM's held-out AUC and log-loss beside logistic regression's, with
+    every table and again without the tables of token sequences (what joining them buys)."""
     import_dataset("recbole", MOVIELENS, scratch / "movielens", label=ML_LABEL)
     ds = Dataset.open(scratch / "movielens")
     defaults = RetrainConfig().model
-    models = [model_config(ds, dim=defaults.dim, mlp=defaults.mlp, bottom=defaults.bottom_mlp, history=1,
-                           negatives=1, seed=s) for s in range(seeds)]
-    data = load_training_data(ds, models[0].features, validation=True)
+    every = [model_config(ds, dim=defaults.dim, mlp=defaults.mlp, bottom=defaults.bottom_mlp, history=1,
+                          negatives=1, seed=s) for s in range(seeds)]
     labels = ds.column("labels")
-    print(f"\nMovieLens-100k as a click log ({ML_LABEL} a click, click rate {labels.mean():.3f}): "
-          f"{data.targets:,} training, {data.validation_targets.size:,} validation and {data.eval_targets.size:,} "
-          f"held-out rows in time order; tables {', '.join(ds.info.table_names)}")
-    started = time.perf_counter()
-    l2, tuned = choose_l2(data, models[0])
-    lr = tuned.evaluate(data, data.eval_targets, models[0])
-    lr_s = time.perf_counter() - started
-    runs = []
-    for model in models:
+    print(f"\nMovieLens-100k as a click log ({ML_LABEL} a click, click rate {labels.mean():.3f}); tables "
+          f"{', '.join(ds.info.table_names)} ({', '.join(f'{t} up to {w} ids' for t, w in ds.info.widths.items())})")
+    print(f"{'model':<44} {'epochs':>10} {'AUC':>24} {'log-loss':>24} {'s':>6}")
+    for label, models in (("every table", every),
+                          (f"without {', '.join(ML_SEQUENCES)}",
+                           [replace(m, features=tuple(t for t in m.features if t not in ML_SEQUENCES))
+                            for m in every])):
+        data = load_training_data(ds, models[0].features, validation=True)
+        print(f"{label}: {data.targets:,} training, {data.validation_targets.size:,} validation and "
+              f"{data.eval_targets.size:,} held-out rows in time order")
         started = time.perf_counter()
-        trainer = ReferenceTrainer(data, model, OPTIMIZER, ML_BATCH, seed=model.seed)
-        epoch = best_epoch(trainer.fit(ML_EPOCHS, ML_PATIENCE))
-        runs.append((epoch, trainer.evaluate(data.eval_targets), time.perf_counter() - started))
-    print(f"{'model':<34} {'epochs':>10} {'AUC':>24} {'log-loss':>24} {'s':>6}")
-    print(f"{'constant (training click rate)':<34} {'':>10} {'0.5':>24} {constant_logloss(data, models[0]):>24.4f}")
-    print(f"{f'logistic regression, L2 {l2:g}':<34} {'':>10} {lr.auc:>24.4f} {lr.logloss:>24.4f} {lr_s:>6.0f}")
-    auc, ll = [r[1].auc for r in runs], [r[1].logloss for r in runs]
-    print(f"{f'DLRM, {seeds} seeds':<34} {spread([r[0] for r in runs], 0):>10} {spread(auc):>24} {spread(ll):>24} "
-          f"{float(np.median([r[2] for r in runs])):>6.0f}")
-    print(f"{'DLRM minus regression':<34} {'':>10} {spread([a - lr.auc for a in auc], 4):>24} "
-          f"{spread([x - lr.logloss for x in ll], 4):>24}")
+        l2, tuned = choose_l2(data, models[0])
+        lr = tuned.evaluate(data, data.eval_targets, models[0])
+        lr_s = time.perf_counter() - started
+        runs = []
+        for model in models:
+            started = time.perf_counter()
+            trainer = ReferenceTrainer(data, model, OPTIMIZER, ML_BATCH, seed=model.seed)
+            epoch = best_epoch(trainer.fit(ML_EPOCHS, ML_PATIENCE))
+            runs.append((epoch, trainer.evaluate(data.eval_targets), time.perf_counter() - started))
+        print(f"{'  constant (training click rate)':<44} {'':>10} {'0.5':>24} "
+              f"{constant_logloss(data, models[0]):>24.4f}")
+        print(f"{f'  logistic regression, L2 {l2:g}':<44} {'':>10} {lr.auc:>24.4f} {lr.logloss:>24.4f} {lr_s:>6.0f}")
+        auc, ll = [r[1].auc for r in runs], [r[1].logloss for r in runs]
+        print(f"{f'  DLRM, {seeds} seeds':<44} {spread([r[0] for r in runs], 0):>10} {spread(auc):>24} "
+              f"{spread(ll):>24} {float(np.median([r[2] for r in runs])):>6.0f}")
+        print(f"{'  DLRM minus regression':<44} {'':>10} {spread([a - lr.auc for a in auc], 4):>24} "
+              f"{spread([x - lr.logloss for x in ll], 4):>24}")
 
 
 VALIDATION_EPOCHS = (3, 10, 30, 100)
