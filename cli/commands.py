@@ -70,6 +70,7 @@ def dataset_summary(path: str, m: dict) -> dict:
         "interactions": m["interactions"],
         "sequence_table": m["sequence_table"],
         "tables": {name: spec["rows"] for name, spec in m["tables"].items()},
+        "widths": {name: spec["width"] for name, spec in m["tables"].items() if "width" in spec},
         "checksum": m["checksum"],
     }
 
@@ -85,6 +86,8 @@ def show_dataset(s: dict) -> None:
             print(f"  left {len(s['parts_waiting'])} unfinished parts for later: {', '.join(s['parts_waiting'][:5])}")
     for name, rows in s["tables"].items():
         role = "item sequence" if name == s["sequence_table"] else "feature"
+        if name in s["widths"]:
+            role = f"feature, up to {s['widths'][name]} tokens an example"
         print(f"  table {name:<12} {rows:>14,} rows  ({role})")
     print(f"  checksum {s['checksum']}")
 

@@ -1,6 +1,7 @@
 """The installed `shardflow` command, run as a user runs it."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,11 @@ def test_import_with_a_click_label_makes_a_click_log_of_recbole_files(tmp_path):
     summary = json.loads(imported.stdout)
     assert summary["sequence_table"] is None and summary["users"] == summary["interactions"] == 100_000
     assert summary["tables"] == {"user": 943, "item": 1682, "age": 61, "gender": 2, "occupation": 21,
-                                 "zip_code": 795, "release_year": 73}
+                                 "zip_code": 795, "release_year": 73, "movie_title": 2652, "class": 19}
+    assert summary["widths"] == {"movie_title": 15, "class": 6}  # genres and title words: token sequences
+    shown = run("import", "--format", "recbole", "--label", "rating>=4", str(REAL["recbole"]), str(tmp_path / "ds2"))
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"table class +19 rows  \(feature, up to 6 tokens an example\)", shown.stdout), shown.stdout
     refused = run("import", "--format", "recbole", "--label", "rating=4", str(REAL["recbole"]), str(tmp_path / "x"))
     assert refused.returncode == 2 and refused.stdout == "" and not (tmp_path / "x").exists()
     assert refused.stderr.strip().count("\n") == 0
