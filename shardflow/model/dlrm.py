@@ -158,7 +158,7 @@ class Bags:
     def of(cls, padded: np.ndarray, tensor) -> "Bags":
         held = padded >= 0
         counts = held.sum(axis=1)
-        return cls(tensor(padded[held]), tensor(np.concatenate([[0], np.cumsum(counts)[:-1]])))
+        return cls(tensor(padded[held]), tensor(np.cumsum(counts) - counts))
 
 
 @dataclass

@@ -107,8 +107,8 @@ def test_every_strategy_and_scope_learns_what_the_reference_learns(criteo, strat
     _learns_what_the_reference_learns(*criteo, strategy, devices, dedup)
 
 
-def test_a_click_trainer_whose_sub_batch_is_empty_still_takes_its_part_in_the_step(criteo):
-    path, model, data = criteo
+def test_a_click_trainer_whose_sub_batch_is_empty_still_takes_its_part_in_the_step(clicks):
+    path, model, data = clicks
     batch, steps = 4, 8  # one row per trainer on average: some trainer gets none in most steps
     devs = in_process_devices(data, planned(path, "flexshard", 4, dim=model.dim, batch=batch), TOPOLOGIES[4],
                               "node", batch=batch, model=model)
