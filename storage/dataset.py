@@ -200,7 +200,8 @@ class Dataset:
     def _validate_segment(self, segment: Segment) -> None:
         info, seg, events, runs = self.info, f"{SEGMENTS}/{segment.name}", segment.events, segment.runs
         for t in info.tables:
-            self._array(f"{seg}/tables/{t.name}", "iu", events, info.widths.get(t.name))
+            width = info.widths.get(t.name)  # token sequences pad with -1: a signed dtype
+            self._array(f"{seg}/tables/{t.name}", "iu" if width is None else "i", events, width)
         for d in info.dense:
             self._array(f"{seg}/dense/{d}", "f", events)
         if info.labels:

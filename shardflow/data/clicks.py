@@ -55,7 +55,8 @@ class ClickData(EpochOrder):
         self.validation = validation
         self.numeric = tuple(ds.info.dense)
         self.rows = {t: ds.info.table(t).rows for t in self.features}
-        self.widths = {t: (ds.info.widths[t],) if t in ds.info.widths else () for t in self.features}
+        # The shape of one example's ids of each table: () for one id, (width,) for a table of token sequences.
+        self.id_shape = {t: (ds.info.widths[t],) if t in ds.info.widths else () for t in self.features}
         self.events = ds.info.interactions
         part_starts = np.concatenate([[0], np.cumsum([s.events for s in ds.segments])]).astype(np.int64)
         first_train, first_eval = (int(part_starts[min(w, len(ds.segments))]) for w in window)
@@ -121,7 +122,7 @@ class ClickData(EpochOrder):
 
     def examples(self, targets: np.ndarray, config: ClickConfig, seed: int = 0, negatives: int | None = None) -> Clicks:
         targets = np.asarray(targets, dtype=np.int64)
-        ids = {t: np.empty((targets.size, *self.widths[t]), dtype=np.int64) for t in config.features}
+        ids = {t: np.empty((targets.size, *self.id_shape[t]), dtype=np.int64) for t in config.features}
         numeric = np.empty((targets.size, len(self.numeric)), dtype=np.float32)
         labels = np.empty(targets.size, dtype=np.float32)
         for block, part, sel in self._parts_of(targets):  # each part's rows found once, for every column
