@@ -160,10 +160,10 @@ class _Collector:
 def padded_codes(codes: TextCodes, lists: pa.ListArray, width: int) -> np.ndarray:
     """int32 [events, width]: the codes of each event's tokens, in order, then -1."""
     lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+    event = np.repeat(np.arange(len(lists)), lengths)
+    within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     out = np.full((len(lists), width), -1, dtype=np.int32)
-    flat = codes.encode(pc.list_flatten(lists))
-    out[np.repeat(np.arange(len(lists)), lengths), np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths,
-                                                                                       lengths)] = flat
+    out[event, within] = codes.encode(pc.list_flatten(lists))
     return out
 
 

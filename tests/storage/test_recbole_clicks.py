@@ -4,12 +4,14 @@ the .user / .item feature files joined by id."""
 from __future__ import annotations
 
 import csv
+import functools
 
 import numpy as np
 import pytest
 
 from shardflow.errors import InputError
 from storage.dataset import Dataset
+from storage import importers, segments
 from storage.importers import import_dataset
 from support import REAL, snapshot
 
@@ -92,6 +94,18 @@ def test_an_id_a_feature_file_lacks_joins_as_a_token_of_its_own_a_missing_number
     assert ds.info.table("genres").rows == 3  # a, b, c: no row for the empty field or the missing line
     np.testing.assert_array_equal(ds.column("dense/height"), np.array([np.nan, 1.8, 1.8, np.nan], dtype=np.float32))
     np.testing.assert_array_equal(ds.column("labels"), [0.0, 1.0, 1.0, 1.0])
+
+
+def test_token_sequences_of_a_log_without_time_stamps_stay_in_line_order_across_chunks(tmp_path, monkeypatch):
+    lines = "".join(f"u{k}\ti{k % 3}\t{k % 5}\n" for k in range(7))
+    src = write(tmp_path, "log.inter", "user_id:token\titem_id:token\trating:float\n" + lines)
+    write(tmp_path, "log.item", "item_id:token\tgenres:token_seq\ni0\ta b c\ni1\t\ni2\tb\n")
+    # Segments written 2 events a chunk: the spill is read back a block of [2, width] at a time.
+    monkeypatch.setattr(importers, "write_segment", functools.partial(segments.write_segment, events_per_chunk=2))
+    import_dataset("recbole", src, tmp_path / "ds", label="rating>=2")
+    ds = Dataset.open(tmp_path / "ds")
+    assert ds.info.widths == {"genres": 3}
+    assert raw_column(ds, "genres") == [[["a", "b", "c"], [], ["b"]][k % 3] for k in range(7)]
 
 
 def test_a_directory_of_parts_keeps_its_feature_files_out_of_the_parts_and_appends_by_time(tmp_path):
