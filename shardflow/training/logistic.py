@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from shardflow.data.clicks import ClickData, Clicks
-from shardflow.model.dlrm import ClickConfig, numeric_input
+from shardflow.model.dlrm import Bags, ClickConfig, numeric_input, table_vectors
 from shardflow.model.metrics import Metrics, ScoredRows, log_loss
 
 L2 = 1e-3
@@ -43,12 +43,9 @@ class Logistic:
 
 def row_weights(weights: torch.Tensor, ids: np.ndarray) -> torch.Tensor:
     """[E]: each example's weight of a table, or the mean of the weights of the rows its token sequence holds
-    ([E, width], -1 padding; 0 when it holds none), as the DLRM pools their vectors."""
-    if ids.ndim == 1:
-        return weights[torch.from_numpy(ids)]
-    held = torch.from_numpy(ids >= 0)
-    total = (weights[torch.from_numpy(ids).clamp(min=0)] * held).sum(dim=1)
-    return total / held.sum(dim=1).clamp(min=1)
+    ([E, width], -1 padding; 0 when it holds none): the DLRM's pooling (table_vectors) of one-wide rows."""
+    at = torch.from_numpy(ids) if ids.ndim == 1 else Bags.of(ids, torch.from_numpy)
+    return table_vectors(weights[:, None], at, sparse=False)[:, 0]
 
 
 def fit_logistic(data: ClickData, config: ClickConfig, l2: float = L2) -> Logistic:

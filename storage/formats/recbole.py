@@ -126,10 +126,9 @@ class Recbole(Format):
     def fit_widths(self, stored: dict[str, int]) -> None:
         """Read every token_seq field into the width a store already gives it (`stored`: table -> width), which
         is fixed at its first import: a field whose lines now hold more tokens than that is refused."""
-        mine = {n for n in self.tables if n in self.widths}
-        if mine != set(stored):
-            raise InputError(f"token sequence fields {sorted(mine)}; the store holds {sorted(stored)}; accepted: the "
-                             "field types of the store's first import")
+        if set(self.widths) != set(stored):
+            raise InputError(f"token sequence fields {sorted(self.widths)}; the store holds {sorted(stored)}; "
+                             "accepted: the field types of the store's first import")
         for n, w in self.widths.items():
             if w > stored[n]:
                 path = next(f.path for f in self.features if n in f.sequences)

@@ -29,7 +29,7 @@ def raw_column(ds: Dataset, table: str) -> np.ndarray | list[list[str]]:
         return of_row[ids]
     held = ids >= 0
     assert (np.sort(~held, axis=1) == ~held).all() and (ids[~held] == -1).all(), "the padding, -1, comes last"
-    return [of_row[r[r >= 0]].tolist() for r in ids]
+    return [of_row[r[h]].tolist() for r, h in zip(ids, held)]
 
 
 def read_tsv(path) -> list[dict]:
