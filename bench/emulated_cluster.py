@@ -1,6 +1,6 @@
 """Measured against modeled: each strategy's training step on an emulated cluster whose links really differ.
 
-    python bench/emulated_cluster.py [--rounds 3] [--steps 16] [--time-scale 500]
+    python bench/emulated_cluster.py [--rounds 3] [--steps 16] [--time-scale auto|N]
         [--topologies 2x2-equal,2x2-one-5x-slower,4x2-one-slow] [--data bundled,zipf]
         [--strategies row-wise-mod,row-wise-block,table-wise,flexshard] [--dedups device,node]
 
@@ -9,6 +9,9 @@ topology it builds the emulated cluster once (one namespace per node, uplinks sh
 ways to the topology's rate / --time-scale, loopback inside a node to the intra-node rate /
 --time-scale) and, round after round, runs `shardflow train --scheduler` in its hub for
 every dataset × dedup × strategy in turn (batch 4096, --steps steps, 200 held-out users).
+With --time-scale auto (the default) each topology's factor is measured before its cluster is
+built (shardflow.emulation.calibration: 500 times this host's reference step in one process
+per device over the reference host's), so that a slower or busier host gets slower links.
 Plans are made on this host with `shardflow plan` (memory slack 0.1); table-wise is left
 out where it does not fit the budget.
 
@@ -45,9 +48,10 @@ import numpy as np
 import yaml
 from scipy.optimize import nnls
 
+from shardflow.emulation.calibration import describe, measured_time_scale
 from shardflow.emulation.cluster import EmulatedCluster
 from shardflow.emulation.monitor import UplinkMonitor
-from shardflow.emulation.network import cannot_emulate
+from shardflow.emulation.network import cannot_emulate, check_time_scale
 from shardflow.planner.topology import Node, Topology, uniform
 
 HERE = Path(__file__).resolve().parent
@@ -161,7 +165,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--time-scale", type=float, default=500.0)
+    ap.add_argument("--time-scale", default="auto", help="auto (measured per topology) or a number >= 1")
     ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
     ap.add_argument("--data", default="bundled,zipf")
     ap.add_argument("--strategies", default="row-wise-mod,row-wise-block,table-wise,flexshard")
@@ -176,20 +180,35 @@ def main() -> int:
         return 2
     topologies = {name: TOPOLOGIES[name] for name in args.topologies.split(",")}
     strategies, dedups = args.strategies.split(","), args.dedups.split(",")
-    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; time scale {args.time_scale:g};"
+    if args.time_scale != "auto":
+        try:
+            args.time_scale = check_time_scale(float(args.time_scale))
+        except ValueError:
+            raise SystemExit(f"--time-scale {args.time_scale!r}; accepted: auto, or a finite number >= 1") from None
+    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; time scale {args.time_scale};"
           f" {args.steps} steps of {BATCH}; {args.rounds} rounds", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-emulated-") as tmp:
         scratch = Path(tmp)
         stores = datasets(scratch, args.data.split(","))
-        if args.fit:
+        if args.fit:  # both fit topologies have 4 devices: one factor for both
+            args.time_scale = time_scale(args.time_scale, TOPOLOGIES[FIT_TOPOLOGIES[0]])
             return fit(scratch, stores, args)
         for topo_name, topology in topologies.items():
             cells = plans(scratch, topo_name, topology, stores, strategies, dedups)
-            with EmulatedCluster(topology, args.time_scale, scratch / f"logs-{topo_name}") as cluster:
+            scale = time_scale(args.time_scale, topology)
+            with EmulatedCluster(topology, scale, scratch / f"logs-{topo_name}") as cluster:
                 shaped = shaped_uplinks(cluster)
                 runs = run_rounds(cluster, cells, stores, args.rounds, args.steps, topo_name)
-            print_table(topo_name, topology, args.time_scale, cells, runs, shaped)
+            print_table(topo_name, topology, scale, cells, runs, shaped)
     return 0
+
+
+def time_scale(chosen: float | str, topology: Topology) -> float:
+    if chosen != "auto":
+        return chosen
+    scale, step_s = measured_time_scale(topology.devices)
+    print(f"  {describe(scale, step_s, topology.devices)}; load {os.getloadavg()[0]:.1f}", flush=True)
+    return scale
 
 
 def fit(scratch: Path, stores: dict, args) -> int:

@@ -1,6 +1,6 @@
 """Build an emulated cluster from a topology file, run one command in it, and remove everything it made.
 
-    python -m shardflow.emulation TOPOLOGY [--time-scale 500] [--logs DIR] [--probe] [-- COMMAND ...]
+    python -m shardflow.emulation TOPOLOGY [--time-scale auto|N] [--logs DIR] [--probe] [-- COMMAND ...]
 
 COMMAND runs in the hub namespace, where the scheduler is; `{scheduler}` in it becomes the
 scheduler's address, e.g.
@@ -35,20 +35,23 @@ def _terminated(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def _time_scale(text: str) -> float:
+def _time_scale(text: str) -> float | str:
+    if text == "auto":
+        return text
     try:
         return check_time_scale(float(text))
     except ValueError:  # InputError is one too
         raise argparse.ArgumentTypeError(
-            f"{text!r}; accepted: a finite number >= 1 (link rates are divided by it)") from None
+            f"{text!r}; accepted: auto, or a finite number >= 1 (link rates are divided by it)") from None
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m shardflow.emulation",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("topology", help="topology YAML file (nodes, devices, uplink and intra-node rates)")
-    p.add_argument("--time-scale", type=_time_scale, default=500.0,
-                   help="every link rate is divided by this (default 500; docs/emulation.md says how to choose it)")
+    p.add_argument("--time-scale", type=_time_scale, default="auto",
+                   help="every link rate is divided by this; auto (the default): 500 times this host's reference "
+                        "step over the reference host's (shardflow.emulation.calibration, docs/emulation.md)")
     p.add_argument("--logs", type=Path,
                    help="folder for the scheduler's and workers' logs (default: a new temp folder)")
     p.add_argument("--probe", action="store_true", help="measure each uplink's rate both ways before COMMAND")
@@ -67,13 +70,18 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C too, even where the parent ignored it (a shell's background job, a supervisor): Python keeps an
     # inherited SIG_IGN, and the cluster would then outlive the interrupt.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    from shardflow.emulation.calibration import describe, measured_time_scale
     from shardflow.emulation.cluster import EmulatedCluster
     from shardflow.emulation.probe import stream_bytes_per_s
 
     try:
         topology = load_topology(args.topology)
+        scale = args.time_scale
+        if scale == "auto":
+            scale, step_s = measured_time_scale(topology.devices)
+            print(describe(scale, step_s, topology.devices), flush=True)
         logs = args.logs or Path(tempfile.mkdtemp(prefix="shardflow-emulation-"))
-        with EmulatedCluster(topology, args.time_scale, logs) as cluster:
+        with EmulatedCluster(topology, scale, logs) as cluster:
             net = cluster.network
             print(f"emulated {len(net.nodes)} nodes, {len(cluster.worker_addresses)} workers, rates / "
                   f"{net.time_scale:g}; scheduler {cluster.scheduler_address}; logs {logs}", flush=True)

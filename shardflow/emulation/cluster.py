@@ -51,7 +51,7 @@ def worker_environment() -> dict[str, str]:
     return {**os.environ, **{k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()}}
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     os.setsid()
     signal.pthread_sigmask(signal.SIG_SETMASK, [])  # the harness blocks its stop signals while it starts one
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -86,7 +86,7 @@ class EmulatedCluster:
                ) -> subprocess.Popen:
         with open(self.logs / f"{name}.log", "wb") as log:
             proc = subprocess.Popen(["ip", "netns", "exec", namespace, *argv], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, env=env)
+                                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent, env=env)
         self._procs[name] = proc
         return proc
 
@@ -128,7 +128,7 @@ class EmulatedCluster:
         stops = {signal.SIGINT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, stops)
         try:
-            proc = subprocess.Popen(["ip", "netns", "exec", self.network.hub, *argv], preexec_fn=_die_with_parent,
+            proc = subprocess.Popen(["ip", "netns", "exec", self.network.hub, *argv], preexec_fn=die_with_parent,
                                     **popen)
             self._commands.append(proc)
         finally:

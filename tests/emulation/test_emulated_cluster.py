@@ -162,13 +162,13 @@ def test_the_engine_trains_unchanged_on_the_emulated_cluster_and_its_rows_cross_
         assert sent > 4 * 0.25 * summary["measured_bytes_per_step"], (node, sent, summary["measured_bytes_per_step"])
 
 
-def harness(tmp_path: Path, topology_file: Path, *command: str, parent_ignores_ctrl_c: bool = False
-            ) -> subprocess.Popen:
+def harness(tmp_path: Path, topology_file: Path, *command: str, parent_ignores_ctrl_c: bool = False,
+            scale: str = str(SCALE)) -> subprocess.Popen:
     """The harness in a process group of its own; `parent_ignores_ctrl_c`: started as a shell's background job
     or a supervisor starts it, with SIGINT ignored (which a process inherits)."""
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if parent_ignores_ctrl_c else None
-    return subprocess.Popen([sys.executable, "-m", "shardflow.emulation", str(topology_file), "--logs",
-                             str(tmp_path / "logs"), "--", *command], cwd=ROOT, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "shardflow.emulation", str(topology_file), "--time-scale", scale,
+                             "--logs", str(tmp_path / "logs"), "--", *command], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=ignore)
 
 
@@ -186,13 +186,21 @@ SLEEPER = [sys.executable, "-c", "import time; print('running', flush=True); tim
 
 
 @needs_netns
-@pytest.mark.parametrize("signum,status,parent_ignores_ctrl_c", [
-    (signal.SIGINT, 130, False), (signal.SIGTERM, 128 + signal.SIGTERM, False),
-    (signal.SIGINT, 130, True),  # a Ctrl-C sent on purpose still stops it
+@pytest.mark.parametrize("signum,status,parent_ignores_ctrl_c,scale", [
+    (signal.SIGINT, 130, False, "auto"),  # the default: the factor measured first, and said
+    (signal.SIGTERM, 128 + signal.SIGTERM, False, str(SCALE)),
+    (signal.SIGINT, 130, True, str(SCALE)),  # a Ctrl-C sent on purpose still stops it
 ])
 def test_ctrl_c_or_sigterm_mid_run_removes_every_namespace_and_process(tmp_path, topology_file, signum, status,
-                                                                      parent_ignores_ctrl_c):
-    proc = harness(tmp_path, topology_file, *SLEEPER, parent_ignores_ctrl_c=parent_ignores_ctrl_c)
+                                                                      parent_ignores_ctrl_c, scale):
+    proc = harness(tmp_path, topology_file, *SLEEPER, parent_ignores_ctrl_c=parent_ignores_ctrl_c, scale=scale)
+    if scale == "auto":
+        said = re.fullmatch(r"time scale (\d+) \(auto: the reference step took (\d+) ms in 4 processes here; "
+                            r"500 at (\d+) ms\)\n", proc.stdout.readline())
+        assert said, proc.stderr.read()[-2000:]
+        factor, step_ms, reference_ms = map(int, said.groups())
+        assert abs(factor - 500 * step_ms / reference_ms) <= 500 / reference_ms + 1  # as said, to its rounding
+        assert f"rates / {factor}" in proc.stdout.readline()
     wait_for_line(proc, "running")
     made = descendants(proc.pid)
     assert len(owned_by(proc.pid)) == 3 and len(made) >= 6  # scheduler, 4 workers, the command
@@ -258,8 +266,8 @@ def test_a_bad_time_scale_is_refused_naming_it_before_anything_is_built(topology
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     _, err = proc.communicate()
     assert proc.returncode == 2
-    assert err.strip().splitlines()[-1].endswith(f"argument --time-scale: '{scale}'; accepted: a finite number >= 1 "
-                                                 "(link rates are divided by it)")
+    assert err.strip().splitlines()[-1].endswith(f"argument --time-scale: '{scale}'; accepted: auto, or a finite "
+                                                 "number >= 1 (link rates are divided by it)")
     if CANNOT is None:
         assert owned_by(proc.pid) == []
 

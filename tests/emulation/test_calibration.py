@@ -1,0 +1,43 @@
+"""The emulation's time scale measured from this host (shardflow.emulation.calibration), without building a cluster."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+
+from shardflow.emulation.calibration import REFERENCE_SCALE, REFERENCE_STEP_S, auto_time_scale, reference_step_s
+from shardflow.emulation.cluster import worker_environment
+from shardflow.errors import InputError
+
+
+def test_the_factor_is_500_at_the_reference_step_and_grows_with_a_slower_host():
+    assert auto_time_scale(REFERENCE_STEP_S) == REFERENCE_SCALE == 500
+    assert auto_time_scale(3 * REFERENCE_STEP_S) == 1500
+    assert auto_time_scale(REFERENCE_STEP_S / 2) == 250
+    assert auto_time_scale(1e-9) == 1  # never below 1: links are never made faster than the topology's
+
+
+def test_the_reference_step_is_timed_in_every_process_and_none_is_left():
+    step_s = reference_step_s(2, worker_environment())
+    assert math.isfinite(step_s) and 0 < step_s < 60
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _child_of_this(int(p))]
+
+
+def test_a_copy_that_cannot_start_is_named_in_one_error():
+    env = {**worker_environment(), "PYTHONHOME": "/nonexistent"}  # this interpreter cannot find its library
+    said = (r"^the time scale's reference step failed: ModuleNotFoundError: No module named 'encodings'; "
+            r"accepted: a number as --time-scale instead of auto$")
+    with pytest.raises(InputError, match=said):
+        reference_step_s(1, env)
+
+
+def _child_of_this(pid: int) -> bool:
+    try:
+        stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return False
+    return int(stat[1]) == os.getpid() and cmdline.startswith(sys.executable.encode())
