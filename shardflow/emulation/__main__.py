@@ -8,7 +8,9 @@ scheduler's address, e.g.
     python -m shardflow.emulation topologies/two-nodes-uneven.yaml -- \\
         shardflow train DATA --plan PLAN --scheduler {scheduler}
 
-Without COMMAND it prints the scheduler's address and holds the cluster until Ctrl-C.
+With --time-scale auto (the default) it first times a reference step on this host and prints
+the factor it chose (shardflow.emulation.calibration). Without COMMAND it prints the
+scheduler's address and holds the cluster until Ctrl-C.
 --probe first streams 32 MiB between every node and the hub each way (crossing that node's
 uplink only) and prints the rates.
 The exit status is COMMAND's. Ctrl-C, SIGTERM or a failure removes every namespace, link
