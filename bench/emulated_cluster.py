@@ -48,10 +48,11 @@ import numpy as np
 import yaml
 from scipy.optimize import nnls
 
-from shardflow.emulation.calibration import describe, measured_time_scale
+from shardflow.emulation.calibration import parse_time_scale, resolve_time_scale
 from shardflow.emulation.cluster import EmulatedCluster
 from shardflow.emulation.monitor import UplinkMonitor
-from shardflow.emulation.network import cannot_emulate, check_time_scale
+from shardflow.emulation.network import cannot_emulate
+from shardflow.errors import InputError
 from shardflow.planner.topology import Node, Topology, uniform
 
 HERE = Path(__file__).resolve().parent
@@ -180,11 +181,10 @@ def main() -> int:
         return 2
     topologies = {name: TOPOLOGIES[name] for name in args.topologies.split(",")}
     strategies, dedups = args.strategies.split(","), args.dedups.split(",")
-    if args.time_scale != "auto":
-        try:
-            args.time_scale = check_time_scale(float(args.time_scale))
-        except ValueError:
-            raise SystemExit(f"--time-scale {args.time_scale!r}; accepted: auto, or a finite number >= 1") from None
+    try:
+        args.time_scale = parse_time_scale(args.time_scale)
+    except InputError as e:
+        raise SystemExit(f"--time-scale {e}") from None
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; time scale {args.time_scale};"
           f" {args.steps} steps of {BATCH}; {args.rounds} rounds", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-emulated-") as tmp:
@@ -204,10 +204,9 @@ def main() -> int:
 
 
 def time_scale(chosen: float | str, topology: Topology) -> float:
-    if chosen != "auto":
-        return chosen
-    scale, step_s = measured_time_scale(topology.devices)
-    print(f"  {describe(scale, step_s, topology.devices)}; load {os.getloadavg()[0]:.1f}", flush=True)
+    scale, said = resolve_time_scale(chosen, topology.devices)
+    if said:
+        print(f"  {said}; load {os.getloadavg()[0]:.1f}", flush=True)
     return scale
 
 

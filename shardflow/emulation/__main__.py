@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from shardflow.emulation.network import cannot_emulate, check_time_scale
+from shardflow.emulation.calibration import parse_time_scale
+from shardflow.emulation.network import cannot_emulate
 from shardflow.errors import InputError
 from shardflow.planner.topology import load_topology
 
@@ -38,13 +39,10 @@ def _terminated(signum, frame) -> None:
 
 
 def _time_scale(text: str) -> float | str:
-    if text == "auto":
-        return text
     try:
-        return check_time_scale(float(text))
-    except ValueError:  # InputError is one too
-        raise argparse.ArgumentTypeError(
-            f"{text!r}; accepted: auto, or a finite number >= 1 (link rates are divided by it)") from None
+        return parse_time_scale(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -72,16 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C too, even where the parent ignored it (a shell's background job, a supervisor): Python keeps an
     # inherited SIG_IGN, and the cluster would then outlive the interrupt.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from shardflow.emulation.calibration import describe, measured_time_scale
+    from shardflow.emulation.calibration import resolve_time_scale
     from shardflow.emulation.cluster import EmulatedCluster
     from shardflow.emulation.probe import stream_bytes_per_s
 
     try:
         topology = load_topology(args.topology)
-        scale = args.time_scale
-        if scale == "auto":
-            scale, step_s = measured_time_scale(topology.devices)
-            print(describe(scale, step_s, topology.devices), flush=True)
+        scale, said = resolve_time_scale(args.time_scale, topology.devices)
+        if said:
+            print(said, flush=True)
         logs = args.logs or Path(tempfile.mkdtemp(prefix="shardflow-emulation-"))
         with EmulatedCluster(topology, scale, logs) as cluster:
             net = cluster.network

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 
+from shardflow.emulation.network import check_time_scale
 from shardflow.errors import InputError
 
 REFERENCE_SCALE = 500.0
@@ -120,6 +121,20 @@ def measured_time_scale(devices: int) -> tuple[float, float]:
     return auto_time_scale(step_s), step_s
 
 
-def describe(scale: float, step_s: float, devices: int) -> str:
-    return (f"time scale {scale:.0f} (auto: the reference step took {step_s * 1e3:.0f} ms in {devices} processes "
-            f"here; {REFERENCE_SCALE:.0f} at {REFERENCE_STEP_S * 1e3:.0f} ms)")
+def parse_time_scale(text: str) -> float | str:
+    """`auto`, or the number a --time-scale names; InputError naming the text otherwise."""
+    if text == "auto":
+        return text
+    try:
+        return check_time_scale(float(text))
+    except ValueError:  # InputError is one too
+        raise InputError(f"{text!r}; accepted: auto, or a finite number >= 1 (link rates are divided by it)") from None
+
+
+def resolve_time_scale(chosen: float | str, devices: int) -> tuple[float, str | None]:
+    """(the factor, the line that says how `auto` chose it, None for a number given) for `devices` devices."""
+    if chosen != "auto":
+        return chosen, None
+    scale, step_s = measured_time_scale(devices)
+    return scale, (f"time scale {scale:.0f} (auto: the reference step took {step_s * 1e3:.0f} ms in {devices} "
+                   f"processes here; {REFERENCE_SCALE:.0f} at {REFERENCE_STEP_S * 1e3:.0f} ms)")
