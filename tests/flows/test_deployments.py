@@ -101,7 +101,8 @@ def flow_runs(server) -> list[dict]:
     with urllib.request.urlopen(request, timeout=120) as answer:
         runs = json.load(answer)
     return [{"id": r["id"], "name": r["name"], "state": r["state_type"], "message": (r["state"] or {}).get("message"),
-             "deployment": r["deployment_id"], "auto": r["auto_scheduled"]} for r in runs]
+             "deployment": r["deployment_id"], "auto": r["auto_scheduled"],
+             "due": r["expected_start_time"] and datetime.fromisoformat(r["expected_start_time"])} for r in runs]
 
 
 def run_deployment(server, name: str, config: dict) -> dict:
@@ -146,11 +147,20 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     assert "Traceback" not in text and "distributed." not in text, text[-5000:]
 
     # The fourth night, with nothing new, is one the scheduler creates (a schedule due in 20 s) and the
-    # worker completes.
+    # worker completes. Once the server's scheduler has made it a flow run (every 5 s here), the estimation
+    # run runs meanwhile, on another run directory: its load cannot delay the scheduler past the due time.
     at = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=20)
     made = subprocess.run([sys.executable, "-c", SCHEDULE, json.dumps(config), at.isoformat()], env=server.env,
                           capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr[-3000:]
+    while not [r for r in flow_runs(server) if r["auto"] and r["due"] == at]:
+        assert datetime.now(timezone.utc) < at, f"the scheduler made no flow run of the schedule due at {at}"
+        time.sleep(0.5)
+
+    estimate = run_deployment(server, "estimate/estimate", {**config, "run_dir": str(tmp_path / "estimate")})
+    assert estimate["state"] == "COMPLETED", (estimate, worker_log.read_text()[-5000:])
+    assert (tmp_path / "estimate" / "estimate" / "plan" / "manifest.json").is_file()
+
     deadline, scheduled = time.monotonic() + RUN_S, []
     while time.monotonic() < deadline:
         scheduled = [r for r in flow_runs(server) if r["auto"] and r["name"].endswith("no new data")]
@@ -164,11 +174,8 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     assert scheduled[0]["message"].startswith(f"no new data since v3: v{current} stays current (AUC "), scheduled
     assert versions.numbers(run) == [1, 2, 3]
 
-    estimate = run_deployment(server, "estimate/estimate", {**config, "run_dir": str(tmp_path / "estimate")})
-    assert estimate["state"] == "COMPLETED", (estimate, worker_log.read_text()[-5000:])
-    assert (tmp_path / "estimate" / "estimate" / "plan" / "manifest.json").is_file()
-
-    # A refused night: FAILED with its one line as the state's message, and no traceback in the worker's log.
+    # A refused night (after the scheduled one: the deployment runs one night at a time): FAILED with its one
+    # line as the state's message, and no traceback in the worker's log.
     (tmp_path / "foreign" / "versions" / "notes").mkdir(parents=True)
     refused = run_deployment(server, "retrain/nightly-retrain", {**config, "run_dir": str(tmp_path / "foreign")})
     text = worker_log.read_text()

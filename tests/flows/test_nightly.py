@@ -235,7 +235,9 @@ def test_measured_bytes_stay_within_two_percent_of_the_model_night_after_night(p
     seen = []
     for day, topology in zip(daily, ("two.yaml", "two.yaml", "three.yaml", "three.yaml", "two.yaml")):
         shutil.copy2(day, parts)
-        s, _ = night(root, client, parts, "chain", topology, replan_margin=0.5)  # kept unless the topology changed
+        # Kept unless the topology changed. 500 held-out users: the bytes are what is checked, not the model (all
+        # users doubled the test's time, 35 s against 17 s).
+        s, _ = night(root, client, parts, "chain", topology, replan_margin=0.5, eval_users=500)
         seen.append(
             (s["version"], topology, s["replanned"], s["window"], s["bytes_per_step"] / s["modeled_bytes_per_step"])
         )
