@@ -23,11 +23,13 @@ Per cell, min/median/max over the rounds of:
   model     the cost model's communication time per step (`shardflow plan`'s
             comm_time_s_per_step) times --time-scale;
   ratio     comm / model (median);
-and, from the uplinks' own byte counters read every 25 ms over the whole command (so including
-start-up and evaluation; shardflow.emulation.monitor), the fullest uplink's (most bytes for its
-rate, its fuller direction) MB per step, the rate it carried them at while it was busy (inner
-intervals of its busy runs) and the rate its bytes per step make over the step's comm time (below
-the busy rate where the link waits while a round runs elsewhere), against its shaped rate.
+and, from the uplinks' own byte counters read every 25 ms over the steady steps (from the first
+one's start to the last one's end, as `shardflow train` stamps them; shardflow.emulation.monitor),
+the fullest uplink's (most bytes for its rate, its fuller direction) MB per step, the rate it
+carried them at while it was busy (inner intervals of its busy runs) and the rate its bytes per
+step make over the step's comm time (below the busy rate where the link waits while a round runs
+elsewhere), against its shaped rate. The last line also gives the busy rate over the whole command
+(start-up and evaluation too), which the grids before 2026-11-28's evening reported.
 The speed-up columns are row-wise-mod's over each strategy's, measured (step) and modeled, in
 the same topology, data and dedup.
 """
@@ -54,6 +56,7 @@ from shardflow.emulation.monitor import UplinkMonitor
 from shardflow.emulation.network import cannot_emulate
 from shardflow.errors import InputError
 from shardflow.planner.topology import Node, Topology, uniform
+from shardflow.training.engine import WARMUP_STEPS
 
 HERE = Path(__file__).resolve().parent
 BUNDLED = HERE.parent / "data" / "amazon-video" / "Video.txt"
@@ -126,14 +129,14 @@ def run_rounds(cluster: EmulatedCluster, cells: dict, stores: dict, rounds: int,
     for r in range(rounds):
         started = time.monotonic()
         for key, (plan, _) in cells.items():
-            summary, moved = train(cluster, stores[key[0]], plan, steps)
-            runs[key].append(measure(summary, moved, steps, shaped))
+            runs[key].append(measure(*train(cluster, stores[key[0]], plan, steps), shaped))
         print(f"  {label} round {r + 1}: {time.monotonic() - started:.0f} s, load {os.getloadavg()[0]:.1f}",
               flush=True)
     return runs
 
 
-def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int) -> tuple[dict, dict]:
+def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int) -> tuple[dict, dict, dict]:
+    """`shardflow train`'s summary; the uplinks' use over its steady steps, and over the whole command."""
     with UplinkMonitor(cluster.network) as watch:
         proc = cluster.command([*SHARDFLOW, "train", str(store), "--plan", str(plan), "--max-steps", str(steps),
                                 "--eval-users", str(EVAL_USERS), "--json", "--scheduler", cluster.scheduler_address],
@@ -141,19 +144,20 @@ def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int) -> tupl
         out, err = proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"shardflow train --plan {plan.name}: {err.strip().splitlines()[-3:]}")
-    return json.loads(out.strip().splitlines()[-1]), watch.use()
+    summary = json.loads(out.strip().splitlines()[-1])
+    return summary, watch.use(tuple(summary["steady_monotonic_s"])), watch.use()
 
 
-def measure(summary: dict, use: dict, steps: int, shaped: dict) -> dict:
+def measure(summary: dict, use: dict, whole: dict, shaped: dict) -> dict:
     step_s = summary["batch_size"] / summary["examples_per_s"]
     parts = summary["seconds_per_step"]
     comm_s = max(step_s - parts["batch"] - parts["compute"], 0.0)
     # the fullest uplink: the most bytes for its rate, either way; then its fuller direction
     node, both = max(use.items(), key=lambda item: max(u.bytes for u in item[1]) / shaped[item[0]])
-    fuller = max(both, key=lambda u: u.bytes)
-    per_step = fuller.bytes / steps
+    side = max((0, 1), key=lambda i: both[i].bytes)
+    per_step = both[side].bytes / summary["steady_steps"]
     return {"step_s": step_s, "comm_s": comm_s, "compute_s": parts["compute"], "link": node, "link_bytes": per_step,
-            "link_busy_rate": fuller.busy_bytes_per_s,
+            "link_busy_rate": both[side].busy_bytes_per_s, "whole_busy_rate": whole[node][side].busy_bytes_per_s,
             "link_comm_rate": per_step / comm_s if comm_s > 0 else float("nan")}
 
 
@@ -179,6 +183,8 @@ def main() -> int:
     if reason:
         print(f"bench/emulated_cluster.py: {reason}", file=sys.stderr)
         return 2
+    if args.steps <= WARMUP_STEPS:
+        raise SystemExit(f"--steps {args.steps}; accepted: more than the engine's {WARMUP_STEPS} warm-up steps")
     topologies = {name: TOPOLOGIES[name] for name in args.topologies.split(",")}
     strategies, dedups = args.strategies.split(","), args.dedups.split(",")
     try:
@@ -269,9 +275,10 @@ def print_table(topo_name: str, topology: Topology, scale: float, cells: dict, r
                 and (model[a] < model[b]) != (step[a] < step[b])]
     print(f"ranking by measured step time where the modeled times differ by over 10%: "
           f"{'as modeled' if not disagree else 'differs in ' + '; '.join(disagree)}")
-    busy = [statistics.median(m["link_busy_rate"] for m in ms) / shaped[ms[-1]["link"]] for ms in runs.values()]
-    print(f"the fullest uplink while busy: {min(busy):.0%}–{max(busy):.0%} of its shaped rate; "
-          f"{sum(b >= 0.8 for b in busy)} of {len(busy)} cells at 80% or more")
+    for over, key in (("the steady steps", "link_busy_rate"), ("the whole command", "whole_busy_rate")):
+        busy = [statistics.median(m[key] for m in ms) / shaped[ms[-1]["link"]] for ms in runs.values()]
+        print(f"the fullest uplink while busy over {over}: {min(busy):.0%}–{max(busy):.0%} of its shaped rate; "
+              f"{sum(b >= 0.8 for b in busy)} of {len(busy)} cells at 80% or more")
 
 if __name__ == "__main__":
     sys.exit(main())

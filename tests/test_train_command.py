@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,7 @@ def test_train_command_prints_the_summary_keys(planned):
     """With --early-answers: 4 steps are two warm-up calls and one of 2 steps, whose second step is patched; the
     model is the self-attention encoder's (the flows train the default mean encoder), its rows under Adam (the
     plan's Adagrad by default); with --patience the validation split is scored after the one (cut short) epoch."""
+    began = time.monotonic()
     done = subprocess.run(
         [SHARDFLOW, "train", str(planned / "ds"), "--plan", str(planned / "flexshard"), "--max-steps", "4",
          "--batch-size", "512", "--dedup", "none", "--eval-users", "300", "--early-answers", "--encoder",
@@ -139,6 +141,9 @@ def test_train_command_prints_the_summary_keys(planned):
     assert (s["epochs_trained"], s["best_epoch"], s["patience"]) == (1, 1, 3) and len(s["epoch_validation"]) == 1
     assert s["epoch_validation"][0]["val_ndcg_at_10"] == s["val_ndcg_at_10"] and 0 < s["val_hr_at_10"] <= 1
     assert 0 <= s["auc"] <= 1 and 0 <= s["hr_at_10"] <= 1 and 0 < s["loss"] < 1
+    # the steady steps (after 2 warm-up steps) on this host's CLOCK_MONOTONIC, inside the command's own run
+    first, last = s["steady_monotonic_s"]
+    assert s["steady_steps"] == 2 and began < first < last < time.monotonic()
 
 
 def test_a_plan_of_another_dataset_is_refused(planned, tmp_path):

@@ -10,6 +10,9 @@ A direction's rate while busy is taken over the inner intervals of its busy runs
 neighbours are busy too): a transfer starts and ends inside the first and last interval of its
 run, so those are partly idle and would count idle time as busy. Sample times are read, not
 assumed: a sample taken late on a loaded machine makes a longer interval, not a wrong rate.
+They are time.monotonic's (CLOCK_MONOTONIC, the host's one clock for every process), so `use` can
+count only a window another process stamped, such as a command's training steps (an interval the
+window cuts counts with its share of the time and, as if evenly spread, of the bytes).
 INTERVAL_S holds about two of the largest packets (64 KiB: the veth segments late) at the
 slowest link the bench shapes (40 Mbit/s: 13 ms a packet); a shorter one would see a busy link
 as bursts of one packet between empty intervals.
@@ -100,27 +103,37 @@ class UplinkMonitor:
         try:
             _enter_namespace(self.network.hub)
             while True:
-                self._samples.append((time.perf_counter(), _counters(self._ports)))
+                self._samples.append((time.monotonic(), _counters(self._ports)))
                 if self._stop.wait(self.interval_s):
-                    self._samples.append((time.perf_counter(), _counters(self._ports)))
+                    self._samples.append((time.monotonic(), _counters(self._ports)))
                     return
         except BaseException as e:  # reported to the watcher's thread on exit
             self._failed = e
 
-    def use(self) -> dict[str, tuple[LinkUse, LinkUse]]:
-        """Per node name: its uplink's (egress, ingress) over the watch."""
+    def use(self, window: tuple[float, float] | None = None) -> dict[str, tuple[LinkUse, LinkUse]]:
+        """Per node name: its uplink's (egress, ingress) over the watch, or over `window` (time.monotonic
+        seconds: from, to) only."""
         out = {}
         for k, node in enumerate(self.network.nodes):
             port = self.network.port(k)
             # the port receives what the node sends (egress) and transmits what it gets (ingress)
-            out[node.name] = tuple(self._direction(port, side, node.uplink_bytes_per_s) for side in (0, 1))
+            out[node.name] = tuple(
+                link_use([(t, counters[port][side]) for t, counters in self._samples], node.uplink_bytes_per_s,
+                         window)
+                for side in (0, 1))
         return out
 
-    def _direction(self, port: str, side: int, shaped_bytes_per_s: float) -> LinkUse:
-        spans = [(t1 - t0, after[port][side] - before[port][side])
-                 for (t0, before), (t1, after) in zip(self._samples, self._samples[1:])]
-        busy = [moved >= BUSY_SHARE * shaped_bytes_per_s * s for s, moved in spans]
-        inner = [i for i in range(1, len(spans) - 1) if busy[i - 1] and busy[i] and busy[i + 1]]
-        return LinkUse(bytes=sum(moved for _, moved in spans),
-                       busy_s=sum(s for (s, _), b in zip(spans, busy) if b),
-                       inner_bytes=sum(spans[i][1] for i in inner), inner_s=sum(spans[i][0] for i in inner))
+
+def link_use(samples: list[tuple[float, int]], shaped_bytes_per_s: float,
+             window: tuple[float, float] | None = None) -> LinkUse:
+    """One direction's use from its (time, byte counter) samples, over `window` (from, to) if given."""
+    spans = []  # (seconds, bytes) of each interval, the share of it inside the window
+    for (t0, before), (t1, after) in zip(samples, samples[1:]):
+        start, end = (t0, t1) if window is None else (max(t0, window[0]), min(t1, window[1]))
+        if end > start:
+            spans.append((end - start, (after - before) * (end - start) / (t1 - t0)))
+    busy = [moved >= BUSY_SHARE * shaped_bytes_per_s * s for s, moved in spans]
+    inner = [i for i in range(1, len(spans) - 1) if busy[i - 1] and busy[i] and busy[i + 1]]
+    return LinkUse(bytes=round(sum(moved for _, moved in spans)),
+                   busy_s=sum(s for (s, _), b in zip(spans, busy) if b),
+                   inner_bytes=round(sum(spans[i][1] for i in inner)), inner_s=sum(spans[i][0] for i in inner))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from shardflow.data.examples import EVAL_NEGATIVES
@@ -52,14 +53,19 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class Span:
-    """Steps, the examples they trained and the seconds they took; spans add up."""
+    """Steps, the examples they trained and the seconds they took; spans add up. `began` and `ended`: when the
+    first of them began and the last ended, on time.monotonic's clock (CLOCK_MONOTONIC on Linux: one clock for
+    every process of the host, so another process can line its own samples up with the steps)."""
 
     steps: int = 0
     examples: int = 0
     seconds: float = 0.0
+    began: float = math.inf
+    ended: float = -math.inf
 
     def __add__(self, other: Span) -> Span:
-        return Span(self.steps + other.steps, self.examples + other.examples, self.seconds + other.seconds)
+        return Span(self.steps + other.steps, self.examples + other.examples, self.seconds + other.seconds,
+                    min(self.began, other.began), max(self.ended, other.ended))
 
 
 @dataclass(frozen=True)

@@ -273,9 +273,10 @@ class Engine(Persistence):
         while i < steps:
             # The first steps alone (they are the warm-up), then several per call.
             count = 1 if self.step_count < WARMUP_STEPS else min(STEPS_PER_CALL, steps - i)
-            ts = time.perf_counter()
+            began = time.monotonic()
             per_step = self.steps(epoch, i, count)
-            took = time.perf_counter() - ts
+            ended = time.monotonic()
+            took = ended - began
             for stats in per_step:
                 i += 1
                 loss += sum(x.loss_sum for x in stats)
@@ -284,7 +285,7 @@ class Engine(Persistence):
                 for part, seconds in StepStats.slowest(stats).items():
                     parts[part] = parts.get(part, 0.0) + seconds
                 if self.step_count > WARMUP_STEPS:
-                    steady += Span(1, int(n), took / count)
+                    steady += Span(1, int(n), took / count, began, ended)
                 if on_step is not None:
                     on_step(i, steps, loss / (examples * candidates) if examples else float("nan"), int(examples),
                             time.perf_counter() - t0)

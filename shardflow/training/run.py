@@ -137,6 +137,9 @@ def train_from_stores(
         "examples": result.examples,
         "examples_per_s": result.examples_per_s,
         "steady_steps": result.steady.steps,
+        # when the first steady step began and the last ended, on the host's CLOCK_MONOTONIC (bench/emulated_cluster.py
+        # reads the links' byte counters over this window)
+        "steady_monotonic_s": [result.steady.began, result.steady.ended] if result.steady.steps else None,
         "measured_bytes_per_step": traffic.modeled_bytes / steps,
         "predicted_bytes_per_step": job.predicted_bytes_per_step,
         **metrics.values(),
