@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import dask
+from dask.utils import parse_timedelta
 from distributed import Client, LocalCluster, WorkerPlugin
 from distributed.deploy import Cluster
 from distributed.utils import get_mp_context
@@ -21,7 +22,7 @@ from distributed.utils import get_mp_context
 from shardflow.errors import InputError, SchedulerLost
 
 
-RECONNECT_S = 35.0  # a client gives a lost scheduler 30 s (comm.timeouts.connect) before it closes
+RECONNECT_MARGIN_S = 5.0  # beyond the client's reconnect window (comm.timeouts.connect), for it to close
 LOCAL_WORKERS_PER_CORE = 4  # a local cluster beyond this only thrashes (each worker is a process)
 # Local worker processes are forked from one server that has imported what a worker needs to host a device
 # (PyTorch, zarr, the engine) once, instead of each spawned worker importing it: 4 workers up with the engine
@@ -44,18 +45,20 @@ def default_workers() -> int:
 
 @contextlib.contextmanager
 def dask_client(scheduler_address: str | None = None, workers: int | None = None, gpus: bool = False,
-                connect_timeout_s: float = 30.0, worker_log: Path | None = None) -> Iterator[Client]:
+                worker_log: Path | None = None) -> Iterator[Client]:
     """A client on an existing scheduler, or on a LocalCluster of `workers` single-threaded processes.
 
     Profiling and training kernels are numpy and hold the GIL in parts, so a local
     device is a process with one thread. With `gpus`, every local worker offers the
     resource GPU=1 (one worker per GPU; CUDA device d for worker d). With `worker_log`,
-    what local worker processes write to stderr goes to that file (WorkerOutput).
+    what local worker processes write to stderr goes to that file (WorkerOutput). A scheduler
+    is waited for, at the start and once lost, for distributed's `comm.timeouts.connect`
+    (connect_timeout_s(): 30 s unless Dask's config says otherwise).
     """
     if scheduler_address:
         if workers is not None:
             raise InputError("--workers applies to a local cluster; it cannot be combined with --scheduler")
-        with _remote_client(scheduler_address, connect_timeout_s) as client:
+        with _remote_client(scheduler_address) as client:
             yield client
         return
     workers = _local_workers(workers)
@@ -111,14 +114,21 @@ def start_worker_server() -> None:
                 os.environ[k] = v
 
 
-def _remote_client(scheduler_address: str, connect_timeout_s: float) -> Client:
+def connect_timeout_s() -> float:
+    """distributed's `comm.timeouts.connect` in seconds: how long a client waits for its scheduler to answer,
+    at the start and again (its reconnect window) once the connection is lost."""
+    return parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
+
+
+def _remote_client(scheduler_address: str) -> Client:
     """A client of a running scheduler, or an InputError naming it when it does not answer in time."""
     check_address(scheduler_address)
+    timeout = connect_timeout_s()
     try:
-        return Client(scheduler_address, timeout=f"{connect_timeout_s}s")
+        return Client(scheduler_address, timeout=timeout)
     except (OSError, TimeoutError) as e:
         raise InputError(
-            f"scheduler {scheduler_address!r} did not answer within {connect_timeout_s:.0f} s "
+            f"scheduler {scheduler_address!r} did not answer within {timeout:g} s "
             f"({type(e).__name__}); accepted: the address of a running Dask scheduler. Nothing was written"
         ) from None
 
@@ -364,9 +374,10 @@ def live_workers(client: Client) -> dict:
     no per-worker detail, so a fresh request that timed out under CPU load would show
     every worker gone. A request that fails is asked again; a client whose scheduler went
     away reconnects for distributed's `comm.timeouts.connect` (30 s by default) and then
-    closes, so this gives up after RECONNECT_S at most.
+    closes, so this gives up after that and RECONNECT_MARGIN_S at most.
     """
-    deadline = time.monotonic() + RECONNECT_S
+    window = connect_timeout_s() + RECONNECT_MARGIN_S
+    deadline = time.monotonic() + window
     while client.status in ("running", "connecting") and time.monotonic() < deadline:
         if client.status == "running":
             try:
@@ -375,4 +386,4 @@ def live_workers(client: Client) -> dict:
                 pass
         time.sleep(0.2)
     where = getattr(client.scheduler, "address", None) or "of this run"
-    raise SchedulerLost(f"the Dask scheduler {where} is gone (no answer for {RECONNECT_S:.0f} s)")
+    raise SchedulerLost(f"the Dask scheduler {where} is gone (no answer for {window:g} s)")

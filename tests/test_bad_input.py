@@ -12,6 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
+import dask
 import numpy as np
 import pytest
 import zarr
@@ -672,7 +673,11 @@ def case_run_scheduler_that_never_answers(world, client, tmp_path):
     from shardflow.cluster import dask_client
 
     address = f"tcp://127.0.0.1:{free_port()}"  # a port nothing listens on
-    return [world / "ds"], lambda: dask_client(address, connect_timeout_s=2).__enter__(), (
+
+    def connect():
+        with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
+            dask_client(address).__enter__()
+    return [world / "ds"], connect, (
         r"scheduler 'tcp://127.0.0.1:\d+' did not answer within 2 s \(\w+\); accepted: the address of a running")
 
 

@@ -278,7 +278,7 @@ def test_a_run_with_another_dimension_on_a_run_dir_with_a_model_is_refused_befor
 
 def test_a_run_while_other_processes_keep_every_core_busy_completes_without_a_restart(prefect_api, client, big):
     """A worker is declared lost only when the scheduler no longer has it (asked afresh, never from the
-    client's cache) or the scheduler stops answering for RECONNECT_S: CPU contention reaches neither
+    client's cache) or the scheduler stops answering for its reconnect window: CPU contention reaches neither
     (under 6 busy processes on 2 cores the scheduler answered within 14 ms, worst of 566 requests)."""
     import subprocess
     import sys
