@@ -107,6 +107,7 @@ class Engine(Persistence):
         self.workers = {workers[d]: info[workers[d]]["id"] for d in range(P)}
         self._last_seen: dict[str, dict] = {}  # address -> the scheduler's last word on that worker
         self.actors, self._inflight = [], []  # the running actor calls close() waits for
+        self._device_lost = False  # a device's worker left: its peers' calls may be blocked asking it
         self.optimizer = optimizer
         self._futures = self._submit_actors(dataset, optimizer, scaled_rows)
         try:
@@ -176,6 +177,7 @@ class Engine(Persistence):
             time.sleep(POLL_S)
 
     def _lost(self, device: int, what: str) -> None:
+        self._device_lost = True
         note = self._memory_note(list(self.workers)[device], device)
         raise (WorkerOutOfMemory if note else WorkerLost)(what + note)
 
@@ -351,7 +353,9 @@ class Engine(Persistence):
     def close(self) -> None:
         """Release every shard. Each device is stopped first and its actor's thread drained, at most
         CLOSE_WAIT_S: a shard released while a peer still sends to it (a call an interrupt left running,
-        or one it cut off before it was counted as running) would make that peer's worker log a KeyError."""
+        or one it cut off before it was counted as running) would make that peer's worker log a KeyError.
+        Once a device was lost its peers are only stopped: a restore restarts them, and their calls may be
+        blocked asking the lost one (a connect retried for comm.timeouts.connect) for all of CLOSE_WAIT_S."""
         actors, inflight, self.actors, self._inflight = self.actors, self._inflight, [], []
         if self.client.status == "running":
             live = [a for a, f in zip(actors, self._futures) if f.status == "finished"]
@@ -366,7 +370,8 @@ class Engine(Persistence):
         the calls known to run and for each actor's thread to finish whatever was queued on it."""
         deadline = time.monotonic() + CLOSE_WAIT_S
         self._until(deadline, self._each(actors, "stop"))
-        self._until(deadline, inflight + self._each(actors, "settled"))
+        if not self._device_lost:
+            self._until(deadline, inflight + self._each(actors, "settled"))
 
     @staticmethod
     def _each(actors: list, method: str) -> list:
