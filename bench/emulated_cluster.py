@@ -23,13 +23,15 @@ Per cell, min/median/max over the rounds of:
   model     the cost model's communication time per step (`shardflow plan`'s
             comm_time_s_per_step) times --time-scale;
   ratio     comm / model (median);
-and, from the uplinks' own byte counters read every 25 ms over the steady steps (from the first
-one's start to the last one's end, as `shardflow train` stamps them; shardflow.emulation.monitor),
-the fullest uplink's (most bytes for its rate, its fuller direction) MB per step, the rate it
-carried them at while it was busy (inner intervals of its busy runs) and the rate its bytes per
-step make over the step's comm time (below the busy rate where the link waits while a round runs
-elsewhere), against its shaped rate. The last line also gives the busy rate over the whole command
-(start-up and evaluation too), which the grids before 2026-11-28's evening reported.
+and, from the uplinks' own byte counters over the steady steps (from the first one's start to the
+last one's end, as `shardflow train` stamps them; shardflow.emulation.monitor reads each link over
+intervals of two of its largest packets), the fullest uplink's (most bytes for its rate, its fuller
+direction) MB per step, the rate it carried them at while it was busy (inner intervals of its busy
+runs) and the rate its bytes per step make over the step's comm time (below the busy rate where
+the link waits while a round runs elsewhere), against its shaped rate. The last lines also give
+the busy rate over the whole command (start-up and evaluation too), which the grids before
+2026-11-28's evening reported, and over the steady steps read every 25 ms on every link, as the
+grids before 2026-11-29 did.
 The speed-up columns are row-wise-mod's over each strategy's, measured (step) and modeled, in
 the same topology, data and dedup.
 """
@@ -70,6 +72,7 @@ BATCH = 4096
 FIT_TOPOLOGIES = ("2x2-equal", "2x2-one-5x-slower")  # links even and uneven
 FIT_BATCHES = (512, 2048, 8192)  # payloads 16x apart: separates the per-byte from the per-round cost
 EVAL_USERS = 200
+EARLIER_INTERVAL_S = 0.025  # the monitor's one interval for every link until 2026-11-29
 
 
 def shardflow(*args: str) -> dict:
@@ -135,8 +138,9 @@ def run_rounds(cluster: EmulatedCluster, cells: dict, stores: dict, rounds: int,
     return runs
 
 
-def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int) -> tuple[dict, dict, dict]:
-    """`shardflow train`'s summary; the uplinks' use over its steady steps, and over the whole command."""
+def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int) -> tuple[dict, dict, dict, dict]:
+    """`shardflow train`'s summary; the uplinks' use over its steady steps, over the whole command, and over the
+    steady steps in EARLIER_INTERVAL_S intervals."""
     with UplinkMonitor(cluster.network) as watch:
         proc = cluster.command([*SHARDFLOW, "train", str(store), "--plan", str(plan), "--max-steps", str(steps),
                                 "--eval-users", str(EVAL_USERS), "--json", "--scheduler", cluster.scheduler_address],
@@ -145,10 +149,11 @@ def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int) -> tupl
     if proc.returncode != 0:
         raise RuntimeError(f"shardflow train --plan {plan.name}: {err.strip().splitlines()[-3:]}")
     summary = json.loads(out.strip().splitlines()[-1])
-    return summary, watch.use(tuple(summary["steady_monotonic_s"])), watch.use()
+    steady = tuple(summary["steady_monotonic_s"])
+    return summary, watch.use(steady), watch.use(), watch.use(steady, EARLIER_INTERVAL_S)
 
 
-def measure(summary: dict, use: dict, whole: dict, shaped: dict) -> dict:
+def measure(summary: dict, use: dict, whole: dict, earlier: dict, shaped: dict) -> dict:
     step_s = summary["batch_size"] / summary["examples_per_s"]
     parts = summary["seconds_per_step"]
     comm_s = max(step_s - parts["batch"] - parts["compute"], 0.0)
@@ -158,6 +163,7 @@ def measure(summary: dict, use: dict, whole: dict, shaped: dict) -> dict:
     per_step = both[side].bytes / summary["steady_steps"]
     return {"step_s": step_s, "comm_s": comm_s, "compute_s": parts["compute"], "link": node, "link_bytes": per_step,
             "link_busy_rate": both[side].busy_bytes_per_s, "whole_busy_rate": whole[node][side].busy_bytes_per_s,
+            "earlier_busy_rate": earlier[node][side].busy_bytes_per_s,
             "link_comm_rate": per_step / comm_s if comm_s > 0 else float("nan")}
 
 
@@ -275,7 +281,8 @@ def print_table(topo_name: str, topology: Topology, scale: float, cells: dict, r
                 and (model[a] < model[b]) != (step[a] < step[b])]
     print(f"ranking by measured step time where the modeled times differ by over 10%: "
           f"{'as modeled' if not disagree else 'differs in ' + '; '.join(disagree)}")
-    for over, key in (("the steady steps", "link_busy_rate"), ("the whole command", "whole_busy_rate")):
+    for over, key in (("the steady steps", "link_busy_rate"), ("the whole command", "whole_busy_rate"),
+                      (f"the steady steps read every {EARLIER_INTERVAL_S * 1e3:.0f} ms", "earlier_busy_rate")):
         busy = [statistics.median(m[key] for m in ms) / shaped[ms[-1]["link"]] for ms in runs.values()]
         print(f"the fullest uplink while busy over {over}: {min(busy):.0%}–{max(busy):.0%} of its shaped rate; "
               f"{sum(b >= 0.8 for b in busy)} of {len(busy)} cells at 80% or more")

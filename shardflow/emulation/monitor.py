@@ -2,7 +2,11 @@
 
 A thread inside the hub's namespace reads the byte counters of every node's port (the hub's end
 of the node's veth: what it transmits is the node's ingress, what it receives the node's egress,
-both already through their shapers) every INTERVAL_S. An interval in which a direction carried
+both already through their shapers) every few milliseconds. Each link is read at its own
+resolution: intervals of at least PACKETS_PER_INTERVAL of the largest packets (MAX_PACKET_BYTES:
+the veth segments late) at its shaped rate (5 ms at 208 Mbit/s, 26 ms at 40 Mbit/s); a shorter
+interval would see a busy link as bursts of one packet between empty intervals, a longer one
+counts the idle gaps between a step's rounds as busy. An interval in which a direction carried
 at least BUSY_SHARE of what its shaped rate moves in that interval counts as busy: the bytes of
 an idle link's acks and keep-alives stay below it.
 
@@ -13,9 +17,6 @@ assumed: a sample taken late on a loaded machine makes a longer interval, not a 
 They are time.monotonic's (CLOCK_MONOTONIC, the host's one clock for every process), so `use` can
 count only a window another process stamped, such as a command's training steps (an interval the
 window cuts counts with its share of the time and, as if evenly spread, of the bytes).
-INTERVAL_S holds about two of the largest packets (64 KiB: the veth segments late) at the
-slowest link the bench shapes (40 Mbit/s: 13 ms a packet); a shorter one would see a busy link
-as bursts of one packet between empty intervals.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from dataclasses import dataclass
 
 from shardflow.emulation.network import Network
 
-INTERVAL_S = 0.025
+MAX_PACKET_BYTES = 64 << 10
+PACKETS_PER_INTERVAL = 2
+MIN_SAMPLE_S = 0.002  # the monitor's thread samples no faster, however fast a link
 BUSY_SHARE = 0.1
 CLONE_NEWNET = 0x40000000
 
@@ -46,6 +49,11 @@ class LinkUse:
     @property
     def busy_bytes_per_s(self) -> float:
         return self.inner_bytes / self.inner_s if self.inner_s > 0 else float("nan")
+
+
+def resolution_s(shaped_bytes_per_s: float) -> float:
+    """The shortest interval a link of this shaped rate is read over."""
+    return PACKETS_PER_INTERVAL * MAX_PACKET_BYTES / shaped_bytes_per_s
 
 
 def _enter_namespace(namespace: str) -> None:
@@ -74,9 +82,9 @@ def _counters(ports: frozenset[str]) -> dict[str, tuple[int, int]]:
 class UplinkMonitor:
     """`with UplinkMonitor(network) as watch: ...`, then `watch.use()`: per node, (egress, ingress) LinkUse."""
 
-    def __init__(self, network: Network, interval_s: float = INTERVAL_S):
+    def __init__(self, network: Network):
         self.network = network
-        self.interval_s = interval_s
+        self.interval_s = max(MIN_SAMPLE_S, min(resolution_s(n.uplink_bytes_per_s) for n in network.nodes))
         self._ports = frozenset(network.port(k) for k in range(len(network.nodes)))
         self._samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
         self._stop = threading.Event()
@@ -110,23 +118,26 @@ class UplinkMonitor:
         except BaseException as e:  # reported to the watcher's thread on exit
             self._failed = e
 
-    def use(self, window: tuple[float, float] | None = None) -> dict[str, tuple[LinkUse, LinkUse]]:
+    def use(self, window: tuple[float, float] | None = None,
+            interval_s: float | None = None) -> dict[str, tuple[LinkUse, LinkUse]]:
         """Per node name: its uplink's (egress, ingress) over the watch, or over `window` (time.monotonic
-        seconds: from, to) only."""
+        seconds: from, to) only; in intervals of `interval_s` if given (else each link's resolution_s)."""
         out = {}
         for k, node in enumerate(self.network.nodes):
             port = self.network.port(k)
             # the port receives what the node sends (egress) and transmits what it gets (ingress)
             out[node.name] = tuple(
                 link_use([(t, counters[port][side]) for t, counters in self._samples], node.uplink_bytes_per_s,
-                         window)
+                         window, interval_s)
                 for side in (0, 1))
         return out
 
 
 def link_use(samples: list[tuple[float, int]], shaped_bytes_per_s: float,
-             window: tuple[float, float] | None = None) -> LinkUse:
-    """One direction's use from its (time, byte counter) samples, over `window` (from, to) if given."""
+             window: tuple[float, float] | None = None, interval_s: float | None = None) -> LinkUse:
+    """One direction's use from its (time, byte counter) samples, over `window` (from, to) if given, in
+    intervals of at least `interval_s` (the link's resolution_s unless given)."""
+    samples = _coarsened(samples, resolution_s(shaped_bytes_per_s) if interval_s is None else interval_s)
     spans = []  # (seconds, bytes) of each interval, the share of it inside the window
     for (t0, before), (t1, after) in zip(samples, samples[1:]):
         start, end = (t0, t1) if window is None else (max(t0, window[0]), min(t1, window[1]))
@@ -137,3 +148,16 @@ def link_use(samples: list[tuple[float, int]], shaped_bytes_per_s: float,
     return LinkUse(bytes=round(sum(moved for _, moved in spans)),
                    busy_s=sum(s for (s, _), b in zip(spans, busy) if b),
                    inner_bytes=round(sum(spans[i][1] for i in inner)), inner_s=sum(spans[i][0] for i in inner))
+
+
+def _coarsened(samples: list[tuple[float, int]], interval_s: float) -> list[tuple[float, int]]:
+    """The samples that make intervals of at least `interval_s`, and the last one (no byte is left out)."""
+    if not samples:
+        return samples
+    kept = [samples[0]]
+    for sample in samples[1:]:
+        if sample[0] - kept[-1][0] >= interval_s:
+            kept.append(sample)
+    if kept[-1] is not samples[-1]:
+        kept.append(samples[-1])
+    return kept
