@@ -10,6 +10,7 @@ deployment run (AttributeError: module 'profile' has no attribute 'run').
 from __future__ import annotations
 
 import importlib.machinery
+import subprocess
 import sys
 from pathlib import Path
 
@@ -54,3 +55,14 @@ def test_no_file_on_a_path_prefect_dask_or_pytest_puts_first_shadows_a_module():
                  if (found := elsewhere(name)) is not None}
     assert not shadowing, sorted(shadowing)
     assert "profile_counts" in top_level_names(ROOT / "flows")  # the folders were read
+
+
+def test_the_console_script_pytest_imports_the_repositorys_packages_not_the_test_folders_named_like_them():
+    """`pytest` (unlike `python -m pytest`) does not put the working directory on `sys.path`: with only `tests/`
+    on pytest's pythonpath, `import shardflow` found the folder tests/shardflow and every test failed to import."""
+    mirrored = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir()} & top_level_names(ROOT)
+    assert "shardflow" in mirrored  # what this test is about is still there
+    done = subprocess.run([str(Path(sys.executable).parent / "pytest"), "--collect-only", "-q", "-p",
+                           "no:cacheprovider", "tests/shardflow/planner/test_topology.py"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "tests collected" in done.stdout, (done.stdout + done.stderr)[-3000:]
