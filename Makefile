@@ -24,9 +24,11 @@ $(VENV)/.installed-test: $(VENV)/.installed
 # Every tier (tests/conftest.py), after the linter; CI runs this. One session on two pytest workers (each
 # its own LocalCluster and Prefect test harness), the tiers heaviest first: a worker left idle takes tests
 # from the other's queue (--dist worksteal), so the cluster and server tests' waits are filled with other
-# tests' work. `-m TIER` runs one tier. Prints the 15 slowest tests.
+# tests' work. `-m TIER` runs one tier. Prints the 15 slowest tests, then how fast the host was
+# (bench/host_speed.py: the suite's minutes follow it).
 test: lint
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15
+	$(BIN)/python bench/host_speed.py
 
 # The unit tier on every core: pure logic and real zarr stores, no cluster and no Prefect API.
 test-quick: $(VENV)/.installed-test
