@@ -18,10 +18,11 @@ PROCESSES = 4
 
 
 def main() -> int:
+    load = os.getloadavg()[0]  # before the measure's own processes
     _, step_s = measured_time_scale(PROCESSES)
     print(f"host speed: the emulation's reference step took {step_s * 1e3:.0f} ms in {PROCESSES} processes "
           f"({REFERENCE_STEP_S * 1e3:.0f} ms on the reference host: {step_s / REFERENCE_STEP_S:.2f}x its time); "
-          f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+          f"load {load:.1f} before it on {os.cpu_count()} cores")
     return 0
 
 
