@@ -4,7 +4,7 @@ processes at once (what `--time-scale auto` measures for a 2 × 2 topology; 96 m
     python bench/host_speed.py
 
 `make test` prints it after the suite, so that a run's minutes are read beside how fast the host was: the same
-2-core machine measured 89-126 ms within one hour (2026-11-29), and the suite's time follows it.
+2-core machine measured 89-136 ms in one night (2026-11-29), and the suite's time follows it.
 """
 
 from __future__ import annotations
