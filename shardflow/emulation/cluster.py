@@ -8,8 +8,8 @@ unchanged through `scheduler_address`, from a command started in the hub (`comma
 Every process started here is in a session of its own (a terminal's Ctrl-C reaches only
 the harness, which stops them) and dies with the harness (PR_SET_PDEATHSIG), so a harness
 killed even by SIGKILL leaves no worker behind; its namespaces go at the next harness's
-`sweep`. `close` stops the processes, commands included (SIGTERM, then SIGKILL after
-STOP_WAIT_S), and removes the network.
+`sweep`. `close` stops the processes, commands first and the scheduler last (SIGTERM,
+then SIGKILL after STOP_WAIT_S), and removes the network.
 """
 
 from __future__ import annotations
@@ -136,15 +136,21 @@ class EmulatedCluster:
         return proc
 
     def close(self) -> None:
-        procs, self._procs, self._commands = [*self._commands, *self._procs.values()], {}, []
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
+        """Commands first, then the workers, then the scheduler, each group asked to stop (SIGTERM) and waited
+        for, within STOP_WAIT_S in all; what is left then is killed. The order matters: workers sent SIGTERM
+        together with their scheduler hung in their close until killed (3 of the 4, in each of 3 tries): 5 s per
+        cluster. Workers first, the scheduler after: the whole close 0.40-0.46 s (2026-11-29, 2 cores)."""
+        procs, commands, self._procs, self._commands = dict(self._procs), self._commands, {}, []
+        scheduler = procs.pop("scheduler", None)
         deadline = time.monotonic() + STOP_WAIT_S
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for group in (commands, list(procs.values()), [scheduler] if scheduler else []):
+            for proc in group:
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in group:
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         self.network.remove()

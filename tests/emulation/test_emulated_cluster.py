@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shardflow.emulation.cluster import EmulatedCluster
 from shardflow.emulation.monitor import UplinkMonitor
 from shardflow.emulation.network import PREFIX, Network, cannot_emulate, namespaces, sweep
 from shardflow.emulation.probe import stream_bytes_per_s
@@ -28,6 +29,7 @@ needs_netns = pytest.mark.skipif(CANNOT is not None, reason=CANNOT or "")
 UNEVEN = Topology((Node("a", 2, 25.0), Node("b", 2, 5.0)), 600.0)  # at / 500: 400 and 80 Mbit/s
 SCALE = 500.0
 STARTED_WITHIN_S = 300.0  # an upper bound on a loaded machine; the waits end as soon as the line comes
+SLEEPER = [sys.executable, "-c", "import time; print('running', flush=True); time.sleep(600)"]
 
 
 def owned_by(pid: int) -> list[str]:
@@ -143,6 +145,20 @@ def test_an_uplink_slowed_and_restored_in_place_carries_each_rate():
         network.remove()
 
 
+@needs_netns
+def test_close_stops_the_command_then_the_workers_then_the_scheduler_each_on_its_own_none_killed(tmp_path):
+    with EmulatedCluster(UNEVEN, SCALE, tmp_path / "logs") as cluster:
+        command = cluster.command(SLEEPER, stdout=subprocess.PIPE, text=True)
+        assert command.stdout.readline() == "running\n"
+    assert command.returncode == -signal.SIGTERM
+    ends = {log.stem: log.read_text().strip().splitlines()[-1] for log in (tmp_path / "logs").glob("*.log")}
+    # A process killed after STOP_WAIT_S writes no last line: workers stopped together with their scheduler were.
+    assert sorted(ends) == ["device-0", "device-1", "device-2", "device-3", "scheduler"]
+    assert all(line.endswith("End worker") for name, line in ends.items() if name != "scheduler"), ends
+    assert ends["scheduler"].endswith("End scheduler"), ends
+    assert owned_by(os.getpid()) == []
+
+
 def test_the_engine_trains_unchanged_on_the_emulated_cluster_and_its_rows_cross_the_uplinks(emulated, planned):
     ds, plan = planned("row-wise-mod")
     cluster = emulated(UNEVEN)
@@ -182,9 +198,6 @@ def wait_for_line(proc: subprocess.Popen, text: str) -> None:
     raise AssertionError(f"no {text!r} within {STARTED_WITHIN_S:.0f} s")
 
 
-SLEEPER = [sys.executable, "-c", "import time; print('running', flush=True); time.sleep(600)"]
-
-
 @needs_netns
 @pytest.mark.parametrize("signum,status,parent_ignores_ctrl_c,scale", [
     (signal.SIGINT, 130, False, "auto"),  # the default: the factor measured first, and said
@@ -206,7 +219,7 @@ def test_ctrl_c_or_sigterm_mid_run_removes_every_namespace_and_process(tmp_path,
     assert len(owned_by(proc.pid)) == 3 and len(made) >= 6  # scheduler, 4 workers, the command
     os.killpg(proc.pid, signum)  # as a terminal does: the harness's process group
     try:
-        _, err = proc.communicate(timeout=STARTED_WITHIN_S)  # a bound: the harness stops in about STOP_WAIT_S
+        _, err = proc.communicate(timeout=STARTED_WITHIN_S)  # a bound: the harness stops within STOP_WAIT_S
     except subprocess.TimeoutExpired:
         left = {pid: cmdline(pid) for pid in made | {proc.pid} if running(pid)}
         proc.kill()
