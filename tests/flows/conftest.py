@@ -54,7 +54,20 @@ class PrefectServer:
 
 @pytest.fixture
 def server(tmp_path):
+    """A server of the test's own: one it may stop, start again, or fill with runs another test would see."""
     s = PrefectServer(tmp_path)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory):
+    """One server for a module's tests that only add to it (each its own run directory, deployments or
+    automations) and assert only on what they added: a server's start-up (4-15 s, more under load) per module."""
+    s = PrefectServer(tmp_path_factory.mktemp("server"))
     s.start()
     try:
         yield s

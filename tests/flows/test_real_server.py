@@ -84,13 +84,13 @@ def artifacts(server, key: str) -> list[dict]:
         return sorted(json.loads(r.read()), key=lambda a: a["created"])
 
 
-def test_a_run_on_a_real_server_leaves_its_artifacts_there(server, tmp_path):
+def test_a_run_on_a_real_server_leaves_its_artifacts_there(module_server, tmp_path):
     run_config(tmp_path, batch_size=64, epochs=3)
     run = subprocess.Popen([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml"), "--json"],
-                           env=server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           env=module_server.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     progress, key = set(), artifact_key("training-progress", tmp_path / "run")
     while run.poll() is None:  # what the UI shows while the run goes on
-        progress |= {a["data"] for a in artifacts(server, key)}
+        progress |= {a["data"] for a in artifacts(module_server, key)}
         time.sleep(0.1)
     out, err = run.communicate()
     assert run.returncode == 0, err[-3000:]
@@ -102,7 +102,7 @@ def test_a_run_on_a_real_server_leaves_its_artifacts_there(server, tmp_path):
     )
     assert len(progress) > 2, progress
     back = subprocess.run(
-        [sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", READ_BACK], env=module_server.env, capture_output=True, text=True, timeout=120
     )
     assert back.returncode == 0, back.stderr[-3000:]
     seen = json.loads(back.stdout)
@@ -115,24 +115,25 @@ def test_a_run_on_a_real_server_leaves_its_artifacts_there(server, tmp_path):
         "epoch-metrics",
         "versions",
     ):  # the UI takes a table's columns from its first row
-        rows = json.loads(artifacts(server, artifact_key(kind, tmp_path / "run"))[-1]["data"])
+        rows = json.loads(artifacts(module_server, artifact_key(kind, tmp_path / "run"))[-1]["data"])
         assert len({tuple(r) for r in rows}) == 1, (kind, rows)
     assert [
-        r["epoch"] for r in json.loads(artifacts(server, artifact_key("epoch-metrics", tmp_path / "run"))[-1]["data"])
+        r["epoch"]
+        for r in json.loads(artifacts(module_server, artifact_key("epoch-metrics", tmp_path / "run"))[-1]["data"])
     ] == [1, 2, 3]
-    text = artifacts(server, artifact_key("retrain-summary", tmp_path / "run"))[-1]["data"]
+    text = artifacts(module_server, artifact_key("retrain-summary", tmp_path / "run"))[-1]["data"]
     assert len(re.findall(r"!\[\w+\]\(data:image/svg\+xml;base64,", text)) == 3
 
 
-def test_prefect_yaml_deploys_the_nightly_and_the_estimation_deployments(server):
+def test_prefect_yaml_deploys_the_nightly_and_the_estimation_deployments(module_server):
     pool = subprocess.run([str(BIN / "prefect"), "work-pool", "create", "shardflow-process", "--type", "process"],
-                          env=server.env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+                          env=module_server.env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert pool.returncode == 0, pool.stderr[-2000:]
-    deployed = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env=server.env,
+    deployed = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env=module_server.env,
                               capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert deployed.returncode == 0, (deployed.stdout + deployed.stderr)[-3000:]
     back = subprocess.run(
-        [sys.executable, "-c", DEPLOYMENTS], env=server.env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", DEPLOYMENTS], env=module_server.env, capture_output=True, text=True, timeout=120
     )
     assert back.returncode == 0, back.stderr[-3000:]
     found = json.loads(back.stdout)
@@ -145,7 +146,7 @@ def test_prefect_yaml_deploys_the_nightly_and_the_estimation_deployments(server)
     while len(scheduled) < 3 and time.monotonic() < deadline:
         time.sleep(2)
         back = subprocess.run(
-            [sys.executable, "-c", SCHEDULED], env=server.env, capture_output=True, text=True, timeout=120
+            [sys.executable, "-c", SCHEDULED], env=module_server.env, capture_output=True, text=True, timeout=120
         )
         assert back.returncode == 0, back.stderr[-3000:]
         scheduled = [datetime.fromisoformat(t) for t in json.loads(back.stdout)]
@@ -200,18 +201,19 @@ asyncio.run(main())
 """
 
 
-def test_the_alerts_file_creates_the_nightly_automations_with_a_notification_block(server, tmp_path):
-    made = subprocess.run([sys.executable, "-c", BLOCK], env=server.env, capture_output=True, text=True, timeout=120)
+def test_the_alerts_file_creates_the_nightly_automations_with_a_notification_block(module_server, tmp_path):
+    made = subprocess.run([sys.executable, "-c", BLOCK], env=module_server.env, capture_output=True, text=True,
+                          timeout=120)
     assert made.returncode == 0, made.stderr[-3000:]
     block_id = made.stdout.split()[-1]
     text = (ROOT / "automations.yaml").read_text()
     assert text.count("block_document_id: REPLACE_WITH_NOTIFICATION_BLOCK_ID") == 4
     (tmp_path / "a.yaml").write_text(text.replace("REPLACE_WITH_NOTIFICATION_BLOCK_ID", block_id))
     created = subprocess.run([str(BIN / "prefect"), "automation", "create", "--from-file", str(tmp_path / "a.yaml")],
-                             env=server.env, capture_output=True, text=True, timeout=120)
+                             env=module_server.env, capture_output=True, text=True, timeout=120)
     assert created.returncode == 0, (created.stdout + created.stderr)[-3000:]
     back = subprocess.run(
-        [sys.executable, "-c", AUTOMATIONS], env=server.env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", AUTOMATIONS], env=module_server.env, capture_output=True, text=True, timeout=120
     )
     assert back.returncode == 0, back.stderr[-3000:]
     found = {a["name"]: a for a in json.loads(back.stdout)}
