@@ -6,7 +6,6 @@ import contextlib
 import importlib
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -19,11 +18,14 @@ from distributed import Client, LocalCluster, WorkerPlugin
 from distributed.deploy import Cluster
 from distributed.utils import get_mp_context
 
+from shardflow.cluster_options import (CLUSTER_KWARGS, LOCAL_CLASSES, TlsFiles, check_cluster_class,
+                                       check_cluster_kwargs, cores, local_worker_limit)
 from shardflow.errors import InputError, SchedulerLost
 
+__all__ = ["check_cluster_class", "check_cluster_kwargs", "dask_client", "run_cluster", "resolve_cluster_class"]
 
 RECONNECT_MARGIN_S = 5.0  # beyond the client's reconnect window (comm.timeouts.connect), for it to close
-LOCAL_WORKERS_PER_CORE = 4  # a local cluster beyond this only thrashes (each worker is a process)
+LOOPBACK_DASHBOARD = "127.0.0.1:0"  # a local cluster's dashboard: this machine only, any free port
 # Local worker processes are forked from one server that has imported what a worker needs to host a device
 # (PyTorch, zarr, the engine) once, instead of each spawned worker importing it: 4 workers up with the engine
 # imported in 4.9 s against 19.7 s spawned (2 cores at load 5-7). The server is started with the nanny's
@@ -40,12 +42,12 @@ LOCAL_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHO
 
 
 def default_workers() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return cores()
 
 
 @contextlib.contextmanager
 def dask_client(scheduler_address: str | None = None, workers: int | None = None, gpus: bool = False,
-                worker_log: Path | None = None) -> Iterator[Client]:
+                worker_log: Path | None = None, tls: TlsFiles | None = None) -> Iterator[Client]:
     """A client on an existing scheduler, or on a LocalCluster of `workers` single-threaded processes.
 
     Profiling and training kernels are numpy and hold the GIL in parts, so a local
@@ -58,7 +60,7 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
     if scheduler_address:
         if workers is not None:
             raise InputError("--workers applies to a local cluster; it cannot be combined with --scheduler")
-        with _remote_client(scheduler_address) as client:
+        with _remote_client(scheduler_address, tls) as client:
             yield client
         return
     workers = _local_workers(workers)
@@ -71,7 +73,7 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
             n_workers=workers,
             threads_per_worker=1,
             processes=True,
-            dashboard_address=":0",
+            dashboard_address=LOOPBACK_DASHBOARD,
             silence_logs=logging.WARNING,
             **({"resources": {"GPU": 1}} if gpus else {}),
         )
@@ -120,12 +122,16 @@ def connect_timeout_s() -> float:
     return parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
 
 
-def _remote_client(scheduler_address: str) -> Client:
-    """A client of a running scheduler, or an InputError naming it when it does not answer in time."""
+def _remote_client(scheduler_address: str, tls: TlsFiles | None = None) -> Client:
+    """A client of a running scheduler (over TLS with `tls`), or an InputError naming it when it does not answer
+    in time."""
     check_address(scheduler_address)
+    if scheduler_address.startswith("tls://") and tls is None:
+        raise InputError(f"scheduler address {scheduler_address!r} without TLS files; accepted: with "
+                         "cluster.tls_ca_file, tls_cert and tls_key (or a tcp:// scheduler)")
     timeout = connect_timeout_s()
     try:
-        return Client(scheduler_address, timeout=timeout)
+        return Client(scheduler_address, timeout=timeout, security=None if tls is None else tls.security())
     except (OSError, TimeoutError) as e:
         raise InputError(
             f"scheduler {scheduler_address!r} did not answer within {timeout:g} s "
@@ -138,7 +144,7 @@ def _local_workers(workers: int | None) -> int:
     workers = default_workers() if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InputError(f"workers = {workers!r}; accepted: an integer >= 1")
-    limit = max(LOCAL_WORKERS_PER_CORE * default_workers(), 8)
+    limit = local_worker_limit()
     if workers > limit:
         raise InputError(
             f"workers = {workers:,}: a local cluster of {workers:,} processes (one per device) on "
@@ -239,106 +245,60 @@ def run_cluster(
     workers: int,
     gpus: bool = False,
     worker_log: Path | None = None,
+    tls_ca_file: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
 ) -> Iterator[Client]:
     """The one cluster a run's stages share: an existing scheduler, a cluster class, or a LocalCluster.
 
-    `cluster_class` is an import path (`distributed.LocalCluster`, "dask_jobqueue.SLURMCluster", ...: the
+    `cluster_class` is an import path (`distributed.LocalCluster`, "dask_cuda.LocalCUDACluster", ...: the
     keys of CLUSTER_KWARGS) built with `cluster_kwargs`, checked here again as the config checks them, so a
-    run moves onto a batch system without code changes and a value never runs code. A local cluster's
-    workers write their output to `worker_log` (dask_client).
+    run moves onto a GPU host or a batch system without code changes and a value never runs code. The TLS
+    files, when given, secure every connection (TlsFiles.security). A local cluster's workers write their
+    output to `worker_log` (dask_client); a local class's dashboard binds loopback unless told otherwise.
     """
     quiet_dask()
+    tls = TlsFiles.parse(tls_ca_file, tls_cert, tls_key)
     if not cluster_class:
         with dask_client(scheduler_address, None if scheduler_address else workers, gpus=gpus,
-                         worker_log=worker_log) as client:
+                         worker_log=worker_log, tls=tls) as client:
             if scheduler_address:
                 check_workers(client, workers)
             yield client
         return
-    check_cluster_kwargs(cluster_class, cluster_kwargs)
+    check_cluster_kwargs(cluster_class, cluster_kwargs, tls)
     cls = resolve_cluster_class(cluster_class)
-    with cls(**cluster_kwargs) as cluster, Client(cluster) as client:
+    kwargs = dict(cluster_kwargs)
+    if cluster_class in LOCAL_CLASSES:
+        kwargs.setdefault("dashboard_address", LOOPBACK_DASHBOARD)
+    if tls is not None:
+        kwargs["security"] = tls.security()
+    with cls(**kwargs) as cluster, Client(cluster, security=kwargs.get("security")) as client:
         if hasattr(cluster, "scale") and not cluster_kwargs.get("n_workers"):
             cluster.scale(workers)
         client.wait_for_workers(workers, timeout="600s")
         yield client
 
 
-# The cluster classes a run may name, and the only cluster_kwargs each takes. Every value is plain
-# data (a number, a boolean, None, a short word of CLUSTER_WORD characters, or a list / map of them):
-# nothing that names code (preload, plugins, worker_class, scheduler / worker specs, security,
-# job-script lines) is among the keys, so a config value never runs code (docs/reliability.md).
-_JOBQUEUE = ("cores", "memory", "processes", "queue", "account", "walltime", "n_workers", "interface",
-             "local_directory", "death_timeout", "project")
-CLUSTER_KWARGS: dict[str, tuple[str, ...]] = {
-    "distributed.LocalCluster": ("n_workers", "threads_per_worker", "processes", "memory_limit", "host",
-                                 "scheduler_port", "dashboard_address", "worker_dashboard_address", "protocol",
-                                 "interface", "resources"),
-    **{f"dask_jobqueue.{name}": _JOBQUEUE for name in ("SLURMCluster", "PBSCluster", "SGECluster", "LSFCluster",
-                                                        "OARCluster", "HTCondorCluster", "MoabCluster")},
-}
-CLUSTER_WORD = re.compile(r"[A-Za-z0-9_.:@/+=,%-]{0,256}")
-
-
 def resolve_cluster_class(path: str) -> type[Cluster]:
     """The class `path` names, if it is one of CLUSTER_KWARGS' Dask Cluster classes; else an InputError.
 
-    Checked before anything is called or imported outside `distributed` / `dask_jobqueue`.
+    Checked before anything is called or imported outside the packages CLUSTER_KWARGS names.
     """
     check_cluster_class(path)
     accepted = f"one of {', '.join(CLUSTER_KWARGS)}"
     module, _, name = path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError:
+        package = module.partition(".")[0].replace("_", "-")
+        raise InputError(f"cluster_class {path!r}: {package} is not installed here; accepted: {accepted}, its "
+                         f"package installed (pip install {package})") from None
     except (ImportError, AttributeError, ValueError) as e:
         raise InputError(f"cluster_class {path!r}: {e}; accepted: {accepted} (its package installed)") from None
     if not (isinstance(cls, type) and issubclass(cls, Cluster)):
         raise InputError(f"cluster_class {path!r} is not a Dask Cluster class; accepted: {accepted}")
     return cls
-
-
-def check_cluster_class(path: str) -> str:
-    """`path` if it names one of CLUSTER_KWARGS' classes (nothing is imported); else an InputError."""
-    if path not in CLUSTER_KWARGS:
-        raise InputError(f"cluster_class {path!r}: not an allowed cluster class; accepted: one of "
-                         f"{', '.join(CLUSTER_KWARGS)}")
-    return path
-
-
-def check_cluster_kwargs(path: str | None, kwargs: dict) -> dict:
-    """`kwargs` if every key is one `path`'s class takes (CLUSTER_KWARGS) and every value plain data; else an
-    InputError naming the first key or value that is not."""
-    if kwargs and path is None:
-        raise InputError(f"cluster_kwargs {sorted(kwargs)} without a cluster_class; accepted: none, or a cluster_class")
-    allowed = CLUSTER_KWARGS.get(path or "", ())
-    for key, value in kwargs.items():
-        if key not in allowed:
-            raise InputError(f"cluster_kwargs key {key!r} for {path}; accepted: {', '.join(allowed) or 'none'} "
-                             "(plain values only: no key that names code)")
-        _check_plain(value, f"cluster_kwargs.{key}")
-    return kwargs
-
-
-def _check_plain(value: object, where: str, depth: int = 0) -> None:
-    if depth > 4:
-        raise InputError(f"{where}: nested deeper than 4; accepted: plain values, lists and maps of them")
-    if value is None or isinstance(value, (bool, int, float)):
-        return
-    if isinstance(value, str):
-        if not CLUSTER_WORD.fullmatch(value):
-            raise InputError(f"{where} = {value[:60]!r}; accepted: up to 256 of A-Z a-z 0-9 _ . : @ / + = , % - "
-                             "(no spaces, quotes or line breaks)")
-        return
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_plain(v, f"{where}[{i}]", depth + 1)
-        return
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _check_plain(k, f"{where} key", depth + 1)
-            _check_plain(v, f"{where}.{k}", depth + 1)
-        return
-    raise InputError(f"{where}: a {type(value).__name__}; accepted: numbers, booleans, words, lists and maps of them")
 
 
 def check_address(address: str) -> str:

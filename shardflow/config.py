@@ -77,6 +77,17 @@ class RetrainConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _cluster_fits_topology(self) -> "RetrainConfig":
+        from shardflow.cluster_options import check_workers_fit
+
+        c = self.cluster
+        try:
+            check_workers_fit(c.cluster_class, c.cluster_kwargs, self.parsed_topology.devices)
+        except InputError as e:
+            raise ValueError(f"{e} ({self.plan.topology})") from None
+        return self
+
+    @model_validator(mode="after")
     def _encoder_fits(self) -> "RetrainConfig":
         if self.model.encoder != "mean" and self.data.dataset_format == "criteo":
             raise ValueError(f"encoder = {self.model.encoder!r} for a criteo click log; accepted: mean (the encoder "

@@ -214,13 +214,16 @@ class ClusterSection(Section):
 
     scheduler_address: str | None = Field(None, description="an existing Dask scheduler (one worker per device)")
     cluster_class: str | None = Field(
-        None, description="a Dask cluster class by import path: distributed.LocalCluster or a dask_jobqueue class "
-        "(shardflow.cluster.CLUSTER_KWARGS)"
+        None, description="a Dask cluster class by import path: distributed.LocalCluster, dask_cuda.LocalCUDACluster, "
+        "dask_kubernetes.operator.KubeCluster or a dask_jobqueue class (shardflow.cluster_options.CLUSTER_KWARGS)"
     )
     cluster_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="arguments of cluster_class: only the keys CLUSTER_KWARGS lists for it, "
-        "plain values only (numbers, booleans, words, lists and maps of them)",
+        "each a plain value within its bound; nothing binds beyond loopback without the TLS files",
     )
+    tls_ca_file: str | None = Field(None, description="TLS: the PEM file of the CA every party of the cluster trusts")
+    tls_cert: str | None = Field(None, description="TLS: this cluster's PEM certificate (scheduler, workers, client)")
+    tls_key: str | None = Field(None, description="TLS: the PEM private key of tls_cert")
 
     @field_validator("cluster_class", "scheduler_address")
     @classmethod
@@ -239,11 +242,16 @@ class ClusterSection(Section):
     @model_validator(mode="after")
     def _one_cluster(self) -> "ClusterSection":
         from shardflow.cluster import check_cluster_kwargs, resolve_cluster_class
+        from shardflow.cluster_options import TlsFiles
 
         if self.scheduler_address and self.cluster_class:
             raise ValueError("scheduler_address and cluster_class both set; accepted: at most one of them")
         try:
-            check_cluster_kwargs(self.cluster_class, self.cluster_kwargs)  # before the class is imported
+            tls = TlsFiles.parse(self.tls_ca_file, self.tls_cert, self.tls_key)
+            if (self.scheduler_address or "").startswith("tls://") and tls is None:
+                raise InputError(f"scheduler_address {self.scheduler_address!r} without TLS files; accepted: with "
+                                 "tls_ca_file, tls_cert and tls_key (or a tcp:// scheduler)")
+            check_cluster_kwargs(self.cluster_class, self.cluster_kwargs, tls)  # before the class is imported
             if self.cluster_class:
                 resolve_cluster_class(self.cluster_class)
         except InputError as e:

@@ -36,8 +36,9 @@ from shardflow.preflight import import_options, imported_source, run_paths, same
 
 # Keys that change nothing a version computes: a version cut off part-way is resumed
 # under any of their values, and made again when any other key changed.
-NOT_FINGERPRINTED = ("run_dir", "scheduler_address", "cluster_class", "cluster_kwargs", "max_restarts",
-                     "restart_timeout_s", "promotion_margin", "keep_versions", "part_settle_s")
+NOT_FINGERPRINTED = ("run_dir", "scheduler_address", "cluster_class", "cluster_kwargs", "tls_ca_file", "tls_cert",
+                     "tls_key", "max_restarts", "restart_timeout_s", "promotion_margin", "keep_versions",
+                     "part_settle_s")
 
 
 def paths_of(run_dir: str, number: int) -> dict[str, str]:

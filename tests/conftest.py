@@ -44,6 +44,7 @@ FAULT_MODULES = {"test_faults", "test_interrupts", "test_soak", "test_storage_fa
 SERVER_MODULES = {"test_real_server", "test_deployments", "test_cli"}  # `shardflow run` or `prefect` as processes
 CLUSTER_MODULES = {"test_train_command", "test_plan_command",  # commands that start a local cluster
                    "test_worker_server",  # a process that starts one
+                   "test_cluster_tls",  # a named cluster class, as a run starts it
                    "test_emulated_cluster"}  # or an emulated one (shardflow.emulation)
 TIERS = ("fault", "server", "cluster", "unit")
 # Every test here uses Prefect (the server tier or a heavier one). `-m unit` does not import these modules: their

@@ -133,3 +133,36 @@ def test_an_error_raised_while_a_ctrl_c_is_handled_counts_as_the_interrupt():
     wrapped = RuntimeError("wrapped")
     wrapped.__cause__ = KeyboardInterrupt()
     assert interrupted(wrapped)
+
+
+def test_a_running_run_listens_on_loopback_only(tmp_path):
+    """Every socket the run's processes listen on (embedded API, Dask scheduler, nannies, workers, dashboard) is
+    bound to a loopback address, sampled while the run trains."""
+    import ipaddress
+    import time
+
+    import psutil
+
+    run("synth", str(tmp_path / "ds"), "--tables", "item:300:1.1", "--interactions", "3000", "--seed", "1",
+        "--mean-length", "10")
+    (tmp_path / "topo.yaml").write_text(
+        "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
+    )
+    keys = [f"dataset={tmp_path / 'ds'}", f"topology={tmp_path / 'topo.yaml'}", "epochs=3", "batch_size=64", "dim=8",
+            "mlp=[8]", "eval_users=50", f"run_dir={tmp_path / 'run'}"]
+    proc = psutil.Popen([SHARDFLOW, "run", *(a for k in keys for a in ("--set", k))], stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE, text=True)
+    listening: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        for p in [proc, *proc.children(recursive=True)]:
+            try:
+                listening |= {(c.laddr.ip, c.laddr.port) for c in p.net_connections("inet")
+                              if c.status == psutil.CONN_LISTEN}
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        time.sleep(0.1)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert len(listening) >= 5, listening  # the API, a scheduler, its dashboard, two nannies and workers
+    assert all(ipaddress.ip_address(ip).is_loopback for ip, _ in listening), sorted(listening)
