@@ -103,13 +103,30 @@ def hits(logit: np.ndarray) -> tuple[float, float, float]:
 
     The positive's rank r (0: first) is the number of candidates scored above it; HR@10
     counts r < 10 and NDCG@10 adds 1 / log2(r + 2) there (one relevant item: its ideal
-    DCG is 1), as in the SASRec paper's evaluation (Kang & McAuley, ICDM 2018).
+    DCG is 1), as in the SASRec paper's evaluation (Kang & McAuley, ICDM 2018). Ties count
+    against the positive as a random order would place it: with `g` candidates above it and
+    `t` equal to it, each rank g .. g + t is equally likely (rank_gains), so constant logits
+    give HR@10 = 10 / C, never a hit for free.
     """
     pos, neg = logit[:, :1], logit[:, 1:]
     auc = float((pos[:, 0] > neg[:, 0]).sum() + 0.5 * (pos[:, 0] == neg[:, 0]).sum())
-    rank = (neg > pos).sum(axis=1)
-    top = rank < 10
-    return auc, float(top.sum()), float((1.0 / np.log2(rank[top] + 2.0)).sum())
+    hit, gain = rank_gains((neg > pos).sum(axis=1), (neg == pos).sum(axis=1))
+    return auc, float(hit.sum()), float(gain.sum())
+
+
+# DISCOUNT[k]: the summed NDCG gains of ranks 0 .. k-1 (1 / log2(r + 2)); ranks from 10 on gain nothing at @10.
+CUTOFF = 10
+DISCOUNT = np.concatenate([[0.0], np.cumsum(1.0 / np.log2(np.arange(CUTOFF) + 2.0))])
+
+
+def rank_gains(above: np.ndarray, tied: np.ndarray, k: int = CUTOFF) -> tuple[np.ndarray, np.ndarray]:
+    """Per example, the expected HR@k and NDCG@k of a positive with `above` candidates scored higher and `tied`
+    scored the same, every order of the tied ones equally likely (rank uniform on above .. above + tied)."""
+    discount = DISCOUNT if k == CUTOFF else np.concatenate([[0.0], np.cumsum(1.0 / np.log2(np.arange(k) + 2.0))])
+    above = np.asarray(above, dtype=np.int64)
+    places = np.asarray(tied, dtype=np.int64) + 1
+    first, last = np.minimum(above, k), np.minimum(above + places, k)
+    return (last - first) / places, (discount[last] - discount[first]) / places
 
 
 def roc_auc(logit: np.ndarray, label: np.ndarray) -> float:

@@ -36,3 +36,20 @@ def test_the_merged_metrics_are_means_over_the_held_out_items():
     assert m.text() == f"AUC {m.auc:.4f}, HR@10 {m.hr_at_10:.4f}, NDCG@10 {m.ndcg_at_10:.4f}"
     assert Metrics.read({"auc": 0.8, "hr_at_10": 0.5}).text() == "AUC 0.8000, HR@10 0.5000"  # before NDCG@10
     assert Metrics(0.71, 9, logloss=0.49).text() == "AUC 0.7100, log-loss 0.4900"
+
+
+def test_ties_count_against_the_positive_constant_logits_give_ten_over_the_candidates():
+    """A diverged model scoring every candidate alike is not a perfect one: HR@10 is 10 / 101, as chance."""
+    auc, hit, ndcg = hits(np.zeros((7, 101), dtype=np.float32))
+    assert math.isclose(hit / 7, 10 / 101, rel_tol=1e-12)
+    assert math.isclose(ndcg / 7, sum(1 / math.log2(r + 2) for r in range(10)) / 101, rel_tol=1e-12)
+    assert auc == 3.5  # against the first negative: half of each tie
+
+
+def test_a_tie_shares_the_ranks_it_spans_and_strict_order_is_unchanged():
+    logit = scores_with_rank(8)
+    logit[9:12] = 0.5  # three negatives tie with the positive: ranks 8 .. 11 equally likely
+    _, hit, ndcg = hits(logit[None])
+    assert math.isclose(hit, 2 / 4) and math.isclose(ndcg, (1 / math.log2(10) + 1 / math.log2(11)) / 4)
+    oracle = [hits(scores_with_rank(r)[None])[1:] for r in range(15)]  # no ties: exactly the old count
+    assert [h for h, _ in oracle] == [1.0] * 10 + [0.0] * 5
