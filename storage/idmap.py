@@ -16,6 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+# Hashed row ids are stored as int32 (storage.scan): a hashed table has at most this many rows.
+MAX_HASH_ROWS = 2**31 - 1
+
 DIRECT_LIMIT = 1 << 26  # ids below this are marked in a bitmap of that many bytes at most
 
 

@@ -20,6 +20,7 @@ or concurrent import leaves the store as it was.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import uuid
 from dataclasses import dataclass, replace
@@ -34,7 +35,7 @@ from storage.dataset_manifest import FORMAT_VERSION, KIND, MADE_BY, SEGMENTS, Se
 from storage.dataset_writer import build_manifest, segment_name, start_store
 from storage.formats import (FEATURE_FILES, FORMATS, Format, Recbole, feature_files, make_format, parse_click_label,
                              read_features, sniff_delimiter)
-from storage.idmap import IdMap
+from storage.idmap import MAX_HASH_ROWS, IdMap
 from storage.lock import writer_lock
 from storage.manifest import MANIFEST, read_manifest, write_manifest
 from storage.checksum import file_sha256
@@ -59,9 +60,9 @@ def _check_options(fmt: str, table_rows: dict[str, int], hash_rows: int, label: 
     if fmt != "criteo" and (table_rows or hash_rows != DEFAULT_HASH_ROWS):
         raise InputError(f"table sizes are set only for hashed criteo columns, not for format {fmt!r}")
     for name, rows in [*table_rows.items(), ("--hash-rows", hash_rows)]:
-        if rows != EXACT and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
-            raise InputError(f"{name}: {rows!r} rows; accepted: an integer >= 1 (hashed into that many rows), "
-                             f"or {EXACT!r} (a row per distinct value)")
+        if rows != EXACT and (isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_HASH_ROWS):
+            raise InputError(f"{name}: {rows!r} rows; accepted: an integer from 1 to {MAX_HASH_ROWS:,} (hashed into "
+                             f"that many rows; row ids are int32), or {EXACT!r} (a row per distinct value)")
 
 
 def _first_line(part: Part) -> bytes:
@@ -168,7 +169,7 @@ def check_continuation(fmt: str, src: Path, dest: Path, parts: list[Part], sourc
                 f"{part.path}: part {name!r} changed since version {recorded['version']} imported it "
                 f"({recorded['sha256'][:19]}…); accepted: parts that are never rewritten (add a new part instead). "
                 f"To take the part as it is now: shardflow import --format {fmt}{_option_flags(options)} "
-                f"--replace-from {name} {src} {dest}"
+                f"--replace-from {shlex.join([name, str(src), str(dest)])}"
             )
     new = [p for p in finished(parts) if p.name not in known]
     if not new or not known:
@@ -193,7 +194,7 @@ def recorded_options(fmt: str, table_rows: dict, hash_rows, label: str | None) -
 def _option_flags(options: dict) -> str:
     """The command-line flags that give an import `options` (criteo's table sizes, recbole's click label)."""
     if "label" in options:
-        return f" --label '{options['label']}'"
+        return f" --label {shlex.quote(options['label'])}"
     if not options:
         return ""
     rows = "".join(f" --table-rows {t}={n}" for t, n in sorted(options.get("table_rows", {}).items()))

@@ -4,8 +4,10 @@ A run locks RUN_DIR/run.lock; a writer of a store (an import, a profile, a plan)
 `.NAME.lock` beside it. Both are `flock`: the kernel releases it when the holding
 process exits for any reason (a crash, `kill -9`, a lost machine's NFSv4 lease), so a
 crashed run never leaves it stuck; a run that is alive keeps it, however long it takes.
-While held, the file names its holder (host, pid, start time) for the refusal message;
-it is emptied on release, so a finished run or write leaves it as it found it.
+While held, the file names its holder (host, pid, start time) for the refusal message.
+RUN_DIR/run.lock is emptied on release; a store's `.NAME.lock` is removed (by its holder,
+still holding it: a writer that locked a file removed meanwhile locks the new one), so
+no write, finished or refused, leaves one behind.
 """
 
 from __future__ import annotations
@@ -25,24 +27,40 @@ LOCK = "run.lock"
 
 
 @contextlib.contextmanager
-def _hold(path: Path, refusal, label: str = "") -> Iterator[Path]:
+def _hold(path: Path, refusal, label: str = "", remove: bool = False) -> Iterator[Path]:
     """Hold an exclusive flock on `path` (created if need be), naming the holder (`label` first) in it while
-    held."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a writer starting up"
-        os.close(fd)
-        raise InputError(refusal(holder)) from None
+    held; with `remove`, the file is removed on release (still held, so no one else locks it meanwhile)."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a writer starting up"
+            os.close(fd)
+            raise InputError(refusal(holder)) from None
+        if _still_at(fd, path):
+            break
+        os.close(fd)  # locked a file its last holder removed on release: lock the one at `path` now
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{label}host {socket.gethostname()}, pid {os.getpid()}, since "
                       f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode(), 0)
         yield path
     finally:
-        os.ftruncate(fd, 0)
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        else:
+            os.ftruncate(fd, 0)
         os.close(fd)
+
+
+def _still_at(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is still the one named `path`."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 @contextlib.contextmanager
@@ -82,7 +100,7 @@ def writer_lock(dest: str | Path, label: str = "") -> Iterator[Path]:
         f"{dest} is held by another process ({holder}); accepted: one writer of a store at a time, and no "
         "append while a run trains on it (wait for it to end). The lock goes when its process exits, also if "
         "it crashes."
-    ), label) as path:
+    ), label, remove=True) as path:
         yield path
 
 

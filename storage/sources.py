@@ -1,6 +1,7 @@
 """Where an import reads from: one file, a gzip-compressed file, or a directory of parts.
 
-A directory's parts are its regular, non-hidden files in name order (one per day, say),
+A directory's parts are its regular, non-hidden files in name order (one per day, say; a link only to a
+file inside the directory, a name without control characters),
 other than RecBole's feature files (`NAME.user`, `NAME.item`: storage.formats.feature_files),
 and only its finished ones are read (`finished`): a part a writer may still be writing is
 left for a later import, and so is every part after it.
@@ -12,6 +13,7 @@ sha256 is fed from the same bytes (of the file as stored, compressed or not).
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import zlib
 from collections.abc import Collection, Iterator
@@ -65,6 +67,7 @@ def resolve_parts(src: str | Path, settle_s: float = 0.0, held: Collection[str] 
             raise InputError(f"{src}: a directory with no parts; accepted: a directory holding one file per part")
         parts = []
         for p in files:
+            check_part(src, p)
             why = None if p.name in held else "after an unfinished part" if any(q.waiting for q in parts) \
                 else _not_finished(p, markers, settle_s)
             parts.append(_part(p.name, p, why or ""))
@@ -104,9 +107,24 @@ def _not_finished(path: Path, markers: set[str], settle_s: float) -> str | None:
             if f.read(1) != b"\n":
                 return "does not end with a newline"
     age = time.time() - st.st_mtime
-    if age < settle_s:
-        return f"modified {max(age, 0):.0f} s ago; part_settle_s {settle_s:g}"
+    if 0 <= age < settle_s:  # a time stamp in the future says nothing of when the writer stopped: judged by content
+        return f"modified {age:.0f} s ago; part_settle_s {settle_s:g}"
     return None
+
+
+# A part's name goes into messages and printed commands: a control character (a line break, an escape) would
+# split or rewrite them. Every other character is kept, and quoted for the shell where a command is printed.
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_part(src: Path, path: Path) -> None:
+    """Refuse a part whose name holds a control character, or a link that leads out of the parts directory."""
+    if CONTROL.search(path.name):
+        raise InputError(f"{src}: part {path.name!r} has a control character in its name; accepted: names of "
+                         "printable characters (rename the file)")
+    if path.is_symlink() and src.resolve() not in path.resolve().parents:
+        raise InputError(f"{src}: part {path.name!r} is a link to a file outside the directory; accepted: regular "
+                         "files of the directory, or links to files inside it")
 
 
 def not_parts(src: str | Path) -> list[str]:

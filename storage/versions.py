@@ -23,6 +23,7 @@ import getpass
 import json
 import os
 import re
+import shlex
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -142,7 +143,8 @@ def current(run_dir: str | Path) -> int | None:
     finished = [n for n in numbers(run_dir) if result(run_dir, n) is not None]
     raise InputError(
         f"{link} points at {target!r}, not a finished model version; accepted: a link to one, made by "
-        f"'shardflow promote {run_dir} --version N' (finished versions: {', '.join(map(str, finished)) or 'none'})"
+        f"shardflow promote {shlex.quote(str(run_dir))} --version N (finished versions: "
+        f"{', '.join(map(str, finished)) or 'none'})"
     )
 
 

@@ -262,7 +262,7 @@ def test_measured_bytes_stay_within_two_percent_of_the_model_night_after_night(p
                              capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert "points at 'versions/0009', not a finished model version" in refused.stderr
-    assert f"'shardflow promote {root / 'chain'} --version N' (finished versions: 1, 2, 3, 4, 5)" in refused.stderr
+    assert f"shardflow promote {root / 'chain'} --version N (finished versions: 1, 2, 3, 4, 5)" in refused.stderr
 
 
 def test_a_part_rewritten_after_its_import_is_replaced_and_the_next_night_trains_on_it(prefect_api, client, days):

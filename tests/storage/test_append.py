@@ -142,7 +142,7 @@ def test_two_writers_exclude_each_other(tmp_path, days):
         with pytest.raises(InputError, match="is held by another process"):
             import_dataset("sasrec", src, tmp_path / "ds", overwrite=True)
     assert snapshot(tmp_path / "ds") == before
-    assert (tmp_path / ".ds.lock").read_text() == ""  # released, and emptied
+    assert not (tmp_path / ".ds.lock").exists()  # released, and removed
     assert import_dataset("sasrec", src, tmp_path / "ds", append=True).parts_added == (str(src / "day-3.txt"),)
 
 
@@ -239,3 +239,22 @@ def test_what_a_parts_directory_holds_besides_parts_is_named_not_read(tmp_path):
     assert not_parts(src) == [".day-2.txt.swp (hidden)", "gone (a broken or looping link)",
                               "loop (a broken or looping link)", "old (a directory)", "pipe (not a regular file)"]
     assert not_parts(src / "day-1.txt") == []
+
+
+def test_a_refused_write_leaves_no_lock_file_and_a_lock_on_a_removed_file_is_not_taken(tmp_path, days):
+    import fcntl
+    import os
+
+    from storage.lock import _still_at, writer_lock_path
+
+    src = source_with(tmp_path, days[:1])
+    import_dataset("sasrec", src, tmp_path / "ds")
+    with pytest.raises(InputError, match="already"):
+        import_dataset("sasrec", src, tmp_path / "ds")  # refused inside the lock: the store exists
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "src"]
+    # A writer that opened the lock file just before its holder removed it locks a file nobody else will see.
+    with writer_lock(tmp_path / "ds"):
+        late = os.open(writer_lock_path(tmp_path / "ds"), os.O_RDWR)
+    fcntl.flock(late, fcntl.LOCK_EX | fcntl.LOCK_NB)  # succeeds: the removed file is no one's now
+    assert not _still_at(late, writer_lock_path(tmp_path / "ds"))
+    os.close(late)

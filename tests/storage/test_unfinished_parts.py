@@ -167,3 +167,64 @@ def test_a_replacement_keeps_rows_and_users_in_the_other_formats(tmp_path, fmt, 
     else:
         assert ds.info.users == len(body)
         np.testing.assert_array_equal(ds.column("labels"), fresh.column("labels"))
+
+
+def test_a_printed_command_quotes_a_hostile_part_name_so_pasting_it_runs_nothing_else(tmp_path):
+    """A part named like a shell command, changed after its import: the printed command, pasted into a shell,
+    is the import of that one part and nothing more."""
+    import shlex
+    import subprocess
+
+    src = tmp_path / "logs dir"
+    src.mkdir()
+    hostile = "day-2.txt; touch sfmark_inject #"
+    (src / "day-1.txt").write_text("1 2\n1 3\n")
+    (src / hostile).write_text("2 4\n")
+    import_dataset("sasrec", src, tmp_path / "ds")
+    (src / hostile).write_text("2 4\n2 5\n")
+    with pytest.raises(InputError) as refused:
+        import_dataset("sasrec", src, tmp_path / "ds", append=True)
+    command = str(refused.value).split("To take the part as it is now: ", 1)[1]
+    words = shlex.split(command)
+    assert words[:5] == ["shardflow", "import", "--format", "sasrec", "--replace-from"]
+    assert words[5:] == [hostile, str(src), str(tmp_path / "ds")]
+    subprocess.run(["bash", "-c", "true " + command], cwd=tmp_path, check=True)  # pasted after a harmless word
+    assert not (tmp_path / "sfmark_inject").exists()
+
+
+@pytest.mark.parametrize("name", ["day-2\n.txt", "day-2\x1b[2J.txt", "day-2\r.txt"])
+def test_a_part_name_with_a_control_character_is_one_line_naming_it(tmp_path, name):
+    src = tmp_path / "logs"
+    src.mkdir()
+    (src / "day-1.txt").write_text("1 2\n")
+    (src / name).write_text("2 4\n")
+    with pytest.raises(InputError, match=r"has a control character in its name; accepted: names of printable") as e:
+        import_dataset("sasrec", src, tmp_path / "ds")
+    assert "\n" not in str(e.value) and not (tmp_path / "ds").exists()
+
+
+def test_a_link_is_a_part_only_when_it_leads_to_a_file_inside_the_directory(tmp_path):
+    src = tmp_path / "logs"
+    src.mkdir()
+    (src / "day-1.txt").write_text("1 2\n")
+    (src / "day-2.txt").symlink_to(src / "day-1.txt")  # inside: a part like any other
+    assert names(resolve_parts(src)) == ["day-1.txt", "day-2.txt"]
+    (tmp_path / "secret").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (src / "day-3.txt").symlink_to(tmp_path / "secret")
+    with pytest.raises(InputError, match=r"part 'day-3.txt' is a link to a file outside the directory") as e:
+        import_dataset("sasrec", src, tmp_path / "ds")
+    assert "root:x" not in str(e.value) and not (tmp_path / "ds").exists()
+
+
+def test_a_part_stamped_in_the_future_is_judged_by_its_content_not_waited_for(tmp_path):
+    src = tmp_path / "logs"
+    src.mkdir()
+    (src / "day-1.txt").write_text("1 2\n")
+    os.utime(src / "day-1.txt", (time.time() - 3600, time.time() - 3600))
+    (src / "day-2.txt").write_text("2 4\n")
+    ten_years = time.time() + 10 * 365 * 86400
+    os.utime(src / "day-2.txt", (ten_years, ten_years))
+    assert names(finished(resolve_parts(src, settle_s=60))) == ["day-1.txt", "day-2.txt"]
+    (src / "day-3.txt").write_text("3 6")  # no newline: still unfinished, whatever its time stamp
+    os.utime(src / "day-3.txt", (ten_years, ten_years))
+    assert unfinished(resolve_parts(src, settle_s=60)) == ["day-3.txt (does not end with a newline)"]

@@ -58,7 +58,7 @@ def test_a_dangling_or_garbage_current_link_is_one_line_naming_the_mend(run, tar
     (run / versions.CURRENT).unlink()
     (run / versions.CURRENT).symlink_to(target)
     with pytest.raises(InputError, match=rf"current points at '{target}', not a finished model version; accepted: "
-                                         rf"a link to one, made by 'shardflow promote .* --version N' \(finished "
+                                         rf"a link to one, made by shardflow promote .* --version N \(finished "
                                          r"versions: 1, 2, 3\)"):
         versions.current(run)
     versions.promote_by_operator(run, 3, "mend")
