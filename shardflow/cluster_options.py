@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardflow.errors import InputError
+from shardflow.errors import InputError, brief
 
 LOCAL_WORKERS_PER_CORE = 4  # a local cluster beyond this only thrashes (each worker is a process)
 # What a local worker takes before it holds a row: the interpreter with PyTorch, zarr and the engine imported
@@ -328,9 +328,9 @@ def check_cluster_kwargs(path: str | None, kwargs: dict, tls: TlsFiles | None = 
             raise InputError(f"cluster_kwargs key {key!r} for {path}; accepted: {', '.join(rules) or 'none'} "
                              "(plain values only: no key that names code)")
         if not rule.ok(value):
-            raise InputError(f"cluster_kwargs.{key} = {_shown(value)}; accepted: {rule.accepted}")
+            raise InputError(f"cluster_kwargs.{key} = {brief(value)}; accepted: {rule.accepted}")
         if tls is None and rule.binds_beyond(value):
-            raise InputError(f"cluster_kwargs.{key} = {_shown(value)} listens beyond this machine without TLS; "
+            raise InputError(f"cluster_kwargs.{key} = {brief(value)} listens beyond this machine without TLS; "
                              f"accepted: {rule.accepted}")
     if path in SERVES_THE_NETWORK and tls is None:
         raise InputError(f"cluster_class {path!r} without TLS: its scheduler would take unauthenticated "
@@ -359,8 +359,3 @@ def _machine_memory() -> int:
     import psutil
 
     return psutil.virtual_memory().total
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shardflow.config_sections import (SECTION_OF, SECTIONS, ClusterSection, DataSection, ModelSection, NightlySection,
                                        PlanSection, TrainSection, sectioned)
-from shardflow.errors import InputError
+from shardflow.errors import InputError, brief
 
 if TYPE_CHECKING:
     from shardflow.model.optim import OptimizerConfig
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 # gradients, the forward activations and their gradients (a generous bound, not an estimate to plan by).
 STEP_COPIES = 4
 DENSE_COPIES = 4  # weights, gradients and Adam's two moments
+PROFILE_COUNT_BYTES = 8  # a profile counts each row's accesses in an int64
 
 
 class RetrainConfig(BaseModel):
@@ -110,6 +111,28 @@ class RetrainConfig(BaseModel):
                 f"{devices} devices × (history {m.history} + 1 + negatives {m.negatives}) rows × dim {m.dim}, and "
                 f"the dense layers {list(m.mlp)} / {list(m.bottom_mlp)}); this machine has {have / 1e9:,.1f} GB; "
                 "accepted: smaller batch_size, history, negatives, dim or layers"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _hashed_tables_fit(self) -> "RetrainConfig":
+        """A click log's hashed table of hash_rows rows, with its optimizer state and its profile's count per row,
+        must fit half this machine's memory: profiling and training hold it whole across the devices
+        (hash_rows = 10^9 once grew each profiling worker past 8 GiB)."""
+        import psutil
+
+        from shardflow.planner.plan import row_bytes
+
+        rows = self.data.hash_rows
+        if self.data.dataset_format != "criteo" or rows == "exact":
+            return self
+        per_row = row_bytes(self.model.dim, self.train.row_optimizer) + PROFILE_COUNT_BYTES
+        have = psutil.virtual_memory().total // 2
+        if rows * per_row > have:
+            raise ValueError(
+                f"hash_rows = {rows:,}: a table of {rows:,} rows × {per_row} bytes (dim {self.model.dim} with its "
+                f"{self.train.row_optimizer} state and access count) is {rows * per_row / 1e9:,.1f} GB, over half "
+                f"this machine's memory ({have / 1e9:,.1f} GB); accepted: at most {have // per_row:,} rows"
             )
         return self
 
@@ -200,4 +223,4 @@ def _problem(err: dict) -> str:
     where = ".".join(str(p) for p in err["loc"]) or "config"
     if err["type"] == "value_error" and isinstance(err.get("input"), dict):
         return f"{where}: {err['msg']}"
-    return f"{where} = {err.get('input')!r}: {err['msg']}"
+    return f"{where} = {brief(err.get('input'))}: {err['msg']}"

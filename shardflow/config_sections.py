@@ -18,6 +18,10 @@ from shardflow.errors import InputError
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LOOKUPS = 4096  # history, negatives: rows one example reads, far past any published sequence model's
 MAX_WIDTH = 65536  # an MLP layer's width
+# Each epoch writes a checkpoint of every shard: 1,000 is five times the longest schedule of the published
+# sequence-model benchmarks (200 epochs, patience 50: eSASRec, blondered/transformer_benchmark).
+MAX_EPOCHS = 1000
+MAX_COUNT = 2**31 - 1  # steps, users, batch sizes: int32 counters and numpy index arithmetic stay exact
 
 
 class Section(BaseModel):
@@ -57,8 +61,11 @@ class DataSection(Section):
     @field_validator("hash_rows")
     @classmethod
     def _hash_rows(cls, v: int | str) -> int | str:
-        if v != "exact" and v < 1:
-            raise ValueError(f"{v!r}; accepted: an integer >= 1 or 'exact'")
+        from storage.idmap import MAX_HASH_ROWS
+
+        if v != "exact" and not 1 <= v <= MAX_HASH_ROWS:
+            raise ValueError(f"{v!r}; accepted: an integer from 1 to {MAX_HASH_ROWS:,} (row ids are int32) or "
+                             "'exact'")
         return v
 
     @field_validator("click_label")
@@ -135,21 +142,23 @@ class PlanSection(Section):
 class TrainSection(Section):
     """The epochs: batch, optimisers, early stopping, where devices compute, evaluation and restarts."""
 
-    epochs: int = Field(2, ge=1, description="epochs to train (with patience: at most)")
+    epochs: int = Field(2, ge=1, le=MAX_EPOCHS, description="epochs to train (with patience: at most)")
     patience: int | None = Field(
-        None, ge=1, description="hold out each user's second-to-last item (a click log: the last 10% of the "
+        None, ge=1, le=MAX_EPOCHS,
+        description="hold out each user's second-to-last item (a click log: the last 10% of the "
         "training rows) as a validation split, score it after every epoch (NDCG@10; click logs AUC), stop after "
         "this many epochs without a better score and keep the best epoch (none: no split, every epoch)",
     )
     min_epochs: int | None = Field(
-        None, ge=1, description="with patience: train at least this many epochs before stopping (Adam's rows "
-        "sat on a plateau for the first 9-18 epochs, more with more negatives: docs/benchmarks.md)",
+        None, ge=1, le=MAX_EPOCHS, description="with patience: train at least this many epochs before stopping (rows "
+        "trained with Adam may sit on a plateau for the first epochs)",
     )
     steps_per_epoch: int | None = Field(
-        None, ge=1, description="train only the first N steps of each epoch's order, a different sample of the log "
+        None, ge=1, le=MAX_COUNT,
+        description="train only the first N steps of each epoch's order, a different sample of the log "
         "every epoch (none: the whole epoch): a night's budget on a log whose epoch outlasts it",
     )
-    batch_size: int = Field(4096, ge=1)
+    batch_size: int = Field(4096, ge=1, le=MAX_COUNT)
     dense_optimizer: Literal["adam", "adagrad"] = "adam"
     row_optimizer: Literal["adagrad", "adam"] = Field(
         "adagrad", description="the embedding rows' optimizer: row-wise Adagrad (one float of state a row) or "
@@ -166,13 +175,15 @@ class TrainSection(Section):
     )
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = Field(0, ge=0, le=2**63 - 1, description="batch order and negatives (a 64-bit signed integer)")
-    eval_users: int | None = Field(5000, ge=1, description="held-out users evaluated (none: all)")
+    eval_users: int | None = Field(5000, ge=1, le=MAX_COUNT, description="held-out users evaluated (none: all)")
     max_restarts: int = Field(
         3,
         ge=0,
+        le=100,
         description="times a run restores the cluster and the shards from the last checkpoint after losing a worker",
     )
-    restart_timeout_s: float = Field(300.0, gt=0, description="how long a restore waits for enough workers")
+    restart_timeout_s: float = Field(300.0, gt=0, le=86400, allow_inf_nan=False,
+                                     description="how long a restore waits for enough workers")
 
     @model_validator(mode="after")
     def _min_epochs_with_patience(self) -> "TrainSection":
@@ -196,14 +207,16 @@ class NightlySection(Section):
         0.05, ge=0, lt=1, description="re-plan when a fresh plan's predicted comm time beats the kept one's by more"
     )
     promotion_margin: float = Field(
-        0.002, ge=0, description="a new version is promoted unless its AUC is below the current one's by more"
+        0.002, ge=0, le=1, allow_inf_nan=False,
+        description="a new version is promoted unless its AUC is below the current one's by more"
     )
-    keep_versions: int = Field(3, ge=1, description="versions whose checkpoints are kept (the current one always)")
+    keep_versions: int = Field(3, ge=1, le=10000,
+                               description="versions whose checkpoints are kept (the current one always)")
 
     @field_validator("train_window", mode="before")
     @classmethod
     def _window(cls, v: object) -> str | int:
-        if v in ("new", "all") or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        if v in ("new", "all") or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_COUNT):
             return v
         raise ValueError(f"{v!r}; accepted: 'new' (the parts since the warm-start source), 'all', or N >= 1 "
                          "(the last N parts)")

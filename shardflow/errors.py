@@ -11,6 +11,7 @@ to an operator (the Prefect API's log keeps them for the UI).
 
 import errno
 import logging
+import reprlib
 
 # A full disk, a quota, a read-only or forbidden directory: the writes stop, nothing stored is lost.
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
@@ -18,6 +19,15 @@ STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.E
 
 class InputError(ValueError):
     """Input that shardflow refuses: a file, an array, an argument or a store."""
+
+
+def brief(value: object, width: int = 80) -> str:
+    """`value`'s repr for a one-line message: nesting past 3 levels and long strings elided, at most `width`
+    characters (a value nested thousands deep is shown, not recursed into)."""
+    r = reprlib.Repr()  # Python 3.11: no keyword arguments yet
+    r.maxlevel, r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxtuple = 3, width, width, 6, 6, 6
+    text = r.repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 class TrainingError(RuntimeError):

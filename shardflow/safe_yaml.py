@@ -2,7 +2,8 @@
 
 Config and topology files are small mappings: a file larger than MAX_BYTES is refused
 unread, and anchors and aliases are refused as they are met, so an alias bomb (a few
-lines that expand to gigabytes) never expands.
+lines that expand to gigabytes) never expands. Nesting deeper than MAX_DEPTH and a key
+given twice in one mapping are refused too, each in one line naming the line.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import yaml
 from shardflow.errors import InputError
 
 MAX_BYTES = 1 << 20
+MAX_DEPTH = 16  # a config nests at most 6 deep (config > cluster > cluster_kwargs > resources > limits > key)
 
 
 class _Refused(Exception):
@@ -21,14 +23,36 @@ class _Refused(Exception):
 
 
 class _NoAliases(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing anchors and aliases, nesting past MAX_DEPTH and a key given twice."""
+
+    depth = 0
+
     def compose_node(self, parent, index):
-        if self.check_event(yaml.events.AliasEvent):
-            event = self.peek_event()
-            raise _Refused(f"line {event.start_mark.line + 1}: an alias (*{event.anchor})")
         event = self.peek_event()
+        if self.check_event(yaml.events.AliasEvent):
+            raise _Refused(f"line {event.start_mark.line + 1}: an alias (*{event.anchor}); accepted: plain YAML "
+                           "without anchors and aliases")
         if getattr(event, "anchor", None):
-            raise _Refused(f"line {event.start_mark.line + 1}: an anchor (&{event.anchor})")
-        return super().compose_node(parent, index)
+            raise _Refused(f"line {event.start_mark.line + 1}: an anchor (&{event.anchor}); accepted: plain YAML "
+                           "without anchors and aliases")
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise _Refused(f"line {event.start_mark.line + 1}: nested deeper than {MAX_DEPTH} levels; accepted: "
+                               "a config's sections, keys and their lists and maps")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True) if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None and key in seen:
+                raise _Refused(f"line {key_node.start_mark.line + 1}: key {str(key)[:60]!r} given twice (also on "
+                               f"line {seen[key]}); accepted: each key once")
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
 
 def load_text(text: str, where: str) -> object:
@@ -38,9 +62,16 @@ def load_text(text: str, where: str) -> object:
     try:
         return yaml.load(text, Loader=_NoAliases)  # noqa: S506 - a SafeLoader subclass
     except _Refused as e:
-        raise InputError(f"{where}: {e}; accepted: plain YAML without anchors and aliases") from None
+        raise InputError(f"{where}: {e}") from None
+    except yaml.MarkedYAMLError as e:  # one line: where, and the problem (a python/ tag: no constructor)
+        mark = e.problem_mark or e.context_mark
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = " ".join(str(e.problem or e.context or "not valid YAML").split())[:160]
+        raise InputError(f"{where}: {line}not valid YAML ({problem}); accepted: plain YAML (a mapping of keys to "
+                         "values)") from None
     except yaml.YAMLError as e:
-        raise InputError(f"{where}: not valid YAML ({e}); accepted: a YAML mapping") from None
+        raise InputError(f"{where}: not valid YAML ({' '.join(str(e).split())[:160]}); accepted: a YAML mapping") \
+            from None
 
 
 def load_file(path: str | Path, what: str) -> object:

@@ -478,8 +478,9 @@ def case_topology_negative_bandwidth(world, client, tmp_path):
 
 
 def case_topology_not_yaml(world, client, tmp_path):
-    return [world / "plan"], topology("nodes: [a, {\n", tmp_path), \
-        r"(?s)t.yaml: not valid YAML \(.*\); accepted: a YAML mapping"
+    return [world / "plan"], topology("nodes: [a, {\n", tmp_path), (
+        r"t.yaml: line 2: not valid YAML \(expected the node content, but found '<stream end>'\); accepted: plain "
+        r"YAML \(a mapping")
 
 
 def case_plan_budget_too_small(world, client, tmp_path):

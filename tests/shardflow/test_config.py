@@ -100,10 +100,62 @@ def test_click_settings_are_checked_before_any_work(tmp_path):
     base = dict(dataset=str(root / "logs"), run_dir=str(root / "bad"), topology=str(root / "topo.yaml"))
     with pytest.raises(InputError, match="hash_rows = 64 with dataset_format 'sasrec'; accepted: hash_rows only with"):
         RetrainConfig.build({**base, "hash_rows": 64})
-    with pytest.raises(InputError, match="hash_rows = 0: .*accepted: an integer >= 1 or 'exact'"):
+    with pytest.raises(InputError, match="hash_rows = 0: .*accepted: an integer from 1 to 2,147,483,647 .* or 'exact'"):
         RetrainConfig.build({**base, "dataset_format": "criteo", "hash_rows": 0})
     with pytest.raises(InputError, match=r"bottom_mlp = \[8, 0\]: .*accepted: integers >= 1"):
         RetrainConfig.build({**base, "dataset_format": "criteo", "bottom_mlp": [8, 0]})
     assert not (root / "bad").exists()
     assert RetrainConfig.build({**base, "dataset_format": "criteo", "hash_rows": "exact"}).data.hash_rows == "exact"
     np.testing.assert_equal(RetrainConfig.build({**base, "dataset_format": "criteo"}).model.bottom_mlp, (64,))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("epochs: 3\nepochs: 60000\n", r"cfg: line 2: key 'epochs' given twice \(also on line 1\); accepted: each key"),
+    ("train:\n  epochs: 3\n  seed: 1\n  epochs: 4\n", r"line 4: key 'epochs' given twice \(also on line 2\)"),
+    ("mlp: " + "[" * 5000 + "]" * 5000 + "\n", r"cfg: line 1: nested deeper than 16 levels"),
+    ("a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 40)), r"nested deeper than 16 levels"),
+    ("x: !!python/object/apply:os.system ['touch x']\n",
+     r"cfg: line 1: not valid YAML \(could not determine a constructor for the tag .*os.system'\); accepted"),
+])
+def test_a_yaml_text_with_a_key_twice_deep_nesting_or_a_python_tag_is_one_line(text, message):
+    from shardflow.safe_yaml import load_text
+
+    with pytest.raises(InputError, match=message) as refused:
+        load_text(text, "cfg")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_value_nested_thousands_deep_is_shown_elided_in_one_line_not_recursed_into():
+    deep: object = 1
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(InputError, match=r"model.mlp.0 = \[\[\[\[...\]\]\]\]: Input should be a valid integer"):
+        RetrainConfig.build({"mlp": deep})
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("epochs", 10**9, r"train.epochs = 1000000000: Input should be less than or equal to 1000"),
+    ("patience", 10**6, r"train.patience = 1000000: Input should be less than or equal to 1000"),
+    ("steps_per_epoch", 10**12, r"less than or equal to 2147483647"),
+    ("eval_users", 10**12, r"less than or equal to 2147483647"),
+    ("keep_versions", 10**6, r"nightly.keep_versions = 1000000: Input should be less than or equal to 10000"),
+    ("max_restarts", 10**6, r"less than or equal to 100"),
+    ("restart_timeout_s", float("inf"), r"restart_timeout_s = inf: Input should be a finite number"),
+    ("promotion_margin", float("nan"), r"promotion_margin = nan: Input should be a finite number"),
+    ("train_window", 10**12, r"1000000000000; accepted: 'new'"),
+])
+def test_every_count_and_size_has_a_bound(key, value, message):
+    with pytest.raises(InputError, match=message):
+        RetrainConfig.build({key: value})
+
+
+@pytest.mark.parametrize("rows, message", [
+    (10**9, r"hash_rows = 1,000,000,000: a table of 1,000,000,000 rows × 268 bytes \(dim 64 with its adagrad state "
+            r"and access count\) is 268.0 GB, over half this machine's memory .*; accepted: at most [\d,]+ rows"),
+    (10**12, r"data.hash_rows = 1000000000000: .*accepted: an integer from 1 to 2,147,483,647 \(row ids are int32\)"),
+    (10**18, r"accepted: an integer from 1 to 2,147,483,647"),
+])
+def test_hash_rows_is_bounded_by_the_id_type_and_the_machines_memory(rows, message):
+    with pytest.raises(InputError, match=message):
+        RetrainConfig.build({"dataset_format": "criteo", "hash_rows": rows})
+    assert RetrainConfig.build({"dataset_format": "criteo", "hash_rows": 1 << 20}).data.hash_rows == 1 << 20
