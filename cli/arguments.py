@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from cli.commands import (run_import, run_plan, run_profile, run_promote, run_run, run_synth, run_train, show_dataset,
-                          show_plan, show_profile, show_promote, show_run, show_train)
+from cli.commands import (run_evaluate, run_import, run_plan, run_profile, run_promote, run_run, run_synth, run_train,
+                          show_dataset, show_evaluate, show_plan, show_profile, show_promote, show_run, show_train)
 from shardflow.errors import InputError
 
 DESCRIPTION = "The `shardflow` command: one subcommand per stage."
@@ -156,6 +156,17 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", help="address of an existing Dask scheduler (one worker per device)")
 
 
+def _evaluate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="an exported model (RUN_DIR/versions/NNNN/model)")
+    p.add_argument("dataset", help="the dataset store it was trained on (RUN_DIR/dataset)")
+    p.add_argument("--users", type=int, help="held-out users evaluated, a seeded sample (default: all)")
+    _config_flag(p, "seed")
+    _config_flag(p, "full_ranking")
+    p.add_argument("--workers", type=int, help="rank the catalog on a local cluster of this many workers "
+                   "(default: in this process)")
+    p.add_argument("--scheduler", help="or on an existing Dask scheduler")
+
+
 def _promote_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="a run directory of 'shardflow run'")
     p.add_argument("--version", type=int, required=True, help="the finished version to make current")
@@ -180,6 +191,8 @@ COMMANDS: tuple[tuple[str, str, Callable, Callable, Callable], ...] = (
      run_plan, show_plan, _plan_args),
     ("train", "train on a Dask cluster following a plan (no Prefect)",
      run_train, show_train, _train_args),
+    ("evaluate", "an exported model's held-out metrics: sampled candidates and the whole catalog",
+     run_evaluate, show_evaluate, _evaluate_args),
     ("promote", "make a finished model version current (a rollback), recording who, when and why",
      run_promote, show_promote, _promote_args),
     ("run", "the whole retraining run as a Prefect flow (embedded API)",

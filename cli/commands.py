@@ -290,6 +290,34 @@ def show_run(values: dict) -> None:
     print("  artifacts, logs and task runs: the Prefect UI (prefect server start), or 'prefect flow-run ls'")
 
 
+def run_evaluate(args: argparse.Namespace) -> dict:
+    """An exported model's held-out metrics: sampled candidates, and (sequences) the whole catalog."""
+    from shardflow.cluster import dask_client, quiet_dask
+    from shardflow.training.evaluate import evaluate_export
+
+    quiet_dask()
+    if args.users is not None and args.users < 1:
+        raise InputError(f"--users {args.users}; accepted: an integer >= 1, or leave it out for every user")
+    started = time.perf_counter()
+    full = None if args.full_ranking == "off" else args.full_ranking
+    if args.workers is None and args.scheduler is None:
+        metrics = evaluate_export(args.model, args.dataset, args.users, args.seed, full=full)
+    else:
+        with dask_client(args.scheduler, args.workers) as client:
+            metrics = evaluate_export(args.model, args.dataset, args.users, args.seed, full=full, client=client)
+    return {"model": args.model, "dataset": args.dataset, "eval_users": metrics.users,
+            **metrics.values(full=True), "seconds": time.perf_counter() - started}
+
+
+def show_evaluate(s: dict) -> None:
+    from shardflow.model.metrics import Metrics
+
+    print(f"model {s['model']} on {s['dataset']}: {Metrics.read(s).text()} ({s['eval_users']:,} held-out "
+          f"examples, {s['seconds']:.1f} s)")
+    if s["full_hr_at_20"] is not None:
+        print(f"  full catalog @20: HR {s['full_hr_at_20']:.4f}, NDCG {s['full_ndcg_at_20']:.4f}")
+
+
 def run_promote(args: argparse.Namespace) -> dict:
     from shardflow.records import plain
     from storage import versions

@@ -113,11 +113,12 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     strategies, decision = shard(config, paths["profile"], paths["plan"], previous_plan)
     trained_plan = read_plan_summary(paths["plan"])  # the plan that trains: fresh, or the previous one kept
     trained = _train(config, dataset, paths, run, client, devices, trained_plan.bytes_per_step, version)
-    metrics = evaluate(paths["model"], dataset, config.train.eval_users, config.train.seed, version.window[1])
+    metrics = evaluate(paths["model"], dataset, config.train.eval_users, config.train.seed, version.window[1],
+                       config.train.full_ranking, client)
     figures = plots(paths["version"], paths["profile"], paths["plan"], strategies)
     tidy(paths["version"])
     row_wise = next(r for r in strategies if r.strategy == "row-wise-mod")
-    return gate(config, dataset, version.version, VersionFigures(
+    return gate(config, dataset, version.version, client, VersionFigures(
         run_dir=run,
         version=version.version,
         trained=True,
@@ -128,7 +129,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         epochs=trained.chosen.epochs,
         best_epoch=trained.chosen.best_epoch,
         patience=config.train.patience,
-        **metrics.values(),
+        **metrics.values(full=True),
         **validation_of(trained.chosen.validation),
         eval_users=metrics.users,
         bytes_per_step=trained.bytes_per_step,

@@ -176,6 +176,11 @@ class TrainSection(Section):
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = Field(0, ge=0, le=2**63 - 1, description="batch order and negatives (a 64-bit signed integer)")
     eval_users: int | None = Field(5000, ge=1, le=MAX_COUNT, description="held-out users evaluated (none: all)")
+    full_ranking: Literal["exclude-seen", "include-seen", "off"] = Field(
+        "exclude-seen", description="sequences: also rank each held-out item among the whole catalog (HR and NDCG "
+        "at 10 and 20), leaving out the items its user had before (exclude-seen, as published full-ranking "
+        "figures do) or not (include-seen); off: only the sampled protocol",
+    )
     max_restarts: int = Field(
         3,
         ge=0,

@@ -175,8 +175,16 @@ def _comparison_row(r: PlanSummary | StrategyRefused) -> dict:
 
 
 @task(name="evaluate", task_run_name="evaluate", cache_policy=NONE)
-def evaluate(model_dir: str, dataset: str, users: int | None, seed: int, eval_from: int = 0) -> Metrics:
-    return evaluate_export(model_dir, dataset, users, seed, eval_from)
+def evaluate(model_dir: str, dataset: str, users: int | None, seed: int, eval_from: int = 0,
+             full_ranking: str = "exclude-seen", client=None) -> Metrics:
+    """The export's held-out metrics; a sequence model's also over the whole catalog, block by block on the
+    cluster's workers (shardflow.model.ranking)."""
+    return evaluate_export(model_dir, dataset, users, seed, eval_from, _full(full_ranking), client)
+
+
+def _full(full_ranking: str) -> str | None:
+    """The config's full_ranking as evaluate_export takes it (None: off)."""
+    return None if full_ranking == "off" else full_ranking
 
 
 @task(name="plots", task_run_name="plots", cache_policy=NONE)

@@ -226,7 +226,7 @@ def warm_start(engine: Engine, model: str, number: int) -> str | Lost:
 
 
 @task(name="promote", task_run_name="promote-version-{number}", cache_policy=NONE)
-def gate(config: RetrainConfig, dataset: str, number: int, figures: VersionFigures) -> RunSummary:
+def gate(config: RetrainConfig, dataset: str, number: int, client, figures: VersionFigures) -> RunSummary:
     """Evaluate the promoted version on the new version's held-out items; promote the new one unless worse;
     the run's summary (`figures`: what the version measured).
 
@@ -241,12 +241,13 @@ def gate(config: RetrainConfig, dataset: str, number: int, figures: VersionFigur
     previous = None
     if source is not None:
         model = str(versions.version_dir(run, source) / "model")
-        previous = evaluate_export(model, dataset, config.train.eval_users, config.train.seed, began.window[1])
+        previous = evaluate_export(model, dataset, config.train.eval_users, config.train.seed, began.window[1],
+                                   figures.full_ranking, client)  # ranked as the new version was
     floor = None if previous is None else previous.auc - config.nightly.promotion_margin
     promoted = floor is None or figures.auc >= floor
     summary = RunSummary.parse({
         **plain(figures),
-        **(previous or Metrics(None)).values("previous_"),
+        **(previous or Metrics(None)).values("previous_", full=True),
         "promoted": promoted, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }, f"version {number}'s summary")
     versions.finish(run, number, summary.stored())

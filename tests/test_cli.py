@@ -135,9 +135,10 @@ def test_an_error_raised_while_a_ctrl_c_is_handled_counts_as_the_interrupt():
     assert interrupted(wrapped)
 
 
-def test_a_running_run_listens_on_loopback_only(tmp_path):
+def test_a_running_run_listens_on_loopback_only_and_its_export_evaluates_alike_from_the_cli(tmp_path):
     """Every socket the run's processes listen on (embedded API, Dask scheduler, nannies, workers, dashboard) is
-    bound to a loopback address, sampled while the run trains."""
+    bound to a loopback address, sampled while the run trains. The version's full-catalog figures (ranked on the
+    cluster's workers) are what `shardflow evaluate` computes in its own process on the same users."""
     import ipaddress
     import time
 
@@ -166,3 +167,12 @@ def test_a_running_run_listens_on_loopback_only(tmp_path):
     assert proc.returncode == 0, stderr[-3000:]
     assert len(listening) >= 5, listening  # the API, a scheduler, its dashboard, two nannies and workers
     assert all(ipaddress.ip_address(ip).is_loopback for ip, _ in listening), sorted(listening)
+
+    result = json.loads((tmp_path / "run" / "versions" / "0001" / "result.json").read_text())
+    assert result["full_ranking"] == "exclude-seen" and 0 <= result["full_hr_at_10"] <= result["full_hr_at_20"] <= 1
+    done = run("evaluate", result["model"], str(tmp_path / "ds"), "--users", "50", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = json.loads(done.stdout)
+    keys = ("auc", "hr_at_10", "ndcg_at_10", "full_hr_at_10", "full_ndcg_at_10", "full_hr_at_20", "full_ndcg_at_20")
+    assert {k: again[k] for k in keys} == {k: result[k] for k in keys}
+    assert not [line for line in done.stderr.splitlines() if " INFO " in line]

@@ -16,35 +16,50 @@ from dataclasses import dataclass, field
 import numpy as np
 
 METRICS = ("auc", "hr_at_10", "ndcg_at_10", "logloss")  # every summary has each key: None where the workload has none
+# The held-out item ranked among the whole catalog (sequences: shardflow.model.ranking); a version's summary
+# has each key, an epoch's record none (its figures are the sampled protocol's).
+FULL_METRICS = ("full_ranking", "full_hr_at_10", "full_ndcg_at_10", "full_hr_at_20", "full_ndcg_at_20")
 
 
 @dataclass(frozen=True)
 class Metrics:
-    """A model's metrics on held-out examples: AUC, and HR@10 and NDCG@10 (sequences) or log-loss (click
-    logs), over `users` examples (None where a record did not keep the count)."""
+    """A model's metrics on held-out examples: AUC, and HR@10 and NDCG@10 among sampled candidates (sequences)
+    or log-loss (click logs), over `users` examples (None where a record did not keep the count); with the
+    full-catalog ranking, HR and NDCG at 10 and 20 among every item."""
 
     auc: float | None
     users: int | None = None
     hr_at_10: float | None = None
     ndcg_at_10: float | None = None
     logloss: float | None = None
+    full_ranking: str | None = None  # what the full-catalog figures rank: exclude-seen or include-seen
+    full_hr_at_10: float | None = None
+    full_ndcg_at_10: float | None = None
+    full_hr_at_20: float | None = None
+    full_ndcg_at_20: float | None = None
 
-    def values(self, prefix: str = "") -> dict:
-        """Under every key of METRICS, None where the workload has none; each key prefixed (val_, previous_)."""
-        return {prefix + k: getattr(self, k) for k in METRICS}
+    def values(self, prefix: str = "", full: bool = False) -> dict:
+        """Under every key of METRICS (and FULL_METRICS with `full`), None where the workload has none; each key
+        prefixed (val_, previous_)."""
+        return {prefix + k: getattr(self, k) for k in (*METRICS, *(FULL_METRICS if full else ()))}
 
     @classmethod
     def read(cls, values: dict, prefix: str = "") -> Metrics:
         """The metrics a summary, checkpoint manifest or epoch's record keeps under `prefix` keys."""
-        return cls(**{k: values.get(prefix + k) for k in METRICS})
+        return cls(**{k: values.get(prefix + k) for k in (*METRICS, *FULL_METRICS)})
 
     def text(self) -> str:
-        """One line: 'AUC 0.7906, HR@10 0.4510, NDCG@10 0.2760' or 'AUC 0.7100, log-loss 0.4900'."""
+        """One line: 'AUC 0.7906, HR@10 0.4510, NDCG@10 0.2760' (with '; full catalog, seen items excluded: HR@10
+        0.0576, NDCG@10 0.0298' where ranked among every item) or 'AUC 0.7100, log-loss 0.4900'."""
         if self.logloss is not None:
             second = f"log-loss {self.logloss:.4f}"
         else:  # a version made before NDCG@10 was measured has none
             ndcg = "" if self.ndcg_at_10 is None else f", NDCG@10 {self.ndcg_at_10:.4f}"
             second = f"HR@10 {self.hr_at_10:.4f}{ndcg}"
+            if self.full_hr_at_10 is not None:
+                seen = "excluded" if self.full_ranking == "exclude-seen" else "included"
+                second += (f"; full catalog, seen items {seen}: HR@10 {self.full_hr_at_10:.4f}, NDCG@10 "
+                           f"{self.full_ndcg_at_10:.4f}")
         return f"AUC {self.auc:.4f}, {second}"
 
 

@@ -39,6 +39,12 @@ class VersionFigures:
     val_hr_at_10: float | None = None
     val_ndcg_at_10: float | None = None
     val_logloss: float | None = None
+    # the held-out item among every item (sequences; None: not ranked, or a version made before it was)
+    full_ranking: str | None = None  # what was ranked: exclude-seen or include-seen (shardflow.model.ranking)
+    full_hr_at_10: float | None = None
+    full_ndcg_at_10: float | None = None
+    full_hr_at_20: float | None = None
+    full_ndcg_at_20: float | None = None
     eval_users: int
     bytes_per_step: float | None  # measured (None: no checkpoint recorded it)
     modeled_bytes_per_step: float
@@ -66,6 +72,11 @@ class RunSummary(VersionFigures):
     previous_hr_at_10: float | None = None
     previous_ndcg_at_10: float | None = None
     previous_logloss: float | None = None
+    previous_full_ranking: str | None = None
+    previous_full_hr_at_10: float | None = None
+    previous_full_ndcg_at_10: float | None = None
+    previous_full_hr_at_20: float | None = None
+    previous_full_ndcg_at_20: float | None = None
     promoted: bool
     finished: str  # UTC, ISO 8601
     current: int | None = None  # the run's: the current version after it

@@ -2,22 +2,29 @@
 
 Sequences: leave-last-out, the held-out item ranked among EVAL_NEGATIVES sampled items its
 user never interacted with (the SASRec paper's protocol: HR@10 and NDCG@10), and AUC against
-the first of them. Click logs: AUC and log-loss on the held-out last rows. Used by the engine
-(rows pulled from the shards) and on an exported model (rows read from the export
-store, only those the evaluated examples need).
+the first of them; on an exported model also among the whole catalog (shardflow.model.ranking:
+HR and NDCG at 10 and 20, the items a user had before left out by default). Click logs: AUC
+and log-loss on the held-out last rows. Used by the engine (rows pulled from the shards) and
+on an exported model (rows read from the export store: those the evaluated examples need, and
+the catalog block by block).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
+import zarr
 
 from shardflow.data.batches import TrainData, negative_seed
-from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.data.clicks import ClickData, config_from_record, load_training_data
+from shardflow.data.examples import EVAL_NEGATIVES
+from shardflow.errors import InputError
 from shardflow.model.metrics import Metrics
+from shardflow.model.ranking import SEEN, CatalogRanks, UsersToRank, rank_block, users_to_rank
+from shardflow.model.sequence import ModelConfig, user_state
 from storage.checkpoint import read_export, read_export_dense, verify_export
 
 EVAL_CHUNK = 256  # examples scored at a time
@@ -35,12 +42,15 @@ def eval_targets(data: TrainData | ClickData, users: int | None, seed: int, spli
 
 
 def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | None, seed: int,
-                    eval_from: int = 0) -> Metrics:
+                    eval_from: int = 0, full: str | None = "exclude-seen", client=None) -> Metrics:
     """The metrics of an exported model on the dataset's held-out examples (after verifying every chunk).
 
     With `eval_from`, only the held-out examples in segments eval_from.. (the newest parts).
     An export made before the dataset grew has no rows for the ids added since: they
-    score with zero vectors (the model has never seen them).
+    score with zero vectors (the model has never seen them). A sequence model's held-out
+    items are also ranked among the whole catalog, with the items each user had before
+    left out (`full` "exclude-seen") or not ("include-seen"; None: not ranked), in blocks of the
+    export's rows on the workers of `client` (in this process without one).
     """
     m = verify_export(model_dir)
     config = config_from_record(m.model)
@@ -55,4 +65,47 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
                 for t, ids in need.fetch.items()}
         with torch.no_grad():
             parts.append(data.scored.of(config.logits(dense, rows, need.index.on(torch.device("cpu"))).numpy(), ex))
-    return sum(parts, data.scored()).metrics()
+    metrics = sum(parts, data.scored()).metrics()
+    if full is None or not isinstance(config, ModelConfig):
+        return metrics
+    if full not in SEEN:
+        raise InputError(f"full-catalog ranking {full!r}; accepted: {', '.join(SEEN)} (seen items), or none")
+    ranks = catalog_ranks(str(model_dir), data, config, dense, targets, full == "include-seen", client)
+    return replace(metrics, full_ranking=full, **ranks.metrics())
+
+
+RANK_BLOCK_ROWS = 2048  # catalog rows a task scores at a time (one read of the export, a slice of its chunk)
+
+
+def catalog_ranks(model_dir: str, data: TrainData, config: ModelConfig, dense: dict, targets: np.ndarray,
+                  include_seen: bool, client=None) -> CatalogRanks:
+    """The held-out items of `targets` ranked among every row of the export's item table, block by block (on
+    `client`'s workers when given: each reads its own block, the users' states are sent once)."""
+    ex = data.eval_examples(targets, config, 0, 0)
+    need = data.lookups(ex, config, "device")
+    rows = {t: torch.from_numpy(read_export(model_dir, "tables", t, ids, zeros_past_end=True))
+            for t, ids in need.fetch.items()}
+    index = need.index.on(torch.device("cpu"))
+    with torch.no_grad():
+        state = user_state(config, dense, rows, index)
+    seen, offsets = data.user_items(ex.position)
+    users, missed = users_to_rank(config, dense, state, ex.positive, rows[data.item][index.candidates[:, 0]], seen,
+                                  offsets, include_seen)
+    starts = list(range(0, int(data.rows[data.item]), RANK_BLOCK_ROWS))
+    if client is None:
+        blocks = [rank_export_block(model_dir, data.item, start, config, dense, users) for start in starts]
+    else:
+        shared = client.scatter([config, dense, users], broadcast=True)
+        blocks = client.gather(client.map(rank_export_block, [model_dir] * len(starts), [data.item] * len(starts),
+                                          starts, *([x] * len(starts) for x in shared), pure=False))
+    zeros = np.zeros(users.users, dtype=np.int64)
+    return sum(blocks, CatalogRanks(zeros, zeros, missed))
+
+
+def rank_export_block(model_dir: str, table: str, start: int, config: ModelConfig, dense: dict,
+                      users: UsersToRank) -> CatalogRanks:
+    """The counts of the export's rows start .. start + RANK_BLOCK_ROWS - 1 of `table` (a Dask task)."""
+    arr = zarr.open_array(str(Path(model_dir) / "tables" / table), mode="r")
+    stop = min(start + RANK_BLOCK_ROWS, arr.shape[0])
+    rows = torch.from_numpy(np.ascontiguousarray(arr[start:stop])) if stop > start else torch.zeros(0, config.dim)
+    return rank_block(config, dense, users, start, rows)

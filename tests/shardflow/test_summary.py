@@ -15,14 +15,18 @@ TRAINED = {
     "run_dir": "/runs/nightly", "version": 2, "trained": True, "warm_start_from": 1, "parts_added": ["day2.txt"],
     "parts": 2, "window": [1, 1], "epochs": 3, "best_epoch": 2, "patience": 1, "auc": 0.81, "hr_at_10": 0.5,
     "ndcg_at_10": 0.3, "logloss": None, "val_auc": 0.8, "val_hr_at_10": 0.49, "val_ndcg_at_10": 0.29,
-    "val_logloss": None, "eval_users": 500, "bytes_per_step": 1.5e6, "modeled_bytes_per_step": 1.49e6,
+    "val_logloss": None, "full_ranking": "exclude-seen", "full_hr_at_10": 0.06, "full_ndcg_at_10": 0.03,
+    "full_hr_at_20": 0.09, "full_ndcg_at_20": 0.04, "eval_users": 500, "bytes_per_step": 1.5e6,
+    "modeled_bytes_per_step": 1.49e6,
     "row_wise_bytes_per_step": 2e6, "comm_time_us_per_step": 120.0, "row_wise_comm_time_us_per_step": 160.5,
     "replanned": False, "replan_reason": "kept", "fresh_plan_comm_time_us_per_step": 119.0,
     "previous_plan_comm_time_us_per_step": 120.0, "checkpoints": ["/c/1", "/c/2"], "model": "/m", "downloads": 1,
     "epoch_loss": [0.5, 0.4, 0.35], "resumed_from": None,
     "skipped_checkpoints": [{"checkpoint": "/c/0", "reason": "truncated"}], "restarts": 0, "warnings": [],
     "plots": ["/p.svg"], "previous_auc": 0.8, "previous_hr_at_10": 0.48, "previous_ndcg_at_10": 0.28,
-    "previous_logloss": None, "promoted": True, "finished": "2026-11-26T02:00:00+00:00", "current": 2,
+    "previous_logloss": None, "previous_full_ranking": "exclude-seen", "previous_full_hr_at_10": 0.05,
+    "previous_full_ndcg_at_10": 0.025, "previous_full_hr_at_20": 0.08, "previous_full_ndcg_at_20": 0.035,
+    "promoted": True, "finished": "2026-11-26T02:00:00+00:00", "current": 2,
     "message": None,
 }
 
@@ -33,15 +37,19 @@ def test_the_json_form_reads_back_to_the_same_value_with_every_key_as_before():
     assert summary.to_dict() == TRAINED  # newest_version only where a run trained nothing
     assert RunSummary.parse(json.loads(json.dumps(summary.to_dict()))) == summary
     assert set(summary.stored()) == set(TRAINED) - set(RUN_KEYS)
-    assert summary.metrics("previous_") == Metrics(0.8, hr_at_10=0.48, ndcg_at_10=0.28)
+    assert summary.metrics("previous_") == Metrics(0.8, hr_at_10=0.48, ndcg_at_10=0.28, full_ranking="exclude-seen",
+                                                   full_hr_at_10=0.05, full_ndcg_at_10=0.025, full_hr_at_20=0.08,
+                                                   full_ndcg_at_20=0.035)
     idle = dataclasses.replace(summary, trained=False, newest_version=3)
     assert idle.to_dict()["newest_version"] == 3
 
 
 def test_a_key_a_version_made_before_it_existed_lacks_is_none_and_an_unknown_key_is_left_out():
-    older = {k: v for k, v in TRAINED.items() if not k.startswith(("val_", "previous_n")) and k != "best_epoch"}
+    older = {k: v for k, v in TRAINED.items()
+             if not k.startswith(("val_", "previous_n", "full_", "previous_full")) and k != "best_epoch"}
     summary = RunSummary.parse({**older, "retired_key": 1})
     assert (summary.val_auc, summary.best_epoch, summary.previous_ndcg_at_10) == (None, None, None)
+    assert summary.full_hr_at_10 is None and summary.metrics().text() == "AUC 0.8100, HR@10 0.5000, NDCG@10 0.3000"
     assert "retired_key" not in summary.to_dict()
 
 
