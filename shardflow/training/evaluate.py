@@ -91,21 +91,25 @@ def catalog_ranks(model_dir: str, data: TrainData, config: ModelConfig, dense: d
     seen, offsets = data.user_items(ex.position)
     users, missed = users_to_rank(config, dense, state, ex.positive, rows[data.item][index.candidates[:, 0]], seen,
                                   offsets, include_seen)
-    starts = list(range(0, int(data.rows[data.item]), RANK_BLOCK_ROWS))
+    catalog = int(data.rows[data.item])
+    starts = list(range(0, catalog, RANK_BLOCK_ROWS))
+    stops = [min(s + RANK_BLOCK_ROWS, catalog) for s in starts]
     if client is None:
-        blocks = [rank_export_block(model_dir, data.item, start, config, dense, users) for start in starts]
+        blocks = [rank_export_block(model_dir, data.item, s, e, config, dense, users) for s, e in zip(starts, stops)]
     else:
         shared = client.scatter([config, dense, users], broadcast=True)
         blocks = client.gather(client.map(rank_export_block, [model_dir] * len(starts), [data.item] * len(starts),
-                                          starts, *([x] * len(starts) for x in shared), pure=False))
+                                          starts, stops, *([x] * len(starts) for x in shared), pure=False))
     zeros = np.zeros(users.users, dtype=np.int64)
     return sum(blocks, CatalogRanks(zeros, zeros, missed))
 
 
-def rank_export_block(model_dir: str, table: str, start: int, config: ModelConfig, dense: dict,
+def rank_export_block(model_dir: str, table: str, start: int, stop: int, config: ModelConfig, dense: dict,
                       users: UsersToRank) -> CatalogRanks:
-    """The counts of the export's rows start .. start + RANK_BLOCK_ROWS - 1 of `table` (a Dask task)."""
+    """The counts of the catalog's items start .. stop - 1 of `table` (a Dask task): their rows read from the
+    export, zeros for items added to the dataset since it was made (as the sampled protocol scores them)."""
     arr = zarr.open_array(str(Path(model_dir) / "tables" / table), mode="r")
-    stop = min(start + RANK_BLOCK_ROWS, arr.shape[0])
-    rows = torch.from_numpy(np.ascontiguousarray(arr[start:stop])) if stop > start else torch.zeros(0, config.dim)
-    return rank_block(config, dense, users, start, rows)
+    rows = np.zeros((stop - start, config.dim), dtype=np.float32)
+    held = max(0, min(stop, arr.shape[0]) - start)
+    rows[:held] = arr[start : start + held]
+    return rank_block(config, dense, users, start, torch.from_numpy(rows))

@@ -84,3 +84,27 @@ def test_a_model_that_scores_every_item_alike_gets_chance_not_a_perfect_score():
     candidates = [ITEMS - len(set(s[:-1].tolist()) - {int(t)}) for s, t in zip(seen_lists, target)]
     expected = [0.0 if m else 10 / c for m, c in zip(excluded.missed, candidates)]
     assert math.isclose(excluded.metrics()["full_hr_at_10"], sum(expected) / USERS)
+
+
+def test_items_added_since_the_export_are_ranked_as_zero_rows(tmp_path):
+    """A version exported before the dataset grew is ranked over the grown catalog: the new items score as zero
+    rows, as the sampled protocol scores them."""
+    import zarr
+
+    from shardflow.training.evaluate import rank_export_block
+
+    config, dense, rows, index, target, seen, offsets, _ = problem("self-attention")
+    dense = {k: v.float() for k, v in dense.items()}
+    rows = {"item": rows["item"].float()}
+    exported = 40  # of ITEMS rows: the rest were added after the export
+    arr = zarr.create_array(str(tmp_path / "model" / "tables" / "item"), shape=(exported, 4), dtype="float32")
+    arr[:] = rows["item"][:exported].numpy()
+    padded = torch.cat([rows["item"][:exported], torch.zeros(ITEMS - exported, 4)])
+    with torch.no_grad():
+        state = user_state(config, dense, {"item": padded}, index.on(CPU))
+    users, _ = users_to_rank(config, dense, state, target, padded[target], seen, offsets, True)
+    got = rank_export_block(str(tmp_path / "model"), "item", 32, ITEMS, config, dense, users)
+    want = rank_block(config, dense, users, 32, padded[32:])
+    np.testing.assert_array_equal(got.above, want.above)
+    np.testing.assert_array_equal(got.tied, want.tied)
+    assert got.tied.sum() > 0  # not vacuous: the zero rows tie with each other for users whose item is new
