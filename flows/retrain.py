@@ -32,13 +32,14 @@ from shardflow.planning.plans import read_plan_summary
 from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
-from storage.versions import VersionStart
+from storage.versions import VersionStart, new_parts
 from tasks.retrain import Imported, artifact_key, evaluate, plots, prepare_dataset, profile, shard, tidy
 from tasks.training import (
     Attempts,
     Resumed,
     Trained,
     checkpoint,
+    checkpoint_losses,
     checkpoint_paths,
     download,
     keep_best,
@@ -123,7 +124,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         version=version.version,
         trained=True,
         warm_start_from=source,
-        parts_added=imported.parts_added,
+        parts_added=new_parts(run, version),
         parts=len(version.segments),
         window=version.window,
         epochs=trained.chosen.epochs,
@@ -182,7 +183,9 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
         try:
             engine = start_parameter_servers(config, dataset, paths["plan"], client, window=version.window)
             trained = _attempt(engine, config, paths, run, modeled, version, kept)
-            return replace(trained, losses=kept.losses, restarts=attempt, warnings=tuple(kept.warnings))
+            # every epoch's loss: those a cut-off run trained from their checkpoints, this run's as it trained them
+            losses = {**checkpoint_losses(paths["version"]), **kept.losses}
+            return replace(trained, losses=losses, restarts=attempt, warnings=tuple(kept.warnings))
         except SchedulerLost as e:
             raise TrainingError(f"{e}; {kept_note(paths['version'])}") from None
         except WorkerLost as e:

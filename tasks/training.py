@@ -307,6 +307,12 @@ def kept_note(version: str) -> str:
     return f"no checkpoint of {version} was complete yet: a new run starts it from the beginning"
 
 
+def checkpoint_losses(version: str) -> dict[int, float]:
+    """Each epoch's loss as its complete checkpoint recorded it (by epoch, from 1): what a resumed run did not
+    train itself."""
+    return {epoch: read_checkpoint(path).figures["loss"] for epoch, path in complete_checkpoints(version)}
+
+
 def checkpoint_paths(version: str) -> list[str]:
     """The complete checkpoints of a version directory, oldest first."""
     return [str(p) for _, p in complete_checkpoints(version)]

@@ -204,6 +204,8 @@ def test_a_run_killed_during_the_download_leaves_no_model_and_a_rerun_completes_
     assert not any(n.startswith("train-epoch") for n in names) and names.count("download") == 1
     assert exported(version / "model") == whole and state.result()["current"] == 1
     assert not list(version.glob(".model.*"))  # the partial export was removed
+    uninterrupted = versions.result(big / "whole", 1)["epoch_loss"]  # the cut run trained both epochs
+    assert state.result()["epoch_loss"] == uninterrupted and len(uninterrupted) == SMALL["epochs"]
 
 
 def test_truncated_and_deleted_chunks_are_found_and_the_resume_falls_back(prefect_api, client, big, whole):

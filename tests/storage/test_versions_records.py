@@ -152,3 +152,14 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
         check_model_shape(changed(row_optimizer="adam"))
     check_model_shape(changed(attention_blocks=5, dropout=0.3, seed=7))
     check_model_shape(changed(bottom_mlp=(32,)))  # a sequence model has no bottom MLP
+
+
+def test_the_parts_a_version_added_are_those_no_earlier_version_had_whichever_run_imported_them(tmp_path):
+    """A version cut off and made again by a later run (whose import found nothing new) names the parts it is the
+    first to train on, as the uninterrupted run that imported them would have."""
+    for n, parts in ((1, ("day-1", "day-2")), (2, ("day-1", "day-2", "day-3")), (3, ("day-1", "day-2", "day-3"))):
+        versions.start(tmp_path, version_start(n, parts=parts))
+    assert [versions.new_parts(tmp_path, versions.started(tmp_path, n)) for n in (1, 2, 3)] == [
+        ("day-1", "day-2"), ("day-3",), ()]
+    again = version_start(2, parts=("day-1", "day-2", "day-3"))  # version 2 started again by the next run
+    assert versions.new_parts(tmp_path, again) == ("day-3",)
