@@ -3,7 +3,7 @@
     python bench/model_quality.py [--datasets games,beauty] [--encoders mean,self-attention] [--epochs 20]
                                   [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.5]
                                   [--patience N [--min-epochs M]] [--row-optimizer adagrad|adam] [--row-lr RATE]
-                                  [--negatives 4] [--devices 2]
+                                  [--negatives 4] [--loss bce|sampled-softmax] [--devices 2]
                                   [--device cpu|cuda]
 
 For each dataset, encoder and seed: import the bundled log, plan it with FlexShard for one node
@@ -51,7 +51,7 @@ from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
 from shardflow.data.batches import TrainData
 from shardflow.model.optim import ROW_OPTIMIZERS, OptimizerConfig
-from shardflow.model.sequence import ModelConfig
+from shardflow.model.sequence import LOSSES, ModelConfig
 from shardflow.errors import InputError
 from shardflow.training.config import TrainConfig
 from shardflow.training.device import DEVICES, torch_device
@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--row-lr", type=float, help="the rows' rate (default: the row optimizer's, ROW_LR)")
     parser.add_argument("--negatives", type=int, default=RetrainConfig().model.negatives,
                         help="sampled negatives per training target")
+    parser.add_argument("--loss", choices=LOSSES, default=RetrainConfig().model.loss)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     args = parser.parse_args()
@@ -141,7 +142,7 @@ def main() -> None:
     models = {}
     for encoder in args.encoders.split(","):
         config = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout,
-                                      "negatives": args.negatives})
+                                      "negatives": args.negatives, "loss": args.loss})
         c = config.model
         models[encoder] = ModelConfig(dim=c.dim, mlp=c.mlp, history=c.history, negatives=c.negatives,
                                       **config.encoder_options())
@@ -149,8 +150,8 @@ def main() -> None:
     c = RetrainConfig.build({"history": args.history, "dropout": args.dropout, "negatives": args.negatives}).model
     print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.devices} {args.device} devices; "
           f"batch {args.batch_size}; {args.epochs} epochs; seeds {seeds}; dim {c.dim}, history {c.history}, "
-          f"{c.negatives} negatives; mean: MLP {list(c.mlp)}; self-attention: {c.attention_blocks} blocks, "
-          f"{c.attention_heads} heads, dropout {c.dropout}; rows {optimizer.rows} {optimizer.row_lr}, dense "
+          f"{c.negatives} negatives, {args.loss}; mean: MLP {list(c.mlp)}; self-attention: {c.attention_blocks} "
+          f"blocks, {c.attention_heads} heads, dropout {c.dropout}; rows {optimizer.rows} {optimizer.row_lr}, dense "
           f"{optimizer.dense} {optimizer.dense_lr}", flush=True)
     results: dict[tuple[str, str], list[list[dict]]] = {}
     with (tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp,

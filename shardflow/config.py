@@ -93,6 +93,9 @@ class RetrainConfig(BaseModel):
         if self.model.encoder != "mean" and self.data.dataset_format == "criteo":
             raise ValueError(f"encoder = {self.model.encoder!r} for a criteo click log; accepted: mean (the encoder "
                              "is the sequence model's; click logs train the DLRM)")
+        if self.model.loss != "bce" and self.data.dataset_format == "criteo":
+            raise ValueError(f"loss = {self.model.loss!r} for a criteo click log; accepted: bce (a click is a label "
+                             "of its own example, not one item among candidates)")
         return self
 
     @model_validator(mode="after")
@@ -172,9 +175,10 @@ class RetrainConfig(BaseModel):
                            min_epochs=t.min_epochs)
 
     def encoder_options(self) -> dict:
-        """The sequence model's encoder, as shardflow.model.sequence.ModelConfig names it."""
+        """The sequence model's encoder and loss, as shardflow.model.sequence.ModelConfig names them."""
         m = self.model
-        return {"encoder": m.encoder, "blocks": m.attention_blocks, "heads": m.attention_heads, "dropout": m.dropout}
+        return {"encoder": m.encoder, "blocks": m.attention_blocks, "heads": m.attention_heads, "dropout": m.dropout,
+                "loss": m.loss}
 
     def step_bytes(self, devices: int) -> int:
         """A bound on one trainer's working set in a step (bytes)."""

@@ -107,6 +107,10 @@ class ModelSection(Section):
     dropout: float = Field(0.5, ge=0, lt=1, allow_inf_nan=False, description="self-attention: dropout rate")
     history: int = Field(20, ge=1, le=MAX_LOOKUPS, description="items of a user's history an example reads")
     negatives: int = Field(4, ge=1, le=MAX_LOOKUPS, description="sampled negatives per example")
+    loss: Literal["bce", "sampled-softmax"] = Field(
+        "bce", description="sequences: binary cross-entropy of every candidate (SASRec's), or the positive's "
+        "cross-entropy against a softmax over it and its negatives (sampled softmax); click logs: bce",
+    )
 
     @field_validator("mlp", "bottom_mlp")
     @classmethod

@@ -191,6 +191,9 @@ def model_config(dataset: Dataset, *, dim: int, mlp: tuple[int, ...], bottom: tu
         if encoder.get("encoder", "mean") != "mean":
             raise InputError(f"encoder = {encoder['encoder']!r} for the click log {dataset.path}; accepted: mean "
                              "(the encoder is the sequence model's)")
+        if encoder.get("loss", "bce") != "bce":
+            raise InputError(f"loss = {encoder['loss']!r} for the click log {dataset.path}; accepted: bce (a click "
+                             "is a label of its own example)")
         return ClickConfig(dim=dim, bottom=tuple(bottom), mlp=tuple(mlp), features=tuple(dataset.info.table_names),
                            numeric=tuple(dataset.info.dense), seed=seed)
     return ModelConfig(dim=dim, mlp=tuple(mlp), history=history, negatives=negatives,
@@ -213,7 +216,7 @@ def read_record(record: dict) -> dict:
     return {"kind": kind, **defaults, **values}
 
 
-TRAINING_SETTINGS = ("seed", "dropout")  # a model record's keys that shape no parameter and no optimiser slot
+TRAINING_SETTINGS = ("seed", "dropout", "loss")  # a model record's keys that shape no parameter and no optimiser slot
 
 
 def warm_start_record(config: ModelConfig | ClickConfig, dense_optimizer: str, row_optimizer: str) -> dict:

@@ -38,6 +38,7 @@ class ClickConfig:
 
     kind = "click"
     candidates = 1  # logits per example (a click label each)
+    loss_terms = 1  # its binary cross-entropy
 
     def __post_init__(self) -> None:
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 1:
@@ -110,6 +111,9 @@ class ClickConfig:
 
     def labels(self, logit: torch.Tensor, index: "ClickTensorIndex") -> torch.Tensor:
         return index.labels
+
+    def loss_sum(self, logit: torch.Tensor, index: "ClickTensorIndex") -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(logit, self.labels(logit, index), reduction="sum")
 
 
 def table_vectors(rows: torch.Tensor, at: "torch.Tensor | Bags", sparse: bool) -> torch.Tensor:

@@ -9,7 +9,12 @@ target event's). The encoder (`encoder`) turns the history into the user's state
     self-attention  u = SASRec's causal self-attention blocks over the window (shardflow.model.attention)
                     plus the feature rows; logit = u · t (the MLP is not used)
 
-    loss = binary cross-entropy (label 1 for the positive, 0 for negatives)
+    loss  bce              binary cross-entropy of every candidate (label 1 for the positive, 0 for
+                           the negatives): 1 + K terms an example (SASRec's)
+          sampled-softmax  cross-entropy of the positive against its candidates, softmax over the
+                           positive and the K negatives: one term an example (SASRec+SS, eSASRec).
+                           The negatives are uniform over the rows, so the logQ correction of a
+                           popularity-sampled softmax is a constant and left out.
 
 The item table is shared by history and candidates. A trainer never holds whole tables:
 it passes the rows it pulled for its sub-batch and indices into them (BatchIndex), and
@@ -38,6 +43,7 @@ from shardflow.model.attention import encode, init_attention
 from shardflow.model.sizes import attention_shapes
 
 ENCODERS = ("mean", "self-attention")
+LOSSES = ("bce", "sampled-softmax")
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class ModelConfig:
     blocks: int = 2  # self-attention: blocks
     heads: int = 1  # self-attention: heads per block (dim divisible by it)
     dropout: float = 0.5  # self-attention: the rate of every dropout while training (SASRec on sparse data)
+    loss: str = "bce"  # one of LOSSES
 
     kind = "sequence"
 
@@ -64,6 +71,8 @@ class ModelConfig:
             raise InputError(f"model negatives = {self.negatives!r}; accepted: an integer >= 1")
         if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.mlp):
             raise InputError(f"model mlp widths = {list(self.mlp)}; accepted: integers >= 1")
+        if self.loss not in LOSSES:
+            raise InputError(f"model loss = {self.loss!r}; accepted: {', '.join(LOSSES)}")
         if self.encoder not in ENCODERS:
             raise InputError(f"model encoder = {self.encoder!r}; accepted: {', '.join(ENCODERS)}")
         for name in ("blocks", "heads"):
@@ -84,6 +93,18 @@ class ModelConfig:
     def candidates(self) -> int:
         """Logits per example: the positive and the negatives."""
         return 1 + self.negatives
+
+    @property
+    def loss_terms(self) -> int:
+        """Loss terms per example: a mean over the batch's terms is the loss sub-batches' gradients add up to."""
+        return self.candidates if self.loss == "bce" else 1
+
+    def loss_sum(self, logit: torch.Tensor, index: "TensorIndex") -> torch.Tensor:
+        """The summed loss of logits [E, 1 + K] whose column 0 is the positive."""
+        if self.loss == "bce":
+            return F.binary_cross_entropy_with_logits(logit, self.labels(logit, index), reduction="sum")
+        positive = torch.zeros(logit.shape[0], dtype=torch.long, device=logit.device)
+        return F.cross_entropy(logit, positive, reduction="sum")
 
     @property
     def input_width(self) -> int:
@@ -263,8 +284,7 @@ def forward_backward(config, dense: dict, rows: dict, index, norm: int, sparse: 
     leaves_dense = {k: v.detach().requires_grad_(True) for k, v in dense.items()}
     leaves_rows = {k: v.detach().requires_grad_(True) for k, v in rows.items()}
     logit = config.logits(leaves_dense, leaves_rows, index, sparse)
-    label = config.labels(logit, index)
-    loss_sum = F.binary_cross_entropy_with_logits(logit, label, reduction="sum")
+    loss_sum = config.loss_sum(logit, index)
     grads = torch.autograd.grad(loss_sum / norm, [*leaves_dense.values(), *leaves_rows.values()])
     n = len(leaves_dense)
     return Gradients(

@@ -56,7 +56,7 @@ class StepStats:
     """One device's figures of one step."""
 
     examples: int  # in its sub-batch
-    loss_sum: float  # summed BCE over its examples' candidates
+    loss_sum: float  # its examples' loss, summed over their terms (shardflow.model.sequence: loss)
     seconds: dict[str, float]  # part -> seconds: "batch" (building it), each round's name (its wait included),
     # "compute" (the forward and backward)
 
@@ -166,7 +166,7 @@ class Device:
 
     def _compute(self, work: Compute) -> list[Instruction]:
         t0 = time.perf_counter()
-        norm = self.batch_size * self.config.candidates
+        norm = self.batch_size * self.config.loss_terms
         step = self.protocol.step
         grads = forward_backward(self.config, work.dense, work.rows, self._need.index.on(self.torch), norm)
         self._check_finite(step, grads)

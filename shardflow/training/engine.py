@@ -264,7 +264,7 @@ class Engine(Persistence):
         slowest device's seconds per part: building the batch, each round (the wait for
         its messages included) and the forward and backward.
         """
-        candidates = self.model.candidates
+        terms = self.model.loss_terms
         caps = [c for c in (max_steps, self.train.steps_per_epoch) if c is not None]
         steps = min([self.data.steps_per_epoch(self.train.batch_size), *caps])
         parts: dict[str, float] = {}
@@ -289,9 +289,9 @@ class Engine(Persistence):
                 if self.step_count > WARMUP_STEPS:
                     steady += Span(1, int(n), took / count, began, ended)
                 if on_step is not None:
-                    on_step(i, steps, loss / (examples * candidates) if examples else float("nan"), int(examples),
+                    on_step(i, steps, loss / (examples * terms) if examples else float("nan"), int(examples),
                             time.perf_counter() - t0)
-        return EpochStats(epoch, steps, int(examples), loss / (examples * candidates) if examples else float("nan"),
+        return EpochStats(epoch, steps, int(examples), loss / (examples * terms) if examples else float("nan"),
                           time.perf_counter() - t0, parts, steady)
 
     def fit(self, start_epoch: int = 0, best: str | Path | None = None) -> TrainResult:

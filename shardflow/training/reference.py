@@ -48,7 +48,7 @@ class ReferenceTrainer:
         targets = self.data.batch(epoch, self.seed, step_in_epoch, B)
         ex = self.data.examples(targets, self.config, negative_seed(self.seed, epoch))
         index = self.data.table_index(ex, self.config).on(self.device)
-        grads = forward_backward(self.config, self.dense_tensors, self.tables, index, B * self.config.candidates,
+        grads = forward_backward(self.config, self.dense_tensors, self.tables, index, B * self.config.loss_terms,
                                  sparse=True)
         for t, g in grads.rows.items():
             g = g.coalesce()

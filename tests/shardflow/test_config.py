@@ -159,3 +159,12 @@ def test_hash_rows_is_bounded_by_the_id_type_and_the_machines_memory(rows, messa
     with pytest.raises(InputError, match=message):
         RetrainConfig.build({"dataset_format": "criteo", "hash_rows": rows})
     assert RetrainConfig.build({"dataset_format": "criteo", "hash_rows": 1 << 20}).data.hash_rows == 1 << 20
+
+
+def test_the_loss_is_a_sequence_models_and_reaches_it_a_click_log_keeps_bce():
+    config = RetrainConfig.build({"loss": "sampled-softmax", "negatives": 1024})
+    assert config.encoder_options()["loss"] == "sampled-softmax" and config.model.negatives == 1024
+    with pytest.raises(InputError, match=r"loss = 'sampled-softmax' for a criteo click log; accepted: bce"):
+        RetrainConfig.build({"loss": "sampled-softmax", "dataset_format": "criteo"})
+    with pytest.raises(InputError, match=r"model.loss = 'hinge'"):
+        RetrainConfig.build({"loss": "hinge"})

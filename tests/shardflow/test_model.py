@@ -159,3 +159,50 @@ def test_initial_rows_do_not_depend_on_the_block_they_are_made_in(monkeypatch):
     assert [model_module.init_rows("item", ids[i : i + 1], 7, 3).tobytes() for i in (0, 999)] == [
         whole[0:1].tobytes(), whole[999:1000].tobytes()]
     assert whole.dtype == np.float32 and np.abs(whole).max() <= 1 / np.sqrt(7)
+
+
+def softmax_loss(config, dense: dict, rows: dict, index, norm: int) -> float:
+    """The sampled-softmax loss apart from forward_backward: each positive's -log softmax over its example's
+    candidates, in numpy, summed and divided by `norm`."""
+    logit = scores(config, dense, rows, index.on(CPU)).numpy()
+    top = logit.max(axis=1, keepdims=True)
+    return float((np.log(np.exp(logit - top).sum(axis=1)) + top[:, 0] - logit[:, 0]).sum()) / norm
+
+
+@pytest.mark.parametrize("which", ["dense", "item", "genre"])
+def test_the_sampled_softmax_gradients_match_finite_differences_of_an_independent_loss(which):
+    from dataclasses import replace
+
+    config = replace(CONFIG, loss="sampled-softmax")
+    dense, rows, index = _problem()
+    grads = forward_backward(config, dense, rows, index.on(CPU), norm=3)
+    assert config.loss_terms == 1 and CONFIG.loss_terms == CONFIG.candidates == 3
+    assert np.isclose(grads.loss_sum, 3 * softmax_loss(config, dense, rows, index, 3), rtol=1e-12)
+    targets = dense if which == "dense" else {which: rows[which]}
+    analytic = grads.dense if which == "dense" else {which: grads.rows[which]}
+    for name, param in targets.items():
+        numeric = numeric_gradient(param, lambda: softmax_loss(config, dense, rows, index, 3))
+        np.testing.assert_allclose(analytic[name].numpy(), numeric, rtol=1e-5, atol=1e-8, err_msg=name)
+        if name == "mlp.2.bias":  # it shifts every candidate's logit alike: a softmax does not move
+            assert analytic[name].abs().max() < 1e-12
+        else:
+            assert np.abs(numeric).max() > 1e-4, f"{name}: a gradient this small checks nothing"
+
+
+def test_an_unknown_loss_is_refused():
+    from dataclasses import replace
+
+    with pytest.raises(InputError, match=r"model loss = 'hinge'; accepted: bce, sampled-softmax"):
+        replace(CONFIG, loss="hinge")
+
+
+def test_a_model_trained_with_another_loss_warm_starts_one_of_this_loss():
+    """The loss shapes no parameter and no optimiser slot: a version may change it and start from the last."""
+    from dataclasses import replace
+
+    from shardflow.data.clicks import shape_differences, warm_start_record
+
+    bce = warm_start_record(CONFIG, "adam", "adagrad")
+    softmax = warm_start_record(replace(CONFIG, loss="sampled-softmax"), "adam", "adagrad")
+    assert bce["loss"] == "bce" and softmax["loss"] == "sampled-softmax"
+    assert shape_differences(softmax, bce) == [] and shape_differences(softmax, {**bce, "dim": 8}) == ["dim"]
