@@ -304,7 +304,18 @@ def read_export_dense(store: str | Path, shapes: dict[str, tuple], optimizer_sta
 
 
 def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """(epochs done, path) of every checkpoint with a manifest, oldest first."""
+    """(epochs done, path) of every checkpoint whose manifest reads, oldest first. A manifest cut short or
+    garbled (a disk that filled, a write cut off) makes its checkpoint incomplete, as a missing one does:
+    every reader falls back to the ones before (unreadable_checkpoints names it)."""
+    return [(epochs, path) for epochs, path, why in _with_manifests(run_dir) if why is None]
+
+
+def unreadable_checkpoints(run_dir: str | Path) -> list[tuple[int, Path, str]]:
+    """(epochs done, path, why) of every checkpoint whose manifest is there but does not read."""
+    return [(epochs, path, why) for epochs, path, why in _with_manifests(run_dir) if why is not None]
+
+
+def _with_manifests(run_dir: str | Path) -> list[tuple[int, Path, str | None]]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
@@ -312,5 +323,10 @@ def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     for p in root.iterdir():
         m = _EPOCH_DIR.match(p.name)
         if m and (p / MANIFEST).is_file():
-            found.append((int(m.group(1)), p))
+            try:
+                read_checkpoint(p)
+                why = None
+            except InputError as e:
+                why = str(e)
+            found.append((int(m.group(1)), p, why))
     return sorted(found)

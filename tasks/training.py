@@ -22,7 +22,7 @@ from shardflow.model.metrics import Metrics
 from shardflow.training.run import prepare, start_engine
 from shardflow.training.validation import (SCORE_KEYS, VALIDATION_KEYS, best_epoch, score, validation_of,
                                           validation_values)
-from storage.checkpoint import checkpoint_dir, complete_checkpoints, read_checkpoint
+from storage.checkpoint import checkpoint_dir, complete_checkpoints, read_checkpoint, unreadable_checkpoints
 from tasks.retrain import artifact_key
 
 T = TypeVar("T")
@@ -66,6 +66,9 @@ def resume(engine: Engine, run_dir: str) -> Resumed | Lost:
 
     log = get_run_logger()
     skipped = []
+    for _, path, why in reversed(unreadable_checkpoints(run_dir)):  # newest first, as those tried below
+        log.warning("checkpoint %s is unusable (%s); falling back to the one before", path, why)
+        skipped.append({"checkpoint": str(path), "reason": why})
     for epochs_done, path in reversed(complete_checkpoints(run_dir)):
         try:
             m, moved = engine.restore(path)

@@ -234,6 +234,27 @@ def test_truncated_and_deleted_chunks_are_found_and_the_resume_falls_back(prefec
     assert [p.name for _, p in complete_checkpoints(version)] == ["epoch-000001", "epoch-000002"]
 
 
+def test_a_truncated_manifest_of_the_newest_checkpoint_falls_back_to_the_one_before(prefect_api, client, big, whole):
+    """As a damaged chunk does: the run resumes from the checkpoint before, names the one it skipped and ends
+    with the uninterrupted run's model (a manifest cut short once stopped the run in one line, exit 2)."""
+    run = big / "truncated-manifest"
+    shutil.copytree(big / "whole", run, ignore=shutil.ignore_patterns("run.lock"), symlinks=True)
+    version = first_version(run)
+    manifest = checkpoint_dir(version, 2) / MANIFEST
+    manifest.write_bytes(manifest.read_bytes()[: manifest.stat().st_size // 2])
+    (version / "result.json").unlink()
+    (run / "current").unlink()
+    shutil.rmtree(version / "model")
+
+    summary = retrain(config(big, "truncated-manifest", client))
+    assert summary["resumed_from"] == str(checkpoint_dir(version, 1))
+    [skipped] = summary["skipped_checkpoints"]
+    assert skipped["checkpoint"] == str(checkpoint_dir(version, 2)) and "not valid JSON" in skipped["reason"]
+    assert exported(version / "model") == whole and summary["epoch_loss"] == \
+        versions.result(big / "whole", 1)["epoch_loss"]
+    assert [p.name for _, p in complete_checkpoints(version)] == ["epoch-000001", "epoch-000002"]
+
+
 def test_a_second_run_on_the_same_run_dir_is_refused_and_a_dead_holder_leaves_no_lock(
     prefect_api, client, big, whole, tmp_path
 ):
