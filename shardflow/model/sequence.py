@@ -263,8 +263,9 @@ def candidate_scores(config: ModelConfig, dense: dict, state: tuple, t: torch.Te
 def _shared_candidate_scores(config: ModelConfig, dense: dict, h: torch.Tensor, per_example: torch.Tensor,
                              t: torch.Tensor) -> torch.Tensor:
     """The mean encoder's logits [E, C] of the same C rows for every example: [t, h * t] @ w0[D:3D] is t @ (w0[D:2D]
-    + diag(h) w0[2D:3D]), one [D, width] matrix per example; every later step in place (a block of scores is
-    memory-bound: 2.5x the pairs a second of out-of-place steps, measured on one core)."""
+    + diag(h) w0[2D:3D]), one [D, width] matrix per example; every later step in place. A block of scores is
+    memory-bound: in place and in tiles of 32 users × 512 rows (shardflow.model.ranking), 5.3 M (user, item)
+    pairs a second on one core here, against 1.5 M out of place at 128 × 2,048 (dim 64, MLP 64-32)."""
     D = config.dim
     w0 = dense["mlp.0.weight"]
     z = torch.matmul(t, w0[D : 2 * D][None] + h[:, :, None] * w0[2 * D : 3 * D][None])  # [E, C, width]
