@@ -93,6 +93,12 @@ class RetrainConfig(BaseModel):
         if self.model.encoder != "mean" and self.data.dataset_format == "criteo":
             raise ValueError(f"encoder = {self.model.encoder!r} for a criteo click log; accepted: mean (the encoder "
                              "is the sequence model's; click logs train the DLRM)")
+        if self.nightly.promote_on != "auc" and (self.data.dataset_format == "criteo" or self.data.click_label
+                                                 or self.train.full_ranking == "off"):
+            raise ValueError(f"promote_on = {self.nightly.promote_on!r} with dataset_format "
+                             f"{self.data.dataset_format!r}, click_label {self.data.click_label!r}, full_ranking "
+                             f"{self.train.full_ranking!r}; accepted: auc, or a sequence dataset ranked among the "
+                             "whole catalog (full_ranking exclude-seen or include-seen)")
         if self.model.loss != "bce" and self.data.dataset_format == "criteo":
             raise ValueError(f"loss = {self.model.loss!r} for a criteo click log; accepted: bce (a click is a label "
                              "of its own example, not one item among candidates)")

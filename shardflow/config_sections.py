@@ -217,7 +217,11 @@ class NightlySection(Section):
     )
     promotion_margin: float = Field(
         0.002, ge=0, le=1, allow_inf_nan=False,
-        description="a new version is promoted unless its AUC is below the current one's by more"
+        description="a new version is promoted unless its promote_on figure is below the current one's by more"
+    )
+    promote_on: Literal["auc", "full_ndcg_at_10"] = Field(
+        "auc", description="the figure the promotion gate compares on the same held-out events: auc (both "
+        "workloads), or full_ndcg_at_10 (sequences ranked among the whole catalog; needs full_ranking)",
     )
     keep_versions: int = Field(3, ge=1, le=10000,
                                description="versions whose checkpoints are kept (the current one always)")

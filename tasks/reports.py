@@ -14,6 +14,7 @@ from pathlib import Path
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from shardflow.config import RetrainConfig
+from shardflow.promotion import LABELS
 from shardflow.reporting.summary import RunSummary
 from storage import versions
 from storage.checkpoint import complete_checkpoints
@@ -44,11 +45,13 @@ def state_message(s: RunSummary) -> str:
     if not s.trained:
         return f"no new data since v{s.newest_version}: v{s.current} stays current (AUC {s.auc:.4f})"
     users = f"on the same {s.eval_users:,} held-out events"
-    if s.previous_auc is None:
-        return f"promoted v{s.version} (cold start): AUC {s.auc:.4f} on {s.eval_users:,} held-out events"
+    on = s.promoted_on or "auc"  # a version made before the gate's figure was named was gated on AUC
+    label, mine, theirs = LABELS[on], getattr(s, on), getattr(s, f"previous_{on}")
+    if theirs is None:
+        return f"promoted v{s.version} (cold start): {label} {mine:.4f} on {s.eval_users:,} held-out events"
     verdict = f"promoted v{s.version}" if s.promoted else f"rejected v{s.version}"
     tail = "" if s.promoted else f"; v{s.current} stays current"
-    return f"{verdict}: AUC {s.auc:.4f} vs v{s.warm_start_from}'s {s.previous_auc:.4f} {users}{tail}"
+    return f"{verdict}: {label} {mine:.4f} vs v{s.warm_start_from}'s {theirs:.4f} {users}{tail}"
 
 
 def next_run(run_dir: str | Path) -> str:

@@ -18,6 +18,7 @@ from shardflow.config import RetrainConfig
 from shardflow.errors import TrainingError, WorkerLost
 from shardflow.data.clicks import training_window_start
 from shardflow.planner.topology import parse_topology
+from shardflow.promotion import judge, rejection
 from shardflow.records import plain
 from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.training.engine import Engine
@@ -230,10 +231,11 @@ def gate(config: RetrainConfig, dataset: str, number: int, client, figures: Vers
     """Evaluate the promoted version on the new version's held-out items; promote the new one unless worse;
     the run's summary (`figures`: what the version measured).
 
-    The new version is promoted when its AUC is at least the promoted one's minus
-    promotion_margin. Its result.json is written first, then `current` switched; a
-    rejection leaves `current` as it was and emits `shardflow.model.rejected`. Then
-    old versions' checkpoints are pruned (keep_versions; the promoted one never).
+    The new version is promoted when its promote_on figure (AUC by default) is at least the
+    promoted one's minus promotion_margin (shardflow.promotion). Its result.json is written
+    first, then `current` switched; a rejection leaves `current` as it was and emits
+    `shardflow.model.rejected`. Then old versions' checkpoints are pruned (keep_versions; the
+    promoted one never).
     """
     log, run = get_run_logger(), config.run_dir
     began = versions.started(run, number)
@@ -243,23 +245,22 @@ def gate(config: RetrainConfig, dataset: str, number: int, client, figures: Vers
         model = str(versions.version_dir(run, source) / "model")
         previous = evaluate_export(model, dataset, config.train.eval_users, config.train.seed, began.window[1],
                                    figures.full_ranking, client)  # ranked as the new version was
-    floor = None if previous is None else previous.auc - config.nightly.promotion_margin
-    promoted = floor is None or figures.auc >= floor
+    margin = config.nightly.promotion_margin
+    verdict = judge(Metrics.read(plain(figures)), previous, config.nightly.promote_on, margin)
     summary = RunSummary.parse({
         **plain(figures),
         **(previous or Metrics(None)).values("previous_", full=True),
-        "promoted": promoted, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "promoted": verdict.promoted, "promoted_on": verdict.figure,
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }, f"version {number}'s summary")
     versions.finish(run, number, summary.stored())
     message = None
-    if promoted:
+    if verdict.promoted:
         versions.promote(run, number)
-        log.info("version %d promoted (AUC %.4f%s)", number, summary.auc,
-                 "" if previous is None else f" against {previous.auc:.4f} of version {source}")
+        log.info("version %d promoted (%s %.4f%s)", number, verdict.label, verdict.new,
+                 "" if verdict.previous is None else f" against {verdict.previous:.4f} of version {source}")
     else:
-        message = (f"version {number} not promoted: AUC {summary.auc:.4f} is below version {source}'s "
-                   f"{previous.auc:.4f} by more than promotion_margin {config.nightly.promotion_margin}; "
-                   f"version {source} stays current")
+        message = rejection(verdict, number, source, margin)
         log.warning(message)
         _emit_rejected(run, number, source, summary.auc, previous, message)
     gone = versions.prune_checkpoints(run, config.nightly.keep_versions)

@@ -247,3 +247,24 @@ def version_start(number: int, **fields) -> VersionStart:
     """A start record of version `number` as a test needs one: the fields it names, the rest empty."""
     return VersionStart(**{"version": number, "dataset": "", "segments": (), "warm_start_from": None,
                            "window": (0, 0), "config": {}, "started": "2026-01-01T00:00:00+00:00", **fields})
+
+
+# A trained version's run summary as result.json and the flow's result hold it (every key, plain JSON values).
+TRAINED = {
+    "run_dir": "/runs/nightly", "version": 2, "trained": True, "warm_start_from": 1, "parts_added": ["day2.txt"],
+    "parts": 2, "window": [1, 1], "epochs": 3, "best_epoch": 2, "patience": 1, "auc": 0.81, "hr_at_10": 0.5,
+    "ndcg_at_10": 0.3, "logloss": None, "val_auc": 0.8, "val_hr_at_10": 0.49, "val_ndcg_at_10": 0.29,
+    "val_logloss": None, "full_ranking": "exclude-seen", "full_hr_at_10": 0.06, "full_ndcg_at_10": 0.03,
+    "full_hr_at_20": 0.09, "full_ndcg_at_20": 0.04, "eval_users": 500, "bytes_per_step": 1.5e6,
+    "modeled_bytes_per_step": 1.49e6,
+    "row_wise_bytes_per_step": 2e6, "comm_time_us_per_step": 120.0, "row_wise_comm_time_us_per_step": 160.5,
+    "replanned": False, "replan_reason": "kept", "fresh_plan_comm_time_us_per_step": 119.0,
+    "previous_plan_comm_time_us_per_step": 120.0, "checkpoints": ["/c/1", "/c/2"], "model": "/m", "downloads": 1,
+    "epoch_loss": [0.5, 0.4, 0.35], "resumed_from": None,
+    "skipped_checkpoints": [{"checkpoint": "/c/0", "reason": "truncated"}], "restarts": 0, "warnings": [],
+    "plots": ["/p.svg"], "previous_auc": 0.8, "previous_hr_at_10": 0.48, "previous_ndcg_at_10": 0.28,
+    "previous_logloss": None, "previous_full_ranking": "exclude-seen", "previous_full_hr_at_10": 0.05,
+    "previous_full_ndcg_at_10": 0.025, "previous_full_hr_at_20": 0.08, "previous_full_ndcg_at_20": 0.035,
+    "promoted": True, "promoted_on": "auc", "finished": "2026-11-26T02:00:00+00:00", "current": 2,
+    "message": None,
+}

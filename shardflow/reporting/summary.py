@@ -78,6 +78,7 @@ class RunSummary(VersionFigures):
     previous_full_hr_at_20: float | None = None
     previous_full_ndcg_at_20: float | None = None
     promoted: bool
+    promoted_on: str | None = None  # the figure the gate compared (shardflow.promotion; None: before it was named)
     finished: str  # UTC, ISO 8601
     current: int | None = None  # the run's: the current version after it
     message: str | None = None  # why a version was not promoted, or what a run that trained nothing found
