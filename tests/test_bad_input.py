@@ -151,8 +151,14 @@ def case_import_criteo_nan_feature(world, client, tmp_path):
 
 
 def case_import_non_digit_id(world, client, tmp_path):
-    return *importing(world, tmp_path, "1 2\n1 +5\n1 \uff17\n"), \
-        r"bad.txt:2: item '\+5' is not accepted; accepted: an integer >= 0 \(ASCII digits, at most 18\)"
+    return *importing(world, tmp_path, "1 2\n1 +5\n1 \uff17\n"), (
+        r"bad.txt:2: item '\+5' is not accepted; accepted: an integer >= 0 \(ASCII digits, at most 18, no leading "
+        r"zero\)")
+
+
+def case_import_padded_id(world, client, tmp_path):
+    """'007' would read as the row of '7': one spelling per id."""
+    return *importing(world, tmp_path, "1 7\n1 007\n"), r"bad.txt:2: item '007' is not accepted; .*no leading zero"
 
 
 def case_import_hex_id(world, client, tmp_path):

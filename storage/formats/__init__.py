@@ -17,8 +17,9 @@ Formats (see data/README.md for the files they come from):
              or Avazu's CSV: id, click (the label), hour (YYMMDDHH: its hour of day is a
              categorical `hour`), every other column a hashed categorical, id dropped
 
-Numeric ids (sasrec, s3rec) are ASCII decimal digits only, at most 18 of them; recbole
-tokens and criteo categoricals are text.
+Numeric ids (sasrec, s3rec) are ASCII decimal digits only, at most 18 of them, no leading zero
+(one spelling per id: `007` would read as the row of `7`); recbole tokens and criteo categoricals
+are text, their spellings kept as they are.
 """
 
 from __future__ import annotations

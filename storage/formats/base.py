@@ -18,7 +18,9 @@ from shardflow.errors import InputError
 from storage.sources import Block, count_lines, excerpt
 
 ID_DIGITS = 18  # every id of at most 18 digits fits int64
-_ID = re.compile(rb"[0-9]{1,%d}" % ID_DIGITS)
+# One spelling per id: '7', never '07' or '007' (which would read as the same row as '7'). A raw id is its
+# integer, so two spellings of one number would silently share a row; a leading zero is refused instead.
+_ID = re.compile(rb"0|[1-9][0-9]{0,%d}" % (ID_DIGITS - 1))
 _BLANK_LINE = re.compile(rb"(?m)^[ \t\r\f\v]+$")
 _ARROW_PARSE_BLOCK = 1 << 20  # arrow converts a block in pieces of this size on its threads
 
@@ -110,9 +112,29 @@ def decimal_only(data: bytes) -> None:
         raise Refused
 
 
+def spelled_once(data: bytes, *ids: np.ndarray) -> None:
+    """Refuse a block (decimal_only's: digits and separators) one of whose ids has a leading zero ('007', which
+    arrow reads as 7): then its digits are more than its parsed ids' own digits. Three byte counts and a
+    comparison a power of ten, vectorised; no pass of Python over the block."""
+    digits = len(data) - data.count(b" ") - data.count(b"\n") - data.count(b"\r")
+    if digits != sum(digit_count(v) for v in ids):
+        raise Refused
+
+
+def digit_count(values: np.ndarray) -> int:
+    """The decimal digits of non-negative `values` written without leading zeros, all together."""
+    total, power, top = int(values.size), 10, int(values.max()) if values.size else 0
+    while power <= top:
+        total += int(np.count_nonzero(values >= power))
+        power *= 10
+    return total
+
+
 def ids_of(values: pa.Array) -> np.ndarray:
+    """The ids of a parsed column; Refused if one is negative or has more than ID_DIGITS digits (without a
+    leading zero, which decimal_only refuses, that is a value of 10^ID_DIGITS or more)."""
     out = values.to_numpy()
-    if out.size and out.min() < 0:
+    if out.size and (out.min() < 0 or out.max() >= 10**ID_DIGITS):
         raise Refused
     return out
 
@@ -120,7 +142,8 @@ def ids_of(values: pa.Array) -> np.ndarray:
 def check_id(token: bytes, what: str) -> str | None:
     if _ID.fullmatch(token):
         return None
-    return f"{what} {excerpt(token)} is not accepted; accepted: an integer >= 0 (ASCII digits, at most {ID_DIGITS})"
+    return (f"{what} {excerpt(token)} is not accepted; accepted: an integer >= 0 (ASCII digits, at most "
+            f"{ID_DIGITS}, no leading zero)")
 
 
 def runs_of(users: np.ndarray, lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

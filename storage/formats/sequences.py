@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from storage.formats.base import Columns, Format, Refused, check_id, decimal_only, ids_of, read_block, runs_of
+from storage.formats.base import (Columns, Format, Refused, check_id, decimal_only, ids_of, read_block, runs_of,
+                                  spelled_once)
 from storage.sources import excerpt
 
 
@@ -17,6 +18,7 @@ class Sasrec(Format):
         decimal_only(data)
         t = read_block(data, ["user", "item"], {"user": pa.int64(), "item": pa.int64()}, self.delimiter)
         users, items = ids_of(t["user"].combine_chunks()), ids_of(t["item"].combine_chunks())
+        spelled_once(data, users, items)
         run_users, run_lengths = runs_of(users)
         return Columns(events=len(items), tables={"item": items}, run_users=run_users, run_lengths=run_lengths)
 
@@ -46,6 +48,7 @@ class S3rec(Format):
         if len(values) != int(tokens.sum()):  # an empty field: two spaces, or one at an end
             raise Refused
         values = ids_of(values)
+        spelled_once(data, values)
         first = np.concatenate([[0], np.cumsum(tokens)[:-1]])
         is_user = np.zeros(values.size, dtype=bool)
         is_user[first] = True

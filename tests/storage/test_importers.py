@@ -185,6 +185,11 @@ BAD_SOURCES = [
     ("sasrec", "1 5\n2 1_000\n", r"bad\.txt:2: item '1_000' is not accepted"),
     ("sasrec", "1 5\n2 " + "9" * 5000 + "\n", r"bad\.txt:2: item '9{60}…' \(5,000 characters\) is not accepted"),
     ("sasrec", "1 5\n1 6 \n", r"bad\.txt:2: '1 6 ' has 3 fields; accepted: 'user item'"),
+    # One spelling per id: '007' would read as the row of '7', and '01' as user 1.
+    ("sasrec", "1 7\n1 007\n", r"bad\.txt:2: item '007' is not accepted; accepted: .*no leading zero"),
+    ("sasrec", "1 7\n01 8\n", r"bad\.txt:2: user '01' is not accepted"),
+    ("sasrec", "1 7\n1 " + "1" * 19 + "\n", r"bad\.txt:2: item '1{19}' is not accepted; accepted: .*at most 18"),
+    ("s3rec", "1 2 3\n2 4 05\n", r"bad\.txt:2: item '05' is not accepted"),
     ("sasrec", "1 5\n   \n1 6\n\t\n", None),
     (
         "s3rec",
@@ -335,3 +340,11 @@ def test_a_directory_that_is_not_a_store_is_never_replaced(tmp_path):
     with pytest.raises(InputError, match="is not empty and is not a shardflow store; refusing to replace it"):
         import_dataset("sasrec", REAL["sasrec"], dest, overwrite=True)
     assert (dest / "notes.txt").read_text() == "keep me"
+
+
+def test_ids_of_zero_and_with_zeros_inside_are_one_spelling_each_and_import(tmp_path):
+    """Not vacuous: the leading-zero refusal takes no id that is spelled once ('0', '10', '100' and '0' as a user)."""
+    src = write(tmp_path, "ok.txt", "0 0\n0 10\n100 100\n100 1000000000000000\n")
+    assert import_dataset("sasrec", src, tmp_path / "ds").manifest["interactions"] == 4
+    s3 = write(tmp_path, "ok3.txt", "0 10 0 200\n30 0\n")
+    assert import_dataset("s3rec", s3, tmp_path / "ds3").manifest["interactions"] == 4
