@@ -101,8 +101,9 @@ def write_record(path: Path, record: dict | list) -> None:
 def new_parts(run_dir: str | Path, record: VersionStart) -> tuple[str, ...]:
     """The parts version `record` trains on that no earlier version of the run_dir had (a cold start: all of
     them), whichever run imported them: a version cut off and made again by a later run names them too."""
-    earlier = {p for n in numbers(run_dir) if n < record.version for p in getattr(started(run_dir, n), "parts", ())}
-    return tuple(p for p in record.parts if p not in earlier)
+    earlier = [started(run_dir, n) for n in numbers(run_dir) if n < record.version]
+    seen = {p for began in earlier if began is not None for p in began.parts}
+    return tuple(p for p in record.parts if p not in seen)
 
 
 def started(run_dir: str | Path, number: int) -> VersionStart | None:
