@@ -299,12 +299,12 @@ def run_evaluate(args: argparse.Namespace) -> dict:
     if args.users is not None and args.users < 1:
         raise InputError(f"--users {args.users}; accepted: an integer >= 1, or leave it out for every user")
     started = time.perf_counter()
-    full = None if args.full_ranking == "off" else args.full_ranking
     if args.workers is None and args.scheduler is None:
-        metrics = evaluate_export(args.model, args.dataset, args.users, args.seed, full=full)
+        metrics = evaluate_export(args.model, args.dataset, args.users, args.seed, full=args.full_ranking)
     else:
         with dask_client(args.scheduler, args.workers) as client:
-            metrics = evaluate_export(args.model, args.dataset, args.users, args.seed, full=full, client=client)
+            metrics = evaluate_export(args.model, args.dataset, args.users, args.seed, full=args.full_ranking,
+                                      client=client)
     return {"model": args.model, "dataset": args.dataset, "eval_users": metrics.users,
             **metrics.values(full=True), "seconds": time.perf_counter() - started}
 

@@ -19,7 +19,7 @@ from distributed.deploy import Cluster
 from distributed.utils import get_mp_context
 
 from shardflow.cluster_options import (CLUSTER_KWARGS, LOCAL_CLASSES, TlsFiles, check_cluster_class,
-                                       check_cluster_kwargs, cores, local_worker_limit)
+                                       check_cluster_kwargs, check_tls_address, cores, local_worker_limit)
 from shardflow.errors import InputError, SchedulerLost
 
 __all__ = ["check_cluster_class", "check_cluster_kwargs", "dask_client", "run_cluster", "resolve_cluster_class"]
@@ -39,10 +39,6 @@ WORKER_PRELOAD = ["distributed", "shardflow.training.actor", "torch._dynamo"]
 # (bench/profile_throughput.py).
 LOCAL_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
                         "distributed.worker.multiprocessing-method": "forkserver"}
-
-
-def default_workers() -> int:
-    return cores()
 
 
 @contextlib.contextmanager
@@ -126,9 +122,7 @@ def _remote_client(scheduler_address: str, tls: TlsFiles | None = None) -> Clien
     """A client of a running scheduler (over TLS with `tls`), or an InputError naming it when it does not answer
     in time."""
     check_address(scheduler_address)
-    if scheduler_address.startswith("tls://") and tls is None:
-        raise InputError(f"scheduler address {scheduler_address!r} without TLS files; accepted: with "
-                         "cluster.tls_ca_file, tls_cert and tls_key (or a tcp:// scheduler)")
+    check_tls_address(scheduler_address, tls)
     timeout = connect_timeout_s()
     try:
         return Client(scheduler_address, timeout=timeout, security=None if tls is None else tls.security())
@@ -141,14 +135,14 @@ def _remote_client(scheduler_address: str, tls: TlsFiles | None = None) -> Clien
 
 def _local_workers(workers: int | None) -> int:
     """The size of a local cluster: one process per device, at most LOCAL_WORKERS_PER_CORE per core (or 8)."""
-    workers = default_workers() if workers is None else workers
+    workers = cores() if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InputError(f"workers = {workers!r}; accepted: an integer >= 1")
     limit = local_worker_limit()
     if workers > limit:
         raise InputError(
             f"workers = {workers:,}: a local cluster of {workers:,} processes (one per device) on "
-            f"{default_workers()} cores; accepted: at most {limit}, or a scheduler_address / cluster_class "
+            f"{cores()} cores; accepted: at most {limit}, or a scheduler_address / cluster_class "
             "for a larger cluster"
         )
     return workers

@@ -310,6 +310,13 @@ def check_pem(key: str, path: str) -> str:
     return path
 
 
+def check_tls_address(address: str | None, tls: TlsFiles | None) -> None:
+    """A tls:// scheduler address needs the TLS files to be reached."""
+    if (address or "").startswith("tls://") and tls is None:
+        raise InputError(f"scheduler_address {address!r} without TLS files; accepted: with cluster.tls_ca_file, "
+                         "tls_cert and tls_key (or a tcp:// scheduler)")
+
+
 def check_cluster_class(path: str) -> str:
     """`path` if it names one of CLUSTER_KWARGS' classes (nothing is imported); else an InputError."""
     if path not in CLUSTER_KWARGS:

@@ -268,15 +268,13 @@ class ClusterSection(Section):
     @model_validator(mode="after")
     def _one_cluster(self) -> "ClusterSection":
         from shardflow.cluster import check_cluster_kwargs, resolve_cluster_class
-        from shardflow.cluster_options import TlsFiles
+        from shardflow.cluster_options import TlsFiles, check_tls_address
 
         if self.scheduler_address and self.cluster_class:
             raise ValueError("scheduler_address and cluster_class both set; accepted: at most one of them")
         try:
             tls = TlsFiles.parse(self.tls_ca_file, self.tls_cert, self.tls_key)
-            if (self.scheduler_address or "").startswith("tls://") and tls is None:
-                raise InputError(f"scheduler_address {self.scheduler_address!r} without TLS files; accepted: with "
-                                 "tls_ca_file, tls_cert and tls_key (or a tcp:// scheduler)")
+            check_tls_address(self.scheduler_address, tls)
             check_cluster_kwargs(self.cluster_class, self.cluster_kwargs, tls)  # before the class is imported
             if self.cluster_class:
                 resolve_cluster_class(self.cluster_class)

@@ -179,12 +179,7 @@ def evaluate(model_dir: str, dataset: str, users: int | None, seed: int, eval_fr
              full_ranking: str = "exclude-seen", client=None) -> Metrics:
     """The export's held-out metrics; a sequence model's also over the whole catalog, block by block on the
     cluster's workers (shardflow.model.ranking)."""
-    return evaluate_export(model_dir, dataset, users, seed, eval_from, _full(full_ranking), client)
-
-
-def _full(full_ranking: str) -> str | None:
-    """The config's full_ranking as evaluate_export takes it (None: off)."""
-    return None if full_ranking == "off" else full_ranking
+    return evaluate_export(model_dir, dataset, users, seed, eval_from, full_ranking, client)
 
 
 @task(name="plots", task_run_name="plots", cache_policy=NONE)

@@ -11,6 +11,7 @@ Each workload's scored examples are a value that adds up over chunks and devices
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -129,15 +130,16 @@ def hits(logit: np.ndarray) -> tuple[float, float, float]:
     return auc, float(hit.sum()), float(gain.sum())
 
 
-# DISCOUNT[k]: the summed NDCG gains of ranks 0 .. k-1 (1 / log2(r + 2)); ranks from 10 on gain nothing at @10.
-CUTOFF = 10
-DISCOUNT = np.concatenate([[0.0], np.cumsum(1.0 / np.log2(np.arange(CUTOFF) + 2.0))])
+@functools.cache
+def discounts(k: int) -> np.ndarray:
+    """[k + 1]: entry j is the summed NDCG gains of ranks 0 .. j-1 (1 / log2(r + 2)); ranks from k gain nothing."""
+    return np.concatenate([[0.0], np.cumsum(1.0 / np.log2(np.arange(k) + 2.0))])
 
 
-def rank_gains(above: np.ndarray, tied: np.ndarray, k: int = CUTOFF) -> tuple[np.ndarray, np.ndarray]:
+def rank_gains(above: np.ndarray, tied: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """Per example, the expected HR@k and NDCG@k of a positive with `above` candidates scored higher and `tied`
     scored the same, every order of the tied ones equally likely (rank uniform on above .. above + tied)."""
-    discount = DISCOUNT if k == CUTOFF else np.concatenate([[0.0], np.cumsum(1.0 / np.log2(np.arange(k) + 2.0))])
+    discount = discounts(k)
     above = np.asarray(above, dtype=np.int64)
     places = np.asarray(tied, dtype=np.int64) + 1
     first, last = np.minimum(above, k), np.minimum(above + places, k)

@@ -26,6 +26,7 @@ from shardflow.model.metrics import rank_gains
 from shardflow.model.sequence import ModelConfig, candidate_scores
 
 SEEN = ("exclude-seen", "include-seen")
+FULL_RANKING = (*SEEN, "off")  # what a run ranks among the whole catalog (config train.full_ranking)
 CUTOFFS = (10, 20)
 # Users and catalog rows scored at once: [users, rows, MLP width] floats that stay in a core's cache (2 MB
 # here). Larger tiles were slower: 2.1 M (user, item) pairs a second at 128 × 2,048 against 5.5 M at 32 × 512

@@ -23,7 +23,7 @@ from shardflow.data.clicks import ClickData, config_from_record, load_training_d
 from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.errors import InputError
 from shardflow.model.metrics import Metrics
-from shardflow.model.ranking import SEEN, CatalogRanks, UsersToRank, rank_block, users_to_rank
+from shardflow.model.ranking import FULL_RANKING, CatalogRanks, UsersToRank, rank_block, users_to_rank
 from shardflow.model.sequence import ModelConfig, user_state
 from storage.checkpoint import read_export, read_export_dense, verify_export
 
@@ -49,7 +49,7 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
     An export made before the dataset grew has no rows for the ids added since: they
     score with zero vectors (the model has never seen them). A sequence model's held-out
     items are also ranked among the whole catalog, with the items each user had before
-    left out (`full` "exclude-seen") or not ("include-seen"; None: not ranked), in blocks of the
+    left out (`full` "exclude-seen") or not ("include-seen"; "off" or None: not ranked), in blocks of the
     export's rows on the workers of `client` (in this process without one).
     """
     m = verify_export(model_dir)
@@ -66,10 +66,10 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
         with torch.no_grad():
             parts.append(data.scored.of(config.logits(dense, rows, need.index.on(torch.device("cpu"))).numpy(), ex))
     metrics = sum(parts, data.scored()).metrics()
-    if full is None or not isinstance(config, ModelConfig):
+    if full is not None and full not in FULL_RANKING:
+        raise InputError(f"full-catalog ranking {full!r}; accepted: {', '.join(FULL_RANKING)}")
+    if full in (None, "off") or not isinstance(config, ModelConfig):
         return metrics
-    if full not in SEEN:
-        raise InputError(f"full-catalog ranking {full!r}; accepted: {', '.join(SEEN)} (seen items), or none")
     ranks = catalog_ranks(str(model_dir), data, config, dense, targets, full == "include-seen", client)
     return replace(metrics, full_ranking=full, **ranks.metrics())
 

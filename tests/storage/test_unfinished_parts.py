@@ -192,21 +192,26 @@ def test_a_printed_command_quotes_a_hostile_part_name_so_pasting_it_runs_nothing
     assert not (tmp_path / "sfmark_inject").exists()
 
 
-@pytest.mark.parametrize("name", ["day-2\n.txt", "day-2\x1b[2J.txt", "day-2\r.txt"])
-def test_a_part_name_with_a_control_character_is_one_line_naming_it(tmp_path, name):
+def logs(tmp_path: Path, **parts: str) -> Path:
+    """A parts directory holding day-1.txt ('1 2') and `parts` (file name -> content)."""
     src = tmp_path / "logs"
     src.mkdir()
     (src / "day-1.txt").write_text("1 2\n")
-    (src / name).write_text("2 4\n")
+    for name, text in parts.items():
+        (src / name).write_text(text)
+    return src
+
+
+@pytest.mark.parametrize("name", ["day-2\n.txt", "day-2\x1b[2J.txt", "day-2\r.txt"])
+def test_a_part_name_with_a_control_character_is_one_line_naming_it(tmp_path, name):
+    src = logs(tmp_path, **{name: "2 4\n"})
     with pytest.raises(InputError, match=r"has a control character in its name; accepted: names of printable") as e:
         import_dataset("sasrec", src, tmp_path / "ds")
     assert "\n" not in str(e.value) and not (tmp_path / "ds").exists()
 
 
 def test_a_link_is_a_part_only_when_it_leads_to_a_file_inside_the_directory(tmp_path):
-    src = tmp_path / "logs"
-    src.mkdir()
-    (src / "day-1.txt").write_text("1 2\n")
+    src = logs(tmp_path)
     (src / "day-2.txt").symlink_to(src / "day-1.txt")  # inside: a part like any other
     assert names(resolve_parts(src)) == ["day-1.txt", "day-2.txt"]
     (tmp_path / "secret").write_text("root:x:0:0:root:/root:/bin/bash\n")
@@ -217,11 +222,8 @@ def test_a_link_is_a_part_only_when_it_leads_to_a_file_inside_the_directory(tmp_
 
 
 def test_a_part_stamped_in_the_future_is_judged_by_its_content_not_waited_for(tmp_path):
-    src = tmp_path / "logs"
-    src.mkdir()
-    (src / "day-1.txt").write_text("1 2\n")
+    src = logs(tmp_path, **{"day-2.txt": "2 4\n"})
     os.utime(src / "day-1.txt", (time.time() - 3600, time.time() - 3600))
-    (src / "day-2.txt").write_text("2 4\n")
     ten_years = time.time() + 10 * 365 * 86400
     os.utime(src / "day-2.txt", (ten_years, ten_years))
     assert names(finished(resolve_parts(src, settle_s=60))) == ["day-1.txt", "day-2.txt"]

@@ -21,6 +21,15 @@ from shardflow.training.protocol import Phase, StepProtocol, step_rounds
 from shardflow.training.reference import ReferenceTrainer
 
 
+def stepped(dataset, data, strategy: str, devices: int, dedup: str, **kw) -> list:
+    """The in-process devices of `strategy`'s plan after STEPS steps of epoch 0 (`kw`: the model, the optimizer)."""
+    devs = in_process_devices(data, planned(dataset, strategy, devices), TOPOLOGIES[devices], dedup, **kw)
+    driver = InProcess(devs)
+    for i in range(STEPS):
+        driver.step(0, i, i, 0)
+    return devs
+
+
 @pytest.mark.parametrize("dedup", ["none", "device", "node"])
 @pytest.mark.parametrize("devices", [1, 2, 3, 4])
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
@@ -39,10 +48,7 @@ def test_every_strategy_and_scope_learns_what_the_reference_learns(dataset, data
 def test_the_self_attention_encoder_learns_what_the_reference_learns_under_every_plan(dataset, data, strategy,
                                                                                      devices, dedup):
     """Its blocks are dense parameters, its dropout follows each example's key: any split gives one model."""
-    devs = in_process_devices(data, planned(dataset, strategy, devices), TOPOLOGIES[devices], dedup, model=ATTENTION)
-    driver = InProcess(devs)
-    for i in range(STEPS):
-        driver.step(0, i, i, 0)
+    devs = stepped(dataset, data, strategy, devices, dedup, model=ATTENTION)
     ref = reference(data, STEPS, model=ATTENTION)
     check_against(ref, [d.parameters() for d in devs])
     assert set(ref.dense) == set(ATTENTION.dense_shapes()) and any(k.startswith("attention.1.") for k in ref.dense)
@@ -55,10 +61,7 @@ def test_the_sampled_softmax_learns_what_the_reference_learns_under_every_plan(d
                                                                             dedup):
     """One loss term an example, normalised by the global batch's examples: any split gives one model."""
     softmax = replace(ATTENTION, loss="sampled-softmax")
-    devs = in_process_devices(data, planned(dataset, strategy, devices), TOPOLOGIES[devices], dedup, model=softmax)
-    driver = InProcess(devs)
-    for i in range(STEPS):
-        driver.step(0, i, i, 0)
+    devs = stepped(dataset, data, strategy, devices, dedup, model=softmax)
     ref = reference(data, STEPS, model=softmax)
     check_against(ref, [d.parameters() for d in devs])
     bce = reference(data, STEPS, model=ATTENTION)
@@ -69,10 +72,7 @@ def test_the_sampled_softmax_learns_what_the_reference_learns_under_every_plan(d
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_rows_under_adam_learn_what_the_reference_learns_under_every_plan(dataset, data, strategy, dedup):
     """Each row's moments and update count live beside it: every copy applies the same total, the same way."""
-    devs = in_process_devices(data, planned(dataset, strategy, 4), TOPOLOGIES[4], dedup, optimizer=ADAM)
-    driver = InProcess(devs)
-    for i in range(STEPS):
-        driver.step(0, i, i, 0)
+    devs = stepped(dataset, data, strategy, 4, dedup, optimizer=ADAM)
     ref = reference(data, STEPS, optimizer=ADAM)
     check_against(ref, [d.parameters() for d in devs])
     counts = ref.state["item"][:, -1]
