@@ -172,6 +172,7 @@ def run_train(args: argparse.Namespace) -> dict:
         batch_size=shape.batch_size if args.batch_size is None else args.batch_size,
         dedup=shape.dedup if args.dedup is None else args.dedup,
         early_answers=args.early_answers,
+        transport=args.transport,
         epochs=args.epochs,
         patience=args.patience,
         min_epochs=args.min_epochs,

@@ -89,6 +89,14 @@ class RetrainConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _transport_encrypted(self) -> "RetrainConfig":
+        c = self.cluster
+        if self.train.transport == "collective" and c.tls_ca_file is not None:
+            raise ValueError("transport = 'collective' with the cluster's TLS files; accepted: transport 'actor' "
+                             "(the gloo group carries rows unencrypted; the actor calls go over the cluster's TLS)")
+        return self
+
+    @model_validator(mode="after")
     def _encoder_fits(self) -> "RetrainConfig":
         if self.model.encoder != "mean" and self.data.dataset_format == "criteo":
             raise ValueError(f"encoder = {self.model.encoder!r} for a criteo click log; accepted: mean (the encoder "
@@ -176,6 +184,7 @@ class RetrainConfig(BaseModel):
 
         t = self.train
         return TrainConfig(batch_size=t.batch_size, dedup=self.plan.dedup, early_answers=t.early_answers,
+                           transport=t.transport,
                            epochs=t.epochs, steps_per_epoch=t.steps_per_epoch, device=t.device, seed=t.seed,
                            eval_users=t.eval_users, window=tuple(window), patience=t.patience,
                            min_epochs=t.min_epochs)

@@ -177,6 +177,12 @@ class TrainSection(Section):
         "none and device): exact either way; 0.89-1.02x the examples/s of late answers on a 2-core CPU machine, where "
         "no core is idle to hide the work (docs/benchmarks.md)",
     )
+    transport: Literal["actor", "collective"] = Field(
+        "actor", description="how a step's messages travel between devices: Dask actor calls (actor), or a gloo "
+        "process group the devices form over their workers' host addresses (collective, torch.distributed; "
+        "unencrypted, so not with the cluster's TLS files; not with early_answers); exact either way "
+        "(docs/reference.md: the transports)",
+    )
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = Field(0, ge=0, le=2**63 - 1, description="batch order and negatives (a 64-bit signed integer)")
     eval_users: int | None = Field(5000, ge=1, le=MAX_COUNT, description="held-out users evaluated (none: all)")
@@ -193,6 +199,16 @@ class TrainSection(Section):
     )
     restart_timeout_s: float = Field(300.0, gt=0, le=86400, allow_inf_nan=False,
                                      description="how long a restore waits for enough workers")
+
+    @model_validator(mode="after")
+    def _transport_fits(self) -> "TrainSection":
+        from shardflow.training.config import check_transport
+
+        try:
+            check_transport(self.transport, self.early_answers)
+        except InputError as e:
+            raise ValueError(str(e)) from None
+        return self
 
     @model_validator(mode="after")
     def _min_epochs_with_patience(self) -> "TrainSection":

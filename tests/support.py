@@ -268,3 +268,14 @@ TRAINED = {
     "promoted": True, "promoted_on": "auc", "finished": "2026-11-26T02:00:00+00:00", "current": 2,
     "message": None,
 }
+
+
+def pem_files(tmp_path: Path) -> dict[str, str]:
+    """A CA, a certificate and its key as PEM files (distributed's own temporary credentials, written out)."""
+    from distributed.security import Security
+
+    made = Security.temporary()
+    files = {"tls_ca_file": made.tls_ca_file, "tls_cert": made.tls_scheduler_cert, "tls_key": made.tls_scheduler_key}
+    for key, text in files.items():
+        (tmp_path / f"{key}.pem").write_text(text)
+    return {key: str(tmp_path / f"{key}.pem") for key in files}

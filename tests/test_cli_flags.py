@@ -9,7 +9,7 @@ from shardflow.config_sections import SECTION_OF, SECTIONS
 
 SHARED = {
     "plan": ["memory_slack", "batch_size", "dim", "dedup", "history", "negatives"],
-    "train": ["epochs", "device", "seed", "eval_users", "early_answers", "loss"],
+    "train": ["epochs", "device", "seed", "eval_users", "early_answers", "transport", "loss"],
 }
 
 

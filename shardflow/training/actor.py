@@ -1,14 +1,19 @@
 """The Dask actor that hosts one device: it loads the device's training data, carries its messages to and
-from the peers' actors (shardflow.training.transport) and answers their reads.
+from its peers and answers their reads.
 
 Device d runs on the d-th worker (workers sorted by address). For each engine call a
 device runs one or more steps (StepCall); inside it the devices exchange the protocol's
-rounds directly, one message per peer per round (shardflow.training.protocol).
+rounds directly, one message per peer per round (shardflow.training.protocol): by calls
+to the peers' actors (transport `actor`: shardflow.training.transport), or over the
+devices' gloo group (transport `collective`: shardflow.training.collective). Reads
+outside a step (evaluation, exports) are actor calls either way.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from distributed import get_worker
+from distributed.comm import get_address_host
 
 from shardflow.model.dlrm import ClickConfig
 from shardflow.errors import TrainingError, WorkerLost
@@ -19,6 +24,7 @@ from shardflow.planner.plan import DevicePlan
 from shardflow.planner.topology import Topology
 from shardflow.data.clicks import load_training_data
 from shardflow.training.device import Device, StepStats
+from shardflow.training.collective import Link, open_rendezvous
 from shardflow.training.messages import Message, Round, Traffic
 from shardflow.training.transport import Mailbox, answer
 from storage.checkpoint import write_export_chunk
@@ -39,11 +45,30 @@ class DeviceActor:
         self.index, self.row_state = device, row_state_shape(optimizer.rows, config.dim)
         self.peers: list = []
         self.mail = Mailbox()
+        self.link: Link | None = None  # the devices' gloo group (transport collective, several devices)
+        self._rendezvous = None  # device 0: the store the group meets at
         self._stepping = False  # inside a call to steps (the actor's thread writes the shard)
 
     def connect(self, peers: list) -> int:
         self.peers = peers
         return self.index
+
+    @staticmethod
+    def _host() -> str:
+        return get_address_host(get_worker().address)
+
+    def open_rendezvous(self) -> tuple[str, int]:
+        """(Device 0) open the store the devices' group meets at, on this worker's host: (host, port)."""
+        if self._rendezvous is None:
+            self._rendezvous = open_rendezvous(self._host())
+        return self._host(), self._rendezvous[1]
+
+    def join(self, host: str, port: int, generation: int) -> None:
+        """Join the devices' gloo group `generation` at the store on host:port, leaving the one before."""
+        if self.link is not None:
+            self.link.close()
+        self.link = None
+        self.link = Link(self.index, len(self.peers), self._host(), host, port, generation)
 
     # -- on the worker's event loop: messages and reads from other devices ----------------
     async def deliver(self, tag: int, message: Message) -> None:
@@ -53,6 +78,8 @@ class DeviceActor:
         """On the event loop, so it runs while the actor's thread is inside a step: that step ends at its next
         wait and sends no more messages of its own."""
         self.mail.stop()
+        if self.link is not None:  # its waits end at their next wake-up; its threads once their waits end
+            self.link.close()
 
     def settled(self) -> None:
         """Returns once every call queued before it on the actor's thread (one thread per worker) has ended."""
@@ -167,6 +194,7 @@ class StepCall:
         self.actor, self.device, self.tag = actor, actor.device, tag
         self.epoch, self.first, self.step, self.seed = epoch, first, step, seed
         self.peers = {d: a for d, a in enumerate(actor.peers) if d != actor.index}
+        self.link = actor.link if self.peers else None  # transport collective: the devices' group
         self.sent: list = []  # [(peer, delivery call)] not yet acknowledged
         self.ahead: int | None = None  # the step (of this call) whose requests are out already
         self.deferred: BaseException | None = None  # the error of preparing it
@@ -201,7 +229,7 @@ class StepCall:
             work = (self._answer_early, lambda: self._prepare(k + 1, count)) if device.early and more \
                 else (None, None)
             linked = {d: self.peers[d] for d in device.round_peers[round]}
-            inbox = self.actor.mail.wait(self.tag, self.step + k, round, linked, *work)
+            inbox = self._wait(self.step + k, round, linked, work)
             if round is Round.REPLY:  # a patch goes with the sender's early answer
                 patched = {m.sender: self.peers[m.sender] for m in inbox if m.patch}
                 for m in self.actor.mail.wait(self.tag, self.step + k, Round.PREFETCH, patched) if patched else []:
@@ -210,6 +238,22 @@ class StepCall:
             if out:
                 self.sent += self._send(out)
         return device.finish()
+
+    def _wait(self, step: int, round: Round, linked: dict, work: tuple) -> list[Message]:
+        """The round's message of `step` from each of `linked` ({device: actor}), in device order; with
+        the collective transport, up to the first that carries a peer's error."""
+        if self.link is None:
+            return self.actor.mail.wait(self.tag, step, round, linked, *work)
+        inbox = []
+        for d in sorted(linked):
+            m = self.link.receive(d, round, linked[d])
+            inbox.append(m)
+            if m.error is not None:
+                break
+            if m.step != step:
+                raise TrainingError(f"device {self.actor.index}: device {d}'s {round.value} message is of step "
+                                    f"{m.step}, not {step}; the devices' group is out of step")
+        return inbox
 
     def _prepare(self, k: int, count: int) -> bool:
         """Prepare step k and send its requests, if that is still to do; whether it did."""
@@ -228,7 +272,12 @@ class StepCall:
                          for m in requests)
 
     def _send(self, out: dict[int, Message]) -> list:
-        """Deliver each of `out`'s messages to its peer: [(peer, the delivery's call)]."""
+        """Deliver each of `out`'s messages to its peer: [(peer, the delivery's call)] (none with the collective
+        transport: its sends end in the background)."""
+        if self.link is not None:
+            for peer, m in out.items():
+                self.link.send(peer, m)
+            return []
         return [(peer, self.actor.peers[peer].deliver(self.tag, m)) for peer, m in out.items()]
 
     def _acknowledged(self) -> None:
@@ -246,8 +295,14 @@ class StepCall:
         or the next one's requests if this device failed while preparing it), then drain the deliveries."""
         self.device.abort()
         index, peers = self.actor.index, self.actor.peers
+        waits = [(self.current, r) for r in self.device.rounds] + [(self.current + 1, Round.REQUEST)]
+        if self.link is not None:  # its streams are out of step now: the engine forms the group again
+            self.link.broken = True
+            for s, r in waits:  # a peer waiting on one of this device's streams stops at once
+                for p in self.peers:
+                    self.link.send(p, Message(r, s, index, error=str(e)))
+            return
         if not isinstance(e, WorkerLost):
-            waits = [(self.current, r) for r in self.device.rounds] + [(self.current + 1, Round.REQUEST)]
             self.sent += [(p, peers[p].deliver(self.tag, Message(r, s, index, error=str(e))))
                           for s, r in waits for p in self.peers]
         for peer, call in self.sent:

@@ -12,6 +12,18 @@ from shardflow.planner.costmodel import check_dedup
 from shardflow.training.validation import check_min_epochs
 
 
+TRANSPORTS = ("actor", "collective")  # how a step's messages travel (shardflow.training.collective)
+
+
+def check_transport(name: str, early_answers: bool) -> None:
+    if name not in TRANSPORTS:
+        raise InputError(f"transport {name!r}; accepted: {', '.join(TRANSPORTS)}")
+    if name == "collective" and early_answers:
+        raise InputError("early_answers = true with transport 'collective'; accepted: early_answers false (an early "
+                         "answer arrives outside the step's rounds, which the collective streams do not carry), or "
+                         "transport 'actor'")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     batch_size: int = 4096
@@ -25,6 +37,7 @@ class TrainConfig:
     eval_negatives: int = EVAL_NEGATIVES  # ranked against each held-out item, none its user's (sample_unseen)
     window: tuple[int, int] = (0, 0)  # (first segment trained on, first evaluated on): see TrainData.load and ClickData
     early_answers: bool = False  # answer the next step's requests while waiting (protocol.py: PREFETCH)
+    transport: str = "actor"  # how a step's messages travel: actor calls, or a gloo group (training/collective.py)
     # Hold out a validation split (each user's second-to-last item; a click log's last rows before the test
     # rows), score it after every epoch, stop after this many epochs without a better score and keep the
     # best epoch's parameters. None: no split, every epoch trained.
@@ -44,6 +57,7 @@ class TrainConfig:
         check_min_epochs(self.min_epochs, self.patience, self.epochs)
         if not isinstance(self.early_answers, bool):
             raise InputError(f"early_answers = {self.early_answers!r}; accepted: true or false")
+        check_transport(self.transport, self.early_answers)
 
     @property
     def validation(self) -> bool:

@@ -124,6 +124,8 @@ class Engine(Persistence):
                 self.check_workers(grace_s=LOSS_GRACE_S, by_actor=False)
                 raise
             self._wait([a.connect(self.actors) for a in self.actors])
+            self._generation = 0
+            self._form_group()
         except BaseException:
             self.close()
             raise
@@ -146,6 +148,15 @@ class Engine(Persistence):
             )
             for d, address in enumerate(self.workers)
         ]
+
+    def _form_group(self) -> None:
+        """Transport collective, several devices: the devices form a new gloo group (each leaves the one before;
+        after a failed call the old one's streams are out of step)."""
+        if self.train.transport != "collective" or len(self.actors) < 2:
+            return
+        self._generation += 1
+        host, port = self._wait([self.actors[0].open_rendezvous()])[0]
+        self._wait([a.join(host, port, self._generation) for a in self.actors])
 
     def _all(self, method: str, *args) -> list:
         try:
@@ -252,6 +263,7 @@ class Engine(Persistence):
         if errors:
             if self.actors:  # else closed meanwhile: nothing left to ask
                 self.step_count = min(self._all("clock"))
+                self._form_group()
             raise next((e for e in errors if not isinstance(e, PeerStopped)), errors[0])
         self.step_count += count
         return [list(per_step) for per_step in zip(*results)]

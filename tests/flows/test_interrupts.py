@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import yaml
 
 from runs import BIN, SMALL, TOPOLOGY, prefect_home
@@ -25,12 +26,13 @@ from test_real_server import READ_BACK
 ENDS_WITHIN_S = 15
 
 
-def start(tmp_path: Path, env: dict, interactions: int = 40000) -> subprocess.Popen:
+def start(tmp_path: Path, env: dict, interactions: int = 40000, **config) -> subprocess.Popen:
     synth_dataset(tmp_path / "ds", [SynthTable("item", 400, 1.1)], interactions=interactions, seed=3, mean_length=12)
     (tmp_path / "topo.yaml").write_text(TOPOLOGY)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({
         **{k: list(v) if isinstance(v, tuple) else v for k, v in SMALL.items()}, "epochs": 3,
         "dataset": str(tmp_path / "ds"), "run_dir": str(tmp_path / "run"), "topology": str(tmp_path / "topo.yaml"),
+        **config,
     }))
     return subprocess.Popen([str(BIN / "shardflow"), "run", "--config", str(tmp_path / "run.yaml")], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -95,8 +97,10 @@ def one_line(err: str, begins: str) -> None:
     assert len(ours) == 1 and ours[0].startswith(begins) and "run the same command again to resume" in ours[0], ours
 
 
-def test_sigterm_to_the_group_is_recorded_as_crashed_and_the_same_command_resumes(server, tmp_path):
-    proc = start(tmp_path, server.env)
+@pytest.mark.parametrize("transport", ["actor", "collective"])
+def test_sigterm_to_the_group_is_recorded_as_crashed_and_the_same_command_resumes(server, tmp_path, transport):
+    """With the collective transport the devices may be inside a gloo wait: the engine's stop ends it."""
+    proc = start(tmp_path, server.env, transport=transport)
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGTERM)
     assert status == 143 and seconds < ENDS_WITHIN_S, (status, seconds, err[-3000:])
     one_line(err, "shardflow run: terminated (SIGTERM);")

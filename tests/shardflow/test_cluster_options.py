@@ -14,7 +14,7 @@ import pytest
 from shardflow.cluster_options import CLUSTER_KWARGS, TlsFiles, check_cluster_kwargs, local_worker_limit
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
-from support import snapshot
+from support import pem_files, snapshot
 
 TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
 LOCAL, CUDA = "distributed.LocalCluster", "dask_cuda.LocalCUDACluster"
@@ -109,17 +109,6 @@ def test_every_allowed_key_of_every_class_has_a_bound_that_refuses_something():
 def test_a_class_whose_package_is_missing_names_the_package_to_install(topology):
     with pytest.raises(InputError, match=r"dask-cuda is not installed here; .* \(pip install dask-cuda\)"):
         RetrainConfig.build({"topology": topology, "cluster_class": CUDA, "cluster_kwargs": {"n_workers": 2}})
-
-
-def pem_files(tmp_path: Path) -> dict[str, str]:
-    """A CA, a certificate and its key as PEM files (distributed's own temporary credentials, written out)."""
-    from distributed.security import Security
-
-    made = Security.temporary()
-    files = {"tls_ca_file": made.tls_ca_file, "tls_cert": made.tls_scheduler_cert, "tls_key": made.tls_scheduler_key}
-    for key, text in files.items():
-        (tmp_path / f"{key}.pem").write_text(text)
-    return {key: str(tmp_path / f"{key}.pem") for key in files}
 
 
 def test_tls_files_let_a_value_bind_beyond_loopback_and_build_a_security_that_requires_encryption(tmp_path,

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from shardflow.cluster import run_cluster
-from test_cluster_options import pem_files
+from support import pem_files
 
 
 def listening(pid: int) -> set[tuple[str, int]]:

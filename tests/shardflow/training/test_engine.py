@@ -91,12 +91,14 @@ def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(client, da
     assert moved.max() > 1e-4, "training changed nothing: the comparison would prove nothing"
 
 
-@pytest.mark.parametrize("early", [False, True])
-def test_the_cluster_gives_bitwise_the_parameters_of_the_in_process_driver(client, dataset, data, early):
-    """Same devices, same messages, same order of sums: only the transport differs. Answering the next
-    step's requests early (whenever a device waits) and patching them changes no bit either."""
+@pytest.mark.parametrize("transport, early", [("actor", False), ("actor", True), ("collective", False)])
+def test_the_cluster_gives_bitwise_the_parameters_of_the_in_process_driver(client, dataset, data, transport, early):
+    """Same devices, same messages, same order of sums: only the transport differs (actor calls, or the
+    devices' gloo group). Answering the next step's requests early (whenever a device waits) and patching
+    them changes no bit either."""
     plan = random_plan(data, 4, seed=11)
-    with Engine(client, dataset, plan, TOPOLOGIES[4], MODEL, OPTIMIZER, TrainConfig(BATCH, early_answers=early)) as e:
+    train = TrainConfig(BATCH, early_answers=early, transport=transport)
+    with Engine(client, dataset, plan, TOPOLOGIES[4], MODEL, OPTIMIZER, train) as e:
         e.steps(0, 0, 2)
         e.steps(0, 2, 5)  # several steps per call: the next batch's requests travel during a step
         on_cluster = e.parameters()
@@ -146,10 +148,16 @@ def test_a_plan_that_does_not_match_the_dataset_is_refused(client, dataset, data
     assert actors_after_release(client) == 0, "a refused engine left actors behind"
 
 
-def test_a_non_finite_gradient_stops_the_step_naming_it_and_changes_nothing(client, dataset, data):
+TRANSPORTS = pytest.mark.parametrize("transport", ["actor", "collective"])
+
+
+@TRANSPORTS
+def test_a_non_finite_gradient_stops_the_step_naming_it_and_changes_nothing(client, dataset, data, transport):
+    """With the collective transport the failed call leaves the group's streams out of step: the engine forms
+    a new group, and the next call runs (and fails again, on its own gradient)."""
     exploding = OptimizerConfig(row_lr=1e30, dense_lr=1e30, dense="adagrad")
     plan = random_plan(data, 2, seed=3)
-    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, exploding, TrainConfig(BATCH)) as e:
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, exploding, TrainConfig(BATCH, transport=transport)) as e:
         with pytest.raises(TrainingError, match=r"step \d+: (the loss is|non-finite gradient in)"):
             e.steps(0, 0, 20)  # one call: the steps before the failing one stay applied
         failed = e.step_count
@@ -285,11 +293,13 @@ def _fail_preparing(step: int, dask_worker=None) -> int:
     return actor.index
 
 
-def test_a_device_failing_while_it_prepares_the_next_step_stops_every_device_at_once(client, dataset, data):
+@TRANSPORTS
+def test_a_device_failing_while_it_prepares_the_next_step_stops_every_device_at_once(client, dataset, data,
+                                                                                      transport):
     import time
 
     plan = random_plan(data, 2, seed=4)
-    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH)) as e:
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH, transport=transport)) as e:
         worker = sorted(e.workers)[1]
         assert client.run(_fail_preparing, 3, workers=[worker]) == {worker: 1}
         t = time.monotonic()
@@ -300,7 +310,8 @@ def test_a_device_failing_while_it_prepares_the_next_step_stops_every_device_at_
         assert all(p["item"]["version"].max() == 3 for p in e.parameters())
 
 
-def test_closing_an_engine_mid_call_stops_every_device_before_releasing_its_shard(client, dataset, data):
+@TRANSPORTS
+def test_closing_an_engine_mid_call_stops_every_device_before_releasing_its_shard(client, dataset, data, transport):
     """As an interrupt does: the flow's wait is cut short while the devices run a call of many steps."""
     import threading
     import time
@@ -308,7 +319,8 @@ def test_closing_an_engine_mid_call_stops_every_device_before_releasing_its_shar
     from shardflow.training.transport import CLOSE_WAIT_S
 
     small = 16  # many short steps: the call outlasts the wait below
-    engine = Engine(client, dataset, random_plan(data, 2, seed=1), TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(small))
+    engine = Engine(client, dataset, random_plan(data, 2, seed=1), TOPOLOGIES[2], MODEL, OPTIMIZER,
+                    TrainConfig(small, transport=transport))
     count = data.steps_per_epoch(small)
     ended = {}
 
@@ -336,13 +348,15 @@ def test_closing_an_engine_mid_call_stops_every_device_before_releasing_its_shar
     assert not [m for m in new if "actor_execute" in m or "KeyError" in m], new
 
 
-def test_closing_drains_a_call_the_engine_never_saw_start(client, dataset, data):
+@TRANSPORTS
+def test_closing_drains_a_call_the_engine_never_saw_start(client, dataset, data, transport):
     """An interrupt can land between the calls to two devices: the first runs a step the engine has not
     counted as running, waiting for a peer never called. Closing stops and drains it before any shard
     goes, and a call that reaches a stopped device sends nothing."""
     import time
 
-    engine = Engine(client, dataset, random_plan(data, 2, seed=1), TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH))
+    engine = Engine(client, dataset, random_plan(data, 2, seed=1), TOPOLOGIES[2], MODEL, OPTIMIZER,
+                    TrainConfig(BATCH, transport=transport))
     before = {w: len(log) for w, log in client.get_worker_logs().items()}
     stray = engine.actors[0].steps(1, 0, 0, 1, 0, 0)
     time.sleep(0.5)  # device 0 has sent its requests and waits for device 1's

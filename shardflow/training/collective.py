@@ -1,0 +1,173 @@
+"""The collective transport: a step's round messages go between the devices' workers over a torch.distributed
+gloo process group, not through Dask actor calls.
+
+Dask still places one device per worker, starts, watches and restarts them and carries
+every call outside a step (evaluation, exports, checkpoints, metrics); only the messages
+of the protocol's rounds (shardflow.training.protocol) take this path. The engine forms
+the group once its actors exist: device 0 opens the rendezvous (a TCPStore on a socket
+bound to its worker's own host, so a local cluster listens on loopback only), every
+device joins it, and gloo connects every pair over the workers' host addresses. A device
+with no peers forms no group and exchanges nothing.
+
+Each pair of devices has one ordered stream per round (the gloo tag is the round's
+number): a message is its length, then its pickled bytes. The rounds of a plan are the
+same on every device, so each stream carries one message per step, in step order.
+
+Waits are bounded as the actor transport's are (shardflow.training.transport): a gloo
+wait cannot be interrupted, so it runs on the link's own waiter thread while the
+device's thread watches for the engine closing and, every PROBE_S, asks the peer's actor
+whether it still exists. A peer whose process ends closes its sockets and the wait fails
+at once (WorkerLost).
+
+A step that fails leaves the streams out of step (its error messages are sent on every
+round's stream to every peer and never all received), so the engine forms a new group
+(`Link.generation`) before the next call; a restore makes new actors and a new group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import pickle
+import queue
+import socket
+import threading
+import time
+
+import torch
+from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+from shardflow.errors import WorkerLost
+from shardflow.training.messages import Message, Round
+from shardflow.training.transport import PEER_TIMEOUT_S, PROBE_S, EngineClosing, probe
+
+TAGS = {r: i for i, r in enumerate(Round)}
+RENDEZVOUS_TIMEOUT_S = 120.0  # how long joining waits for every device to join
+
+
+def open_rendezvous(host: str) -> tuple[TCPStore, int]:
+    """The store every device of a group meets at, listening on `host` only (not every interface); its port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.bind((host, 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    store = TCPStore(host, port, None, True, datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
+                     wait_for_workers=False, master_listen_fd=listener.detach())
+    return store, port
+
+
+class _Waiter:
+    """A thread that waits on gloo works in turn (a gloo wait cannot be interrupted, nor retried after a
+    timeout), so the device's own thread can watch the engine and the peers meanwhile."""
+
+    def __init__(self, name: str) -> None:
+        self._todo: queue.Queue = queue.Queue()
+        self._closed = False
+        threading.Thread(target=self._run, name=f"shardflow-collective-{name}", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            work, done, failed = self._todo.get()
+            if work is None or self._closed:  # closed: what is left would never end (its group is left)
+                return
+            try:
+                work.wait()
+            except Exception as e:  # gloo: the peer closed the connection, or the group's timeout passed
+                failed.append(e)
+            if done is not None:
+                done.set()
+
+    def submit(self, work, done: threading.Event | None = None) -> list:
+        """Wait for `work` after those before it; `done` is set once it ended; the list holds its error."""
+        failed: list = []
+        self._todo.put((work, done, failed))
+        return failed
+
+    def close(self) -> None:
+        self._closed = True
+        self._todo.put((None, None, None))
+
+
+class Link:
+    """One device's end of a group: sends and receives the rounds' messages; see the module's description."""
+
+    def __init__(self, rank: int, world: int, own_host: str, store_host: str, port: int, generation: int,
+                 timeout_s: float = PEER_TIMEOUT_S) -> None:
+        store = TCPStore(store_host, port, None, False, datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+        options = ProcessGroupGloo._Options()
+        options._timeout = datetime.timedelta(seconds=timeout_s)
+        options._devices = [ProcessGroupGloo.create_device(hostname=own_host)]
+        self.group = ProcessGroupGloo(PrefixStore(f"group-{generation}", store), rank, world, options)
+        self._store = store
+        self.rank, self.generation, self.timeout_s = rank, generation, timeout_s
+        self._receiving = _Waiter("receive")  # the device's thread waits while it waits
+        self._sending = _Waiter("send")  # in the background: a send ends once its peer takes it
+        self._wake = threading.Event()
+        self.stopped = False
+        self.broken = False  # a wait was given up: the streams are out of step, the group must be formed again
+
+    def send(self, peer: int, message: Message) -> None:
+        buffer = io.BytesIO()
+        pickle.dump(message, buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+        tag = TAGS[message.round]
+        self._sending.submit(SendWork(self.group.send([size], peer, tag), size))
+        self._sending.submit(SendWork(self.group.send([payload], peer, tag), (payload, buffer)))
+
+    def receive(self, peer: int, round: Round, actor) -> Message:
+        """The next message of `round`'s stream from `peer` (whose Dask actor is `actor`)."""
+        tag = TAGS[round]
+        size = torch.empty(1, dtype=torch.int64)
+        self._wait(self.group.recv([size], peer, tag), peer, actor)
+        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        self._wait(self.group.recv([payload], peer, tag), peer, actor)
+        return pickle.loads(memoryview(payload.numpy()))
+
+    def _wait(self, work, peer: int, actor) -> None:
+        if self.broken:
+            raise WorkerLost("the devices' group was left out of step by a failed step; it is formed again first")
+        done = self._wake = threading.Event()
+        failed = self._receiving.submit(work, done)
+        deadline = time.monotonic() + self.timeout_s
+        while not done.wait(PROBE_S):
+            if self.stopped:
+                break
+            self._unless_probe_fails(actor)
+            if time.monotonic() > deadline:
+                self.broken = True
+                raise WorkerLost(f"no message from device {peer} in {self.timeout_s:.0f} s")
+        if self.stopped:
+            self.broken = True
+            raise EngineClosing("the engine is closing: the step stopped here")
+        if failed:
+            self.broken = True
+            raise WorkerLost(f"device {peer}'s connection failed ({failed[0]})")
+
+    def _unless_probe_fails(self, actor) -> None:
+        try:
+            probe(actor)
+        except WorkerLost:
+            self.broken = True
+            raise
+
+    def stop(self) -> None:
+        """The engine is closing: a wait now or later ends with EngineClosing (from any thread)."""
+        self.stopped = True
+        self._wake.set()
+
+    def close(self) -> None:
+        self.stop()
+        self._receiving.close()
+        self._sending.close()
+
+
+class SendWork:
+    """A send under way and what it reads (kept alive until the send ends)."""
+
+    def __init__(self, work, holds) -> None:
+        self.work, self.holds = work, holds
+
+    def wait(self) -> None:
+        self.work.wait()

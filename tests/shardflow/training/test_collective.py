@@ -1,0 +1,113 @@
+"""The collective transport's link: two devices' ends of a real gloo group in one process (a thread each);
+its refusals. The engine's runs over it are in test_engine.py and tests/flows/test_faults.py."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from shardflow.config import RetrainConfig
+from shardflow.errors import InputError, WorkerLost
+from shardflow.training.collective import Link, open_rendezvous
+from shardflow.training.config import check_transport
+from shardflow.training.messages import Block, Kind, Message, Round
+from shardflow.training.transport import PROBE_S, EngineClosing
+from support import pem_files
+
+
+class Alive:
+    """Stands for a peer's actor that still exists (reading `alive` succeeds)."""
+
+    alive = True
+
+
+class Gone:
+    """A peer's actor released: reading `alive` fails as distributed's does."""
+
+    @property
+    def alive(self):
+        raise KeyError("actor released")
+
+
+@pytest.fixture
+def pair():
+    store, port = open_rendezvous("127.0.0.1")
+    links: dict[int, Link] = {}
+
+    def join(rank: int) -> None:
+        links[rank] = Link(rank, 2, "127.0.0.1", "127.0.0.1", port, generation=1, timeout_s=30)
+
+    joiners = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+    for t in joiners:
+        t.start()
+    for t in joiners:
+        t.join(timeout=60)
+    yield links[0], links[1]
+    for link in links.values():
+        link.close()
+    del store
+
+
+def test_messages_arrive_whole_and_in_each_rounds_order(pair):
+    a, b = pair
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a.send(1, Message(Round.REQUEST, 0, 0, [Block(Kind.LOOKUP, "item", np.array([5, 7, 9]))]))
+    a.send(1, Message(Round.REPLY, 0, 0, [Block(Kind.LOOKUP, "item", np.zeros(0, np.int64), rows)],
+                      dense={"w": rows[:1]}))
+    a.send(1, Message(Round.REQUEST, 1, 0))
+    reply = b.receive(0, Round.REPLY, Alive())  # another round's stream: not behind the requests
+    first, second = b.receive(0, Round.REQUEST, Alive()), b.receive(0, Round.REQUEST, Alive())
+    assert (first.step, second.step) == (0, 1) and first.blocks[0].ids.tolist() == [5, 7, 9]
+    assert reply.blocks[0].values.tobytes() == rows.tobytes() and reply.dense["w"].tobytes() == rows[:1].tobytes()
+
+
+def test_a_wait_ends_when_the_engine_stops_the_device(pair):
+    a, b = pair
+    threading.Timer(0.2, b.stop).start()
+    t = time.monotonic()
+    with pytest.raises(EngineClosing, match="engine is closing"):
+        b.receive(0, Round.GRADIENTS, Alive())
+    assert time.monotonic() - t < 5 and b.broken
+
+
+def test_a_peer_whose_actor_is_gone_ends_the_wait_within_a_probe(pair):
+    a, b = pair
+    t = time.monotonic()
+    with pytest.raises(WorkerLost, match="a peer device is gone"):
+        b.receive(0, Round.TOTALS, Gone())
+    assert PROBE_S <= time.monotonic() - t < PROBE_S + 5
+    with pytest.raises(WorkerLost, match="formed again"):  # out of step now: nothing more on this group
+        b.receive(0, Round.TOTALS, Alive())
+
+
+def test_the_rendezvous_listens_on_the_host_it_is_given_only():
+    store, port = open_rendezvous("127.0.0.1")
+    listening = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True, check=True).stdout
+    ours = [line.split()[3] for line in listening.splitlines() if line.split()[3].endswith(f":{port}")]
+    assert ours == [f"127.0.0.1:{port}"], ours
+    del store
+
+
+def test_an_unknown_transport_or_one_with_early_answers_is_one_line():
+    with pytest.raises(InputError, match="transport 'nccl'; accepted: actor, collective"):
+        check_transport("nccl", False)
+    with pytest.raises(InputError, match="early_answers = true with transport 'collective'; accepted"):
+        check_transport("collective", True)
+    check_transport("collective", False)
+
+
+def test_the_config_refuses_a_collective_transport_beside_early_answers_or_tls_files(tmp_path):
+    topology = tmp_path / "t.yaml"
+    topology.write_text("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n")
+    base = {"topology": str(topology), "transport": "collective"}
+    assert RetrainConfig.build(base).training().transport == "collective"
+    for extra, refusal in (({"early_answers": True}, "early_answers = true with transport 'collective'; accepted"),
+                           (pem_files(tmp_path), "transport = 'collective' with the cluster's TLS files; accepted: "
+                                                 "transport 'actor'")):
+        with pytest.raises(InputError, match=refusal) as e:
+            RetrainConfig.build({**base, **extra})
+        assert "\n" not in str(e.value)
