@@ -3,12 +3,15 @@
     python bench/emulated_cluster.py [--rounds 3] [--steps 16] [--time-scale auto|N]
         [--topologies 2x2-equal,2x2-one-5x-slower,4x2-one-slow] [--data bundled,zipf]
         [--strategies row-wise-mod,row-wise-block,table-wise,flexshard] [--dedups device,node]
+        [--transport actor|collective]
 
 Needs root, `ip` and `tc` (shardflow.emulation); says so in one line otherwise. For each
 topology it builds the emulated cluster once (one namespace per node, uplinks shaped both
 ways to the topology's rate / --time-scale, loopback inside a node to the intra-node rate /
 --time-scale) and, round after round, runs `shardflow train --scheduler` in its hub for
-every dataset × dedup × strategy in turn (batch 4096, --steps steps, 200 held-out users).
+every dataset × dedup × strategy in turn (batch 4096, --steps steps, 200 held-out users), its step
+messages carried by --transport (shardflow.training.collective: a gloo group over the namespaces'
+addresses; actor: Dask actor calls).
 With --time-scale auto (the default) each topology's factor is measured before its cluster is
 built (shardflow.emulation.calibration: 500 times this host's reference step in one process
 per device over the reference host's), so that a slower or busier host gets slower links.
@@ -125,25 +128,28 @@ def shaped_uplinks(cluster: EmulatedCluster) -> dict[str, float]:
     return {node.name: node.uplink_bytes_per_s for node in cluster.network.nodes}
 
 
-def run_rounds(cluster: EmulatedCluster, cells: dict, stores: dict, rounds: int, steps: int, label: str) -> dict:
+def run_rounds(cluster: EmulatedCluster, cells: dict, stores: dict, rounds: int, steps: int, label: str,
+               transport: str = "actor") -> dict:
     """Every cell once per round, in the same order each round; per cell its measurements."""
     shaped = shaped_uplinks(cluster)
     runs: dict = {key: [] for key in cells}
     for r in range(rounds):
         started = time.monotonic()
         for key, (plan, _) in cells.items():
-            runs[key].append(measure(*train(cluster, stores[key[0]], plan, steps), shaped))
+            runs[key].append(measure(*train(cluster, stores[key[0]], plan, steps, transport), shaped))
         print(f"  {label} round {r + 1}: {time.monotonic() - started:.0f} s, load {os.getloadavg()[0]:.1f}",
               flush=True)
     return runs
 
 
-def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int) -> tuple[dict, dict, dict, dict]:
+def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int,
+          transport: str = "actor") -> tuple[dict, dict, dict, dict]:
     """`shardflow train`'s summary; the uplinks' use over its steady steps, over the whole command, and over the
     steady steps in EARLIER_INTERVAL_S intervals."""
     with UplinkMonitor(cluster.network) as watch:
         proc = cluster.command([*SHARDFLOW, "train", str(store), "--plan", str(plan), "--max-steps", str(steps),
-                                "--eval-users", str(EVAL_USERS), "--json", "--scheduler", cluster.scheduler_address],
+                                "--eval-users", str(EVAL_USERS), "--json", "--scheduler", cluster.scheduler_address,
+                                "--transport", transport],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE.parent)
         out, err = proc.communicate()
     if proc.returncode != 0:
@@ -181,6 +187,7 @@ def main() -> int:
     ap.add_argument("--data", default="bundled,zipf")
     ap.add_argument("--strategies", default="row-wise-mod,row-wise-block,table-wise,flexshard")
     ap.add_argument("--dedups", default="device,node")
+    ap.add_argument("--transport", choices=["actor", "collective"], default="actor")
     ap.add_argument("--fit", action="store_true",
                     help=f"fit the cost model's wire (bytes factor, round cost) on {' and '.join(FIT_TOPOLOGIES)} "
                          "instead")
@@ -210,7 +217,7 @@ def main() -> int:
             scale = time_scale(args.time_scale, topology)
             with EmulatedCluster(topology, scale, scratch / f"logs-{topo_name}") as cluster:
                 shaped = shaped_uplinks(cluster)
-                runs = run_rounds(cluster, cells, stores, args.rounds, args.steps, topo_name)
+                runs = run_rounds(cluster, cells, stores, args.rounds, args.steps, topo_name, args.transport)
             print_table(topo_name, topology, scale, cells, runs, shaped)
     return 0
 

@@ -11,9 +11,11 @@ and the same model (dim 64, history 20, 4 negatives, row-wise Adagrad + Adam; --
 64-32 over the history's mean, or self-attention: SASRec's 2 blocks, 1 head, dropout 0.5; ModelConfig's
 defaults):
   - engine:   the Dask engine, one worker process (one thread) per device; its figure is
-              `shardflow train`'s steady-state examples/s (steps after the first 2); on 2
-              devices also with the next step's requests answered early (`early_answers`:
-              rows sent while waiting, patched when the step begins), to show what that gains;
+              `shardflow train`'s steady-state examples/s (steps after the first 2), its step
+              messages carried by Dask actor calls (transport actor); on 2 devices also over
+              the devices' gloo group (transport collective, shardflow.training.collective),
+              and with the next step's requests answered early (`early_answers`: rows sent
+              while waiting, patched when the step begins), to show what each gains;
   - pytorch:  shardflow's single-process reference trainer (PyTorch, whole tables,
               sparse embedding gradients) with 1 and with 2 threads, after 2 warm-up
               steps: no communication at all, the limit of this machine;
@@ -115,9 +117,9 @@ def torchrec_rate(python: str, dataset: Path, batch_size: int, steps: int) -> tu
 
 
 def engine_rate(client, dataset: Path, plan, topo, batch_size: int, steps: int, model: ModelConfig = MODEL,
-                early: bool = False, device: str = "cpu") -> dict:
+                early: bool = False, device: str = "cpu", transport: str = "actor") -> dict:
     train = TrainConfig(batch_size=batch_size, max_steps=WARMUP + steps, eval_users=None, early_answers=early,
-                        device=device)
+                        device=device, transport=transport)
     with Engine(client, str(dataset), plan, topo, model, OPTIMIZER, train) as engine:
         result = engine.fit()
         traffic = engine.traffic()
@@ -155,7 +157,7 @@ def main() -> None:
               f"{args.rounds} rounds, {cores} cores, torch {torch.__version__}, encoder {model.encoder}, "
               f"device {args.device}" + (f" ({torch.cuda.get_device_name(0)})" if args.device == "cuda" else ""))
         rates: dict[str, list[float]] = {}
-        splits: dict[int, list[dict]] = {1: [], 2: []}
+        splits: dict[int | str, list[dict]] = {1: [], 2: []}
         loads = []
         patch_share = []  # bytes of patches over bytes of rows read, 2 devices
         skipped = ""
@@ -173,6 +175,10 @@ def main() -> None:
                     e = engine_rate(clients[devices], dataset, *plans[devices], B, n, model, device=args.device)
                     rates.setdefault(f"engine, {devices} device(s)", []).append(e["rate"])
                     splits[devices].append(e["timings"])
+                collective = engine_rate(clients[2], dataset, *plans[2], B, n, model, device=args.device,
+                                         transport="collective")
+                rates.setdefault("engine, 2, collective", []).append(collective["rate"])
+                splits.setdefault("2, collective", []).append(collective["timings"])
                 early = engine_rate(clients[2], dataset, *plans[2], B, n, model, early=True, device=args.device)
                 rates.setdefault("engine, 2, early answers", []).append(early["rate"])
                 patch_share.append(early["patch_share"])
@@ -212,8 +218,11 @@ def main() -> None:
         print(f"\n{'ratio (per round)':<36} {'min':>9} {'median':>7} {'max':>7}")
         e1, e2 = rates["engine, 1 device(s)"], rates["engine, 2 device(s)"]
         p1, p2 = rates["pytorch, 1 thread(s)"], rates["pytorch, 2 thread(s)"]
+        c2 = rates["engine, 2, collective"]
         ratios = {
             "engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2)],
+            "collective 2 devices / pytorch 2 thr.": [a / b for a, b in zip(c2, p2)],
+            "collective / actor, 2 devices": [a / b for a, b in zip(c2, e2)],
             "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1)],
             "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1)],
             "early answers / engine 2 devices": [a / b for a, b in zip(rates["engine, 2, early answers"], e2)],
@@ -223,7 +232,7 @@ def main() -> None:
         for name, v in ratios.items():
             print(f"{name:<36} {spread(v)}")
         print(f"early answers: patches sent {spread(patch_share).strip()} (min median max) of the bytes of rows read")
-        for devices in (1, 2):
+        for devices in splits:
             keys = list(splits[devices][0])
             mean = {k: float(np.median([s[k] for s in splits[devices]])) for k in keys}
             print(f"engine, {devices} device(s), ms/step (median of rounds): "
