@@ -6,9 +6,12 @@ Generates a seeded sasrec log (user-grouped, Zipf(1.2) items) in a scratch direc
 then alternates, round by round, two commands in fresh processes:
   - the reader: pyarrow's streaming CSV reader converting the file to int64 columns
     (block by block, its threads on), nothing else;
-  - `shardflow import --format sasrec LOG DEST`: parse, re-index, write the zarr store.
+  - `shardflow import --format sasrec LOG DEST`: parse, re-index, write the zarr store;
+and then, in a fresh process, the hash of every array of the store just written
+against its manifest's digests (`Dataset.verify`: what every retraining run pays
+before it trains on a store, tasks/retrain.py: verify_dataset).
 Each command's peak resident memory is sampled every 10 ms over its whole process tree.
-Prints every round, min / median / max of import ÷ reader, and the load average.
+Prints every round, min / median / max of import ÷ reader and verify ÷ reader, and the load average.
 
 Then appends a 1% part (new events of earlier and of new users) to the imported store
 with `--append`, and imports the same part alone into an empty store: the append should
@@ -37,6 +40,11 @@ reader = csv.open_csv(sys.argv[1], read_options=csv.ReadOptions(column_names=["u
     parse_options=csv.ParseOptions(delimiter=" ", quote_char=False),
     convert_options=csv.ConvertOptions(column_types={"user": pa.int64(), "item": pa.int64()}))
 rows = sum(batch.num_rows for batch in reader)
+"""
+VERIFY = """
+import sys
+from storage.dataset import Dataset
+Dataset.open(sys.argv[1], hashed=False).verify()
 """
 
 
@@ -102,19 +110,25 @@ def main() -> None:
             f"log: {int(args.lines):,} lines, {log.stat().st_size / 1e6:.0f} "
             f"MB, written in {time.perf_counter() - t:.1f} s"
         )
-        print(f"{'round':>5} {'reader s':>9} {'import s':>9} {'ratio':>6} {'reader MB':>10} {'import MB':>10}")
-        ratios, peaks = [], []
+        print(f"{'round':>5} {'reader s':>9} {'import s':>9} {'ratio':>6} {'reader MB':>10} {'import MB':>10} "
+              f"{'verify s':>9} {'ratio':>6}")
+        ratios, peaks, verifies = [], [], []
         for r in range(args.rounds):
             read_s, read_mb = measure([sys.executable, "-c", READER, str(log)])
             dest = work / f"ds-{r}"
             import_s, import_mb = measure([shardflow, "import", "--format", "sasrec", str(log), str(dest)])
             ratios.append(import_s / read_s)
             peaks.append(import_mb)
-            print(f"{r + 1:>5} {read_s:>9.2f} {import_s:>9.2f} {ratios[-1]:>6.2f} {read_mb:>10.0f} {import_mb:>10.0f}")
+            verify_s, _ = measure([sys.executable, "-c", VERIFY, str(dest)])
+            verifies.append(verify_s / read_s)
+            print(f"{r + 1:>5} {read_s:>9.2f} {import_s:>9.2f} {ratios[-1]:>6.2f} {read_mb:>10.0f} {import_mb:>10.0f} "
+                  f"{verify_s:>9.2f} {verifies[-1]:>6.2f}")
             if r:
                 subprocess.run(["rm", "-rf", str(dest)], check=True)
         print(f"import / reader: min {min(ratios):.2f}  median {statistics.median(ratios):.2f}  max {max(ratios):.2f};"
               f"  import peak {max(peaks):.0f} MB (process tree);  load average {os.getloadavg()[0]:.2f}")
+        print(f"verify / reader: min {min(verifies):.2f}  median {statistics.median(verifies):.2f}  "
+              f"max {max(verifies):.2f}")
 
         store = work / "store"
         measure([shardflow, "import", "--format", "sasrec", str(work / "parts"), str(store)])

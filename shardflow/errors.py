@@ -30,6 +30,20 @@ def brief(value: object, width: int = 80) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+def first_line(error: BaseException, width: int = 120) -> str:
+    """`error` as `Type: its message's first line`, at most `width` characters of the message."""
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:width]}"
+
+
+class DamagedStore(InputError):
+    """A stored array no longer matches the digest written with it (or cannot be read): `file` names it,
+    `segment` the dataset segment it belongs to (None outside a dataset)."""
+
+    def __init__(self, message: str, file: str, segment: int | None = None) -> None:
+        super().__init__(message)
+        self.file, self.segment = file, segment
+
+
 class TrainingError(RuntimeError):
     """Training cannot go on (a non-finite loss or gradient, a cluster that cannot be restored): says what
     and where."""

@@ -41,7 +41,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec
 
-from shardflow.errors import InputError
+from shardflow.errors import DamagedStore, InputError, first_line
 from shardflow.records import parse_record
 from storage.tables import TableSpec
 from storage.checksum import ArrayHash
@@ -89,7 +89,9 @@ class Dataset:
         self._layout: tuple[np.ndarray, list[SegmentRuns] | None] | None = None
 
     @classmethod
-    def open(cls, path: str | Path) -> "Dataset":
+    def open(cls, path: str | Path, hashed: bool = True) -> "Dataset":
+        """The store at `path`, its manifest checked; with `hashed`, its arrays too unless verified.json says
+        they were since this manifest was written (`verify`)."""
         path = Path(path)
         m = read_manifest(path, KIND, FORMAT_VERSION, MADE_BY)
         where = path / "manifest.json"
@@ -142,24 +144,29 @@ class Dataset:
                 f"{where}: its checksum does not match what it declares (an edited manifest?); accepted: the "
                 f"manifest as {MADE_BY} wrote it (import the data again)"
             )
-        ds._verify_content()
+        if hashed:
+            ds.verify(always=False)
         return ds
 
-    def _verify_content(self) -> None:
-        """Hash every array against its digest, unless done since this manifest was written.
+    def verify(self, always: bool = True) -> None:
+        """Hash every array against its digest (a DamagedStore naming the first that differs or cannot be read).
 
         The writer records that it hashed what it wrote (verified.json, keyed by the
-        manifest's sha256), so a store is re-hashed only when its manifest changed behind
-        its writer's back or the record is gone; a store that verifies is recorded again.
+        manifest's sha256). Opening a store (`always` false) re-hashes it only when its
+        manifest changed behind its writer's back or the record is gone; a run verifies
+        every array of what it trains on, always (tasks/retrain.py: prepare_dataset), since
+        a chunk changed in place leaves the manifest and the record as they were.
         """
         digest = hashlib.sha256((self.path / MANIFEST).read_bytes()).hexdigest()
-        try:
-            if json.loads((self.path / VERIFIED).read_text()).get("manifest_sha256") == digest:
-                return
-        except (OSError, ValueError, AttributeError):
-            pass
-        for s in self.segments:
+        if not always:
+            try:
+                if json.loads((self.path / VERIFIED).read_text()).get("manifest_sha256") == digest:
+                    return
+            except (OSError, ValueError, AttributeError):
+                pass
+        for k, s in enumerate(self.segments):
             for name, expected in s.arrays.items():
+                where = f"{self.path}/{SEGMENTS}/{s.name}/{name}"
                 arr = self._root[f"{SEGMENTS}/{s.name}/{name}"]
                 h = ArrayHash(name, arr.dtype, arr.shape)
                 step = max(1, int(arr.chunks[0]))
@@ -167,15 +174,11 @@ class Dataset:
                     for a in range(0, arr.shape[0], step):
                         h.update(arr[a : a + step])
                 except (RuntimeError, ValueError, OSError) as e:
-                    raise InputError(
-                        f"{self.path}/{SEGMENTS}/{s.name}/{name}: unreadable ({e}); accepted: the store as "
-                        f"{MADE_BY} wrote it"
-                    ) from None
+                    raise DamagedStore(f"{where}: unreadable ({first_line(e)}); accepted: the store as {MADE_BY} "
+                                       "wrote it", where, k) from None
                 if h.hexdigest() != expected:
-                    raise InputError(
-                        f"{self.path}/{SEGMENTS}/{s.name}/{name}: its content does not match the manifest's "
-                        f"digest (changed after it was written); accepted: the store as {MADE_BY} wrote it"
-                    )
+                    raise DamagedStore(f"{where}: its content does not match the manifest's digest (changed after it "
+                                       f"was written); accepted: the store as {MADE_BY} wrote it", where, k)
         try:
             record_verified(self.path)
         except OSError:  # a read-only store: verified again next time

@@ -191,6 +191,18 @@ def recorded_options(fmt: str, table_rows: dict, hash_rows, label: str | None) -
     return {"label": label} if label is not None else {}
 
 
+def repair_command(source: dict, segment: int, dest: str | Path) -> str:
+    """The command that rebuilds segment `segment` of the store at `dest` from its part, as its `source` record
+    (format, options, path, parts) names them; a whole re-import where the record does not name the part."""
+    fmt, options, parts = source.get("format"), source.get("options", {}), source.get("parts", [])
+    flags = _option_flags(options) if isinstance(options, dict) else ""
+    src = str(source.get("path", "SOURCE"))
+    if 0 <= segment < len(parts) and isinstance(parts[segment], dict) and "name" in parts[segment]:
+        return (f"shardflow import --format {fmt}{flags} --replace-from "
+                f"{shlex.join([str(parts[segment]['name']), src, str(dest)])}")
+    return f"shardflow import --format {fmt}{flags} --overwrite {shlex.join([src, str(dest)])}"
+
+
 def _option_flags(options: dict) -> str:
     """The command-line flags that give an import `options` (criteo's table sizes, recbole's click label)."""
     if "label" in options:

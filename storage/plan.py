@@ -15,13 +15,13 @@ Arrays and JSON only: shardflow.planning.plans turns them into plans, topologies
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import zarr
 
-from shardflow.errors import InputError
+from shardflow.errors import DamagedStore, InputError, first_line
 from shardflow.records import parse_record
 from storage.checksum import ArrayHash, combine
 from storage.dataset import COMPRESSORS
@@ -40,10 +40,10 @@ def write_plan(stage: Path, tables: dict[str, dict[str, np.ndarray]], manifest: 
     root = zarr.open_group(str(stage), mode="w")
     digests = {}
     for name, arrays in tables.items():
-        for field, values in arrays.items():
-            if field.startswith("partial") and not values.size:
+        for kind, values in arrays.items():
+            if kind.startswith("partial") and not values.size:
                 continue
-            path = f"tables/{name}/{field}"
+            path = f"tables/{name}/{kind}"
             arr = root.create_array(
                 path, shape=values.shape, dtype=values.dtype, chunks=(min(ROWS_PER_CHUNK, values.size),),
                 compressors=COMPRESSORS,
@@ -59,6 +59,7 @@ def write_plan(stage: Path, tables: dict[str, dict[str, np.ndarray]], manifest: 
         **manifest,
         "tables": {name: int(arrays["tier"].size) for name, arrays in tables.items()},
         "checksum": combine(digests),
+        "digests": digests,
     }
     write_manifest(stage, manifest)
     return manifest
@@ -87,6 +88,7 @@ class PlanManifest:
     source: PlanSource
     tables: dict  # table -> rows
     checksum: str
+    digests: dict = field(default_factory=dict)  # array path -> sha256 of its content (plans before: none)
 
 
 def read_plan_manifest(path: str | Path) -> PlanManifest:
@@ -97,20 +99,41 @@ def read_plan_manifest(path: str | Path) -> PlanManifest:
 
 def read_plan_arrays(path: str | Path) -> tuple[dict[str, dict[str, np.ndarray]], PlanManifest]:
     """({table: {"tier": int8, "home": int32, "partial_ids": int64, "partial_nodes": int64}}, manifest) of a
-    complete plan store (the partial arrays empty where the table has none)."""
+    complete plan store (the partial arrays empty where the table has none), every array checked against the
+    digest written with it: a DamagedStore names the first that differs or cannot be read."""
     path = Path(path)
     m = read_plan_manifest(path)
     root = zarr.open_group(str(path), mode="r")
-    tables = {}
-    for name in m.tables:
+    tables, digests = {}, {}
+
+    def read(name: str) -> np.ndarray:
         try:
-            tier, home = root[f"tables/{name}/tier"][:], root[f"tables/{name}/home"][:]
+            arr = root[name]
         except KeyError:
-            raise InputError(f"{path}: arrays of table '{name}' are missing; the manifest lists them") from None
-        group = root[f"tables/{name}"]
-        partial = {f: group[f][:].astype(np.int64) if f in group else np.zeros(0, np.int64)
+            raise InputError(f"{path}: array {name!r} is missing; the manifest lists it") from None
+        try:
+            values = arr[:]
+        except (RuntimeError, ValueError, OSError) as e:
+            raise DamagedStore(f"{path}/{name}: unreadable ({first_line(e)}); accepted: the plan as {MADE_BY} wrote "
+                               "it (plan again)", f"{path}/{name}") from None
+        h = ArrayHash(name, arr.dtype, arr.shape)
+        h.update(values)
+        digests[name] = h.hexdigest()
+        if name in m.digests and m.digests[name] != digests[name]:
+            raise DamagedStore(f"{path}/{name}: its content does not match the manifest's digest (changed after it "
+                               f"was written); accepted: the plan as {MADE_BY} wrote it (plan again)", f"{path}/{name}")
+        return values
+
+    for name in m.tables:
+        base = f"tables/{name}"
+        tier, home = read(f"{base}/tier"), read(f"{base}/home")
+        group = root[base]
+        partial = {f: read(f"{base}/{f}").astype(np.int64) if f in group else np.zeros(0, np.int64)
                    for f in ("partial_ids", "partial_nodes")}
         tables[name] = {"tier": tier.astype(np.int8), "home": home.astype(np.int32), **partial}
+    if combine(digests) != m.checksum:
+        raise DamagedStore(f"{path}: its arrays do not match the manifest's checksum (changed after they were "
+                           f"written); accepted: the plan as {MADE_BY} wrote it (plan again)", str(path))
     return tables, m
 
 

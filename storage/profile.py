@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from shardflow.errors import InputError
+from shardflow.errors import DamagedStore, InputError, first_line
 from shardflow.records import parse_record, plain
 from storage.checksum import ArrayHash, combine
 from storage.dataset import COMPRESSORS
@@ -64,7 +64,8 @@ class TableStats:
 def finish_profile(stage: Path, dataset: ProfiledDataset, stats: dict[str, TableStats],
                    digests: dict[str, str]) -> ProfileManifest:
     """The manifest, written last: `stats[table]` is that table's figures (rows, accesses, skew)."""
-    manifest = ProfileManifest(dataset, stats, combine({f"counts/{name}": d for name, d in digests.items()}))
+    named = {f"counts/{name}": d for name, d in digests.items()}
+    manifest = ProfileManifest(dataset, stats, combine(named), named)
     write_manifest(stage, manifest.record())
     return manifest
 
@@ -97,17 +98,19 @@ class ProfileManifest:
     dataset: ProfiledDataset
     tables: dict[str, TableStats]
     checksum: str
+    digests: dict[str, str] = field(default_factory=dict)  # "counts/<table>" -> its sha256 (profiles before: none)
 
     @classmethod
     def parse(cls, manifest: dict, where: str) -> ProfileManifest:
         return cls(parse_record(ProfiledDataset, manifest.get("dataset"), f"{where} dataset"),
                    {name: parse_record(TableStats, s, f"{where} tables.{name}")
                     for name, s in manifest["tables"].items()},
-                   manifest["checksum"])
+                   manifest["checksum"], dict(manifest.get("digests", {})))
 
     def record(self) -> dict:
         return {"format": f"shardflow.{KIND}", "format_version": FORMAT_VERSION, "dataset": plain(self.dataset),
-                "tables": {name: s.to_dict() for name, s in self.tables.items()}, "checksum": self.checksum}
+                "tables": {name: s.to_dict() for name, s in self.tables.items()}, "checksum": self.checksum,
+                "digests": self.digests}
 
 
 class Profile:
@@ -137,7 +140,31 @@ class Profile:
             if arr.dtype != np.int64 or arr.shape != (profile.rows[name],):
                 raise InputError(f"{path}/counts/{name}: {arr.dtype} {arr.shape}; accepted: int64 "
                                  f"({profile.rows[name]},) as the manifest says")
+        profile._verify(root)
         return profile
+
+    def _verify(self, root) -> None:
+        """Every table's counts against the digests written with them (a DamagedStore naming the first that
+        differs or cannot be read)."""
+        digests = {}
+        for name in self.stats:
+            key, where = f"counts/{name}", f"{self.path}/counts/{name}"
+            arr = root[key]
+            try:
+                values = arr[:]
+            except (RuntimeError, ValueError, OSError) as e:
+                raise DamagedStore(f"{where}: unreadable ({first_line(e)}); accepted: the profile as {MADE_BY} "
+                                   "wrote it (profile again)", where) from None
+            h = ArrayHash(key, arr.dtype, arr.shape)
+            h.update(values)
+            digests[key] = h.hexdigest()
+            if self.manifest.digests.get(key, digests[key]) != digests[key]:
+                raise DamagedStore(f"{where}: its content does not match the manifest's digest (changed after it "
+                                   f"was written); accepted: the profile as {MADE_BY} wrote it (profile again)", where)
+        if combine(digests) != self.manifest.checksum:
+            raise DamagedStore(f"{self.path}: its counts do not match the manifest's checksum (changed after they "
+                               f"were written); accepted: the profile as {MADE_BY} wrote it (profile again)",
+                               str(self.path))
 
     def counts(self, table: str) -> np.ndarray:
         if table not in self.stats:

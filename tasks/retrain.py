@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
 from shardflow.config import RetrainConfig
+from shardflow.errors import DamagedStore, InputError
 from shardflow.model.metrics import Metrics
 from shardflow.planner.report import PlanSummary, StrategyRefused, table_tiers
 from shardflow.planner.topology import parse_topology
@@ -24,7 +25,7 @@ from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.checkpoint import complete_checkpoints, read_checkpoint
 from storage.dataset import Dataset
-from storage.importers import import_dataset
+from storage.importers import import_dataset, repair_command
 from storage.manifest import MANIFEST
 from storage.plan import read_plan_manifest
 from storage.profile import Profile, TableStats
@@ -52,6 +53,17 @@ class Imported:
     warnings: tuple[str, ...] = ()
 
 
+def verify_dataset(store: Path) -> None:
+    """Hash every array of the dataset store a run trains on, every run: a chunk changed in place leaves the
+    manifest as it was. A damaged segment stops the run with the command that rebuilds it from its part."""
+    ds = Dataset.open(store, hashed=False)
+    try:
+        ds.verify()
+    except DamagedStore as e:
+        raise InputError(f"{e}. To rebuild it from its part: {repair_command(ds.info.source, e.segment, store)}") \
+            from None
+
+
 @task(name="import-dataset", task_run_name="import-dataset", cache_policy=NONE)
 def prepare_dataset(config: RetrainConfig) -> Imported:
     """The dataset store and the parts this run added to it.
@@ -65,12 +77,14 @@ def prepare_dataset(config: RetrainConfig) -> Imported:
     """
     source, dest = Path(config.data.dataset), run_paths(config)["dataset"]
     if (source / MANIFEST).is_file():
+        verify_dataset(source)
         return Imported(str(source))
     known = imported_source(config)
     warnings = tuple(source_warnings(source, source_parts(config, known)))
     for w in warnings:
         get_run_logger().warning("%s", w)
     if known is not None and same_source(known, config):
+        verify_dataset(dest)  # before the append: its new parts are hashed as they are written
         added = import_dataset(config.data.dataset_format, source, dest, append=True,
                                settle_s=config.data.part_settle_s, **import_kwargs(config)).parts_added
         get_run_logger().info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing",
@@ -89,16 +103,22 @@ def profile(dataset: str, out: str, client: Client, run_dir: str, first: int = 0
     dataset and window is reused. Every table's figures."""
     log = get_run_logger()
     checksum = Dataset.open(dataset).info.checksum
-    kept = Profile.open(out) if (Path(out) / MANIFEST).is_file() else None
+    there = (Path(out) / MANIFEST).is_file()
+    kept = None
+    if there:
+        try:
+            kept = Profile.open(out)
+        except DamagedStore as e:  # derived from the dataset: made again, not a failure every night
+            log.warning("%s; profiling again", e)
     made = kept and kept.dataset
     if made and (made.checksum, made.window.first_part, made.window.history) == (checksum, first, history):
         log.info("reusing profile %s", out)
         stats = kept.stats
     elif history is None:
-        stats = profile_dataset(dataset, out, client=client, overwrite=kept is not None, first=first).tables
+        stats = profile_dataset(dataset, out, client=client, overwrite=there, first=first).tables
     else:
         stats = profile_window(dataset, out, client=client, first=first, history=history,
-                               overwrite=kept is not None).tables
+                               overwrite=there).tables
     create_table_artifact(
         [
             {"table": name, "rows": s.rows, "accesses": s.accesses, "rows_read": s.distinct,
@@ -114,6 +134,16 @@ def profile(dataset: str, out: str, client: Client, run_dir: str, first: int = 0
     return stats
 
 
+def _intact(plan: str) -> bool:
+    """Whether the plan at `plan` reads back as written; a damaged one is logged, to be made again."""
+    try:
+        read_plan(plan)
+        return True
+    except DamagedStore as e:  # derived from the profile: made again, not a failure every night
+        get_run_logger().warning("%s; planning again", e)
+        return False
+
+
 @task(name="shard", task_run_name="shard", cache_policy=NONE)
 def shard(config: RetrainConfig, profile_path: str, out: str,
           previous_plan: str | None) -> tuple[list[PlanSummary | StrategyRefused], ReplanDecision]:
@@ -126,14 +156,15 @@ def shard(config: RetrainConfig, profile_path: str, out: str,
     topology, kwargs = config.parsed_topology, config.plan_options()
     rows, plans = compare_strategies(profile_path, topology, **kwargs)
     decision_file = Path(out) / "decision.json"
-    made = (Path(out) / MANIFEST).is_file() and decision_file.is_file()
+    there = (Path(out) / MANIFEST).is_file()
+    made = there and decision_file.is_file() and _intact(out)
     if made and parse_topology(read_plan_manifest(out).topology, f"{out}/manifest.json") == topology:
         get_run_logger().info("reusing plan %s", out)
         decision = parse_decision(json.loads(decision_file.read_text()), str(decision_file))
     else:
         decision = keep_or_replan(profile_path, out, topology, out if made else previous_plan,
                                   strategy=config.plan.strategy, margin=config.nightly.replan_margin,
-                                  fresh=plans.get(config.plan.strategy), overwrite=made, **kwargs)
+                                  fresh=plans.get(config.plan.strategy), overwrite=there, **kwargs)
         write_record(decision_file, decision.record())
     get_run_logger().info("plan: %s", decision.reason)
     create_table_artifact(

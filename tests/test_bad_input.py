@@ -24,7 +24,7 @@ from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.plan import ShardingPlan, TablePlan
 from shardflow.planner.topology import load_topology, parse_topology
-from shardflow.planning.plans import make_plan
+from shardflow.planning.plans import make_plan, read_plan
 from shardflow.profiling.profiles import profile_dataset
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.data.batches import TrainData
@@ -35,6 +35,7 @@ from storage.dataset import Dataset
 from storage.importers import import_dataset
 from storage.lock import run_lock
 from storage.manifest import MANIFEST
+from storage.profile import Profile
 
 GOOD_SASREC = "".join(f"{u} {i}\n" for u in range(1, 30) for i in range(1, 8))
 TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
@@ -256,6 +257,45 @@ def case_dataset_changed_since_written(world, client, tmp_path):
     (ds / "verified.json").unlink()  # the record that its writer hashed it: now it is hashed again
     return [ds], lambda: Dataset.open(ds), \
         r"segments/0000/tables/genre: its content does not match the manifest's digest"
+
+
+def case_dataset_changed_in_place_after_it_was_verified(world, client, tmp_path):
+    """verified.json still says the manifest's arrays were hashed: a run hashes them again anyway."""
+    ds = tampered_dataset(world, tmp_path, "segments/0000/tables/item", 5, 1)
+    assert (ds / "verified.json").is_file()
+    return [ds], lambda: Dataset.open(ds, hashed=False).verify(), \
+        r"segments/0000/tables/item: its content does not match the manifest's digest"
+
+
+def flipped_byte(path: Path) -> None:
+    """One byte of the first chunk file under `path` inverted (a compressed chunk: it no longer decodes)."""
+    chunk = next(p for p in sorted(path.rglob("*")) if p.is_file() and p.name != "zarr.json")
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+
+
+def case_plan_values_changed_in_place(world, client, tmp_path):
+    plan = copy(world, "plan", tmp_path)
+    home = zarr.open_array(str(plan / "tables" / "item" / "home"), mode="r+")
+    home[:] = 1 - home[:]
+    return [plan], lambda: read_plan(plan), \
+        r"plan/tables/item/home: its content does not match the manifest's digest .*\(plan again\)"
+
+
+def case_plan_chunk_with_a_flipped_byte(world, client, tmp_path):
+    plan = copy(world, "plan", tmp_path)
+    flipped_byte(plan / "tables" / "item" / "home")
+    return [plan], lambda: read_plan(plan), \
+        r"plan/tables/item/home: (unreadable \(RuntimeError: .*\)|its content does not match)"
+
+
+def case_profile_counts_changed_in_place(world, client, tmp_path):
+    profile = copy(world, "profile", tmp_path)
+    counts = zarr.open_array(str(profile / "counts" / "genre"), mode="r+")
+    counts[0] += 1
+    return [profile], lambda: Profile.open(profile), \
+        r"profile/counts/genre: its content does not match the manifest's digest .*\(profile again\)"
 
 
 def case_config_out_of_range(world, client, tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardflow.errors import InputError
+from shardflow.errors import DamagedStore, InputError
 from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, check_plan
@@ -236,7 +236,10 @@ def _against_previous(previous: str | Path, fresh: ShardingPlan, fresh_s: float,
                       strategy: str, shape: StepShape, margin: float) -> tuple[ShardingPlan, float | None, str]:
     """(the plan chosen, the previous plan's modeled seconds per step if it could be costed, why): the previous
     placement extended to the new rows, kept unless it no longer applies, fits, or pays."""
-    old, old_topology, old_shape, m = read_plan(previous)
+    try:
+        old, old_topology, old_shape, m = read_plan(previous)
+    except DamagedStore as e:  # made from a profile: a fresh plan replaces it
+        return fresh, None, f"the previous plan is damaged ({e})"
     if old_topology != topology:
         return fresh, None, f"the topology changed ({old_topology.devices} devices → {topology.devices})"
     if (m.strategy, old_shape) != (strategy, shape):

@@ -304,3 +304,42 @@ def test_a_part_rewritten_after_its_import_is_replaced_and_the_next_night_trains
                for w in third["warnings"]), third["warnings"]
     assert Dataset.open(run / "dataset").info.interactions == len(daily[0].read_text().splitlines()) \
         + len(whole.splitlines())
+
+
+def test_a_damaged_plan_is_made_again_and_a_damaged_segment_stops_the_night_with_its_repair(prefect_api, client,
+                                                                                             days):
+    """Stores changed in place, their manifests untouched (as a flipped bit or a stray writer leaves them): the
+    previous version's plan, derived, is planned again and the night trains; the dataset, not derived, stops
+    the next night before anything is written, naming the file and the command that rebuilds it."""
+    import zarr
+
+    from tasks.versions import paths_of
+
+    root, daily = days
+    run = root / "damaged"
+    parts, _ = first_night(root, client, daily, "damaged")
+    home = zarr.open_array(str(Path(paths_of(str(run), 1)["plan"]) / "tables" / "item" / "home"), mode="r+")
+    home[:] = 1 - home[:]  # every row's home moved to the other device
+    shutil.copy2(daily[1], parts)
+    second, names = night(root, client, parts, "damaged", "two.yaml")
+    assert second["version"] == 2 and second["trained"], second
+    decision = json.loads((Path(paths_of(str(run), 2)["plan"]) / "decision.json").read_text())
+    assert decision["reason"].startswith("the previous plan is damaged (") and "tables/item/home: its content does " \
+        "not match the manifest's digest" in decision["reason"], decision
+
+    ids = zarr.open_array(str(run / "dataset" / "segments" / "0000" / "tables" / "item"), mode="r+")
+    ids[:5] = ids[5:10]  # still in range: only the digest can tell
+    shutil.copy2(daily[2], parts)
+    before = snapshot(run)
+    with pytest.raises(InputError) as e:
+        night(root, client, parts, "damaged", "two.yaml")
+    message = str(e.value)
+    command = f"shardflow import --format sasrec --replace-from day-1.txt {parts} {run / 'dataset'}"
+    assert "\n" not in message and "segments/0000/tables/item: its content does not match" in message, message
+    assert message.endswith(command), message
+    assert versions.numbers(run) == [1, 2] and snapshot(run / "versions") == {
+        k[len("versions/"):]: v for k, v in before.items() if k.startswith("versions/")}
+    fixed = subprocess.run([str(BIN / "shardflow"), *command.split()[1:]], capture_output=True, text=True,
+                           timeout=300)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    Dataset.open(run / "dataset", hashed=False).verify()

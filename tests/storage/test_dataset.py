@@ -44,7 +44,7 @@ def test_open_reads_what_the_manifest_says(store):
         ds.info.table("user")
 
 
-def test_a_store_is_hashed_again_only_when_its_record_is_missing(copy):
+def test_a_store_is_hashed_on_open_only_when_its_record_is_missing_and_by_a_run_always(copy):
     record = copy / "verified.json"
     first = record.read_text()
     record.unlink()
@@ -52,8 +52,11 @@ def test_a_store_is_hashed_again_only_when_its_record_is_missing(copy):
     assert record.read_text() == first
     (copy / "segments" / "0000" / "tables" / "item" / "c" / "0").write_bytes(b"garbage")
     Dataset.open(copy)  # recorded: not hashed on open (the profiler and trainer read ids in range-checked chunks)
+    damaged = r"segments/0000/tables/item: unreadable \(RuntimeError: error during blosc decompression"
+    with pytest.raises(InputError, match=damaged):
+        Dataset.open(copy, hashed=False).verify()  # what a run checks before it trains, record or not
     record.unlink()
-    with pytest.raises(InputError, match=r"segments/0000/tables/item: unreadable \(error during blosc decompression"):
+    with pytest.raises(InputError, match=damaged):
         Dataset.open(copy)
 
 
