@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from cli.commands import (run_evaluate, run_import, run_plan, run_profile, run_promote, run_run, run_synth, run_train,
-                          show_dataset, show_evaluate, show_plan, show_profile, show_promote, show_run, show_train)
+from cli.commands import (run_evaluate, run_import, run_plan, run_profile, run_promote, run_recommend, run_run,
+                          run_synth, run_train, show_dataset, show_evaluate, show_plan, show_profile, show_promote,
+                          show_recommend, show_run, show_train)
 from shardflow.errors import InputError
 
 DESCRIPTION = "The `shardflow` command: one subcommand per stage."
@@ -169,6 +170,13 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", help="or on an existing Dask scheduler")
 
 
+def _recommend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a run directory of 'shardflow run'")
+    p.add_argument("--user", required=True, help="the user's raw id, as the dataset spells it")
+    p.add_argument("--k", type=int, help="items to print, best first (default: 10, or the whole list if shorter; at "
+                   "most the run's nightly.top_k)")
+
+
 def _promote_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="a run directory of 'shardflow run'")
     p.add_argument("--version", type=int, required=True, help="the finished version to make current")
@@ -195,6 +203,8 @@ COMMANDS: tuple[tuple[str, str, Callable, Callable, Callable], ...] = (
      run_train, show_train, _train_args),
     ("evaluate", "an exported model's held-out metrics: sampled candidates and the whole catalog",
      run_evaluate, show_evaluate, _evaluate_args),
+    ("recommend", "one user's top items from the newest lists a run wrote (Parquet under RUN_DIR/versions)",
+     run_recommend, show_recommend, _recommend_args),
     ("promote", "make a finished model version current (a rollback), recording who, when and why",
      run_promote, show_promote, _promote_args),
     ("run", "the whole retraining run as a Prefect flow (embedded API)",

@@ -282,6 +282,8 @@ def show_run(values: dict) -> None:
     print(f"  comm time/step (modeled) {s.comm_time_us_per_step:,.1f} µs; row-wise-mod "
           f"{s.row_wise_comm_time_us_per_step:,.1f} µs, {s.row_wise_bytes_per_step / mb:,.3f} MB")
     print(f"  model        {s.model} (downloaded {s.downloads} time{'s' if s.downloads != 1 else ''} by this run)")
+    if s.recommendations:
+        print(f"  top-K lists  {s.recommendations} (Parquet; one user's: shardflow recommend {s.run_dir} --user ID)")
     for c in s.checkpoints:
         print(f"  checkpoint   {c}")
     for p in s.plots:
@@ -317,6 +319,26 @@ def show_evaluate(s: dict) -> None:
           f"examples, {s['seconds']:.1f} s)")
     if s["full_hr_at_20"] is not None:
         print(f"  full catalog @20: HR {s['full_hr_at_20']:.4f}, NDCG {s['full_ndcg_at_20']:.4f}")
+
+
+def run_recommend(args: argparse.Namespace) -> dict:
+    """One user's list from the newest recommendations a run wrote (from the model current then)."""
+    from storage import recommendations, versions
+
+    if args.k is not None and args.k < 1:
+        raise InputError(f"--k {args.k}; accepted: an integer >= 1")
+    store = versions.newest_recommendations(args.run_dir)
+    made = recommendations.read(store)
+    if args.k is not None and args.k > made["k"]:
+        raise InputError(f"--k {args.k}; accepted: 1 to {made['k']} (the lists {store} holds: nightly.top_k)")
+    items = recommendations.user_list(store, args.user)[: min(10, made["k"]) if args.k is None else args.k]
+    return {"user": args.user, "version": made["version"], "items": [{"item": i, "score": v} for i, v in items]}
+
+
+def show_recommend(s: dict) -> None:
+    print(f"user {s['user']}: top {len(s['items'])} of version {s['version']}")
+    for rank, item in enumerate(s["items"], 1):
+        print(f"{rank:>5}  {item['item']}  {item['score']:.4f}")
 
 
 def run_promote(args: argparse.Namespace) -> dict:

@@ -33,7 +33,8 @@ from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
 from storage.versions import VersionStart, new_parts
-from tasks.retrain import Imported, artifact_key, evaluate, plots, prepare_dataset, profile, shard, tidy
+from tasks.retrain import (Imported, artifact_key, evaluate, plots, prepare_dataset, profile, recommend, shard,
+                           tidy)
 from tasks.training import (
     Attempts,
     Resumed,
@@ -119,7 +120,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     figures = plots(paths["version"], paths["profile"], paths["plan"], strategies)
     tidy(paths["version"])
     row_wise = next(r for r in strategies if r.strategy == "row-wise-mod")
-    return gate(config, dataset, version.version, client, VersionFigures(
+    summary = gate(config, dataset, version.version, client, VersionFigures(
         run_dir=run,
         version=version.version,
         trained=True,
@@ -153,6 +154,8 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         warnings=(*trained.warnings, *imported.warnings),
         plots=tuple(figures),
     ))
+    lists = recommend(config, dataset, run, version.version, version.window[0], client)
+    return replace(summary, recommendations=lists)
 
 
 def _tag(config: RetrainConfig) -> None:

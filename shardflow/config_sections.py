@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from shardflow.errors import InputError
+from shardflow.model.sizes import MAX_TOP_K
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LOOKUPS = 4096  # history, negatives: rows one example reads, far past any published sequence model's
@@ -238,6 +239,15 @@ class NightlySection(Section):
     promote_on: Literal["auc", "full_ndcg_at_10"] = Field(
         "auc", description="the figure the promotion gate compares on the same held-out events: auc (both "
         "workloads), or full_ndcg_at_10 (sequences ranked among the whole catalog; needs full_ranking)",
+    )
+    top_k: int = Field(
+        100, ge=0, le=MAX_TOP_K, description="after the gate, write each user's top-K items of the whole catalog "
+        "from the current model, the items the user already had left out, as Parquet (RUN_DIR/versions/NNNN/"
+        "recommendations; sequence models without event features); 0: none",
+    )
+    recommend_users: Literal["window", "all"] = Field(
+        "window", description="whose lists a night writes: the users seen in the version's training window "
+        "(window), or every user of the dataset (all)",
     )
     keep_versions: int = Field(3, ge=1, le=10000,
                                description="versions whose checkpoints are kept (the current one always)")

@@ -332,6 +332,13 @@ class Dataset:
             out[runs.between(start, stop)[0] - start] = index
         return out
 
+    def users_in(self, first: int = 0) -> np.ndarray:
+        """The users (ascending) with events in segments `first` on (every user from segment 0)."""
+        if first <= 0:
+            return np.arange(self.info.users, dtype=np.int64)
+        return np.unique(np.concatenate([np.zeros(0, dtype=np.int64)] + [
+            self._root[f"{SEGMENTS}/{s.name}/users"][:].astype(np.int64) for s in self.segments[first:]]))
+
     def dtype(self, path: str) -> np.dtype:
         """The type `column` and `stored_column` give for `path` (from the arrays' metadata, reading no chunk)."""
         return np.result_type(*(self._root[f"{SEGMENTS}/{s.name}/{path}"].dtype for s in self.segments))

@@ -156,6 +156,20 @@ def current(run_dir: str | Path) -> int | None:
     )
 
 
+def newest_recommendations(run_dir: str | Path) -> Path:
+    """The newest complete recommendations store of a run_dir (a night writes it after its gate, from the model
+    current then); an InputError saying why there is none."""
+    if not Path(run_dir).is_dir():
+        raise InputError(f"run_dir {run_dir}: no such directory; accepted: a run directory of 'shardflow run'")
+    for number in reversed(numbers(run_dir)):
+        store = version_dir(run_dir, number) / "recommendations"
+        if (store / "manifest.json").is_file():
+            return store
+    made = ", ".join(map(str, numbers(run_dir))) or "none"
+    raise InputError(f"run_dir {run_dir} holds no top-K lists (versions: {made}); accepted: a run_dir after a night "
+                     "that wrote them (nightly.top_k > 0, a sequence model without event features)")
+
+
 def promote(run_dir: str | Path, number: int) -> None:
     """Point `current` at version `number`: a new symlink renamed over the old one (atomic)."""
     link = Path(run_dir) / CURRENT

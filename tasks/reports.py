@@ -226,6 +226,8 @@ def summary_markdown(s: RunSummary, config: RetrainConfig) -> str:
         f"{s.row_wise_bytes_per_step / mb:.3f} MB/step with row-wise-mod",
         f"- loss per epoch (this run): {', '.join(f'{x:.4f}' for x in s.epoch_loss) or 'none'}",
         f"- exported model: `{s.model}`",
+        *([f"- top-{config.nightly.top_k} lists of the users seen ({config.nightly.recommend_users}), Parquet: "
+           f"`{s.recommendations}`"] if s.recommendations else []),
         f"- resumed from: `{s.resumed_from}`" if s.resumed_from else "- resumed from no checkpoint",
         *(f"- **skipped damaged checkpoint** `{k['checkpoint']}`: {k['reason']}" for k in s.skipped_checkpoints),
         f"- worker losses recovered from a checkpoint: {s.restarts} (max_restarts {config.train.max_restarts})",

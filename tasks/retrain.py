@@ -213,6 +213,31 @@ def evaluate(model_dir: str, dataset: str, users: int | None, seed: int, eval_fr
     return evaluate_export(model_dir, dataset, users, seed, eval_from, full_ranking, client)
 
 
+@task(name="recommend", task_run_name="recommend", cache_policy=NONE)
+def recommend(config: RetrainConfig, dataset: str, run: str, number: int, first_part: int, client) -> str | None:
+    """After the gate: the top-K lists (nightly.top_k) of the users seen in version `number`'s training window
+    (or every user) from the current model, into the version's recommendations store; its path, or None where
+    none are written (top_k 0, a click log, a model with event features)."""
+    from shardflow.data.clicks import config_from_record
+    from shardflow.training.recommend import recommend_export, why_no_lists
+    from storage.checkpoint import verify_export
+
+    log, current = get_run_logger(), versions.current(run)
+    if config.nightly.top_k == 0 or current is None:
+        return None
+    model = str(versions.version_dir(run, current) / "model")
+    why = why_no_lists(config_from_record(verify_export(model).model))
+    if why is not None:
+        log.info("no top-K lists: %s", why)
+        return None
+    out = versions.version_dir(run, number) / "recommendations"
+    made = recommend_export(model, dataset, out, k=config.nightly.top_k, first_part=first_part,
+                            users_from=config.nightly.recommend_users, version=current, client=client,
+                            overwrite=out.exists())
+    log.info("top-%d lists of %d users from version %d: %s", made["k"], made["users"], current, out)
+    return str(out)
+
+
 @task(name="plots", task_run_name="plots", cache_policy=NONE)
 def plots(run_dir: str, profile_path: str, plan_path: str,
           strategies: list[PlanSummary | StrategyRefused]) -> list[str]:

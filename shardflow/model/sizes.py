@@ -4,6 +4,8 @@ sequence model (shardflow.model.sequence) builds its encoder's parameters from t
 
 from __future__ import annotations
 
+MAX_TOP_K = 10_000  # the longest list of items a night writes per user (config nightly.top_k)
+
 
 def attention_shapes(dim: int, history: int, blocks: int) -> dict[str, tuple[int, ...]]:
     """Every dense parameter of the self-attention encoder, by name: weights [in, out], biases and norms [dim]."""

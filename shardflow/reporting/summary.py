@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from shardflow.records import parse_record, plain
 from shardflow.model.metrics import Metrics
 
-RUN_KEYS = ("current", "message", "newest_version")  # the run's, not the version's: not in result.json
+# The run's, not the version's: not in result.json (the lists are written after it, from the current model).
+RUN_KEYS = ("current", "message", "newest_version", "recommendations")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,12 +84,15 @@ class RunSummary(VersionFigures):
     current: int | None = None  # the run's: the current version after it
     message: str | None = None  # why a version was not promoted, or what a run that trained nothing found
     newest_version: int | None = None  # a run that trained nothing: the last version made
+    recommendations: str | None = None  # the store of the users' top-K lists this run wrote (nightly.top_k)
 
     def to_dict(self) -> dict:
-        """The JSON form: tuples as lists; newest_version only where a run trained nothing."""
+        """The JSON form: tuples as lists; newest_version only where a run trained nothing, recommendations only
+        where it wrote them."""
         out = plain(self)
-        if self.newest_version is None:
-            del out["newest_version"]
+        for key in ("newest_version", "recommendations"):
+            if out[key] is None:
+                del out[key]
         return out
 
     def stored(self) -> dict:

@@ -38,8 +38,9 @@ TWO = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_g
 THREE = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
          "  - {name: b, devices: 1, uplink_gbytes_per_s: 5}\n")
 # Every held-out user, by the sampled protocol only: the whole catalog for each of them is tests/shardflow's and the
-# CLI test's to check (a night's full ranking of ~10^4 users × 23,715 items takes minutes on 2 cores).
-NIGHT = dict(epochs=1, batch_size=1024, dim=16, eval_users=None, full_ranking="off")
+# CLI test's to check (a night's full ranking of ~10^4 users × 23,715 items takes minutes on 2 cores), as the top-K
+# lists are test_retrain_flow's.
+NIGHT = dict(epochs=1, batch_size=1024, dim=16, eval_users=None, full_ranking="off", top_k=0)
 
 
 @pytest.fixture(scope="module")

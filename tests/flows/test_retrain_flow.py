@@ -7,6 +7,7 @@ import base64
 import json
 import re
 import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -229,3 +230,46 @@ def test_the_estimation_flow_puts_every_table_on_one_server(prefect_api, client,
     assert s["epochs"] == 1 and s["examples_per_s"] > 0 and s["bytes_per_step"] > 0 and len(s["epoch_loss"]) == 1
     assert not (base / "estimated" / "versions").exists()
     assert live_actors(client) == 0
+
+
+def test_a_night_writes_every_users_top_k_as_parquet_and_the_cli_prints_one(prefect_api, client, base):
+    """The night's product: after the gate, each user's best unseen items from the current model, as Parquet any
+    reader opens (pyarrow here, no shardflow code), and `shardflow recommend` for one user."""
+    import pyarrow.parquet as pq
+
+    from runs import BIN
+    from storage import recommendations
+    from storage.dataset import Dataset
+
+    summary = retrain(config(base, "lists", client, epochs=1, top_k=5))
+    store = Path(summary["recommendations"])
+    made = recommendations.read(store)
+    ds = Dataset.open(base / "ds")
+    assert store == Path(summary["run_dir"]) / "versions" / "0001" / "recommendations"
+    assert (made["k"], made["version"], made["users"], made["users_from"]) == (5, 1, ds.info.users, "window")
+    table = pq.read_table([str(f) for f in recommendations.files(store)])
+    assert table.column_names == ["user", "rank", "item", "score"] and table.num_rows == 5 * ds.info.users
+    rows = table.to_pylist()
+    lists = {}
+    for r in sorted(rows, key=lambda r: (r["user"], r["rank"])):
+        lists.setdefault(r["user"], []).append(r)
+    offsets, items = ds.offsets(), ds.ids("item")
+    for user in (0, 17, ds.info.users - 1):
+        mine = lists[str(user)]
+        had = {str(i) for i in items[offsets[user]:offsets[user + 1]]}
+        assert [r["rank"] for r in mine] == [1, 2, 3, 4, 5] and not had & {r["item"] for r in mine}
+        assert all(a["score"] >= b["score"] for a, b in zip(mine, mine[1:]))
+
+    shown = subprocess.run([str(BIN / "shardflow"), "recommend", summary["run_dir"], "--user", "17", "--k", "3",
+                            "--json"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    printed = json.loads(shown.stdout)
+    assert printed["user"] == "17" and printed["version"] == 1
+    assert [i["item"] for i in printed["items"]] == [r["item"] for r in lists["17"][:3]]
+    for args, refusal in ((["--user", "no-such-user"], "user 'no-such-user': no list in "),
+                          (["--user", "17", "--k", "0"], "--k 0; accepted: an integer >= 1"),
+                          (["--user", "17", "--k", "6"], "--k 6; accepted: 1 to 5")):
+        refused = subprocess.run([str(BIN / "shardflow"), "recommend", summary["run_dir"], *args], capture_output=True,
+                                 text=True, timeout=120)
+        assert refused.returncode == 2 and refusal in refused.stderr and "Traceback" not in refused.stderr, \
+            refused.stderr[-2000:]

@@ -1,0 +1,120 @@
+"""The night's product: every chosen user's top-K items from an exported sequence model, as a recommendations
+store (storage.recommendations) any Parquet reader opens.
+
+A user's list is what the model would show after the user's last event: the history is
+the user's last `history` items, that event included; the whole catalog is scored
+(shardflow.model.topk), the items the user already had left out. The users are split into
+blocks; each block is one Dask task that reads the export's item rows a chunk at a time
+(never the table whole), keeps its users' best K, maps rows to raw ids and writes its own
+Parquet file into the staging directory. Only file names, row counts and digests come back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import zarr
+
+from shardflow.data.batches import TrainData
+from shardflow.data.clicks import config_from_record
+from shardflow.errors import InputError
+from shardflow.model.sequence import ModelConfig, user_state
+from shardflow.model.sizes import MAX_TOP_K
+from shardflow.model.topk import TopK, top_block
+from storage import recommendations
+from storage.checkpoint import read_export, read_export_dense, verify_export
+from storage.lock import writer_lock
+from storage.staging import staged
+
+USERS_FROM = ("window", "all")  # whose lists a night writes (config nightly.recommend_users)
+USERS_PER_PART = 4096  # users one task scores and one Parquet file holds
+
+
+def check_request(k: int, users_from: str) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_TOP_K:
+        raise InputError(f"k = {k!r}; accepted: an integer from 1 to {MAX_TOP_K:,}")
+    if users_from not in USERS_FROM:
+        raise InputError(f"users {users_from!r}; accepted: {', '.join(USERS_FROM)}")
+
+
+def why_no_lists(config) -> str | None:
+    """Why a model writes no lists (a click log's, or one with event features), or None."""
+    if not isinstance(config, ModelConfig):
+        return "a click-log model (a click log's rows are labelled events, not items to rank for a user)"
+    if config.features:
+        return (f"a model with event features {list(config.features)} (a list for tomorrow cannot know tomorrow's "
+                "event features)")
+    return None
+
+
+def recommend_export(model_dir: str | Path, dataset: str | Path, out: str | Path, *, k: int, first_part: int = 0,
+                     users_from: str = "window", version: int | None = None, client=None,
+                     overwrite: bool = False) -> dict:
+    """Write the top-`k` lists of the users seen in parts `first_part`.. (`users_from` "window") or of every user
+    ("all") from the model exported at `model_dir` into a recommendations store at `out`; its manifest."""
+    check_request(k, users_from)
+    m = verify_export(model_dir)
+    config = config_from_record(m.model)
+    why = why_no_lists(config)
+    if why is not None:
+        raise InputError(f"{model_dir}: {why}; accepted: a sequence model without event features")
+    data = TrainData.load(str(dataset), ())
+    ds = data.dataset
+    chosen = ds.users_in(first_part if users_from == "window" else 0)
+    last = data.offsets[chosen + 1] - 1  # each chosen user's last event
+    raw_users = ds.user_ids().astype(str)
+    values, rows = ds.raw_ids(data.item)
+    raw_items = np.empty(data.rows[data.item], dtype=values.astype(str).dtype)
+    raw_items[rows] = values.astype(str)
+    dense = {k_: torch.from_numpy(v) for k_, v in read_export_dense(model_dir, config.dense_shapes(), [])[0].items()}
+    blocks = [last[s : s + USERS_PER_PART] for s in range(0, last.size, USERS_PER_PART)]
+    record = {"version": version, "model": str(Path(model_dir).resolve()), "dataset": str(Path(dataset).resolve()),
+              "k": k, "users_from": users_from, "first_part": first_part, "users": int(last.size),
+              "items": int(data.rows[data.item]), "seen": "excluded"}
+    with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
+        inputs = [_block_inputs(data, config, b) for b in blocks]
+        users = [raw_users[chosen[s : s + USERS_PER_PART]] for s in range(0, chosen.size, USERS_PER_PART)]
+        args = (str(model_dir), data.item, config, dense, raw_items, k, str(stage))
+        if client is None:
+            written = [recommend_part(*args, i, u, *x) for i, (u, x) in enumerate(zip(users, inputs))]
+        else:
+            shared = client.scatter([config, dense, raw_items], broadcast=True)
+            n = len(blocks)
+            written = client.gather(client.map(
+                recommend_part, [args[0]] * n, [args[1]] * n, *([x] * n for x in shared), [k] * n, [str(stage)] * n,
+                range(n), users, *zip(*inputs), pure=False)) if n else []
+        files = {name: v for w in written for name, v in w.items()}
+        return recommendations.finish(stage, record, files)
+
+
+def _block_inputs(data: TrainData, config: ModelConfig, last: np.ndarray) -> tuple:
+    """(the rows the users' histories read and where, each history ending with its user's last event; the items
+    each user had, as flat ids and offsets)."""
+    ex = data.examples(last, config, 0, negatives=0)
+    after = replace(ex, history=np.concatenate([ex.history[:, 1:], ex.positive[:, None]], axis=1), key=None)
+    seen, offsets = data.user_items(last)
+    return data.lookups(after, config, "device"), seen, offsets
+
+
+def recommend_part(model_dir: str, table: str, config: ModelConfig, dense: dict, raw_items: np.ndarray, k: int,
+                   stage: str, index: int, raw_users: np.ndarray, need, seen: np.ndarray,
+                   offsets: np.ndarray) -> dict:
+    """One block of users' lists, written as part `index` of the store staged at `stage` (a Dask task)."""
+    rows = {t: torch.from_numpy(read_export(model_dir, "tables", t, ids, zeros_past_end=True))
+            for t, ids in need.fetch.items()}
+    with torch.no_grad():
+        state = user_state(config, dense, rows, need.index.on(torch.device("cpu")))
+    users = raw_users.size
+    seen_user = np.repeat(np.arange(users, dtype=np.int64), np.diff(offsets))
+    arr = zarr.open_array(str(Path(model_dir) / "tables" / table), mode="r")
+    best = TopK.empty(users, k)
+    step = int(arr.chunks[0])
+    for s in range(0, arr.shape[0], step):  # a chunk of the export at a time: read once, never the table whole
+        block = torch.from_numpy(np.ascontiguousarray(arr[s : min(s + step, arr.shape[0])]))
+        best = best.merge(*top_block(config, dense, state, seen_user, seen, s, block, k))
+    items = np.where(best.items >= 0, raw_items[np.maximum(best.items, 0)], "")
+    return recommendations.write_part(stage, index, raw_users, items, best.scores)
+
