@@ -16,7 +16,8 @@ import threading
 from collections.abc import Sequence
 
 from cli.arguments import build_parser
-from shardflow.errors import STORAGE_ERRNOS, InputError, TrainingError, WorkerLost, explained, interrupted
+from shardflow.errors import (STORAGE_ERRNOS, InputError, Terminated, TrainingError, WorkerLost, explained,
+                              interrupted)
 
 
 _KEPT = "every complete checkpoint and store is kept: run the same command again to resume"
@@ -32,6 +33,7 @@ class _Interrupts:
         self.command, self.said = command, False
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self._first)
+            signal.signal(signal.SIGTERM, self._terminated)  # `run` puts its own in while its flow runs
         # Stopped at once, the process leaves its local workers' semaphores to multiprocessing's resource
         # tracker, which removes them and warns once per process on the terminal; it takes its warning
         # filters from these options when it starts.
@@ -40,6 +42,10 @@ class _Interrupts:
     def _first(self, signum, frame) -> None:
         signal.signal(signal.SIGINT, self._again)
         raise KeyboardInterrupt
+
+    @staticmethod
+    def _terminated(signum, frame) -> None:
+        raise Terminated(f"signal {signum}")
 
     def _again(self, signum, frame) -> None:
         if not self.said:
@@ -94,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if interrupted(e):
             interrupts.say(f"shardflow {args.command}: interrupted; {_KEPT}")
             return 130
-        if type(e).__name__ != "Terminated":  # flows.api.Terminated (SIGTERM), not imported unless a run started
+        if not isinstance(e, Terminated):
             raise
         interrupts.say(f"shardflow {args.command}: terminated (SIGTERM); {_KEPT}")
         return 143

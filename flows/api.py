@@ -44,7 +44,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
-from shardflow.errors import TrainingError
+from shardflow.errors import Terminated, TrainingError
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
@@ -61,10 +61,6 @@ def startup_timeout_s() -> int:
 
         raise InputError(f"{STARTUP_SETTING}={text!r}; accepted: whole seconds >= 1 (default {STARTUP_TIMEOUT_S})")
     return int(text)
-
-
-class Terminated(BaseException):
-    """The run's process was sent SIGTERM (a BaseException: like KeyboardInterrupt, no handler swallows it)."""
 
 
 def _die_with_parent() -> None:

@@ -44,6 +44,10 @@ class DamagedStore(InputError):
         self.file, self.segment = file, segment
 
 
+class Terminated(BaseException):
+    """The process was sent SIGTERM (a BaseException: like KeyboardInterrupt, no handler swallows it)."""
+
+
 class TrainingError(RuntimeError):
     """Training cannot go on (a non-finite loss or gradient, a cluster that cannot be restored): says what
     and where."""
@@ -88,7 +92,7 @@ def explained(error: BaseException | None, logger: str = "") -> bool:
         return True
     if isinstance(error, OSError) and (error.errno in STORAGE_ERRNOS or logger.startswith("distributed")):
         return True
-    return type(error).__name__ == "Terminated" or interrupted(error)
+    return isinstance(error, Terminated) or interrupted(error)
 
 
 class OneLine(logging.Filter):

@@ -224,3 +224,33 @@ def test_ctrl_c_ends_at_once_then_an_embedded_api_that_cannot_start_again_stops_
     summary = json.loads(rerun.stdout)
     assert summary["version"] == 1 and summary["resumed_from"].endswith("epoch-000002") and summary["promoted"]
     assert [Path(c).name for c in summary["checkpoints"]] == ["epoch-000001", "epoch-000002", "epoch-000003"]
+
+
+def test_sigterm_to_an_import_is_one_line_and_leaves_no_staging_or_lock(tmp_path):
+    """`kill PID` of `shardflow import` while it writes: one line, exit 143, nothing half-written beside the
+    destination (its staging directory and its writer's lock removed), no process left."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    lines = 6_000_000  # an import of several seconds on 2 cores: long enough to be cut in the middle
+    users = np.sort(rng.integers(0, 300_000, lines))
+    items = rng.zipf(1.2, lines) % 100_000
+    log = tmp_path / "big.txt"
+    np.savetxt(log, np.c_[users, items], fmt="%d")
+    dest = tmp_path / "ds"
+    proc = subprocess.Popen([str(BIN / "shardflow"), "import", "--format", "sasrec", str(log), str(dest)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".ds.staging-*")):
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no staging directory within 120 s"
+        time.sleep(0.01)
+    family = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    os.kill(proc.pid, signal.SIGTERM)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and time.monotonic() - sent < ENDS_WITHIN_S, (proc.returncode, err[-3000:])
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "shardflow import: terminated (SIGTERM);"), err[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.txt"]  # no store, no staging, no lock
+    assert still_running(family) == []
