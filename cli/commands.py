@@ -271,7 +271,7 @@ def show_run(values: dict) -> None:
     else:
         start = f"warm start from version {s.warm_start_from}" if s.warm_start_from else "cold start"
         print(f"run {s.run_dir}: version {s.version} ({start}, {len(s.parts_added)} part(s) imported), "
-              f"{s.epochs} epochs, {s.metrics().text()}")
+              f"{s.epochs} epoch{'' if s.epochs == 1 else 's'}, {s.metrics().text()}")
         if s.previous_auc is not None:
             print(f"  version {s.warm_start_from} on the same held-out items: AUC {s.previous_auc:.4f}")
         print(f"  {f'promoted: version {s.version} is current' if s.promoted else s.message}")

@@ -12,13 +12,22 @@ from prefect import flow, get_run_logger
 
 from shardflow.errors import one_line_errors
 from storage import versions
-from tasks.reports import publish_versions
+from tasks.reports import publish_versions, run_label, tag_run
 
 
-@flow(name="promote", flow_run_name="promote-v{version}")
+def _run_name() -> str:
+    """`<run_dir label>·promote-vN`: which run_dir's rollback, to which version, in the runs list."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return f"{run_label(p.get('run_dir', '?'))}·promote-v{p.get('version', '?')}"
+
+
+@flow(name="promote", flow_run_name=_run_name)
 def promote_version(run_dir: str, version: int, reason: str = "rollback") -> versions.Promotion:
     one_line_errors()
     record = versions.rollback(run_dir, version, reason)
     get_run_logger().info("version %d of %s is current (was %s): %s", version, run_dir, record.previous, reason)
     publish_versions(run_dir)
+    tag_run([f"version:{version}", "outcome:rolled-back"])
     return record

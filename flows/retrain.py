@@ -55,7 +55,8 @@ from tasks.training import (
     validation_scores,
 )
 from shardflow.preflight import check_run, run_paths
-from tasks.reports import name_run, publish_failure, publish_summary, publish_versions, run_label, state_message
+from tasks.reports import (name_run, outcome, publish_failure, publish_summary, publish_versions, run_label,
+                           state_message, tag_run)
 from tasks.versions import NothingNew, gate, nothing_new, open_version, paths_of, untrained, warm_start
 
 
@@ -80,11 +81,27 @@ def retrain(config: RetrainConfig = RetrainConfig()):
             summary = _make_version(config, run)
     except Exception as e:  # an interrupt is a crash: Prefect records it, nothing more is sent to the API
         publish_failure(run, e)  # what failed, what stays current, what the next run does
+        _failed(run)
         raise
     name_run(run, f"v{summary.version}" if summary.trained else "no new data")
+    tag_run([f"outcome:{outcome(summary).lower().replace(' ', '-')}", f"version:{summary.version}"])
     publish_versions(run)
     publish_summary(summary, config)
-    return Completed(message=state_message(summary), data=summary.to_dict())  # the JSON edge
+    # The state's name says what the night did in the runs list (a COMPLETED type: Prefect's views count it done).
+    return Completed(name=outcome(summary), message=state_message(summary), data=summary.to_dict())  # the JSON edge
+
+
+def _failed(run: str) -> None:
+    """Name a failed night apart from every other (`…·2026-12-02 03:00:12·failed`, `…·v3 03:00:12·failed`: its
+    date or version and the time it failed, UTC), and tag it."""
+    from prefect.runtime import flow_run
+
+    try:
+        label = flow_run.name.split("·", 1)[1] if "·" in flow_run.name else "night"
+        name_run(run, f"{label} {datetime.now(timezone.utc):%H:%M:%S}·failed")
+        tag_run(["outcome:failed"])
+    except Exception:  # naming is a courtesy: the failure itself is what the run reports
+        pass
 
 
 def _make_version(config: RetrainConfig, run: str) -> RunSummary:

@@ -35,8 +35,20 @@ DENSE_COPIES = 4  # weights, gradients and Adam's two moments
 PROFILE_COUNT_BYTES = 8  # a profile counts each row's accesses in an int64
 
 
+def _flat_keys_too(schema: dict) -> None:
+    """The JSON schema a deployment's parameters are checked against (by the Prefect server, before a run is
+    made) and the UI's form is drawn from: the sections, as the form shows them, and also the flat keys `shardflow
+    run --set` takes (`epochs`, `train.epochs`): any name among those, each checked in full when the run starts
+    (`_into_sections` puts it in its section); any other name is refused by the server."""
+    from shardflow.config_sections import SECTION_OF
+
+    names = [*schema["properties"], *SECTION_OF, *(f"{section}.{key}" for key, section in SECTION_OF.items())]
+    schema["additionalProperties"] = True
+    schema["propertyNames"] = {"enum": sorted(set(names))}
+
+
 class RetrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_flat_keys_too)
 
     run_dir: str = Field("runs/retrain", description="profile, plan, checkpoints and the exported model go here")
     data: DataSection = Field(default_factory=DataSection)

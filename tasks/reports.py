@@ -14,7 +14,6 @@ from pathlib import Path
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from shardflow.config import RetrainConfig
-from shardflow.promotion import LABELS
 from shardflow.reporting.summary import RunSummary
 from storage import versions
 from storage.checkpoint import complete_checkpoints
@@ -36,22 +35,46 @@ def name_run(run_dir: str | Path, what: str) -> None:
         client.update_flow_run(flow_run.id, name=f"{run_label(run_dir)}·{what}")
 
 
+SHORT_LABELS = {"auc": "AUC", "full_ndcg_at_10": "full NDCG@10"}  # the state message's names of LABELS' figures
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _figure(x: float | None) -> str:
     return "" if x is None else f"{x:.4f}"
 
 
+def outcome(s: RunSummary) -> str:
+    """The name of the run's final state (a COMPLETED type): what the night did, readable in the runs list."""
+    if not s.trained:
+        return "No new data"
+    return "Promoted" if s.promoted else "Rejected"
+
+
 def state_message(s: RunSummary) -> str:
-    """One line for the flow run's final state: what this night did."""
+    """One short line for the flow run's final state, the verdict first (under 70 characters, as the UI shows a
+    state's message in full); the summary artifact has the held-out events and the reasons."""
     if not s.trained:
         return f"no new data since v{s.newest_version}: v{s.current} stays current (AUC {s.auc:.4f})"
-    users = f"on the same {s.eval_users:,} held-out events"
     on = s.promoted_on or "auc"  # a version made before the gate's figure was named was gated on AUC
-    label, mine, theirs = LABELS[on], getattr(s, on), getattr(s, f"previous_{on}")
+    label, mine, theirs = SHORT_LABELS[on], getattr(s, on), getattr(s, f"previous_{on}")
     if theirs is None:
-        return f"promoted v{s.version} (cold start): {label} {mine:.4f} on {s.eval_users:,} held-out events"
-    verdict = f"promoted v{s.version}" if s.promoted else f"rejected v{s.version}"
-    tail = "" if s.promoted else f"; v{s.current} stays current"
-    return f"{verdict}: {label} {mine:.4f} vs v{s.warm_start_from}'s {theirs:.4f} {users}{tail}"
+        return f"promoted v{s.version} (cold start): {label} {mine:.4f}"
+    if s.promoted:
+        return f"promoted v{s.version}: {label} {mine:.4f} vs v{s.warm_start_from}'s {theirs:.4f}"
+    return f"rejected v{s.version}: {label} {mine:.4f} < v{s.warm_start_from}'s {theirs:.4f}; v{s.current} stays"
+
+
+def tag_run(tags: list[str]) -> None:
+    """Add `tags` to this flow run's (what the runs list filters by)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    with get_client(sync_client=True) as client:
+        known = set(client.read_flow_run(flow_run.id).tags)
+        client.update_flow_run(flow_run.id, tags=sorted(known | set(tags)))
 
 
 def next_run(run_dir: str | Path) -> str:
@@ -195,7 +218,7 @@ def summary_markdown(s: RunSummary, config: RetrainConfig) -> str:
                 f"- version {s.version}: {auc}"]
     else:
         start = f"warm start from version {s.warm_start_from}" if s.warm_start_from else "cold start"
-        verdict = ("**promoted** (now current)" if s.promoted else f"**not promoted**: {s.message}")
+        verdict = "**promoted** (now current)" if s.promoted else f"**{s.message}**"  # it begins "version N not …"
         previous = "" if s.previous_auc is None else \
             f"; version {s.warm_start_from} on the same held-out events: AUC {s.previous_auc:.4f}"
         old = s.previous_plan_comm_time_us_per_step
@@ -211,7 +234,7 @@ def summary_markdown(s: RunSummary, config: RetrainConfig) -> str:
     lines = [
         f"# Retraining run `{s.run_dir}`",
         "",
-        f"- strategy **{config.plan.strategy}** on `{config.plan.topology}`, {s.epochs} epochs, "
+        f"- strategy **{config.plan.strategy}** on `{config.plan.topology}`, {_count(s.epochs, 'epoch')}, "
         f"batch {config.train.batch_size}",
         *head,
         *_kept_epoch(s),

@@ -101,7 +101,8 @@ def flow_runs(server) -> list[dict]:
     with urllib.request.urlopen(request, timeout=120) as answer:
         runs = json.load(answer)
     return [{"id": r["id"], "name": r["name"], "state": r["state_type"], "message": (r["state"] or {}).get("message"),
-             "deployment": r["deployment_id"], "auto": r["auto_scheduled"],
+             "state_name": r["state_name"], "tags": r["tags"], "deployment": r["deployment_id"],
+             "auto": r["auto_scheduled"],
              "due": r["expected_start_time"] and datetime.fromisoformat(r["expected_start_time"])} for r in runs]
 
 
@@ -124,13 +125,15 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     (tmp_path / "topo.yaml").write_text(TOPOLOGY)
     parts, run = tmp_path / "parts", tmp_path / "nightly"
     parts.mkdir()
-    # The API takes the config's sections (shardflow.config): a deployment's parameters and the UI's form.
-    config = sectioned({"dataset": str(parts), "run_dir": str(run), "topology": str(tmp_path / "topo.yaml"), **NIGHT})
+    # The API takes the same flat keys `shardflow run --set` does (the schema names them beside the sections the
+    # UI's form shows); the first night is given them, the later ones the sections.
+    flat = {"dataset": str(parts), "run_dir": str(run), "topology": str(tmp_path / "topo.yaml"), **NIGHT}
+    config = sectioned(flat)
 
     nights = []
-    for day in days:  # three nights, each with the day's new part
+    for k, day in enumerate(days):  # three nights, each with the day's new part
         shutil.copy2(day, parts)
-        nights.append(run_deployment(server, "retrain/nightly-retrain", config))
+        nights.append(run_deployment(server, "retrain/nightly-retrain", flat if k == 0 else config))
     text = worker_log.read_text()
     assert [r["state"] for r in nights] == ["COMPLETED"] * 3, (nights, text[-5000:])
     label = nights[0]["name"].split("·")[0]
@@ -138,6 +141,11 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     assert nights[0]["message"].startswith("promoted v1 (cold start): AUC ")
     assert all(r["message"].startswith((f"promoted v{v}: AUC ", f"rejected v{v}: AUC "))
                for v, r in zip((2, 3), nights[1:3]))
+    # The runs list tells the nights apart: the state's name and tags say the outcome, the message is short.
+    for v, r in zip((1, 2, 3), nights):
+        verdict = "Promoted" if r["message"].startswith("promoted") else "Rejected"
+        assert r["state_name"] == verdict and len(r["message"]) < 70, r
+        assert {f"outcome:{verdict.lower()}", f"version:{v}"} <= set(r["tags"]), r
     assert versions.numbers(run) == [1, 2, 3]
     made = [versions.started(run, n) for n in (1, 2, 3)]
     promoted_2 = nights[1]["message"].startswith("promoted")  # v3 warm-starts from whichever is current
@@ -171,6 +179,7 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     current = max(v for v, r in zip((1, 2, 3), nights) if r["message"].startswith("promoted"))
     # v3 saw every part, promoted or not; the current version is the last one promoted
     assert scheduled[0]["name"] == f"{label}·no new data", scheduled
+    assert scheduled[0]["state_name"] == "No new data" and "outcome:no-new-data" in scheduled[0]["tags"], scheduled
     assert scheduled[0]["message"].startswith(f"no new data since v3: v{current} stays current (AUC "), scheduled
     assert versions.numbers(run) == [1, 2, 3]
 
@@ -180,4 +189,5 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     refused = run_deployment(server, "retrain/nightly-retrain", {**config, "run_dir": str(tmp_path / "foreign")})
     text = worker_log.read_text()
     assert refused["state"] == "FAILED" and "holds notes, not model versions" in refused["message"], refused
+    assert refused["name"].endswith("·failed") and "outcome:failed" in refused["tags"], refused
     assert "Traceback" not in text and "distributed." not in text, text[-5000:]

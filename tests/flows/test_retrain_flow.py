@@ -273,3 +273,19 @@ def test_a_night_writes_every_users_top_k_as_parquet_and_the_cli_prints_one(pref
                                  text=True, timeout=120)
         assert refused.returncode == 2 and refusal in refused.stderr and "Traceback" not in refused.stderr, \
             refused.stderr[-2000:]
+
+
+def test_a_rollback_run_carries_its_run_dir_version_and_outcome(prefect_api, client, base):
+    """The rollback deployment's flow: named by run_dir and version, tagged, so the runs list says whose."""
+    from flows.promote import promote_version
+    from tasks.reports import run_label
+
+    run = base / "rolled"
+    retrain(config(base, "rolled", client, epochs=1, top_k=0))
+    state = promote_version(str(run), 1, "test", return_state=True)
+
+    async def read():
+        async with get_client() as c:
+            return await c.read_flow_run(state.state_details.flow_run_id)
+    made = asyncio.run(read())
+    assert made.name == f"{run_label(run)}·promote-v1" and {"version:1", "outcome:rolled-back"} <= set(made.tags)

@@ -51,12 +51,17 @@ def test_a_key_is_named_bare_with_its_section_or_in_its_section_alike():
     assert set(bare.flat()) == {*SECTION_OF, "run_dir"}
 
 
-def test_the_schema_a_deployment_and_the_ui_read_has_the_sections():
+def test_the_schema_a_deployment_and_the_ui_read_has_the_sections_and_names_the_flat_keys_too():
+    import jsonschema
+
     schema = RetrainConfig.model_json_schema()
-    assert list(schema["properties"]) == ["run_dir", *SECTIONS]
-    assert schema["additionalProperties"] is False
+    assert list(schema["properties"]) == ["run_dir", *SECTIONS]  # the UI's form: the sections
     train = schema["$defs"]["TrainSection"]
     assert "epochs" in train["properties"] and train["additionalProperties"] is False
+    jsonschema.validate({"epochs": 1, "nightly.top_k": 0, "train": {"seed": 3}}, schema)  # as the server checks
+    with pytest.raises(jsonschema.ValidationError, match="'epoch' is not one of"):
+        jsonschema.validate({"epoch": 1}, schema)
+    assert RetrainConfig.build({"epochs": 1, "nightly.top_k": 0}).train.epochs == 1
 
 
 @pytest.mark.parametrize(
