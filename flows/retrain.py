@@ -29,6 +29,7 @@ from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
 from shardflow.planning.plans import read_plan_summary
+from shardflow.reporting.stages import StageClock
 from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
@@ -71,14 +72,18 @@ def _run_name() -> str:
 
 @flow(name="retrain", flow_run_name=_run_name, log_prints=True)
 def retrain(config: RetrainConfig = RetrainConfig()):
+    clock = StageClock()
     one_line_errors()  # an error shardflow explains reaches the terminal or the worker's log as one line
+    clock.book("start-up (Prefect, before the flow's code)", _started_s_ago())
     run = str(run_paths(config)["run"])
     try:
         check_run(config)
         _tag(config)
+        clock.done("pre-flight")
         summary = nothing_new(config)  # a night with nothing new is answered from the stores: no cluster
+        clock.done("nothing-new check")
         if summary is None:
-            summary = _make_version(config, run)
+            summary = _make_version(config, run, clock)
     except Exception as e:  # an interrupt is a crash: Prefect records it, nothing more is sent to the API
         publish_failure(run, e)  # what failed, what stays current, what the next run does
         _failed(run)
@@ -86,9 +91,24 @@ def retrain(config: RetrainConfig = RetrainConfig()):
     name_run(run, f"v{summary.version}" if summary.trained else "no new data")
     tag_run([f"outcome:{outcome(summary).lower().replace(' ', '-')}", f"version:{summary.version}"])
     publish_versions(run)
+    clock.done("reports")
+    summary = replace(summary, stage_seconds=dict(clock.seconds))
     publish_summary(summary, config)
     # The state's name says what the night did in the runs list (a COMPLETED type: Prefect's views count it done).
     return Completed(name=outcome(summary), message=state_message(summary), data=summary.to_dict())  # the JSON edge
+
+
+def _started_s_ago() -> float:
+    """Seconds since Prefect started this flow run (its engine's start-up before the flow's code), 0 if unknown."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    try:
+        with get_client(sync_client=True) as client:
+            began = client.read_flow_run(flow_run.id).start_time
+        return (datetime.now(timezone.utc) - began).total_seconds() if began else 0.0
+    except Exception:  # timing is a courtesy: a run without it still runs
+        return 0.0
 
 
 def _failed(run: str) -> None:
@@ -104,22 +124,31 @@ def _failed(run: str) -> None:
         pass
 
 
-def _make_version(config: RetrainConfig, run: str) -> RunSummary:
+def _make_version(config: RetrainConfig, run: str, clock: StageClock) -> RunSummary:
+    """The data imported and verified first (a bad part or a damaged store fails in seconds, before any
+    cluster starts), then the version on the run's Dask cluster."""
     log = get_run_logger()
     devices = config.parsed_topology.devices
-    with run_lock(run), run_cluster(**dict(config.cluster), workers=devices, gpus=config.train.device == "cuda",
-                                    worker_log=run_paths(config)["worker_log"]) as client:
-        log.info("Dask dashboard: %s", client.dashboard_link)
+    with run_lock(run):
         tidy(run)
         imported = prepare_dataset(config)
         dataset = imported.path
-        with owned(dataset, run):  # the run owns its data: no append until it ends
-            return _version(config, run, client, devices, dataset, imported)
+        clock.done("import and verify the data")
+        with run_cluster(**dict(config.cluster), workers=devices, gpus=config.train.device == "cuda",
+                         worker_log=run_paths(config)["worker_log"]) as client:
+            clock.done("cluster start")
+            log.info("Dask dashboard: %s", client.dashboard_link)
+            with owned(dataset, run):  # the run owns its data: no append until it ends
+                summary = _version(config, run, client, devices, dataset, imported, clock)
+        clock.done("cluster stop")
+        return summary
 
 
-def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str, imported: Imported) -> RunSummary:
-    """The model version of this run's data, from open-version to the promotion gate."""
+def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str, imported: Imported,
+             clock: StageClock) -> RunSummary:
+    """The model version of this run's data, from open-version to the promotion gate and the lists."""
     version = open_version(config, dataset)
+    clock.done("open the version")
     if isinstance(version, NothingNew):
         return untrained(run, version.current, version.newest, imported.parts_added, imported.warnings)
     name_run(run, f"v{version.version}")
@@ -127,15 +156,20 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     tidy(paths["version"])
     # The plan and its cost model are fitted to what this version's window reads, histories included.
     profile(dataset, paths["profile"], client, run, version.window[0], config.model.history)
+    clock.done("profile")
     source = version.warm_start_from
     previous_plan = None if source is None else paths_of(run, source)["plan"]
     strategies, decision = shard(config, paths["profile"], paths["plan"], previous_plan)
     trained_plan = read_plan_summary(paths["plan"])  # the plan that trains: fresh, or the previous one kept
+    clock.done("shard")
     trained = _train(config, dataset, paths, run, client, devices, trained_plan.bytes_per_step, version)
+    clock.done("train (warm start, epochs, checkpoints, download)")
     metrics = evaluate(paths["model"], dataset, config.train.eval_users, config.train.seed, version.window[1],
                        config.train.full_ranking, client)
+    clock.done("evaluate")
     figures = plots(paths["version"], paths["profile"], paths["plan"], strategies)
     tidy(paths["version"])
+    clock.done("plots")
     row_wise = next(r for r in strategies if r.strategy == "row-wise-mod")
     summary = gate(config, dataset, version.version, client, VersionFigures(
         run_dir=run,
@@ -171,7 +205,9 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         warnings=(*trained.warnings, *imported.warnings),
         plots=tuple(figures),
     ))
+    clock.done("promotion gate")
     lists = recommend(config, dataset, run, version.version, version.window[0], client)
+    clock.done("top-K lists")
     return replace(summary, recommendations=lists)
 
 

@@ -257,12 +257,22 @@ def summary_markdown(s: RunSummary, config: RetrainConfig) -> str:
         *(f"- **warning**: {w}" for w in s.warnings),
         "- checkpoints: " + (", ".join(f"`{c}`" for c in s.checkpoints) or "none"),
         "- versions, checkpoints, models and plots (SVG files) on the machine that ran it: `" + s.run_dir + "`",
+        *_stage_table(s.stage_seconds),
         "",
         # Embedded, not linked: a path on the worker host is no picture in a browser elsewhere.
         *(f"![{Path(p).stem}](data:image/svg+xml;base64,{base64.b64encode(Path(p).read_bytes()).decode()})"
           for p in s.plots if Path(p).is_file()),
     ]
     return "\n".join(lines)
+
+
+def _stage_table(stages: dict | None) -> list[str]:
+    """Where the run's wall time went, a row a stage in the order they ran (they add up to the run)."""
+    if not stages:
+        return []
+    total = sum(stages.values())
+    return ["", f"Where the run's {total:,.1f} s went:", "", "| stage | s | share |", "|---|---:|---:|",
+            *(f"| {name} | {v:,.1f} | {v / max(total, 1e-9):.0%} |" for name, v in stages.items())]
 
 
 def publish_summary(s: RunSummary, config: RetrainConfig) -> None:

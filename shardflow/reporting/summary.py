@@ -14,7 +14,7 @@ from shardflow.records import parse_record, plain
 from shardflow.model.metrics import Metrics
 
 # The run's, not the version's: not in result.json (the lists are written after it, from the current model).
-RUN_KEYS = ("current", "message", "newest_version", "recommendations")
+RUN_KEYS = ("current", "message", "newest_version", "recommendations", "stage_seconds")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,12 +85,13 @@ class RunSummary(VersionFigures):
     message: str | None = None  # why a version was not promoted, or what a run that trained nothing found
     newest_version: int | None = None  # a run that trained nothing: the last version made
     recommendations: str | None = None  # the store of the users' top-K lists this run wrote (nightly.top_k)
+    stage_seconds: dict | None = None  # stage -> seconds of this run's wall time (shardflow.reporting.stages)
 
     def to_dict(self) -> dict:
-        """The JSON form: tuples as lists; newest_version only where a run trained nothing, recommendations only
-        where it wrote them."""
+        """The JSON form: tuples as lists; newest_version only where a run trained nothing, recommendations and
+        stage_seconds only where it wrote or timed them."""
         out = plain(self)
-        for key in ("newest_version", "recommendations"):
+        for key in ("newest_version", "recommendations", "stage_seconds"):
             if out[key] is None:
                 del out[key]
         return out

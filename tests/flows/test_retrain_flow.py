@@ -241,8 +241,22 @@ def test_a_night_writes_every_users_top_k_as_parquet_and_the_cli_prints_one(pref
     from storage import recommendations
     from storage.dataset import Dataset
 
-    summary = retrain(config(base, "lists", client, epochs=1, top_k=5))
+    state = retrain(config(base, "lists", client, epochs=1, top_k=5), return_state=True)
+    summary = state.result()
     store = Path(summary["recommendations"])
+
+    # Every second of the run is in a stage: they add up to the flow run's wall time as the API records it.
+    async def read():
+        async with get_client() as c:
+            return await c.read_flow_run(state.state_details.flow_run_id)
+    made_run = asyncio.run(read())
+    stages = summary["stage_seconds"]
+    wall = (made_run.end_time - made_run.start_time).total_seconds()
+    assert {"import and verify the data", "cluster start", "train (warm start, epochs, checkpoints, download)",
+            "top-K lists", "cluster stop"} <= set(stages), stages
+    assert abs(sum(stages.values()) - wall) <= 0.05 * wall, (stages, wall)
+    assert "Where the run's" in artifact_rows(state.state_details.flow_run_id,
+                                              artifact_key("retrain-summary", base / "lists"))
     made = recommendations.read(store)
     ds = Dataset.open(base / "ds")
     assert store == Path(summary["run_dir"]) / "versions" / "0001" / "recommendations"

@@ -1,0 +1,23 @@
+"""Where a run's wall time went: its stages, booked one after another, so that they add up to the run."""
+
+from __future__ import annotations
+
+import time
+
+
+class StageClock:
+    """Each `done(name)` books the time since the previous mark (or since the clock was made) to `name`; a name
+    booked twice adds up. Nothing between two marks goes unbooked, so the stages add up to the time from the
+    clock's start to its last mark, plus what `book` adds from before it (a start-up measured elsewhere)."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+        self.seconds: dict[str, float] = {}
+
+    def book(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + max(seconds, 0.0)
+
+    def done(self, name: str) -> None:
+        now = time.monotonic()
+        self.book(name, now - self._last)
+        self._last = now
