@@ -126,6 +126,8 @@ def version_rows(run: str) -> list[dict]:
     by_operator = {p.version for p in versions.promotions(run)}
     results = {n: version_result(run, n) for n in versions.numbers(run)}
     metric = "logloss" if any(r is not None and r.logloss is not None for r in results.values()) else "hr_at_10"
+    # The whole catalog's NDCG@10 where any version ranked it (full_ranking on): no column that is always empty.
+    full = metric != "logloss" and any(r is not None and r.full_ndcg_at_10 is not None for r in results.values())
     for n, r in results.items():
         began = versions.started(run, n)
         done = {} if r is None else r.to_dict()  # an unfinished version: every figure empty
@@ -139,6 +141,7 @@ def version_rows(run: str) -> list[dict]:
                 "auc": _figure(done.get("auc")),
                 metric: _figure(done.get(metric)),
                 **({} if metric == "logloss" else {"ndcg_at_10": _figure(done.get("ndcg_at_10"))}),
+                **({"full_ndcg_at_10": _figure(done.get("full_ndcg_at_10"))} if full else {}),
                 "epochs": None if r is None else _epochs_kept(r),
                 "replaced_auc": _figure(done.get("previous_auc")),
                 f"replaced_{metric}": _figure(done.get(f"previous_{metric}")),
@@ -189,8 +192,9 @@ def publish_versions(run: str) -> list[dict]:
     """The versions table of a run_dir and the quality plot beside it (the history the UI keeps)."""
     rows = version_rows(run)
     create_table_artifact(rows, key=artifact_key("versions", run),
-                          description=f"Model versions of {run}: data, held-out metrics beside the model each "
-                                      "replaced (same events), promotion, re-planning")
+                          description=f"Model versions of {run}: data, held-out metrics (full_ndcg_at_10: "
+                                      "the whole catalog, seen items excluded) beside the model each replaced (same "
+                                      "events), promotion, re-planning")
     svg = quality_svg(rows)
     if svg is not None:
         picture = base64.b64encode(svg.encode()).decode()

@@ -71,6 +71,8 @@ def test_table_artifacts_have_the_same_columns_in_every_row(prefect_api, client,
     flexshard = next(r for r in plans if r["strategy"] == "flexshard")
     assert flexshard["plan"] == "made" and flexshard["MB_per_step"] > 0
     assert all((r["plan"] == "made") == (r["MB_per_step"] is not None) for r in plans)
+    versions_table = artifact_rows(run, artifact_key("versions", base / "tables"))
+    assert float(versions_table[0]["full_ndcg_at_10"]) >= 0  # ranked among the whole catalog (the default)
     profiles = artifact_rows(run, artifact_key("profile", base / "tables"))
     assert all(len(str(r["top_1pct_rows_share_of_accesses"]).split(".")[-1]) <= 3 for r in profiles)
     summary = artifact_rows(run, artifact_key("retrain-summary", base / "tables"))  # markdown: the text itself
