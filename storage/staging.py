@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,8 +54,8 @@ def staged(dest: Path, *, overwrite: bool) -> Iterator[Path]:
     check_destination(dest, overwrite=overwrite)
     dest.parent.mkdir(parents=True, exist_ok=True)
     stage = dest.parent / f".{dest.name}.staging-{uuid.uuid4().hex[:12]}"
-    stage.mkdir()
     try:
+        stage.mkdir()  # inside: a signal right after it still removes the directory
         yield stage
         if not (stage / MANIFEST).is_file():
             raise RuntimeError(f"internal error: {stage} was staged without a {MANIFEST}")
@@ -73,8 +74,19 @@ def staged(dest: Path, *, overwrite: bool) -> Iterator[Path]:
         if old is not None:
             shutil.rmtree(old)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        _remove(stage)
         raise
+
+
+# zarr writes a chunk on its own IO thread: one in flight when an exception (a signal) stopped the writer lands
+# after the stage is first removed, and makes its directories again. Such a write ends within milliseconds.
+LATE_WRITE_S = 0.2
+
+
+def _remove(stage: Path) -> None:
+    shutil.rmtree(stage, ignore_errors=True)
+    time.sleep(LATE_WRITE_S)
+    shutil.rmtree(stage, ignore_errors=True)
 
 
 def remove_leftovers(directory: Path) -> list[str]:
