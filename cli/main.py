@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from cli.arguments import build_parser
 from shardflow.errors import (STORAGE_ERRNOS, InputError, Terminated, TrainingError, WorkerLost, explained,
-                              interrupted)
+                              interrupted, note_stop)
 
 
 _KEPT = "every complete checkpoint and store is kept: run the same command again to resume"
@@ -27,6 +27,11 @@ class _Interrupts:
     """Ctrl-C raises KeyboardInterrupt, as ever, and the command winds down (its cluster, its API server) to
     say so in one line. A second Ctrl-C ends the process at once: with that line if it was not said yet,
     silently if it was. Every store is written by a rename, so stopping anywhere keeps what is complete.
+
+    A handler's exception can be lost: raised while a finalizer runs (Python prints "Exception ignored" and goes
+    on) or inside a library's callback that logs and goes on. So every stop signal is also noted as it arrives,
+    by a thread reading the interpreter's signal wake-up pipe (whichever handler is in, Prefect's included),
+    and the run's next training step or stage raises it again (shardflow.errors.stop_if_asked).
     """
 
     def __init__(self, command: str) -> None:
@@ -34,6 +39,11 @@ class _Interrupts:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self._first)
             signal.signal(signal.SIGTERM, self._terminated)  # `run` puts its own in while its flow runs
+            wake, self._woken = os.pipe()
+            os.set_blocking(self._woken, False)
+            signal.set_wakeup_fd(self._woken, warn_on_full_buffer=False)
+            threading.Thread(target=self._note, args=(wake,), name="shardflow-signals", daemon=True).start()
+            sys.unraisablehook = self._unraisable
         # Stopped at once, the process leaves its local workers' semaphores to multiprocessing's resource
         # tracker, which removes them and warns once per process on the terminal; it takes its warning
         # filters from these options when it starts.
@@ -46,6 +56,19 @@ class _Interrupts:
     @staticmethod
     def _terminated(signum, frame) -> None:
         raise Terminated(f"signal {signum}")
+
+    @staticmethod
+    def _note(wake: int) -> None:
+        while True:
+            for signum in os.read(wake, 64):
+                note_stop(signum)
+
+    @staticmethod
+    def _unraisable(unraisable) -> None:
+        """A stop's exception lost in a finalizer is taken up again later: its traceback is not for the
+        terminal."""
+        if isinstance(unraisable.exc_value, Exception) or unraisable.exc_value is None:
+            sys.__unraisablehook__(unraisable)
 
     def _again(self, signum, frame) -> None:
         if not self.said:

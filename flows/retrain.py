@@ -27,7 +27,8 @@ from prefect.states import Completed
 
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
-from shardflow.errors import SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors
+from shardflow.errors import (SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors,
+                             stop_if_asked)
 from shardflow.planning.plans import read_plan_summary
 from shardflow.reporting.stages import StageClock
 from shardflow.reporting.summary import RunSummary, VersionFigures
@@ -72,7 +73,7 @@ def _run_name() -> str:
 
 @flow(name="retrain", flow_run_name=_run_name, log_prints=True)
 def retrain(config: RetrainConfig = RetrainConfig()):
-    clock = StageClock()
+    clock = StageClock(between=stop_if_asked)
     one_line_errors()  # an error shardflow explains reaches the terminal or the worker's log as one line
     clock.book("start-up (Prefect, before the flow's code)", _started_s_ago())
     run = str(run_paths(config)["run"])

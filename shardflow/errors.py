@@ -12,6 +12,7 @@ to an operator (the Prefect API's log keeps them for the UI).
 import errno
 import logging
 import reprlib
+import signal
 
 # A full disk, a quota, a read-only or forbidden directory: the writes stop, nothing stored is lost.
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
@@ -46,6 +47,25 @@ class DamagedStore(InputError):
 
 class Terminated(BaseException):
     """The process was sent SIGTERM (a BaseException: like KeyboardInterrupt, no handler swallows it)."""
+
+
+_asked: list[int] = []  # the stop signals this process was sent (the command's signal watcher appends)
+
+
+def note_stop(signum: int) -> None:
+    """Remember that the process was sent SIGINT or SIGTERM, whatever its handler did with it."""
+    if signum in (signal.SIGINT, signal.SIGTERM):
+        _asked.append(signum)
+
+
+def stop_if_asked() -> None:
+    """Raise the stop a signal asked for (Terminated or KeyboardInterrupt), if one was sent: called before new
+    work starts (a training step, a run's next stage). A handler's exception raised inside a finalizer or a
+    callback that logs and goes on is lost; this takes the stop up again at the next such point."""
+    if signal.SIGTERM in _asked:
+        raise Terminated(f"signal {signal.SIGTERM.value}")
+    if _asked:
+        raise KeyboardInterrupt
 
 
 class TrainingError(RuntimeError):

@@ -22,7 +22,7 @@ from distributed.client import FutureCancelledError, FuturesCancelledError
 
 from shardflow.cluster import live_workers
 from shardflow.model.dlrm import ClickConfig
-from shardflow.errors import InputError, WorkerLost, WorkerOutOfMemory
+from shardflow.errors import InputError, WorkerLost, WorkerOutOfMemory, stop_if_asked
 from shardflow.model.sequence import ModelConfig
 from shardflow.model.metrics import Metrics
 from shardflow.model.optim import OptimizerConfig
@@ -243,6 +243,7 @@ class Engine(Persistence):
         If a step fails, the steps before it stay applied (and counted) and the error is the
         failing device's own, not a peer's relay of it.
         """
+        stop_if_asked()  # a stop signal whose exception a finalizer lost is taken up here, before the call
         self._tag += 1
         args = (self._tag, epoch, first, count, self.step_count, self.train.seed)
         try:

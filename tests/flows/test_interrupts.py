@@ -78,6 +78,12 @@ def interrupt_after_the_first_checkpoint(proc: subprocess.Popen, run: Path, sign
     return proc.returncode, seconds, err, family
 
 
+def evidence(err: str) -> str:
+    """A failed run's stderr for the assertion: its first traceback (what went wrong first), then its end."""
+    at = err.find("Traceback")
+    return (err[max(at - 200, 0) : at + 2000] + "\n[...]\n" if at >= 0 else "") + err[-1000:]
+
+
 def still_running(pids: list[int]) -> list[str]:
     time.sleep(2)  # a process being reaped is gone within this
     alive = []
@@ -102,7 +108,7 @@ def test_sigterm_to_the_group_is_recorded_as_crashed_and_the_same_command_resume
     """With the collective transport the devices may be inside a gloo wait: the engine's stop ends it."""
     proc = start(tmp_path, server.env, transport=transport)
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGTERM)
-    assert status == 143 and seconds < ENDS_WITHIN_S, (status, seconds, err[-3000:])
+    assert status == 143 and seconds < ENDS_WITHIN_S, (status, seconds, evidence(err))
     one_line(err, "shardflow run: terminated (SIGTERM);")
     assert still_running(family) == []
     back = subprocess.run([str(Path(BIN) / "python"), "-c", READ_BACK], env=server.env, capture_output=True, text=True,
@@ -122,7 +128,7 @@ def test_ctrl_c_while_profiling_is_one_line_and_the_workers_say_nothing_on_the_t
     proc = start(tmp_path, embedded(tmp_path), interactions=2_000_000)
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT,
                                                                         moment=profiling)
-    assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, err[-3000:])
+    assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, evidence(err))
     one_line(err, "shardflow run: interrupted;")
     assert still_running(family) == []
 
@@ -133,7 +139,7 @@ def test_a_second_ctrl_c_ends_the_run_at_once_with_one_line_and_keeps_the_checkp
                                                                         again_after_s=0.5)
     # A second Ctrl-C that lands once the run has said its line and is exiting (Python has put SIGINT's default
     # back) ends it by the signal itself: a shell reports that as 130 too.
-    assert status in (130, -signal.SIGINT) and seconds < 5, (status, seconds, err[-3000:])
+    assert status in (130, -signal.SIGINT) and seconds < 5, (status, seconds, evidence(err))
     one_line(err, "shardflow run: interrupted")
     assert "leaked semaphore" not in err, err[-3000:]  # multiprocessing's resource tracker, after the stop at once
     assert still_running(family) == []
@@ -190,7 +196,7 @@ def test_ctrl_c_ends_at_once_then_an_embedded_api_that_cannot_start_again_stops_
     env = embedded(tmp_path)
     proc = start(tmp_path, env)
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT)
-    assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, err[-3000:])
+    assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, evidence(err))
     one_line(err, "shardflow run: interrupted;")
     assert len(family) > 2 and still_running(family) == []  # the embedded server and every Dask process
     assert "Finished in state Crashed('Execution was aborted by an interrupt signal.')" in err
