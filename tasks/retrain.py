@@ -220,13 +220,13 @@ def recommend(config: RetrainConfig, dataset: str, run: str, number: int, first_
     none are written (top_k 0, a click log, a model with event features)."""
     from shardflow.data.clicks import config_from_record
     from shardflow.training.recommend import recommend_export, why_no_lists
-    from storage.checkpoint import verify_export
+    from storage.checkpoint import read_export_manifest
 
     log, current = get_run_logger(), versions.current(run)
     if config.nightly.top_k == 0 or current is None:
         return None
     model = str(versions.version_dir(run, current) / "model")
-    why = why_no_lists(config_from_record(verify_export(model).model))
+    why = why_no_lists(config_from_record(read_export_manifest(model).model))  # recommend_export verifies
     if why is not None:
         log.info("no top-K lists: %s", why)
         return None

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shardflow.model.sequence import ModelConfig, scores
+from shardflow.model.sequence import ModelConfig, init_dense, scores
 from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
@@ -279,3 +279,15 @@ def pem_files(tmp_path: Path) -> dict[str, str]:
     for key, text in files.items():
         (tmp_path / f"{key}.pem").write_text(text)
     return {key: str(tmp_path / f"{key}.pem") for key in files}
+
+
+def tiny_scorer(encoder: str, seed: int, items: int, users: int) -> tuple:
+    """A float64 sequence model over `items` items and `users` users' 3-item histories (user 0's a short one),
+    for scoring against a plain count: (config, dense, rows, history, the generator that made them)."""
+    rng = np.random.default_rng(seed)
+    config = ModelConfig(dim=4, mlp=(5, 3), history=3, negatives=1, seed=seed, encoder=encoder, blocks=1, dropout=0.0)
+    dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in init_dense(config).items()}
+    rows = {"item": torch.from_numpy(rng.normal(size=(items, 4)))}
+    history = rng.integers(0, items, size=(users, 3))
+    history[0, :2] = -1
+    return config, dense, rows, history, rng

@@ -70,24 +70,41 @@ def recommend_export(model_dir: str | Path, dataset: str | Path, out: str | Path
     raw_items = np.empty(data.rows[data.item], dtype=values.astype(str).dtype)
     raw_items[rows] = values.astype(str)
     dense = {k_: torch.from_numpy(v) for k_, v in read_export_dense(model_dir, config.dense_shapes(), [])[0].items()}
-    blocks = [last[s : s + USERS_PER_PART] for s in range(0, last.size, USERS_PER_PART)]
     record = {"version": version, "model": str(Path(model_dir).resolve()), "dataset": str(Path(dataset).resolve()),
               "k": k, "users_from": users_from, "first_part": first_part, "users": int(last.size),
               "items": int(data.rows[data.item]), "seen": "excluded"}
     with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
-        inputs = [_block_inputs(data, config, b) for b in blocks]
-        users = [raw_users[chosen[s : s + USERS_PER_PART]] for s in range(0, chosen.size, USERS_PER_PART)]
         args = (str(model_dir), data.item, config, dense, raw_items, k, str(stage))
+        blocks = [slice(s, s + USERS_PER_PART) for s in range(0, last.size, USERS_PER_PART)]
+        parts = ((i, raw_users[chosen[b]], *_block_inputs(data, config, last[b]))
+                 for i, b in enumerate(blocks))  # one block's inputs at a time
         if client is None:
-            written = [recommend_part(*args, i, u, *x) for i, (u, x) in enumerate(zip(users, inputs))]
+            written = [recommend_part(*args, *part) for part in parts]
         else:
-            shared = client.scatter([config, dense, raw_items], broadcast=True)
-            n = len(blocks)
-            written = client.gather(client.map(
-                recommend_part, [args[0]] * n, [args[1]] * n, *([x] * n for x in shared), [k] * n, [str(stage)] * n,
-                range(n), users, *zip(*inputs), pure=False)) if n else []
+            written = _on_cluster(client, args, parts)
         files = {name: v for w in written for name, v in w.items()}
         return recommendations.finish(stage, record, files)
+
+
+def _on_cluster(client, args: tuple, parts) -> list[dict]:
+    """recommend_part of every block on the cluster's workers, at most two blocks per worker in flight: a block's
+    inputs are made while the workers rank the ones before, and 10^6 users' inputs are never held at once."""
+    from distributed import as_completed
+
+    model_dir, table, config, dense, raw_items, k, stage = args
+    shared = client.scatter([config, dense, raw_items], broadcast=True)
+    window = 2 * max(1, len(client.scheduler_info().get("workers", {})))
+    running, written = as_completed(), []
+
+    def submit(part) -> None:
+        running.add(client.submit(recommend_part, model_dir, table, *shared, k, stage, *part, pure=False))
+
+    for part in parts:
+        submit(part)
+        if running.count() >= window:
+            written.append(next(running).result())
+    written.extend(f.result() for f in running)
+    return written
 
 
 def _block_inputs(data: TrainData, config: ModelConfig, last: np.ndarray) -> tuple:

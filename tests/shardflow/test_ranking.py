@@ -9,20 +9,16 @@ import numpy as np
 import pytest
 import torch
 
+from support import tiny_scorer
 from shardflow.model.ranking import CatalogRanks, rank_block, users_to_rank
-from shardflow.model.sequence import BatchIndex, ModelConfig, init_dense, scores, user_state
+from shardflow.model.sequence import BatchIndex, scores, user_state
 
 CPU = torch.device("cpu")
 ITEMS, USERS = 53, 9
 
 
 def problem(encoder: str, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    config = ModelConfig(dim=4, mlp=(5, 3), history=3, negatives=1, seed=seed, encoder=encoder, blocks=1, dropout=0.0)
-    dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in init_dense(config).items()}
-    rows = {"item": torch.from_numpy(rng.normal(size=(ITEMS, 4)))}
-    history = rng.integers(0, ITEMS, size=(USERS, 3))
-    history[0, :2] = -1  # a short history
+    config, dense, rows, history, rng = tiny_scorer(encoder, seed, ITEMS, USERS)
     target = rng.integers(0, ITEMS, size=USERS)
     target[3] = history[3, 2]  # user 3's held-out item is one it had already
     # each user's items up to and including its held-out event (the held-out one last), as user_items gives them

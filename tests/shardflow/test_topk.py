@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from support import tiny_scorer
 from shardflow.errors import InputError
-from shardflow.model.sequence import BatchIndex, ModelConfig, init_dense, scores, user_state
+from shardflow.model.sequence import BatchIndex, scores, user_state
 from shardflow.model.topk import TopK, top_block
 from shardflow.training.recommend import check_request
 
@@ -17,12 +18,7 @@ ITEMS, USERS, K = 53, 9, 7
 
 
 def problem(encoder: str, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    config = ModelConfig(dim=4, mlp=(5, 3), history=3, negatives=1, seed=seed, encoder=encoder, blocks=1, dropout=0.0)
-    dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in init_dense(config).items()}
-    rows = {"item": torch.from_numpy(rng.normal(size=(ITEMS, 4)))}
-    history = rng.integers(0, ITEMS, size=(USERS, 3))
-    history[0, :2] = -1  # a short history
+    config, dense, rows, history, rng = tiny_scorer(encoder, seed, ITEMS, USERS)
     seen_lists = [np.unique(np.r_[h[h >= 0], rng.integers(0, ITEMS, size=3)]) for h in history]
     seen_lists[4] = np.arange(ITEMS - 3)  # a user who had all but 3 items: a list shorter than K
     return config, dense, rows, history, seen_lists
