@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from cli.arguments import build_parser
 from shardflow.errors import (STORAGE_ERRNOS, InputError, Terminated, TrainingError, WorkerLost, explained,
-                              interrupted, note_stop)
+                              note_stop, stop_signal)
 
 
 _KEPT = "every complete checkpoint and store is kept: run the same command again to resume"
@@ -51,10 +51,12 @@ class _Interrupts:
 
     def _first(self, signum, frame) -> None:
         signal.signal(signal.SIGINT, self._again)
+        note_stop(signum)
         raise KeyboardInterrupt
 
     @staticmethod
     def _terminated(signum, frame) -> None:
+        note_stop(signum)
         raise Terminated(f"signal {signum}")
 
     @staticmethod
@@ -99,40 +101,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     interrupts = _Interrupts(args.command)
     try:
         summary = args.run(args)
-    except InputError as e:
-        print(f"shardflow {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except TrainingError as e:
-        print(f"shardflow {args.command}: training stopped: {e}", file=sys.stderr)
-        return 3
-    except WorkerLost as e:  # a run restores from its last checkpoint first; `train` keeps none
-        then = (_KEPT if args.command == "run" else "`shardflow train` keeps no checkpoints: run it again on a whole "
-                "cluster, or use `shardflow run`, which restores the last one")
-        print(f"shardflow {args.command}: training stopped: {e}; {then}", file=sys.stderr)
-        return 3
-    except OSError as e:
-        if interrupted(e):
-            interrupts.say(f"shardflow {args.command}: interrupted; {_KEPT}")
-            return 130
-        if e.errno not in STORAGE_ERRNOS:
-            raise
-        print(f"shardflow {args.command}: stopped: {e}; {_KEPT} once the file system accepts writes again",
-              file=sys.stderr)
-        return 4
     except BaseException as e:
-        if interrupted(e):
-            interrupts.say(f"shardflow {args.command}: interrupted; {_KEPT}")
-            return 130
-        if not isinstance(e, Terminated):
+        status = _ended(args.command, interrupts, e)
+        if status is None:
             raise
-        interrupts.say(f"shardflow {args.command}: terminated (SIGTERM); {_KEPT}")
-        return 143
+        return status
     if args.json:
         json.dump(summary, sys.stdout)
         sys.stdout.write("\n")
     else:
         args.show(summary)
     return 0
+
+
+def _ended(command: str, interrupts: _Interrupts, e: BaseException) -> int | None:
+    """The exit status of a command that raised `e`, once its one line is said; None if `e` is no error
+    shardflow explains (its traceback is the message). Whatever is raised once a stop signal has arrived is
+    that stop: Ctrl-C landing inside a library's call can come out as the library's own error (pydantic's
+    serializer reports a KeyboardInterrupt as a PydanticSerializationError)."""
+    stop = stop_signal(e)
+    if stop == signal.SIGTERM:
+        interrupts.say(f"shardflow {command}: terminated (SIGTERM); {_KEPT}")
+        return 143
+    if stop == signal.SIGINT:
+        interrupts.say(f"shardflow {command}: interrupted; {_KEPT}")
+        return 130
+    if isinstance(e, InputError):
+        print(f"shardflow {command}: error: {e}", file=sys.stderr)
+        return 2
+    if isinstance(e, TrainingError):
+        print(f"shardflow {command}: training stopped: {e}", file=sys.stderr)
+        return 3
+    if isinstance(e, WorkerLost):  # a run restores from its last checkpoint first; `train` keeps none
+        then = (_KEPT if command == "run" else "`shardflow train` keeps no checkpoints: run it again on a whole "
+                "cluster, or use `shardflow run`, which restores the last one")
+        print(f"shardflow {command}: training stopped: {e}; {then}", file=sys.stderr)
+        return 3
+    if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+        print(f"shardflow {command}: stopped: {e}; {_KEPT} once the file system accepts writes again",
+              file=sys.stderr)
+        return 4
+    return None
 
 
 if __name__ == "__main__":

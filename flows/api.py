@@ -44,7 +44,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
-from shardflow.errors import Terminated, TrainingError
+from shardflow.errors import Terminated, TrainingError, note_stop
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
@@ -171,16 +171,20 @@ def embedded_api(meanwhile: Callable[[], object] = lambda: None) -> Iterator[str
     timeout_s = startup_timeout_s()
     server = EmbeddedServer(free_port())
     atexit.register(server.stop)
+    # What the server says goes to a file of its own, not the terminal: killed with the run (kill -9 of the
+    # group), it is stopped by the parent-death signal and uvicorn prints its cancelled requests' tracebacks.
+    output = tempfile.TemporaryFile()  # nameless: gone with the last process that has it open
     try:
-        server.start(timeout_s, meanwhile=meanwhile)
+        server.start(timeout_s, output, meanwhile=meanwhile)
     except TimeoutError:
         server.stop()
         raise TrainingError(
-            f"the embedded Prefect API did not answer within {timeout_s} s ({STARTUP_SETTING}); nothing was "
-            "written. A busy machine needs more: set it higher, or point PREFECT_API_URL at a running server"
+            f"the embedded Prefect API did not answer within {timeout_s} s ({STARTUP_SETTING}){_last_error(output)}; "
+            "nothing was written. A busy machine needs more: set it higher, or point PREFECT_API_URL at a running "
+            "server"
         ) from None
     except ServerExited as e:
-        raise TrainingError(f"the embedded Prefect API did not start: {e} (its error is above); nothing was "
+        raise TrainingError(f"the embedded Prefect API did not start: {e}{_last_error(output)}; nothing was "
                             "written") from None
     os.environ["PREFECT_API_URL"] = server.api_url
     watchdog = _Watchdog(server, timeout_s)
@@ -262,6 +266,7 @@ def _last_error(output) -> str:
 @contextlib.contextmanager
 def terminated_as_interrupt() -> Iterator[None]:
     def stop(signum, frame):
+        note_stop(signum)
         raise Terminated(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, stop)

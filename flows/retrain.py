@@ -27,8 +27,8 @@ from prefect.states import Completed
 
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
-from shardflow.errors import (SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, one_line_errors,
-                             stop_if_asked)
+from shardflow.errors import (SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, as_stop,
+                             one_line_errors, stop_if_asked)
 from shardflow.planning.plans import read_plan_summary
 from shardflow.reporting.stages import StageClock
 from shardflow.reporting.summary import RunSummary, VersionFigures
@@ -86,6 +86,9 @@ def retrain(config: RetrainConfig = RetrainConfig()):
         if summary is None:
             summary = _make_version(config, run, clock)
     except Exception as e:  # an interrupt is a crash: Prefect records it, nothing more is sent to the API
+        stop = as_stop(e)
+        if stop is not None:
+            raise stop from e
         publish_failure(run, e)  # what failed, what stays current, what the next run does
         _failed(run)
         raise

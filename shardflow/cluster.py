@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import dask
@@ -60,11 +60,7 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
             yield client
         return
     workers = _local_workers(workers)
-    quiet = worker_log is not None and os.environ.get(VERBOSE, "0") in ("", "0")
-    # Until the cluster is closed: a worker the nanny starts again is forked like the first, and what the
-    # cluster says while closing goes where the rest went.
-    with dask.config.set(LOCAL_CLUSTER_CONFIG), _dask_log_to(worker_log if quiet else None):
-        get_mp_context().set_forkserver_preload(WORKER_PRELOAD)  # after distributed's own choice, before a fork
+    with local_processes(worker_log) as adopt:
         cluster = LocalCluster(
             n_workers=workers,
             threads_per_worker=1,
@@ -75,15 +71,33 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
         )
         try:
             with Client(cluster) as client:
-                client.register_plugin(IgnoreInterrupts(), name="shardflow-ignore-interrupts")
-                if quiet:
-                    client.register_plugin(WorkerOutput(str(worker_log)), name="shardflow-worker-output")
+                adopt(client)
                 yield client
         finally:
             # Our own workers are done: one still busy after the nanny's 4 s (a loaded machine) is killed
             # without a warning line per worker.
             with _log_level("distributed.nanny", logging.ERROR):
                 cluster.close()
+
+
+@contextlib.contextmanager
+def local_processes(worker_log: Path | None) -> Iterator[Callable[[Client], None]]:
+    """While a local cluster made inside runs: its worker processes are forked from the worker server
+    (WORKER_PRELOAD; SIGINT ignored from their first instruction, start_worker_server), what they say goes to
+    `worker_log` unless SHARDFLOW_VERBOSE, and `adopt(client)` registers the plugins that keep a terminal's
+    Ctrl-C and their output off the terminal for workers started later too (restarts)."""
+    quiet = worker_log is not None and os.environ.get(VERBOSE, "0") in ("", "0")
+
+    def adopt(client: Client) -> None:
+        client.register_plugin(IgnoreInterrupts(), name="shardflow-ignore-interrupts")
+        if quiet:
+            client.register_plugin(WorkerOutput(str(worker_log)), name="shardflow-worker-output")
+
+    # Until the cluster is closed: a worker the nanny starts again is forked like the first, and what the
+    # cluster says while closing goes where the rest went.
+    with dask.config.set(LOCAL_CLUSTER_CONFIG), _dask_log_to(worker_log if quiet else None):
+        start_worker_server()  # after distributed's own choice of method, before a fork; at once if running
+        yield adopt
 
 
 def start_worker_server() -> None:
@@ -103,13 +117,32 @@ def start_worker_server() -> None:
     before = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        multiprocessing.forkserver.ensure_running()
+        _spawn_ignoring_interrupts(multiprocessing.forkserver.ensure_running)
     finally:
         for k, v in before.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _spawn_ignoring_interrupts(spawn: Callable[[], None]) -> None:
+    """`spawn` a process that ignores SIGINT from its first instruction (an ignored signal stays ignored across
+    exec, and Python keeps it so), as do the processes it forks.
+
+    A terminal's Ctrl-C reaches its whole process group: the worker server would die printing a KeyboardInterrupt
+    traceback of the import it was in (its preload takes seconds; it ignores SIGINT only after). SIGINT is
+    blocked first, so one that arrives meanwhile waits for this process's own handler instead of being lost."""
+    if threading.current_thread() is not threading.main_thread():
+        spawn()
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        spawn()
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def connect_timeout_s() -> float:
@@ -267,7 +300,10 @@ def run_cluster(
         kwargs.setdefault("dashboard_address", LOOPBACK_DASHBOARD)
     if tls is not None:
         kwargs["security"] = tls.security()
-    with cls(**kwargs) as cluster, Client(cluster, security=kwargs.get("security")) as client:
+    local = local_processes(worker_log) if cluster_class in LOCAL_CLASSES else contextlib.nullcontext()
+    with local as adopt, cls(**kwargs) as cluster, Client(cluster, security=kwargs.get("security")) as client:
+        if adopt is not None:
+            adopt(client)
         if hasattr(cluster, "scale") and not cluster_kwargs.get("n_workers"):
             cluster.scale(workers)
         client.wait_for_workers(workers, timeout="600s")

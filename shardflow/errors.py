@@ -104,6 +104,26 @@ def interrupted(error: BaseException | None) -> bool:
     return False
 
 
+def stop_signal(error: BaseException) -> int | None:
+    """The stop signal `error` comes of: SIGTERM for a Terminated, SIGINT for an interrupt (interrupted), else
+    the stop signal this process was sent (note_stop) if any: what is raised once one arrived is that stop."""
+    if isinstance(error, Terminated):
+        return signal.SIGTERM
+    if interrupted(error):
+        return signal.SIGINT
+    return (signal.SIGTERM if signal.SIGTERM in _asked else _asked[0]) if _asked else None
+
+
+def as_stop(error: BaseException) -> BaseException | None:
+    """The stop `error` comes of (stop_signal) as the exception that stop raises, or None: raised from `error`,
+    Prefect records a Crashed run where the error itself (its task engine's ValueError 'Task run is not set'
+    when a Ctrl-C lands as a task begins) would be recorded Failed."""
+    stop = stop_signal(error)
+    if stop is None or isinstance(error, (Terminated, KeyboardInterrupt)):
+        return None
+    return Terminated(f"signal {signal.SIGTERM.value}") if stop == signal.SIGTERM else KeyboardInterrupt()
+
+
 def explained(error: BaseException | None, logger: str = "") -> bool:
     """Whether a log line about `error` says all there is in its message (no traceback wanted)."""
     if error is None:

@@ -119,7 +119,7 @@ def test_a_successful_run_keeps_the_terminal_quiet_unless_asked(tmp_path):
 
 
 def test_an_error_raised_while_a_ctrl_c_is_handled_counts_as_the_interrupt():
-    from shardflow.errors import interrupted
+    from shardflow.errors import Terminated, as_stop, interrupted
 
     def prefect_fails_while_interrupted():  # as Prefect's task engine does when Ctrl-C lands as a task begins
         try:
@@ -135,6 +135,9 @@ def test_an_error_raised_while_a_ctrl_c_is_handled_counts_as_the_interrupt():
     wrapped = RuntimeError("wrapped")
     wrapped.__cause__ = KeyboardInterrupt()
     assert interrupted(wrapped)
+    # the flow raises it as the interrupt it is: Prefect records Crashed, not Failed (no stop signal noted here)
+    assert isinstance(as_stop(wrapped), KeyboardInterrupt) and as_stop(ValueError("Task run is not set")) is None
+    assert as_stop(KeyboardInterrupt()) is None and as_stop(Terminated()) is None
 
 
 LOST_IN_A_FINALIZER = """

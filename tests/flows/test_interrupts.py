@@ -133,6 +133,23 @@ def test_ctrl_c_while_profiling_is_one_line_and_the_workers_say_nothing_on_the_t
     assert still_running(family) == []
 
 
+def test_ctrl_c_while_the_worker_server_imports_and_the_api_starts_is_one_line(tmp_path):
+    """The local cluster's worker server is started beside the embedded API and imports PyTorch for seconds: a
+    Ctrl-C then reached it too, and it died printing a KeyboardInterrupt traceback of that import."""
+    proc = start(tmp_path, embedded(tmp_path))
+
+    def worker_server_importing(run: Path) -> bool:
+        return any("multiprocessing.forkserver" in " ".join(p.cmdline())
+                   for p in psutil.Process(proc.pid).children())
+
+    status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT,
+                                                                        moment=worker_server_importing)
+    assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, evidence(err))
+    one_line(err, "shardflow run: interrupted;")
+    assert "KeyboardInterrupt" not in err, evidence(err)
+    assert still_running(family) == []
+
+
 def test_a_second_ctrl_c_ends_the_run_at_once_with_one_line_and_keeps_the_checkpoint(tmp_path):
     proc = start(tmp_path, embedded(tmp_path))
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT,
@@ -173,7 +190,11 @@ def test_a_worker_then_the_embedded_api_killed_mid_run_are_ridden_through_quietl
     assert len(workers) == 2, [p.pid for p in workers]
     workers[0].kill()
     wait_for(proc, checkpoint(2), tmp_path / "run")
-    embedded_server(proc).kill()
+    server = embedded_server(proc)
+    # What the server prints (its cancelled requests' tracebacks when a kill -9 of the run stops it) is not the
+    # terminal's: its stderr is a file of its own, not the run's.
+    assert os.readlink(f"/proc/{server.pid}/fd/2") != os.readlink(f"/proc/{proc.pid}/fd/2")
+    server.kill()
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err and "distributed." not in err and "Error logging to API" not in err, err[-3000:]
@@ -190,11 +211,12 @@ def test_ctrl_c_ends_at_once_then_an_embedded_api_that_cannot_start_again_stops_
     """Three runs of one config (a run's start-up fewer than a test each): Ctrl-C once the first checkpoint is
     written ends the run at once with one line, leaves nothing running and records it as Crashed; the same
     command resumes from that checkpoint and, its embedded API killed after the second and its address taken,
-    stops in one line with exit status 3; the next run resumes from the second and completes."""
+    stops in one line with exit status 3; the next run resumes from the second and completes. The cluster is
+    the class named in the config (its workers once printed 83 lines of tracebacks on that Ctrl-C)."""
     import socket
 
     env = embedded(tmp_path)
-    proc = start(tmp_path, env)
+    proc = start(tmp_path, env, cluster_class="distributed.LocalCluster", cluster_kwargs={"n_workers": 2})
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT)
     assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, evidence(err))
     one_line(err, "shardflow run: interrupted;")
