@@ -194,7 +194,8 @@ from prefect.client.orchestration import get_client
 async def main():
     async with get_client() as c:
         found = await c.read_automations()
-        print(json.dumps([{"name": a.name, "expect": sorted(a.trigger.expect),
+        print(json.dumps([{"name": a.name, "expect": sorted(a.trigger.expect), "posture": a.trigger.posture,
+                           "within": a.trigger.within.total_seconds(), "on": a.trigger.model_dump(mode="json")["match"],
                            "match": a.trigger.model_dump(mode="json")["match_related"],
                            "block": str(a.actions[0].block_document_id), "type": a.actions[0].type} for a in found]))
 asyncio.run(main())
@@ -207,7 +208,7 @@ def test_the_alerts_file_creates_the_nightly_automations_with_a_notification_blo
     assert made.returncode == 0, made.stderr[-3000:]
     block_id = made.stdout.split()[-1]
     text = (ROOT / "automations.yaml").read_text()
-    assert text.count("block_document_id: REPLACE_WITH_NOTIFICATION_BLOCK_ID") == 4
+    assert text.count("block_document_id: REPLACE_WITH_NOTIFICATION_BLOCK_ID") == 5
     (tmp_path / "a.yaml").write_text(text.replace("REPLACE_WITH_NOTIFICATION_BLOCK_ID", block_id))
     created = subprocess.run([str(BIN / "prefect"), "automation", "create", "--from-file", str(tmp_path / "a.yaml")],
                              env=module_server.env, capture_output=True, text=True, timeout=120)
@@ -220,7 +221,11 @@ def test_the_alerts_file_creates_the_nightly_automations_with_a_notification_blo
     assert {name: a["expect"] for name, a in found.items()} == {
         "nightly-retrain failed": ["prefect.flow-run.Failed"], "nightly-retrain crashed": ["prefect.flow-run.Crashed"],
         "nightly-retrain late": ["prefect.flow-run.Late"],
-        "nightly-retrain model rejected": ["shardflow.model.rejected"]}
+        "nightly-retrain model rejected": ["shardflow.model.rejected"],
+        "nightly-retrain no completed night in 26 h": ["prefect.flow-run.*"]}
+    quiet = found["nightly-retrain no completed night in 26 h"]  # fires when no Promoted/Rejected/No new data came
+    assert (quiet["posture"], quiet["within"], quiet["on"]) == ("Proactive", 26 * 3600,
+                                                                {"prefect.state-type": "COMPLETED"})
     for a in found.values():
         assert a["match"] == {"prefect.resource.role": "deployment", "prefect.resource.name": "nightly-retrain"}
         assert (a["type"], a["block"]) == ("send-notification", block_id)
