@@ -345,10 +345,29 @@ def run_promote(args: argparse.Namespace) -> dict:
     from shardflow.records import plain
     from storage import versions
 
-    return {"run_dir": args.run_dir, **plain(versions.rollback(args.run_dir, args.version, args.reason))}
+    record = versions.rollback(args.run_dir, args.version, args.reason)
+    return {"run_dir": args.run_dir, **plain(record), "published": _announce(args.run_dir, record)}
+
+
+def _announce(run_dir: str, record) -> str | None:
+    """With PREFECT_API_URL set: the rolled-back event and the versions and promotions tables published (as the
+    rollback deployment does), None once done, else why not (the promotion stands either way)."""
+    import os
+
+    if not os.environ.get("PREFECT_API_URL"):
+        return "PREFECT_API_URL is not set: the UI's versions table shows it after the next run"
+    from tasks.reports import announce_rollback
+
+    try:
+        announce_rollback(run_dir, record)
+    except Exception as e:  # noqa: BLE001 (the promotion is recorded; the UI is told at the next run)
+        return f"the Prefect API refused it ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+    return None
 
 
 def show_promote(s: dict) -> None:
     was = "no version" if s["previous"] is None else f"version {s['previous']}"
     print(f"run {s['run_dir']}: version {s['version']} is current (was {was}); recorded: by {s['by']} at {s['at']}"
           f" ({s['reason']}). The next run warm-starts from version {s['version']}.")
+    print("the Prefect UI's versions and promotions tables are updated" if s["published"] is None
+          else f"not shown in the Prefect UI yet: {s['published']}")

@@ -12,7 +12,7 @@ from prefect import flow, get_run_logger
 
 from shardflow.errors import one_line_errors
 from storage import versions
-from tasks.reports import publish_versions, run_label, tag_run
+from tasks.reports import announce_rollback, run_label, tag_run
 
 
 def _run_name() -> str:
@@ -28,6 +28,6 @@ def promote_version(run_dir: str, version: int, reason: str = "rollback") -> ver
     one_line_errors()
     record = versions.rollback(run_dir, version, reason)
     get_run_logger().info("version %d of %s is current (was %s): %s", version, run_dir, record.previous, reason)
-    publish_versions(run_dir)
+    announce_rollback(run_dir, record)
     tag_run([f"version:{version}", "outcome:rolled-back"])
     return record

@@ -35,6 +35,7 @@ from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
 from storage.versions import VersionStart, new_parts
+from tasks.assets import materialize_model
 from tasks.retrain import (Imported, artifact_key, evaluate, plots, prepare_dataset, profile, recommend, shard,
                            tidy)
 from tasks.training import (
@@ -209,6 +210,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         warnings=(*trained.warnings, *imported.warnings),
         plots=tuple(figures),
     ))
+    materialize_model(run, summary)  # the version as a Prefect asset, its figures and verdict known
     clock.done("promotion gate")
     lists = recommend(config, dataset, run, version.version, version.window[0], client)
     clock.done("top-K lists")

@@ -195,6 +195,12 @@ def publish_versions(run: str) -> list[dict]:
                           description=f"Model versions of {run}: data, held-out metrics (full_ndcg_at_10: "
                                       "the whole catalog, seen items excluded) beside the model each replaced (same "
                                       "events), promotion, re-planning")
+    by_hand = [{"at": p.at[:16].replace("T", " "), "version": p.version, "was": p.previous, "by": p.by,
+                "why": p.reason} for p in versions.promotions(run)]
+    if by_hand:
+        create_table_artifact(by_hand, key=artifact_key("promotions", run),
+                              description=f"Versions of {run} made current by an operator (shardflow promote, the "
+                                          "rollback deployment): when (UTC), which, the one it replaced, who, why")
     svg = quality_svg(rows)
     if svg is not None:
         picture = base64.b64encode(svg.encode()).decode()
@@ -203,6 +209,16 @@ def publish_versions(run: str) -> list[dict]:
             f"measured on the same held-out events of that night.\n\n![quality](data:image/svg+xml;base64,{picture})",
             key=artifact_key("quality", run), description="Held-out AUC by version, new vs replaced")
     return rows
+
+
+def announce_rollback(run: str, record: versions.Promotion) -> None:
+    """After an operator's promotion: the shardflow.model.rolled-back event and the versions and promotions
+    tables published again, so the UI shows the version that now serves and who made it current, and why."""
+    from tasks.assets import emit_model_event
+
+    emit_model_event("rolled-back", run, record.version,
+                     {"previous": record.previous, "by": record.by, "at": record.at, "reason": record.reason})
+    publish_versions(run)
 
 
 def _kept_epoch(s: RunSummary) -> list[str]:

@@ -31,7 +31,7 @@ from storage.dataset import Dataset
 from storage.importers import check_continuation
 from storage.lock import run_lock
 from storage.manifest import MANIFEST
-from tasks.retrain import artifact_key
+from tasks.assets import emit_model_event
 from tasks.training import Lost, lost
 from shardflow.preflight import import_options, imported_source, run_paths, same_source, source_parts, source_warnings
 
@@ -255,27 +255,17 @@ def gate(config: RetrainConfig, dataset: str, number: int, client, figures: Vers
     }, f"version {number}'s summary")
     versions.finish(run, number, summary.stored())
     message = None
+    figures = {"auc": summary.auc, "previous_auc": None if previous is None else previous.auc}
     if verdict.promoted:
         versions.promote(run, number)
         log.info("version %d promoted (%s %.4f%s)", number, verdict.label, verdict.new,
                  "" if verdict.previous is None else f" against {verdict.previous:.4f} of version {source}")
+        emit_model_event("promoted", run, number, {"previous": source, **figures})
     else:
         message = rejection(verdict, number, source, margin)
         log.warning(message)
-        _emit_rejected(run, number, source, summary.auc, previous, message)
+        emit_model_event("rejected", run, number, {"current": source, **figures, "message": message})
     gone = versions.prune_checkpoints(run, config.nightly.keep_versions)
     if gone:
         log.info("removed the checkpoints of versions %s (keep_versions %d)", gone, config.nightly.keep_versions)
     return dataclasses.replace(summary, current=versions.current(run), message=message)
-
-
-def _emit_rejected(run: str, number: int, source: int, auc: float, previous: Metrics, message: str) -> None:
-    from prefect.events import emit_event
-
-    emit_event(
-        event="shardflow.model.rejected",
-        resource={"prefect.resource.id": f"shardflow.run-dir.{artifact_key('versions', run)}",
-                  "prefect.resource.name": str(Path(run).resolve())},
-        payload={"version": number, "current": source, "auc": auc, "previous_auc": previous.auc,
-                 "message": message},
-    )

@@ -26,6 +26,7 @@ from conftest import PrefectServer
 from shardflow.config_sections import sectioned
 from storage import versions
 from support import REAL, split_into_days
+from tasks.assets import model_key
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,11 +107,22 @@ def flow_runs(server) -> list[dict]:
              "due": r["expected_start_time"] and datetime.fromisoformat(r["expected_start_time"])} for r in runs]
 
 
-def run_deployment(server, name: str, config: dict) -> dict:
-    """`prefect deployment run NAME --params ... --watch`, as an operator types it; the run as the API has it."""
+def events(server, name: str) -> list[dict]:
+    """The newest 50 events named `name`, read back through the API's REST endpoint, oldest first."""
+    body = json.dumps({"filter": {"event": {"name": [name]}, "order": "DESC"}, "limit": 50}).encode()
+    request = urllib.request.Request(f"{server.url}/events/filter", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return list(reversed(json.load(answer)["events"]))
+
+
+def run_deployment(server, name: str, config: dict | None = None, params: dict | None = None) -> dict:
+    """`prefect deployment run NAME --params ... --watch`, as an operator types it; the run as the API has it.
+    `params`: the parameters, else {"config": config}."""
     before = {r["id"] for r in flow_runs(server)}
-    done = subprocess.run([str(BIN / "prefect"), "deployment", "run", name, "--params", json.dumps({"config": config}),
-                           "--watch"], env=server.env, capture_output=True, text=True, timeout=RUN_S)
+    given = json.dumps({"config": config} if params is None else params)
+    done = subprocess.run([str(BIN / "prefect"), "deployment", "run", name, "--params", given, "--watch"],
+                          env=server.env, capture_output=True, text=True, timeout=RUN_S)
     # The server's scheduler adds the nightly 02:00 runs meanwhile: those are not this one.
     new = [r for r in flow_runs(server) if r["id"] not in before and not r["auto"]]
     assert len(new) == 1, (new, done.stdout[-2000:])
@@ -147,6 +159,16 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
         assert r["state_name"] == verdict and len(r["message"]) < 70, r
         assert {f"outcome:{verdict.lower()}", f"version:{v}"} <= set(r["tags"]), r
     assert versions.numbers(run) == [1, 2, 3]
+    # Each night's version is an asset of the run_dir, its verdict in its metadata; promotions are events.
+    deadline = time.monotonic() + 60
+    while len(assets := {e["resource"]["prefect.resource.id"]: e["payload"]
+                         for e in events(server, "prefect.asset.materialization.succeeded")}) < 3:
+        assert time.monotonic() < deadline, assets
+        time.sleep(1)
+    assert {k: v["verdict"] for k, v in assets.items()} == {
+        model_key(run, v): r["state_name"].lower() for v, r in zip((1, 2, 3), nights)}
+    promoted = [e["payload"]["version"] for e in events(server, "shardflow.model.promoted")]
+    assert promoted == [v for v, r in zip((1, 2, 3), nights) if r["state_name"] == "Promoted"], promoted
     made = [versions.started(run, n) for n in (1, 2, 3)]
     promoted_2 = nights[1]["message"].startswith("promoted")  # v3 warm-starts from whichever is current
     assert [m.warm_start_from for m in made] == [None, 1, 2 if promoted_2 else 1]
@@ -191,3 +213,15 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     assert refused["state"] == "FAILED" and "holds notes, not model versions" in refused["message"], refused
     assert refused["name"].endswith("·failed") and "outcome:failed" in refused["tags"], refused
     assert "Traceback" not in text and "distributed." not in text, text[-5000:]
+
+    # The rollback deployment: version 1 serves again, an event says who and why, the run names its run_dir.
+    back = run_deployment(server, "promote/rollback", params={"run_dir": str(run), "version": 1, "reason": "a test"})
+    assert back["state"] == "COMPLETED" and back["name"] == f"{label}·promote-v1", back
+    assert {"version:1", "outcome:rolled-back"} <= set(back["tags"]) and versions.current(run) == 1
+    deadline = time.monotonic() + 60
+    while not (rolled := events(server, "shardflow.model.rolled-back")):
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    assert [(e["payload"]["version"], e["payload"]["previous"], e["payload"]["reason"]) for e in rolled] == [
+        (1, current, "a test")], rolled
+    assert {"prefect.resource.id": model_key(run, 1), "prefect.resource.role": "asset"} in rolled[0]["related"]

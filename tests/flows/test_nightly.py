@@ -30,6 +30,7 @@ from storage.checkpoint import verify_export
 from storage.dataset import Dataset
 from support import REAL, settled, snapshot, split_into_days
 from shardflow.reporting.summary import RunSummary
+from tasks.assets import asset_key, model_key
 from tasks.reports import state_message
 from tasks.retrain import artifact_key
 
@@ -41,6 +42,23 @@ THREE = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink
 # CLI test's to check (a night's full ranking of ~10^4 users × 23,715 items takes minutes on 2 cores), as the top-K
 # lists are test_retrain_flow's.
 NIGHT = dict(epochs=1, batch_size=1024, dim=16, eval_users=None, full_ranking="off", top_k=0)
+
+
+def read_events(name: str, keep, at_least: int = 1, timeout_s: float = 30) -> list:
+    """The events named `name` that `keep` keeps, once at least `at_least` are there (the API stores them a
+    moment after they are emitted), oldest first, among the newest 50 of that name."""
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOrder
+
+    deadline, found = time.monotonic() + timeout_s, []
+    while len(found) < at_least and time.monotonic() < deadline:
+        async def read():
+            async with get_client() as c:
+                return (await c.read_events(EventFilter(event=EventNameFilter(name=[name]), order=EventOrder.DESC),
+                                            limit=50)).events
+
+        found = [e for e in reversed(asyncio.run(read())) if keep(e)]
+        time.sleep(0.5)
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +176,6 @@ def artifact_rows_of_versions(run: Path) -> list[dict]:
 
 
 def test_a_worse_version_is_not_promoted_and_an_event_says_so(prefect_api, client, days):
-    from prefect.events.filters import EventFilter, EventNameFilter
-
     root, daily = days
     parts, first = first_night(root, client, daily, "gate")
     model_before = sorted(p.name for p in Path(first["model"]).iterdir())
@@ -170,20 +186,25 @@ def test_a_worse_version_is_not_promoted_and_an_event_says_so(prefect_api, clien
     assert "version 2 not promoted" in worse["message"] and versions.current(root / "gate") == 1
     assert sorted(p.name for p in Path(first["model"]).iterdir()) == model_before
 
-    deadline, events = time.monotonic() + 30, []
-    while not events and time.monotonic() < deadline:
-        async def read():
-            async with get_client() as c:
-                return (
-                    await c.read_events(EventFilter(event=EventNameFilter(name=["shardflow.model.rejected"])), limit=50)
-                ).events
-
-        events = [e for e in asyncio.run(read()) if e.payload.get("version") == 2
-                  and e.resource.get("prefect.resource.name") == str((root / "gate").resolve())]
-        time.sleep(0.5)
+    run = str((root / "gate").resolve())
+    events = read_events("shardflow.model.rejected", lambda e: e.payload.get("version") == 2
+                         and e.resource.get("prefect.resource.name") == run)
     assert events and events[0].payload["current"] == 1 and events[0].payload["previous_auc"] == worse["previous_auc"]
     # Emitted inside the flow run: an automation can match the run (or its deployment) it came from.
     assert "flow-run" in {r.role for r in events[0].related}
+    assert ("asset", model_key(run, 2)) in {(r.role, r.id) for r in events[0].related}
+    promoted = read_events("shardflow.model.promoted", lambda e: e.resource.get("prefect.resource.name") == run)
+    assert [(e.payload["version"], e.payload["previous"]) for e in promoted] == [(1, None)]
+    # Each judged version is an asset: its parts, profile and plan upstream, its figures and verdict as metadata.
+    made = {e.resource.id: e for e in read_events("prefect.asset.materialization.succeeded",
+                                                  lambda e: e.resource.id.startswith(asset_key(run, "versions")), 2)}
+    assert set(made) == {model_key(run, 1), model_key(run, 2)}, set(made)
+    assert made[model_key(run, 1)].payload["verdict"] == "promoted"
+    assert made[model_key(run, 2)].payload["verdict"] == "rejected"
+    assert made[model_key(run, 2)].payload["auc"] == worse["auc"]
+    upstream = {r.id for r in made[model_key(run, 2)].related if r.role == "asset"}
+    assert upstream == {asset_key(run, "versions", "0002", "profile"), asset_key(run, "versions", "0002", "plan"),
+                        asset_key(run, "dataset", "parts", "day-2.txt")}, upstream  # its window: the new part
 
     # A night with nothing new names version 2, which saw every part, and the current version 1.
     idle, _ = night(root, client, parts, "gate", "two.yaml")
@@ -245,9 +266,17 @@ def test_measured_bytes_stay_within_two_percent_of_the_model_night_after_night(p
             (s["version"], topology, s["replanned"], s["window"], s["bytes_per_step"] / s["modeled_bytes_per_step"])
         )
         if s["version"] == 4:  # an operator rolls back to version 2 as the README says; night 5 builds on it
+            was = versions.current(root / "chain")
             back = subprocess.run([str(BIN / "shardflow"), "promote", str(root / "chain"), "--version", "2",
-                                   "--reason", "test rollback"], capture_output=True, text=True, timeout=120)
+                                   "--reason", "test rollback"], capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, "PREFECT_API_URL": prefect_api})
             assert back.returncode == 0 and "version 2 is current" in back.stdout, back.stderr[-3000:]
+            assert "the Prefect UI's versions and promotions tables are updated" in back.stdout, back.stdout
+            chain = str((root / "chain").resolve())
+            rolled = read_events("shardflow.model.rolled-back",
+                                 lambda e: e.resource.get("prefect.resource.name") == chain)
+            assert [(e.payload["version"], e.payload["previous"], e.payload["reason"]) for e in rolled] == [
+                (2, was, "test rollback")], rolled
         if s["version"] == 5:
             assert s["warm_start_from"] == 2 and versions.current(root / "chain") in (2, 5)
     print("\n" + "\n".join(f"night {v} {t}: {'re-made' if r else 'kept'}, window {w}, measured/modeled {x:.4f}"
