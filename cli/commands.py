@@ -284,6 +284,8 @@ def show_run(values: dict) -> None:
     print(f"  model        {s.model} (downloaded {s.downloads} time{'s' if s.downloads != 1 else ''} by this run)")
     if s.recommendations:
         print(f"  top-K lists  {s.recommendations} (Parquet; one user's: shardflow recommend {s.run_dir} --user ID)")
+    if s.dask_report:
+        print(f"  Dask report  {s.dask_report} (HTML: task stream, workers' profiles, bandwidth)")
     for c in s.checkpoints:
         print(f"  checkpoint   {c}")
     for p in s.plots:

@@ -16,6 +16,7 @@ directory's lock throughout; a lost worker is recovered from the last checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -25,7 +26,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.states import Completed
 
-from shardflow.cluster import run_cluster
+from shardflow.cluster import performance_report
 from shardflow.config import RetrainConfig
 from shardflow.errors import (SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, as_stop,
                              one_line_errors, stop_if_asked)
@@ -37,7 +38,7 @@ from storage.lock import owned, run_lock
 from storage.versions import VersionStart, new_parts
 from tasks.assets import materialize_model
 from tasks.retrain import (Imported, artifact_key, evaluate, plots, prepare_dataset, profile, recommend, shard,
-                           tidy)
+                           start_cluster, tidy)
 from tasks.training import (
     Attempts,
     Resumed,
@@ -62,6 +63,8 @@ from tasks.reports import (name_run, outcome, publish_failure, publish_summary, 
                            state_message, tag_run)
 from tasks.versions import NothingNew, gate, nothing_new, open_version, paths_of, untrained, warm_start
 
+DASK_REPORT = "dask-performance.html"  # a version's: distributed's performance report of its work
+
 
 def _run_name() -> str:
     """`<run_dir name>-<6 hex of its path>·<UTC date>` until the run knows its version (tasks.reports.name_run)."""
@@ -72,7 +75,9 @@ def _run_name() -> str:
     return f"{run_label(values.get('run_dir') or RetrainConfig().run_dir)}·{datetime.now(timezone.utc):%Y-%m-%d}"
 
 
-@flow(name="retrain", flow_run_name=_run_name, log_prints=True)
+# The summary is the flow's persisted result, as JSON (the result storage of Prefect's settings, by default
+# PREFECT_HOME/storage): the Result tab and `state.result()` read it after the run.
+@flow(name="retrain", flow_run_name=_run_name, log_prints=True, persist_result=True, result_serializer="json")
 def retrain(config: RetrainConfig = RetrainConfig()):
     clock = StageClock(between=stop_if_asked)
     one_line_errors()  # an error shardflow explains reaches the terminal or the worker's log as one line
@@ -132,26 +137,25 @@ def _failed(run: str) -> None:
 def _make_version(config: RetrainConfig, run: str, clock: StageClock) -> RunSummary:
     """The data imported and verified first (a bad part or a damaged store fails in seconds, before any
     cluster starts), then the version on the run's Dask cluster."""
-    log = get_run_logger()
     devices = config.parsed_topology.devices
     with run_lock(run):
         tidy(run)
         imported = prepare_dataset(config)
         dataset = imported.path
         clock.done("import and verify the data")
-        with run_cluster(**dict(config.cluster), workers=devices, gpus=config.train.device == "cuda",
-                         worker_log=run_paths(config)["worker_log"]) as client:
+        with contextlib.ExitStack() as cluster:
+            client = start_cluster(config, cluster)
             clock.done("cluster start")
-            log.info("Dask dashboard: %s", client.dashboard_link)
             with owned(dataset, run):  # the run owns its data: no append until it ends
-                summary = _version(config, run, client, devices, dataset, imported, clock)
-        clock.done("cluster stop")
+                summary = _version(config, run, client, devices, dataset, imported, clock, cluster)
+        clock.done("Dask performance report, cluster stop")
         return summary
 
 
 def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str, imported: Imported,
-             clock: StageClock) -> RunSummary:
-    """The model version of this run's data, from open-version to the promotion gate and the lists."""
+             clock: StageClock, cluster: contextlib.ExitStack) -> RunSummary:
+    """The model version of this run's data, from open-version to the promotion gate and the lists; the Dask
+    performance report of its work is written under it as the cluster stops (entered on `cluster`)."""
     version = open_version(config, dataset)
     clock.done("open the version")
     if isinstance(version, NothingNew):
@@ -159,6 +163,8 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     name_run(run, f"v{version.version}")
     paths = paths_of(run, version.version)
     tidy(paths["version"])
+    report = Path(paths["version"]) / DASK_REPORT
+    cluster.enter_context(performance_report(report))
     # The plan and its cost model are fitted to what this version's window reads, histories included.
     profile(dataset, paths["profile"], client, run, version.window[0], config.model.history)
     clock.done("profile")
@@ -214,7 +220,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     clock.done("promotion gate")
     lists = recommend(config, dataset, run, version.version, version.window[0], client)
     clock.done("top-K lists")
-    return replace(summary, recommendations=lists)
+    return replace(summary, recommendations=lists, dask_report=str(report))
 
 
 def _tag(config: RetrainConfig) -> None:

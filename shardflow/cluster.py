@@ -20,7 +20,7 @@ from distributed.utils import get_mp_context
 
 from shardflow.cluster_options import (CLUSTER_KWARGS, LOCAL_CLASSES, TlsFiles, check_cluster_class,
                                        check_cluster_kwargs, check_tls_address, cores, local_worker_limit)
-from shardflow.errors import InputError, SchedulerLost
+from shardflow.errors import InputError, SchedulerLost, TrainingError, stop_signal
 
 __all__ = ["check_cluster_class", "check_cluster_kwargs", "dask_client", "run_cluster", "resolve_cluster_class"]
 
@@ -98,6 +98,26 @@ def local_processes(worker_log: Path | None) -> Iterator[Callable[[Client], None
     with dask.config.set(LOCAL_CLUSTER_CONFIG), _dask_log_to(worker_log if quiet else None):
         start_worker_server()  # after distributed's own choice of method, before a fork; at once if running
         yield adopt
+
+
+@contextlib.contextmanager
+def performance_report(path: Path) -> Iterator[None]:
+    """distributed's performance report of what the default client's cluster does meanwhile (its task stream,
+    the workers' profiles, bandwidth, the scheduler's log), written to `path` as HTML at the end; after a failure
+    of the run's own (bad input, training stopped: what a 3 a.m. reader wants) too, its own failure then ignored.
+    Not after a stop signal (the command ends within seconds) nor once the cluster is lost (nothing to ask)."""
+    from distributed import performance_report as report
+
+    writer = report(filename=str(path))
+    writer.__enter__()
+    try:
+        yield
+    except (InputError, TrainingError) as e:
+        if not isinstance(e, SchedulerLost) and stop_signal(e) is None:
+            with contextlib.suppress(Exception):  # the run's error is the one to report
+                writer.__exit__(type(e), e, e.__traceback__)
+        raise
+    writer.__exit__(None, None, None)
 
 
 def start_worker_server() -> None:

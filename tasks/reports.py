@@ -271,6 +271,8 @@ def summary_markdown(s: RunSummary, config: RetrainConfig) -> str:
         f"- exported model: `{s.model}`",
         *([f"- top-{config.nightly.top_k} lists of the users seen ({config.nightly.recommend_users}), Parquet: "
            f"`{s.recommendations}`"] if s.recommendations else []),
+        *([f"- Dask performance report (task stream, workers' profiles, bandwidth; open it in a browser): "
+           f"`{s.dask_report}`"] if s.dask_report else []),
         f"- resumed from: `{s.resumed_from}`" if s.resumed_from else "- resumed from no checkpoint",
         *(f"- **skipped damaged checkpoint** `{k['checkpoint']}`: {k['reason']}" for k in s.skipped_checkpoints),
         f"- worker losses recovered from a checkpoint: {s.restarts} (max_restarts {config.train.max_restarts})",

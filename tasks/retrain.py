@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -211,6 +212,20 @@ def evaluate(model_dir: str, dataset: str, users: int | None, seed: int, eval_fr
     """The export's held-out metrics; a sequence model's also over the whole catalog, block by block on the
     cluster's workers (shardflow.model.ranking)."""
     return evaluate_export(model_dir, dataset, users, seed, eval_from, full_ranking, client)
+
+
+@task(name="start-cluster", task_run_name="start-cluster", cache_policy=NONE)
+def start_cluster(config: RetrainConfig, stack: contextlib.ExitStack) -> Client:
+    """The run's Dask cluster (shardflow.cluster.run_cluster: the config's scheduler, cluster class or a local
+    cluster of one worker per device), entered on `stack`: it is closed when the flow leaves the stack. Its own
+    task so that the run graph shows the seconds a cluster takes to start."""
+    from shardflow.cluster import run_cluster
+
+    client = stack.enter_context(run_cluster(**dict(config.cluster), workers=config.parsed_topology.devices,
+                                             gpus=config.train.device == "cuda",
+                                             worker_log=run_paths(config)["worker_log"]))
+    get_run_logger().info("Dask dashboard: %s", client.dashboard_link)
+    return client
 
 
 @task(name="recommend", task_run_name="recommend", cache_policy=NONE)

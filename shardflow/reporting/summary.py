@@ -14,7 +14,7 @@ from shardflow.records import parse_record, plain
 from shardflow.model.metrics import Metrics
 
 # The run's, not the version's: not in result.json (the lists are written after it, from the current model).
-RUN_KEYS = ("current", "message", "newest_version", "recommendations", "stage_seconds")
+RUN_KEYS = ("current", "message", "newest_version", "recommendations", "stage_seconds", "dask_report")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,12 +86,13 @@ class RunSummary(VersionFigures):
     newest_version: int | None = None  # a run that trained nothing: the last version made
     recommendations: str | None = None  # the store of the users' top-K lists this run wrote (nightly.top_k)
     stage_seconds: dict | None = None  # stage -> seconds of this run's wall time (shardflow.reporting.stages)
+    dask_report: str | None = None  # the HTML performance report of the version's work on the cluster
 
     def to_dict(self) -> dict:
-        """The JSON form: tuples as lists; newest_version only where a run trained nothing, recommendations and
-        stage_seconds only where it wrote or timed them."""
+        """The JSON form: tuples as lists; newest_version only where a run trained nothing, recommendations,
+        stage_seconds and dask_report only where it wrote or timed them."""
         out = plain(self)
-        for key in ("newest_version", "recommendations", "stage_seconds"):
+        for key in ("newest_version", "recommendations", "stage_seconds", "dask_report"):
             if out[key] is None:
                 del out[key]
         return out

@@ -146,8 +146,12 @@ def test_resume_ends_with_the_parameters_of_an_uninterrupted_run(prefect_api, cl
     assert 0 < whole["comm_time_us_per_step"] <= whole["row_wise_comm_time_us_per_step"]
     names = task_runs(state.state_details.flow_run_id)
     assert names.count("download") == 1
-    assert {"train-epoch-1", "train-epoch-2", "checkpoint-epoch-1", "checkpoint-epoch-2", "profile", "shard",
-            "exit", "evaluate"} <= set(names)
+    assert {"start-cluster", "train-epoch-1", "train-epoch-2", "checkpoint-epoch-1", "checkpoint-epoch-2", "profile",
+            "shard", "exit", "evaluate", "model-asset-v1"} <= set(names)
+    # The summary is persisted as the flow's result (JSON), where the UI's Result tab and a later reader find it.
+    assert json.loads(Path(state.data.metadata.storage_key).read_text()) == whole  # plain JSON, the summary
+    report = Path(whole["dask_report"])  # distributed's performance report of the version's work, under it
+    assert report.parent == base / "whole" / "versions" / "0001" and "Dask Performance Report" in report.read_text()
     kinds = ("profile", "plan-comparison", "training-progress", "retrain-summary")
     assert {artifact_key(k, base / "whole") for k in kinds} <= artifacts(state.state_details.flow_run_id)
     assert all(artifact_key(k, base / "whole") != artifact_key(k, base / "cut") for k in kinds)
@@ -255,7 +259,7 @@ def test_a_night_writes_every_users_top_k_as_parquet_and_the_cli_prints_one(pref
     stages = summary["stage_seconds"]
     wall = (made_run.end_time - made_run.start_time).total_seconds()
     assert {"import and verify the data", "cluster start", "train (warm start, epochs, checkpoints, download)",
-            "top-K lists", "cluster stop"} <= set(stages), stages
+            "top-K lists", "Dask performance report, cluster stop"} <= set(stages), stages
     assert abs(sum(stages.values()) - wall) <= 0.05 * wall, (stages, wall)
     assert "Where the run's" in artifact_rows(state.state_details.flow_run_id,
                                               artifact_key("retrain-summary", base / "lists"))
