@@ -358,10 +358,18 @@ def _announce(run_dir: str, record) -> str | None:
 
     if not os.environ.get("PREFECT_API_URL"):
         return "PREFECT_API_URL is not set: the UI's versions table shows it after the next run"
+    import logging
+    import warnings
+
     from tasks.reports import announce_rollback
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request on the terminal otherwise
     try:
-        announce_rollback(run_dir, record)
+        with warnings.catch_warnings():
+            # Prefect 3.8 warns that an artifact made outside a flow run will not be accepted some day; this is
+            # the operator's own command, with no flow run to make it in.
+            warnings.filterwarnings("ignore", "Artifact creation outside", FutureWarning)
+            announce_rollback(run_dir, record)
     except Exception as e:  # noqa: BLE001 (the promotion is recorded; the UI is told at the next run)
         return f"the Prefect API refused it ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
     return None

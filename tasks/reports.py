@@ -15,6 +15,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from shardflow.config import RetrainConfig
 from shardflow.reporting.summary import RunSummary
+from shardflow.reporting.tables import number
 from storage import versions
 from storage.checkpoint import complete_checkpoints
 from tasks.retrain import artifact_key
@@ -119,11 +120,11 @@ def publish_failure(run_dir: str, error: BaseException) -> None:
 
 
 def version_rows(run: str) -> list[dict]:
-    """One row per version; every row has every column, metrics with four decimals, short values (the UI cuts
-    a table at 1600 px). `replaced_*`: the model that was current when the version was made, on the same
-    held-out events."""
+    """One row per version; every row has every column, metrics with four decimals, short values: the table fits
+    the UI's artifact width (about 1,000 px at 1,600). `replaced_auc`: the model that was current when the version
+    was made, on the same held-out events (the gate's comparison; the summary has the rest); `users`: how many
+    held-out users the figures are over. Who made a version current by hand: the promotions table."""
     rows, current = [], versions.current(run)
-    by_operator = {p.version for p in versions.promotions(run)}
     results = {n: version_result(run, n) for n in versions.numbers(run)}
     metric = "logloss" if any(r is not None and r.logloss is not None for r in results.values()) else "hr_at_10"
     # The whole catalog's NDCG@10 where any version ranked it (full_ranking on): no column that is always empty.
@@ -135,20 +136,18 @@ def version_rows(run: str) -> list[dict]:
         rows.append(
             {
                 "version": n,
-                "started": began.started[:16].replace("T", " "),
-                "parts": len(began.segments),
+                "started": began.started[5:10],  # MM-DD (UTC): the night; its time and year are in its summary
                 "from": began.warm_start_from,
                 "auc": _figure(done.get("auc")),
+                "replaced_auc": _figure(done.get("previous_auc")),
                 metric: _figure(done.get(metric)),
                 **({} if metric == "logloss" else {"ndcg_at_10": _figure(done.get("ndcg_at_10"))}),
                 **({"full_ndcg_at_10": _figure(done.get("full_ndcg_at_10"))} if full else {}),
                 "epochs": None if r is None else _epochs_kept(r),
-                "replaced_auc": _figure(done.get("previous_auc")),
-                f"replaced_{metric}": _figure(done.get(f"previous_{metric}")),
-                "held_out": done.get("eval_users"),
+                "users": number(done.get("eval_users"), 0),
                 "state": "unfinished"
                 if r is None
-                else ("current, manual" if n in by_operator else "current")
+                else "current"
                 if n == current
                 else "promoted"
                 if r.promoted
@@ -192,11 +191,12 @@ def publish_versions(run: str) -> list[dict]:
     """The versions table of a run_dir and the quality plot beside it (the history the UI keeps)."""
     rows = version_rows(run)
     create_table_artifact(rows, key=artifact_key("versions", run),
-                          description=f"Model versions of {run}: data, held-out metrics (full_ndcg_at_10: "
-                                      "the whole catalog, seen items excluded) beside the model each replaced (same "
-                                      "events), promotion, re-planning")
+                          description=f"Model versions of {run}: start (UTC date), held-out metrics over `users` "
+                                      "held-out users (full_ndcg_at_10: the whole catalog, seen items excluded) beside "
+                                      "the model each replaced (same events), state, plan")
     by_hand = [{"at": p.at[:16].replace("T", " "), "version": p.version, "was": p.previous, "by": p.by,
-                "why": p.reason} for p in versions.promotions(run)]
+                "why": p.reason if len(p.reason) <= 60 else p.reason[:57] + "..."}  # whole in promotions.json
+               for p in versions.promotions(run)]
     if by_hand:
         create_table_artifact(by_hand, key=artifact_key("promotions", run),
                               description=f"Versions of {run} made current by an operator (shardflow promote, the "
@@ -242,14 +242,14 @@ def summary_markdown(s: RunSummary, config: RetrainConfig) -> str:
         previous = "" if s.previous_auc is None else \
             f"; version {s.warm_start_from} on the same held-out events: AUC {s.previous_auc:.4f}"
         old = s.previous_plan_comm_time_us_per_step
+        plan = "kept" if not s.replanned else "made" if not s.warm_start_from else "re-made"
         head = [
             f"- version **{s.version}** ({start}), parts {s.window[0] + 1}..{s.parts} trained, "
             f"{len(s.parts_added)} part(s) imported by this run: {verdict}",
             f"- {auc}{previous}",
-            f"- plan: **{'kept' if not s.replanned else 'made' if not s.warm_start_from else 're-made'}** — "
-            f"{s.replan_reason} (fresh plan "
-            f"{s.fresh_plan_comm_time_us_per_step:.1f} {us}" + ("" if old is None else f", kept plan {old:.1f} {us}")
-            + " per step, modeled)",
+            f"- plan **{plan}**: {s.replan_reason.removeprefix(plan + ' ')}" + ("" if us in s.replan_reason else
+            f" (fresh plan {s.fresh_plan_comm_time_us_per_step:.1f} {us}"
+            + ("" if old is None else f", kept plan {old:.1f} {us}") + " per step, modeled)"),
         ]
     lines = [
         f"# Retraining run `{s.run_dir}`",

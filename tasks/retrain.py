@@ -19,7 +19,9 @@ from shardflow.errors import DamagedStore, InputError
 from shardflow.model.metrics import Metrics
 from shardflow.planner.report import PlanSummary, StrategyRefused, table_tiers
 from shardflow.planner.topology import parse_topology
-from shardflow.planning.plans import ReplanDecision, compare_strategies, keep_or_replan, parse_decision, read_plan
+from shardflow.planning.plans import (ReplanDecision, compare_strategies, keep_or_replan, parse_decision, read_plan,
+                                      read_plan_summary)
+from shardflow.reporting.tables import number
 from shardflow.preflight import import_kwargs, imported_source, run_paths, same_source, source_parts, source_warnings
 from shardflow.profiling.profiles import profile_dataset, profile_window
 from shardflow.training.evaluate import evaluate_export
@@ -122,15 +124,16 @@ def profile(dataset: str, out: str, client: Client, run_dir: str, first: int = 0
                                overwrite=there).tables
     create_table_artifact(
         [
-            {"table": name, "rows": s.rows, "accesses": s.accesses, "rows_read": s.distinct,
-             "top_1pct_rows_share_of_accesses": round(s.top1pct_share, 3),
-             "top_10pct_rows_share_of_accesses": round(s.top10pct_share, 3), "zipf_slope": round(s.zipf_slope, 2)}
+            {"table": name, "rows": number(s.rows, 0), "accesses": number(s.accesses, 0),
+             "rows_read": number(s.distinct, 0), "top_1pct_share": number(s.top1pct_share, 3),
+             "top_10pct_share": number(s.top10pct_share, 3), "zipf_slope": number(s.zipf_slope, 2)}
             for name, s in stats.items()
         ],
         key=artifact_key("profile", run_dir),
         description=f"Row access skew of {dataset}" + ("" if history is None else
                     f", as the training examples of parts {first + 1}.. read it (histories of up to {history} items)")
-        + " (shares: of all accesses, to the most-read 1% / 10% of the rows read)",
+        + " (top_1pct_share / top_10pct_share: the share of all accesses that reads the most-read 1% / 10% of the "
+        "rows read)",
     )
     return stats
 
@@ -168,16 +171,21 @@ def shard(config: RetrainConfig, profile_path: str, out: str,
                                   fresh=plans.get(config.plan.strategy), overwrite=there, **kwargs)
         write_record(decision_file, decision.record())
     get_run_logger().info("plan: %s", decision.reason)
+    chosen = config.plan.strategy
+    table = [_comparison_row(r, trains=r.strategy == chosen and decision.replanned) for r in rows]
+    if not decision.replanned:  # the previous version's plan, extended, trains: its own figures, not the fresh one's
+        table.append(_comparison_row(read_plan_summary(out), trains=True, plan="kept"))
     create_table_artifact(
-        [_comparison_row(r) for r in rows],
+        table,
         key=artifact_key("plan-comparison", config.run_dir),
-        description=f"Every strategy on {config.plan.topology}, batch {config.train.batch_size}, "
-        f"dedup {config.plan.dedup}",
+        description=f"Every strategy on {config.plan.topology}, batch {config.train.batch_size}, dedup "
+        f"{config.plan.dedup}; `trains`: the plan this version trains on ({decision.reason})",
     )
     refused = [r for r in rows if isinstance(r, StrategyRefused)]
     if refused:  # long reasons in their own artifact: a table cuts them off at the UI's width
         create_markdown_artifact("\n".join(["# Strategies that made no plan", ""]
-                                           + [f"- **{r.strategy}**: {r.error}" for r in refused]),
+                                           + [f"- **{r.strategy}**: {r.error.removeprefix(f'{r.strategy}: ')}"
+                                              for r in refused]),
                                  key=artifact_key("plan-refusals", config.run_dir),
                                  description="Why a strategy made no plan under this budget")
     create_table_artifact(
@@ -188,21 +196,22 @@ def shard(config: RetrainConfig, profile_path: str, out: str,
     return rows, decision
 
 
-def _comparison_row(r: PlanSummary | StrategyRefused) -> dict:
+def _comparison_row(r: PlanSummary | StrategyRefused, trains: bool = False, plan: str = "made") -> dict:
     """One strategy's figures; every row has every column (the UI takes its columns from the first row), and
-    short ones: the whole table fits the UI's 1600 px (a strategy with no plan says so in `plan`)."""
+    short ones: the whole table fits the UI's artifact width (a strategy with no plan says so in `plan`)."""
     if isinstance(r, StrategyRefused):
-        return {"strategy": r.strategy, "plan": "none: see plan-refusals",
-                **dict.fromkeys(("MB_per_step", "inter_node_MB", "comm_us", "bound_us", "max_MB_per_device"))}
+        return {"strategy": r.strategy, "plan": "none: see plan-refusals", "trains": "",
+                **dict.fromkeys(("MB_per_step", "inter_node_MB", "comm_us", "bound_us", "max_MB_per_device"), "")}
     mb = 1e6
     return {
         "strategy": r.strategy,
-        "plan": "made",
-        "MB_per_step": round(r.bytes_per_step / mb, 3),
-        "inter_node_MB": round(r.inter_node_bytes_per_step / mb, 3),
-        "comm_us": round(r.comm_time_s_per_step * 1e6, 2),
-        "bound_us": round(r.lower_bound_comm_time_s_per_step * 1e6, 2),
-        "max_MB_per_device": round(max(r.memory_bytes_per_device) / mb, 3),
+        "plan": plan,
+        "trains": "yes" if trains else "",
+        "MB_per_step": number(r.bytes_per_step / mb, 3),
+        "inter_node_MB": number(r.inter_node_bytes_per_step / mb, 3),
+        "comm_us": number(r.comm_time_s_per_step * 1e6, 1),
+        "bound_us": number(r.lower_bound_comm_time_s_per_step * 1e6, 1),
+        "max_MB_per_device": number(max(r.memory_bytes_per_device) / mb, 3),
     }
 
 

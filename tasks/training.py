@@ -16,6 +16,7 @@ from prefect.cache_policies import NONE
 from shardflow.cluster import live_workers
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError, TrainingError, WorkerLost
+from shardflow.reporting.tables import number
 from shardflow.training.config import EpochStats
 from shardflow.training.engine import Engine
 from shardflow.model.metrics import Metrics
@@ -122,33 +123,26 @@ def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step
     """The epoch-metrics table of a model version: one row per complete checkpoint, every row with every column.
 
     Built from the checkpoints, so it spans resumed runs; under one key per run_dir, so
-    the UI keeps its history night after night.
+    the UI keeps its history night after night. Made to fit the UI's artifact width (about 1,000 px at
+    1,600): a metric no epoch has (log-loss of a sequence model, val_ without a split) is left out, traffic
+    is the measured MB per step and its ratio to the model's; numbers are text with thousands separators and
+    a fixed number of decimals per unit.
     """
     mb, rows = 1e6, []
-    for epoch, path in complete_checkpoints(version_dir):
-        info = read_checkpoint(path).figures
-        rounded = {
-            k: None if info[k] is None else round(info[k], digits)
-            for k, digits in (
-                ("loss", 4),
-                ("auc", 4),
-                ("hr_at_10", 4),
-                ("ndcg_at_10", 4),
-                ("logloss", 4),
-                *((k, 4) for k in VALIDATION_KEYS),
-                ("examples_per_s", 0),
-                ("seconds", 1),
-            )
-        }
+    figures = [(epoch, read_checkpoint(path).figures) for epoch, path in complete_checkpoints(version_dir)]
+    metrics = [k for k in ("auc", "hr_at_10", "ndcg_at_10", "logloss", *VALIDATION_KEYS)
+               if any(f[k] is not None for _, f in figures)]
+    for epoch, info in figures:
         measured = info["bytes_per_step"]
-        rows.append({"epoch": epoch, **rounded,
-                     "bytes_per_step_MB_measured": None if measured is None else round(measured / mb, 3),
-                     "bytes_per_step_MB_modeled": round(modeled_bytes_per_step / mb, 3)})
+        rows.append({"epoch": epoch, "loss": number(info["loss"], 4), **{k: number(info[k], 4) for k in metrics},
+                     "examples/s": number(info["examples_per_s"], 0), "seconds": number(info["seconds"], 1),
+                     "MB/step": number(None if measured is None else measured / mb, 3),
+                     "measured/modeled": number(None if measured is None else measured / modeled_bytes_per_step, 3)})
     create_table_artifact(
         rows,
         key=artifact_key("epoch-metrics", run_dir),
-        description=f"Per epoch: loss, held-out AUC, HR@10 and NDCG@10 or log-loss (val_: on the validation split, "
-                    f"with one), speed, traffic ({version_dir})",
+        description=f"Per epoch: loss, held-out metrics (val_: on the validation split), speed, traffic measured "
+                    f"and its ratio to the plan's model ({modeled_bytes_per_step / mb:,.3f} MB/step) ({version_dir})",
     )
 
 

@@ -24,6 +24,8 @@ from shardflow.planner.refine import pack_tables, table_home_seconds
 from shardflow.planner.relaxation import best_tiers, tier_costs
 from shardflow.planner.topology import Topology
 
+# What a refusal for memory accepts: named as the run's config and the plan command spell it.
+MORE_MEMORY = "a larger device_memory_bytes or memory_slack (plan.memory_slack, --memory-slack)"
 # FlexShard's knapsack counts memory summed over devices; when a placement then overfills a
 # device (round-robin rounding, or a small node holding a copy of every node row), it
 # retries with fewer spare slots, this many times before giving up replication.
@@ -84,14 +86,13 @@ class TableWise:
                 short = (int(rows[big]) - budget_rows) * model.shape.row_bytes
                 raise InputError(
                     f"table-wise: table '{accesses[big].name}' ({rows[big]:,} rows) fits on no device: it needs "
-                    f"{short:,} bytes more than the budget of {budget_bytes:,} bytes per device leaves; accepted: a "
-                    "larger device_memory_bytes or --memory-slack, or a row-wise strategy"
+                    f"{short:,} bytes more than the budget of {budget_bytes:,} bytes per device leaves; accepted: "
+                    f"{MORE_MEMORY}, or a row-wise strategy"
                 )
             raise InputError(
                 f"table-wise: {rows.size} tables of {rows.sum():,} rows in all (the largest '{accesses[big].name}', "
                 f"{rows[big]:,} rows) do not pack onto {topology.devices} devices of {budget_rows:,} rows "
-                f"({budget_bytes:,} bytes) each; accepted: a larger device_memory_bytes or --memory-slack, or a "
-                "row-wise strategy"
+                f"({budget_bytes:,} bytes) each; accepted: {MORE_MEMORY}, or a row-wise strategy"
             )
         return ShardingPlan(
             self.name, tuple(_single(a.name, a.rows, np.full(a.rows, h)) for a, h in zip(accesses, homes))
@@ -196,6 +197,6 @@ def propose(
     if memory[d] > budget_bytes:
         raise InputError(
             f"{strategy}: device {d} needs {int(memory[d]):,} bytes, over the budget of {budget_bytes:,} bytes "
-            f"per device by {int(memory[d]) - budget_bytes:,}; accepted: a larger device_memory_bytes or --memory-slack"
+            f"per device by {int(memory[d]) - budget_bytes:,}; accepted: {MORE_MEMORY}"
         )
     return plan

@@ -137,7 +137,9 @@ def test_three_nights_make_warm_started_versions_that_match_a_cold_start(prefect
 
     rows = artifact_rows_of_versions(root / "run")
     assert [r["version"] for r in rows] == [1, 2, 3] and len({tuple(r) for r in rows}) == 1
-    assert [r["parts"] for r in rows] == [1, 2, 3] and rows[0]["state"] in ("promoted", "current")
+    assert [r["from"] for r in rows] == [None, second["warm_start_from"], third["warm_start_from"]]
+    assert rows[0]["state"] in ("promoted", "current") and re.fullmatch(r"\d\d-\d\d", rows[0]["started"])
+    assert all(re.fullmatch(r"[\d,]+", r["users"]) for r in rows), rows  # thousands separators
     # Like for like: each version beside the model it replaced, on the same events, four decimals everywhere.
     assert [r["plan"] for r in rows] == ["made", "kept" if not second["replanned"] else "re-made", "re-made"]
     assert rows[1]["replaced_auc"] == f"{second['previous_auc']:.4f}" and rows[1]["auc"] == f"{second['auc']:.4f}"
@@ -272,6 +274,7 @@ def test_measured_bytes_stay_within_two_percent_of_the_model_night_after_night(p
                                   env={**os.environ, "PREFECT_API_URL": prefect_api})
             assert back.returncode == 0 and "version 2 is current" in back.stdout, back.stderr[-3000:]
             assert "the Prefect UI's versions and promotions tables are updated" in back.stdout, back.stdout
+            assert "Warning" not in back.stderr and "httpx" not in back.stderr, back.stderr[-2000:]
             chain = str((root / "chain").resolve())
             rolled = read_events("shardflow.model.rolled-back",
                                  lambda e: e.resource.get("prefect.resource.name") == chain)
