@@ -9,8 +9,10 @@ warm-starts from it and never re-promotes a version made before it.
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed
 
 from shardflow.errors import one_line_errors
+from shardflow.records import plain
 from storage import versions
 from tasks.reports import announce_rollback, run_label, tag_run
 
@@ -24,10 +26,13 @@ def _run_name() -> str:
 
 
 @flow(name="promote", flow_run_name=_run_name)
-def promote_version(run_dir: str, version: int, reason: str = "rollback") -> versions.Promotion:
+def promote_version(run_dir: str, version: int, reason: str = "rollback"):
+    """The run ends in a state named `Rolled back` whose message says which version serves now, and which did."""
     one_line_errors()
     record = versions.rollback(run_dir, version, reason)
     get_run_logger().info("version %d of %s is current (was %s): %s", version, run_dir, record.previous, reason)
     announce_rollback(run_dir, record)
     tag_run([f"version:{version}", "outcome:rolled-back"])
-    return record
+    was = "none" if record.previous is None else f"v{record.previous}"
+    return Completed(name="Rolled back", message=f"v{version} current (was {was}) by {record.by}"[:70],
+                     data=plain(record))

@@ -217,6 +217,7 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     # The rollback deployment: version 1 serves again, an event says who and why, the run names its run_dir.
     back = run_deployment(server, "promote/rollback", params={"run_dir": str(run), "version": 1, "reason": "a test"})
     assert back["state"] == "COMPLETED" and back["name"] == f"{label}·promote-v1", back
+    assert back["state_name"] == "Rolled back" and back["message"].startswith(f"v1 current (was v{current}) by "), back
     assert {"version:1", "outcome:rolled-back"} <= set(back["tags"]) and versions.current(run) == 1
     deadline = time.monotonic() + 60
     while not (rolled := events(server, "shardflow.model.rolled-back")):

@@ -315,3 +315,4 @@ def test_a_rollback_run_carries_its_run_dir_version_and_outcome(prefect_api, cli
             return await c.read_flow_run(state.state_details.flow_run_id)
     made = asyncio.run(read())
     assert made.name == f"{run_label(run)}·promote-v1" and {"version:1", "outcome:rolled-back"} <= set(made.tags)
+    assert (made.state.name, made.state.message) == ("Rolled back", "v1 current (was v1) by " + state.result()["by"])
