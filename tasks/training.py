@@ -137,7 +137,9 @@ def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step
         rows.append({"epoch": epoch, "loss": number(info["loss"], 4), **{k: number(info[k], 4) for k in metrics},
                      "examples/s": number(info["examples_per_s"], 0), "seconds": number(info["seconds"], 1),
                      "MB/step": number(None if measured is None else measured / mb, 3),
-                     "measured/modeled": number(None if measured is None else measured / modeled_bytes_per_step, 3)})
+                     # a plan with nothing to send (one device) has no ratio
+                     "measured/modeled": number(None if measured is None or not modeled_bytes_per_step
+                                                else measured / modeled_bytes_per_step, 3)})
     create_table_artifact(
         rows,
         key=artifact_key("epoch-metrics", run_dir),
