@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 
 from cli.arguments import build_parser
@@ -120,6 +121,10 @@ def _ended(command: str, interrupts: _Interrupts, e: BaseException) -> int | Non
     that stop: Ctrl-C landing inside a library's call can come out as the library's own error (pydantic's
     serializer reports a KeyboardInterrupt as a PydanticSerializationError)."""
     stop = stop_signal(e)
+    if stop is not None:
+        # What the stop cut short may leave a coroutine never awaited (zarr's, made as the signal landed): the
+        # warning Python prints when it is collected, on the way out, is not for the terminal.
+        warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
     if stop == signal.SIGTERM:
         interrupts.say(f"shardflow {command}: terminated (SIGTERM); {_KEPT}")
         return 143

@@ -175,6 +175,40 @@ def test_a_stop_whose_exception_a_finalizer_loses_is_taken_up_at_the_next_step_w
     assert done.stderr == "", done.stderr
 
 
+CUT_COROUTINE = """
+from cli.main import _ended, _Interrupts
+from shardflow.errors import Terminated
+
+interrupts = _Interrupts("import")
+
+
+async def open_group():
+    pass
+
+
+def write():
+    cut = open_group()  # made as the signal landed (zarr's sync wrapper), never awaited
+    raise Terminated("signal 15")
+
+
+try:
+    write()
+except BaseException as e:
+    status = _ended("import", interrupts, e)
+print(status)
+"""
+
+
+def test_a_coroutine_a_stop_cut_short_prints_no_warning_after_the_one_line():
+    """Seen once in CI: a SIGTERM to `shardflow import` inside zarr left a coroutine never awaited, and Python's
+    RuntimeWarning about it (two lines) followed the command's one line."""
+    done = subprocess.run([sys.executable, "-c", CUT_COROUTINE], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.stdout.split() == ["143"], done
+    assert done.stderr.splitlines() == ["shardflow import: terminated (SIGTERM); every complete checkpoint and store "
+                                        "is kept: run the same command again to resume"], done.stderr
+
+
 def test_a_running_run_listens_on_loopback_only_and_its_export_evaluates_alike_from_the_cli(tmp_path):
     """Every socket the run's processes listen on (embedded API, Dask scheduler, nannies, workers, dashboard) is
     bound to a loopback address, sampled while the run trains. The version's full-catalog figures (ranked on the
