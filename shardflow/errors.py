@@ -58,14 +58,23 @@ def note_stop(signum: int) -> None:
         _asked.append(signum)
 
 
+def _asked_signal() -> int | None:
+    """The stop signal this process was sent (SIGTERM before SIGINT), or None."""
+    return (signal.SIGTERM if signal.SIGTERM in _asked else _asked[0]) if _asked else None
+
+
+def _stop_exception(signum: int) -> BaseException:
+    """What a stop signal raises: Terminated for SIGTERM, KeyboardInterrupt for SIGINT."""
+    return Terminated(f"signal {signal.SIGTERM.value}") if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
 def stop_if_asked() -> None:
     """Raise the stop a signal asked for (Terminated or KeyboardInterrupt), if one was sent: called before new
     work starts (a training step, a run's next stage). A handler's exception raised inside a finalizer or a
     callback that logs and goes on is lost; this takes the stop up again at the next such point."""
-    if signal.SIGTERM in _asked:
-        raise Terminated(f"signal {signal.SIGTERM.value}")
-    if _asked:
-        raise KeyboardInterrupt
+    asked = _asked_signal()
+    if asked is not None:
+        raise _stop_exception(asked)
 
 
 class TrainingError(RuntimeError):
@@ -111,7 +120,7 @@ def stop_signal(error: BaseException) -> int | None:
         return signal.SIGTERM
     if interrupted(error):
         return signal.SIGINT
-    return (signal.SIGTERM if signal.SIGTERM in _asked else _asked[0]) if _asked else None
+    return _asked_signal()
 
 
 def as_stop(error: BaseException) -> BaseException | None:
@@ -121,7 +130,7 @@ def as_stop(error: BaseException) -> BaseException | None:
     stop = stop_signal(error)
     if stop is None or isinstance(error, (Terminated, KeyboardInterrupt)):
         return None
-    return Terminated(f"signal {signal.SIGTERM.value}") if stop == signal.SIGTERM else KeyboardInterrupt()
+    return _stop_exception(stop)
 
 
 def explained(error: BaseException | None, logger: str = "") -> bool:

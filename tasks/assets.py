@@ -21,7 +21,7 @@ from prefect.cache_policies import NONE
 
 from shardflow.reporting.summary import RunSummary
 from storage import versions
-from tasks.retrain import artifact_key
+from tasks.retrain import run_label
 
 SCHEME = "shardflow://"
 # Figures a version's asset carries when the version has them.
@@ -30,13 +30,13 @@ FIGURES = ("auc", "logloss", "hr_at_10", "ndcg_at_10", "full_hr_at_10", "full_nd
 
 def run_resource(run: str | Path) -> dict[str, str]:
     """The run_dir as an event's resource."""
-    return {"prefect.resource.id": f"shardflow.run-dir.{artifact_key('', run).lstrip('-')}",
+    return {"prefect.resource.id": f"shardflow.run-dir.{run_label(run)}",
             "prefect.resource.name": str(Path(run).resolve())}
 
 
 def asset_key(run: str | Path, *names: str) -> str:
     """The asset key of a path under a run_dir, each name slugged to the characters a key allows."""
-    label = artifact_key("", run).lstrip("-")
+    label = run_label(run)
     return SCHEME + "/".join([label, *(re.sub(r"[^A-Za-z0-9._-]+", "-", n).strip("-") or "-" for n in names)])
 
 
@@ -61,7 +61,7 @@ def materialize_model(run: str, summary: RunSummary) -> str:
     and its figures as metadata (a task run named `model-asset-vN`); its key."""
     number = summary.version
     model = Asset(key=model_key(run, number), properties=AssetProperties(
-        name=f"{artifact_key('', run).lstrip('-')} v{number}",
+        name=f"{run_label(run)} v{number}",
         description=f"Model version {number} of run_dir {Path(run).resolve()}: its exported tables and dense "
                     f"layers ({versions.version_dir(run, number).resolve() / 'model'})"))
     metadata = {

@@ -18,13 +18,8 @@ from shardflow.reporting.summary import RunSummary
 from shardflow.reporting.tables import number
 from storage import versions
 from storage.checkpoint import complete_checkpoints
-from tasks.retrain import artifact_key
+from tasks.retrain import artifact_key, run_label
 from tasks.versions import version_result
-
-
-def run_label(run_dir: str | Path) -> str:
-    """The run_dir as flow run names show it: its name and the six hex digits of its path (as artifact keys)."""
-    return artifact_key("", run_dir).lstrip("-")
 
 
 def name_run(run_dir: str | Path, what: str) -> None:

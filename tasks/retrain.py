@@ -47,6 +47,12 @@ def artifact_key(kind: str, run_dir: str | Path) -> str:
     return f"{kind}-{slug}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:6]}"
 
 
+def run_label(run_dir: str | Path) -> str:
+    """The run_dir as flow run names and asset keys show it: its name and the six hex digits of its path (as
+    artifact keys)."""
+    return artifact_key("", run_dir).lstrip("-")
+
+
 @dataclass(frozen=True)
 class Imported:
     """The dataset store a run trains on, the names of the parts it added, and what it warned of."""

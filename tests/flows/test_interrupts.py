@@ -139,8 +139,12 @@ def test_ctrl_c_while_the_worker_server_imports_and_the_api_starts_is_one_line(t
     proc = start(tmp_path, embedded(tmp_path))
 
     def worker_server_importing(run: Path) -> bool:
-        return any("multiprocessing.forkserver" in " ".join(p.cmdline())
-                   for p in psutil.Process(proc.pid).children())
+        def command(p: psutil.Process) -> str:
+            try:
+                return " ".join(p.cmdline())
+            except psutil.Error:  # a short-lived child already gone (or a zombie)
+                return ""
+        return any("multiprocessing.forkserver" in command(p) for p in psutil.Process(proc.pid).children())
 
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT,
                                                                         moment=worker_server_importing)
