@@ -29,11 +29,11 @@ import numpy as np
 import zarr
 
 from shardflow.cluster import dask_client
-from shardflow.model.sequence import ModelConfig
-from shardflow.model.optim import OptimizerConfig
-from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
-from shardflow.planner.topology import uniform
 from shardflow.data.synthetic import SynthTable, synth_dataset
+from shardflow.model.optim import OptimizerConfig
+from shardflow.model.sequence import ModelConfig
+from shardflow.planner.sharding_plan import SINGLE, ShardingPlan, TablePlan
+from shardflow.planner.topology import uniform
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from storage.checkpoint import EXPORT_CHUNK_ROWS
@@ -141,8 +141,8 @@ def main() -> None:
         print(f"\n{'written as':<18} {'MB/s: min':>10} {'median':>8} {'max':>8}")
         for k, v in rates.items():
             print(f"{k:<18} {min(v):>10,.0f} {float(np.median(v)):>8,.0f} {max(v):>8,.0f}")
-        ck = [a / b for a, b in zip(rates["checkpoint"], rates["plain checkpoint"])]
-        ex = [a / b for a, b in zip(rates["export"], rates["plain export"])]
+        ck = [a / b for a, b in zip(rates["checkpoint"], rates["plain checkpoint"], strict=True)]
+        ex = [a / b for a, b in zip(rates["export"], rates["plain export"], strict=True)]
         print(f"checkpoint ÷ plain (min / median / max): {spread(ck)}")
         print(f"export ÷ plain (min / median / max):     {spread(ex)}")
         print(f"zstd on {sample.shape[0]:,} trained rows: {stored / sample.nbytes:.3f} of their bytes "

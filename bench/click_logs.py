@@ -56,27 +56,27 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from train_throughput import WARMUP, pytorch_rate  # this directory: the sequence benchmark's PyTorch peer
 
 from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
+from shardflow.data.clicks import HELD_OUT, load_training_data, model_config
+from shardflow.data.synthetic_clicks import synth_click_log
 from shardflow.model.dlrm import ClickConfig
-from shardflow.training.logistic import choose_l2, constant_logloss, fit_logistic
+from shardflow.model.metrics import log_loss, roc_auc
 from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
-from shardflow.planner.strategies import propose
 from shardflow.planner.memory import budget_bytes_per_device
+from shardflow.planner.strategies import propose
 from shardflow.planner.topology import load_topology, uniform
-from shardflow.data.synthetic_clicks import synth_click_log
-from shardflow.data.clicks import HELD_OUT, load_training_data, model_config
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
-from shardflow.model.metrics import log_loss, roc_auc
+from shardflow.training.logistic import choose_l2, constant_logloss, fit_logistic
 from shardflow.training.reference import ReferenceTrainer
 from shardflow.training.validation import best_epoch
 from storage.dataset import Dataset
 from storage.importers import import_dataset
-from train_throughput import WARMUP, pytorch_rate  # this directory: the sequence benchmark's PyTorch peer
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SAMPLES = {"criteo-sample": DATA / "criteo-sample" / "criteo_sample.txt",
@@ -213,8 +213,8 @@ TRAFFIC_STEPS = 6
 
 def traffic(scratch: Path, synthetic: Path, batch: int) -> None:
     from shardflow.planner.report import table_tiers
-    from shardflow.planning.plans import make_plan, read_plan
     from shardflow.profiling.profiles import profile_dataset
+    from shardflow.sharding.stage import make_plan, read_plan
     from shardflow.training.run import in_process, prepare
 
     topology = load_topology(DEMO)
@@ -270,7 +270,7 @@ def throughput(synthetic: Path, rounds: int, steps: int, batch: int) -> None:
     loads = []
     with dask_client(workers=1) as one, dask_client(workers=2) as two:
         clients = {1: one, 2: two}
-        for r in range(rounds):
+        for _ in range(rounds):
             loads.append(os.getloadavg()[0])
             for devices in (1, 2):
                 train = TrainConfig(batch_size=batch, max_steps=WARMUP + steps, eval_users=None)
@@ -286,9 +286,9 @@ def throughput(synthetic: Path, rounds: int, steps: int, batch: int) -> None:
     e1, e2 = rates["engine, 1 device(s)"], rates["engine, 2 device(s)"]
     p1, p2 = rates["pytorch, 1 thread(s)"], rates["pytorch, 2 thread(s)"]
     print(f"\n{'ratio (per round)':<36} {'min / median / max':>24}")
-    for name, v in {"engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2)],
-                    "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1)],
-                    "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1)]}.items():
+    for name, v in {"engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2, strict=True)],
+                    "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1, strict=True)],
+                    "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1, strict=True)]}.items():
         print(f"{name:<36} {spread(v, 2):>24}")
 
 

@@ -1,5 +1,5 @@
 """Measured against predicted bytes per step, with the cost model's independent draws and with its
-distinct rows fitted to real batches (shardflow/planning/touch.py).
+distinct rows fitted to real batches (shardflow/sharding/touch.py).
 
     python bench/cost_model_fit.py [--data sessions sasrec s3rec recbole] [--steps 6]
 
@@ -20,12 +20,12 @@ from pathlib import Path
 
 from distributed import Client, LocalCluster
 
-import shardflow.planning.plans as planning
+import shardflow.sharding.stage as sharding
+from shardflow.data.synthetic import Repeats, SynthTable, synth_dataset
 from shardflow.errors import InputError
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import load_topology
 from shardflow.profiling.profiles import profile_dataset
-from shardflow.data.synthetic import Repeats, SynthTable, synth_dataset
 from shardflow.training.config import TrainConfig
 from shardflow.training.run import in_process, prepare
 from storage.importers import import_dataset
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--data", nargs="+", default=["sessions", *REAL], choices=["sessions", *REAL])
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
-    fit, topology = planning.fit_touch, load_topology(ROOT / "topologies" / "demo-4.yaml")
+    fit, topology = sharding.fit_touch, load_topology(ROOT / "topologies" / "demo-4.yaml")
     print("| data | strategy | scope | independent draws | fitted |\n|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp, LocalCluster(n_workers=2, threads_per_worker=1) as cluster, \
             Client(cluster) as client:
@@ -67,10 +67,10 @@ def main() -> None:
             for strategy, slack in SLACK.items():
                 cells = {}
                 for fitted in (False, True):
-                    planning.fit_touch = fit if fitted else (lambda *a, **k: {})
+                    sharding.fit_touch = fit if fitted else (lambda *a, **k: {})
                     plan = root / f"{strategy}-{fitted}"
                     try:
-                        planning.make_plan(root / "profile", plan, topology, strategy=strategy,
+                        sharding.make_plan(root / "profile", plan, topology, strategy=strategy,
                                            shape=StepShape(BATCH, DIM), memory_slack=slack)
                     except InputError as e:
                         print(f"| {name} | {strategy} | - | {e} | |", file=sys.stderr)
@@ -80,7 +80,7 @@ def main() -> None:
                                                                                    args.steps))
                 for dedup, (plain, fitted) in cells.items():
                     print(f"| {name} | {strategy} | {dedup} | {plain:.3f} | {fitted:.3f} |", flush=True)
-    planning.fit_touch = fit
+    sharding.fit_touch = fit
 
 
 if __name__ == "__main__":

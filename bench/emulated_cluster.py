@@ -248,7 +248,7 @@ def fit(scratch: Path, stores: dict, args) -> int:
     print(f"\nfit on {' and '.join(FIT_TOPOLOGIES)} / {args.time_scale:g}, {args.rounds} rounds of {args.steps} steps")
     print(f"{'topology':18} {'data':8} {'dedup':6} {'strategy':13} {'batch':>6} {'rounds':>6} {'payload s':>9}"
           f" {'comm s':>17} {'fitted s':>8} {'ratio':>6}")
-    for k, p, r, c in zip(keys, payload, rounds, comm):
+    for k, p, r, c in zip(keys, payload, rounds, comm, strict=True):
         predicted = factor * p + round_s * r
         print(f"{k[0]:18} {k[1]:8} {k[2]:6} {k[3]:13} {k[4]:6} {r:6.0f} {p:9.3f}"
               f" {spread([m['comm_s'] for m in runs[k]]):>17} {predicted:8.3f} {c / predicted:6.2f}")

@@ -47,19 +47,20 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from train_throughput import plan_for  # bench/ is on sys.path: this runs as a script beside it
+
 from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
 from shardflow.data.batches import TrainData
+from shardflow.errors import InputError
 from shardflow.model.optim import ROW_OPTIMIZERS, OptimizerConfig
 from shardflow.model.sequence import LOSSES, ModelConfig
-from shardflow.errors import InputError
 from shardflow.training.config import TrainConfig
 from shardflow.training.device import DEVICES, torch_device
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import evaluate_export
 from shardflow.training.validation import best_epoch, score, stop_now, validation_values
 from storage.importers import import_dataset
-from train_throughput import plan_for  # bench/ is on sys.path: this runs as a script beside it
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DATASETS = {  # name -> (source, format, published HR@10, NDCG@10, where they come from)
@@ -138,7 +139,7 @@ def main() -> None:
         train = TrainConfig(batch_size=args.batch_size, epochs=args.epochs, eval_users=None, patience=args.patience,
                             min_epochs=args.min_epochs, device=args.device)
     except InputError as e:
-        raise SystemExit(f"model_quality: {e}")
+        raise SystemExit(f"model_quality: {e}") from None
     models = {}
     for encoder in args.encoders.split(","):
         config = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout,

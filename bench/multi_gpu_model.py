@@ -97,7 +97,7 @@ def main() -> None:
             comm = evaluated.comm_time_s_per_step
             mb = (evaluated.lookup_bytes_per_step + evaluated.sync_bytes_per_step) / 1e6
             rates = []
-            for encoder, ms in COMPUTE_MS.items():
+            for ms in COMPUTE_MS.values():
                 compute = ms * 1e-3 * args.batch_per_gpu / MEASURED_BATCH
                 rates.append(topo.devices * args.batch_per_gpu / (compute + comm))
             share = comm / (COMPUTE_MS["mean"] * 1e-3 * args.batch_per_gpu / MEASURED_BATCH + comm)

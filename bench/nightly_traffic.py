@@ -44,7 +44,7 @@ def chain(root: Path, split: int, epochs: int, address: str) -> list[tuple]:
         (root / f"{devices}.yaml").write_text(text)
     (root / "parts").mkdir()
     rows = []
-    for day, devices in zip(days, NIGHTS):
+    for day, devices in zip(days, NIGHTS, strict=True):
         shutil.copy2(day, root / "parts")  # its day-old mtime: a finished part (part_settle_s)
         config = RetrainConfig.build({
             "dataset": str(root / "parts"), "run_dir": str(root / "run"), "topology": str(root / f"{devices}.yaml"),

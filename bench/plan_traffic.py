@@ -46,9 +46,9 @@ import numpy as np
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.report import bound_and_baseline, gap_closed
 from shardflow.planner.strategies import FlexShard, propose
-from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import Node, Topology, uniform
 
 STRATEGIES = ("row-wise-mod", "row-wise-block", "table-wise", "flexshard")
@@ -224,8 +224,8 @@ def exact_gap() -> None:
 def video_accesses() -> list[TableAccess]:
     """The bundled amazon-video dataset's tables as the planner sees them (history 20, 4 negatives)."""
     from shardflow.cluster import dask_client
-    from shardflow.planning.plans import accesses_from_profile
     from shardflow.profiling.profiles import profile_dataset
+    from shardflow.sharding.stage import accesses_from_profile
     from storage.importers import import_dataset
     from storage.profile import Profile
 

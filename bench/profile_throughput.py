@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from shardflow.cluster import dask_client
-from shardflow.profiling.profiles import profile_dataset
 from shardflow.data.synthetic import SynthTable, synth_dataset
+from shardflow.profiling.profiles import profile_dataset
 from storage.dataset import Dataset
 from storage.profile import Profile
 
@@ -65,7 +65,7 @@ def main() -> None:
                 start_s = time.perf_counter() - t
                 out = work / f"profile-{n}"
                 elapsed = best_of(
-                    args.repeat, lambda: profile_dataset(work / "ds", out, client=client, overwrite=True)
+                    args.repeat, lambda out=out: profile_dataset(work / "ds", out, client=client, overwrite=True)
                 )
             assert np.array_equal(Profile.open(out).counts("item"), reference), "profile differs from bincount"
             results.append((f"shardflow profile, {n} worker{'s' * (n > 1)}", f"{start_s:.1f}", elapsed))

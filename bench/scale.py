@@ -34,9 +34,9 @@ from pathlib import Path
 import psutil
 
 from shardflow.data.batches import TrainData
-from storage.dataset import Dataset
-from shardflow.planning.plans import read_plan_summary
 from shardflow.planner.memory import WORKER_BYTES_PER_USER, WORKER_EXTRA_BYTES, WORKER_SCALE, worker_peak_bytes
+from shardflow.sharding.stage import read_plan_summary
+from storage.dataset import Dataset
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -25,6 +25,7 @@ import os
 import sys
 import time
 import warnings
+from itertools import pairwise
 
 import numpy as np
 
@@ -41,9 +42,9 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> None:
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.distributed.types import ShardingEnv, ShardingType
 
-    from shardflow.model.sequence import ModelConfig
-    from shardflow.model.optim import OptimizerConfig
     from shardflow.data.batches import TrainData, negative_seed
+    from shardflow.model.optim import OptimizerConfig
+    from shardflow.model.sequence import ModelConfig
 
     warnings.filterwarnings("ignore")  # TorchRec's deprecation and planner notices, once per rank and call
     logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -66,7 +67,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> None:
             self.ebc = ebc
             widths = [3 * D, *model_config.mlp]
             layers: list = []
-            for a, b in zip(widths[:-1], widths[1:]):
+            for a, b in pairwise(widths):
                 layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
             self.mlp = torch.nn.Sequential(*layers, torch.nn.Linear(widths[-1], 1))
 

@@ -48,15 +48,15 @@ import numpy as np
 import torch
 
 from shardflow.cluster import dask_client
-from shardflow.model.sequence import ENCODERS, ModelConfig
-from shardflow.model.optim import OptimizerConfig
-from shardflow.planner.access import TableAccess, sequence_lookups
-from shardflow.planner.costmodel import CostModel, StepShape
-from shardflow.planner.strategies import propose
-from shardflow.planner.memory import budget_bytes_per_device
-from shardflow.planner.topology import uniform
 from shardflow.data.batches import TrainData
 from shardflow.errors import InputError
+from shardflow.model.optim import OptimizerConfig
+from shardflow.model.sequence import ENCODERS, ModelConfig
+from shardflow.planner.access import TableAccess, sequence_lookups
+from shardflow.planner.costmodel import CostModel, StepShape
+from shardflow.planner.memory import budget_bytes_per_device
+from shardflow.planner.strategies import propose
+from shardflow.planner.topology import uniform
 from shardflow.training.config import TrainConfig
 from shardflow.training.device import DEVICES, torch_device
 from shardflow.training.engine import Engine
@@ -220,15 +220,17 @@ def main() -> None:
         p1, p2 = rates["pytorch, 1 thread(s)"], rates["pytorch, 2 thread(s)"]
         c2 = rates["engine, 2, collective"]
         ratios = {
-            "engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2)],
-            "collective 2 devices / pytorch 2 thr.": [a / b for a, b in zip(c2, p2)],
-            "collective / actor, 2 devices": [a / b for a, b in zip(c2, e2)],
-            "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1)],
-            "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1)],
-            "early answers / engine 2 devices": [a / b for a, b in zip(rates["engine, 2, early answers"], e2)],
+            "engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2, strict=True)],
+            "collective 2 devices / pytorch 2 thr.": [a / b for a, b in zip(c2, p2, strict=True)],
+            "collective / actor, 2 devices": [a / b for a, b in zip(c2, e2, strict=True)],
+            "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1, strict=True)],
+            "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1, strict=True)],
+            "early answers / engine 2 devices": [a / b for a, b in zip(rates["engine, 2, early answers"], e2,
+                                                                         strict=True)],
         }
         if "torchrec, 2 ranks" in rates:
-            ratios["engine 2 devices / torchrec 2 ranks"] = [a / b for a, b in zip(e2, rates["torchrec, 2 ranks"])]
+            torchrec = rates["torchrec, 2 ranks"]
+            ratios["engine 2 devices / torchrec 2 ranks"] = [a / b for a, b in zip(e2, torchrec, strict=True)]
         for name, v in ratios.items():
             print(f"{name:<36} {spread(v)}")
         print(f"early answers: patches sent {spread(patch_share).strip()} (min median max) of the bytes of rows read")

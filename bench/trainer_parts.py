@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from shardflow.model.sequence import ModelConfig
-from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.data.batches import TrainData, negative_seed
+from shardflow.data.synthetic import SynthTable, synth_dataset
+from shardflow.model.sequence import ModelConfig
 
 TRAINERS = (1, 2, 4)
 BATCH = 4096
@@ -69,7 +69,7 @@ def main() -> None:
         print(f"{'trainers':>8} {'held MB':>8} {'examples s: min':>16} {'median':>7} {'max':>6} "
               f"{'/ 1 trainer: min':>17} {'median':>7} {'max':>6} {'largest sub-batch: median':>26} {'max':>6}")
         for t in TRAINERS:
-            ratio = [a / b for a, b in zip(seconds[t], seconds[1])]
+            ratio = [a / b for a, b in zip(seconds[t], seconds[1], strict=True)]
             print(f"{t:>8} {held[t] / 1e6:>8.1f} {min(seconds[t]):>16.1f} {np.median(seconds[t]):>7.1f} "
                   f"{max(seconds[t]):>6.1f} {min(ratio):>17.2f} {np.median(ratio):>7.2f} {max(ratio):>6.2f} "
                   f"{np.median(largest[t]):>26.3f} {largest[t].max():>6.3f}")

@@ -5,9 +5,25 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from cli.commands import (run_evaluate, run_import, run_plan, run_profile, run_promote, run_recommend, run_run,
-                          run_synth, run_train, show_dataset, show_evaluate, show_plan, show_profile, show_promote,
-                          show_recommend, show_run, show_train)
+from cli.commands import (
+    run_evaluate,
+    run_import,
+    run_plan,
+    run_profile,
+    run_promote,
+    run_recommend,
+    run_run,
+    run_synth,
+    run_train,
+    show_dataset,
+    show_evaluate,
+    show_plan,
+    show_profile,
+    show_promote,
+    show_recommend,
+    show_run,
+    show_train,
+)
 from shardflow.errors import InputError
 
 DESCRIPTION = "The `shardflow` command: one subcommand per stage."

@@ -121,7 +121,7 @@ def show_profile(s: dict) -> None:
 def run_plan(args: argparse.Namespace) -> dict:
     from shardflow.planner.costmodel import StepShape
     from shardflow.planner.topology import load_topology
-    from shardflow.planning.plans import make_plan
+    from shardflow.sharding.stage import make_plan
 
     topology = load_topology(args.topology)
     shape = StepShape(args.batch_size, args.dim, args.dedup, args.row_optimizer)
@@ -161,10 +161,10 @@ def show_plan(s: dict) -> None:
 def run_train(args: argparse.Namespace) -> dict:
     from shardflow.cluster import dask_client
     from shardflow.model.optim import OptimizerConfig
-    from shardflow.training.device import torch_device
+    from shardflow.sharding.stage import read_plan
     from shardflow.training.config import TrainConfig
+    from shardflow.training.device import torch_device
     from shardflow.training.run import train_from_stores
-    from shardflow.planning.plans import read_plan
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
     _, topology, shape, _ = read_plan(args.plan)

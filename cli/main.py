@@ -17,9 +17,16 @@ import warnings
 from collections.abc import Sequence
 
 from cli.arguments import build_parser
-from shardflow.errors import (STORAGE_ERRNOS, InputError, Terminated, TrainingError, WorkerLost, explained,
-                              note_stop, stop_signal)
-
+from shardflow.errors import (
+    STORAGE_ERRNOS,
+    InputError,
+    Terminated,
+    TrainingError,
+    WorkerLost,
+    explained,
+    note_stop,
+    stop_signal,
+)
 
 _KEPT = "every complete checkpoint and store is kept: run the same command again to resume"
 

@@ -14,10 +14,10 @@ from prefect import flow, get_run_logger
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import one_line_errors
+from shardflow.preflight import run_paths
 from storage.lock import run_lock
 from tasks.retrain import prepare_dataset, profile, shard
 from tasks.training import release_parameter_servers, start_parameter_servers, train_epoch, unless_lost
-from shardflow.preflight import run_paths
 
 
 @flow(name="estimate", flow_run_name="estimate-{config.train.epochs}-epochs")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -28,17 +28,45 @@ from prefect.states import Completed
 
 from shardflow.cluster import performance_report
 from shardflow.config import RetrainConfig
-from shardflow.errors import (SchedulerLost, TrainingError, WorkerLost, WorkerOutOfMemory, as_stop,
-                             one_line_errors, stop_if_asked)
-from shardflow.planning.plans import read_plan_summary
+from shardflow.errors import (
+    SchedulerLost,
+    TrainingError,
+    WorkerLost,
+    WorkerOutOfMemory,
+    as_stop,
+    one_line_errors,
+    stop_if_asked,
+)
+from shardflow.preflight import check_run, run_paths
 from shardflow.reporting.stages import StageClock
 from shardflow.reporting.summary import RunSummary, VersionFigures
+from shardflow.sharding.stage import read_plan_summary
 from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
 from storage.versions import VersionStart, new_parts
 from tasks.assets import materialize_model
-from tasks.retrain import (Imported, artifact_key, evaluate, plots, prepare_dataset, profile, recommend, shard,
-                           start_cluster, tidy)
+from tasks.reports import (
+    name_run,
+    outcome,
+    publish_failure,
+    publish_summary,
+    publish_versions,
+    run_label,
+    state_message,
+    tag_run,
+)
+from tasks.retrain import (
+    Imported,
+    artifact_key,
+    evaluate,
+    plots,
+    prepare_dataset,
+    profile,
+    recommend,
+    shard,
+    start_cluster,
+    tidy,
+)
 from tasks.training import (
     Attempts,
     Resumed,
@@ -58,9 +86,6 @@ from tasks.training import (
     unless_lost,
     validation_scores,
 )
-from shardflow.preflight import check_run, run_paths
-from tasks.reports import (name_run, outcome, publish_failure, publish_summary, publish_versions, run_label,
-                           state_message, tag_run)
 from tasks.versions import NothingNew, gate, nothing_new, open_version, paths_of, untrained, warm_start
 
 DASK_REPORT = "dask-performance.html"  # a version's: distributed's performance report of its work
@@ -72,7 +97,7 @@ def _run_name() -> str:
 
     config = flow_run.parameters.get("config") or RetrainConfig()
     values = config if isinstance(config, dict) else config.model_dump()
-    return f"{run_label(values.get('run_dir') or RetrainConfig().run_dir)}·{datetime.now(timezone.utc):%Y-%m-%d}"
+    return f"{run_label(values.get('run_dir') or RetrainConfig().run_dir)}·{datetime.now(UTC):%Y-%m-%d}"
 
 
 # The summary is the flow's persisted result, as JSON (the result storage of Prefect's settings, by default
@@ -116,7 +141,7 @@ def _started_s_ago() -> float:
     try:
         with get_client(sync_client=True) as client:
             began = client.read_flow_run(flow_run.id).start_time
-        return (datetime.now(timezone.utc) - began).total_seconds() if began else 0.0
+        return (datetime.now(UTC) - began).total_seconds() if began else 0.0
     except Exception:  # timing is a courtesy: a run without it still runs
         return 0.0
 
@@ -128,7 +153,7 @@ def _failed(run: str) -> None:
 
     try:
         label = flow_run.name.split("·", 1)[1] if "·" in flow_run.name else "night"
-        name_run(run, f"{label} {datetime.now(timezone.utc):%H:%M:%S}·failed")
+        name_run(run, f"{label} {datetime.now(UTC):%H:%M:%S}·failed")
         tag_run(["outcome:failed"])
     except Exception:  # naming is a courtesy: the failure itself is what the run reports
         pass

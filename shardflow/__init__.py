@@ -1,7 +1,7 @@
 """shardflow core: importable without Prefect.
 
-Profiling kernels, training-example construction, synthetic data and (in later
-stages) topology, sharding plans, cost model and model math live here.
+Every stage's logic lives here: profiling, the sharding planner and the plan
+stage, training on Dask, the models and their metrics, promotion and reporting.
 """
 
 from shardflow.errors import InputError

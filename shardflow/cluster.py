@@ -18,8 +18,16 @@ from distributed import Client, LocalCluster, WorkerPlugin
 from distributed.deploy import Cluster
 from distributed.utils import get_mp_context
 
-from shardflow.cluster_options import (CLUSTER_KWARGS, LOCAL_CLASSES, TlsFiles, check_cluster_class,
-                                       check_cluster_kwargs, check_tls_address, cores, local_worker_limit)
+from shardflow.cluster_options import (
+    CLUSTER_KWARGS,
+    LOCAL_CLASSES,
+    TlsFiles,
+    check_cluster_class,
+    check_cluster_kwargs,
+    check_tls_address,
+    cores,
+    local_worker_limit,
+)
 from shardflow.errors import InputError, SchedulerLost, TrainingError, stop_signal
 
 __all__ = ["check_cluster_class", "check_cluster_kwargs", "dask_client", "run_cluster", "resolve_cluster_class"]
@@ -222,7 +230,7 @@ def _dask_log_to(path: Path | None) -> Iterator[None]:
     try:
         yield
     finally:
-        for logger, (handlers, propagate) in zip(loggers, before):
+        for logger, (handlers, propagate) in zip(loggers, before, strict=True):
             logger.handlers, logger.propagate = handlers, propagate
         handler.close()
 

@@ -13,13 +13,23 @@ from __future__ import annotations
 
 import math
 from functools import cached_property
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from shardflow.config_sections import (SECTION_OF, SECTIONS, ClusterSection, DataSection, ModelSection, NightlySection,
-                                       PlanSection, TrainSection, sectioned)
+from shardflow.config_sections import (
+    SECTION_OF,
+    SECTIONS,
+    ClusterSection,
+    DataSection,
+    ModelSection,
+    NightlySection,
+    PlanSection,
+    TrainSection,
+    sectioned,
+)
 from shardflow.errors import InputError, brief
 
 if TYPE_CHECKING:
@@ -76,7 +86,7 @@ class RetrainConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _batch_covers_devices(self) -> "RetrainConfig":
+    def _batch_covers_devices(self) -> RetrainConfig:
         from shardflow.training.config import check_batch
 
         try:
@@ -90,7 +100,7 @@ class RetrainConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _cluster_fits_topology(self) -> "RetrainConfig":
+    def _cluster_fits_topology(self) -> RetrainConfig:
         from shardflow.cluster_options import check_workers_fit
 
         c = self.cluster
@@ -101,7 +111,7 @@ class RetrainConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _transport_encrypted(self) -> "RetrainConfig":
+    def _transport_encrypted(self) -> RetrainConfig:
         c = self.cluster
         if self.train.transport == "collective" and c.tls_ca_file is not None:
             raise ValueError("transport = 'collective' with the cluster's TLS files; accepted: transport 'actor' "
@@ -109,7 +119,7 @@ class RetrainConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _encoder_fits(self) -> "RetrainConfig":
+    def _encoder_fits(self) -> RetrainConfig:
         if self.model.encoder != "mean" and self.data.dataset_format == "criteo":
             raise ValueError(f"encoder = {self.model.encoder!r} for a criteo click log; accepted: mean (the encoder "
                              "is the sequence model's; click logs train the DLRM)")
@@ -125,7 +135,7 @@ class RetrainConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _fits_memory(self) -> "RetrainConfig":
+    def _fits_memory(self) -> RetrainConfig:
         """A step's working set and the dense model must fit this machine's memory (a bound, checked before
         anything is read or written: negatives = 10^9 once grew a run past 4.5 GB in 19 s)."""
         import psutil
@@ -144,13 +154,13 @@ class RetrainConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _hashed_tables_fit(self) -> "RetrainConfig":
+    def _hashed_tables_fit(self) -> RetrainConfig:
         """A click log's hashed table of hash_rows rows, with its optimizer state and its profile's count per row,
         must fit half this machine's memory: profiling and training hold it whole across the devices
         (hash_rows = 10^9 once grew each profiling worker past 8 GiB)."""
         import psutil
 
-        from shardflow.planner.plan import row_bytes
+        from shardflow.planner.sharding_plan import row_bytes
 
         rows = self.data.hash_rows
         if self.data.dataset_format != "criteo" or rows == "exact":
@@ -167,13 +177,13 @@ class RetrainConfig(BaseModel):
 
     # -- each stage's part of the config, as the value that stage takes -------------------------
     @cached_property
-    def parsed_topology(self) -> "Topology":
+    def parsed_topology(self) -> Topology:
         """The topology file, read and checked once per config."""
         from shardflow.planner.topology import load_topology
 
         return load_topology(self.plan.topology)
 
-    def step_shape(self) -> "StepShape":
+    def step_shape(self) -> StepShape:
         """What the planner prices a step by."""
         from shardflow.planner.costmodel import StepShape
 
@@ -184,13 +194,13 @@ class RetrainConfig(BaseModel):
         return {"shape": self.step_shape(), "memory_slack": self.plan.memory_slack, "history": self.model.history,
                 "negatives": self.model.negatives}
 
-    def optimizer(self) -> "OptimizerConfig":
+    def optimizer(self) -> OptimizerConfig:
         from shardflow.model.optim import OptimizerConfig
 
         t = self.train
         return OptimizerConfig(row_lr=t.row_lr, rows=t.row_optimizer, dense=t.dense_optimizer, dense_lr=t.dense_lr)
 
-    def training(self, window: tuple[int, int] = (0, 0)) -> "TrainConfig":
+    def training(self, window: tuple[int, int] = (0, 0)) -> TrainConfig:
         """The engine's part: a version trains from segment window[0] and is evaluated from window[1]."""
         from shardflow.training.config import TrainConfig
 
@@ -224,7 +234,7 @@ class RetrainConfig(BaseModel):
         m = self.model
         params = 0
         for widths in ((3 * m.dim, *m.mlp, 1), (m.dim, *m.bottom_mlp, m.dim)):
-            params += sum(a * b + b for a, b in zip(widths, widths[1:]))
+            params += sum(a * b + b for a, b in pairwise(widths))
         if m.encoder == "self-attention":
             from shardflow.model.sizes import attention_shapes
 
@@ -238,7 +248,7 @@ class RetrainConfig(BaseModel):
         return {"run_dir": values.pop("run_dir"), **{k: v for section in values.values() for k, v in section.items()}}
 
     @classmethod
-    def build(cls, values: dict) -> "RetrainConfig":
+    def build(cls, values: dict) -> RetrainConfig:
         """The config from plain values, or an InputError listing every bad key."""
         try:
             return cls(**values)

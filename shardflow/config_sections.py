@@ -82,7 +82,7 @@ class DataSection(Section):
         return v
 
     @model_validator(mode="after")
-    def _options_of_the_format(self) -> "DataSection":
+    def _options_of_the_format(self) -> DataSection:
         default = type(self).model_fields["hash_rows"].default
         if self.hash_rows != default and self.dataset_format != "criteo":
             raise ValueError(f"hash_rows = {self.hash_rows} with dataset_format {self.dataset_format!r}; accepted: "
@@ -121,7 +121,7 @@ class ModelSection(Section):
         return v
 
     @model_validator(mode="after")
-    def _heads_divide_dim(self) -> "ModelSection":
+    def _heads_divide_dim(self) -> ModelSection:
         if self.encoder == "self-attention" and self.dim % self.attention_heads:
             raise ValueError(f"attention_heads = {self.attention_heads} for dim {self.dim}; accepted: a divisor of dim")
         return self
@@ -202,7 +202,7 @@ class TrainSection(Section):
                                      description="how long a restore waits for enough workers")
 
     @model_validator(mode="after")
-    def _transport_fits(self) -> "TrainSection":
+    def _transport_fits(self) -> TrainSection:
         from shardflow.training.config import check_transport
 
         try:
@@ -212,7 +212,7 @@ class TrainSection(Section):
         return self
 
     @model_validator(mode="after")
-    def _min_epochs_with_patience(self) -> "TrainSection":
+    def _min_epochs_with_patience(self) -> TrainSection:
         from shardflow.training.validation import check_min_epochs
 
         try:
@@ -292,7 +292,7 @@ class ClusterSection(Section):
         return v
 
     @model_validator(mode="after")
-    def _one_cluster(self) -> "ClusterSection":
+    def _one_cluster(self) -> ClusterSection:
         from shardflow.cluster import check_cluster_kwargs, resolve_cluster_class
         from shardflow.cluster_options import TlsFiles, check_tls_address
 

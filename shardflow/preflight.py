@@ -14,8 +14,7 @@ from shardflow.data.clicks import exported_record, model_config, shape_differenc
 from shardflow.errors import InputError
 from shardflow.planner.memory import check_capacity
 from storage import versions
-from storage.checkpoint import EXPORT
-from storage.checkpoint import read_export_manifest
+from storage.checkpoint import EXPORT, read_export_manifest
 from storage.dataset import Dataset
 from storage.importers import check_continuation, recorded_options
 from storage.manifest import MANIFEST
@@ -164,7 +163,7 @@ def check_versions(config: RetrainConfig, dataset_store: str) -> None:
         )
     ds = Dataset.open(dataset_store)
     have = [s.checksum for s in ds.segments]
-    differs = next((i for i, (a, b) in enumerate(zip(have, last.segments)) if a != b),
+    differs = next((i for i, (a, b) in enumerate(zip(have, last.segments, strict=False)) if a != b),
                    None if len(have) >= len(last.segments) else len(have))
     replaced = [r["segment"] for r in ds.info.source.get("replaced", [])] if isinstance(ds.info.source, dict) else []
     if differs is not None and not any(k <= differs for k in replaced):

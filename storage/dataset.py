@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -43,11 +44,20 @@ from zarr.codecs import BloscCodec
 
 from shardflow.errors import DamagedStore, InputError, first_line
 from shardflow.records import parse_record
-from storage.tables import TableSpec
 from storage.checksum import ArrayHash
+from storage.dataset_manifest import (
+    FORMAT_VERSION,
+    KIND,
+    MADE_BY,
+    SEGMENTS,
+    VERIFIED,
+    DatasetInfo,
+    Segment,
+    dataset_checksum,
+    record_verified,
+)
 from storage.manifest import MANIFEST, read_manifest
-from storage.dataset_manifest import (FORMAT_VERSION, KIND, MADE_BY, SEGMENTS, VERIFIED, DatasetInfo, Segment,
-                                      dataset_checksum, record_verified)
+from storage.tables import TableSpec
 
 EVENTS_PER_CHUNK = 1 << 22
 OFFSETS_PER_CHUNK = 1 << 20
@@ -89,7 +99,7 @@ class Dataset:
         self._layout: tuple[np.ndarray, list[SegmentRuns] | None] | None = None
 
     @classmethod
-    def open(cls, path: str | Path, hashed: bool = True) -> "Dataset":
+    def open(cls, path: str | Path, hashed: bool = True) -> Dataset:
         """The store at `path`, its manifest checked; with `hashed`, its arrays too unless verified.json says
         they were since this manifest was written (`verify`)."""
         path = Path(path)
@@ -266,8 +276,8 @@ class Dataset:
         starts = np.empty_like(all_lengths)
         starts[order] = np.concatenate([[0], np.cumsum(all_lengths[order])[:-1]])
         bounds = np.cumsum([0] + [len(u) for u in users])
-        self._layout = (user_offsets, [SegmentRuns(starts[a:b], off) for a, b, off in
-                                       zip(bounds[:-1], bounds[1:], offsets)])
+        self._layout = (user_offsets, [SegmentRuns(starts[a:b], off) for (a, b), off in
+                                       zip(pairwise(bounds), offsets, strict=True)])
         return self._layout
 
     def _in_user_order(self, segment: Segment) -> bool:
@@ -299,7 +309,7 @@ class Dataset:
             return self._root[f"{SEGMENTS}/{self.segments[0].name}/{path}"][start:stop]
         arrays = [self._root[f"{SEGMENTS}/{s.name}/{path}"] for s in self.segments]
         out = np.empty((stop - start, *arrays[0].shape[1:]), dtype=np.result_type(*(a.dtype for a in arrays)))
-        for runs, arr in zip(segments, arrays):
+        for runs, arr in zip(segments, arrays, strict=True):
             logical, stored = runs.between(start, stop)
             if stored.size:
                 lo = int(stored.min())
@@ -392,7 +402,7 @@ class Dataset:
             share = max(1, round(parts * count / total))
             bounds = np.linspace(0, count, min(share, count) + 1).round().astype(np.int64) * chunk
             bounds = np.unique(np.minimum(bounds, n))
-            out += [(path, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+            out += [(path, int(a), int(b)) for a, b in pairwise(bounds)]
         return out
 
 

@@ -16,7 +16,6 @@ from storage.dataset import COMPRESSORS, EVENTS_PER_CHUNK, OFFSETS_PER_CHUNK
 from storage.dataset_manifest import FORMAT_VERSION, KIND, SEGMENTS, dataset_checksum
 from storage.tables import parse_table_name
 
-
 WRITE_VALUES = 1 << 14  # values of an event column gathered before they are stored
 
 

@@ -155,7 +155,7 @@ class IdMap:
             self._known, self._rows = np.asarray(raw, dtype=np.int64)[order], rows[order]
 
     @classmethod
-    def empty(cls, text: bool, hash_rows: int | None = None) -> "IdMap":
+    def empty(cls, text: bool, hash_rows: int | None = None) -> IdMap:
         raw = pa.array([], pa.string()) if text else np.zeros(0, dtype=np.int64)
         return cls(raw, np.zeros(0, dtype=np.int64), hash_rows=hash_rows)
 

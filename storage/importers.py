@@ -29,21 +29,29 @@ from pathlib import Path
 import numpy as np
 
 from shardflow.errors import InputError
-from storage.tables import TableSpec
+from storage.checksum import file_sha256
 from storage.dataset import Dataset
 from storage.dataset_manifest import FORMAT_VERSION, KIND, MADE_BY, SEGMENTS, Segment, record_verified
 from storage.dataset_writer import build_manifest, segment_name, start_store
-from storage.formats import (FEATURE_FILES, FORMATS, Format, Recbole, feature_files, make_format, parse_click_label,
-                             read_features, sniff_delimiter)
+from storage.formats import (
+    FEATURE_FILES,
+    FORMATS,
+    Format,
+    Recbole,
+    feature_files,
+    make_format,
+    parse_click_label,
+    read_features,
+    sniff_delimiter,
+)
 from storage.idmap import MAX_HASH_ROWS, IdMap
 from storage.lock import writer_lock
 from storage.manifest import MANIFEST, read_manifest, write_manifest
-from storage.checksum import file_sha256
-from storage.sources import (BLOCK_BYTES, Part, PartReader, finished, resolve_parts, same_file,
-                             unfinished)
 from storage.scan import PartScan, scan_part
 from storage.segments import Numberer, Numbering, as_numpy, write_segment
+from storage.sources import BLOCK_BYTES, Part, PartReader, finished, resolve_parts, same_file, unfinished
 from storage.staging import check_destination, staged
+from storage.tables import TableSpec
 
 DEFAULT_HASH_ROWS = 1 << 20
 EXACT = "exact"  # a criteo table size: a row per distinct value (rows grow with appends), not hashed
@@ -305,7 +313,7 @@ def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, 
     rows = {t: m.size for t, m in numberer.tables.items()}
     (stage / SEGMENTS).mkdir(parents=True, exist_ok=True)
     segments = _each(client, write_segment, [(fmt, s, n, str(stage / SEGMENTS / segment_name(n.index)), version, rows)
-                                             for s, n in zip(scans, numberings)])
+                                             for s, n in zip(scans, numberings, strict=True)])
     shutil.rmtree(spill_root, ignore_errors=True)
     tables = {t: {"rows": max(1, rows[t]), "dtype": str(TableSpec(t, max(1, rows[t])).id_dtype),
                   **({"hashed": "crc32"} if t in hash_rows else {}),
@@ -354,7 +362,7 @@ def _source(fmt: Format, src: Path, scans: list[PartScan], segments: list[dict],
     """The manifest's record of where the store came from: every part it holds, the options, the feature files."""
     added = [{"name": s.part.name, "sha256": s.sha256, "bytes": s.part.bytes, "mtime_ns": s.part.mtime_ns,
               "lines": s.lines, "events": s.events, "segment": seg["name"], "version": version}
-             for s, seg in zip(scans, segments)]
+             for s, seg in zip(scans, segments, strict=True)]
     held = existing[1]["source"]["parts"] if existing else []
     source = {"format": fmt.name, "path": str(src), "parts": held + added}
     if options:

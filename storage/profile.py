@@ -124,7 +124,7 @@ class Profile:
         self.rows = {name: s.rows for name, s in self.stats.items()}
 
     @classmethod
-    def open(cls, path: str | Path) -> "Profile":
+    def open(cls, path: str | Path) -> Profile:
         path = Path(path)
         manifest = read_manifest(path, KIND, FORMAT_VERSION, MADE_BY)
         try:

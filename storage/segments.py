@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -169,7 +170,7 @@ def _regroup(scan: PartScan, code_users: np.ndarray, chunk: int) -> tuple[np.nda
         # Groups of whole users, each about `chunk` events (a larger user is a group alone).
         cuts = np.unique(np.searchsorted(starts, np.arange(0, events, chunk), side="right") - 1)
         bounds = np.concatenate([cuts, [codes]])
-        for u0, u1 in zip(bounds[:-1], bounds[1:]):
+        for u0, u1 in pairwise(bounds):
             g0, g1 = starts[u0], starts[u1]
             segment = perm[g0:g1]
             local = np.repeat(np.arange(u1 - u0), counts[u0:u1])

@@ -27,7 +27,7 @@ import shlex
 import shutil
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from shardflow.errors import InputError
@@ -205,7 +205,7 @@ def promote_by_operator(run_dir: str | Path, number: int, reason: str) -> Promot
         before = None  # a damaged link is what this mends
     newest = max(n for n in numbers(run_dir) if result(run_dir, n) is not None)
     record = Promotion(version=number, previous=before, newest_finished=newest, by=getpass.getuser(),
-                       at=datetime.now(timezone.utc).isoformat(timespec="seconds"), reason=reason)
+                       at=datetime.now(UTC).isoformat(timespec="seconds"), reason=reason)
     write_record(Path(run_dir) / PROMOTIONS, [plain(p) for p in [*promotions(run_dir), record]])
     promote(run_dir, number)
     return record

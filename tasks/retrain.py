@@ -19,18 +19,24 @@ from shardflow.errors import DamagedStore, InputError
 from shardflow.model.metrics import Metrics
 from shardflow.planner.report import PlanSummary, StrategyRefused, table_tiers
 from shardflow.planner.topology import parse_topology
-from shardflow.planning.plans import (ReplanDecision, compare_strategies, keep_or_replan, parse_decision, read_plan,
-                                      read_plan_summary)
-from shardflow.reporting.tables import number
 from shardflow.preflight import import_kwargs, imported_source, run_paths, same_source, source_parts, source_warnings
 from shardflow.profiling.profiles import profile_dataset, profile_window
+from shardflow.reporting.tables import number
+from shardflow.sharding.stage import (
+    ReplanDecision,
+    compare_strategies,
+    keep_or_replan,
+    parse_decision,
+    read_plan,
+    read_plan_summary,
+)
 from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.checkpoint import complete_checkpoints, read_checkpoint
 from storage.dataset import Dataset
 from storage.importers import import_dataset, repair_command
 from storage.manifest import MANIFEST
-from storage.plan import read_plan_manifest
+from storage.plan_store import read_plan_manifest
 from storage.profile import Profile, TableStats
 from storage.staging import remove_leftovers
 from storage.versions import write_record
@@ -274,7 +280,7 @@ def plots(run_dir: str, profile_path: str, plan_path: str,
     """Access curve with tier boundaries, per-device traffic per strategy, loss and AUC per epoch (SVG)."""
     import numpy as np
 
-    from shardflow.planner.plan import GLOBAL, NODE
+    from shardflow.planner.sharding_plan import GLOBAL, NODE
     from shardflow.reporting.plots import bar_chart, line_chart, stacked_chart
 
     out = Path(run_dir) / "plots"

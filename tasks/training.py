@@ -16,13 +16,19 @@ from prefect.cache_policies import NONE
 from shardflow.cluster import live_workers
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError, TrainingError, WorkerLost
+from shardflow.model.metrics import Metrics
 from shardflow.reporting.tables import number
 from shardflow.training.config import EpochStats
 from shardflow.training.engine import Engine
-from shardflow.model.metrics import Metrics
 from shardflow.training.run import prepare, start_engine
-from shardflow.training.validation import (SCORE_KEYS, VALIDATION_KEYS, best_epoch, score, validation_of,
-                                          validation_values)
+from shardflow.training.validation import (
+    SCORE_KEYS,
+    VALIDATION_KEYS,
+    best_epoch,
+    score,
+    validation_of,
+    validation_values,
+)
 from storage.checkpoint import checkpoint_dir, complete_checkpoints, read_checkpoint, unreadable_checkpoints
 from tasks.retrain import artifact_key
 

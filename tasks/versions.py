@@ -8,32 +8,32 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
 from shardflow.config import RetrainConfig
-from shardflow.errors import TrainingError, WorkerLost
 from shardflow.data.clicks import training_window_start
+from shardflow.errors import TrainingError, WorkerLost
+from shardflow.model.metrics import Metrics
 from shardflow.planner.topology import parse_topology
+from shardflow.preflight import import_options, imported_source, run_paths, same_source, source_parts, source_warnings
 from shardflow.promotion import judge, rejection
 from shardflow.records import plain
 from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.training.engine import Engine
-from shardflow.model.metrics import Metrics
 from shardflow.training.evaluate import evaluate_export
 from storage import versions
-from storage.versions import STARTED, VersionStart
 from storage.checkpoint import complete_checkpoints, verify_export
 from storage.dataset import Dataset
 from storage.importers import check_continuation
 from storage.lock import run_lock
 from storage.manifest import MANIFEST
+from storage.versions import STARTED, VersionStart
 from tasks.assets import emit_model_event
 from tasks.training import Lost, lost
-from shardflow.preflight import import_options, imported_source, run_paths, same_source, source_parts, source_warnings
 
 # Keys that change nothing a version computes: a version cut off part-way is resumed
 # under any of their values, and made again when any other key changed.
@@ -157,7 +157,7 @@ def open_version(config: RetrainConfig, dataset: str) -> VersionStart | NothingN
         version=number, dataset=str(Path(dataset).resolve()), segments=tuple(segments),
         parts=tuple(p["name"] for p in ds.info.source.get("parts", [])) if isinstance(ds.info.source, dict) else (),
         warm_start_from=promoted, window=tuple(window), config=mark,
-        started=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        started=datetime.now(UTC).isoformat(timespec="seconds"))
     versions.start(run, record)
     log.info("version %d: %s, training on parts %d..%d", number,
              f"warm start from version {promoted}" if promoted else "cold start", window[0] + 1, len(segments))
@@ -211,7 +211,7 @@ def _other_devices(began: dict, now: dict) -> bool:
 
 def common_prefix(a: tuple | list, b: tuple | list) -> int:
     """How many leading entries `a` and `b` share."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 @task(name="warm-start", task_run_name="warm-start-from-{number}", cache_policy=NONE)
@@ -251,7 +251,7 @@ def gate(config: RetrainConfig, dataset: str, number: int, client, figures: Vers
         **plain(figures),
         **(previous or Metrics(None)).values("previous_", full=True),
         "promoted": verdict.promoted, "promoted_on": verdict.figure,
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
     }, f"version {number}'s summary")
     versions.finish(run, number, summary.stored())
     message = None

@@ -100,9 +100,8 @@ def client():
 
 @pytest.fixture(scope="session")
 def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
     from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
 
     # Prefect's harness gives its server 30 s; under load (every core busy) it needs more, as the embedded
     # API does (flows/api.py): the same bound.

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shardflow.model.sequence import ModelConfig, init_dense, scores
 from shardflow.model.optim import OptimizerConfig
+from shardflow.model.sequence import ModelConfig, init_dense, scores
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
-from shardflow.planner.plan import ShardingPlan, TablePlan
-from shardflow.planner.strategies import propose
 from shardflow.planner.memory import budget_bytes_per_device
+from shardflow.planner.sharding_plan import ShardingPlan, TablePlan
+from shardflow.planner.strategies import propose
 from shardflow.planner.topology import Node, Topology
 from shardflow.training.device import Device
 from shardflow.training.reference import ReferenceTrainer
@@ -145,7 +145,7 @@ def check_against(ref: ReferenceTrainer, shards: list[dict]) -> None:
             want = ref.state[t][ids]  # within rounding of each state column's scale (Adam's moments sum to ~0)
             bound = 1e-5 * (np.abs(want) + np.abs(ref.state[t]).max(axis=0, initial=0.0)) + 1e-12
             assert (np.abs(p[t]["state"] - want) <= bound).all(), f"{t}: optimizer state"
-            for i, row, acc in zip(ids.tolist(), w, p[t]["state"]):
+            for i, row, acc in zip(ids.tolist(), w, p[t]["state"], strict=True):
                 if i in copies:
                     assert copies[i][0].tobytes() == row.tobytes() and copies[i][1].tobytes() == acc.tobytes(), (
                         f"{t} row {i}: replicas differ"
@@ -171,7 +171,7 @@ def sequences_by_raw_user(ds, table: str = "item") -> dict:
     """raw user id -> the raw ids of the user's events in `table`, read back from a dataset store."""
     off = ds.offsets()
     raw, rows = ds.raw_ids(table)
-    raw_of_row = dict(zip(rows.tolist(), raw.tolist()))
+    raw_of_row = dict(zip(rows.tolist(), raw.tolist(), strict=True))
     ids = ds.ids(table).tolist()
     users = ds.user_ids().tolist()
     return {users[u]: [raw_of_row[i] for i in ids[off[u] : off[u + 1]]] for u in range(ds.info.users)}

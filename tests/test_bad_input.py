@@ -17,17 +17,16 @@ import numpy as np
 import pytest
 import zarr
 
-from support import MODEL, OPTIMIZER, TOPOLOGIES, random_plan, settled, snapshot, version_start
 from shardflow.config import RetrainConfig
+from shardflow.data.batches import TrainData
+from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.errors import InputError, TrainingError
 from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
-from shardflow.planner.plan import ShardingPlan, TablePlan
+from shardflow.planner.sharding_plan import ShardingPlan, TablePlan
 from shardflow.planner.topology import load_topology, parse_topology
-from shardflow.planning.plans import make_plan, read_plan
 from shardflow.profiling.profiles import profile_dataset
-from shardflow.data.synthetic import SynthTable, synth_dataset
-from shardflow.data.batches import TrainData
+from shardflow.sharding.stage import make_plan, read_plan
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from storage.checkpoint import checkpoint_dir
@@ -36,6 +35,7 @@ from storage.importers import import_dataset
 from storage.lock import run_lock
 from storage.manifest import MANIFEST
 from storage.profile import Profile
+from support import MODEL, OPTIMIZER, TOPOLOGIES, random_plan, settled, snapshot, version_start
 
 GOOD_SASREC = "".join(f"{u} {i}\n" for u in range(1, 30) for i in range(1, 8))
 TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"

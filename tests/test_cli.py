@@ -125,7 +125,7 @@ def test_an_error_raised_while_a_ctrl_c_is_handled_counts_as_the_interrupt():
         try:
             raise KeyboardInterrupt
         except KeyboardInterrupt:
-            raise ValueError("Task run is not set")
+            raise ValueError("Task run is not set")  # noqa: B904 (as Prefect raises it: the interrupt is its context)
 
     try:
         prefect_fails_while_interrupted()

@@ -54,7 +54,7 @@ def test_no_file_on_a_path_prefect_dask_or_pytest_puts_first_shadows_a_module():
                  for folder, why in ON_PATH.items() for name in top_level_names(folder)
                  if (found := elsewhere(name)) is not None}
     assert not shadowing, sorted(shadowing)
-    assert "profile_counts" in top_level_names(ROOT / "flows")  # the folders were read
+    assert "retrain" in top_level_names(ROOT / "flows")  # the folders were read
 
 
 def test_the_console_script_pytest_imports_the_repositorys_packages_not_the_test_folders_named_like_them():

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import zarr
 
-from support import REAL, snapshot
-from shardflow.errors import InputError
 from shardflow.data.examples import PAD, build_examples
+from shardflow.errors import InputError
 from shardflow.planner.access import sequence_lookups
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.topology import uniform
-from shardflow.planning.plans import make_plan, read_plan, read_plan_summary
 from shardflow.profiling.profiles import profile_dataset
+from shardflow.sharding.stage import make_plan, read_plan, read_plan_summary
 from storage.dataset import Dataset
 from storage.importers import import_dataset
+from support import REAL, snapshot
 
 SHARDFLOW = str(Path(sys.executable).parent / "shardflow")
 TOPOLOGY = ("intra_node_gbytes_per_s: 600\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 12.5}\n"

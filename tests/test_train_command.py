@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from support import REAL
-from shardflow.planner.costmodel import StepShape
-from shardflow.planner.topology import Node, Topology, load_topology
-from shardflow.planner.strategies import FlexShard
-from shardflow.planning.plans import make_plan, plan_inputs, read_plan, store_plan
-from shardflow.profiling.profiles import profile_dataset
 from shardflow.data.synthetic import Repeats, SynthTable, synth_dataset
 from shardflow.data.synthetic_clicks import synth_click_log
+from shardflow.planner.costmodel import StepShape
+from shardflow.planner.strategies import FlexShard
+from shardflow.planner.topology import Node, Topology, load_topology
+from shardflow.profiling.profiles import profile_dataset
+from shardflow.sharding.stage import make_plan, plan_inputs, read_plan, store_plan
 from shardflow.training.config import TrainConfig
 from shardflow.training.run import in_process, prepare, train_from_stores
 from storage.importers import import_dataset
+from support import REAL
 
 SHARDFLOW = str(Path(sys.executable).parent / "shardflow")
 DEMO = Path(__file__).resolve().parents[1] / "topologies" / "demo-4.yaml"

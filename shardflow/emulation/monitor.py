@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from itertools import pairwise
 
 from shardflow.emulation.network import Network
 
@@ -139,14 +140,14 @@ def link_use(samples: list[tuple[float, int]], shaped_bytes_per_s: float,
     intervals of at least `interval_s` (the link's resolution_s unless given)."""
     samples = _coarsened(samples, resolution_s(shaped_bytes_per_s) if interval_s is None else interval_s)
     spans = []  # (seconds, bytes) of each interval, the share of it inside the window
-    for (t0, before), (t1, after) in zip(samples, samples[1:]):
+    for (t0, before), (t1, after) in pairwise(samples):
         start, end = (t0, t1) if window is None else (max(t0, window[0]), min(t1, window[1]))
         if end > start:
             spans.append((end - start, (after - before) * (end - start) / (t1 - t0)))
     busy = [moved >= BUSY_SHARE * shaped_bytes_per_s * s for s, moved in spans]
     inner = [i for i in range(1, len(spans) - 1) if busy[i - 1] and busy[i] and busy[i + 1]]
     return LinkUse(bytes=round(sum(moved for _, moved in spans)),
-                   busy_s=sum(s for (s, _), b in zip(spans, busy) if b),
+                   busy_s=sum(s for (s, _), b in zip(spans, busy, strict=True) if b),
                    inner_bytes=round(sum(spans[i][1] for i in inner)), inner_s=sum(spans[i][0] for i in inner))
 
 

@@ -19,6 +19,7 @@ passes whole tables and takes sparse gradients. Dense weights are stored [in, ou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -59,13 +60,13 @@ class ClickConfig:
         if not self.numeric:
             return []
         widths = [len(self.numeric), *self.bottom, self.dim]
-        return list(zip(widths[:-1], widths[1:]))
+        return list(pairwise(widths))
 
     @property
     def top_layers(self) -> list[tuple[int, int]]:
         n = self.vectors
         widths = [(self.dim if self.numeric else 0) + n * (n - 1) // 2, *self.mlp, 1]
-        return list(zip(widths[:-1], widths[1:]))
+        return list(pairwise(widths))
 
     def dense_shapes(self) -> dict[str, tuple[int, ...]]:
         out = {}
@@ -86,7 +87,7 @@ class ClickConfig:
                 params[name] = np.zeros(shape, dtype=np.float32)
         return params
 
-    def logits(self, dense: dict, rows: dict, index: "ClickTensorIndex", sparse: bool = False) -> torch.Tensor:
+    def logits(self, dense: dict, rows: dict, index: ClickTensorIndex, sparse: bool = False) -> torch.Tensor:
         """Logits [E]."""
         vectors = [table_vectors(rows[t], index.features[t], sparse) for t in self.features]
         head = []
@@ -109,14 +110,14 @@ class ClickConfig:
                 z = torch.relu(z)
         return z.squeeze(-1)
 
-    def labels(self, logit: torch.Tensor, index: "ClickTensorIndex") -> torch.Tensor:
+    def labels(self, logit: torch.Tensor, index: ClickTensorIndex) -> torch.Tensor:
         return index.labels
 
-    def loss_sum(self, logit: torch.Tensor, index: "ClickTensorIndex") -> torch.Tensor:
+    def loss_sum(self, logit: torch.Tensor, index: ClickTensorIndex) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(logit, self.labels(logit, index), reduction="sum")
 
 
-def table_vectors(rows: torch.Tensor, at: "torch.Tensor | Bags", sparse: bool) -> torch.Tensor:
+def table_vectors(rows: torch.Tensor, at: torch.Tensor | Bags, sparse: bool) -> torch.Tensor:
     """[E, dim]: each example's row of a table, or the mean of the rows its token sequence holds (zero when
     it holds none). `sparse`: `rows` is the whole table (the reference) and its gradient sparse; otherwise
     a trainer's pulled rows, where index_select's backward (index_add) is 1.6x embedding's on CPU."""
@@ -139,7 +140,7 @@ class ClickIndex:
     numeric: np.ndarray  # float32 [E, numeric columns], already numeric_input
     labels: np.ndarray  # float32 [E]
 
-    def on(self, device: torch.device) -> "ClickTensorIndex":
+    def on(self, device: torch.device) -> ClickTensorIndex:
         def tensor(v: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)).to(device)
 
@@ -159,7 +160,7 @@ class Bags:
     offsets: torch.Tensor
 
     @classmethod
-    def of(cls, padded: np.ndarray, tensor) -> "Bags":
+    def of(cls, padded: np.ndarray, tensor) -> Bags:
         held = padded >= 0
         counts = held.sum(axis=1)
         return cls(tensor(padded[held]), tensor(np.cumsum(counts) - counts))

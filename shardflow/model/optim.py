@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from shardflow.errors import InputError
-from shardflow.planner.plan import ROW_OPTIMIZERS, row_state_floats
+from shardflow.planner.sharding_plan import ROW_OPTIMIZERS, row_state_floats
 
 DENSE_OPTIMIZERS = ("adam", "adagrad")
 # Each row optimizer's default rate. Adam's: of 1e-3, 2e-3 and 5e-3 tried on Amazon Games (self-attention, one

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -99,7 +100,7 @@ class ModelConfig:
         """Loss terms per example: a mean over the batch's terms is the loss sub-batches' gradients add up to."""
         return self.candidates if self.loss == "bce" else 1
 
-    def loss_sum(self, logit: torch.Tensor, index: "TensorIndex") -> torch.Tensor:
+    def loss_sum(self, logit: torch.Tensor, index: TensorIndex) -> torch.Tensor:
         """The summed loss of logits [E, 1 + K] whose column 0 is the positive."""
         if self.loss == "bce":
             return F.binary_cross_entropy_with_logits(logit, self.labels(logit, index), reduction="sum")
@@ -113,7 +114,7 @@ class ModelConfig:
     @property
     def layers(self) -> list[tuple[int, int]]:
         widths = [self.input_width, *self.mlp, 1]
-        return list(zip(widths[:-1], widths[1:]))
+        return list(pairwise(widths))
 
     def dense_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every dense parameter's shape, by name: weights [in, out], biases [out]."""
@@ -127,10 +128,10 @@ class ModelConfig:
     def init_dense(self) -> dict[str, np.ndarray]:
         return init_dense(self)
 
-    def logits(self, dense: dict, rows: dict, index: "TensorIndex", sparse: bool = False) -> torch.Tensor:
+    def logits(self, dense: dict, rows: dict, index: TensorIndex, sparse: bool = False) -> torch.Tensor:
         return scores(self, dense, rows, index, sparse)
 
-    def labels(self, logit: torch.Tensor, index: "TensorIndex") -> torch.Tensor:
+    def labels(self, logit: torch.Tensor, index: TensorIndex) -> torch.Tensor:
         """1 for the positive (column 0), 0 for the negatives."""
         label = torch.zeros_like(logit)
         label[:, 0] = 1.0
@@ -184,7 +185,7 @@ class BatchIndex:
     features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [E] row index
     keys: np.ndarray | None = None  # uint64 [E]: training examples' dropout keys (None: evaluation)
 
-    def on(self, device: torch.device) -> "TensorIndex":
+    def on(self, device: torch.device) -> TensorIndex:
         """The index as tensors on `device`, history flattened into bags (one per example)."""
         valid = self.history >= 0
         count = valid.sum(axis=1)
@@ -290,6 +291,6 @@ def forward_backward(config, dense: dict, rows: dict, index, norm: int, sparse: 
     n = len(leaves_dense)
     return Gradients(
         loss_sum=float(loss_sum.detach()),
-        dense=dict(zip(leaves_dense, grads[:n])),
-        rows=dict(zip(leaves_rows, grads[n:])),
+        dense=dict(zip(leaves_dense, grads[:n], strict=True)),
+        rows=dict(zip(leaves_rows, grads[n:], strict=True)),
     )

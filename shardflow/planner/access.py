@@ -37,7 +37,7 @@ class TableAccess:
     @classmethod
     def from_counts(
         cls, name: str, counts: np.ndarray, lookups_per_example: float, uniform_share: float = 0.0
-    ) -> "TableAccess":
+    ) -> TableAccess:
         """Probabilities from occurrence counts, mixed with a uniform part (`uniform_share` of lookups)."""
         counts = np.asarray(counts)
         if counts.ndim != 1 or counts.size == 0 or not np.issubdtype(counts.dtype, np.integer):

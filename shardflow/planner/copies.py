@@ -30,8 +30,16 @@ import numpy as np
 
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, bandwidths
-from shardflow.planner.plan import ID_BYTES, NODE, SINGLE, VALUE_BYTES, TablePlan, exchanges_partials, replica_device
 from shardflow.planner.refine import hottest_rows, single_row_seconds
+from shardflow.planner.sharding_plan import (
+    ID_BYTES,
+    NODE,
+    SINGLE,
+    VALUE_BYTES,
+    TablePlan,
+    exchanges_partials,
+    replica_device,
+)
 
 COPY_ROWS = 256  # hottest single and node rows whose copies the pass may change
 COPY_STEPS = 400  # changes at most
@@ -122,7 +130,7 @@ def _candidates(tables: list[TablePlan], accesses: list[TableAccess], model: Cos
         return None
     table_of = np.array([c[0] for c in found])
     row = np.array([c[1] for c in found])
-    home = np.array([int(tables[i].home[r]) for i, r in zip(table_of, row)], dtype=np.int64)
+    home = np.array([int(tables[i].home[r]) for i, r in zip(table_of, row, strict=True)], dtype=np.int64)
     own = topo.node_of_device[home]
     holds = np.zeros((len(found), N), dtype=bool)
     holds[np.arange(len(found)), own] = True
@@ -131,7 +139,7 @@ def _candidates(tables: list[TablePlan], accesses: list[TableAccess], model: Cos
         node_rows = mine[t.tier[row[mine]] == NODE]
         for a in range(N):
             holds[node_rows, a] = t.node_holds(row[node_rows], a)
-    of = [(rates[tables[i].name], by_name[tables[i].name].row_class[r]) for i, r in zip(table_of, row)]
+    of = [(rates[tables[i].name], by_name[tables[i].name].row_class[r]) for i, r in zip(table_of, row, strict=True)]
     return _Candidates(table_of, row, home, own, holds, x=np.array([r.x[c] for r, c in of]),
                        q=np.array([r.q[c] for r, c in of]), q_node=np.array([r.q_node[:, c] for r, c in of]),
                        q_any=np.array([r.q_any[c] for r, c in of]))
@@ -147,7 +155,7 @@ def choose_copies(tables: list[TablePlan], accesses: list[TableAccess], model: C
     if c is None:
         return tables
     _search(c, model, seconds, room.copy())
-    for i, r, h in zip(c.table_of, c.row, c.home):
+    for i, r, h in zip(c.table_of, c.row, c.home, strict=True):
         tables[i].home[r] = h
     return [_with_copies(t, c.row[c.table_of == i], c.holds[c.table_of == i]) for i, t in enumerate(tables)]
 

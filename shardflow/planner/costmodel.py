@@ -12,7 +12,7 @@ sends the id (ID_BYTES), receives the row (4·dim), and after backward sends the
 the gradient (ID_BYTES + 4·dim). With de-duplication scope `none` this happens once
 per occurrence (m·p_r expected per trainer), with scope `device` once per distinct row
 of the sub-batch (probability q_r = 1 - (1 - p_r)^(f·m)). f (Touch, fitted to real
-batches by shardflow.planning.touch; 1 for independent draws) is how many independent draws per
+batches by shardflow.sharding.touch; 1 for independent draws) is how many independent draws per
 lookup would touch as many distinct rows as the data's own batches do: below 1 where an
 example's lookups repeat items, as sessions do. Nodes and whole batches have their own f.
 
@@ -54,9 +54,20 @@ import numpy as np
 
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
-from shardflow.planner.plan import (GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, ShardingPlan, TablePlan,
-                                    ROW_OPTIMIZERS, exchanges_partials, replica_device, row_bytes,
-                                    step_round_names)
+from shardflow.planner.sharding_plan import (
+    GLOBAL,
+    ID_BYTES,
+    NODE,
+    ROW_OPTIMIZERS,
+    SINGLE,
+    VALUE_BYTES,
+    ShardingPlan,
+    TablePlan,
+    exchanges_partials,
+    replica_device,
+    row_bytes,
+    step_round_names,
+)
 from shardflow.planner.topology import Topology
 
 DEDUP_SCOPES = ("none", "device", "node")
@@ -123,7 +134,7 @@ FITTED_WIRE = Wire(bytes_factor=1.06, round_s=9.1e-6)
 
 @dataclass(frozen=True)
 class Touch:
-    """Distinct rows real batches touch, as a factor of independent draws (fitted by shardflow.planning.touch).
+    """Distinct rows real batches touch, as a factor of independent draws (fitted by shardflow.sharding.touch).
 
     A factor f says that the lookups of a trainer's sub-batch (or of a node's trainers, or of a whole
     batch) touch as many distinct rows as f times as many independent draws would: 1 on data whose
@@ -222,7 +233,7 @@ def link_seconds(pairs: np.ndarray, topology: Topology) -> np.ndarray:
 class CostModel:
     def __init__(self, topology: Topology, shape: StepShape, touch: dict[str, Touch] | None = None,
                  wire: Wire = FITTED_WIRE) -> None:
-        """`touch`: per table, the distinct rows real batches touch (shardflow.planning.touch); independent draws
+        """`touch`: per table, the distinct rows real batches touch (shardflow.sharding.touch); independent draws
         for a table without one. `wire`: what each round costs beyond its payload."""
         self.topology = topology
         self.shape = shape
@@ -273,7 +284,7 @@ class CostModel:
         """Scope node on more than one node: a node's proxy fetches each row once for its trainers."""
         return self.shape.dedup == "node" and len(self.topology.nodes) > 1
 
-    def _add_table(self, loads: "_Loads", table: TablePlan, access: TableAccess, msg: int) -> None:
+    def _add_table(self, loads: _Loads, table: TablePlan, access: TableAccess, msg: int) -> None:
         """Add one table's expected reads and syncs per step to `loads`, ROWS_PER_PASS rows at a time."""
         topo, P = self.topology, self.topology.devices
         rates = self.rates(access)
@@ -378,6 +389,6 @@ class _Loads:
     down: np.ndarray  # [P * P]: totals back to the other copies (round totals)
 
     @classmethod
-    def zeros(cls, nodes: int, P: int) -> "_Loads":
+    def zeros(cls, nodes: int, P: int) -> _Loads:
         return cls(np.zeros((nodes, P)), np.zeros((nodes, P)), np.zeros(P), np.zeros(P), np.zeros(P),
                    np.zeros(P * P), np.zeros(P * P))

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from shardflow.errors import InputError
-from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, row_bytes
+from shardflow.planner.sharding_plan import SINGLE, ShardingPlan, TablePlan, row_bytes
 
 
 def estimation_plan(

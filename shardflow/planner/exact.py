@@ -26,7 +26,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, bandwidths, one_row, row_link_bytes
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, table_rows_per_device
+from shardflow.planner.sharding_plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, table_rows_per_device
 from shardflow.planner.topology import Topology
 
 TIERS = (SINGLE, NODE, GLOBAL)

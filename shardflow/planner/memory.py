@@ -16,7 +16,7 @@ import numpy as np
 
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
-from shardflow.planner.plan import ShardingPlan, row_bytes
+from shardflow.planner.sharding_plan import ShardingPlan, row_bytes
 from shardflow.planner.topology import Topology
 
 

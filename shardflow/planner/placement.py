@@ -19,10 +19,10 @@ import numpy as np
 
 from shardflow.errors import InputError
 from shardflow.planner.access import CHUNK_ROWS, TableAccess
-from shardflow.planner.costmodel import CostModel
 from shardflow.planner.copies import choose_copies
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, TablePlan, replica_device
+from shardflow.planner.costmodel import CostModel
 from shardflow.planner.refine import refine
+from shardflow.planner.sharding_plan import GLOBAL, NODE, SINGLE, TablePlan, replica_device
 from shardflow.planner.topology import Topology
 
 HEAD_ROWS = 1 << 15  # hottest single rows placed one by one (LPT); the rest are dealt vectorised
@@ -234,16 +234,16 @@ def place(
     P = topology.devices
     homes = [np.zeros(a.rows, dtype=np.int32) for a in accesses]
     room = np.full(P, budget_rows, dtype=np.int64)
-    for acc, tier, home in zip(accesses, tiers, homes):
+    for acc, tier, home in zip(accesses, tiers, homes, strict=True):
         place_replicated(acc, tier, home, P)
         room -= int(np.count_nonzero(tier == GLOBAL))
         node_homes = home[tier == NODE].astype(np.int64)
         for a in range(len(topology.nodes)):
             room -= np.bincount(replica_device(node_homes, topology, a), minlength=P)
     weights = np.maximum(uplink_weights(topology, model), 1e-9)
-    for acc, tier, home in zip(accesses, tiers, homes):
+    for acc, tier, home in zip(accesses, tiers, homes, strict=True):
         place_single(acc, tier, home, weights, room, model.rates(acc).x, topology.node_of_device)
-    tables = [TablePlan(a.name, t, h) for a, t, h in zip(accesses, tiers, homes)]
+    tables = [TablePlan(a.name, t, h) for a, t, h in zip(accesses, tiers, homes, strict=True)]
     seconds, room = refine(tables, accesses, budget_rows, model)
     return choose_copies(tables, accesses, model, seconds, room) if copies else tables
 

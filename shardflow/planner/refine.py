@@ -27,7 +27,14 @@ import numpy as np
 
 from shardflow.planner.access import CHUNK_ROWS, TableAccess
 from shardflow.planner.costmodel import CostModel, bandwidths, link_seconds
-from shardflow.planner.plan import ID_BYTES, SINGLE, VALUE_BYTES, ShardingPlan, TablePlan, table_rows_per_device
+from shardflow.planner.sharding_plan import (
+    ID_BYTES,
+    SINGLE,
+    VALUE_BYTES,
+    ShardingPlan,
+    TablePlan,
+    table_rows_per_device,
+)
 from shardflow.planner.topology import Topology
 
 REFINE_ROWS = 256  # hottest single rows the pass may move
@@ -143,13 +150,13 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
         return seconds, room
     table_of = np.array([c[0] for c in candidates])
     row = np.array([c[1] for c in candidates])
-    home = np.array([int(tables[i].home[r]) for i, r in zip(table_of, row)])
+    home = np.array([int(tables[i].home[r]) for i, r in zip(table_of, row, strict=True)])
     rates = {name: model.rates(by_name[name]) for name in {tables[i].name for i in table_of}}
-    of = [(rates[tables[i].name], by_name[tables[i].name].row_class[r]) for i, r in zip(table_of, row)]
+    of = [(rates[tables[i].name], by_name[tables[i].name].row_class[r]) for i, r in zip(table_of, row, strict=True)]
     vec = single_row_seconds(model, np.array([c[2] for c in candidates]), np.array([r.q[c] for r, c in of]),
                              np.array([r.q_node[:, c] for r, c in of]))  # vec[k, e]: row k homed on e
     seconds = _moves_and_swaps(vec, home, seconds, room)
-    for i, r, h in zip(table_of, row, home):
+    for i, r, h in zip(table_of, row, home, strict=True):
         tables[i].home[r] = h
     return seconds, room
 

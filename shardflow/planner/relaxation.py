@@ -23,7 +23,7 @@ plans with the memory, scope and cost model given; the bound is their maximum ov
 split by whole rows: its rows are interchangeable) at the θ whose solution has the
 smallest T.
 
-A plan may also copy a node row onto some nodes only (plan.py). On nodes of one size such
+A plan may also copy a node row onto some nodes only (sharding_plan.py). On nodes of one size such
 a row on k of N nodes costs exactly the mix (k-1)/(N-1) node, the rest single (reads
 fall and sync grows by one node's share per copy), so every LP(θ) still bounds those
 plans; on three or more nodes of different sizes it need not, and the report leaves it
@@ -38,7 +38,7 @@ import numpy as np
 
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel
-from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, exchanges_partials
+from shardflow.planner.sharding_plan import GLOBAL, ID_BYTES, NODE, SINGLE, VALUE_BYTES, exchanges_partials
 
 GOLDEN = (np.sqrt(5) - 1) / 2
 
@@ -265,7 +265,8 @@ def node_bound(accesses: list[TableAccess], model: CostModel, budget_rows: int) 
     rates = [model.rates(a) for a in accesses]
     per_trainer = np.concatenate([r.x for r in rates])
     worst = 0.0
-    for node, (n, bandwidth) in enumerate(zip(topo.node_devices.tolist(), topo.uplink_bytes_per_s.tolist())):
+    nodes = zip(topo.node_devices.tolist(), topo.uplink_bytes_per_s.tolist(), strict=True)
+    for node, (n, bandwidth) in enumerate(nodes):
         if model.shape.dedup == "node":  # the node fetches a row once for all its trainers
             x, per_unit = np.concatenate([r.q_node[node] for r in rates]), unit
         else:

@@ -8,8 +8,8 @@ import numpy as np
 
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, PlanCost
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.relaxation import floor_bound, lower_bound, node_bound, row_floors, tier_costs
+from shardflow.planner.sharding_plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.strategies import RowWiseMod
 from shardflow.planner.topology import Topology
 from shardflow.records import plain
@@ -48,7 +48,7 @@ def gap_closed(plan_s: float, mod_s: float, bound_s: float) -> float:
 @dataclass(frozen=True, kw_only=True)
 class PlanSummary:
     """What a plan is judged by, under one budget and cost model: what `shardflow plan --json` prints and the
-    plan store keeps as summary.json (`to_dict`; read back by shardflow.planning.plans.read_plan_summary)."""
+    plan store keeps as summary.json (`to_dict`; read back by shardflow.sharding.stage.read_plan_summary)."""
 
     strategy: str
     dedup: str  # the de-duplication scope the cost model priced

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardflow.errors import InputError
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, DevicePlan, replica_device
+from shardflow.planner.sharding_plan import GLOBAL, NODE, SINGLE, DevicePlan, replica_device
 from shardflow.planner.topology import Topology
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Protocol
 
 import numpy as np
@@ -19,9 +20,9 @@ from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel
 from shardflow.planner.memory import check_capacity, slack_budget_bytes
 from shardflow.planner.placement import place, tiers_from_counts
-from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.refine import pack_tables, table_home_seconds
 from shardflow.planner.relaxation import best_tiers, tier_costs
+from shardflow.planner.sharding_plan import SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.topology import Topology
 
 # What a refusal for memory accepts: named as the run's config and the plan command spell it.
@@ -95,7 +96,7 @@ class TableWise:
                 f"({budget_bytes:,} bytes) each; accepted: {MORE_MEMORY}, or a row-wise strategy"
             )
         return ShardingPlan(
-            self.name, tuple(_single(a.name, a.rows, np.full(a.rows, h)) for a, h in zip(accesses, homes))
+            self.name, tuple(_single(a.name, a.rows, np.full(a.rows, h)) for a, h in zip(accesses, homes, strict=True))
         )
 
 
@@ -157,7 +158,7 @@ class FlexShard:
             tier_rows = best_tiers(costs, spare)
             tiers = [
                 tiers_from_counts(a, tier_rows[2, s:e], tier_rows[1, s:e])
-                for a, s, e in zip(accesses, bounds, bounds[1:])
+                for a, (s, e) in zip(accesses, pairwise(bounds), strict=True)
             ]
             try:
                 plan = ShardingPlan(self.name, tuple(place(accesses, tiers, topology, budget_rows, model,

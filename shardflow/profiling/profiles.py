@@ -20,15 +20,23 @@ import numpy as np
 from distributed import Client, wait
 
 from shardflow.cluster import worker_count
-from shardflow.errors import InputError
-from shardflow.profiling.counting import count_ids, table_stats
 from shardflow.data.batches import ORDER_BLOCK_EVENTS
 from shardflow.data.windows import window_targets
+from shardflow.errors import InputError
+from shardflow.profiling.counting import count_ids, table_stats
 from storage.dataset import Dataset, open_column
-from storage.profile import (ProfiledDataset, ProfileManifest, TableStats, Window, finish_profile, start_profile,
-                             write_counts)
 from storage.lock import writer_lock
+from storage.profile import (
+    ProfiledDataset,
+    ProfileManifest,
+    TableStats,
+    Window,
+    finish_profile,
+    start_profile,
+    write_counts,
+)
 from storage.staging import check_destination, staged
+
 
 def count_block(dataset: str, array: str, rows: int, start: int, stop: int) -> np.ndarray:
     """Counts of every row of a table over events [start, stop) of one stored `array`, a chunk at a time.

@@ -107,7 +107,8 @@ def _write(path: str | Path, out: list[str]) -> Path:
 
 def _lines(box: _Box, series: dict[str, tuple[list, list]], first_color: int = 0) -> None:
     for i, (_, (sx, sy)) in enumerate(series.items()):
-        points = [box.at(x, y) for x, y in zip(sx, sy) if not (box.x.log or box.y.log) or (x > 0 and y > 0)]
+        points = [box.at(x, y) for x, y in zip(sx, sy, strict=True)
+                  if not (box.x.log or box.y.log) or (x > 0 and y > 0)]
         color = COLORS[(first_color + i) % len(COLORS)]
         box.out.append(f'<polyline points="{" ".join(f"{a:.1f},{b:.1f}" for a, b in points)}" fill="none" '
                        f'stroke="{color}" stroke-width="2"/>')

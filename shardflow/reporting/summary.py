@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardflow.records import parse_record, plain
 from shardflow.model.metrics import Metrics
+from shardflow.records import parse_record, plain
 
 # The run's, not the version's: not in result.json (the lists are written after it, from the current model).
 RUN_KEYS = ("current", "message", "newest_version", "recommendations", "stage_seconds", "dask_report")

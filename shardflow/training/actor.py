@@ -15,16 +15,16 @@ import numpy as np
 from distributed import get_worker
 from distributed.comm import get_address_host
 
-from shardflow.model.dlrm import ClickConfig
+from shardflow.data.clicks import load_training_data
 from shardflow.errors import TrainingError, WorkerLost
-from shardflow.model.sequence import ModelConfig
+from shardflow.model.dlrm import ClickConfig
 from shardflow.model.metrics import Scored
 from shardflow.model.optim import OptimizerConfig, row_state_shape
-from shardflow.planner.plan import DevicePlan
+from shardflow.model.sequence import ModelConfig
+from shardflow.planner.sharding_plan import DevicePlan
 from shardflow.planner.topology import Topology
-from shardflow.data.clicks import load_training_data
-from shardflow.training.device import Device, StepStats
 from shardflow.training.collective import Link, open_rendezvous
+from shardflow.training.device import Device, StepStats
 from shardflow.training.messages import Message, Round, Traffic
 from shardflow.training.transport import Mailbox, answer
 from storage.checkpoint import write_export_chunk

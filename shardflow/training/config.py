@@ -11,7 +11,6 @@ from shardflow.errors import InputError
 from shardflow.planner.costmodel import check_dedup
 from shardflow.training.validation import check_min_epochs
 
-
 TRANSPORTS = ("actor", "collective")  # how a step's messages travel (shardflow.training.collective)
 
 

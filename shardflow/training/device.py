@@ -16,19 +16,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shardflow.errors import InputError, TrainingError
-from shardflow.model.dlrm import ClickConfig
-from shardflow.model.sequence import ModelConfig, forward_backward
-from shardflow.model.metrics import Scored
-from shardflow.model.optim import OptimizerConfig
-from shardflow.planner.plan import DevicePlan
-from shardflow.planner.shardmap import ShardMap
-from shardflow.planner.topology import Topology
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.clicks import ClickData
+from shardflow.errors import InputError, TrainingError
+from shardflow.model.dlrm import ClickConfig
+from shardflow.model.metrics import Scored
+from shardflow.model.optim import OptimizerConfig
+from shardflow.model.sequence import ModelConfig, forward_backward
+from shardflow.planner.sharding_plan import DevicePlan
+from shardflow.planner.shardmap import ShardMap
+from shardflow.planner.topology import Topology
 from shardflow.training.evaluate import EVAL_CHUNK
-from shardflow.training.messages import (Apply, ApplyDense, Compute, EndStep, Instruction, Message, Round, Send,
-                                         Traffic, to_host)
+from shardflow.training.messages import (
+    Apply,
+    ApplyDense,
+    Compute,
+    EndStep,
+    Instruction,
+    Message,
+    Round,
+    Send,
+    Traffic,
+    to_host,
+)
 from shardflow.training.protocol import StepProtocol
 from shardflow.training.rehome import rehome, shard_names
 from shardflow.training.shard import ParameterShard, RowLayout
@@ -61,7 +71,7 @@ class StepStats:
     # "compute" (the forward and backward)
 
     @staticmethod
-    def slowest(per_device: list["StepStats"]) -> dict[str, float]:
+    def slowest(per_device: list[StepStats]) -> dict[str, float]:
         """Per part, the slowest device's seconds of one step."""
         return {part: max(s.seconds.get(part, 0.0) for s in per_device) for part in per_device[0].seconds}
 

@@ -21,24 +21,24 @@ from distributed import Client, wait
 from distributed.client import FutureCancelledError, FuturesCancelledError
 
 from shardflow.cluster import live_workers
-from shardflow.model.dlrm import ClickConfig
-from shardflow.errors import InputError, WorkerLost, WorkerOutOfMemory, stop_if_asked
-from shardflow.model.sequence import ModelConfig
-from shardflow.model.metrics import Metrics
-from shardflow.model.optim import OptimizerConfig
-from shardflow.planner.memory import check_worker_memory
-from shardflow.planner.plan import ShardingPlan
-from shardflow.planner.topology import Topology
-from shardflow.training.actor import DeviceActor
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.clicks import ClickData, load_training_data
+from shardflow.errors import InputError, WorkerLost, WorkerOutOfMemory, stop_if_asked
+from shardflow.model.dlrm import ClickConfig
+from shardflow.model.metrics import Metrics
+from shardflow.model.optim import OptimizerConfig
+from shardflow.model.sequence import ModelConfig
+from shardflow.planner.memory import check_worker_memory
+from shardflow.planner.sharding_plan import ShardingPlan
+from shardflow.planner.topology import Topology
+from shardflow.training.actor import DeviceActor
 from shardflow.training.config import EpochStats, Span, TrainConfig, TrainResult, check_batch
 from shardflow.training.device import StepStats
 from shardflow.training.evaluate import SPLITS, eval_targets
-from shardflow.training.validation import best_epoch, score, stop_now, validation_values
-from shardflow.training.persistence import Persistence
 from shardflow.training.messages import PeerStopped, Traffic
+from shardflow.training.persistence import Persistence
 from shardflow.training.transport import CLOSE_WAIT_S, PROBE_S
+from shardflow.training.validation import best_epoch, score, stop_now, validation_values
 
 # How often a wait on the devices checks that their workers are still in the cluster.
 POLL_S = 0.5
@@ -267,7 +267,7 @@ class Engine(Persistence):
                 self._form_group()
             raise next((e for e in errors if not isinstance(e, PeerStopped)), errors[0])
         self.step_count += count
-        return [list(per_step) for per_step in zip(*results)]
+        return [list(per_step) for per_step in zip(*results, strict=True)]
 
     def train_epoch(self, epoch: int, max_steps: int | None = None, on_step=None) -> EpochStats:
         """Every step of `epoch` (at most `max_steps` and the config's steps_per_epoch): what they did.
@@ -353,7 +353,7 @@ class Engine(Persistence):
         targets = eval_targets(self.data, self.train.eval_users, self.train.seed, split)
         parts = self.data.sub_batches(targets, len(self.actors))  # each device's in the parts it reads
         seed = negative_seed(self.train.seed, -1)
-        calls = [a.evaluate(p, self.train.eval_negatives, seed) for a, p in zip(self.actors, parts)]
+        calls = [a.evaluate(p, self.train.eval_negatives, seed) for a, p in zip(self.actors, parts, strict=True)]
         return sum(self._wait(calls), self.data.scored()).metrics()
 
     def traffic(self) -> Traffic:
@@ -371,7 +371,7 @@ class Engine(Persistence):
         blocked asking the lost one (a connect retried for comm.timeouts.connect) for all of CLOSE_WAIT_S."""
         actors, inflight, self.actors, self._inflight = self.actors, self._inflight, [], []
         if self.client.status == "running":
-            live = [a for a, f in zip(actors, self._futures) if f.status == "finished"]
+            live = [a for a, f in zip(actors, self._futures, strict=True) if f.status == "finished"]
             if live:
                 self._stop_and_wait(live, inflight)
             if self._futures:  # a closed client's scheduler holds nothing
@@ -408,7 +408,7 @@ class Engine(Persistence):
                 except Exception:  # stopped (EngineClosing), failed or lost: it is over either way
                     break
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc) -> None:

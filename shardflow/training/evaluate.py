@@ -95,7 +95,8 @@ def catalog_ranks(model_dir: str, data: TrainData, config: ModelConfig, dense: d
     starts = list(range(0, catalog, RANK_BLOCK_ROWS))
     stops = [min(s + RANK_BLOCK_ROWS, catalog) for s in starts]
     if client is None:
-        blocks = [rank_export_block(model_dir, data.item, s, e, config, dense, users) for s, e in zip(starts, stops)]
+        blocks = [rank_export_block(model_dir, data.item, s, e, config, dense, users)
+                  for s, e in zip(starts, stops, strict=True)]
     else:
         shared = client.scatter([config, dense, users], broadcast=True)
         blocks = client.gather(client.map(rank_export_block, [model_dir] * len(starts), [data.item] * len(starts),

@@ -35,7 +35,7 @@ class InProcess:
                         self._answer_early(asked)
                         asked = None
                     inboxes = [[out[r] for out in outboxes if r in out] for r in range(len(self.devices))]
-                    outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(self.devices, inboxes)]
+                    outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(self.devices, inboxes, strict=True)]
                     if round is Round.REPLY and i + 1 < len(starts):
                         asked = [d.prepare(*starts[i + 1]) for d in self.devices]
                 if asked is not None:

@@ -14,11 +14,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shardflow.data.clicks import config_record, exported_record, read_record, shape_differences, warm_start_record
 from shardflow.errors import InputError
 from shardflow.model.optim import row_state_shape
-from shardflow.data.clicks import config_record, exported_record, read_record, shape_differences, warm_start_record
-from storage.checkpoint import (EXPORT_CHUNK_ROWS, CheckpointManifest, ExportManifest, create_export, finish,
-                                read_checkpoint, sealed, write_arrays)
+from storage.checkpoint import (
+    EXPORT_CHUNK_ROWS,
+    CheckpointManifest,
+    ExportManifest,
+    create_export,
+    finish,
+    read_checkpoint,
+    sealed,
+    write_arrays,
+)
 from storage.staging import staged
 
 

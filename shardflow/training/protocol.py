@@ -57,11 +57,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shardflow.training.messages import (NO_IDS, Block, Compute, EndStep, Instruction, Kind, Message,
-                                         PeerStopped, Round, Send, Traffic, to_host)
-from shardflow.planner.plan import GLOBAL, DevicePlan, replica_device
+from shardflow.planner.sharding_plan import GLOBAL, DevicePlan, replica_device
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
+from shardflow.training.messages import (
+    NO_IDS,
+    Block,
+    Compute,
+    EndStep,
+    Instruction,
+    Kind,
+    Message,
+    PeerStopped,
+    Round,
+    Send,
+    Traffic,
+    to_host,
+)
 from shardflow.training.relay import RelayRounds
 from shardflow.training.replicas import ReplicaSync
 from shardflow.training.steps import Phase, Requests, StepState, round_peers, step_rounds
@@ -125,7 +137,7 @@ class StepProtocol(RelayRounds, ReplicaSync):
         return Phase.IDLE if self.state is None else self.state.phase
 
     # -- the events -----------------------------------------------------------------------
-    def requests(self, step: int, fetch: dict[str, np.ndarray]) -> "Requests":
+    def requests(self, step: int, fetch: dict[str, np.ndarray]) -> Requests:
         """What step `step` asks of each peer for the rows `fetch[table]` (the trainer's lookups, de-duplicated
         or not). Changes nothing: a driver may compute (and send) a step's requests while the step
         before is still under way, since which rows a batch reads does not depend on their values."""
@@ -141,7 +153,7 @@ class StepProtocol(RelayRounds, ReplicaSync):
                 out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[owner == peer]))
         return Requests(step, owners, self._linked(Round.REQUEST, out))
 
-    def start(self, requests: "Requests") -> list[Instruction]:
+    def start(self, requests: Requests) -> list[Instruction]:
         """Step `requests.step` begins (every earlier step applied here): send its REQUESTs."""
         step = requests.step
         if self.state is not None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from shardflow.data.batches import TrainData, negative_seed
+from shardflow.data.clicks import ClickData
+from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.model.dlrm import ClickConfig
-from shardflow.model.sequence import ModelConfig, forward_backward, init_rows
 from shardflow.model.metrics import Metrics
 from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_state_shape, row_update
-from shardflow.data.batches import TrainData, negative_seed
-from shardflow.data.examples import EVAL_NEGATIVES
-from shardflow.data.clicks import ClickData
+from shardflow.model.sequence import ModelConfig, forward_backward, init_rows
 from shardflow.training.validation import best_epoch, score, stop_now, validation_values
 
 
@@ -80,7 +80,7 @@ class ReferenceTrainer:
                 kept = self._copy()
             if stop_now(scores, patience):
                 break
-        for now, then in zip(self._parameters(), kept):
+        for now, then in zip(self._parameters(), kept, strict=True):
             for k, v in then.items():
                 now[k].copy_(v)
         return scores

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shardflow.planner.plan import GLOBAL, SINGLE
+from shardflow.planner.sharding_plan import GLOBAL, SINGLE
 from shardflow.training.messages import Apply, ApplyDense, Block, Kind, Message, Round, to_host
 
 

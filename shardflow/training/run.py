@@ -18,22 +18,22 @@ from pathlib import Path
 
 from distributed import Client
 
-from shardflow.errors import InputError
-from shardflow.model.dlrm import ClickConfig
-from shardflow.model.sequence import ModelConfig
-from shardflow.model.optim import OptimizerConfig
-from shardflow.planner.costmodel import StepShape
-from shardflow.planner.plan import ShardingPlan
-from shardflow.planner.topology import Topology
-from shardflow.planning.plans import accesses_from_profile, cost_model, read_plan
 from shardflow.data.batches import TrainData
 from shardflow.data.clicks import ClickData, config_record, load_training_data, model_config
-from shardflow.training.device import Device
+from shardflow.errors import InputError
+from shardflow.model.dlrm import ClickConfig
+from shardflow.model.optim import OptimizerConfig
+from shardflow.model.sequence import ModelConfig
+from shardflow.planner.costmodel import StepShape
 from shardflow.planner.estimation import estimation_plan
+from shardflow.planner.sharding_plan import ShardingPlan
+from shardflow.planner.topology import Topology
+from shardflow.sharding.stage import accesses_from_profile, cost_model, read_plan
 from shardflow.training.config import TrainConfig
+from shardflow.training.device import Device
 from shardflow.training.engine import Engine
-from shardflow.training.validation import validation_of
 from shardflow.training.inprocess import InProcess
+from shardflow.training.validation import validation_of
 from storage.dataset import Dataset
 from storage.profile import Profile
 

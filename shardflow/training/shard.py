@@ -16,8 +16,8 @@ import torch
 
 from shardflow.errors import InputError
 from shardflow.model.dlrm import ClickConfig
-from shardflow.model.sequence import ModelConfig, init_rows
 from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_state_shape, row_update
+from shardflow.model.sequence import ModelConfig, init_rows
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from shardflow.planner.plan import GLOBAL, NODE, DevicePlan, replica_device, step_round_names
+from shardflow.planner.sharding_plan import GLOBAL, NODE, DevicePlan, replica_device, step_round_names
 from shardflow.planner.topology import Topology
 from shardflow.training.messages import Message, Round
 

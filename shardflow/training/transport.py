@@ -33,7 +33,7 @@ PEER_TIMEOUT_S = 300.0
 
 def probe(peer) -> None:
     try:
-        peer.alive
+        _ = peer.alive  # an attribute read is a round trip to the actor
     except Exception as e:  # KeyError (actor released), OSError (worker gone), RuntimeError (lost)
         raise WorkerLost(f"a peer device is gone ({type(e).__name__}: {e})") from None
 

@@ -92,7 +92,7 @@ class Criteo(Format):
                 f"{len(fields)} fields separated by {self.delimiter!r}; accepted: {len(self.names)} "
                 f"({', '.join(self.names[:3])}, ...)"
             )
-        for name, value in zip(self.names, fields):
+        for name, value in zip(self.names, fields, strict=True):
             if name in ("label", "click") and value not in (b"0", b"1"):
                 return f"{name} {excerpt(value)}; accepted: 0 or 1"
             if self.avazu and name == "hour" and not AVAZU_HOUR.fullmatch(value):

@@ -19,7 +19,8 @@ from storage.tables import parse_table_name
 
 RECBOLE_TYPES = ("token", "float")
 RECBOLE_FEATURE_TYPES = ("token", "float", "token_seq", "float_seq")  # a .user / .item file's field types
-FEATURE_FILES = dict(zip(FEATURE_SUFFIXES, ("user_id", "item_id")))  # RecBole's feature files: suffix -> their id
+# RecBole's feature files: suffix -> their id
+FEATURE_FILES = dict(zip(FEATURE_SUFFIXES, ("user_id", "item_id"), strict=True))
 _CLICK_LABEL = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*>=\s*([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))\s*")
 
 
@@ -71,12 +72,12 @@ def read_features(path: Path, key: str) -> FeatureFile:
                              f"{', '.join(RECBOLE_FEATURE_TYPES)}")
         names.append(name)
         types.append(kind)
-    if dict(zip(names, types)).get(key) != "token" or len(set(names)) != len(names):
+    if dict(zip(names, types, strict=True)).get(key) != "token" or len(set(names)) != len(names):
         raise InputError(f"{path}:1: header {names}; accepted: one '{key}:token' field and each name once")
-    tokens = tuple(parse_table_name(n) for n, k in zip(names, types) if k == "token" and n != key)
-    sequences = tuple(parse_table_name(n) for n, k in zip(names, types) if k == "token_seq")
-    floats = tuple(n for n, k in zip(names, types) if k == "float")
-    column_types = {n: pa.string() if k != "float" else pa.float64() for n, k in zip(names, types)}
+    tokens = tuple(parse_table_name(n) for n, k in zip(names, types, strict=True) if k == "token" and n != key)
+    sequences = tuple(parse_table_name(n) for n, k in zip(names, types, strict=True) if k == "token_seq")
+    floats = tuple(n for n, k in zip(names, types, strict=True) if k == "float")
+    column_types = {n: pa.string() if k != "float" else pa.float64() for n, k in zip(names, types, strict=True)}
     try:
         table = pacsv.read_csv(
             path,
@@ -101,7 +102,7 @@ def read_features(path: Path, key: str) -> FeatureFile:
         lists = token_lists(table[n].combine_chunks())
         table = table.set_column(table.schema.get_field_index(n), n, lists)
         widths[n] = max(1, int(pc.max(pc.list_value_length(lists)).as_py() or 0))
-    skipped = tuple(n for n, k in zip(names, types) if k == "float_seq")
+    skipped = tuple(n for n, k in zip(names, types, strict=True) if k == "float_seq")
     return FeatureFile(Path(path), key, table, tokens, floats, skipped, widths)
 
 
@@ -153,8 +154,8 @@ class Recbole(Format):
         if self.names is not None and (names, types) != (self.names, self.types):
             raise InputError(f"{path}:1: header {names}; accepted: the header of the first part, {self.names}")
         self.names, self.types = names, types
-        tokens = [n for n, k in zip(names, types) if k == "token" and n not in ("user_id", "item_id")]
-        floats = [n for n, k in zip(names, types) if k == "float" and n != "timestamp"]
+        tokens = [n for n, k in zip(names, types, strict=True) if k == "token" and n not in ("user_id", "item_id")]
+        floats = [n for n, k in zip(names, types, strict=True) if k == "float" and n != "timestamp"]
         if self.label is None:
             self.tables = ("item", *(parse_table_name(n) for n in tokens))
             self.dense = tuple(floats)
@@ -176,10 +177,10 @@ class Recbole(Format):
         self.dense = (*floats, *(n for feature in self.features for n in feature.floats))
 
     def _parse(self, data):
-        types = {n: pa.string() if k == "token" else pa.float64() for n, k in zip(self.names, self.types)}
+        types = {n: pa.string() if k == "token" else pa.float64() for n, k in zip(self.names, self.types, strict=True)}
         t = read_block(data, self.names, types, self.delimiter)
-        floats = {n: finite(t[n].combine_chunks()) for n, k in zip(self.names, self.types) if k == "float"}
-        tokens = {n: t[n].combine_chunks() for n, k in zip(self.names, self.types) if k == "token"}
+        floats = {n: finite(t[n].combine_chunks()) for n, k in zip(self.names, self.types, strict=True) if k == "float"}
+        tokens = {n: t[n].combine_chunks() for n, k in zip(self.names, self.types, strict=True) if k == "token"}
         users, items = tokens.pop("user_id"), tokens.pop("item_id")
         order = floats.pop("timestamp", None)
         if self.label is None:
@@ -209,7 +210,7 @@ class Recbole(Format):
     def check_line(self, fields, line):
         if len(fields) != len(self.names):
             return f"{len(fields)} tab-separated fields; accepted: {len(self.names)} as in the header"
-        for name, kind, value in zip(self.names, self.types, fields):
+        for name, kind, value in zip(self.names, self.types, fields, strict=True):
             if kind == "float" and (why := check_float(value, name)):
                 return why
             if self.label is not None and name == self.label[0] and value == b"":

@@ -5,8 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from storage.formats.base import (Columns, Format, Refused, check_id, decimal_only, ids_of, read_block, runs_of,
-                                  spelled_once)
+from storage.formats.base import (
+    Columns,
+    Format,
+    Refused,
+    check_id,
+    decimal_only,
+    ids_of,
+    read_block,
+    runs_of,
+    spelled_once,
+)
 from storage.sources import excerpt
 
 

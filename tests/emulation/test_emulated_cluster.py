@@ -4,8 +4,8 @@ on it, and nothing left behind — not after Ctrl-C, SIGTERM or SIGKILL of the h
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -224,7 +224,7 @@ def test_ctrl_c_or_sigterm_mid_run_removes_every_namespace_and_process(tmp_path,
         left = {pid: cmdline(pid) for pid in made | {proc.pid} if running(pid)}
         proc.kill()
         raise AssertionError(f"the harness did not stop within {STARTED_WITHIN_S:.0f} s; still running: {left}; "
-                             f"its namespaces: {owned_by(proc.pid)}; stderr: {proc.communicate()[1][-2000:]}")
+                             f"its namespaces: {owned_by(proc.pid)}; stderr: {proc.communicate()[1][-2000:]}") from None
     assert proc.returncode == status, err
     assert len(err.strip().splitlines()) <= 1 and "Traceback" not in err, err
     assert owned_by(proc.pid) == []

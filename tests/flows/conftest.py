@@ -10,9 +10,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from runs import prefect_home
 
 from flows.api import STARTUP_TIMEOUT_S, free_port
-from runs import prefect_home
 
 BIN = Path(sys.executable).parent
 
@@ -38,7 +38,8 @@ class PrefectServer:
                         return
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"prefect server did not start: {self.proc.stderr.read().decode()[-2000:]}")
+                    stderr = self.proc.stderr.read().decode()[-2000:]
+                    raise RuntimeError(f"prefect server did not start: {stderr}") from None
                 time.sleep(0.5)
 
     def kill(self) -> None:

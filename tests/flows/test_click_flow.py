@@ -5,14 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
+from runs import SMALL, TOPOLOGY
+from test_retrain_flow import artifact_rows
 
 from flows.retrain import retrain
-from runs import SMALL, TOPOLOGY
-from support import REAL, settled
-from test_retrain_flow import artifact_rows
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
 from storage.checkpoint import verify_export
+from support import REAL, settled
 from tasks.retrain import artifact_key
 
 

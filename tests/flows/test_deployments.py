@@ -17,12 +17,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-
 from conftest import PrefectServer
+
 from shardflow.config_sections import sectioned
 from storage import versions
 from support import REAL, split_into_days
@@ -152,9 +152,9 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     assert [r["name"] for r in nights] == [f"{label}·v1", f"{label}·v2", f"{label}·v3"]
     assert nights[0]["message"].startswith("promoted v1 (cold start): AUC ")
     assert all(r["message"].startswith((f"promoted v{v}: AUC ", f"rejected v{v}: AUC "))
-               for v, r in zip((2, 3), nights[1:3]))
+               for v, r in zip((2, 3), nights[1:3], strict=True))
     # The runs list tells the nights apart: the state's name and tags say the outcome, the message is short.
-    for v, r in zip((1, 2, 3), nights):
+    for v, r in zip((1, 2, 3), nights, strict=True):
         verdict = "Promoted" if r["message"].startswith("promoted") else "Rejected"
         assert r["state_name"] == verdict and len(r["message"]) < 70, r
         assert {f"outcome:{verdict.lower()}", f"version:{v}"} <= set(r["tags"]), r
@@ -166,9 +166,9 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
         assert time.monotonic() < deadline, assets
         time.sleep(1)
     assert {k: v["verdict"] for k, v in assets.items()} == {
-        model_key(run, v): r["state_name"].lower() for v, r in zip((1, 2, 3), nights)}
+        model_key(run, v): r["state_name"].lower() for v, r in zip((1, 2, 3), nights, strict=True)}
     promoted = [e["payload"]["version"] for e in events(server, "shardflow.model.promoted")]
-    assert promoted == [v for v, r in zip((1, 2, 3), nights) if r["state_name"] == "Promoted"], promoted
+    assert promoted == [v for v, r in zip((1, 2, 3), nights, strict=True) if r["state_name"] == "Promoted"], promoted
     made = [versions.started(run, n) for n in (1, 2, 3)]
     promoted_2 = nights[1]["message"].startswith("promoted")  # v3 warm-starts from whichever is current
     assert [m.warm_start_from for m in made] == [None, 1, 2 if promoted_2 else 1]
@@ -179,12 +179,12 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     # The fourth night, with nothing new, is one the scheduler creates (a schedule due in 20 s) and the
     # worker completes. Once the server's scheduler has made it a flow run (every 5 s here), the estimation
     # run runs meanwhile, on another run directory: its load cannot delay the scheduler past the due time.
-    at = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=20)
+    at = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=20)
     made = subprocess.run([sys.executable, "-c", SCHEDULE, json.dumps(config), at.isoformat()], env=server.env,
                           capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr[-3000:]
     while not [r for r in flow_runs(server) if r["auto"] and r["due"] == at]:
-        assert datetime.now(timezone.utc) < at, f"the scheduler made no flow run of the schedule due at {at}"
+        assert datetime.now(UTC) < at, f"the scheduler made no flow run of the schedule due at {at}"
         time.sleep(0.5)
 
     estimate = run_deployment(server, "estimate/estimate", {**config, "run_dir": str(tmp_path / "estimate")})
@@ -198,7 +198,7 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
             break
         time.sleep(2)
     assert scheduled and scheduled[0]["state"] == "COMPLETED", (scheduled, worker_log.read_text()[-5000:])
-    current = max(v for v, r in zip((1, 2, 3), nights) if r["message"].startswith("promoted"))
+    current = max(v for v, r in zip((1, 2, 3), nights, strict=True) if r["message"].startswith("promoted"))
     # v3 saw every part, promoted or not; the current version is the last one promoted
     assert scheduled[0]["name"] == f"{label}·no new data", scheduled
     assert scheduled[0]["state_name"] == "No new data" and "outcome:no-new-data" in scheduled[0]["tags"], scheduled

@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
+from runs import SMALL, TOPOLOGY, exported, live_actors, run_until_killed, task_run_states, task_runs
 
 from flows.retrain import retrain
-from runs import SMALL, TOPOLOGY, exported, live_actors, run_until_killed, task_run_states, task_runs
 from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
-from shardflow.errors import InputError
-from shardflow.data.synthetic import SynthTable
 from shardflow.data.batches import TrainData
+from shardflow.data.synthetic import SynthTable
+from shardflow.errors import InputError
 from storage import versions
 from storage.checkpoint import checkpoint_dir, complete_checkpoints, verify_export
 from storage.lock import run_lock

@@ -18,10 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-
 from runs import BIN, SMALL, TOPOLOGY, prefect_home
-from shardflow.data.synthetic import SynthTable, synth_dataset
 from test_real_server import READ_BACK
+
+from shardflow.data.synthetic import SynthTable, synth_dataset
 
 ENDS_WITHIN_S = 15
 

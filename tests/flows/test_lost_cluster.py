@@ -13,11 +13,12 @@ import re
 import signal
 import subprocess
 import time
+
 import pytest
 import yaml
+from runs import BIN, SMALL, TOPOLOGY, stderr_of
 
 from flows.api import free_port
-from runs import BIN, SMALL, TOPOLOGY, stderr_of
 from shardflow.data.synthetic import SynthTable, synth_dataset
 
 RESTART_TIMEOUT_S = 5

@@ -18,18 +18,18 @@ from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
+from runs import BIN, run_until_killed, task_runs
 
 from flows.retrain import retrain
-from runs import BIN, run_until_killed, task_runs
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
-from shardflow.planning.plans import read_plan_summary
+from shardflow.reporting.summary import RunSummary
+from shardflow.sharding.stage import read_plan_summary
 from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.checkpoint import verify_export
 from storage.dataset import Dataset
 from support import REAL, settled, snapshot, split_into_days
-from shardflow.reporting.summary import RunSummary
 from tasks.assets import asset_key, model_key
 from tasks.reports import state_message
 from tasks.retrain import artifact_key
@@ -259,7 +259,7 @@ def test_measured_bytes_stay_within_two_percent_of_the_model_night_after_night(p
     parts = root / "parts"
     parts.mkdir()
     seen = []
-    for day, topology in zip(daily, ("two.yaml", "two.yaml", "three.yaml", "three.yaml", "two.yaml")):
+    for day, topology in zip(daily, ("two.yaml", "two.yaml", "three.yaml", "three.yaml", "two.yaml"), strict=True):
         shutil.copy2(day, parts)
         # Kept unless the topology changed. 500 held-out users: the bytes are what is checked, not the model (all
         # users doubled the test's time, 35 s against 17 s).
@@ -277,7 +277,7 @@ def test_measured_bytes_stay_within_two_percent_of_the_model_night_after_night(p
             assert "Warning" not in back.stderr and "httpx" not in back.stderr, back.stderr[-2000:]
             chain = str((root / "chain").resolve())
             rolled = read_events("shardflow.model.rolled-back",
-                                 lambda e: e.resource.get("prefect.resource.name") == chain)
+                                 lambda e, chain=chain: e.resource.get("prefect.resource.name") == chain)
             assert [(e.payload["version"], e.payload["previous"], e.payload["reason"]) for e in rolled] == [
                 (2, was, "test rollback")], rolled
         if s["version"] == 5:

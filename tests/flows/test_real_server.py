@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.request
 from datetime import datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 
 import yaml
@@ -152,7 +153,7 @@ def test_prefect_yaml_deploys_the_nightly_and_the_estimation_deployments(module_
         scheduled = [datetime.fromisoformat(t) for t in json.loads(back.stdout)]
     assert len(scheduled) >= 3, f"the scheduler created {len(scheduled)} nightly runs in 90 s"
     assert all((t.hour, t.minute, t.utcoffset()) == (2, 0, timedelta(0)) for t in scheduled)
-    assert all(b - a == timedelta(days=1) for a, b in zip(scheduled, scheduled[1:]))
+    assert all(b - a == timedelta(days=1) for a, b in pairwise(scheduled))
 
 
 def test_a_run_outlives_an_outage_of_the_prefect_api(server, tmp_path):

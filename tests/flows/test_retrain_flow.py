@@ -10,16 +10,18 @@ import shutil
 import subprocess
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
+from runs import SMALL, TOPOLOGY, exported, live_actors, task_runs
 
 from flows.retrain import retrain
-from runs import SMALL, TOPOLOGY, exported, live_actors, task_runs
 from shardflow.config import RetrainConfig
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from tasks.retrain import artifact_key
+
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
@@ -86,8 +88,9 @@ def test_table_artifacts_have_the_same_columns_in_every_row(prefect_api, client,
 
 
 def test_progress_moves_during_epochs_and_every_epoch_is_in_the_metrics_table(prefect_api, client, base, monkeypatch):
-    import tasks.training as stages
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    import tasks.training as stages
 
     monkeypatch.setattr(stages, "PROGRESS_EVERY_S", 0.0)  # report after every step
     key = artifact_key("training-progress", base / "progress")
@@ -248,8 +251,8 @@ def test_a_night_writes_every_users_top_k_as_parquet_and_the_cli_prints_one(pref
     """The night's product: after the gate, each user's best unseen items from the current model, as Parquet any
     reader opens (pyarrow here, no shardflow code), and `shardflow recommend` for one user."""
     import pyarrow.parquet as pq
-
     from runs import BIN
+
     from storage import recommendations
     from storage.dataset import Dataset
 
@@ -284,7 +287,7 @@ def test_a_night_writes_every_users_top_k_as_parquet_and_the_cli_prints_one(pref
         mine = lists[str(user)]
         had = {str(i) for i in items[offsets[user]:offsets[user + 1]]}
         assert [r["rank"] for r in mine] == [1, 2, 3, 4, 5] and not had & {r["item"] for r in mine}
-        assert all(a["score"] >= b["score"] for a, b in zip(mine, mine[1:]))
+        assert all(a["score"] >= b["score"] for a, b in pairwise(mine))
 
     shown = subprocess.run([str(BIN / "shardflow"), "recommend", summary["run_dir"], "--user", "17", "--k", "3",
                             "--json"], capture_output=True, text=True, timeout=120)

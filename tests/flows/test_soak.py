@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-from flows.retrain import retrain
 from runs import SMALL, TOPOLOGY, live_actors
+
+from flows.retrain import retrain
 from shardflow.config import RetrainConfig
 from storage import versions
 from storage.checkpoint import verify_export

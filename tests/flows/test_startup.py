@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import yaml
-
 from runs import BIN, SMALL, TOPOLOGY
+
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from storage import versions
 

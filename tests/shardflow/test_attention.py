@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from support import bce_loss, numeric_gradient
 from shardflow.errors import InputError
 from shardflow.model.attention import NORM_EPS
 from shardflow.model.sequence import BatchIndex, ModelConfig, forward_backward, init_dense, scores
+from support import bce_loss, numeric_gradient
 
 CONFIG = ModelConfig(dim=4, history=4, negatives=2, features=("genre",), seed=3, encoder="self-attention",
                      blocks=2, heads=2, dropout=0.3)

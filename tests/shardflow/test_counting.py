@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardflow.profiling.counting import count_ids, table_stats, top_share, zipf_slope
 from shardflow.errors import InputError
+from shardflow.profiling.counting import count_ids, table_stats, top_share, zipf_slope
 
 
 @given(st.lists(st.integers(0, 49), max_size=300), st.sampled_from([np.int32, np.int64, np.uint16]))

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from shardflow.errors import InputError
-from shardflow.planning.plans import ReplanDecision, parse_decision
+from shardflow.sharding.stage import ReplanDecision, parse_decision
 
 
 def test_a_decision_survives_its_record():

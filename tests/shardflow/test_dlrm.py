@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from support import numeric_gradient
-from shardflow.model.dlrm import ClickConfig, ClickIndex, numeric_input
 from shardflow.errors import InputError
+from shardflow.model.dlrm import ClickConfig, ClickIndex, numeric_input
 from shardflow.model.sequence import forward_backward
+from support import numeric_gradient
 
 CPU = torch.device("cpu")
 WITH_NUMERIC = ClickConfig(dim=3, bottom=(4,), mlp=(5,), features=("a", "b"), numeric=("I1", "I2"), seed=2)

@@ -1,11 +1,20 @@
+from itertools import pairwise
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardflow.data.examples import (
+    PAD,
+    build_examples,
+    count_train_targets,
+    held_out_positions,
+    sample_unseen,
+    target_positions,
+    validation_positions,
+)
 from shardflow.errors import InputError
-from shardflow.data.examples import (PAD, build_examples, count_train_targets, held_out_positions, sample_unseen,
-                                     target_positions, validation_positions)
 
 OFFSETS = np.array([0, 4, 5, 7])
 IDS = np.array([10, 11, 12, 13, 20, 30, 31])
@@ -97,10 +106,10 @@ def test_targets_are_counted_per_range_from_offsets_alone_a_slice_of_users_at_a_
     offsets = np.concatenate([[0], np.cumsum(rng.integers(0, 6, size=200))])  # users of 0 to 5 events
     bounds = np.unique(np.concatenate([[0, offsets[-1]], rng.integers(0, offsets[-1], size=30)]))
     targets = target_positions(offsets, "train")
-    want = [int(((targets >= a) & (targets < b)).sum()) for a, b in zip(bounds[:-1], bounds[1:])]
+    want = [int(((targets >= a) & (targets < b)).sum()) for a, b in pairwise(bounds)]
     for at_a_time in (1, 3, 1 << 22):
         assert count_train_targets(offsets, bounds, at_a_time).tolist() == want
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in pairwise(bounds):
         assert target_positions(offsets, "train", a, b).tolist() == targets[(targets >= a) & (targets < b)].tolist()
     assert held_out_positions(offsets).tolist() == target_positions(offsets, "eval").tolist()
 
@@ -119,7 +128,7 @@ def test_a_validation_split_takes_each_users_second_to_last_event_out_of_trainin
     test = target_positions(offsets, "eval")
     assert not (set(train) & set(val)) and not (set(val) & set(test))
     assert sorted([*train, *val]) == target_positions(offsets, "train").tolist()  # the split takes nothing else
-    want = [int(((train >= a) & (train < b)).sum()) for a, b in zip(bounds[:-1], bounds[1:])]
+    want = [int(((train >= a) & (train < b)).sum()) for a, b in pairwise(bounds)]
     for at_a_time in (1, 5, 1 << 22):
         assert count_train_targets(offsets, bounds, at_a_time, held=2).tolist() == want
 

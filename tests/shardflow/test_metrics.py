@@ -7,8 +7,7 @@ import math
 import numpy as np
 
 from shardflow.data.batches import TrainData
-from shardflow.model.metrics import hits
-from shardflow.model.metrics import Metrics
+from shardflow.model.metrics import Metrics, hits
 
 
 def scores_with_rank(rank: int, candidates: int = 101) -> np.ndarray:

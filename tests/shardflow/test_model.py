@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from support import bce_loss, numeric_gradient
-from shardflow.model.sequence import BatchIndex, ModelConfig, forward_backward, init_dense, init_rows, scores
 from shardflow.errors import InputError
 from shardflow.model.optim import ROW_LR, DenseOptimizer, OptimizerConfig, row_adagrad, row_adam
-from shardflow.planner.plan import row_bytes
+from shardflow.model.sequence import BatchIndex, ModelConfig, forward_backward, init_dense, init_rows, scores
+from shardflow.planner.sharding_plan import row_bytes
+from support import bce_loss, numeric_gradient
 
 CONFIG = ModelConfig(dim=4, mlp=(5, 3), history=3, negatives=2, features=("genre",), seed=3)
 CPU = torch.device("cpu")
@@ -112,7 +112,7 @@ def test_row_adam_updates_each_row_as_torch_adam_would_that_row_alone():
         rows = [r for r in range(4) if (step + 1) % (r + 1) == 0]  # row r in every (r + 1)-th step
         grads = torch.from_numpy(rng.normal(size=(len(rows), 3)).astype(np.float32))
         row_adam(config, w, state, torch.tensor(rows), grads)
-        for r, g in zip(rows, grads):
+        for r, g in zip(rows, grads, strict=True):
             alone[r].grad = g.clone()
             optims[r].step()
     for r in range(4):

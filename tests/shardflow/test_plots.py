@@ -2,6 +2,7 @@
 
 import math
 import xml.etree.ElementTree as ET
+from itertools import pairwise
 
 import pytest
 from hypothesis import given
@@ -68,7 +69,7 @@ def test_linear_ticks_are_nice_and_inside_the_range(lo, span):
     axis = _Axis(lo, lo + span, False)
     ticks = axis.ticks()
     assert len(ticks) >= 2 and all(lo - 1e-9 * span <= t <= lo + span * (1 + 1e-9) for t in ticks)
-    steps = [b - a for a, b in zip(ticks, ticks[1:])]
+    steps = [b - a for a, b in pairwise(ticks)]
     step = steps[0]
     assert all(x == pytest.approx(step, rel=1e-6) for x in steps)  # evenly spaced, up to float rounding
     mantissa = step / 10 ** math.floor(math.log10(step))  # a step of 10^k may measure as 9.99999... × 10^(k-1)

@@ -7,13 +7,13 @@ from collections import Counter
 import pytest
 import zarr
 
-from support import REAL, siblings, snapshot
+from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.errors import InputError
 from shardflow.profiling.profiles import profile_dataset
-from shardflow.data.synthetic import SynthTable, synth_dataset
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 from storage.profile import Profile, Window
+from support import REAL, siblings, snapshot
 
 
 def raw_counters(fmt: str) -> dict[str, Counter]:
@@ -31,7 +31,7 @@ def raw_counters(fmt: str) -> dict[str, Counter]:
 
 def as_row_counts(ds: Dataset, table: str, raw: Counter) -> dict[int, int]:
     values, rows = ds.raw_ids(table)
-    row_of = dict(zip((str(v) for v in values.tolist()), rows.tolist()))
+    row_of = dict(zip((str(v) for v in values.tolist()), rows.tolist(), strict=True))
     out = Counter()
     for value, n in raw.items():
         out[row_of[value]] += n
@@ -177,8 +177,8 @@ def test_a_window_profile_counts_feature_tables_once_per_example(client, tmp_pat
 
 
 def test_a_table_of_token_sequences_counts_every_token_an_example_holds_and_plans_that_many(client, tmp_path):
-    from shardflow.planning.plans import accesses_from_profile
     from shardflow.profiling.profiles import profile_window
+    from shardflow.sharding.stage import accesses_from_profile
 
     import_dataset("recbole", REAL["recbole"], tmp_path / "ds", label="rating>=4")
     profile_window(tmp_path / "ds", tmp_path / "p", client=client, first=0, history=1)

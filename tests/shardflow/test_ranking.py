@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from support import tiny_scorer
 from shardflow.model.ranking import CatalogRanks, rank_block, users_to_rank
 from shardflow.model.sequence import BatchIndex, scores, user_state
+from support import tiny_scorer
 
 CPU = torch.device("cpu")
 ITEMS, USERS = 53, 9
@@ -22,7 +22,7 @@ def problem(encoder: str, seed: int = 0):
     target = rng.integers(0, ITEMS, size=USERS)
     target[3] = history[3, 2]  # user 3's held-out item is one it had already
     # each user's items up to and including its held-out event (the held-out one last), as user_items gives them
-    seen_lists = [np.r_[h[h >= 0], rng.integers(0, ITEMS, size=2), t] for h, t in zip(history, target)]
+    seen_lists = [np.r_[h[h >= 0], rng.integers(0, ITEMS, size=2), t] for h, t in zip(history, target, strict=True)]
     seen = np.concatenate(seen_lists)
     offsets = np.r_[0, np.cumsum([s.size for s in seen_lists])]
     index = BatchIndex(item="item", history=history, candidates=target[:, None], features={})
@@ -77,8 +77,8 @@ def test_a_model_that_scores_every_item_alike_gets_chance_not_a_perfect_score():
     got = ranked(config, dense, rows, index, target, seen, offsets, True, 17).metrics()
     assert math.isclose(got["full_hr_at_10"], 10 / ITEMS) and math.isclose(got["full_hr_at_20"], 20 / ITEMS)
     excluded = ranked(config, dense, rows, index, target, seen, offsets, False, 17)
-    candidates = [ITEMS - len(set(s[:-1].tolist()) - {int(t)}) for s, t in zip(seen_lists, target)]
-    expected = [0.0 if m else 10 / c for m, c in zip(excluded.missed, candidates)]
+    candidates = [ITEMS - len(set(s[:-1].tolist()) - {int(t)}) for s, t in zip(seen_lists, target, strict=True)]
+    expected = [0.0 if m else 10 / c for m, c in zip(excluded.missed, candidates, strict=True)]
     assert math.isclose(excluded.metrics()["full_hr_at_10"], sum(expected) / USERS)
 
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from shardflow.model.metrics import Metrics
 from shardflow.errors import InputError
+from shardflow.model.metrics import Metrics
 from shardflow.reporting.summary import RUN_KEYS, RunSummary
 from support import TRAINED
 

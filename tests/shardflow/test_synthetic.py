@@ -1,10 +1,11 @@
 import tracemalloc
+from itertools import pairwise
 
 import numpy as np
 import pytest
 
-from shardflow.errors import InputError
 from shardflow.data.synthetic import Repeats, SynthTable, ZipfRows, parse_synth_table, synth_dataset, user_lengths
+from shardflow.errors import InputError
 from storage.dataset import Dataset
 
 
@@ -88,7 +89,7 @@ def test_bad_synth_arguments(tmp_path):
 def repeat_share(ids: np.ndarray, offsets: np.ndarray, window: int) -> float:
     """Share of events (users' first excepted) whose id is one of the user's previous `window` ids."""
     hits = total = 0
-    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+    for a, b in pairwise(offsets.tolist()):
         for p in range(a + 1, b):
             total += 1
             hits += int(ids[p] in ids[max(a, p - window) : p])

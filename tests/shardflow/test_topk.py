@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from support import tiny_scorer
 from shardflow.errors import InputError
 from shardflow.model.sequence import BatchIndex, scores, user_state
 from shardflow.model.topk import TopK, top_block
 from shardflow.training.recommend import check_request
+from support import tiny_scorer
 
 CPU = torch.device("cpu")
 ITEMS, USERS, K = 53, 9, 7

@@ -1,12 +1,12 @@
-"""The cost model's distinct rows fitted to real batches (shardflow.planning.touch), on generated stores."""
+"""The cost model's distinct rows fitted to real batches (shardflow.sharding.touch), on generated stores."""
 
 import numpy as np
 import pytest
 
+from shardflow.data.synthetic import Repeats, SynthTable, synth_dataset
 from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.topology import uniform
-from shardflow.data.synthetic import Repeats, SynthTable, synth_dataset
-from shardflow.planning.touch import fit_touch
+from shardflow.sharding.touch import fit_touch
 from storage.dataset import Dataset
 
 HISTORY, NEGATIVES = 5, 2

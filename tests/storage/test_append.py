@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support import REAL, sequences_by_raw_user, siblings, snapshot, split_into_days
 from shardflow.errors import InputError
 from storage.checksum import file_sha256
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 from storage.lock import writer_lock
 from storage.staging import staged
+from support import REAL, sequences_by_raw_user, siblings, snapshot, split_into_days
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_append_of_a_day_equals_a_fresh_import_of_all_days(tmp_path, days):
     src = source_with(tmp_path, days[:2])
     first = import_dataset("sasrec", src, tmp_path / "grown")
     before = Dataset.open(tmp_path / "grown")
-    rows_before = dict(zip(*(a.tolist() for a in before.raw_ids("item"))))
+    rows_before = dict(zip(*(a.tolist() for a in before.raw_ids("item")), strict=True))
     users_before = before.user_ids().tolist()
 
     source_with(tmp_path, days)
@@ -67,7 +67,7 @@ def test_append_of_a_day_equals_a_fresh_import_of_all_days(tmp_path, days):
 
     ds = Dataset.open(tmp_path / "grown")
     assert sequences_by_raw_user(ds) == original_sequences()
-    rows_after = dict(zip(*(a.tolist() for a in ds.raw_ids("item"))))
+    rows_after = dict(zip(*(a.tolist() for a in ds.raw_ids("item")), strict=True))
     assert all(rows_after[raw] == row for raw, row in rows_before.items())
     assert sorted(rows_after.values()) == list(range(ds.info.table("item").rows))
     assert ds.user_ids().tolist()[: len(users_before)] == users_before
@@ -181,7 +181,7 @@ def test_recbole_parts_are_regrouped_by_user_and_time_across_parts(tmp_path):
 
 
 def ratings(ds: Dataset) -> dict:
-    return dict(zip(ds.user_ids().tolist(), np.split(ds.column("dense/rating"), ds.offsets()[1:-1])))
+    return dict(zip(ds.user_ids().tolist(), np.split(ds.column("dense/rating"), ds.offsets()[1:-1]), strict=True))
 
 
 def test_criteo_parts_hash_the_same_rows_as_one_file(tmp_path):
@@ -196,7 +196,8 @@ def test_criteo_parts_hash_the_same_rows_as_one_file(tmp_path):
     assert parts.info.users == parts.info.interactions == 200
     for t in whole.info.table_names:
         np.testing.assert_array_equal(parts.ids(t), whole.ids(t))
-        assert dict(zip(*(a.tolist() for a in parts.raw_ids(t)))) == dict(zip(*(a.tolist() for a in whole.raw_ids(t))))
+        assert (dict(zip(*(a.tolist() for a in parts.raw_ids(t)), strict=True))
+                == dict(zip(*(a.tolist() for a in whole.raw_ids(t)), strict=True)))
     np.testing.assert_array_equal(parts.column("labels"), whole.column("labels"))
     np.testing.assert_array_equal(parts.column("dense/I5"), whole.column("dense/I5"))
     with pytest.raises(InputError, match=r"was imported with .*; accepted: the same options \(--hash-rows 1000\)"):

@@ -10,8 +10,7 @@ import pytest
 from shardflow.errors import InputError
 from shardflow.model.metrics import METRICS
 from shardflow.training.validation import VALIDATION_KEYS
-from storage.checkpoint import (CheckpointManifest, ExportManifest, finish, read_checkpoint, read_export_manifest,
-                                sealed)
+from storage.checkpoint import CheckpointManifest, ExportManifest, finish, read_checkpoint, read_export_manifest, sealed
 
 MODEL = {"kind": "sequence", "dim": 8, "mlp": [16], "history": 5}
 

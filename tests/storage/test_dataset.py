@@ -2,17 +2,18 @@
 
 import json
 import shutil
+from itertools import pairwise
 
 import numpy as np
 import pytest
 import zarr
 
-from support import REAL
 from shardflow.errors import InputError
 from storage import dataset as dataset_module
-from storage.dataset_writer import SegmentWriter
 from storage.dataset import Dataset
+from storage.dataset_writer import SegmentWriter
 from storage.importers import import_dataset
+from support import REAL
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +166,7 @@ def test_blocks_are_chunk_aligned_and_cover_every_event(store):
         assert {array for array, _, _ in blocks} == {"segments/0000/tables/item"}
         assert blocks[0][1] == 0 and blocks[-1][2] == ds.info.interactions
         assert all(a < b for _, a, b in blocks)
-        assert all(b0[2] == b1[1] for b0, b1 in zip(blocks, blocks[1:]))
+        assert all(b0[2] == b1[1] for b0, b1 in pairwise(blocks))
         chunk = zarr.open_array(str(store / "segments/0000/tables/item")).chunks[0]
         assert all(a % chunk == 0 for _, a, _ in blocks)
 

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from support import AVAZU, REAL, siblings, snapshot
 from shardflow.errors import InputError
 from storage.checksum import combine, file_sha256
 from storage.dataset import Dataset
 from storage.idmap import crc32_text
 from storage.importers import import_dataset
+from support import AVAZU, REAL, siblings, snapshot
 
 # The content checksums the line-by-line parser this importer replaced (commit 6f2827c)
 # gave the bundled files: the streamed, columnar import must store exactly the same arrays.
@@ -38,7 +38,7 @@ def sequences(ds: Dataset, table: str = "item") -> dict:
     """raw user index -> list of raw item ids, read back from the store."""
     off = ds.offsets()
     raw, rows = ds.raw_ids(table)
-    raw_of_row = dict(zip(rows.tolist(), raw.tolist()))
+    raw_of_row = dict(zip(rows.tolist(), raw.tolist(), strict=True))
     ids = ds.ids(table)
     return {u: [raw_of_row[i] for i in ids[off[u] : off[u + 1]].tolist()] for u in range(ds.info.users)}
 
@@ -108,7 +108,7 @@ def test_criteo_hashes_each_categorical_column_into_its_own_table(tmp_path):
     for name in ("C1", "C14", "C26"):
         col = header.index(name)
         raw, rows = ds.raw_ids(name)
-        row_of = dict(zip(raw.tolist(), rows.tolist()))
+        row_of = dict(zip(raw.tolist(), rows.tolist(), strict=True))
         assert ds.ids(name).tolist() == [row_of[line[col]] for line in body]
     np.testing.assert_array_equal(ds.column("labels"), [float(line[0]) for line in body])
     i2 = ds.column("dense/I2")
@@ -133,7 +133,7 @@ def test_criteo_tables_sized_exact_get_a_row_per_distinct_value_that_appends_ext
         values = [line.split(",")[col] for line in body]
         assert first[name] == len(set(values[:120])) and ds.info.table(name).rows == len(set(values))
         raw, rows = ds.raw_ids(name)
-        row_of = dict(zip(raw.tolist(), rows.tolist()))
+        row_of = dict(zip(raw.tolist(), rows.tolist(), strict=True))
         assert sorted(rows.tolist()) == list(range(len(set(values))))
         assert ds.ids(name).tolist() == [row_of[v] for v in values]
     assert ds.info.table("C1").rows == 7
@@ -154,7 +154,7 @@ def test_criteo_takes_avazus_layout_with_the_hour_of_day_as_a_table(tmp_path):
     for name, value in (("hour", lambda line: line[2][6:]), ("site_id", lambda line: line[5]),
                         ("C21", lambda line: line[-1])):
         raw, rows = ds.raw_ids(name)
-        row_of = dict(zip(raw.tolist(), rows.tolist()))
+        row_of = dict(zip(raw.tolist(), rows.tolist(), strict=True))
         assert ds.ids(name).tolist() == [row_of[value(line)] for line in body]
 
 
@@ -270,7 +270,7 @@ def test_ids_past_2_to_the_31_after_small_ones_keep_their_values(tmp_path):
     import_dataset("sasrec", src, tmp_path / "ds", block_bytes=8)
     ds = Dataset.open(tmp_path / "ds")
     raw, rows = ds.raw_ids("item")
-    raw_of_row = dict(zip(rows.tolist(), raw.tolist()))
+    raw_of_row = dict(zip(rows.tolist(), raw.tolist(), strict=True))
     assert [raw_of_row[i] for i in ds.ids("item").tolist()] == [5, 7, 3000000000, 5, 9000000000000000, 7]
     assert sorted(raw.tolist()) == raw.tolist()  # one part: rows in sorted order of the raw id
 

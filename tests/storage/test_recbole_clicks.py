@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from shardflow.errors import InputError
-from storage.dataset import Dataset
 from storage import importers, segments
+from storage.dataset import Dataset
 from storage.importers import import_dataset
 from support import REAL, snapshot
 
@@ -29,14 +29,14 @@ def raw_column(ds: Dataset, table: str) -> np.ndarray | list[list[str]]:
         return of_row[ids]
     held = ids >= 0
     assert (np.sort(~held, axis=1) == ~held).all() and (ids[~held] == -1).all(), "the padding, -1, comes last"
-    return [of_row[r[h]].tolist() for r, h in zip(ids, held)]
+    return [of_row[r[h]].tolist() for r, h in zip(ids, held, strict=True)]
 
 
 def read_tsv(path) -> list[dict]:
     with open(path, newline="") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     names = [h.partition(":")[0] for h in rows[0]]
-    return [dict(zip(names, r)) for r in rows[1:]]
+    return [dict(zip(names, r, strict=True)) for r in rows[1:]]
 
 
 def test_movielens_becomes_a_time_ordered_click_log_with_user_and_item_features(tmp_path):

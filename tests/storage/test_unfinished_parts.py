@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support import REAL, sequences_by_raw_user, siblings, snapshot, split_into_days
 from shardflow.errors import InputError
 from storage.dataset import Dataset
 from storage.importers import import_dataset
 from storage.sources import finished, not_parts, resolve_parts, unfinished
+from support import REAL, sequences_by_raw_user, siblings, snapshot, split_into_days
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_a_part_that_changed_after_its_import_is_replaced_keeping_every_row(tmp_
     (src / "day-3.txt").write_bytes(whole[:cut - 2] + b"\n")  # half a day, its last line cut short
     import_dataset("sasrec", src, tmp_path / "ds")
     before = Dataset.open(tmp_path / "ds")
-    rows_before = {t: dict(zip(*(a.tolist() for a in before.raw_ids(t)))) for t in ("item",)}
+    rows_before = {t: dict(zip(*(a.tolist() for a in before.raw_ids(t)), strict=True)) for t in ("item",)}
     users_before = before.user_ids().tolist()
 
     (src / "day-3.txt").unlink()
@@ -112,7 +112,7 @@ def test_a_part_that_changed_after_its_import_is_replaced_keeping_every_row(tmp_
     fresh = Dataset.open(tmp_path / "fresh")
     assert sequences_by_raw_user(ds) == sequences_by_raw_user(fresh)
     assert ds.info.interactions == fresh.info.interactions
-    rows_after = dict(zip(*(a.tolist() for a in ds.raw_ids("item"))))
+    rows_after = dict(zip(*(a.tolist() for a in ds.raw_ids("item")), strict=True))
     assert all(rows_after[raw] == row for raw, row in rows_before["item"].items())
     assert sorted(rows_after.values()) == list(range(ds.info.table("item").rows))
     assert ds.user_ids().tolist()[: len(users_before)] == users_before
@@ -150,7 +150,7 @@ def test_a_replacement_keeps_rows_and_users_in_the_other_formats(tmp_path, fmt, 
     (src / "b").write_text("\n".join(head + body[half: half + half // 2]) + "\n")  # half of b, then all of it
     import_dataset(fmt, src, tmp_path / "ds", **options)
     before = Dataset.open(tmp_path / "ds")
-    rows_before = {t: dict(zip(*(a.tolist() for a in before.raw_ids(t)))) for t in before.info.table_names}
+    rows_before = {t: dict(zip(*(a.tolist() for a in before.raw_ids(t)), strict=True)) for t in before.info.table_names}
     (src / "b").unlink()
     (src / "b").write_text("\n".join(head + body[half:]) + "\n")
     import_dataset(fmt, src, tmp_path / "ds", replace_from="b", **options)
@@ -158,7 +158,7 @@ def test_a_replacement_keeps_rows_and_users_in_the_other_formats(tmp_path, fmt, 
     ds, fresh = Dataset.open(tmp_path / "ds"), Dataset.open(tmp_path / "fresh")
     assert ds.info.interactions == fresh.info.interactions == len(body)
     for t in ds.info.table_names:
-        rows = dict(zip(*(a.tolist() for a in ds.raw_ids(t))))
+        rows = dict(zip(*(a.tolist() for a in ds.raw_ids(t)), strict=True))
         assert all(rows[raw] == row for raw, row in rows_before[t].items())
         assert sorted(rows.values()) == list(range(ds.info.table(t).rows))
     if fmt == "recbole":

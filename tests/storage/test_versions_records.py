@@ -119,8 +119,8 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
     from shardflow.data.clicks import config_record, model_config
     from shardflow.preflight import check_model_shape
     from storage.checkpoint import sealed
-    from storage.manifest import write_manifest
     from storage.importers import import_dataset
+    from storage.manifest import write_manifest
 
     cfg = RetrainConfig(run_dir=str(tmp_path))
     import_dataset("sasrec", REAL["sasrec"], tmp_path / "dataset")

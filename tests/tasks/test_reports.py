@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from shardflow.reporting.summary import RunSummary
-from tasks.reports import outcome, state_message
 from support import TRAINED
+from tasks.reports import outcome, state_message
 
 
 def test_the_run_state_names_the_outcome_and_says_the_verdict_first_in_under_70_characters():

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import zipf_access
 
 from shardflow.planner import copies
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.placement import place
-from shardflow.planner.plan import SINGLE, ShardingPlan
+from shardflow.planner.sharding_plan import SINGLE, ShardingPlan
 from shardflow.planner.strategies import FlexShard, ladder_budgets, propose
 from shardflow.planner.topology import Node, Topology
+from support import zipf_access
 
 
 def every_change_priced(seconds, delta, holds, own, copy_at, room):

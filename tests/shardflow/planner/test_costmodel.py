@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import BYTES_ONLY, CostModel, StepShape, Touch, Wire, touched
-from shardflow.planner.plan import GLOBAL, ID_BYTES, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
+from shardflow.planner.sharding_plan import GLOBAL, ID_BYTES, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.topology import Node, Topology
-from shardflow.planning.touch import FACTOR_RANGE, draws_factor
+from shardflow.sharding.touch import FACTOR_RANGE, draws_factor
 
 
 def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape: StepShape, touch: Touch = Touch()):
@@ -34,7 +34,7 @@ def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape:
             nodes = int(plan.partial_nodes[plan.partial_ids.tolist().index(r)])
             holders = {n for n in range(len(sizes)) if nodes >> n & 1}
 
-        def copy_in(node):
+        def copy_in(node, j=j):
             return starts[node] + j % sizes[node]
 
         relay = shape.dedup == "node" and len(sizes) > 1
@@ -58,7 +58,7 @@ def reference_pairs(access: TableAccess, plan: TablePlan, topo: Topology, shape:
                     lookup[home, copy_in(node)] += q_node * v
         if tier == SINGLE:
             continue
-        def q_node_of(node):
+        def q_node_of(node, p=p):
             return 1 - (1 - p) ** (m * sizes[node] * touch.node.get(sizes[node], 1.0))
 
         for node in sorted(holders):
@@ -97,7 +97,8 @@ def test_cost_model_matches_the_reference(sizes, counts, dedup, data):
     partial = node_rows[np.array(data.draw(st.lists(st.booleans(), min_size=node_rows.size,
                                                     max_size=node_rows.size)), dtype=bool)]
     others = [data.draw(st.integers(0, 2 ** len(sizes) - 1)) for _ in partial]  # nodes besides the home's
-    nodes = np.array([o | 1 << int(topo.node_of_device[home[r]]) for r, o in zip(partial, others)], dtype=np.int64)
+    nodes = np.array([o | 1 << int(topo.node_of_device[home[r]]) for r, o in zip(partial, others, strict=True)],
+                     dtype=np.int64)
     keep = np.bitwise_count(nodes.astype(np.uint64)) >= 2  # one node is the single tier
     plan = TablePlan("t", tier, home, partial[keep].astype(np.int64), nodes[keep])
     check_plan(ShardingPlan("x", (plan,)), {"t": rows}, topo)

@@ -2,21 +2,20 @@
 
 import numpy as np
 import pytest
-from support import zipf_access
 
 from shardflow.errors import InputError
+from shardflow.planner import refine as refine_module
 from shardflow.planner.copies import copy_unit_seconds
 from shardflow.planner.costmodel import CostModel, StepShape, row_link_bytes
 from shardflow.planner.exact import exact_plan
-from shardflow.planner.plan import NODE, SINGLE, ShardingPlan, TablePlan, row_bytes
-from shardflow.planner import refine as refine_module
-from shardflow.planner.refine import (bandwidths, hottest_rows, link_seconds, relayed_unit_loads,
-                                     unit_loads)
+from shardflow.planner.memory import budget_bytes_per_device
+from shardflow.planner.refine import bandwidths, hottest_rows, link_seconds, relayed_unit_loads, unit_loads
 from shardflow.planner.relaxation import floor_bound, lower_bound, node_bound, row_floors, tier_costs
 from shardflow.planner.report import bound_and_baseline
+from shardflow.planner.sharding_plan import NODE, SINGLE, ShardingPlan, TablePlan, row_bytes
 from shardflow.planner.strategies import STRATEGIES, propose
-from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import Node, Topology, uniform
+from support import zipf_access
 
 TOPOLOGIES = {
     "2x2 even": uniform(2, 2, 12.5),

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import zipf_access
 
 from shardflow.planner import refine
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.strategies import propose
 from shardflow.planner.topology import Node, Topology
+from support import zipf_access
 
 
 def every_move_and_swap_priced(vec: np.ndarray, home: np.ndarray, seconds: np.ndarray,

@@ -2,26 +2,38 @@
 
 import itertools
 import json
+from itertools import pairwise
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import zipf_access
 
 from shardflow.errors import InputError
+from shardflow.planner import sharding_plan as plan_module
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import BYTES_ONLY, FITTED_WIRE, CostModel, StepShape
 from shardflow.planner.exact import exact_plan
-from shardflow.planner import plan as plan_module
-from shardflow.planner.plan import (GLOBAL, NODE, SINGLE, BlockRows, ModuloRows, ShardingPlan, TablePlan, check_plan,
-                                   for_devices, row_bytes, table_rows_per_device)
+from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.report import bound_and_baseline, summarize, tier_text
+from shardflow.planner.sharding_plan import (
+    GLOBAL,
+    NODE,
+    SINGLE,
+    BlockRows,
+    ModuloRows,
+    ShardingPlan,
+    TablePlan,
+    check_plan,
+    for_devices,
+    row_bytes,
+    table_rows_per_device,
+)
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.strategies import SLACK_LADDER, propose
-from shardflow.planner.memory import budget_bytes_per_device
 from shardflow.planner.topology import Node, Topology, uniform
-from shardflow.planning.plans import read_plan_summary
+from shardflow.sharding.stage import read_plan_summary
+from support import zipf_access
 
 TWO_BY_TWO = uniform(2, 2, 12.5)
 
@@ -107,7 +119,7 @@ def test_table_wise_packs_whole_tables_near_the_best_packing_by_size_and_link_ti
                     "any",
                     tuple(
                         TablePlan(a.name, np.full(a.rows, SINGLE, np.int8), np.full(a.rows, h, np.int32))
-                        for a, h in zip(accesses, homes)
+                        for a, h in zip(accesses, homes, strict=True)
                     ),
                 )
                 best = min(best, model.evaluate(plan, by_name).link_time_s_per_step)
@@ -180,7 +192,8 @@ def test_flexshard_gives_a_slow_node_less_traffic():
 
 
 TOPOLOGIES = st.builds(
-    lambda sizes, bws: Topology(tuple(Node(f"n{i}", s, b) for i, (s, b) in enumerate(zip(sizes, bws))), 600.0),
+    lambda sizes, bws: Topology(tuple(Node(f"n{i}", s, b) for i, (s, b) in enumerate(zip(sizes, bws, strict=False))),
+                                600.0),
     st.lists(st.integers(1, 4), min_size=1, max_size=4),
     st.lists(st.sampled_from([1.0, 3.0, 12.5]), min_size=4, max_size=4),
 )
@@ -203,7 +216,7 @@ def test_plan_invariants(topo, tables, slack, dedup, strategy):
     assert (plan.memory_bytes_per_device(topo, 4) <= budget).all()
     check_plan(plan, {a.name: a.rows for a in accesses}, topo)
     copies_expected = {SINGLE: 1, NODE: N, GLOBAL: P}
-    for t, t2 in zip(plan.tables, again.tables):
+    for t, t2 in zip(plan.tables, again.tables, strict=True):
         assert np.array_equal(t.tier, t2.tier) and np.array_equal(t.home, t2.home)  # deterministic
         assert np.array_equal(t.partial_ids, t2.partial_ids) and np.array_equal(t.partial_nodes, t2.partial_nodes)
         smap, received = ShardMap(t, topo), ShardMap(for_devices(t, P), topo)  # the flow's, an actor's
@@ -211,7 +224,7 @@ def test_plan_invariants(topo, tables, slack, dedup, strategy):
         for d in range(P):
             assert np.array_equal(received.stored(d), stored[d])
             assert all(np.array_equal(a, b) for a, b in zip(received.locate(np.arange(t.rows), d),
-                                                            smap.locate(np.arange(t.rows), d)))
+                                                            smap.locate(np.arange(t.rows), d), strict=True))
         copies = np.bincount(np.concatenate(stored), minlength=t.rows)
         expected = np.vectorize(copies_expected.get)(t.tier)
         node = np.flatnonzero(t.tier == NODE)  # a node row on the nodes that hold it (all but where named)
@@ -248,7 +261,7 @@ def test_more_memory_never_makes_a_flexshard_plan_slower(topo, tables, dedup):
     for slack in SLACK_LADDER:
         plan, model, _ = plan_of("flexshard", accesses, topo=topo, slack=slack, shape=shape)
         times.append(model.evaluate(plan, {a.name: a for a in accesses}).comm_time_s_per_step)
-    assert all(later <= earlier * (1 + 1e-12) for earlier, later in zip(times, times[1:])), times
+    assert all(later <= earlier * (1 + 1e-12) for earlier, later in pairwise(times)), times
 
 
 def test_rows_copied_onto_some_nodes_are_checked_and_counted_where_they_are():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from support import MODEL
-from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.data.batches import TrainData
+from shardflow.data.synthetic import SynthTable, synth_dataset
+from support import MODEL
 
 
 @pytest.fixture(scope="module")

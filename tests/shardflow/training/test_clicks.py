@@ -9,18 +9,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from support import AVAZU, OPTIMIZER, REAL, TOPOLOGIES, check_against, in_process_devices, planned, reference
-from shardflow.model.dlrm import ClickConfig
-from shardflow.errors import InputError
-from shardflow.planner.strategies import STRATEGIES
 from shardflow.data.batches import CACHED_BLOCKS
 from shardflow.data.clicks import HELD_OUT, ClickData, load_training_data
+from shardflow.errors import InputError
+from shardflow.model.dlrm import ClickConfig
+from shardflow.model.metrics import average_ranks, log_loss, roc_auc
+from shardflow.planner.strategies import STRATEGIES
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
-from shardflow.model.metrics import average_ranks, log_loss, roc_auc
 from shardflow.training.inprocess import InProcess
 from storage.dataset import Dataset
 from storage.importers import import_dataset
+from support import AVAZU, OPTIMIZER, REAL, TOPOLOGIES, check_against, in_process_devices, planned, reference
 
 CLICK_BATCH = 24
 CLICK_STEPS = 3
@@ -220,7 +220,7 @@ def test_a_click_checkpoint_resumes_bitwise_and_its_export_warm_starts_another_p
         for i in range(2, 4):
             e.step(0, i)
         resumed = e.parameters()
-    for a, b in zip(uninterrupted, resumed):
+    for a, b in zip(uninterrupted, resumed, strict=True):
         for t in model.features:
             assert a[t]["weights"].tobytes() == b[t]["weights"].tobytes()
         for k in a.get("dense", {}):
@@ -234,9 +234,9 @@ def test_a_click_checkpoint_resumes_bitwise_and_its_export_warm_starts_another_p
     for t in model.features:
         exported = {}
         for shard in uninterrupted:
-            exported.update(zip(shard[t]["ids"].tolist(), shard[t]["weights"]))
+            exported.update(zip(shard[t]["ids"].tolist(), shard[t]["weights"], strict=True))
         for shard in started:
-            for i, row in zip(shard[t]["ids"].tolist(), shard[t]["weights"]):
+            for i, row in zip(shard[t]["ids"].tolist(), shard[t]["weights"], strict=True):
                 assert row.tobytes() == exported[i].tobytes(), (t, i)
 
 

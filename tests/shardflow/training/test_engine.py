@@ -12,19 +12,30 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from support import (ATTENTION, BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, in_process_devices, planned,
-                     random_plan, reference)
 from shardflow.errors import InputError, TrainingError
-from shardflow.model.sequence import ModelConfig
 from shardflow.model.optim import OptimizerConfig
-from shardflow.planner.plan import GLOBAL, NODE, ShardingPlan, TablePlan
-from shardflow.planner.topology import Node, Topology
+from shardflow.model.sequence import ModelConfig
 from shardflow.planner.estimation import estimation_plan
+from shardflow.planner.sharding_plan import GLOBAL, NODE, ShardingPlan, TablePlan
+from shardflow.planner.topology import Node, Topology
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from shardflow.training.inprocess import InProcess
 from shardflow.training.reference import ReferenceTrainer
 from shardflow.training.validation import stop_now
+from support import (
+    ATTENTION,
+    BATCH,
+    MODEL,
+    OPTIMIZER,
+    STEPS,
+    TOPOLOGIES,
+    check_against,
+    in_process_devices,
+    planned,
+    random_plan,
+    reference,
+)
 
 
 def live_actors(client) -> int:
@@ -107,7 +118,7 @@ def test_the_cluster_gives_bitwise_the_parameters_of_the_in_process_driver(clien
     driver = InProcess(in_process_devices(data, plan, TOPOLOGIES[4]))
     for i in range(7):
         driver.step(0, i, i, 0)
-    for a, b in zip(on_cluster, [d.parameters() for d in driver.devices]):
+    for a, b in zip(on_cluster, [d.parameters() for d in driver.devices], strict=True):
         for t in ("item", "genre"):
             assert a[t]["weights"].tobytes() == b[t]["weights"].tobytes() and a[t]["version"].max() == 7
         for k in a.get("dense", {}):
@@ -166,7 +177,7 @@ def test_a_non_finite_gradient_stops_the_step_naming_it_and_changes_nothing(clie
         with pytest.raises(TrainingError):
             e.step(0, failed)
         after = e.parameters()
-    for b, a in zip(before, after):
+    for b, a in zip(before, after, strict=True):
         for t in ("item", "genre"):
             assert b[t]["weights"].tobytes() == a[t]["weights"].tobytes()
             assert (b[t]["version"] <= failed).all()
@@ -197,7 +208,7 @@ def test_a_restored_checkpoint_continues_bitwise_and_the_export_holds_every_row(
         for i in range(2, 4):
             e.step(0, i)
         resumed = e.parameters()
-    for a, b in zip(uninterrupted, resumed):
+    for a, b in zip(uninterrupted, resumed, strict=True):
         for t in ("item", "genre"):
             assert a[t]["weights"].tobytes() == b[t]["weights"].tobytes()
             assert a[t]["version"].tobytes() == b[t]["version"].tobytes()

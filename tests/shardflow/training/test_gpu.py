@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from support import BATCH, MODEL, OPTIMIZER, TOPOLOGIES, random_plan
 from shardflow.cluster import dask_client
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from shardflow.training.reference import ReferenceTrainer
+from support import BATCH, MODEL, OPTIMIZER, TOPOLOGIES, random_plan
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to PyTorch")
 
@@ -25,7 +25,7 @@ def test_cuda_engine_matches_the_cpu_engine(dataset, data):
                 for i in range(3):
                     e.step(0, i)
                 out[device] = e.parameters()
-    for cpu, gpu in zip(out["cpu"], out["cuda"]):
+    for cpu, gpu in zip(out["cpu"], out["cuda"], strict=True):
         for t in ("item", "genre"):
             scale = np.abs(cpu[t]["weights"]).max(initial=1.0)
             assert np.abs(cpu[t]["weights"] - gpu[t]["weights"]).max(initial=0.0) <= 1e-5 * scale

@@ -8,17 +8,29 @@ import numpy as np
 import pytest
 import torch
 
-from support import (ADAM, ATTENTION, BATCH, MODEL, OPTIMIZER, STEPS, TOPOLOGIES, check_against, in_process_devices,
-                     planned, random_plan, reference)
 from shardflow.errors import InputError, TrainingError
 from shardflow.model.optim import OptimizerConfig
-from shardflow.planner.plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
-from shardflow.planner.topology import Node, Topology
+from shardflow.planner.sharding_plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.strategies import STRATEGIES
-from shardflow.training.messages import Apply, ApplyDense, Compute, PeerStopped, Round, Send
+from shardflow.planner.topology import Node, Topology
 from shardflow.training.inprocess import InProcess
+from shardflow.training.messages import Apply, ApplyDense, Compute, PeerStopped, Round, Send
 from shardflow.training.protocol import Phase, StepProtocol, step_rounds
 from shardflow.training.reference import ReferenceTrainer
+from support import (
+    ADAM,
+    ATTENTION,
+    BATCH,
+    MODEL,
+    OPTIMIZER,
+    STEPS,
+    TOPOLOGIES,
+    check_against,
+    in_process_devices,
+    planned,
+    random_plan,
+    reference,
+)
 
 
 def stepped(dataset, data, strategy: str, devices: int, dedup: str, **kw) -> list:
@@ -165,7 +177,7 @@ def test_answering_the_next_steps_requests_early_leaves_every_parameter_bitwise_
     early, late = (in_process_devices(data, plan, topo, dedup, early=e) for e in (True, False))
     InProcess(early).run(starts, lambda i: EARLY_POINTS[i % len(EARLY_POINTS)])
     InProcess(late).run(starts)
-    for answered_early, answered_late in zip(early, late):
+    for answered_early, answered_late in zip(early, late, strict=True):
         assert bitwise_equal(answered_early.parameters(), answered_late.parameters())
         assert (answered_early.traffic().lookup == answered_late.traffic().lookup).all()
     patched = sum(d.traffic().patch.sum() for d in early)
@@ -226,7 +238,7 @@ def test_every_device_sends_one_message_to_every_peer_its_round_links_it_with_an
                 assert sorted(out) == list(devs[sender].round_peers[round]), round
                 assert all(m.round is round and m.sender == sender and m.step == step for m in out.values())
             inboxes = [[out[r] for out in outboxes if r in out] for r in range(P)]
-            outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(devs, inboxes)]
+            outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(devs, inboxes, strict=True)]
         assert outboxes == [{}] * P  # the last round answers nothing: the step is applied
         assert all(d.shard.clock == step + 1 for d in devs)
     check_against(reference(data, STEPS), [d.parameters() for d in devs])
@@ -269,7 +281,7 @@ def test_a_device_that_fails_tells_its_peers_and_nothing_is_applied_anywhere(dat
     before = [d.parameters() for d in devs]
     outboxes = [d.start(0, 0, 0, 0) for d in devs]
     inboxes = [[out[r] for out in outboxes if r in out] for r in range(3)]
-    outboxes = [d.receive(Round.REQUEST, inbox) for d, inbox in zip(devs, inboxes)]
+    outboxes = [d.receive(Round.REQUEST, inbox) for d, inbox in zip(devs, inboxes, strict=True)]
     inboxes = [[out[r] for out in outboxes if r in out] for r in range(3)]
     outboxes = [devs[0].receive(Round.REPLY, inboxes[0]),
                 devs[1].failed(TrainingError("step 0: device 1 gave up")),  # instead of computing
@@ -279,7 +291,7 @@ def test_a_device_that_fails_tells_its_peers_and_nothing_is_applied_anywhere(dat
     for d in (0, 2):
         with pytest.raises(PeerStopped, match="step 0: device 1 gave up"):
             devs[d].receive(Round.GRADIENTS, inboxes[d])
-    for b, d in zip(before, devs):
+    for b, d in zip(before, devs, strict=True):
         assert d.shard.clock == 0 and d.protocol.expecting is None
         for t in ("item", "genre"):
             assert b[t]["weights"].tobytes() == d.parameters()[t]["weights"].tobytes()
@@ -362,7 +374,7 @@ def test_a_checkpoint_moves_onto_another_plan_and_training_goes_on_as_the_refere
     for p in (d.parameters() for d in old):
         for t in data.rows:
             at_save[t].update({i: (w.tobytes(), a.tobytes(), v) for i, w, a, v in zip(
-                p[t]["ids"].tolist(), p[t]["weights"], p[t]["state"], p[t]["version"])})
+                p[t]["ids"].tolist(), p[t]["weights"], p[t]["state"], p[t]["version"], strict=True)})
     new = in_process_devices(data, random_plan(data, after, seed=6), TOPOLOGIES[after], optimizer=optimizer)
     for k in range(before):
         new[k % after].verify(str(tmp_path / "ckpt"), digests, k)
@@ -371,7 +383,8 @@ def test_a_checkpoint_moves_onto_another_plan_and_training_goes_on_as_the_refere
     for p in (d.parameters() for d in new):
         for t in data.rows:
             assert [at_save[t][i] for i in p[t]["ids"].tolist()] == [
-                (w.tobytes(), a.tobytes(), v) for w, a, v in zip(p[t]["weights"], p[t]["state"], p[t]["version"])]
+                (w.tobytes(), a.tobytes(), v)
+                for w, a, v in zip(p[t]["weights"], p[t]["state"], p[t]["version"], strict=True)]
     assert all(np.array_equal(new[0].parameters()["dense"][k], v) for k, v in old[0].parameters()["dense"].items())
     for i in range(2, 4):
         InProcess(new).step(0, i, i, 0)
@@ -401,7 +414,7 @@ def test_one_phase_per_device_and_a_fresh_state_for_every_step(data):
         seen.append(devs[0].protocol.state)
         for round in devs[0].rounds:
             inboxes = [[out[r] for out in outboxes if r in out] for r in range(3)]
-            outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(devs, inboxes)]
+            outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(devs, inboxes, strict=True)]
             if round is Round.REQUEST:
                 assert [d.protocol.expecting for d in devs] == [Round.REPLY] * 3
         [d.finish() for d in devs]

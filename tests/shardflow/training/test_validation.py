@@ -7,8 +7,15 @@ import pytest
 from shardflow.errors import InputError
 from shardflow.model.metrics import Metrics
 from shardflow.training.config import TrainConfig
-from shardflow.training.validation import (VALIDATION_KEYS, best_epoch, check_min_epochs, score, stop_now,
-                                          validation_of, validation_values)
+from shardflow.training.validation import (
+    VALIDATION_KEYS,
+    best_epoch,
+    check_min_epochs,
+    score,
+    stop_now,
+    validation_of,
+    validation_values,
+)
 
 
 def test_sequences_are_chosen_on_ndcg_and_click_logs_on_auc():

@@ -8,19 +8,19 @@ import numpy as np
 import pytest
 import zarr
 
-from support import ADAM, OPTIMIZER, TOPOLOGIES, random_plan
-from shardflow.errors import InputError
-from shardflow.model.sequence import ModelConfig, init_rows
-from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan
-from shardflow.planning.plans import extend_plan
+from shardflow.data.batches import CACHED_BLOCKS, TrainData, window_start
 from shardflow.data.examples import examples_from
 from shardflow.data.synthetic import SynthTable, synth_dataset
-from shardflow.data.batches import CACHED_BLOCKS, TrainData, window_start
+from shardflow.errors import InputError
+from shardflow.model.sequence import ModelConfig, init_rows
+from shardflow.planner.sharding_plan import SINGLE, ShardingPlan, TablePlan
+from shardflow.sharding.stage import extend_plan
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
 from storage.checkpoint import verify_export
 from storage.dataset import Dataset
 from storage.importers import import_dataset
+from support import ADAM, OPTIMIZER, TOPOLOGIES, random_plan
 
 # Three days of a sasrec log: user 1 on every day, user 2 on days 1 and 3, user 3 new on day 3.
 DAYS = ["1 10\n1 11\n1 12\n2 20\n2 21\n2 22\n", "1 13\n1 14\n", "1 15\n2 23\n2 24\n3 30\n3 31\n3 32\n"]
@@ -70,7 +70,7 @@ def test_with_a_validation_split_a_window_trains_what_the_version_before_held_ou
     assert window_start(days / "ds", 2, batch_size=4, validation=True) == 1
     assert window_start(days / "ds", 2, batch_size=6, validation=True) == 0
     with pytest.raises(InputError, match="no validation split was held out"):
-        TrainData.load(days / "ds").validation_targets
+        _ = TrainData.load(days / "ds").validation_targets
 
 
 def test_a_window_too_small_for_one_batch_widens_to_earlier_parts(days):
@@ -164,7 +164,7 @@ def test_blocks_of_any_size_stream_the_targets_and_examples_of_the_whole_log(day
         ids = ds.ids("item")
         want = examples_from(
             ds.offsets(),
-            lambda _, positions: ids[positions],
+            lambda _, positions, ids=ids: ids[positions],
             targets[::-1],
             ds.info.table("item").rows,
             history=3,

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardflow.data.batches import TrainData, negative_seed
+from shardflow.data.clicks import ClickData, model_config
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import Touch, touched
 from shardflow.planner.topology import Topology
-from shardflow.data.batches import TrainData, negative_seed
-from shardflow.data.clicks import ClickData, model_config
 from storage.dataset import Dataset
 
 SAMPLE_BATCHES = 8  # global batches sampled, spread over an epoch
@@ -54,7 +54,7 @@ def fit_touch(dataset: Dataset, accesses: list[TableAccess], topology: Topology,
             per_trainer = [f[t] for f in fetched]
             distinct[t]["trainer"] += [ids.size for ids in per_trainer]
             distinct[t]["batch"].append(np.unique(np.concatenate(per_trainer)).size)
-            for start, n in zip(topology.node_start.tolist(), topology.node_devices.tolist()):
+            for start, n in zip(topology.node_start.tolist(), topology.node_devices.tolist(), strict=True):
                 distinct[t][f"node{n}"].append(np.unique(np.concatenate(per_trainer[start : start + n])).size)
     touch = {}
     for a in accesses:

@@ -9,7 +9,7 @@ Layout:
     manifest.json                       written last: strategy, topology, step shape,
                                         budget, the profile it came from, checksum
 
-Arrays and JSON only: shardflow.planning.plans turns them into plans, topologies and shapes.
+Arrays and JSON only: shardflow.sharding.stage turns them into plans, topologies and shapes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The planning stage without Prefect: profile + topology -> plan store and its summary."""
+"""The sharding stage without Prefect: profile + topology -> plan store and its summary."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import numpy as np
 from shardflow.errors import DamagedStore, InputError
 from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
-from shardflow.planner.plan import SINGLE, ShardingPlan, TablePlan, check_plan
-from shardflow.planner.report import PlanSummary, StrategyRefused, bound_and_baseline, summarize
-from shardflow.planner.strategies import STRATEGIES, propose
 from shardflow.planner.memory import budget_bytes_per_device
+from shardflow.planner.report import PlanSummary, StrategyRefused, bound_and_baseline, summarize
+from shardflow.planner.sharding_plan import SINGLE, ShardingPlan, TablePlan, check_plan
+from shardflow.planner.strategies import STRATEGIES, propose
 from shardflow.planner.topology import Topology, parse_topology
-from shardflow.planning.touch import fit_touch
 from shardflow.records import parse_record
+from shardflow.sharding.touch import fit_touch
 from storage.dataset import Dataset
-from storage.plan import PlanManifest, read_plan_arrays, read_summary, write_plan
-from storage.profile import Profile
 from storage.lock import writer_lock
+from storage.plan_store import PlanManifest, read_plan_arrays, read_summary, write_plan
+from storage.profile import Profile
 from storage.staging import check_destination, staged
 
 DEFAULT_HISTORY = 20
@@ -69,7 +69,7 @@ def accesses_from_profile(profile: Profile, history: int, negatives: int) -> lis
 def cost_model(profile: Profile, accesses: list[TableAccess], topology: Topology, shape: StepShape, history: int,
                negatives: int) -> CostModel:
     """The cost model with every table's distinct rows fitted to real batches of the profiled dataset
-    (shardflow.planning.touch): of its training window, if the profile counted one."""
+    (shardflow.sharding.touch): of its training window, if the profile counted one."""
     dataset = Dataset.open(profile.dataset.path)
     return CostModel(topology, shape, fit_touch(dataset, accesses, topology, shape.batch_size, history, negatives,
                                                 first=profile.dataset.window.first_part))
