@@ -252,7 +252,7 @@ _JOBQUEUE = {
 JOBQUEUE_CLASSES = tuple(f"dask_jobqueue.{name}" for name in ("SLURMCluster", "PBSCluster", "SGECluster",
                                                               "LSFCluster", "OARCluster", "HTCondorCluster",
                                                               "MoabCluster"))
-# The cluster classes a run may name, and the only cluster_kwargs each takes (docs/reference.md).
+# The cluster classes a run may name, and the only cluster_kwargs each takes (docs/runs.md).
 CLUSTER_KWARGS: dict[str, dict[str, Rule]] = {
     "distributed.LocalCluster": _LOCAL,
     "dask_cuda.LocalCUDACluster": _CUDA,

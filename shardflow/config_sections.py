@@ -167,22 +167,20 @@ class TrainSection(Section):
     dense_optimizer: Literal["adam", "adagrad"] = "adam"
     row_optimizer: Literal["adagrad", "adam"] = Field(
         "adagrad", description="the embedding rows' optimizer: row-wise Adagrad (one float of state a row) or "
-        "Adam per row (2·dim + 1 floats a row: the plan's memory counts it; nearer the SASRec paper's figures, "
-        "docs/benchmarks.md)",
+        "Adam per row (2·dim + 1 floats a row: the plan's memory counts it)",
     )
     row_lr: float | None = Field(None, gt=0, allow_inf_nan=False,
                                  description="the rows' rate (none: 0.05 for adagrad, 0.002 for adam)")
     dense_lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
     early_answers: bool = Field(
         False, description="answer the next step's row requests while waiting and patch them when it begins (scopes "
-        "none and device): exact either way; 0.89-1.02x the examples/s of late answers on a 2-core CPU machine, where "
-        "no core is idle to hide the work (docs/benchmarks.md)",
+        "none and device): exact either way; pays only where a device waits on transfers with a core to spare",
     )
     transport: Literal["actor", "collective"] = Field(
         "actor", description="how a step's messages travel between devices: Dask actor calls (actor), or a gloo "
         "process group the devices form over their workers' host addresses (collective, torch.distributed; "
         "unencrypted, so not with the cluster's TLS files; not with early_answers); exact either way "
-        "(docs/reference.md: the transports)",
+        "(docs/training.md: the transports)",
     )
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = Field(0, ge=0, le=2**63 - 1, description="batch order and negatives (a 64-bit signed integer)")

@@ -1,6 +1,6 @@
 """The model-version tasks of a nightly run: open a version, plan it against drift, warm-start it, gate it.
 
-The layout and its records are storage.versions; docs/reference.md says what each
+The layout and its records are storage.versions; docs/runs.md says what each
 decision means for a user.
 """
 

@@ -137,5 +137,5 @@ def parse_topology(data: object, where: str = "topology") -> Topology:
 def load_topology(path: str | Path) -> Topology:
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"{path}: no such topology file; accepted: a YAML file (see docs/reference.md, Topology)")
+        raise InputError(f"{path}: no such topology file; accepted: a YAML file (see docs/sharding.md, Topology)")
     return parse_topology(load_file(path, "topology"), str(path))
