@@ -34,8 +34,10 @@ test: lint
 test-quick: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m unit -n auto
 
+# ruff everywhere; mypy, strict, on the pure core (pyproject.toml's [tool.mypy] names the folders).
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # The main job: the whole retraining flow (flows/retrain.py) on the bundled amazon-video
 # dataset over the demo topology (2 nodes × 2 devices), with Prefect's embedded API and a

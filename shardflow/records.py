@@ -45,7 +45,8 @@ def _options(hint: object) -> tuple:
 
 def _accepted(hint: object) -> str:
     names = {int: "int", float: "int or float", str: "str", bool: "bool", dict: "dict", type(None): "none"}
-    return " or ".join(names.get(o, "dict" if dataclasses.is_dataclass(o) else "list") for o in _options(hint))
+    return " or ".join(names.get(typing.get_origin(o) or o, "dict" if dataclasses.is_dataclass(o) else "list")
+                       for o in _options(hint))
 
 
 def _checked(value: object, hint: object, key: str, where: str) -> object:
@@ -59,6 +60,8 @@ def _checked(value: object, hint: object, key: str, where: str) -> object:
         if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if option in (int, str, bool, dict) and type(value) is option:
+            return value
+        if typing.get_origin(option) is dict and type(value) is dict:
             return value
         if dataclasses.is_dataclass(option) and isinstance(value, dict):
             return parse_record(option, value, f"{where} {key}")

@@ -31,12 +31,17 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from shardflow.hashing import splitmix64
+from shardflow.model.tensors import Tensors
+
+if TYPE_CHECKING:  # sequence imports this module
+    from shardflow.model.sequence import ModelConfig
 
 MASK_BANK = 1024  # rows of seeded uniforms a dropout mask is drawn from (two per example and site)
 NORM_EPS = 1e-8  # the paper's code's layer-norm epsilon
@@ -76,15 +81,15 @@ def dropout(x: torch.Tensor, keys: np.ndarray | None, site: int, rate: float, se
     return x * keep.view(x.shape).to(x.dtype) / (1.0 - rate)
 
 
-def _norm(x: torch.Tensor, dense: dict, name: str) -> torch.Tensor:
+def _norm(x: torch.Tensor, dense: Tensors, name: str) -> torch.Tensor:
     return F.layer_norm(x, x.shape[-1:], dense[f"{name}.weight"], dense[f"{name}.bias"], NORM_EPS)
 
 
-def _linear(x: torch.Tensor, dense: dict, name: str) -> torch.Tensor:
+def _linear(x: torch.Tensor, dense: Tensors, name: str) -> torch.Tensor:
     return x @ dense[f"{name}.weight"] + dense[f"{name}.bias"]
 
 
-def encode(config, dense: dict, items: torch.Tensor, window: torch.Tensor, keys: np.ndarray | None,
+def encode(config: ModelConfig, dense: Tensors, items: torch.Tensor, window: torch.Tensor, keys: np.ndarray | None,
            sparse: bool) -> torch.Tensor:
     """The user's state [E, dim] after the most recent item of each window ([E, L] row index, -1 padding)."""
     E, L = window.shape
@@ -107,7 +112,10 @@ def encode(config, dense: dict, items: torch.Tensor, window: torch.Tensor, keys:
     for b in range(config.blocks):
         p = f"attention.{b}"
         q = _norm(e, dense, f"{p}.norm1")
-        split = lambda t: t.view(E, L, H, D // H).transpose(1, 2)  # noqa: E731  [E, H, L, D/H]
+
+        def split(t: torch.Tensor) -> torch.Tensor:  # [E, H, L, D/H]
+            return t.view(E, L, H, D // H).transpose(1, 2)
+
         Q, K, V = split(_linear(q, dense, f"{p}.query")), split(e @ dense[f"{p}.key.weight"]), \
             split(_linear(e, dense, f"{p}.value"))
         weights = torch.softmax((Q @ K.transpose(2, 3) / math.sqrt(D // H)).masked_fill(blocked, float("-inf")), -1)

@@ -18,6 +18,7 @@ passes whole tables and takes sparse gradients. Dense weights are stored [in, ou
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from shardflow.errors import InputError
+from shardflow.model.tensors import Tensors
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class ClickConfig:
         return list(pairwise(widths))
 
     def dense_shapes(self) -> dict[str, tuple[int, ...]]:
-        out = {}
+        out: dict[str, tuple[int, ...]] = {}
         for part, layers in (("bottom", self.bottom_layers), ("top", self.top_layers)):
             for i, (fan_in, fan_out) in enumerate(layers):
                 out[f"{part}.{i}.weight"], out[f"{part}.{i}.bias"] = (fan_in, fan_out), (fan_out,)
@@ -87,7 +89,7 @@ class ClickConfig:
                 params[name] = np.zeros(shape, dtype=np.float32)
         return params
 
-    def logits(self, dense: dict, rows: dict, index: ClickTensorIndex, sparse: bool = False) -> torch.Tensor:
+    def logits(self, dense: Tensors, rows: Tensors, index: ClickTensorIndex, sparse: bool = False) -> torch.Tensor:
         """Logits [E]."""
         vectors = [table_vectors(rows[t], index.features[t], sparse) for t in self.features]
         head = []
@@ -136,7 +138,8 @@ def numeric_input(values: np.ndarray) -> np.ndarray:
 class ClickIndex:
     """Where each lookup of a sub-batch finds its row, with the examples' numeric inputs and labels."""
 
-    features: dict  # table -> int64 [E] row index, or [E, width] for a table of token sequences (-1 padding)
+    # table -> int64 [E] row index, or [E, width] for a table of token sequences (-1 padding)
+    features: dict[str, np.ndarray]
     numeric: np.ndarray  # float32 [E, numeric columns], already numeric_input
     labels: np.ndarray  # float32 [E]
 
@@ -160,7 +163,7 @@ class Bags:
     offsets: torch.Tensor
 
     @classmethod
-    def of(cls, padded: np.ndarray, tensor) -> Bags:
+    def of(cls, padded: np.ndarray, tensor: Callable[[np.ndarray], torch.Tensor]) -> Bags:
         held = padded >= 0
         counts = held.sum(axis=1)
         return cls(tensor(padded[held]), tensor(np.cumsum(counts) - counts))
@@ -168,6 +171,6 @@ class Bags:
 
 @dataclass
 class ClickTensorIndex:
-    features: dict  # table -> int64 tensor [E], or its Bags
+    features: dict[str, torch.Tensor | Bags]  # table -> int64 tensor [E], or its Bags
     numeric: torch.Tensor
     labels: torch.Tensor

@@ -12,7 +12,9 @@ Each workload's scored examples are a value that adds up over chunks and devices
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -39,13 +41,13 @@ class Metrics:
     full_hr_at_20: float | None = None
     full_ndcg_at_20: float | None = None
 
-    def values(self, prefix: str = "", full: bool = False) -> dict:
+    def values(self, prefix: str = "", full: bool = False) -> dict[str, float | None]:
         """Under every key of METRICS (and FULL_METRICS with `full`), None where the workload has none; each key
         prefixed (val_, previous_)."""
         return {prefix + k: getattr(self, k) for k in (*METRICS, *(FULL_METRICS if full else ()))}
 
     @classmethod
-    def read(cls, values: dict, prefix: str = "") -> Metrics:
+    def read(cls, values: Mapping[str, Any], prefix: str = "") -> Metrics:
         """The metrics a summary, checkpoint manifest or epoch's record keeps under `prefix` keys."""
         return cls(**{k: values.get(prefix + k) for k in (*METRICS, *FULL_METRICS)})
 
@@ -74,7 +76,7 @@ class RankCounts:
     examples: int = 0
 
     @classmethod
-    def of(cls, logit: np.ndarray, examples=None) -> RankCounts:
+    def of(cls, logit: np.ndarray, examples: object = None) -> RankCounts:
         return cls(*hits(logit), examples=len(logit))
 
     def __add__(self, other: RankCounts) -> RankCounts:
@@ -100,7 +102,7 @@ class ScoredRows:
     label: np.ndarray = field(default_factory=_no_scores)
 
     @classmethod
-    def of(cls, logit: np.ndarray, examples) -> ScoredRows:
+    def of(cls, logit: np.ndarray, examples: Any) -> ScoredRows:
         return cls(np.asarray(logit, dtype=np.float32).reshape(-1), examples.labels)
 
     def __add__(self, other: ScoredRows) -> ScoredRows:

@@ -51,6 +51,11 @@ class OptimizerConfig:
     beta1: float = 0.9
     beta2: float = 0.999
 
+    @property
+    def row_rate(self) -> float:
+        """The rows' rate: row_lr, or the row optimizer's default."""
+        return ROW_LR[self.rows] if self.row_lr is None else self.row_lr
+
     def __post_init__(self) -> None:
         if self.rows not in ROW_OPTIMIZERS:
             raise InputError(f"row optimizer {self.rows!r}; accepted: {', '.join(ROW_OPTIMIZERS)}")
@@ -80,7 +85,7 @@ def row_adagrad(config: OptimizerConfig, weights: torch.Tensor, state: torch.Ten
     """Update rows `local` (distinct) of `weights` [rows, dim] and `state` [rows] in place."""
     acc = state[local] + (grads * grads).mean(dim=1)
     state[local] = acc
-    weights[local] -= config.row_lr * grads / (acc.sqrt()[:, None] + config.eps)
+    weights[local] -= config.row_rate * grads / (acc.sqrt()[:, None] + config.eps)
 
 
 @torch.no_grad()
@@ -95,7 +100,7 @@ def row_adam(config: OptimizerConfig, weights: torch.Tensor, state: torch.Tensor
     state[local] = torch.cat([m, v, count], dim=1)
     m_hat = m / (1 - torch.pow(b1, count))
     v_hat = v / (1 - torch.pow(b2, count))
-    weights[local] -= config.row_lr * m_hat / (v_hat.sqrt() + config.eps)
+    weights[local] -= config.row_rate * m_hat / (v_hat.sqrt() + config.eps)
 
 
 # The state torch.optim keeps per parameter, by the name an export stores it under.
@@ -107,6 +112,7 @@ class DenseOptimizer:
 
     def __init__(self, config: OptimizerConfig, params: dict[str, torch.Tensor]) -> None:
         self.config, self.params = config, params
+        self._opt: torch.optim.Optimizer
         if config.dense == "adam":
             self._opt = torch.optim.Adam(list(params.values()), lr=config.dense_lr,
                                          betas=(config.beta1, config.beta2), eps=config.eps)
@@ -116,7 +122,7 @@ class DenseOptimizer:
         for p in params.values():  # zero state now, so it can be saved before the first step
             self._opt.state[p] = self._fresh(p)
 
-    def _fresh(self, p: torch.Tensor) -> dict:
+    def _fresh(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         slots = {torch_name: torch.zeros_like(p) for torch_name in _SLOTS[self.config.dense].values()}
         return {"step": torch.tensor(float(self.t)), **slots}
 

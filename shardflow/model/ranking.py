@@ -24,6 +24,7 @@ import torch
 
 from shardflow.model.metrics import rank_gains
 from shardflow.model.sequence import ModelConfig, candidate_scores
+from shardflow.model.tensors import Tensors, UserState
 
 SEEN = ("exclude-seen", "include-seen")
 FULL_RANKING = (*SEEN, "off")  # what a run ranks among the whole catalog (config train.full_ranking)
@@ -63,7 +64,7 @@ class UsersToRank:
     """The users one ranking scores: their states (model.sequence.user_state, on the CPU), their held-out items'
     ids and scores, and the (user, item) pairs left out of their rankings (the items they had already)."""
 
-    state: tuple
+    state: UserState
     target: np.ndarray  # int64 [users]: the held-out item of each
     target_score: torch.Tensor  # [users]
     left_user: np.ndarray  # int64: pairs (left_user[i], left_item[i]) are not ranked
@@ -74,7 +75,7 @@ class UsersToRank:
         return self.target.size
 
 
-def users_to_rank(config: ModelConfig, dense: dict, state: tuple, target: np.ndarray, target_rows: torch.Tensor,
+def users_to_rank(config: ModelConfig, dense: Tensors, state: UserState, target: np.ndarray, target_rows: torch.Tensor,
                   seen: np.ndarray, seen_offsets: np.ndarray, include_seen: bool) -> tuple[UsersToRank, np.ndarray]:
     """The users' ranking inputs, and which of them are missed outright (a held-out item seen before, with seen
     items excluded). `seen`/`seen_offsets`: each user's items up to and including its held-out event (its last).
@@ -99,12 +100,12 @@ def users_to_rank(config: ModelConfig, dense: dict, state: tuple, target: np.nda
     return UsersToRank(state, target.astype(np.int64), scores, user, before), missed
 
 
-def _rows_of(state: tuple, sel) -> tuple:
+def _rows_of(state: UserState, sel: slice | np.ndarray) -> UserState:
     """The states of users `sel` (a slice or an index array)."""
     return tuple(x[sel] for x in state)
 
 
-def rank_block(config: ModelConfig, dense: dict, users: UsersToRank, first: int, rows: torch.Tensor) -> CatalogRanks:
+def rank_block(config: ModelConfig, dense: Tensors, users: UsersToRank, first: int, rows: torch.Tensor) -> CatalogRanks:
     """The counts of the catalog's items first .. first + len(rows) - 1 (their rows `rows`) for every user: above
     and tied with its held-out item, the held-out item itself and the user's left-out pairs not counted."""
     n = rows.shape[0]

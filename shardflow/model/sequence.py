@@ -33,6 +33,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,6 +43,7 @@ from shardflow.errors import InputError
 from shardflow.hashing import splitmix64
 from shardflow.model.attention import encode, init_attention
 from shardflow.model.sizes import attention_shapes
+from shardflow.model.tensors import Scorer, Tensors, UserState
 
 ENCODERS = ("mean", "self-attention")
 LOSSES = ("bce", "sampled-softmax")
@@ -120,7 +122,7 @@ class ModelConfig:
         """Every dense parameter's shape, by name: weights [in, out], biases [out]."""
         if self.attention:
             return attention_shapes(self.dim, self.history, self.blocks)
-        out = {}
+        out: dict[str, tuple[int, ...]] = {}
         for i, (fan_in, fan_out) in enumerate(self.layers):
             out[f"mlp.{i}.weight"], out[f"mlp.{i}.bias"] = (fan_in, fan_out), (fan_out,)
         return out
@@ -128,7 +130,7 @@ class ModelConfig:
     def init_dense(self) -> dict[str, np.ndarray]:
         return init_dense(self)
 
-    def logits(self, dense: dict, rows: dict, index: TensorIndex, sparse: bool = False) -> torch.Tensor:
+    def logits(self, dense: Tensors, rows: Tensors, index: TensorIndex, sparse: bool = False) -> torch.Tensor:
         return scores(self, dense, rows, index, sparse)
 
     def labels(self, logit: torch.Tensor, index: TensorIndex) -> torch.Tensor:
@@ -193,7 +195,9 @@ class BatchIndex:
             raise InputError("an example without any history item; accepted: targets after their user's first event")
         offsets = np.zeros(count.size, dtype=np.int64)
         np.cumsum(count[:-1], out=offsets[1:])
-        put = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)  # noqa: E731
+        def put(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
+
         return TensorIndex(
             item=self.item, history=put(self.history[valid]), offsets=put(offsets), candidates=put(self.candidates),
             features={k: put(v) for k, v in self.features.items()}, window=put(self.history), keys=self.keys,
@@ -206,7 +210,7 @@ class TensorIndex:
     history: torch.Tensor  # [valid lookups] row index, example by example
     offsets: torch.Tensor  # [E] where each example's history starts in `history`
     candidates: torch.Tensor  # [E, 1 + K]
-    features: dict
+    features: Tensors
     window: torch.Tensor  # [E, L] row index, -1 where padded (the self-attention encoder's input)
     keys: np.ndarray | None  # uint64 [E], dropout keys of training examples
 
@@ -214,17 +218,19 @@ class TensorIndex:
 @dataclass
 class Gradients:
     loss_sum: float  # summed BCE of the sub-batch (not divided by norm)
-    dense: dict  # name -> tensor like the parameter
-    rows: dict  # table -> gradient of the rows passed ([rows, dim], or sparse with sparse=True)
+    dense: Tensors  # name -> tensor like the parameter
+    rows: Tensors  # table -> gradient of the rows passed ([rows, dim], or sparse with sparse=True)
 
 
-def scores(config: ModelConfig, dense: dict, rows: dict, index: TensorIndex, sparse: bool = False):
+def scores(config: ModelConfig, dense: Tensors, rows: Tensors, index: TensorIndex,
+           sparse: bool = False) -> torch.Tensor:
     """Logits [E, 1 + K] of every candidate."""
     state = user_state(config, dense, rows, index, sparse)
     return candidate_scores(config, dense, state, F.embedding(index.candidates, rows[index.item], sparse=sparse))
 
 
-def user_state(config: ModelConfig, dense: dict, rows: dict, index: TensorIndex, sparse: bool = False) -> tuple:
+def user_state(config: ModelConfig, dense: Tensors, rows: Tensors, index: TensorIndex,
+               sparse: bool = False) -> UserState:
     """What each example's candidates are scored against: the self-attention encoder's state with the feature
     rows added (u [E, D],), or the mean encoder's history mean h [E, D] and its first layer's per-example term
     (h and the features are the same for every candidate of an example, so their product is taken once)."""
@@ -244,7 +250,7 @@ def user_state(config: ModelConfig, dense: dict, rows: dict, index: TensorIndex,
     return h, per_example
 
 
-def candidate_scores(config: ModelConfig, dense: dict, state: tuple, t: torch.Tensor) -> torch.Tensor:
+def candidate_scores(config: ModelConfig, dense: Tensors, state: UserState, t: torch.Tensor) -> torch.Tensor:
     """Logits [E, C] of candidate rows `t`: [E, C, D], each example's own, or [C, D], the same C for every
     example (a block of the whole catalog: shardflow.model.ranking; computed in place, not differentiable)."""
     if config.attention:
@@ -261,7 +267,7 @@ def candidate_scores(config: ModelConfig, dense: dict, state: tuple, t: torch.Te
     return z.squeeze(-1)
 
 
-def _shared_candidate_scores(config: ModelConfig, dense: dict, h: torch.Tensor, per_example: torch.Tensor,
+def _shared_candidate_scores(config: ModelConfig, dense: Tensors, h: torch.Tensor, per_example: torch.Tensor,
                              t: torch.Tensor) -> torch.Tensor:
     """The mean encoder's logits [E, C] of the same C rows for every example: [t, h * t] @ w0[D:3D] is t @ (w0[D:2D]
     + diag(h) w0[2D:3D]), one [D, width] matrix per example; every later step in place. A block of scores is
@@ -277,7 +283,8 @@ def _shared_candidate_scores(config: ModelConfig, dense: dict, h: torch.Tensor, 
     return z.view(E, C)
 
 
-def forward_backward(config, dense: dict, rows: dict, index, norm: int, sparse: bool = False) -> Gradients:
+def forward_backward(config: Scorer, dense: Tensors, rows: Tensors, index: Any, norm: int,
+                     sparse: bool = False) -> Gradients:
     """Loss and gradients of a sub-batch of either model (this module's ModelConfig, or shardflow.model.dlrm's
     ClickConfig with its index); `rows` maps table -> the rows the trainer holds.
 

@@ -16,6 +16,7 @@ import torch
 
 from shardflow.model.ranking import ROWS_AT_A_TIME, USERS_AT_A_TIME
 from shardflow.model.sequence import ModelConfig, candidate_scores
+from shardflow.model.tensors import Tensors, UserState
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class TopK:
         return TopK(np.take_along_axis(all_items, order, 1), np.take_along_axis(all_scores, order, 1))
 
 
-def top_block(config: ModelConfig, dense: dict, state: tuple, seen_user: np.ndarray, seen_item: np.ndarray,
+def top_block(config: ModelConfig, dense: Tensors, state: UserState, seen_user: np.ndarray, seen_item: np.ndarray,
               first: int, rows: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The best min(k, rows) items of the catalog's items first .. first + len(rows) - 1 for every user of `state`
     (ids and scores [users, min(k, rows)], best first), leaving out the pairs (seen_user[i], seen_item[i])."""

@@ -137,8 +137,8 @@ def _candidates(tables: list[TablePlan], accesses: list[TableAccess], model: Cos
     for i, t in enumerate(tables):
         mine = np.flatnonzero(table_of == i)
         node_rows = mine[t.tier[row[mine]] == NODE]
-        for a in range(N):
-            holds[node_rows, a] = t.node_holds(row[node_rows], a)
+        for node in range(N):
+            holds[node_rows, node] = t.node_holds(row[node_rows], node)
     of = [(rates[tables[i].name], by_name[tables[i].name].row_class[r]) for i, r in zip(table_of, row, strict=True)]
     return _Candidates(table_of, row, home, own, holds, x=np.array([r.x[c] for r, c in of]),
                        q=np.array([r.q[c] for r, c in of]), q_node=np.array([r.q_node[:, c] for r, c in of]),
@@ -171,7 +171,8 @@ def _search(c: _Candidates, model: CostModel, seconds: np.ndarray, room: np.ndar
     holds, home, own = c.holds, c.home, c.own
     for _ in range(COPY_STEPS):
         best, k, a = _best_change(seconds, delta, holds, own, copy_at, room)
-        changes, move = [(k, a)], None
+        changes: list[tuple[int, int]] | None = [(k, a)]
+        move: tuple[int, int] | None = None
         if best >= seconds.max() * (1 - 1e-9):
             changes = _best_trade(seconds, delta, holds, own, copy_at, room)
             if changes is None:
@@ -189,13 +190,14 @@ def _search(c: _Candidates, model: CostModel, seconds: np.ndarray, room: np.ndar
             holds[j, own[j]] = True
             copy_at[j] = [replica_device(np.array([f]), topo, a)[0] for a in range(N)]
             delta[j] = c.deltas(np.array([j]), units)[0]
-        for k, a in changes:
+        for k, a in changes or ():
             seconds = seconds + (-1.0 if holds[k, a] else 1.0) * delta[k, a]
             room[copy_at[k, a]] += 1 if holds[k, a] else -1
             holds[k, a] = not holds[k, a]
 
 
-def _best_change(seconds, delta, holds, own, copy_at, room) -> tuple[float, int, int]:
+def _best_change(seconds: np.ndarray, delta: np.ndarray, holds: np.ndarray, own: np.ndarray, copy_at: np.ndarray,
+                 room: np.ndarray) -> tuple[float, int, int]:
     """(the busiest link's seconds after the best single change, a copy of row k in node a added or dropped,
     k, a); inf if none lowers the busiest link. A change that does not lower it leaves the maximum at least
     where it is, so only those that do are priced on every link (as refine's _best_move): the same choice,
@@ -213,7 +215,8 @@ def _best_change(seconds, delta, holds, own, copy_at, room) -> tuple[float, int,
     return float(after[i]), int(ks[i]), int(as_[i])
 
 
-def _best_trade(seconds, delta, holds, own, copy_at, room) -> list[tuple[int, int]] | None:
+def _best_trade(seconds: np.ndarray, delta: np.ndarray, holds: np.ndarray, own: np.ndarray, copy_at: np.ndarray,
+                room: np.ndarray) -> list[tuple[int, int]] | None:
     """On a full device: the copy to drop and the copy to add in its place that lower the busiest link
     most, as [(row, node) dropped, (row, node) added]; None if no trade lowers it."""
     K, N = holds.shape
@@ -238,7 +241,10 @@ def _best_trade(seconds, delta, holds, own, copy_at, room) -> list[tuple[int, in
     return found
 
 
-def _best_move_for_copy(seconds, delta, single_vec, holds, home, copy_at, room):
+def _best_move_for_copy(
+    seconds: np.ndarray, delta: np.ndarray, single_vec: np.ndarray, holds: np.ndarray, home: np.ndarray,
+    copy_at: np.ndarray, room: np.ndarray,
+) -> tuple[tuple[int, int], list[tuple[int, int]]] | None:
     """On a full device e: a single row homed on e moved to another device, and a copy added in its place,
     the pair that lowers the busiest link most (where that device is full too, its least useful copy is
     dropped to make room): ((row, device moved to), [(row, node) dropped there, if any; (row, node) added]);
@@ -248,15 +254,16 @@ def _best_move_for_copy(seconds, delta, single_vec, holds, home, copy_at, room):
     single = holds.sum(axis=1) == 1
     droppable = holds & ~single[:, None]
     droppable[copy_at == home[:, None]] = False  # the home's own copy
-    drop = [None] * P  # the copy dropped on each full device to take a moved row: the least harm alone
+    # the copy dropped on each full device to take a moved row: the least harm alone
+    drop: list[tuple[int, int] | None] = [None] * P
     drop_vec = np.zeros((P, seconds.size))
     for f in range(P):
         if room[f] > 0:
             continue
-        at = np.argwhere(droppable & (copy_at == f))
-        if at.size:
-            i = int(np.argmin((seconds[None, :] - delta[at[:, 0], at[:, 1]]).max(axis=1)))
-            drop[f], drop_vec[f] = tuple(at[i]), -delta[at[i, 0], at[i, 1]]
+        held = np.argwhere(droppable & (copy_at == f))
+        if held.size:
+            h = int(np.argmin((seconds[None, :] - delta[held[:, 0], held[:, 1]]).max(axis=1)))
+            drop[f], drop_vec[f] = (int(held[h, 0]), int(held[h, 1])), -delta[held[h, 0], held[h, 1]]
     to = np.array([room[f] > 0 or drop[f] is not None for f in range(P)])
     busiest = int(np.argmax(seconds))
     best, found = seconds.max() * (1 - 1e-9), None
@@ -278,7 +285,9 @@ def _best_move_for_copy(seconds, delta, single_vec, holds, home, copy_at, room):
         at = int(np.argmin(after))
         if after[at] < best:
             best, f = after[at], int(dest[j[at]])
-            found = ((int(movers[m[at]]), f), ([drop[f]] if room[f] <= 0 else []) + [tuple(adds[i[at]])])
+            dropped = drop[f] if room[f] <= 0 else None  # a full destination: its copy that makes room
+            added_copy = (int(adds[i[at], 0]), int(adds[i[at], 1]))
+            found = ((int(movers[m[at]]), f), ([dropped] if dropped is not None else []) + [added_copy])
     return found
 
 

@@ -142,7 +142,7 @@ class Touch:
     """
 
     trainer: float = 1.0
-    node: dict = field(default_factory=dict)  # devices in a node -> factor (1.0 where absent)
+    node: dict[int, float] = field(default_factory=dict)  # devices in a node -> factor (1.0 where absent)
     batch: float = 1.0
 
 
@@ -184,7 +184,8 @@ class PlanCost:
     comm_time_s_per_step: float  # on the wire: the rounds one after another, each with the wire's costs
     busiest_link: str  # over the whole step
     link_time_s_per_step: float  # the busiest link's bytes of the whole step over its bandwidth (what bounds price)
-    round_payload_s: dict = field(default_factory=dict)  # round -> its payload's seconds on its busiest link
+    # round -> its payload's seconds on its busiest link
+    round_payload_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def lookup_bytes_per_step(self) -> float:

@@ -11,8 +11,10 @@ for row-wise Adagrad, 2·dim + 1 for Adam).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from shardflow.errors import InputError
 from shardflow.planner.access import TableAccess
@@ -65,7 +67,7 @@ STATE = {"adagrad": "Adagrad sums", "adam": "Adam moments"}  # a row optimizer's
 WORKER_SCALE, WORKER_EXTRA_BYTES, WORKER_BYTES_PER_USER = 1.3, 1.1e9, 16
 
 
-def worker_peak_bytes(shard_bytes, users: int = 0, held: int = 0) -> np.ndarray:
+def worker_peak_bytes(shard_bytes: ArrayLike, users: int = 0, held: int = 0) -> np.ndarray:
     """The resident memory a worker whose shard holds `shard_bytes` reaches, training a log of `users` users
     and holding `held` bytes of examples (the bound bench/scale.py measures)."""
     extra = WORKER_EXTRA_BYTES + WORKER_BYTES_PER_USER * users + held
@@ -73,7 +75,7 @@ def worker_peak_bytes(shard_bytes, users: int = 0, held: int = 0) -> np.ndarray:
 
 
 def check_worker_memory(plan: ShardingPlan, topology: Topology, dim: int, scaled_rows: dict[str, int] | None,
-                        workers: dict[str, dict], users: int = 0, held: int = 0,
+                        workers: dict[str, dict[str, Any]], users: int = 0, held: int = 0,
                         rows_optimizer: str = "adagrad") -> np.ndarray:
     """Refuse, before any shard starts, a plan whose device would outgrow the memory limit of the worker that
     would hold it (the scheduler's figure; a worker without a limit takes any): its rows and optimiser state,

@@ -115,8 +115,8 @@ def hottest_rows(tier: np.ndarray, row_class: np.ndarray, x: np.ndarray, k: int,
             first = np.flatnonzero(single & tied[cls])[:ties_left] + s
             ids.append(first)
             ties_left -= first.size
-    ids = np.concatenate(ids)
-    return ids[np.lexsort((ids, -x[row_class[ids]]))]
+    found = np.concatenate(ids)
+    return found[np.lexsort((found, -x[row_class[found]]))]
 
 
 def single_row_seconds(model: CostModel, x: np.ndarray, q: np.ndarray, q_node: np.ndarray) -> np.ndarray:
@@ -137,7 +137,7 @@ def refine(tables: list[TablePlan], accesses: list[TableAccess], budget_rows: in
     by_name = {a.name: a for a in accesses}
     cost = model.evaluate(ShardingPlan("refine", tuple(tables)), by_name)
     seconds = link_seconds(cost.lookup_pairs + cost.sync_pairs, topo)
-    room = budget_rows - sum(table_rows_per_device(t, topo) for t in tables)
+    room = budget_rows - np.sum([table_rows_per_device(t, topo) for t in tables], axis=0)
     # The hottest single rows of all tables: (table index, row, load).
     candidates = []
     for i, t in enumerate(tables):
@@ -187,7 +187,8 @@ def _moves_and_swaps(vec: np.ndarray, home: np.ndarray, seconds: np.ndarray, roo
     return seconds
 
 
-def _best_move(vec, own, home, seconds, room, busiest: int) -> tuple[float, int, int]:
+def _best_move(vec: np.ndarray, own: np.ndarray, home: np.ndarray, seconds: np.ndarray, room: np.ndarray,
+               busiest: int) -> tuple[float, int, int]:
     """(the busiest link's seconds after the best move of row k to device e, k, e); inf if none lowers it.
 
     A move that does not lower the busiest link leaves the maximum at least where it is, so only those
@@ -203,7 +204,8 @@ def _best_move(vec, own, home, seconds, room, busiest: int) -> tuple[float, int,
     return float(moved[i]), int(ks[i]), int(es[i])
 
 
-def _best_swap(vec, own, home, seconds, busiest: int) -> tuple[float, int, int]:
+def _best_swap(vec: np.ndarray, own: np.ndarray, home: np.ndarray, seconds: np.ndarray,
+               busiest: int) -> tuple[float, int, int]:
     """(the busiest link's seconds after the best swap of rows k and j on different devices, k, j); inf if
     no swap lowers the busiest link (as in _best_move)."""
     at_other = vec[:, home, busiest]  # [k, j]: row k homed where row j is, on the busiest link

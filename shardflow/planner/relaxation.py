@@ -220,7 +220,7 @@ def greedy(costs: TierCosts, theta: float, spare_slots: int) -> tuple[np.ndarray
     return tier_rows, value
 
 
-def _apply(tier_rows, cls, src, dst, k) -> None:
+def _apply(tier_rows: np.ndarray, cls: np.ndarray, src: np.ndarray, dst: np.ndarray, k: np.ndarray) -> None:
     np.subtract.at(tier_rows, (src, cls), k)
     np.add.at(tier_rows, (dst, cls), k)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -60,19 +61,19 @@ class PlanSummary:
     bytes_per_step: float  # lookup + sync
     inter_node_bytes_per_step: float
     comm_time_s_per_step: float  # the rounds one after another, on their busiest links
-    round_payload_s_per_step: dict  # round -> its payload's seconds on its busiest link
+    round_payload_s_per_step: dict[str, float]  # round -> its payload's seconds on its busiest link
     link_time_s_per_step: float  # the busiest link's bytes over the whole step
     busiest_link: str
     row_wise_mod_comm_time_s_per_step: float
     lower_bound_comm_time_s_per_step: float
     gap_closed: float  # of row-wise-mod's link time down to the bound (gap_closed)
-    tiers: dict  # tier name -> rows, all tables together
+    tiers: dict[str, int]  # tier name -> rows, all tables together
     node_rows_on_some_nodes: int
     device_bytes_per_step: tuple[float, ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The JSON form: tuples as lists."""
-        return plain(self)
+        return cast(dict[str, Any], plain(self))
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def tier_text(t: TablePlan, devices: int) -> str:
     return " · ".join(parts)
 
 
-def table_tiers(plans: dict[str, ShardingPlan], topology: Topology) -> list[dict]:
+def table_tiers(plans: dict[str, ShardingPlan], topology: Topology) -> list[dict[str, str | int]]:
     """One row per table, a column per strategy: where each plan puts the table's rows (tier_text)."""
     names = [t.name for t in next(iter(plans.values())).tables] if plans else []
     return [{"table": name, "rows": plans[next(iter(plans))].table(name).rows,

@@ -227,12 +227,12 @@ class ShardingPlan:
         raise InputError(f"no table {name!r} in the plan; accepted: {', '.join(t.name for t in self.tables)}")
 
     def tier_counts(self) -> dict[str, int]:
-        counts = sum(np.bincount(t.tier, minlength=3) for t in self.tables)
+        counts = np.sum([np.bincount(t.tier, minlength=3) for t in self.tables], axis=0)
         return {name: int(counts[i]) for i, name in enumerate(TIERS)}
 
     def rows_per_device(self, topology: Topology) -> np.ndarray:
         """Row copies stored on every device, all tables together."""
-        return sum(table_rows_per_device(t, topology) for t in self.tables)
+        return np.sum([table_rows_per_device(t, topology) for t in self.tables], axis=0)
 
     def memory_bytes_per_device(self, topology: Topology, dim: int, rows: str = "adagrad") -> np.ndarray:
         """Each device's rows and their state under row optimizer `rows`."""

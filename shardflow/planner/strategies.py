@@ -54,7 +54,9 @@ class RowWiseMod:
 
     name = "row-wise-mod"
 
-    def plan(self, accesses, topology, budget_bytes, model):
+    def plan(
+        self, accesses: list[TableAccess], topology: Topology, budget_bytes: int, model: CostModel
+    ) -> ShardingPlan:
         P = topology.devices
         return ShardingPlan(self.name, tuple(_single(a.name, a.rows, np.arange(a.rows) % P) for a in accesses))
 
@@ -64,7 +66,9 @@ class RowWiseBlock:
 
     name = "row-wise-block"
 
-    def plan(self, accesses, topology, budget_bytes, model):
+    def plan(
+        self, accesses: list[TableAccess], topology: Topology, budget_bytes: int, model: CostModel
+    ) -> ShardingPlan:
         P = topology.devices
         return ShardingPlan(
             self.name, tuple(_single(a.name, a.rows, np.arange(a.rows) // math.ceil(a.rows / P)) for a in accesses)
@@ -77,7 +81,9 @@ class TableWise:
 
     name = "table-wise"
 
-    def plan(self, accesses, topology, budget_bytes, model):
+    def plan(
+        self, accesses: list[TableAccess], topology: Topology, budget_bytes: int, model: CostModel
+    ) -> ShardingPlan:
         budget_rows = budget_bytes // model.shape.row_bytes
         rows = np.array([a.rows for a in accesses], dtype=np.int64)
         homes = pack_tables(table_home_seconds(accesses, model), rows, budget_rows)
@@ -116,7 +122,9 @@ class FlexShard:
     def __init__(self, copies: bool = True) -> None:
         self.copies = copies  # False: whole-node copies only (no row on some nodes only), for comparison
 
-    def plan(self, accesses, topology, budget_bytes, model):
+    def plan(
+        self, accesses: list[TableAccess], topology: Topology, budget_bytes: int, model: CostModel
+    ) -> ShardingPlan:
         budget_rows = budget_bytes // model.shape.row_bytes
         by_name = {a.name: a for a in accesses}
         best, best_time = None, np.inf
@@ -126,9 +134,13 @@ class FlexShard:
             time = model.evaluate(plan, by_name).comm_time_s_per_step
             if time < best_time:
                 best, best_time = plan, time
+        if best is None:
+            raise InputError(f"flexshard: no placement fits {budget_bytes:,} bytes per device; accepted: {MORE_MEMORY}")
         return best
 
-    def candidates(self, accesses, topology, budget_bytes, model) -> Iterator[ShardingPlan | None]:
+    def candidates(
+        self, accesses: list[TableAccess], topology: Topology, budget_bytes: int, model: CostModel
+    ) -> Iterator[ShardingPlan | None]:
         """Its tiered plan (None where none fits), then the same placement with no replication, each at the
         budget and at the smaller ones of SLACK_LADDER, then row-wise-mod's placement; made one at a time.
         Where the tiered plan was placed from single rows only, it is the placement with no replication
@@ -146,7 +158,9 @@ class FlexShard:
                 self.name, tuple(place(accesses, flat, topology, rows, model, self.copies)))
         yield ShardingPlan(self.name, RowWiseMod().plan(accesses, topology, budget_bytes, model).tables)
 
-    def _tiered(self, accesses, topology, budget_rows, model) -> tuple[ShardingPlan | None, bool]:
+    def _tiered(
+        self, accesses: list[TableAccess], topology: Topology, budget_rows: int, model: CostModel
+    ) -> tuple[ShardingPlan | None, bool]:
         """(the tiered plan that fits `budget_rows`, or None; whether its tiers replicate any row)."""
         P = topology.devices
         spare = P * budget_rows - sum(a.rows for a in accesses)

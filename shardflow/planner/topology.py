@@ -6,6 +6,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class Topology:
     def devices(self) -> int:
         return sum(n.devices for n in self.nodes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The topology as its YAML file holds it (parse_topology reads it back)."""
         return {
             "intra_node_gbytes_per_s": self.intra_node_gbytes_per_s,
@@ -92,7 +93,7 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _positive(value, what: str) -> None:
+def _positive(value: object, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
         raise InputError(f"topology: {what} = {value!r}; accepted: a number > 0 (GB/s)")
 

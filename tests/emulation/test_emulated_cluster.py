@@ -401,6 +401,7 @@ def test_a_slowed_uplink_shows_in_the_epoch_table_and_after_a_node_is_cut_off_th
     rows = [json.loads((checkpoints / f"epoch-{e:06d}" / "manifest.json").read_text())["examples_per_s"]
             for e in (1, 2, 3)]
     assert logged == [round(r) for r in rows[:2]]
-    assert rows[1] < rows[0] / 3 and rows[1] < rows[2] / 3, rows
+    # the slowed epoch is the slowest by far; the others are compared loosely, since a loaded host slows them too
+    assert rows[1] < min(rows[0], rows[2]) / 2 and rows[1] < max(rows[0], rows[2]) / 3, rows
     print(f"\nexamples/s by epoch: {rows[0]:.0f}, {rows[1]:.0f} (node b's uplink 10x slower), {rows[2]:.0f} (node a "
           "alone)")

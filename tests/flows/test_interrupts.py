@@ -8,6 +8,7 @@ rerun must resume from that checkpoint.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -22,8 +23,17 @@ from runs import BIN, SMALL, TOPOLOGY, prefect_home
 from test_real_server import READ_BACK
 
 from shardflow.data.synthetic import SynthTable, synth_dataset
+from shardflow.emulation.calibration import REFERENCE_STEP_S, measured_time_scale
 
-ENDS_WITHIN_S = 15
+ENDS_WITHIN_QUIET_S = 15  # on the reference host, where the emulation's reference step takes 96 ms
+
+
+@functools.cache
+def ends_within_s() -> float:
+    """How long an interrupted command may take to end: ENDS_WITHIN_QUIET_S, scaled by how much slower than the
+    reference host this one is now (measured once, as `make test` does after the suite; a few seconds)."""
+    _, step_s = measured_time_scale(4)
+    return ENDS_WITHIN_QUIET_S * max(1.0, step_s / REFERENCE_STEP_S)
 
 
 def start(tmp_path: Path, env: dict, interactions: int = 40000, **config) -> subprocess.Popen:
@@ -108,7 +118,7 @@ def test_sigterm_to_the_group_is_recorded_as_crashed_and_the_same_command_resume
     """With the collective transport the devices may be inside a gloo wait: the engine's stop ends it."""
     proc = start(tmp_path, server.env, transport=transport)
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGTERM)
-    assert status == 143 and seconds < ENDS_WITHIN_S, (status, seconds, evidence(err))
+    assert status == 143 and seconds < ends_within_s(), (status, seconds, evidence(err))
     one_line(err, "shardflow run: terminated (SIGTERM);")
     assert still_running(family) == []
     back = subprocess.run([str(Path(BIN) / "python"), "-c", READ_BACK], env=server.env, capture_output=True, text=True,
@@ -128,7 +138,7 @@ def test_ctrl_c_while_profiling_is_one_line_and_the_workers_say_nothing_on_the_t
     proc = start(tmp_path, embedded(tmp_path), interactions=2_000_000)
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT,
                                                                         moment=profiling)
-    assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, evidence(err))
+    assert status == 130 and seconds < ends_within_s(), (status, seconds, evidence(err))
     one_line(err, "shardflow run: interrupted;")
     assert still_running(family) == []
 
@@ -148,7 +158,7 @@ def test_ctrl_c_while_the_worker_server_imports_and_the_api_starts_is_one_line(t
 
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT,
                                                                         moment=worker_server_importing)
-    assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, evidence(err))
+    assert status == 130 and seconds < ends_within_s(), (status, seconds, evidence(err))
     one_line(err, "shardflow run: interrupted;")
     assert "KeyboardInterrupt" not in err, evidence(err)
     assert still_running(family) == []
@@ -222,7 +232,7 @@ def test_ctrl_c_ends_at_once_then_an_embedded_api_that_cannot_start_again_stops_
     env = embedded(tmp_path)
     proc = start(tmp_path, env, cluster_class="distributed.LocalCluster", cluster_kwargs={"n_workers": 2})
     status, seconds, err, family = interrupt_after_the_first_checkpoint(proc, tmp_path / "run", signal.SIGINT)
-    assert status == 130 and seconds < ENDS_WITHIN_S, (status, seconds, evidence(err))
+    assert status == 130 and seconds < ends_within_s(), (status, seconds, evidence(err))
     one_line(err, "shardflow run: interrupted;")
     assert len(family) > 2 and still_running(family) == []  # the embedded server and every Dask process
     assert "Finished in state Crashed('Execution was aborted by an interrupt signal.')" in err
@@ -281,7 +291,7 @@ def test_sigterm_to_an_import_is_one_line_and_leaves_no_staging_or_lock(tmp_path
     os.kill(proc.pid, signal.SIGTERM)
     sent = time.monotonic()
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143 and time.monotonic() - sent < ENDS_WITHIN_S, (proc.returncode, err[-3000:])
+    assert proc.returncode == 143 and time.monotonic() - sent < ends_within_s(), (proc.returncode, err[-3000:])
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
         "shardflow import: terminated (SIGTERM);"), err[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.txt"]  # no store, no staging, no lock
