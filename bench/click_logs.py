@@ -240,7 +240,7 @@ def traffic(scratch: Path, synthetic: Path, batch: int) -> None:
                 print(f"{name:<16} {b:>6,} {strategy:<15} {job.predicted_bytes_per_step / 1e6:>11.4f} "
                       f"{measured / 1e6:>12.4f} {measured / job.predicted_bytes_per_step:>6.3f} "
                       f"{s.comm_time_s_per_step * 1e6:>8.2f}")
-                plans[strategy] = read_plan(out)[0]
+                plans[strategy] = read_plan(out).plan
             tiers = table_tiers({k: plans[k] for k in ("table-wise", "flexshard")}, topology)
             print(f"  {name} tables (table-wise | flexshard): "
                   + "; ".join(f"{r['table']} {r['table-wise']} | {r['flexshard']}" for r in tiers[:6])

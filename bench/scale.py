@@ -103,7 +103,7 @@ def flow_child(config: str, out: str) -> None:
     """The flow in this process (embedded API, as `shardflow run` does), its task runs' end times recorded."""
     import logging
 
-    from flows.api import embedded_api
+    from cli.embedded_api import embedded_api
     from flows.retrain import retrain
     from shardflow.config import RetrainConfig
 

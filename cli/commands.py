@@ -167,7 +167,8 @@ def run_train(args: argparse.Namespace) -> dict:
     from shardflow.training.run import train_from_stores
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
-    _, topology, shape, _ = read_plan(args.plan)
+    stored = read_plan(args.plan)
+    topology, shape = stored.topology, stored.shape
     train = TrainConfig(
         batch_size=shape.batch_size if args.batch_size is None else args.batch_size,
         dedup=shape.dedup if args.dedup is None else args.dedup,
@@ -218,14 +219,11 @@ def show_train(s: dict) -> None:
 
 
 def run_run(args: argparse.Namespace) -> dict:
-    import os
-
+    from cli.launch import launch
     from shardflow.config import RetrainConfig
     from shardflow.config_sections import overridden
     from shardflow.safe_yaml import load_file
 
-    # The embedded server would try to send usage telemetry; these machines may have no network.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     values: dict = {}
     if args.config:
         values = load_file(args.config, "config") or {}
@@ -235,31 +233,7 @@ def run_run(args: argparse.Namespace) -> dict:
         values = overridden(values, dict(args.set or []))
     except ValueError as e:
         raise InputError(f"bad configuration: {e}") from None
-    config = RetrainConfig.build(values)
-    from shardflow.preflight import check_run
-
-    check_run(config)
-    from tasks.versions import nothing_new
-
-    idle = nothing_new(config)  # a night with nothing new: answered from the stores, no Prefect API, no cluster
-    if idle is not None:
-        return idle.to_dict()
-    from shardflow.cluster import VERBOSE, quiet_dask, start_worker_server
-
-    if args.verbose:
-        os.environ[VERBOSE] = "1"
-    quiet_dask()
-    if not (config.cluster.scheduler_address or config.cluster.cluster_class):
-        start_worker_server()  # a local cluster's: its imports overlap the embedded API's start
-    import importlib
-
-    from flows.api import embedded_api, terminated_as_interrupt
-
-    # The flow's imports (PyTorch, Prefect's engine: 4-7 s) overlap the embedded API's start-up.
-    with terminated_as_interrupt(), embedded_api(meanwhile=lambda: importlib.import_module("flows.retrain")):
-        from flows.retrain import retrain
-
-        return retrain(config)
+    return launch(RetrainConfig.build(values), verbose=args.verbose)
 
 
 def show_run(values: dict) -> None:

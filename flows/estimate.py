@@ -14,7 +14,7 @@ from prefect import flow, get_run_logger
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import one_line_errors
-from shardflow.preflight import run_paths
+from shardflow.preflight import run_layout
 from storage.lock import run_lock
 from tasks.retrain import prepare_dataset, profile, shard
 from tasks.training import release_parameter_servers, start_parameter_servers, train_epoch, unless_lost
@@ -23,14 +23,14 @@ from tasks.training import release_parameter_servers, start_parameter_servers, t
 @flow(name="estimate", flow_run_name="estimate-{config.train.epochs}-epochs")
 def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
     one_line_errors()
-    paths = run_paths(config)
-    scratch = paths["estimate"]
+    layout = run_layout(config)
+    scratch = layout.estimate
     devices = config.parsed_topology.devices
-    with run_lock(paths["run"]), run_cluster(**dict(config.cluster), workers=devices,
+    with run_lock(layout.run), run_cluster(**dict(config.cluster), workers=devices,
                                              gpus=config.train.device == "cuda") as client:
         dataset = prepare_dataset(config).path
         shutil.rmtree(scratch, ignore_errors=True)  # the last estimate's profile and plan, under the run's lock
-        profile(dataset, str(scratch / "profile"), client, str(paths["run"]))
+        profile(dataset, str(scratch / "profile"), client, str(layout.run))
         shard(config, str(scratch / "profile"), str(scratch / "plan"), None)
         engine = None
         try:

@@ -37,13 +37,13 @@ from shardflow.errors import (
     one_line_errors,
     stop_if_asked,
 )
-from shardflow.preflight import check_run, run_paths
+from shardflow.preflight import check_run, run_layout
 from shardflow.reporting.stages import StageClock
 from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.sharding.stage import read_plan_summary
 from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
-from storage.versions import VersionStart, new_parts
+from storage.versions import RunLayout, VersionPaths, VersionStart, new_parts
 from tasks.assets import materialize_model
 from tasks.reports import (
     name_run,
@@ -86,7 +86,7 @@ from tasks.training import (
     unless_lost,
     validation_scores,
 )
-from tasks.versions import NothingNew, gate, nothing_new, open_version, paths_of, untrained, warm_start
+from tasks.versions import NothingNew, gate, nothing_new, open_version, untrained, warm_start
 
 DASK_REPORT = "dask-performance.html"  # a version's: distributed's performance report of its work
 
@@ -107,7 +107,7 @@ def retrain(config: RetrainConfig = RetrainConfig()):
     clock = StageClock(between=stop_if_asked)
     one_line_errors()  # an error shardflow explains reaches the terminal or the worker's log as one line
     clock.book("start-up (Prefect, before the flow's code)", _started_s_ago())
-    run = str(run_paths(config)["run"])
+    run = str(run_layout(config).run)
     try:
         check_run(config)
         _tag(config)
@@ -186,25 +186,26 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     if isinstance(version, NothingNew):
         return untrained(run, version.current, version.newest, imported.parts_added, imported.warnings)
     name_run(run, f"v{version.version}")
-    paths = paths_of(run, version.version)
-    tidy(paths["version"])
-    report = Path(paths["version"]) / DASK_REPORT
+    layout = RunLayout(Path(run))
+    paths = layout.version(version.version)
+    tidy(paths.version)
+    report = Path(paths.version) / DASK_REPORT
     cluster.enter_context(performance_report(report))
     # The plan and its cost model are fitted to what this version's window reads, histories included.
-    profile(dataset, paths["profile"], client, run, version.window[0], config.model.history)
+    profile(dataset, paths.profile, client, run, version.window[0], config.model.history)
     clock.done("profile")
     source = version.warm_start_from
-    previous_plan = None if source is None else paths_of(run, source)["plan"]
-    strategies, decision = shard(config, paths["profile"], paths["plan"], previous_plan)
-    trained_plan = read_plan_summary(paths["plan"])  # the plan that trains: fresh, or the previous one kept
+    previous_plan = None if source is None else layout.version(source).plan
+    strategies, decision = shard(config, paths.profile, paths.plan, previous_plan)
+    trained_plan = read_plan_summary(paths.plan)  # the plan that trains: fresh, or the previous one kept
     clock.done("shard")
     trained = _train(config, dataset, paths, run, client, devices, trained_plan.bytes_per_step, version)
     clock.done("train (warm start, epochs, checkpoints, download)")
-    metrics = evaluate(paths["model"], dataset, config.train.eval_users, config.train.seed, version.window[1],
+    metrics = evaluate(paths.model, dataset, config.train.eval_users, config.train.seed, version.window[1],
                        config.train.full_ranking, client)
     clock.done("evaluate")
-    figures = plots(paths["version"], paths["profile"], paths["plan"], strategies)
-    tidy(paths["version"])
+    figures = plots(paths.version, paths.profile, paths.plan, strategies)
+    tidy(paths.version)
     clock.done("plots")
     row_wise = next(r for r in strategies if r.strategy == "row-wise-mod")
     summary = gate(config, dataset, version.version, client, VersionFigures(
@@ -231,8 +232,8 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         fresh_plan_comm_time_us_per_step=decision.fresh_comm_time_s * 1e6,
         previous_plan_comm_time_us_per_step=None if decision.previous_comm_time_s is None
         else decision.previous_comm_time_s * 1e6,
-        checkpoints=tuple(checkpoint_paths(paths["version"])),
-        model=paths["model"],
+        checkpoints=tuple(checkpoint_paths(paths.version)),
+        model=paths.model,
         downloads=trained.downloads,
         epoch_loss=tuple(trained.losses[e] for e in sorted(trained.losses)),
         resumed_from=trained.resumed.checkpoint,
@@ -261,7 +262,7 @@ def _tag(config: RetrainConfig) -> None:
         client.update_flow_run(flow_run.id, tags=sorted(known | tags))
 
 
-def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, devices: int, modeled: float,
+def _train(config: RetrainConfig, dataset: str, paths: VersionPaths, run: str, client, devices: int, modeled: float,
            version: VersionStart) -> Trained:
     """The epochs left, a checkpoint after each, then the one download.
 
@@ -274,39 +275,39 @@ def _train(config: RetrainConfig, dataset: str, paths: dict, run: str, client, d
     for attempt in itertools.count():
         engine = None
         try:
-            engine = start_parameter_servers(config, dataset, paths["plan"], client, window=version.window)
+            engine = start_parameter_servers(config, dataset, paths.plan, client, window=version.window)
             trained = _attempt(engine, config, paths, run, modeled, version, kept)
             # every epoch's loss: those a cut-off run trained from their checkpoints, this run's as it trained them
-            losses = {**checkpoint_losses(paths["version"]), **kept.losses}
+            losses = {**checkpoint_losses(paths.version), **kept.losses}
             return replace(trained, losses=losses, restarts=attempt, warnings=tuple(kept.warnings))
         except SchedulerLost as e:
-            raise TrainingError(f"{e}; {kept_note(paths['version'])}") from None
+            raise TrainingError(f"{e}; {kept_note(paths.version)}") from None
         except WorkerLost as e:
             _restart(e, engine, attempt, config, paths, client, devices, kept.warnings)
         finally:
             release_parameter_servers(engine)
 
 
-def _attempt(engine, config: RetrainConfig, paths: dict, run: str, modeled: float, version: VersionStart,
+def _attempt(engine, config: RetrainConfig, paths: VersionPaths, run: str, modeled: float, version: VersionStart,
              kept: Attempts) -> Trained:
     """One set of parameter servers: resume from the last complete checkpoint or, with none yet, start from the
     promoted version's model (a warm start) when there is one; the epochs left, each checkpointed; the download."""
-    resumed = unless_lost(resume(engine, paths["version"]))
+    resumed = unless_lost(resume(engine, paths.version))
     source = version.warm_start_from
     if resumed.checkpoint is None and source is not None:
-        unless_lost(warm_start(engine, paths_of(run, source)["model"], source))
+        unless_lost(warm_start(engine, RunLayout(Path(run)).version(source).model, source))
     if kept.progress is None:
         kept.progress = create_progress_artifact(100.0 * resumed.epochs_done / config.train.epochs,
                                                     key=artifact_key("training-progress", run),
                                                     description="epochs done")
     measured = _epochs(engine, config, paths, resumed, kept)
-    publish_epoch_metrics(paths["version"], run, modeled)  # once a run: every epoch of the version
-    chosen = unless_lost(keep_best(engine, paths["version"], config.train.patience))
-    unless_lost(download(engine, paths["model"], chosen.epochs, chosen.best_epoch, config.plan.strategy))
+    publish_epoch_metrics(paths.version, run, modeled)  # once a run: every epoch of the version
+    chosen = unless_lost(keep_best(engine, paths.version, config.train.patience))
+    unless_lost(download(engine, paths.model, chosen.epochs, chosen.best_epoch, config.plan.strategy))
     return Trained(chosen, measured, engine.downloads, resumed)
 
 
-def _epochs(engine, config: RetrainConfig, paths: dict, resumed: Resumed, kept: Attempts) -> float | None:
+def _epochs(engine, config: RetrainConfig, paths: VersionPaths, resumed: Resumed, kept: Attempts) -> float | None:
     """The epochs after the resumed checkpoint, each checkpointed: up to config.train.epochs, or with a validation
     split until `patience` epochs have passed without a better score, not before `min_epochs` (read back from the
     version's checkpoints, so a resumed run stops where an uninterrupted one would). The bytes per step measured."""
@@ -315,7 +316,7 @@ def _epochs(engine, config: RetrainConfig, paths: dict, resumed: Resumed, kept: 
     # with nothing left to train reports what its last checkpoint measured.
     measured = resumed.bytes_per_step
     for epoch in range(resumed.epochs_done + 1, config.train.epochs + 1):  # numbered from 1
-        scores = validation_scores(paths["version"])
+        scores = validation_scores(paths.version)
         if config.train.patience is not None and stop_now(scores, config.train.patience, config.train.min_epochs):
             update_progress_artifact(kept.progress, 100.0, description=f"stopped after epoch {epoch - 1}: "
                                      f"no better validation score since epoch {best_epoch(scores)}")
@@ -324,23 +325,23 @@ def _epochs(engine, config: RetrainConfig, paths: dict, resumed: Resumed, kept: 
         kept.losses[epoch] = done.stats.loss
         steps += done.stats.steps
         measured = engine.traffic().modeled_bytes / steps
-        unless_lost(checkpoint(engine, paths["version"], epoch, done.figures(measured)))
+        unless_lost(checkpoint(engine, paths.version, epoch, done.figures(measured)))
         update_progress_artifact(kept.progress, 100.0 * epoch / config.train.epochs,
                                  description=f"epoch {epoch}/{config.train.epochs} done · loss {done.stats.loss:.3f}")
     return measured
 
 
-def _restart(e: WorkerLost, engine, attempt: int, config: RetrainConfig, paths: dict, client, devices: int,
+def _restart(e: WorkerLost, engine, attempt: int, config: RetrainConfig, paths: VersionPaths, client, devices: int,
              warnings: list[str]) -> None:
     """After losing a worker: restore the cluster for the next attempt, or stop in one line (out of memory while
     starting, max_restarts reached, or no cluster to restore)."""
     if engine is None and isinstance(e, WorkerOutOfMemory):
         raise TrainingError(f"the parameter servers ran out of memory while starting ({e}); a restart "
-                            f"would run out again, so none was tried; {kept_note(paths['version'])}") from None
+                            f"would run out again, so none was tried; {kept_note(paths.version)}") from None
     if attempt == config.train.max_restarts:
         raise TrainingError(
             f"lost a worker {attempt + 1} times ({e}); max_restarts = {config.train.max_restarts} reached; "
-            f"{kept_note(paths['version'])}"
+            f"{kept_note(paths.version)}"
         ) from None
     get_run_logger().warning("%s; restoring the cluster and resuming from the last complete checkpoint (restart %d "
                              "of %d)", e, attempt + 1, config.train.max_restarts)
@@ -348,4 +349,4 @@ def _restart(e: WorkerLost, engine, attempt: int, config: RetrainConfig, paths: 
     try:
         restore_cluster(engine, client, devices, attempt + 1, config.train.restart_timeout_s)
     except TrainingError as gone:
-        raise TrainingError(f"lost a worker ({e}), and {gone}; {kept_note(paths['version'])}") from None
+        raise TrainingError(f"lost a worker ({e}), and {gone}; {kept_note(paths.version)}") from None

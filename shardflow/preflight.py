@@ -22,12 +22,9 @@ from storage.sources import Part, not_parts, resolve_parts, unfinished
 from storage.staging import check_destination
 
 
-def run_paths(config: RetrainConfig) -> dict[str, Path]:
-    """The run_dir's own stores, and the file its local Dask workers write their output to (the last run's);
-    each model version's stores are under versions/NNNN (storage.versions)."""
-    run = Path(config.run_dir)
-    return {"run": run, "dataset": run / "dataset", "estimate": run / "estimate",
-            "worker_log": run / "dask-workers.log"}
+def run_layout(config: RetrainConfig) -> versions.RunLayout:
+    """The run_dir's stores and files (storage.versions.RunLayout)."""
+    return versions.RunLayout(Path(config.run_dir))
 
 
 def check_run(config: RetrainConfig) -> None:
@@ -44,7 +41,7 @@ def check_run(config: RetrainConfig) -> None:
         raise InputError(f"run_dir {config.run_dir}: {where} cannot be written (a read-only file system or "
                          "permissions); accepted: a directory this user can write")
     try:
-        check_destination(run_paths(config)["dataset"], overwrite=True)
+        check_destination(run_layout(config).dataset, overwrite=True)
     except InputError as e:
         raise InputError(f"run_dir {config.run_dir}: {e}") from None
     root = Path(config.run_dir) / versions.VERSIONS
@@ -114,7 +111,7 @@ def _plain(value):
 def dataset_store(config: RetrainConfig) -> Path | None:
     """The dataset store the run trains on as it is now: `dataset` if it is a store, else RUN_DIR/dataset once
     something was imported into it (None before the first import)."""
-    source, dest = Path(config.data.dataset), run_paths(config)["dataset"]
+    source, dest = Path(config.data.dataset), run_layout(config).dataset
     return source if (source / MANIFEST).is_file() else dest if (dest / MANIFEST).is_file() else None
 
 
@@ -126,7 +123,7 @@ def check_dataset(config: RetrainConfig) -> None:
     so is another source once the run_dir holds model versions trained on its own. A
     dataset store given as such is checked by check_versions.
     """
-    source, dest = Path(config.data.dataset), run_paths(config)["dataset"]
+    source, dest = Path(config.data.dataset), run_layout(config).dataset
     if (source / MANIFEST).is_file():
         check_versions(config, str(source))
         return
@@ -176,7 +173,7 @@ def check_versions(config: RetrainConfig, dataset_store: str) -> None:
 
 def imported_source(config: RetrainConfig) -> dict | None:
     """The source RUN_DIR/dataset was imported from (None: `dataset` is a store itself, or nothing imported yet)."""
-    source, dest = Path(config.data.dataset), run_paths(config)["dataset"]
+    source, dest = Path(config.data.dataset), run_layout(config).dataset
     if (source / MANIFEST).is_file() or not (dest / MANIFEST).is_file():
         return None
     return Dataset.open(dest).info.source

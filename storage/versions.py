@@ -69,6 +69,39 @@ class Promotion:
     reason: str
 
 
+@dataclass(frozen=True)
+class VersionPaths:
+    """The stores of one model version (RUN_DIR/versions/NNNN), as the strings Prefect tasks take."""
+
+    version: str
+    profile: str
+    plan: str
+    model: str
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """A run_dir's own stores and files; each model version's are `version(number)`."""
+
+    run: Path
+
+    @property
+    def dataset(self) -> Path:
+        return self.run / "dataset"
+
+    @property
+    def estimate(self) -> Path:  # the estimation run's scratch stores
+        return self.run / "estimate"
+
+    @property
+    def worker_log(self) -> Path:  # the output of the run's local Dask workers (the last run's)
+        return self.run / "dask-workers.log"
+
+    def version(self, number: int) -> VersionPaths:
+        path = version_dir(self.run, number)
+        return VersionPaths(str(path), str(path / "profile"), str(path / "plan"), str(path / "model"))
+
+
 def version_dir(run_dir: str | Path, number: int) -> Path:
     return Path(run_dir) / VERSIONS / f"{number:04d}"
 

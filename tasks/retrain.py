@@ -19,7 +19,7 @@ from shardflow.errors import DamagedStore, InputError
 from shardflow.model.metrics import Metrics
 from shardflow.planner.report import PlanSummary, StrategyRefused, table_tiers
 from shardflow.planner.topology import parse_topology
-from shardflow.preflight import import_kwargs, imported_source, run_paths, same_source, source_parts, source_warnings
+from shardflow.preflight import import_kwargs, imported_source, run_layout, same_source, source_parts, source_warnings
 from shardflow.profiling.profiles import profile_dataset, profile_window
 from shardflow.reporting.tables import number
 from shardflow.sharding.stage import (
@@ -90,7 +90,7 @@ def prepare_dataset(config: RetrainConfig) -> Imported:
     versions. The warnings name what the source holds that is not a part, and the parts
     left for a later night because they may still be being written.
     """
-    source, dest = Path(config.data.dataset), run_paths(config)["dataset"]
+    source, dest = Path(config.data.dataset), run_layout(config).dataset
     if (source / MANIFEST).is_file():
         verify_dataset(source)
         return Imported(str(source))
@@ -244,7 +244,7 @@ def start_cluster(config: RetrainConfig, stack: contextlib.ExitStack) -> Client:
 
     client = stack.enter_context(run_cluster(**dict(config.cluster), workers=config.parsed_topology.devices,
                                              gpus=config.train.device == "cuda",
-                                             worker_log=run_paths(config)["worker_log"]))
+                                             worker_log=run_layout(config).worker_log))
     get_run_logger().info("Dask dashboard: %s", client.dashboard_link)
     return client
 
@@ -285,7 +285,7 @@ def plots(run_dir: str, profile_path: str, plan_path: str,
 
     out = Path(run_dir) / "plots"
     out.mkdir(parents=True, exist_ok=True)
-    plan, _, _, _ = read_plan(plan_path)
+    plan = read_plan(plan_path).plan
     prof = Profile.open(profile_path)
     curves, marks = {}, {}
     for t in plan.tables:

@@ -19,7 +19,7 @@ from shardflow.data.clicks import training_window_start
 from shardflow.errors import TrainingError, WorkerLost
 from shardflow.model.metrics import Metrics
 from shardflow.planner.topology import parse_topology
-from shardflow.preflight import import_options, imported_source, run_paths, same_source, source_parts, source_warnings
+from shardflow.preflight import import_options, imported_source, run_layout, same_source, source_parts, source_warnings
 from shardflow.promotion import judge, rejection
 from shardflow.records import plain
 from shardflow.reporting.summary import RunSummary, VersionFigures
@@ -40,12 +40,6 @@ from tasks.training import Lost, lost
 NOT_FINGERPRINTED = ("run_dir", "scheduler_address", "cluster_class", "cluster_kwargs", "tls_ca_file", "tls_cert",
                      "tls_key", "max_restarts", "restart_timeout_s", "promotion_margin", "keep_versions",
                      "part_settle_s")
-
-
-def paths_of(run_dir: str, number: int) -> dict[str, str]:
-    """The stores of model version `number` of a run_dir."""
-    path = versions.version_dir(run_dir, number)
-    return {"version": str(path), **{k: str(path / k) for k in ("profile", "plan", "model")}}
 
 
 def fingerprint(config: RetrainConfig) -> dict:
@@ -74,7 +68,7 @@ def _nothing_new(config: RetrainConfig, run: str) -> RunSummary | None:
     finished = versions.result(run, last)
     if finished is None or versions.promotion_cut_off(run, last):
         return None
-    source, dest = Path(config.data.dataset), run_paths(config)["dataset"]
+    source, dest = Path(config.data.dataset), run_layout(config).dataset
     warnings = []
     if (source / MANIFEST).is_file():
         store = source

@@ -104,8 +104,8 @@ def prefect_api():
     from prefect.testing.utilities import prefect_test_harness
 
     # Prefect's harness gives its server 30 s; under load (every core busy) it needs more, as the embedded
-    # API does (flows/api.py): the same bound.
-    from flows.api import STARTUP_TIMEOUT_S
+    # API does (cli/embedded_api.py): the same bound.
+    from cli.embedded_api import STARTUP_TIMEOUT_S
 
     with prefect_test_harness(server_startup_timeout=STARTUP_TIMEOUT_S):
         yield PREFECT_API_URL.value()

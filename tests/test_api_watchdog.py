@@ -1,4 +1,4 @@
-"""The embedded API's watchdog (flows/api.py) on a stand-in server process: what it starts again outlives it."""
+"""The embedded API's watchdog (cli/embedded_api.py) on a stand-in server process: what it starts again outlives it."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import subprocess
 import sys
 import time
 
-from flows.api import _Watchdog, spawn
+from cli.embedded_api import _Watchdog, spawn
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
 
 class StandInServer:
-    """The parts of flows.api.EmbeddedServer the watchdog uses; its process sleeps instead of serving. It
+    """The parts of cli.embedded_api.EmbeddedServer the watchdog uses; its process sleeps instead of serving. It
     starts that process as the embedded server does (`spawn`: its own session, the parent-death signal)."""
 
     address = "http://127.0.0.1:1"

@@ -716,7 +716,7 @@ def case_config_scheduler_address_malformed(world, client, tmp_path):
 
 
 def case_run_scheduler_that_never_answers(world, client, tmp_path):
-    from flows.api import free_port
+    from cli.embedded_api import free_port
     from shardflow.cluster import dask_client
 
     address = f"tcp://127.0.0.1:{free_port()}"  # a port nothing listens on

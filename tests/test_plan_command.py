@@ -64,7 +64,8 @@ def test_plan_command_prints_the_summary_and_writes_the_store(profiled):
     assert s["lower_bound_comm_time_s_per_step"] <= s["comm_time_s_per_step"] <= s["row_wise_mod_comm_time_s_per_step"]
     assert s["bytes_per_step"] == pytest.approx(s["lookup_bytes_per_step"] + s["sync_bytes_per_step"])
 
-    plan, topo, shape, manifest = read_plan(out)
+    stored = read_plan(out)
+    plan, topo, shape, manifest = stored.plan, stored.topology, stored.shape, stored.manifest
     assert topo.devices == 4 and shape == StepShape(4096, 64, "none")
     assert plan.tier_counts() == s["tiers"]
     assert json.loads((out / "summary.json").read_text())["comm_time_s_per_step"] == s["comm_time_s_per_step"]
@@ -123,7 +124,7 @@ def test_a_plan_for_adam_rows_counts_their_moments_in_each_devices_memory(profil
         make_plan(profiled / "profile", tmp_path / rows, topo, strategy="row-wise-mod",
                   shape=StepShape(64, 8, "device", rows))
         made[rows] = read_plan_summary(tmp_path / rows)
-        assert read_plan(tmp_path / rows)[2].row_optimizer == rows
+        assert read_plan(tmp_path / rows).shape.row_optimizer == rows
     per_row = {rows: max(s.memory_bytes_per_device) / 5929 for rows, s in made.items()}  # ceil(23,715 / 4) rows
     assert per_row == {"adagrad": 4 * (8 + 1), "adam": 4 * (8 + 17)}
     assert made["adam"].budget_bytes_per_device > made["adagrad"].budget_bytes_per_device

@@ -98,7 +98,7 @@ def test_measured_bytes_agree_with_the_cost_model_within_5_percent(request, data
 
 @pytest.mark.parametrize("dedup", ["none", "device", "node"])
 def test_rows_copied_onto_some_nodes_move_the_bytes_the_model_says(planned, uneven, dedup):
-    item = read_plan(uneven)[0].table("item")
+    item = read_plan(uneven).plan.table("item")
     slow = 1 << 2
     assert item.partial_ids.size > 50 and (item.partial_nodes & slow).all(), "the slow node holds every such row"
     measured, predicted = measured_and_predicted(planned / "ds", uneven, dedup)

@@ -143,14 +143,24 @@ def read_plan_summary(path: str | Path) -> PlanSummary:
     return parse_record(PlanSummary, read_summary(path), f"{path}/summary.json")
 
 
-def read_plan(path: str | Path) -> tuple[ShardingPlan, Topology, StepShape, PlanManifest]:
-    """(plan, topology, step shape, manifest) of a complete plan store, checked against each other."""
+@dataclass(frozen=True)
+class StoredPlan:
+    """A complete plan store, read back and checked: the plan, the topology and step shape it was made for, and
+    its manifest (the profile and dataset it came from)."""
+
+    plan: ShardingPlan
+    topology: Topology
+    shape: StepShape
+    manifest: PlanManifest
+
+
+def read_plan(path: str | Path) -> StoredPlan:
+    """The plan store at `path`, its parts checked against each other."""
     arrays, m = read_plan_arrays(path)
     topology = parse_topology(m.topology, f"{path}/manifest.json topology")
-    shape = StepShape(**m.step)
     plan = ShardingPlan(m.strategy, tuple(TablePlan(name, **a) for name, a in arrays.items()))
     check_plan(plan, m.tables, topology)
-    return plan, topology, shape, m
+    return StoredPlan(plan, topology, StepShape(**m.step), m)
 
 
 def extend_plan(old: ShardingPlan, rows: dict[str, int], devices: int) -> ShardingPlan:
@@ -237,15 +247,16 @@ def _against_previous(previous: str | Path, fresh: ShardingPlan, fresh_s: float,
     """(the plan chosen, the previous plan's modeled seconds per step if it could be costed, why): the previous
     placement extended to the new rows, kept unless it no longer applies, fits, or pays."""
     try:
-        old, old_topology, old_shape, m = read_plan(previous)
+        old = read_plan(previous)
     except DamagedStore as e:  # made from a profile: a fresh plan replaces it
         return fresh, None, f"the previous plan is damaged ({e})"
-    if old_topology != topology:
-        return fresh, None, f"the topology changed ({old_topology.devices} devices → {topology.devices})"
-    if (m.strategy, old_shape) != (strategy, shape):
-        return fresh, None, f"the strategy or step shape changed ({m.strategy}, {old_shape} → {strategy}, {shape})"
+    if old.topology != topology:
+        return fresh, None, f"the topology changed ({old.topology.devices} devices → {topology.devices})"
+    if (old.manifest.strategy, old.shape) != (strategy, shape):
+        return fresh, None, (f"the strategy or step shape changed ({old.manifest.strategy}, {old.shape} → "
+                             f"{strategy}, {shape})")
     accesses, model, budget = inputs.accesses, inputs.model, inputs.budget_bytes
-    extended = extend_plan(old, {a.name: a.rows for a in accesses}, topology.devices)
+    extended = extend_plan(old.plan, {a.name: a.rows for a in accesses}, topology.devices)
     previous_s = model.evaluate(extended, {a.name: a for a in accesses}).comm_time_s_per_step
     need = int(extended.memory_bytes_per_device(topology, shape.dim, shape.row_optimizer).max())
     if need > budget:

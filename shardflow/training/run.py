@@ -66,7 +66,8 @@ def prepare(
 ) -> TrainingJob:
     """The job of training `dataset` on the plan at `plan_path`, refused before any work if they do not match."""
     ds = Dataset.open(dataset)
-    plan, topology, shape, manifest = read_plan(plan_path)
+    stored = read_plan(plan_path)
+    plan, topology, shape, manifest = stored.plan, stored.topology, stored.shape, stored.manifest
     profile = Profile.open(manifest.source.profile)
     made_from = profile.dataset.checksum
     if made_from != ds.info.checksum:

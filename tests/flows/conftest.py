@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from runs import prefect_home
 
-from flows.api import STARTUP_TIMEOUT_S, free_port
+from cli.embedded_api import STARTUP_TIMEOUT_S, free_port
 
 BIN = Path(sys.executable).parent
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from runs import BIN, SMALL, TOPOLOGY, stderr_of
 
-from flows.api import free_port
+from cli.embedded_api import free_port
 from shardflow.data.synthetic import SynthTable, synth_dataset
 
 RESTART_TIMEOUT_S = 5

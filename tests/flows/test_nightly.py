@@ -346,17 +346,17 @@ def test_a_damaged_plan_is_made_again_and_a_damaged_segment_stops_the_night_with
     the next night before anything is written, naming the file and the command that rebuilds it."""
     import zarr
 
-    from tasks.versions import paths_of
+    from storage.versions import RunLayout
 
     root, daily = days
     run = root / "damaged"
     parts, _ = first_night(root, client, daily, "damaged")
-    home = zarr.open_array(str(Path(paths_of(str(run), 1)["plan"]) / "tables" / "item" / "home"), mode="r+")
+    home = zarr.open_array(str(Path(RunLayout(run).version(1).plan) / "tables" / "item" / "home"), mode="r+")
     home[:] = 1 - home[:]  # every row's home moved to the other device
     shutil.copy2(daily[1], parts)
     second, names = night(root, client, parts, "damaged", "two.yaml")
     assert second["version"] == 2 and second["trained"], second
-    decision = json.loads((Path(paths_of(str(run), 2)["plan"]) / "decision.json").read_text())
+    decision = json.loads((Path(RunLayout(run).version(2).plan) / "decision.json").read_text())
     assert decision["reason"].startswith("the previous plan is damaged (") and "tables/item/home: its content does " \
         "not match the manifest's digest" in decision["reason"], decision
 
