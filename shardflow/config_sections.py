@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from shardflow.errors import InputError
+from shardflow.model import sizes
 from shardflow.model.sizes import MAX_TOP_K
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,20 +97,22 @@ class DataSection(Section):
 class ModelSection(Section):
     """The model's shape: embedding width, dense layers, the sequence encoder and what an example reads."""
 
-    dim: int = Field(64, ge=1, le=4096)
-    mlp: tuple[int, ...] = Field((64, 32), description="hidden layer widths (of the top MLP for click logs)")
-    bottom_mlp: tuple[int, ...] = Field((64,), description="click logs: hidden widths of the MLP over numeric columns")
+    dim: int = Field(sizes.DIM, ge=1, le=4096)
+    mlp: tuple[int, ...] = Field(sizes.MLP, description="hidden layer widths (of the top MLP for click logs)")
+    bottom_mlp: tuple[int, ...] = Field(sizes.BOTTOM_MLP,
+                                        description="click logs: hidden widths of the MLP over numeric columns")
     encoder: Literal["mean", "self-attention"] = Field(
-        "mean", description="sequence datasets: the user's state from the history, its mean into the MLP, or "
+        sizes.ENCODER, description="sequence datasets: the user's state from the history, its mean into the MLP, or "
         "SASRec's causal self-attention blocks scored by dot product (shardflow/model/attention.py)",
     )
-    attention_blocks: int = Field(2, ge=1, le=64, description="self-attention: blocks")
-    attention_heads: int = Field(1, ge=1, le=MAX_WIDTH, description="self-attention: heads (a divisor of dim)")
-    dropout: float = Field(0.5, ge=0, lt=1, allow_inf_nan=False, description="self-attention: dropout rate")
-    history: int = Field(20, ge=1, le=MAX_LOOKUPS, description="items of a user's history an example reads")
-    negatives: int = Field(4, ge=1, le=MAX_LOOKUPS, description="sampled negatives per example")
+    attention_blocks: int = Field(sizes.BLOCKS, ge=1, le=64, description="self-attention: blocks")
+    attention_heads: int = Field(sizes.HEADS, ge=1, le=MAX_WIDTH,
+                                 description="self-attention: heads (a divisor of dim)")
+    dropout: float = Field(sizes.DROPOUT, ge=0, lt=1, allow_inf_nan=False, description="self-attention: dropout rate")
+    history: int = Field(sizes.HISTORY, ge=1, le=MAX_LOOKUPS, description="items of a user's history an example reads")
+    negatives: int = Field(sizes.NEGATIVES, ge=1, le=MAX_LOOKUPS, description="sampled negatives per example")
     loss: Literal["bce", "sampled-softmax"] = Field(
-        "bce", description="sequences: binary cross-entropy of every candidate (SASRec's), or the positive's "
+        sizes.LOSS, description="sequences: binary cross-entropy of every candidate (SASRec's), or the positive's "
         "cross-entropy against a softmax over it and its negatives (sampled softmax); click logs: bce",
     )
 

@@ -27,14 +27,15 @@ import torch
 import torch.nn.functional as F
 
 from shardflow.errors import InputError
+from shardflow.model import sizes
 from shardflow.model.tensors import Tensors
 
 
 @dataclass(frozen=True)
 class ClickConfig:
     dim: int = 16
-    bottom: tuple[int, ...] = (64,)  # hidden widths of the bottom MLP; its output is `dim` wide
-    mlp: tuple[int, ...] = (64, 32)  # hidden widths of the top MLP
+    bottom: tuple[int, ...] = sizes.BOTTOM_MLP  # hidden widths of the bottom MLP; its output is `dim` wide
+    mlp: tuple[int, ...] = sizes.MLP  # hidden widths of the top MLP
     features: tuple[str, ...] = ()  # categorical tables, in input order
     numeric: tuple[str, ...] = ()  # numeric columns, in input order
     seed: int = 0

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from shardflow.errors import InputError
 from shardflow.hashing import splitmix64
+from shardflow.model import sizes
 from shardflow.model.attention import encode, init_attention
 from shardflow.model.sizes import attention_shapes
 from shardflow.model.tensors import Scorer, Tensors, UserState
@@ -51,17 +52,17 @@ LOSSES = ("bce", "sampled-softmax")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    dim: int = 64
-    mlp: tuple[int, ...] = (64, 32)
-    history: int = 20
-    negatives: int = 4
+    dim: int = sizes.DIM
+    mlp: tuple[int, ...] = sizes.MLP
+    history: int = sizes.HISTORY
+    negatives: int = sizes.NEGATIVES
     features: tuple[str, ...] = ()  # categorical feature tables, in input order
     seed: int = 0
-    encoder: str = "mean"  # one of ENCODERS
-    blocks: int = 2  # self-attention: blocks
-    heads: int = 1  # self-attention: heads per block (dim divisible by it)
-    dropout: float = 0.5  # self-attention: the rate of every dropout while training (SASRec on sparse data)
-    loss: str = "bce"  # one of LOSSES
+    encoder: str = sizes.ENCODER  # one of ENCODERS
+    blocks: int = sizes.BLOCKS  # self-attention: blocks
+    heads: int = sizes.HEADS  # self-attention: heads per block (dim divisible by it)
+    dropout: float = sizes.DROPOUT  # self-attention: the rate of every dropout while training
+    loss: str = sizes.LOSS  # one of LOSSES
 
     kind = "sequence"
 

@@ -6,6 +6,18 @@ from __future__ import annotations
 
 MAX_TOP_K = 10_000  # the longest list of items a night writes per user (config nightly.top_k)
 
+# The models' defaults, one source for the run's config (config_sections.ModelSection) and the models' own
+# configs (sequence.ModelConfig, dlrm.ClickConfig).
+DIM = 64
+MLP = (64, 32)  # hidden widths of the (top) MLP
+BOTTOM_MLP = (64,)  # click logs: hidden widths of the MLP over numeric columns
+HISTORY = 20  # items of a user's history an example reads
+NEGATIVES = 4  # sampled negatives per example
+ENCODER = "mean"
+BLOCKS, HEADS = 2, 1  # self-attention
+DROPOUT = 0.5  # self-attention: SASRec's rate on sparse data
+LOSS = "bce"
+
 
 def attention_shapes(dim: int, history: int, blocks: int) -> dict[str, tuple[int, ...]]:
     """Every dense parameter of the self-attention encoder, by name: weights [in, out], biases and norms [dim]."""
