@@ -1,6 +1,6 @@
 """Session-wide fixtures: one LocalCluster and one Prefect test harness for the whole run; the test tiers.
 
-Every test is in one tier (a marker, set here from what the test uses):
+Every test is in one tier (a marker its module declares, or set here from the fixtures it uses):
 
     fault    processes killed, interrupted or starved, disks filled, soak runs (whole modules)
     server   a Prefect API: the test harness, a real `prefect server`, or `shardflow run` as a process
@@ -39,25 +39,22 @@ from shardflow.cluster import dask_client
 
 WORKERS = 4  # the training tests place up to four devices, one per worker
 
-FAULT_MODULES = {"test_faults", "test_interrupts", "test_soak", "test_storage_faults", "test_lost_cluster",
-                 "test_startup"}
-SERVER_MODULES = {"test_real_server", "test_deployments", "test_cli"}  # `shardflow run` or `prefect` as processes
-CLUSTER_MODULES = {"test_train_command", "test_plan_command",  # commands that start a local cluster
-                   "test_worker_server",  # a process that starts one
-                   "test_cluster_tls",  # a named cluster class, as a run starts it
-                   "test_emulated_cluster"}  # or an emulated one (shardflow.emulation)
 TIERS = ("fault", "server", "cluster", "unit")
 # Every test here uses Prefect (the server tier or a heavier one). `-m unit` does not import these modules: their
 # imports (Prefect's API server among them) cost each pytest worker 3.0-3.6 s of its 11-12 s of collection.
 FLOWS = Path(__file__).parent / "flows"
 
 
-def tier(module: str, fixtures: set[str]) -> str:
-    if module in FAULT_MODULES:
-        return "fault"
-    if module in SERVER_MODULES or fixtures & {"prefect_api", "server"}:
+def tier(item: pytest.Item) -> str:
+    """The tier a module declares (`pytestmark = pytest.mark.fault`: what no fixture shows, such as killing
+    processes or running a command that starts a cluster or a server), else the one its fixtures give."""
+    declared = [m.name for m in item.iter_markers() if m.name in TIERS]
+    if declared:
+        return min(declared, key=TIERS.index)
+    fixtures = set(item.fixturenames)
+    if fixtures & {"prefect_api", "server"}:
         return "server"
-    if module in CLUSTER_MODULES or "client" in fixtures:
+    if "client" in fixtures:
         return "cluster"
     return "unit"
 
@@ -84,11 +81,12 @@ def pytest_collection_modifyitems(items) -> None:
     tests start first and the unit tier's milliseconds fill the ends (and a server test's waits)."""
     tiers = {}
     for item in items:
-        tiers[item] = tier(item.module.__name__.rpartition(".")[2], set(item.fixturenames))
+        tiers[item] = tier(item)
         if tiers[item] == "unit" and FLOWS in item.path.parents:
             raise pytest.UsageError(f"{item.nodeid} is in the unit tier; accepted there: tests that use Prefect "
                                     f"(`-m unit` does not collect {FLOWS.name}/): move it beside the code it tests")
-        item.add_marker(tiers[item])
+        if not item.get_closest_marker(tiers[item]):
+            item.add_marker(tiers[item])
     items.sort(key=lambda item: TIERS.index(tiers[item]))
 
 

@@ -22,6 +22,8 @@ from shardflow.emulation.probe import stream_bytes_per_s
 from shardflow.planner.topology import Node, Topology
 from tests.support import REAL
 
+pytestmark = pytest.mark.cluster  # the tier: an emulated cluster (shardflow.emulation)
+
 ROOT = Path(__file__).resolve().parents[2]
 SHARDFLOW = [sys.executable, "-m", "cli.main"]
 CANNOT = cannot_emulate()

@@ -28,6 +28,8 @@ from storage import versions
 from support import REAL, split_into_days
 from tasks.assets import model_key
 
+pytestmark = pytest.mark.server  # the tier: `shardflow run` or `prefect` as processes
+
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"

@@ -29,6 +29,8 @@ from storage.lock import run_lock
 from storage.manifest import MANIFEST
 from support import snapshot
 
+pytestmark = pytest.mark.fault  # the tier: killed, interrupted or starved processes
+
 ROWS = 1_000_000
 
 

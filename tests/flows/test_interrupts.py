@@ -25,6 +25,8 @@ from test_real_server import READ_BACK
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.emulation.calibration import REFERENCE_STEP_S, measured_time_scale
 
+pytestmark = pytest.mark.fault  # the tier: killed, interrupted or starved processes
+
 ENDS_WITHIN_QUIET_S = 15  # on the reference host, where the emulation's reference step takes 96 ms
 
 

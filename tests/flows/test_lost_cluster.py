@@ -21,6 +21,8 @@ from runs import BIN, SMALL, TOPOLOGY, stderr_of
 from cli.embedded_api import free_port
 from shardflow.data.synthetic import SynthTable, synth_dataset
 
+pytestmark = pytest.mark.fault  # the tier: killed, interrupted or starved processes
+
 RESTART_TIMEOUT_S = 5
 # The run's reconnect window for a lost scheduler: distributed's comm.timeouts.connect, which a user sets in Dask's
 # config (30 s by default). The window is what the scheduler case waits out; 10 s keeps it short.

@@ -12,11 +12,14 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
 import yaml
 
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from tasks.reports import run_label
 from tasks.retrain import artifact_key
+
+pytestmark = pytest.mark.server  # the tier: `shardflow run` or `prefect` as processes
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]

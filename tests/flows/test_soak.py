@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import pytest
 from runs import SMALL, TOPOLOGY, live_actors
 
 from flows.retrain import retrain
@@ -19,6 +20,8 @@ from shardflow.config import RetrainConfig
 from storage import versions
 from storage.checkpoint import verify_export
 from support import settled
+
+pytestmark = pytest.mark.fault  # the tier: killed, interrupted or starved processes
 
 CYCLES = 12
 WARM = 3  # runs before the baseline: imports, caches and the first allocations settle

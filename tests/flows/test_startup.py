@@ -11,11 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from runs import BIN, SMALL, TOPOLOGY
 
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from storage import versions
+
+pytestmark = pytest.mark.fault  # the tier: killed, interrupted or starved processes
 
 HOG = "while True: pass"
 RUN_S = 900  # a whole small run beside a busy loop on every core, on 2 cores (about 3x a quiet run's time)

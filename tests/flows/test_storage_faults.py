@@ -19,6 +19,8 @@ from runs import BIN, SMALL, TOPOLOGY, stderr_of
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from support import snapshot
 
+pytestmark = pytest.mark.fault  # the tier: killed, interrupted or starved processes
+
 
 @pytest.fixture
 def small_fs(tmp_path):

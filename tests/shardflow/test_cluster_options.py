@@ -1,7 +1,7 @@
 """The cluster classes and arguments a config may name: every refused vector is one line naming the key, the
 value and what is accepted, before anything is imported, started or written; plain values within bounds pass.
 
-Unit tier: config only, no cluster (tests/shardflow/test_cluster_listens.py starts real ones).
+Unit tier: config only, no cluster (tests/shardflow/test_cluster_tls.py starts real ones).
 """
 
 from __future__ import annotations

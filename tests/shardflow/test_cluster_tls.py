@@ -11,6 +11,8 @@ import pytest
 from shardflow.cluster import run_cluster
 from support import pem_files
 
+pytestmark = pytest.mark.cluster  # the tier: a named cluster class, as a run starts it
+
 
 def listening(pid: int) -> set[tuple[str, int]]:
     procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]

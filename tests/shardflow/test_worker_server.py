@@ -9,6 +9,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.cluster  # the tier: a process that starts a local cluster
+
 SCRIPT = """
 import json, os
 from multiprocessing import forkserver

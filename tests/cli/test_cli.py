@@ -10,6 +10,8 @@ import pytest
 
 from support import REAL, snapshot, split_into_days
 
+pytestmark = pytest.mark.server  # the tier: `shardflow run` or `prefect` as processes
+
 SHARDFLOW = str(Path(sys.executable).parent / "shardflow")
 
 
@@ -170,7 +172,7 @@ def test_a_stop_whose_exception_a_finalizer_loses_is_taken_up_at_the_next_step_w
     """The signal's handler raises inside a finalizer, where Python prints the exception and goes on (a run once
     trained on to the end after a SIGTERM that landed there): the next stop check raises it again, quietly."""
     done = subprocess.run([sys.executable, "-c", LOST_IN_A_FINALIZER, signame], capture_output=True, text=True,
-                          timeout=60, cwd=Path(__file__).resolve().parents[1])
+                          timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0 and done.stdout.splitlines() == ["lost", f"taken up as {raised}"], done
     assert done.stderr == "", done.stderr
 
@@ -203,7 +205,7 @@ def test_a_coroutine_a_stop_cut_short_prints_no_warning_after_the_one_line():
     """Seen once in CI: a SIGTERM to `shardflow import` inside zarr left a coroutine never awaited, and Python's
     RuntimeWarning about it (two lines) followed the command's one line."""
     done = subprocess.run([sys.executable, "-c", CUT_COROUTINE], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.stdout.split() == ["143"], done
     assert done.stderr.splitlines() == ["shardflow import: terminated (SIGTERM); every complete checkpoint and store "
                                         "is kept: run the same command again to resume"], done.stderr

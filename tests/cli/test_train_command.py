@@ -20,8 +20,10 @@ from shardflow.training.run import in_process, prepare, train_from_stores
 from storage.importers import import_dataset
 from support import REAL
 
+pytestmark = pytest.mark.cluster  # the tier: commands that start a cluster
+
 SHARDFLOW = str(Path(sys.executable).parent / "shardflow")
-DEMO = Path(__file__).resolve().parents[1] / "topologies" / "demo-4.yaml"
+DEMO = Path(__file__).resolve().parents[2] / "topologies" / "demo-4.yaml"
 # table-wise must fit the one 23,715-row table on one device: a budget 4× row-wise-mod's.
 SLACK = {"table-wise": 3.0, "row-wise-mod": 0.1, "row-wise-block": 0.1, "flexshard": 0.1}
 BATCH = 2048

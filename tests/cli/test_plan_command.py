@@ -20,6 +20,8 @@ from storage.dataset import Dataset
 from storage.importers import import_dataset
 from support import REAL, snapshot
 
+pytestmark = pytest.mark.cluster  # the tier: commands that start a cluster
+
 SHARDFLOW = str(Path(sys.executable).parent / "shardflow")
 TOPOLOGY = ("intra_node_gbytes_per_s: 600\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 12.5}\n"
             "  - {name: b, devices: 2, uplink_gbytes_per_s: 3}\n")
