@@ -13,8 +13,9 @@ from prefect.states import Completed
 
 from shardflow.errors import one_line_errors
 from shardflow.records import plain
+from shardflow.reporting.run_report import run_label
 from storage import versions
-from tasks.reports import announce_rollback, run_label, tag_run
+from tasks.reports import announce_rollback, tag_run
 
 
 def _run_name() -> str:

@@ -38,6 +38,7 @@ from shardflow.errors import (
     stop_if_asked,
 )
 from shardflow.preflight import check_run, run_layout
+from shardflow.reporting.run_report import artifact_key, outcome, run_label, state_message
 from shardflow.reporting.stages import StageClock
 from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.sharding.stage import read_plan_summary
@@ -45,19 +46,9 @@ from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
 from storage.versions import RunLayout, VersionPaths, VersionStart, new_parts
 from tasks.assets import materialize_model
-from tasks.reports import (
-    name_run,
-    outcome,
-    publish_failure,
-    publish_summary,
-    publish_versions,
-    run_label,
-    state_message,
-    tag_run,
-)
+from tasks.reports import name_run, publish_failure, publish_summary, publish_versions, tag_run
 from tasks.retrain import (
     Imported,
-    artifact_key,
     evaluate,
     plots,
     prepare_dataset,

@@ -19,9 +19,9 @@ from pathlib import Path
 from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
 from prefect.cache_policies import NONE
 
+from shardflow.reporting.run_report import run_label
 from shardflow.reporting.summary import RunSummary
 from storage import versions
-from tasks.retrain import run_label
 
 SCHEME = "shardflow://"
 # Figures a version's asset carries when the version has them.

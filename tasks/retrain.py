@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from shardflow.planner.report import PlanSummary, StrategyRefused, table_tiers
 from shardflow.planner.topology import parse_topology
 from shardflow.preflight import import_kwargs, imported_source, run_layout, same_source, source_parts, source_warnings
 from shardflow.profiling.profiles import profile_dataset, profile_window
+from shardflow.reporting.run_report import artifact_key
 from shardflow.reporting.tables import number
 from shardflow.sharding.stage import (
     ReplanDecision,
@@ -40,23 +39,6 @@ from storage.plan_store import read_plan_manifest
 from storage.profile import Profile, TableStats
 from storage.staging import remove_leftovers
 from storage.versions import write_record
-
-
-def artifact_key(kind: str, run_dir: str | Path) -> str:
-    """A Prefect artifact key of one kind for one run_dir: runs of other run_dirs keep their own history.
-
-    Keys allow lowercase letters, digits and dashes: the run_dir's name, slugged, and six
-    hex digits of its absolute path (two run_dirs of one name stay apart).
-    """
-    resolved = Path(run_dir).expanduser().resolve()
-    slug = re.sub(r"[^a-z0-9]+", "-", resolved.name.lower()).strip("-")[:40] or "run"
-    return f"{kind}-{slug}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:6]}"
-
-
-def run_label(run_dir: str | Path) -> str:
-    """The run_dir as flow run names and asset keys show it: its name and the six hex digits of its path (as
-    artifact keys)."""
-    return artifact_key("", run_dir).lstrip("-")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from shardflow.cluster import live_workers
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError, TrainingError, WorkerLost
 from shardflow.model.metrics import Metrics
+from shardflow.reporting.run_report import artifact_key
 from shardflow.reporting.tables import number
 from shardflow.training.config import EpochStats
 from shardflow.training.engine import Engine
@@ -30,7 +31,6 @@ from shardflow.training.validation import (
     validation_values,
 )
 from storage.checkpoint import checkpoint_dir, complete_checkpoints, read_checkpoint, unreadable_checkpoints
-from tasks.retrain import artifact_key
 
 T = TypeVar("T")
 

@@ -22,6 +22,7 @@ from shardflow.planner.topology import parse_topology
 from shardflow.preflight import import_options, imported_source, run_layout, same_source, source_parts, source_warnings
 from shardflow.promotion import judge, rejection
 from shardflow.records import plain
+from shardflow.reporting.run_report import version_result
 from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import evaluate_export
@@ -84,13 +85,6 @@ def _nothing_new(config: RetrainConfig, run: str) -> RunSummary | None:
     if versions.started(run, last).segments != tuple(segments):
         return None
     return untrained(run, versions.current(run), last, (), tuple(warnings))
-
-
-def version_result(run: str, number: int) -> RunSummary | None:
-    """Version `number`'s result.json, parsed (None: the version is not finished)."""
-    figures = versions.result(run, number)
-    where = str(versions.version_dir(run, number) / versions.RESULT)
-    return None if figures is None else RunSummary.parse(figures, where)
 
 
 def untrained(run: str, current: int | None, newest: int, parts_added: tuple[str, ...],

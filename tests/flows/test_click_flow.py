@@ -11,9 +11,9 @@ from test_retrain_flow import artifact_rows
 from flows.retrain import retrain
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
+from shardflow.reporting.run_report import artifact_key
 from storage.checkpoint import verify_export
 from support import REAL, settled
-from tasks.retrain import artifact_key
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from runs import BIN, run_until_killed, task_runs
 from flows.retrain import retrain
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
+from shardflow.reporting.run_report import artifact_key, state_message
 from shardflow.reporting.summary import RunSummary
 from shardflow.sharding.stage import read_plan_summary
 from shardflow.training.evaluate import evaluate_export
@@ -31,8 +32,6 @@ from storage.checkpoint import verify_export
 from storage.dataset import Dataset
 from support import REAL, settled, snapshot, split_into_days
 from tasks.assets import asset_key, model_key
-from tasks.reports import state_message
-from tasks.retrain import artifact_key
 
 TWO = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n"
        "  - {name: b, devices: 1, uplink_gbytes_per_s: 5}\n")

@@ -16,8 +16,7 @@ import pytest
 import yaml
 
 from shardflow.data.synthetic import SynthTable, synth_dataset
-from tasks.reports import run_label
-from tasks.retrain import artifact_key
+from shardflow.reporting.run_report import artifact_key, run_label
 
 pytestmark = pytest.mark.server  # the tier: `shardflow run` or `prefect` as processes
 

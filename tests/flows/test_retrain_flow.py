@@ -20,7 +20,7 @@ from runs import SMALL, TOPOLOGY, exported, live_actors, task_runs
 from flows.retrain import retrain
 from shardflow.config import RetrainConfig
 from shardflow.data.synthetic import SynthTable, synth_dataset
-from tasks.retrain import artifact_key
+from shardflow.reporting.run_report import artifact_key
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +307,7 @@ def test_a_night_writes_every_users_top_k_as_parquet_and_the_cli_prints_one(pref
 def test_a_rollback_run_carries_its_run_dir_version_and_outcome(prefect_api, client, base):
     """The rollback deployment's flow: named by run_dir and version, tagged, so the runs list says whose."""
     from flows.promote import promote_version
-    from tasks.reports import run_label
+    from shardflow.reporting.run_report import run_label
 
     run = base / "rolled"
     retrain(config(base, "rolled", client, epochs=1, top_k=0))

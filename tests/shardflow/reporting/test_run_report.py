@@ -1,10 +1,10 @@
-"""What the operator reads of a night (tasks/reports.py), built from a run summary without a server."""
+"""What the operator reads of a night (shardflow/reporting/run_report.py), built from a run summary without a server."""
 
 from __future__ import annotations
 
+from shardflow.reporting.run_report import outcome, state_message
 from shardflow.reporting.summary import RunSummary
 from support import TRAINED
-from tasks.reports import outcome, state_message
 
 
 def test_the_run_state_names_the_outcome_and_says_the_verdict_first_in_under_70_characters():
