@@ -17,7 +17,7 @@ def launch(config: RetrainConfig, verbose: bool = False) -> dict:
     # The embedded server would try to send usage telemetry; these machines may have no network.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     check_run(config)
-    from tasks.versions import nothing_new
+    from shardflow.lifecycle import nothing_new
 
     idle = nothing_new(config)  # a night with nothing new: answered from the stores, no Prefect API, no cluster
     if idle is not None:

@@ -37,6 +37,7 @@ from shardflow.errors import (
     one_line_errors,
     stop_if_asked,
 )
+from shardflow.lifecycle import NothingNew, nothing_new, untrained
 from shardflow.preflight import check_run, run_layout
 from shardflow.reporting.run_report import artifact_key, outcome, run_label, state_message
 from shardflow.reporting.stages import StageClock
@@ -77,7 +78,7 @@ from tasks.training import (
     unless_lost,
     validation_scores,
 )
-from tasks.versions import NothingNew, gate, nothing_new, open_version, untrained, warm_start
+from tasks.versions import gate, open_version, warm_start
 
 DASK_REPORT = "dask-performance.html"  # a version's: distributed's performance report of its work
 
