@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from shardflow.errors import DamagedStore, InputError
+from shardflow.model import sizes
 from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.memory import budget_bytes_per_device
@@ -23,9 +24,6 @@ from storage.lock import writer_lock
 from storage.plan_store import PlanManifest, read_plan_arrays, read_summary, write_plan
 from storage.profile import Profile
 from storage.staging import check_destination, staged
-
-DEFAULT_HISTORY = 20
-DEFAULT_NEGATIVES = 4
 
 
 def accesses_from_profile(profile: Profile, history: int, negatives: int) -> list[TableAccess]:
@@ -87,7 +85,7 @@ class PlanInputs:
 
 
 def plan_inputs(profile_path: str | Path, topology: Topology, shape: StepShape, memory_slack: float = 0.0,
-                history: int = DEFAULT_HISTORY, negatives: int = DEFAULT_NEGATIVES) -> PlanInputs:
+                history: int = sizes.HISTORY, negatives: int = sizes.NEGATIVES) -> PlanInputs:
     profile = Profile.open(profile_path)
     accesses = accesses_from_profile(profile, history, negatives)
     model = cost_model(profile, accesses, topology, shape, history, negatives)
@@ -105,8 +103,8 @@ def make_plan(
     strategy: str,
     shape: StepShape,
     memory_slack: float = 0.0,
-    history: int = DEFAULT_HISTORY,
-    negatives: int = DEFAULT_NEGATIVES,
+    history: int = sizes.HISTORY,
+    negatives: int = sizes.NEGATIVES,
     overwrite: bool = False,
 ) -> PlanSummary:
     """Plan, evaluate and store; returns the summary."""
@@ -206,8 +204,8 @@ def keep_or_replan(
     shape: StepShape,
     margin: float,
     memory_slack: float = 0.0,
-    history: int = DEFAULT_HISTORY,
-    negatives: int = DEFAULT_NEGATIVES,
+    history: int = sizes.HISTORY,
+    negatives: int = sizes.NEGATIVES,
     fresh: ShardingPlan | None = None,
     overwrite: bool = False,
 ) -> ReplanDecision:
@@ -274,8 +272,8 @@ def compare_strategies(
     *,
     shape: StepShape,
     memory_slack: float,
-    history: int = DEFAULT_HISTORY,
-    negatives: int = DEFAULT_NEGATIVES,
+    history: int = sizes.HISTORY,
+    negatives: int = sizes.NEGATIVES,
 ) -> tuple[list[PlanSummary | StrategyRefused], dict[str, ShardingPlan]]:
     """(every strategy's summary under the same budget, the plans made); a strategy that fits no plan
     says why and has no plan."""
