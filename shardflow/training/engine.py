@@ -371,7 +371,8 @@ class Engine(Persistence):
         blocked asking the lost one (a connect retried for comm.timeouts.connect) for all of CLOSE_WAIT_S."""
         actors, inflight, self.actors, self._inflight = self.actors, self._inflight, [], []
         if self.client.status == "running":
-            live = [a for a, f in zip(actors, self._futures, strict=True) if f.status == "finished"]
+            # actors is empty where their start failed, while the futures are all there: pair what there is
+            live = [a for a, f in zip(actors, self._futures, strict=False) if f.status == "finished"]
             if live:
                 self._stop_and_wait(live, inflight)
             if self._futures:  # a closed client's scheduler holds nothing
