@@ -9,7 +9,7 @@ then alternates, round by round, two commands in fresh processes:
   - `shardflow import --format sasrec LOG DEST`: parse, re-index, write the zarr store;
 and then, in a fresh process, the hash of every array of the store just written
 against its manifest's digests (`Dataset.verify`: what every retraining run pays
-before it trains on a store, tasks/retrain.py: verify_dataset).
+before it trains on a store, shardflow/importing.py: verify_dataset).
 Each command's peak resident memory is sampled every 10 ms over its whole process tree.
 Prints every round, min / median / max of import ÷ reader and verify ÷ reader, and the load average.
 

@@ -14,7 +14,6 @@ from prefect import flow, get_run_logger
 from shardflow.cluster import run_cluster
 from shardflow.config import RetrainConfig
 from shardflow.errors import one_line_errors
-from shardflow.preflight import run_layout
 from storage.lock import run_lock
 from tasks.retrain import prepare_dataset, profile, shard
 from tasks.training import release_parameter_servers, start_parameter_servers, train_epoch, unless_lost
@@ -23,7 +22,7 @@ from tasks.training import release_parameter_servers, start_parameter_servers, t
 @flow(name="estimate", flow_run_name="estimate-{config.train.epochs}-epochs")
 def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
     one_line_errors()
-    layout = run_layout(config)
+    layout = config.layout
     scratch = layout.estimate
     devices = config.parsed_topology.devices
     with run_lock(layout.run), run_cluster(**dict(config.cluster), workers=devices,

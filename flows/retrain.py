@@ -37,19 +37,35 @@ from shardflow.errors import (
     one_line_errors,
     stop_if_asked,
 )
+from shardflow.importing import Imported
 from shardflow.lifecycle import NothingNew, nothing_new, untrained
-from shardflow.preflight import check_run, run_layout
+from shardflow.preflight import check_run
 from shardflow.reporting.run_report import artifact_key, outcome, run_label, state_message
 from shardflow.reporting.stages import StageClock
 from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.sharding.stage import read_plan_summary
+from shardflow.training.epochs import (
+    Attempts,
+    Resumed,
+    Trained,
+    checkpoint_losses,
+    checkpoint_paths,
+    kept_note,
+    validation_scores,
+)
 from shardflow.training.validation import best_epoch, stop_now, validation_of
 from storage.lock import owned, run_lock
 from storage.versions import RunLayout, VersionPaths, VersionStart, new_parts
 from tasks.assets import materialize_model
-from tasks.reports import name_run, publish_failure, publish_summary, publish_versions, tag_run
+from tasks.reports import (
+    name_run,
+    publish_epoch_metrics,
+    publish_failure,
+    publish_summary,
+    publish_versions,
+    tag_run,
+)
 from tasks.retrain import (
-    Imported,
     evaluate,
     plots,
     prepare_dataset,
@@ -60,23 +76,15 @@ from tasks.retrain import (
     tidy,
 )
 from tasks.training import (
-    Attempts,
-    Resumed,
-    Trained,
     checkpoint,
-    checkpoint_losses,
-    checkpoint_paths,
     download,
     keep_best,
-    kept_note,
-    publish_epoch_metrics,
     release_parameter_servers,
     restore_cluster,
     resume,
     start_parameter_servers,
     train_epoch,
     unless_lost,
-    validation_scores,
 )
 from tasks.versions import gate, open_version, warm_start
 
@@ -99,7 +107,7 @@ def retrain(config: RetrainConfig = RetrainConfig()):
     clock = StageClock(between=stop_if_asked)
     one_line_errors()  # an error shardflow explains reaches the terminal or the worker's log as one line
     clock.book("start-up (Prefect, before the flow's code)", _started_s_ago())
-    run = str(run_layout(config).run)
+    run = str(config.layout.run)
     try:
         check_run(config)
         _tag(config)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from shardflow.planner.costmodel import StepShape
     from shardflow.planner.topology import Topology
     from shardflow.training.config import TrainConfig
+    from storage.versions import RunLayout
 
 # A step's working set per trainer, in float32 values per looked-up row value: the rows pulled, their
 # gradients, the forward activations and their gradients (a generous bound, not an estimate to plan by).
@@ -176,6 +177,13 @@ class RetrainConfig(BaseModel):
         return self
 
     # -- each stage's part of the config, as the value that stage takes -------------------------
+    @property
+    def layout(self) -> RunLayout:
+        """The run_dir's stores and files."""
+        from storage.versions import RunLayout
+
+        return RunLayout(Path(self.run_dir))
+
     @cached_property
     def parsed_topology(self) -> Topology:
         """The topology file, read and checked once per config."""

@@ -16,11 +16,11 @@ from pathlib import Path
 from shardflow.config import RetrainConfig
 from shardflow.data.clicks import training_window_start
 from shardflow.errors import TrainingError
+from shardflow.importing import import_options, imported_source, same_source, source_parts, source_warnings
 from shardflow.planner.topology import parse_topology
-from shardflow.preflight import import_options, imported_source, run_layout, same_source, source_parts, source_warnings
 from shardflow.reporting.run_report import version_result
 from shardflow.reporting.summary import RunSummary
-from storage import versions
+from storage import staging, versions
 from storage.checkpoint import complete_checkpoints
 from storage.dataset import Dataset
 from storage.importers import check_continuation
@@ -61,7 +61,7 @@ def _nothing_new(config: RetrainConfig, run: str) -> RunSummary | None:
     finished = versions.result(run, last)
     if finished is None or versions.promotion_cut_off(run, last):
         return None
-    source, dest = Path(config.data.dataset), run_layout(config).dataset
+    source, dest = Path(config.data.dataset), config.layout.dataset
     warnings = []
     if (source / MANIFEST).is_file():
         store = source
@@ -192,3 +192,14 @@ def _other_devices(began: dict, now: dict) -> bool:
 def common_prefix(a: tuple | list, b: tuple | list) -> int:
     """How many leading entries `a` and `b` share."""
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def remove_leftovers(run_dir: str | Path) -> list[str]:
+    """Remove the unfinished stores a cut-off run left behind (the caller holds the run's lock); their names.
+
+    Called at a run's start and again at its end: workers of a killed run finish the
+    write they were in (a second or so) and may leave a few files after the first sweep.
+    """
+    run = Path(run_dir)
+    return staging.remove_leftovers(run) + staging.remove_leftovers(run / "checkpoints") + (
+        versions.sweep_temporary(run) if (run / versions.VERSIONS).is_dir() else [])

@@ -1,5 +1,5 @@
-"""What a retraining run knows before it writes anything: its run_dir's stores, its source's parts, and every
-check that can refuse it (the config's own checks aside: shardflow.config).
+"""Every check that can refuse a retraining run before it writes anything (the config's own checks aside:
+shardflow.config; what the source and the run_dir's dataset hold: shardflow.importing).
 
 Each check raises an InputError naming the value and what is accepted; none writes.
 """
@@ -12,19 +12,14 @@ from pathlib import Path
 from shardflow.config import RetrainConfig
 from shardflow.data.clicks import exported_record, model_config, shape_differences, warm_start_record
 from shardflow.errors import InputError
+from shardflow.importing import dataset_store, import_options, imported_source, same_source, source_parts
 from shardflow.planner.memory import check_capacity
 from storage import versions
 from storage.checkpoint import EXPORT, read_export_manifest
 from storage.dataset import Dataset
-from storage.importers import check_continuation, recorded_options
+from storage.importers import check_continuation
 from storage.manifest import MANIFEST
-from storage.sources import Part, not_parts, resolve_parts, unfinished
 from storage.staging import check_destination
-
-
-def run_layout(config: RetrainConfig) -> versions.RunLayout:
-    """The run_dir's stores and files (storage.versions.RunLayout)."""
-    return versions.RunLayout(Path(config.run_dir))
 
 
 def check_run(config: RetrainConfig) -> None:
@@ -41,7 +36,7 @@ def check_run(config: RetrainConfig) -> None:
         raise InputError(f"run_dir {config.run_dir}: {where} cannot be written (a read-only file system or "
                          "permissions); accepted: a directory this user can write")
     try:
-        check_destination(run_layout(config).dataset, overwrite=True)
+        check_destination(config.layout.dataset, overwrite=True)
     except InputError as e:
         raise InputError(f"run_dir {config.run_dir}: {e}") from None
     root = Path(config.run_dir) / versions.VERSIONS
@@ -108,13 +103,6 @@ def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def dataset_store(config: RetrainConfig) -> Path | None:
-    """The dataset store the run trains on as it is now: `dataset` if it is a store, else RUN_DIR/dataset once
-    something was imported into it (None before the first import)."""
-    source, dest = Path(config.data.dataset), run_layout(config).dataset
-    return source if (source / MANIFEST).is_file() else dest if (dest / MANIFEST).is_file() else None
-
-
 def check_dataset(config: RetrainConfig) -> None:
     """Refuse, before anything is written, a dataset that does not continue the run_dir's own.
 
@@ -123,7 +111,7 @@ def check_dataset(config: RetrainConfig) -> None:
     so is another source once the run_dir holds model versions trained on its own. A
     dataset store given as such is checked by check_versions.
     """
-    source, dest = Path(config.data.dataset), run_layout(config).dataset
+    source, dest = Path(config.data.dataset), config.layout.dataset
     if (source / MANIFEST).is_file():
         check_versions(config, str(source))
         return
@@ -169,41 +157,3 @@ def check_versions(config: RetrainConfig, dataset_store: str) -> None:
             f"{last.version} of run_dir {run} was trained on (a part was changed or re-imported); accepted: "
             "the dataset grown only by appends, or a new run_dir"
         )
-
-
-def imported_source(config: RetrainConfig) -> dict | None:
-    """The source RUN_DIR/dataset was imported from (None: `dataset` is a store itself, or nothing imported yet)."""
-    source, dest = Path(config.data.dataset), run_layout(config).dataset
-    if (source / MANIFEST).is_file() or not (dest / MANIFEST).is_file():
-        return None
-    return Dataset.open(dest).info.source
-
-
-def import_options(config: RetrainConfig) -> dict:
-    """The options an import records: criteo's table sizes, recbole's click label (none for the other formats)."""
-    return recorded_options(config.data.dataset_format, {}, config.data.hash_rows, config.data.click_label)
-
-
-def import_kwargs(config: RetrainConfig) -> dict:
-    data = config.data
-    return {"hash_rows": data.hash_rows} if data.dataset_format == "criteo" else {"label": data.click_label}
-
-
-def same_source(known: dict, config: RetrainConfig) -> bool:
-    return (known.get("format"), known.get("path")) == (config.data.dataset_format, str(Path(config.data.dataset)))
-
-
-def source_parts(config: RetrainConfig, known: dict | None) -> list[Part]:
-    """The parts of the dataset directory, each unfinished one marked (those RUN_DIR/dataset holds are not judged)."""
-    held = [p["name"] for p in known.get("parts", [])] if known and same_source(known, config) else []
-    return resolve_parts(config.data.dataset, config.data.part_settle_s, held)
-
-
-def source_warnings(source: Path, parts: list[Part]) -> list[str]:
-    """What a run tells about its source directory: entries that are not parts, parts left for a later night."""
-    out = []
-    for what, names in ((f"skipped {{}} entries of {source} that are not parts", not_parts(source)),
-                        (f"left {{}} parts of {source} for a later night (not finished)", unfinished(parts))):
-        if names:
-            out.append(what.format(len(names)) + ": " + ", ".join(names[:5]) + (", …" if len(names) > 5 else ""))
-    return out

@@ -164,7 +164,7 @@ class Dataset:
         The writer records that it hashed what it wrote (verified.json, keyed by the
         manifest's sha256). Opening a store (`always` false) re-hashes it only when its
         manifest changed behind its writer's back or the record is gone; a run verifies
-        every array of what it trains on, always (tasks/retrain.py: prepare_dataset), since
+        every array of what it trains on, always (shardflow/importing.py: bring_in), since
         a chunk changed in place leaves the manifest and the record as they were.
         """
         digest = hashlib.sha256((self.path / MANIFEST).read_bytes()).hexdigest()

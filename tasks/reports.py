@@ -1,5 +1,6 @@
 """What an operator reads of a retraining run in the Prefect UI, published: the run's name and tags, its
-summary, the versions and promotions tables and the quality plot (built by shardflow.reporting.run_report).
+summary, the versions, promotions and epoch-metrics tables and the quality plot (built by
+shardflow.reporting).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from shardflow.reporting.run_report import (
     version_rows,
 )
 from shardflow.reporting.summary import RunSummary
+from shardflow.reporting.tables import epoch_rows
 from storage import versions
 
 
@@ -89,3 +91,14 @@ def announce_rollback(run: str, record: versions.Promotion) -> None:
 def publish_summary(s: RunSummary, config: RetrainConfig) -> None:
     create_markdown_artifact(summary_markdown(s, config), key=artifact_key("retrain-summary", s.run_dir),
                              description="Retraining run summary")
+
+
+def publish_epoch_metrics(version_dir: str, run_dir: str, modeled_bytes_per_step: float) -> None:
+    """The epoch-metrics table of a model version (shardflow.reporting.tables.epoch_rows), under one key per
+    run_dir, so the UI keeps its history night after night."""
+    create_table_artifact(
+        epoch_rows(version_dir, modeled_bytes_per_step),
+        key=artifact_key("epoch-metrics", run_dir),
+        description=f"Per epoch: loss, held-out metrics (val_: on the validation split), speed, traffic measured "
+                    f"and its ratio to the plan's model ({modeled_bytes_per_step / 1e6:,.3f} MB/step) ({version_dir})",
+    )

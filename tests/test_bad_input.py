@@ -7,6 +7,7 @@ Each case returns (the stores to snapshot, the call that must be refused, the me
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import time
@@ -598,13 +599,13 @@ def case_training_non_finite_gradients(world, client, tmp_path):
 
 def _run_dir_trained_on(world, tmp_path, source: Path) -> Path:
     """A run_dir that imported `source` and holds a model version of it (its checkpoint the world's, copied)."""
+    from shardflow.importing import bring_in
     from storage import versions
     from storage.dataset import Dataset
-    from tasks.retrain import prepare_dataset
 
     run = tmp_path / "run"
     cfg = RetrainConfig.build({"dataset": str(source), "topology": str(world / "topo.yaml"), "run_dir": str(run)})
-    dataset = prepare_dataset.fn(cfg).path
+    dataset = bring_in(cfg, logging.getLogger(__name__)).path
     segments = [s.checksum for s in Dataset.open(dataset).segments]
     version = versions.start(run, version_start(1, dataset=dataset, segments=tuple(segments)))
     shutil.copytree(world / "run" / "checkpoints", version / "checkpoints")

@@ -14,6 +14,7 @@ its user, from before the window too) and its positive; a feature table once per
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from logging import Logger, LoggerAdapter
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +23,13 @@ from distributed import Client, wait
 from shardflow.cluster import worker_count
 from shardflow.data.batches import ORDER_BLOCK_EVENTS
 from shardflow.data.windows import window_targets
-from shardflow.errors import InputError
+from shardflow.errors import DamagedStore, InputError
 from shardflow.profiling.counting import count_ids, table_stats
 from storage.dataset import Dataset, open_column
 from storage.lock import writer_lock
+from storage.manifest import MANIFEST
 from storage.profile import (
+    Profile,
     ProfiledDataset,
     ProfileManifest,
     TableStats,
@@ -173,3 +176,26 @@ def profile_window(dataset: str | Path, out: str | Path, *, client: Client, firs
             {name: r[0] for name, r in results.items()},
             {name: r[1] for name, r in results.items()},
         )
+
+
+def profile_version(dataset: str, out: str | Path, *, client: Client, first: int, history: int | None,
+                    log: Logger | LoggerAdapter) -> dict[str, TableStats]:
+    """Every table's figures of a model version's profile at `out`: per-row lookups by the training window's
+    examples (parts `first` on, with their `history`-item histories), or, without `history`, per-row accesses
+    of the whole log. A complete profile of this very dataset and window is read back (a damaged one is
+    logged and made again: it is derived from the dataset, not a failure every night)."""
+    there = (Path(out) / MANIFEST).is_file()
+    kept = None
+    if there:
+        try:
+            kept = Profile.open(out)
+        except DamagedStore as e:
+            log.warning("%s; profiling again", e)
+    made = kept.dataset if kept else None
+    if made and (made.checksum, made.window.first_part, made.window.history) == \
+            (Dataset.open(dataset).info.checksum, first, history):
+        log.info("reusing profile %s", out)
+        return kept.stats
+    if history is None:
+        return profile_dataset(dataset, out, client=client, overwrite=there, first=first).tables
+    return profile_window(dataset, out, client=client, first=first, history=history, overwrite=there).tables

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from logging import Logger, LoggerAdapter
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +23,11 @@ from shardflow.records import parse_record
 from shardflow.sharding.touch import fit_touch
 from storage.dataset import Dataset
 from storage.lock import writer_lock
-from storage.plan_store import PlanManifest, read_plan_arrays, read_summary, write_plan
+from storage.manifest import MANIFEST
+from storage.plan_store import PlanManifest, read_plan_arrays, read_plan_manifest, read_summary, write_plan
 from storage.profile import Profile
 from storage.staging import check_destination, staged
+from storage.versions import write_record
 
 
 def accesses_from_profile(profile: Profile, history: int, negatives: int) -> list[TableAccess]:
@@ -289,3 +293,52 @@ def compare_strategies(
             continue
         rows.append(summarize(plans[name], accesses, topology, budget, model, bound, mod))
     return rows, plans
+
+
+@dataclass(frozen=True)
+class VersionPlan:
+    """A model version's planning: every strategy's figures under one budget (a refused one says why), the
+    plans made, and the decision that put the version's plan in its store (kept, re-made, or read back)."""
+
+    rows: list[PlanSummary | StrategyRefused]
+    plans: dict[str, ShardingPlan]
+    decision: ReplanDecision
+
+
+DECISION = "decision.json"  # beside a version's plan: its ReplanDecision's record
+
+
+def plan_version(profile_path: str | Path, out: str | Path, topology: Topology, previous: str | Path | None, *,
+                 strategy: str, margin: float, log: Logger | LoggerAdapter, shape: StepShape, memory_slack: float,
+                 history: int = sizes.HISTORY, negatives: int = sizes.NEGATIVES) -> VersionPlan:
+    """Every strategy compared, and the version's plan at `out`: the promoted one's (`previous`) kept or
+    replaced (keep_or_replan).
+
+    A plan already at `out` with its decision, intact and of this topology, is a version
+    resumed part-way: it keeps the plan it was trained with. On another topology (devices
+    lost or added) a fresh plan of this one replaces it, and the checkpoint's rows move onto
+    it (Engine.restore). A damaged plan is logged and made again.
+    """
+    options = {"shape": shape, "memory_slack": memory_slack, "history": history, "negatives": negatives}
+    rows, plans = compare_strategies(profile_path, topology, **options)
+    decision_file, there = Path(out) / DECISION, (Path(out) / MANIFEST).is_file()
+    made = there and decision_file.is_file() and _intact(out, log)
+    if made and parse_topology(read_plan_manifest(out).topology, f"{out}/manifest.json") == topology:
+        log.info("reusing plan %s", out)
+        decision = parse_decision(json.loads(decision_file.read_text()), str(decision_file))
+    else:
+        decision = keep_or_replan(profile_path, out, topology, out if made else previous, strategy=strategy,
+                                  margin=margin, fresh=plans.get(strategy), overwrite=there, **options)
+        write_record(decision_file, decision.record())
+    log.info("plan: %s", decision.reason)
+    return VersionPlan(rows, plans, decision)
+
+
+def _intact(plan: str | Path, log: Logger | LoggerAdapter) -> bool:
+    """Whether the plan at `plan` reads back as written; a damaged one is logged, to be made again."""
+    try:
+        read_plan(plan)
+        return True
+    except DamagedStore as e:  # derived from the profile: made again, not a failure every night
+        log.warning("%s; planning again", e)
+        return False

@@ -12,6 +12,7 @@ Parquet file into the staging directory. Only file names, row counts and digests
 from __future__ import annotations
 
 from dataclasses import replace
+from logging import Logger, LoggerAdapter
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,8 @@ from shardflow.errors import InputError
 from shardflow.model.sequence import ModelConfig, user_state
 from shardflow.model.sizes import MAX_TOP_K
 from shardflow.model.topk import TopK, top_block
-from storage import recommendations
-from storage.checkpoint import read_export, read_export_dense, verify_export
+from storage import recommendations, versions
+from storage.checkpoint import read_export, read_export_dense, read_export_manifest, verify_export
 from storage.lock import writer_lock
 from storage.staging import staged
 
@@ -84,6 +85,27 @@ def recommend_export(model_dir: str | Path, dataset: str | Path, out: str | Path
             written = _on_cluster(client, args, parts)
         files = {name: v for w in written for name, v in w.items()}
         return recommendations.finish(stage, record, files)
+
+
+def lists_of_night(run: str | Path, number: int, dataset: str | Path, *, k: int, first_part: int, users_from: str,
+                   client, log: Logger | LoggerAdapter) -> Path | None:
+    """After the gate: the top-`k` lists of the users seen in version `number`'s training window (parts
+    `first_part`..; or every user) from the current model, into that version's recommendations store; its
+    path, or None where none are written (k 0, no current version, a click log, a model with event features:
+    logged)."""
+    current = versions.current(run)
+    if k == 0 or current is None:
+        return None
+    model = versions.version_dir(run, current) / "model"
+    why = why_no_lists(config_from_record(read_export_manifest(model).model))  # recommend_export verifies
+    if why is not None:
+        log.info("no top-K lists: %s", why)
+        return None
+    out = versions.version_dir(run, number) / "recommendations"
+    made = recommend_export(model, dataset, out, k=k, first_part=first_part, users_from=users_from,
+                            version=current, client=client, overwrite=out.exists())
+    log.info("top-%d lists of %d users from version %d: %s", made["k"], made["users"], current, out)
+    return out
 
 
 def _on_cluster(client, args: tuple, parts) -> list[dict]:

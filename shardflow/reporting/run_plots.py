@@ -1,0 +1,47 @@
+"""The run directory's plots (RUN_DIR/plots, SVG): the access curve with its tier boundaries, each strategy's
+traffic per device, and the loss and AUC of every epoch with a complete checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from shardflow.planner.report import PlanSummary, StrategyRefused
+from shardflow.planner.sharding_plan import GLOBAL, NODE
+from shardflow.reporting.plots import bar_chart, line_chart, stacked_chart
+from shardflow.sharding.stage import read_plan
+from storage.checkpoint import complete_checkpoints, read_checkpoint
+from storage.profile import Profile
+
+
+def run_plots(run_dir: str | Path, profile_path: str | Path, plan_path: str | Path,
+              strategies: list[PlanSummary | StrategyRefused]) -> list[Path]:
+    """Write the plots of a run's profile, plan and the strategies compared; their paths."""
+    out = Path(run_dir) / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    plan = read_plan(plan_path).plan
+    prof = Profile.open(profile_path)
+    curves, marks = {}, {}
+    for t in plan.tables:
+        counts = np.sort(prof.counts(t.name))[::-1]
+        ranks = np.unique(np.geomspace(1, counts.size, 400).astype(np.int64))
+        curves[t.name] = (ranks.tolist(), np.maximum(counts[ranks - 1], 1).tolist())
+        n_global, n_node = int((t.tier == GLOBAL).sum()), int((t.tier == NODE).sum())
+        if n_global:
+            marks[f"{t.name}: global | node"] = n_global
+        if n_node:
+            marks[f"{t.name}: node | single"] = n_global + n_node
+    files = [line_chart(out / "access.svg", curves, title="Accesses per row, most-read first (tiers dashed)",
+                        xlabel="row rank", ylabel="accesses", log=True, marks=marks)]
+    groups = {r.strategy: [b / 1e6 for b in r.device_bytes_per_step] for r in strategies if isinstance(r, PlanSummary)}
+    files.append(bar_chart(out / "traffic.svg", groups, title="Bytes sent + received per device per step (cost model)",
+                           xlabel="device", ylabel="MB per step"))
+    epochs = [read_checkpoint(p) for _, p in complete_checkpoints(run_dir)]
+    if epochs:
+        x = [m.epochs_done for m in epochs]
+        files.append(stacked_chart(out / "training.svg",
+                                   [("training loss", {"training loss": (x, [m.loss for m in epochs])}),
+                                    ("held-out AUC", {"AUC (held out)": (x, [m.auc for m in epochs])})],
+                                   title="Loss and AUC per epoch", xlabel="epochs done", integer_x=True))
+    return files
