@@ -196,7 +196,7 @@ def run_train(args: argparse.Namespace) -> dict:
                      "dropout": args.dropout, "loss": args.loss},
             estimate=args.estimate,
             server_memory_bytes=args.server_memory,
-        )
+        ).record()
 
 
 def show_train(s: dict) -> None:

@@ -22,6 +22,7 @@ from shardflow.data.batches import TrainData
 from shardflow.data.clicks import ClickData, config_record, load_training_data, model_config
 from shardflow.errors import InputError
 from shardflow.model.dlrm import ClickConfig
+from shardflow.model.metrics import Metrics
 from shardflow.model.optim import OptimizerConfig
 from shardflow.model.sequence import ModelConfig
 from shardflow.planner.costmodel import StepShape
@@ -109,6 +110,84 @@ def in_process(job: TrainingJob, data: TrainData | ClickData | None = None) -> I
     ])
 
 
+@dataclass(frozen=True)
+class JobShape:
+    """What a training job was: its plan's strategy on how many devices, the step and the model."""
+
+    strategy: str
+    devices: int
+    dedup: str
+    batch_size: int
+    row_optimizer: str
+    patience: int | None
+    model: dict  # the model's record (shardflow.data.clicks.config_record)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the training did: steps, examples and their rate, the steady steps (after the engine's warm-up;
+    when the first began and the last ended on CLOCK_MONOTONIC, None without one), each epoch's loss and the
+    epoch kept (None without a validation split)."""
+
+    steps: int
+    examples: int
+    examples_per_s: float
+    steady_steps: int
+    steady_monotonic_s: tuple[float, float] | None
+    epoch_loss: tuple[float, ...]
+    best_epoch: int | None
+
+    @property
+    def loss(self) -> float:
+        return self.epoch_loss[-1] if self.epoch_loss else float("nan")
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """Per step: bytes measured against the plan's cost model, bytes by round, and the slowest device's
+    seconds by part."""
+
+    measured_bytes_per_step: float
+    predicted_bytes_per_step: float
+    bytes_per_step: dict[str, float]
+    seconds_per_step: dict[str, float]
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A training job's outcome (train_from_stores): the job, what it did, per-step figures, the held-out
+    metrics and the validation figures (val_ keys of the epoch kept; every epoch's, oldest first)."""
+
+    job: JobShape
+    progress: Progress
+    per_step: StepFigures
+    metrics: Metrics
+    validation: dict
+    epoch_validation: tuple[dict, ...]
+
+    def record(self) -> dict:
+        """The flat JSON `shardflow train --json` prints."""
+        p, j = self.progress, self.job
+        return {
+            "steps": p.steps, "examples": p.examples, "examples_per_s": p.examples_per_s,
+            "steady_steps": p.steady_steps,
+            # bench/emulated_cluster.py reads the links' byte counters over this window
+            "steady_monotonic_s": None if p.steady_monotonic_s is None else list(p.steady_monotonic_s),
+            "measured_bytes_per_step": self.per_step.measured_bytes_per_step,
+            "predicted_bytes_per_step": self.per_step.predicted_bytes_per_step,
+            **self.metrics.values(),
+            "loss": p.loss,
+            "strategy": j.strategy, "model": j.model, "row_optimizer": j.row_optimizer, "devices": j.devices,
+            "dedup": j.dedup, "batch_size": j.batch_size, "eval_users": self.metrics.users,
+            "epoch_loss": list(p.epoch_loss), "epochs_trained": len(p.epoch_loss), "best_epoch": p.best_epoch,
+            "patience": j.patience,
+            **self.validation,
+            "epoch_validation": list(self.epoch_validation),
+            "bytes_per_step": self.per_step.bytes_per_step,
+            "seconds_per_step": self.per_step.seconds_per_step,
+        }
+
+
 def train_from_stores(
     dataset: str | Path,
     plan_path: str | Path,
@@ -121,8 +200,9 @@ def train_from_stores(
     encoder: dict | None = None,
     estimate: bool = False,
     server_memory_bytes: int | None = None,
-) -> dict:
-    """Train for train.epochs (or train.max_steps) and evaluate; the summary `shardflow train --json` prints."""
+) -> JobResult:
+    """Train for train.epochs (or train.max_steps) and evaluate (JobResult; `record()`: the summary
+    `shardflow train --json` prints)."""
     job = prepare(dataset, plan_path, train, mlp=mlp, bottom=bottom, optimizer=optimizer, encoder=encoder,
                   estimate=estimate, server_memory_bytes=server_memory_bytes)
     with start_engine(client, job) as engine, tempfile.TemporaryDirectory(prefix="shardflow-best-") as keep:
@@ -132,32 +212,16 @@ def train_from_stores(
         metrics = engine.evaluate()
         traffic = engine.traffic()
     steps = max(result.steps, 1)
-    chosen = result.validation.get(result.best_epoch, {})
-    return {
-        "steps": result.steps,
-        "examples": result.examples,
-        "examples_per_s": result.examples_per_s,
-        "steady_steps": result.steady.steps,
-        # when the first steady step began and the last ended, on the host's CLOCK_MONOTONIC (bench/emulated_cluster.py
-        # reads the links' byte counters over this window)
-        "steady_monotonic_s": [result.steady.began, result.steady.ended] if result.steady.steps else None,
-        "measured_bytes_per_step": traffic.modeled_bytes / steps,
-        "predicted_bytes_per_step": job.predicted_bytes_per_step,
-        **metrics.values(),
-        "loss": result.epoch_loss[-1] if result.epoch_loss else float("nan"),
-        "strategy": job.plan.strategy,
-        "model": config_record(job.model),
-        "row_optimizer": job.optimizer.rows,
-        "devices": job.topology.devices,
-        "dedup": train.dedup,
-        "batch_size": train.batch_size,
-        "eval_users": metrics.users,
-        "epoch_loss": result.epoch_loss,
-        "epochs_trained": len(result.epoch_loss),
-        "best_epoch": result.best_epoch,
-        "patience": train.patience,
-        **validation_of(chosen),
-        "epoch_validation": [result.validation[e] for e in sorted(result.validation)],
-        "bytes_per_step": {k: v / steps for k, v in traffic.sums().items() if k != "eval"},
-        "seconds_per_step": result.timings,
-    }
+    steady = result.steady
+    return JobResult(
+        job=JobShape(job.plan.strategy, job.topology.devices, train.dedup, train.batch_size, job.optimizer.rows,
+                     train.patience, config_record(job.model)),
+        progress=Progress(result.steps, result.examples, result.examples_per_s, steady.steps,
+                          (steady.began, steady.ended) if steady.steps else None, tuple(result.epoch_loss),
+                          result.best_epoch),
+        per_step=StepFigures(traffic.modeled_bytes / steps, job.predicted_bytes_per_step,
+                          {k: v / steps for k, v in traffic.sums().items() if k != "eval"}, dict(result.timings)),
+        metrics=metrics,
+        validation=validation_of(result.validation.get(result.best_epoch, {})),
+        epoch_validation=tuple(result.validation[e] for e in sorted(result.validation)),
+    )

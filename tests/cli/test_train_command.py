@@ -114,10 +114,10 @@ def test_the_cluster_moves_exactly_the_bytes_of_the_in_process_driver(client, pl
     for i in range(4):
         driver.step(0, i, i, 0)
     local = {k: sum(d.traffic().sums()[k] for d in driver.devices) / 4 for k in ("lookup", "sync", "dense")}
-    assert s["steps"] == 4 and s["devices"] == 4
+    assert s.progress.steps == 4 and s.job.devices == 4
     # Early answers are off by default: no row is sent twice.
-    assert {k: v for k, v in s["bytes_per_step"].items() if k != "patch"} == local
-    assert s["bytes_per_step"]["patch"] == 0
+    assert {k: v for k, v in s.per_step.bytes_per_step.items() if k != "patch"} == local
+    assert s.per_step.bytes_per_step["patch"] == 0
 
 
 def test_train_command_prints_the_summary_keys(planned):
