@@ -1,11 +1,13 @@
 """The bad-input matrix: each bad input is refused with a message naming the value and what is
 accepted, and every store it could touch is byte-for-byte what it was before.
 
-Each case returns (the stores to snapshot, the call that must be refused, the message pattern).
+Each case returns (the stores to snapshot, the call that must be refused, the message pattern); one
+that takes no `client` runs on stores made without a cluster, in the unit tier.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import re
@@ -43,15 +45,22 @@ TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, upli
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, client):
-    """Good stores of every kind: an imported dataset, a synthetic one with its profile, plan and checkpoint."""
+def stores(tmp_path_factory):
+    """Good stores made without a cluster: an imported dataset, a synthetic one, a topology."""
     root = tmp_path_factory.mktemp("bad-input")
     (root / "good.txt").write_text(GOOD_SASREC)
     import_dataset("sasrec", root / "good.txt", root / "imported")
     synth_dataset(root / "ds", [SynthTable("item", 300, 1.1), SynthTable("genre", 12, 0.7)], interactions=6000,
                   seed=4, mean_length=10)
-    profile_dataset(root / "ds", root / "profile", client=client)
     (root / "topo.yaml").write_text(TOPOLOGY)
+    return root
+
+
+@pytest.fixture(scope="module")
+def world(stores, client):
+    """Beside those stores, what a cluster makes: the synthetic dataset's profile, plan and checkpoint."""
+    root = stores
+    profile_dataset(root / "ds", root / "profile", client=client)
     make_plan(
         root / "profile",
         root / "plan",
@@ -114,71 +123,71 @@ def topology(text: str, tmp_path: Path):
     return lambda: load_topology(tmp_path / "t.yaml")
 
 
-def case_import_garbage_token(world, client, tmp_path):
+def case_import_garbage_token(world, tmp_path):
     return *importing(world, tmp_path, "1 2\n1 abc\n"), \
         r"bad.txt:2: item 'abc' is not accepted; accepted: an integer >= 0"
 
 
-def case_import_negative_id(world, client, tmp_path):
+def case_import_negative_id(world, tmp_path):
     return *importing(world, tmp_path, "1 2\n1 -3\n"), \
         r"bad.txt:2: item '-3' is not accepted; accepted: an integer >= 0"
 
 
-def case_import_truncated_line(world, client, tmp_path):
+def case_import_truncated_line(world, tmp_path):
     return *importing(world, tmp_path, "1 2\n1 3\n7"), r"bad.txt:3: '7' has 1 fields; accepted: 'user item'"
 
 
-def case_import_empty_file(world, client, tmp_path):
+def case_import_empty_file(world, tmp_path):
     return *importing(world, tmp_path, "\n  \n"), r"bad.txt: empty file; accepted: at least one interaction"
 
 
-def case_import_not_text(world, client, tmp_path):
+def case_import_not_text(world, tmp_path):
     return *importing(world, tmp_path, b"1 2\n\xff\xfe 3\n"), \
         r"bad.txt:2: not UTF-8 text \(byte 0 of the line\); accepted: a UTF-8 text file"
 
 
-def case_import_recbole_bad_header(world, client, tmp_path):
+def case_import_recbole_bad_header(world, tmp_path):
     return *importing(world, tmp_path, "user_id:token\titem_id:tokens\n1\t2\n", "recbole"), \
         r"header field 'item_id:tokens'"
 
 
-def case_import_criteo_bad_label(world, client, tmp_path):
+def case_import_criteo_bad_label(world, tmp_path):
     line = "\t".join(["2"] + ["1"] * 13 + ["a"] * 26)
     return *importing(world, tmp_path, line + "\n", "criteo"), r"label '2'; accepted: 0 or 1"
 
 
-def case_import_criteo_nan_feature(world, client, tmp_path):
+def case_import_criteo_nan_feature(world, tmp_path):
     line = "\t".join(["1", "nan"] + ["1"] * 12 + ["a"] * 26)
     return *importing(world, tmp_path, line + "\n", "criteo"), r"I1 = 'nan'; accepted: a finite number or empty"
 
 
-def case_import_non_digit_id(world, client, tmp_path):
+def case_import_non_digit_id(world, tmp_path):
     return *importing(world, tmp_path, "1 2\n1 +5\n1 \uff17\n"), (
         r"bad.txt:2: item '\+5' is not accepted; accepted: an integer >= 0 \(ASCII digits, at most 18, no leading "
         r"zero\)")
 
 
-def case_import_padded_id(world, client, tmp_path):
+def case_import_padded_id(world, tmp_path):
     """'007' would read as the row of '7': one spelling per id."""
     return *importing(world, tmp_path, "1 7\n1 007\n"), r"bad.txt:2: item '007' is not accepted; .*no leading zero"
 
 
-def case_import_hex_id(world, client, tmp_path):
+def case_import_hex_id(world, tmp_path):
     return *importing(world, tmp_path, "1 2\n1 0x10\n"), \
         r"bad.txt:2: item '0x10' is not accepted; accepted: an integer >= 0 \(ASCII digits"
 
 
-def case_import_hex_id_s3rec(world, client, tmp_path):
+def case_import_hex_id_s3rec(world, tmp_path):
     return *importing(world, tmp_path, "1 2 3\n2 0X1F 4\n", "s3rec"), \
         r"bad.txt:2: item '0X1F' is not accepted; accepted: an integer >= 0 \(ASCII digits"
 
 
-def case_import_id_too_long(world, client, tmp_path):
+def case_import_id_too_long(world, tmp_path):
     return *importing(world, tmp_path, "1 2\n1 " + "3" * 5000 + "\n"), \
         r"bad.txt:2: item '3{60}…' \(5,000 characters\) is not accepted"
 
 
-def case_import_truncated_gzip(world, client, tmp_path):
+def case_import_truncated_gzip(world, tmp_path):
     import gzip
 
     src = tmp_path / "log.txt.gz"
@@ -188,26 +197,26 @@ def case_import_truncated_gzip(world, client, tmp_path):
         r"log.txt.gz: the gzip stream ends early"
 
 
-def case_import_source_is_an_endless_device(world, client, tmp_path):
+def case_import_source_is_an_endless_device(world, tmp_path):
     (tmp_path / "log.txt").symlink_to("/dev/zero")
     dest = copy(world, "imported", tmp_path)
     return [dest], lambda: import_dataset("sasrec", tmp_path / "log.txt", dest, append=True), (
         r"log.txt: not a regular file or directory \(a device or a pipe\?\)")
 
 
-def case_import_directory_without_parts(world, client, tmp_path):
+def case_import_directory_without_parts(world, tmp_path):
     (tmp_path / "parts").mkdir()
     dest = copy(world, "imported", tmp_path)
     return [dest], lambda: import_dataset("sasrec", tmp_path / "parts", dest, overwrite=True), \
         r"parts: a directory with no parts"
 
 
-def case_import_append_part_vanished(world, client, tmp_path):
+def case_import_append_part_vanished(world, tmp_path):
     return *appending(world, tmp_path, lambda src: (src / "day-1.txt").unlink()), \
         r"part 'day-1.txt' of .* \(version 1\) is gone"
 
 
-def case_import_append_part_changed(world, client, tmp_path):
+def case_import_append_part_changed(world, tmp_path):
     def change(src):
         (src / "day-2.txt").unlink()
         (src / "day-2.txt").write_text("40 1\n40 9\n")
@@ -225,7 +234,7 @@ def case_profile_destination_being_written(world, client, tmp_path):
         r"profile is held by another process \(host .*, pid \d+, since .*\); accepted: one writer of a store")
 
 
-def case_dataset_non_monotone_offsets(world, client, tmp_path):
+def case_dataset_non_monotone_offsets(world, tmp_path):
     ds = tampered_dataset(world, tmp_path, "segments/0000/offsets", 3, 0)
     return [ds], lambda: Dataset.open(ds), r"offsets\[3\] = 0 is below offsets\[2\] = \d+; accepted: non-decreasing"
 
@@ -236,7 +245,7 @@ def case_dataset_id_out_of_range(world, client, tmp_path):
         r"\[17\] = 300 is outside the table; accepted: 0 <= id < 300"
 
 
-def case_dataset_empty(world, client, tmp_path):
+def case_dataset_empty(world, tmp_path):
     ds = copy(world, "ds", tmp_path)
     m = json.loads((ds / MANIFEST).read_text())
     m["interactions"] = 0
@@ -244,7 +253,7 @@ def case_dataset_empty(world, client, tmp_path):
     return [ds], lambda: Dataset.open(ds), r"empty dataset \(\d+ users, 0 interactions\); accepted: at least one user"
 
 
-def case_dataset_manifest_claims_more_rows(world, client, tmp_path):
+def case_dataset_manifest_claims_more_rows(world, tmp_path):
     ds = copy(world, "ds", tmp_path)
     m = json.loads((ds / MANIFEST).read_text())
     m["tables"]["item"]["rows"] += 100
@@ -253,14 +262,14 @@ def case_dataset_manifest_claims_more_rows(world, client, tmp_path):
         r"manifest.json: its checksum does not match what it declares \(an edited manifest\?\)"
 
 
-def case_dataset_changed_since_written(world, client, tmp_path):
+def case_dataset_changed_since_written(world, tmp_path):
     ds = tampered_dataset(world, tmp_path, "segments/0000/tables/genre", 5, 1)
     (ds / "verified.json").unlink()  # the record that its writer hashed it: now it is hashed again
     return [ds], lambda: Dataset.open(ds), \
         r"segments/0000/tables/genre: its content does not match the manifest's digest"
 
 
-def case_dataset_changed_in_place_after_it_was_verified(world, client, tmp_path):
+def case_dataset_changed_in_place_after_it_was_verified(world, tmp_path):
     """verified.json still says the manifest's arrays were hashed: a run hashes them again anyway."""
     ds = tampered_dataset(world, tmp_path, "segments/0000/tables/item", 5, 1)
     assert (ds / "verified.json").is_file()
@@ -299,73 +308,73 @@ def case_profile_counts_changed_in_place(world, client, tmp_path):
         r"profile/counts/genre: its content does not match the manifest's digest .*\(profile again\)"
 
 
-def case_config_out_of_range(world, client, tmp_path):
+def case_config_out_of_range(world, tmp_path):
     return [world / "ds"], config(world, epochs=0, batch_size=-1), \
         r"epochs = 0: .*greater than or equal to 1.*batch_size = -1"
 
 
-def case_config_zero_steps_per_epoch(world, client, tmp_path):
+def case_config_zero_steps_per_epoch(world, tmp_path):
     return [world / "ds"], config(world, steps_per_epoch=0), r"steps_per_epoch = 0: .*greater than or equal to 1"
 
 
-def case_config_unknown_key(world, client, tmp_path):
+def case_config_unknown_key(world, tmp_path):
     return [world / "ds"], config(world, epoch=3), r"epoch = 3: Extra inputs are not permitted \(keys: dataset, "
 
 
-def case_config_two_clusters(world, client, tmp_path):
+def case_config_two_clusters(world, tmp_path):
     return [world / "ds"], config(world, scheduler_address="tcp://x:1", cluster_class="distributed.LocalCluster"), \
         r"accepted: at most one of them"
 
 
-def case_config_negative_learning_rate(world, client, tmp_path):
+def case_config_negative_learning_rate(world, tmp_path):
     return [world / "ds"], config(world, row_lr=-0.1), r"row_lr = -0.1: Input should be greater than 0"
 
 
-def case_config_negatives_without_bound(world, client, tmp_path):
+def case_config_negatives_without_bound(world, tmp_path):
     return [world / "ds"], config(world, negatives=10**9), \
         r"negatives = 1000000000: Input should be less than or equal to 4096"
 
 
-def case_config_history_without_bound(world, client, tmp_path):
+def case_config_history_without_bound(world, tmp_path):
     return [world / "ds"], config(world, history=10**9), \
         r"history = 1000000000: Input should be less than or equal to 4096"
 
 
-def case_config_seed_past_64_bits(world, client, tmp_path):
+def case_config_seed_past_64_bits(world, tmp_path):
     return [world / "ds"], config(world, seed=2**63), \
         r"seed = 9223372036854775808: Input should be less than or equal to 9223372036854775807"
 
 
-def case_config_mlp_too_wide(world, client, tmp_path):
+def case_config_mlp_too_wide(world, tmp_path):
     return [world / "ds"], config(world, mlp=[10**9]), \
         r"widths \[1000000000\]; accepted: integers >= 1 and <= 65,536, at most 64 of them"
 
 
-def case_config_attention_heads_not_dividing_dim(world, client, tmp_path):
+def case_config_attention_heads_not_dividing_dim(world, tmp_path):
     return [world / "ds"], config(world, encoder="self-attention", dim=64, attention_heads=3), \
         r"attention_heads = 3 for dim 64; accepted: a divisor of dim"
 
 
-def case_config_unknown_encoder(world, client, tmp_path):
+def case_config_unknown_encoder(world, tmp_path):
     return [world / "ds"], config(world, encoder="transformer"), \
         r"encoder = 'transformer': Input should be 'mean' or 'self-attention'"
 
 
-def case_config_patience_of_zero_epochs(world, client, tmp_path):
+def case_config_patience_of_zero_epochs(world, tmp_path):
     return [world / "ds"], config(world, patience=0), r"patience = 0: Input should be greater than or equal to 1"
 
 
-def case_config_min_epochs_without_patience(world, client, tmp_path):
+def case_config_min_epochs_without_patience(world, tmp_path):
     return [world / "ds"], config(world, min_epochs=5), \
         r"min_epochs = 5 without patience; accepted: min_epochs only with patience"
 
 
-def case_config_self_attention_for_a_click_log(world, client, tmp_path):
+def case_config_self_attention_for_a_click_log(world, tmp_path):
     return [world / "ds"], config(world, encoder="self-attention", dataset_format="criteo"), \
         r"encoder = 'self-attention' for a criteo click log; accepted: mean"
 
 
-def case_config_infinite_rates_and_slack(world, client, tmp_path):
+def case_config_infinite_rates_and_slack(world, tmp_path):
     return (
         [world / "ds"],
         config(world, row_lr=float("inf"), dense_lr=float("nan"), memory_slack=float("inf")),
@@ -374,12 +383,12 @@ def case_config_infinite_rates_and_slack(world, client, tmp_path):
     )
 
 
-def case_config_part_settle_time_not_a_duration(world, client, tmp_path):
+def case_config_part_settle_time_not_a_duration(world, tmp_path):
     return [world / "ds"], config(world, part_settle_s=-1), \
         r"part_settle_s = -1: Input should be greater than or equal to 0"
 
 
-def case_import_replace_a_part_the_store_does_not_hold(world, client, tmp_path):
+def case_import_replace_a_part_the_store_does_not_hold(world, tmp_path):
     src = tmp_path / "parts"
     src.mkdir()
     (src / "day-1.txt").write_text(GOOD_SASREC)
@@ -389,7 +398,7 @@ def case_import_replace_a_part_the_store_does_not_hold(world, client, tmp_path):
         r"--replace-from day-2.txt: not a part .*grown holds; accepted: one of day-1.txt"
 
 
-def case_import_only_unfinished_parts(world, client, tmp_path):
+def case_import_only_unfinished_parts(world, tmp_path):
     src = tmp_path / "parts"
     src.mkdir()
     (src / "day-1.txt").write_text(GOOD_SASREC.rstrip("\n"))  # its writer is not done
@@ -398,7 +407,7 @@ def case_import_only_unfinished_parts(world, client, tmp_path):
         r"parts: no finished part yet \(day-1.txt \(does not end with a newline\)\)"
 
 
-def case_config_step_past_the_machines_memory(world, client, tmp_path):
+def case_config_step_past_the_machines_memory(world, tmp_path):
     return [world / "ds"], config(world, batch_size=10**8, negatives=4096, history=4096, dim=4096), \
         r"a training step needs about [\d,.]+ GB \(batch_size 100000000 over 2 devices .*this machine has [\d,.]+ GB"
 
@@ -414,14 +423,14 @@ def refused_without_running(cfg, marker: Path):
     return build
 
 
-def case_config_cluster_class_runs_a_command(world, client, tmp_path):
+def case_config_cluster_class_runs_a_command(world, tmp_path):
     marker = tmp_path / "ran"
     cfg = config(world, cluster_class="subprocess.Popen", cluster_kwargs={"args": ["touch", str(marker)]})
     return [world / "ds"], refused_without_running(cfg, marker), \
         r"cluster_class = 'subprocess.Popen': .*not an allowed cluster class; accepted: one of distributed.LocalCluster"
 
 
-def case_config_cluster_class_not_a_cluster(world, client, tmp_path):
+def case_config_cluster_class_not_a_cluster(world, tmp_path):
     return [world / "ds"], config(world, cluster_class="distributed.Client"), \
         r"cluster_class = 'distributed.Client': .*not an allowed cluster class"
 
@@ -452,7 +461,7 @@ CODE_IN_CLUSTER_KWARGS = {
 def _code_case(name: str):
     cls, kwargs, message = CODE_IN_CLUSTER_KWARGS[name]
 
-    def case(world, client, tmp_path):
+    def case(world, tmp_path):
         marker = tmp_path / "ran"
         cfg = config(world, cluster_class=cls, cluster_kwargs=kwargs(marker))
         return [world / "ds"], refused_without_running(cfg, marker), re.escape(message)
@@ -463,7 +472,7 @@ for _name in CODE_IN_CLUSTER_KWARGS:
     globals()[f"case_config_cluster_kwargs_{_name}"] = _code_case(_name)
 
 
-def case_config_cluster_kwargs_checked_again_where_the_cluster_starts(world, client, tmp_path):
+def case_config_cluster_kwargs_checked_again_where_the_cluster_starts(world, tmp_path):
     """A caller that skipped the config (the flows' shared run_cluster) is refused all the same."""
     from shardflow.cluster import run_cluster
 
@@ -475,14 +484,14 @@ def case_config_cluster_kwargs_checked_again_where_the_cluster_starts(world, cli
     return [world / "ds"], refused_without_running(start, marker), r"cluster_kwargs key 'preload' for distributed"
 
 
-def case_config_cluster_kwargs_plain_values_pass(world, client, tmp_path):
+def case_config_cluster_kwargs_plain_values_pass(world, tmp_path):
     """Not vacuous: allowed keys with plain values build (the failure below is the next check's)."""
     return [world / "ds"], config(world, cluster_class="distributed.LocalCluster",
                                   cluster_kwargs={"n_workers": 2, "memory_limit": "2GB", "resources": {"GPU": 1}},
                                   epochs=0), r"epochs = 0: .*greater than or equal to 1"
 
 
-def case_config_yaml_alias_bomb(world, client, tmp_path):
+def case_config_yaml_alias_bomb(world, tmp_path):
     from shardflow.safe_yaml import load_file
 
     levels = "\n".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 10))
@@ -491,7 +500,7 @@ def case_config_yaml_alias_bomb(world, client, tmp_path):
         r"bomb.yaml: line 1: an anchor \(&l0\); accepted: plain YAML without anchors and aliases"
 
 
-def case_config_local_cluster_larger_than_the_machine(world, client, tmp_path):
+def case_config_local_cluster_larger_than_the_machine(world, tmp_path):
     from shardflow.cluster import run_cluster
 
     return (
@@ -636,12 +645,12 @@ def case_run_dir_dataset_part_changed(world, client, tmp_path):
     return [run], lambda: check_dataset(cfg()), r"part 'day-1.txt' changed since version 1 imported it"
 
 
-def case_config_run_dir_empty(world, client, tmp_path):
+def case_config_run_dir_empty(world, tmp_path):
     return [world / "ds"], config(world, run_dir=""), \
         r"run_dir = '': Value error, an empty path; accepted: a directory of its own"
 
 
-def case_config_run_dir_root(world, client, tmp_path):
+def case_config_run_dir_root(world, tmp_path):
     return [world / "ds"], config(world, run_dir="/"), \
         r"run_dir = '/': Value error, / is a file system root or the home directory"
 
@@ -656,7 +665,7 @@ def case_run_budget_cannot_fit_the_tables(world, client, tmp_path):
         r"hold 2,000: short by 79,120 bytes; accepted: a larger device_memory_bytes")
 
 
-def case_config_batch_smaller_than_the_devices(world, client, tmp_path):
+def case_config_batch_smaller_than_the_devices(world, tmp_path):
     return (
         [world / "ds"],
         config(world, batch_size=1),
@@ -665,7 +674,7 @@ def case_config_batch_smaller_than_the_devices(world, client, tmp_path):
     )
 
 
-def case_config_train_window_unknown(world, client, tmp_path):
+def case_config_train_window_unknown(world, tmp_path):
     return (
         [world / "ds"],
         config(world, train_window="yesterday"),
@@ -674,7 +683,7 @@ def case_config_train_window_unknown(world, client, tmp_path):
     )
 
 
-def case_config_replan_margin_out_of_range(world, client, tmp_path):
+def case_config_replan_margin_out_of_range(world, tmp_path):
     return [world / "ds"], config(world, replan_margin=1.5), r"replan_margin = 1.5: Input should be less than 1"
 
 
@@ -711,12 +720,12 @@ def case_run_scheduler_with_fewer_workers_than_devices(world, client, tmp_path):
     )
 
 
-def case_config_scheduler_address_malformed(world, client, tmp_path):
+def case_config_scheduler_address_malformed(world, tmp_path):
     return [world / "ds"], config(world, scheduler_address="notanaddress"), (
         r"scheduler_address = 'notanaddress': .*accepted: PROTOCOL://HOST:PORT, e.g. tcp://10.0.0.5:8786")
 
 
-def case_run_scheduler_that_never_answers(world, client, tmp_path):
+def case_run_scheduler_that_never_answers(world, tmp_path):
     from cli.embedded_api import free_port
     from shardflow.cluster import dask_client
 
@@ -751,9 +760,13 @@ def test_the_matrix_covers_every_stage_with_at_least_twenty_cases():
     }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_bad_input_is_refused_and_leaves_every_store_unchanged(name, world, client, tmp_path):
-    stores, call, *expect = CASES[name](world, client, tmp_path)
+# A case that takes no client needs no cluster: it runs in the unit tier (tests/conftest.py), on the stores alone.
+NEEDS_CLUSTER = sorted(name for name, case in CASES.items() if "client" in inspect.signature(case).parameters)
+NO_CLUSTER = sorted(set(CASES) - set(NEEDS_CLUSTER))
+
+
+def refused_and_unchanged(case, tmp_path: Path) -> None:
+    stores, call, *expect = case
     error, pattern = expect if len(expect) == 2 else (InputError, expect[0])
     before = {str(s): snapshot(s) if s.is_dir() else s.read_bytes() for s in stores}
     with pytest.raises(error, match=pattern):
@@ -761,3 +774,13 @@ def test_bad_input_is_refused_and_leaves_every_store_unchanged(name, world, clie
     assert {str(s): snapshot(s) if s.is_dir() else s.read_bytes() for s in stores} == before
     assert all(before.values()), "a case must guard a store that holds something"
     assert not list(tmp_path.glob(".*.staging-*")), "a refused write left a staging directory"
+
+
+@pytest.mark.parametrize("name", NO_CLUSTER)
+def test_bad_input_is_refused_before_any_cluster_and_leaves_every_store_unchanged(name, stores, tmp_path):
+    refused_and_unchanged(CASES[name](stores, tmp_path), tmp_path)
+
+
+@pytest.mark.parametrize("name", NEEDS_CLUSTER)
+def test_bad_input_is_refused_and_leaves_every_store_unchanged(name, world, client, tmp_path):
+    refused_and_unchanged(CASES[name](world, client, tmp_path), tmp_path)
