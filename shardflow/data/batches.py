@@ -26,12 +26,20 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from shardflow.errors import InputError
-from shardflow.data.examples import (PAD, Examples, count_train_targets, examples_from, held_out_positions,
-                                     sample_unseen, target_positions, validation_positions)
+from shardflow.data.examples import (
+    PAD,
+    Examples,
+    count_train_targets,
+    examples_from,
+    held_out_positions,
+    sample_unseen,
+    target_positions,
+    validation_positions,
+)
 from shardflow.data.windows import window_key, window_targets
-from shardflow.model.sequence import BatchIndex, ModelConfig
+from shardflow.errors import InputError
 from shardflow.model.metrics import RankCounts
+from shardflow.model.sequence import BatchIndex, ModelConfig
 from storage.dataset import Dataset
 
 ORDER_BLOCK_EVENTS = 1 << 20  # events per block of the epoch order (8 MB of int64 ids)
@@ -116,7 +124,7 @@ class EpochOrder:
     def _column(self, path: str, start: int, stop: int) -> np.ndarray:
         raise NotImplementedError
 
-    def _part(self, block: int, part: int, tail: int) -> "HeldPart":
+    def _part(self, block: int, part: int, tail: int) -> HeldPart:
         """One part of a block as this reader holds it: its runs, each with the `tail` events before it (which
         histories reach back to), of every one of `columns` (tables by their names); cached."""
         held = self._cache.get((block, part))
@@ -129,7 +137,8 @@ class EpochOrder:
             whole = firsts.size == 1 and lo[0] == window  # one run: the block itself, no copy
             keep = None if whole else np.repeat(lo - window - base, sizes) + np.arange(int(sizes.sum()))
             read = (self._column(c, window, int(stops[-1])) for c in self.columns)  # a column's block at a time
-            columns = {c.removeprefix("tables/"): v if whole else v[keep] for c, v in zip(self.columns, read)}
+            columns = {c.removeprefix("tables/"): v if whole else v[keep]
+                       for c, v in zip(self.columns, read, strict=True)}
             held = self._cache[block, part] = HeldPart(tail, firsts, lo - base, columns)
             while len(self._cache) > CACHED_BLOCKS:
                 self._cache.popitem(last=False)
@@ -197,7 +206,7 @@ class TrainData(EpochOrder):
 
     @classmethod
     def load(cls, dataset: str | Dataset, features: tuple[str, ...] = (), window: tuple[int, int] = (0, 0),
-             block_events: int = ORDER_BLOCK_EVENTS, validation: bool = False) -> "TrainData":
+             block_events: int = ORDER_BLOCK_EVENTS, validation: bool = False) -> TrainData:
         """The dataset's training data; `window` = (first segment trained on, first segment evaluated on);
         `validation`: each evaluated user's second-to-last event is held out of training as well.
 
@@ -284,7 +293,7 @@ class TrainData(EpochOrder):
             ex.features[name] = self._gather(name, config.history)(targets, targets[:, None])[:, 0]
         return ex
 
-    def lookups(self, ex: Examples, config: ModelConfig, dedup: str) -> "Lookups":
+    def lookups(self, ex: Examples, config: ModelConfig, dedup: str) -> Lookups:
         """Which rows a trainer needs for `ex` (the history, the candidates, the features) and where each
         lookup finds its row among them."""
         candidates = np.concatenate([ex.positive[:, None], ex.negatives], axis=1)

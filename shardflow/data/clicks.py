@@ -23,12 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from shardflow.model.dlrm import ClickConfig, ClickIndex, numeric_input
+from shardflow.data.batches import ORDER_BLOCK_EVENTS, EpochOrder, Lookups, TrainData, fetched, window_start
 from shardflow.errors import InputError
-from shardflow.model.sequence import ModelConfig
-from shardflow.data.batches import (ORDER_BLOCK_EVENTS, EpochOrder, Lookups, TrainData,
-                                        fetched, window_start)
+from shardflow.model.dlrm import ClickConfig, ClickIndex, numeric_input
 from shardflow.model.metrics import ScoredRows
+from shardflow.model.sequence import ModelConfig
 from storage.checkpoint import ExportManifest
 from storage.dataset import Dataset
 
@@ -75,7 +74,7 @@ class ClickData(EpochOrder):
 
     @classmethod
     def load(cls, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
-             block_events: int = ORDER_BLOCK_EVENTS, validation: bool = False) -> "ClickData":
+             block_events: int = ORDER_BLOCK_EVENTS, validation: bool = False) -> ClickData:
         if not ds.info.labels:
             raise InputError(
                 f"dataset {ds.path} has neither an item sequence nor click labels (tables "

@@ -94,7 +94,7 @@ def sample_unseen(position: np.ndarray, seen: np.ndarray, seen_offsets: np.ndarr
                 return out
         e, j = np.nonzero(pending)
         last = splitmix64((base[e, j] * np.uint64(UNSEEN_DRAWS) + np.uint64(UNSEEN_DRAWS)) ^ key)
-    for e1, j1, bits1 in zip(e.tolist(), j.tolist(), last):  # a user who touched most rows: count the rest out
+    for e1, j1, bits1 in zip(e.tolist(), j.tolist(), last, strict=True):  # a user who touched most rows: the rest
         mine = touched[np.searchsorted(touched, e1 * rows): np.searchsorted(touched, (e1 + 1) * rows)] - e1 * rows
         untouched = np.setdiff1d(np.arange(rows, dtype=np.int64), mine, assume_unique=True)
         out[e1, j1] = untouched[int(bits1 % np.uint64(untouched.size))]

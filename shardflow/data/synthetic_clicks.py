@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from shardflow.data.synthetic import SynthTable, ZipfRows
 from shardflow.errors import InputError
 from shardflow.hashing import splitmix64
-from shardflow.data.synthetic import SynthTable, ZipfRows
 
 INTERACTION_FACTORS = 4
 INTERACTING = 6  # tables whose values interact pairwise in the planted logit: the first six of at most 10^4 values
