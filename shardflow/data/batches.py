@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -172,6 +173,16 @@ class EpochOrder:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
+def sequence_table(ds: Dataset) -> str:
+    """The dataset's item-sequence table; an InputError for a dataset without one (a click log)."""
+    if ds.info.sequence_table is None:
+        raise InputError(
+            f"dataset {ds.path} has no item sequence (tables {', '.join(ds.info.table_names)}); "
+            "accepted: a dataset imported from sasrec, s3rec or recbole, or made by 'shardflow synth'"
+        )
+    return ds.info.sequence_table
+
+
 class TrainData(EpochOrder):
     """A dataset as its trainers read it: the order of an epoch, and the examples of any targets."""
 
@@ -182,7 +193,7 @@ class TrainData(EpochOrder):
         self.dataset, self.features, self.window, self.block_events = ds, tuple(features), window, block_events
         self.validation = validation
         self.held = 2 if validation else 1  # each user's last events kept out of training
-        self.item = ds.info.sequence_table
+        self.item = sequence_table(ds)
         self.rows = {t: ds.info.table(t).rows for t in (self.item, *self.features)}
         self.offsets = ds.offsets()
         self.events = int(self.offsets[-1])
@@ -216,12 +227,7 @@ class TrainData(EpochOrder):
         history: windows select targets, never history.
         """
         ds = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
-        item = ds.info.sequence_table
-        if item is None:
-            raise InputError(
-                f"dataset {ds.path} has no item sequence (tables {', '.join(ds.info.table_names)}); "
-                "accepted: a dataset imported from sasrec, s3rec or recbole, or made by 'shardflow synth'"
-            )
+        item = sequence_table(ds)
         unknown = [f for f in features if f not in ds.info.table_names or f == item]
         if unknown:
             accepted = list(ds.info.feature_tables)
@@ -395,8 +401,8 @@ class HeldPart:
 class Lookups:
     """One sub-batch's lookups: per table the ids to fetch and where each lookup finds its row."""
 
-    fetch: dict  # table -> int64 ids to fetch (distinct with scope 'device', every occurrence with 'none')
-    index: BatchIndex  # positions into the fetched rows
+    fetch: dict[str, np.ndarray]  # table -> int64 ids to fetch (distinct with scope 'device', every one with 'none')
+    index: Any  # positions into the fetched rows: a BatchIndex (sequences) or a ClickIndex (click logs)
 
 
 def fetched(ids: np.ndarray, dedup: str) -> tuple[np.ndarray, np.ndarray]:

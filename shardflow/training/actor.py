@@ -11,9 +11,13 @@ outside a step (evaluation, exports) are actor calls either way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 from distributed import get_worker
-from distributed.comm import get_address_host
+from distributed.comm.addressing import get_address_host
+from torch.distributed import TCPStore
 
 from shardflow.data.clicks import load_training_data
 from shardflow.errors import TrainingError, WorkerLost
@@ -24,7 +28,7 @@ from shardflow.model.sequence import ModelConfig
 from shardflow.planner.sharding_plan import DevicePlan
 from shardflow.planner.topology import Topology
 from shardflow.training.collective import Link, open_rendezvous
-from shardflow.training.device import Device, StepStats
+from shardflow.training.device import Arrays, Device, Digests, StepStats
 from shardflow.training.messages import Message, Round, Traffic
 from shardflow.training.transport import Mailbox, answer
 from storage.checkpoint import write_export_chunk
@@ -43,13 +47,13 @@ class DeviceActor:
         self.device = Device(device, topology, tables, data, config, optimizer, batch_size=batch_size, dedup=dedup,
                              array_device=array_device, scaled_rows=scaled_rows, early=early)
         self.index, self.row_state = device, row_state_shape(optimizer.rows, config.dim)
-        self.peers: list = []
+        self.peers: list[Any] = []  # every device's actor handle, this one's included
         self.mail = Mailbox()
         self.link: Link | None = None  # the devices' gloo group (transport collective, several devices)
-        self._rendezvous = None  # device 0: the store the group meets at
+        self._rendezvous: tuple[TCPStore, int] | None = None  # device 0: the store the group meets at
         self._stepping = False  # inside a call to steps (the actor's thread writes the shard)
 
-    def connect(self, peers: list) -> int:
+    def connect(self, peers: list[Any]) -> int:
         self.peers = peers
         return self.index
 
@@ -88,7 +92,7 @@ class DeviceActor:
         self._check_not_stepping("read_rows")
         return self.device.serve_rows(table, ids, sender)
 
-    async def read_dense(self, sender: int) -> dict:
+    async def read_dense(self, sender: int) -> Arrays:
         self._check_not_stepping("read_dense")
         return self.device.serve_dense(sender)
 
@@ -125,7 +129,7 @@ class DeviceActor:
         plan = self.device.table_plan(table)
         rows_total = plan.rows
 
-        def request(start: int):
+        def request(start: int) -> tuple[int, np.ndarray, np.ndarray, list[tuple[np.ndarray, int, Any]]]:
             ids = np.arange(start, min(start + chunk_rows, rows_total), dtype=np.int64)
             home = plan.home_of(ids)
             calls = [(home == d, d, self.peers[d].export_rows(table, ids[home == d]))
@@ -135,6 +139,7 @@ class DeviceActor:
         digests: dict[str, str] = {}
         upcoming = request(starts[0]) if starts else None
         for i in range(len(starts)):
+            assert upcoming is not None  # one request per start
             start, ids, home, calls = upcoming
             upcoming = request(starts[i + 1]) if i + 1 < len(starts) else None
             rows = np.empty((ids.size, self.device.config.dim), dtype=np.float32)
@@ -153,30 +158,30 @@ class DeviceActor:
         def rows(peer: int, table: str, ids: np.ndarray) -> np.ndarray:
             return answer(self.peers[peer].read_rows(table, ids, self.index), self.peers[peer])
 
-        def dense() -> dict:
+        def dense() -> Arrays:
             return answer(self.peers[0].read_dense(self.index), self.peers[0])
 
         return self.device.evaluate(targets, negatives, seed, rows, dense)
 
-    def save(self, path: str) -> dict:
+    def save(self, path: str) -> dict[str, Any]:
         return self.device.save(path)
 
-    def verify(self, path: str, digests: dict, shard: int) -> None:
+    def verify(self, path: str, digests: Digests, shard: int) -> None:
         self.device.verify(path, digests, shard)
 
-    def restore(self, path: str, digests: dict, shards_before: int, clock: int, dense_steps: int) -> bool:
+    def restore(self, path: str, digests: Digests, shards_before: int, clock: int, dense_steps: int) -> bool:
         return self.device.restore(path, digests, shards_before, clock, dense_steps)
 
-    def warm_start(self, model: str, rows: dict, dense_steps: int) -> None:
+    def warm_start(self, model: str, rows: dict[str, int], dense_steps: int) -> None:
         self.device.warm_start(model, rows, dense_steps)
 
-    def dense_parameters(self) -> tuple[dict, dict, int]:
+    def dense_parameters(self) -> tuple[Arrays, Arrays, int]:
         return self.device.dense_parameters()
 
     def traffic(self) -> Traffic:
         return self.device.traffic()
 
-    def parameters(self) -> dict:
+    def parameters(self) -> dict[str, Any]:
         return self.device.parameters()
 
 
@@ -195,7 +200,7 @@ class StepCall:
         self.epoch, self.first, self.step, self.seed = epoch, first, step, seed
         self.peers = {d: a for d, a in enumerate(actor.peers) if d != actor.index}
         self.link = actor.link if self.peers else None  # transport collective: the devices' group
-        self.sent: list = []  # [(peer, delivery call)] not yet acknowledged
+        self.sent: list[tuple[int, Any]] = []  # [(peer, delivery call)] not yet acknowledged
         self.ahead: int | None = None  # the step (of this call) whose requests are out already
         self.deferred: BaseException | None = None  # the error of preparing it
         self.current = step  # the global step running
@@ -213,7 +218,7 @@ class StepCall:
             answer(call, self.actor.peers[peer])
         return stats
 
-    def _one(self, k: int, count: int) -> dict:
+    def _one(self, k: int, count: int) -> StepStats:
         """Step k of this call: its requests (unless out already), then every round in order."""
         device = self.device
         self.current = self.step + k
@@ -239,7 +244,8 @@ class StepCall:
                 self.sent += self._send(out)
         return device.finish()
 
-    def _wait(self, step: int, round: Round, linked: dict, work: tuple) -> list[Message]:
+    def _wait(self, step: int, round: Round, linked: dict[int, Any],
+              work: tuple[Callable[[list[Message]], None] | None, Callable[[], bool] | None]) -> list[Message]:
         """The round's message of `step` from each of `linked` ({device: actor}), in device order; with
         the collective transport, up to the first that carries a peer's error."""
         if self.link is None:
@@ -271,9 +277,10 @@ class StepCall:
         self.sent.extend((m.sender, self.actor.peers[m.sender].deliver(self.tag, self.device.answer_early(m)))
                          for m in requests)
 
-    def _send(self, out: dict[int, Message]) -> list:
+    def _send(self, out: dict[int, Message] | None) -> list[tuple[int, Any]]:
         """Deliver each of `out`'s messages to its peer: [(peer, the delivery's call)] (none with the collective
         transport: its sends end in the background)."""
+        out = out or {}
         if self.link is not None:
             for peer, m in out.items():
                 self.link.send(peer, m)

@@ -33,6 +33,7 @@ import queue
 import socket
 import threading
 import time
+from typing import Any
 
 import torch
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
@@ -62,7 +63,7 @@ class _Waiter:
     timeout), so the device's own thread can watch the engine and the peers meanwhile."""
 
     def __init__(self, name: str) -> None:
-        self._todo: queue.Queue = queue.Queue()
+        self._todo: queue.Queue[tuple[Any, threading.Event | None, list[Exception]]] = queue.Queue()
         self._closed = False
         threading.Thread(target=self._run, name=f"shardflow-collective-{name}", daemon=True).start()
 
@@ -78,15 +79,15 @@ class _Waiter:
             if done is not None:
                 done.set()
 
-    def submit(self, work, done: threading.Event | None = None) -> list:
+    def submit(self, work: Any, done: threading.Event | None = None) -> list[Exception]:
         """Wait for `work` after those before it; `done` is set once it ended; the list holds its error."""
-        failed: list = []
+        failed: list[Exception] = []
         self._todo.put((work, done, failed))
         return failed
 
     def close(self) -> None:
         self._closed = True
-        self._todo.put((None, None, None))
+        self._todo.put((None, None, []))
 
 
 class Link:
@@ -95,10 +96,12 @@ class Link:
     def __init__(self, rank: int, world: int, own_host: str, store_host: str, port: int, generation: int,
                  timeout_s: float = PEER_TIMEOUT_S) -> None:
         store = TCPStore(store_host, port, None, False, datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
-        options = ProcessGroupGloo._Options()
+        # torch's stubs name the options class `Options` and give the gloo group no send or recv; at run time
+        # the class is `_Options` and the group has both.
+        options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         options._timeout = datetime.timedelta(seconds=timeout_s)
         options._devices = [ProcessGroupGloo.create_device(hostname=own_host)]
-        self.group = ProcessGroupGloo(PrefixStore(f"group-{generation}", store), rank, world, options)
+        self.group: Any = ProcessGroupGloo(PrefixStore(f"group-{generation}", store), rank, world, options)
         self._store = store
         self.rank, self.generation, self.timeout_s = rank, generation, timeout_s
         self._receiving = _Waiter("receive")  # the device's thread waits while it waits
@@ -116,16 +119,17 @@ class Link:
         self._sending.submit(SendWork(self.group.send([size], peer, tag), size))
         self._sending.submit(SendWork(self.group.send([payload], peer, tag), (payload, buffer)))
 
-    def receive(self, peer: int, round: Round, actor) -> Message:
+    def receive(self, peer: int, round: Round, actor: Any) -> Message:
         """The next message of `round`'s stream from `peer` (whose Dask actor is `actor`)."""
         tag = TAGS[round]
         size = torch.empty(1, dtype=torch.int64)
         self._wait(self.group.recv([size], peer, tag), peer, actor)
         payload = torch.empty(int(size.item()), dtype=torch.uint8)
         self._wait(self.group.recv([payload], peer, tag), peer, actor)
-        return pickle.loads(memoryview(payload.numpy()))
+        message: Message = pickle.loads(payload.numpy().data)
+        return message
 
-    def _wait(self, work, peer: int, actor) -> None:
+    def _wait(self, work: Any, peer: int, actor: Any) -> None:
         if self.broken:
             raise WorkerLost("the devices' group was left out of step by a failed step; it is formed again first")
         done = self._wake = threading.Event()
@@ -145,7 +149,7 @@ class Link:
             self.broken = True
             raise WorkerLost(f"device {peer}'s connection failed ({failed[0]})")
 
-    def _unless_probe_fails(self, actor) -> None:
+    def _unless_probe_fails(self, actor: Any) -> None:
         try:
             probe(actor)
         except WorkerLost:
@@ -166,7 +170,7 @@ class Link:
 class SendWork:
     """A send under way and what it reads (kept alive until the send ends)."""
 
-    def __init__(self, work, holds) -> None:
+    def __init__(self, work: Any, holds: object) -> None:
         self.work, self.holds = work, holds
 
     def wait(self) -> None:

@@ -103,10 +103,11 @@ class TrainResult:
     steps: int = 0
     examples: int = 0
     seconds: float = 0.0
-    epoch_loss: list = field(default_factory=list)  # mean BCE per epoch (per candidate)
-    timings: dict = field(default_factory=dict)  # mean seconds per step: batch, each round, compute
+    epoch_loss: list[float] = field(default_factory=list)  # mean BCE per epoch (per candidate)
+    timings: dict[str, float] = field(default_factory=dict)  # mean seconds per step: batch, each round, compute
     steady: Span = Span()  # after the engine's warm-up steps
-    validation: dict = field(default_factory=dict)  # epoch (from 1) -> its val_ metrics, with a validation split
+    # epoch (from 1) -> its val_ metrics, with a validation split
+    validation: dict[int, dict[str, float | None]] = field(default_factory=dict)
     best_epoch: int | None = None  # the epoch whose parameters the engine holds at the end (validation split)
 
     @property

@@ -10,19 +10,21 @@ calls only these methods, so the same object trains in a test and on a cluster.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from shardflow.data.batches import TrainData, negative_seed
-from shardflow.data.clicks import ClickData
+from shardflow.data.batches import Lookups, negative_seed
+from shardflow.data.workload import Workload
 from shardflow.errors import InputError, TrainingError
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.metrics import Scored
 from shardflow.model.optim import OptimizerConfig
-from shardflow.model.sequence import ModelConfig, forward_backward
+from shardflow.model.sequence import Gradients, ModelConfig, forward_backward
 from shardflow.planner.sharding_plan import DevicePlan
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
@@ -42,6 +44,7 @@ from shardflow.training.messages import (
 from shardflow.training.protocol import StepProtocol
 from shardflow.training.rehome import rehome, shard_names
 from shardflow.training.shard import ParameterShard, RowLayout
+from shardflow.training.steps import Requests
 from storage.checkpoint import read_arrays, read_export, read_export_dense, verify_arrays, write_arrays
 
 DEVICES = ("cpu", "cuda")
@@ -58,6 +61,9 @@ def torch_device(name: str, index: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
+Arrays = dict[str, np.ndarray]  # name -> array, as checkpoints and exports store them
+Digests = dict[str, str]  # array path -> its checksum (storage.checkpoint)
+Outbox = dict[int, Message]  # peer -> the message of a round
 WARM_START_ROWS = 1 << 19  # rows read from an export at a time
 
 
@@ -82,7 +88,7 @@ class Device:
         device: int,
         topology: Topology,
         tables: dict[str, DevicePlan],
-        data: TrainData | ClickData,
+        data: Workload,
         config: ModelConfig | ClickConfig,
         optimizer: OptimizerConfig,
         *,
@@ -106,7 +112,7 @@ class Device:
         self.shard = ParameterShard(device, layouts, config, optimizer, self.torch, holds_dense=device == 0)
         self.protocol = StepProtocol(device, topology, tables, self.shard, maps, dedup, early)
         self.rounds, self.round_peers = self.protocol.rounds, self.protocol.round_peers
-        self._prepared: tuple | None = None
+        self._prepared: tuple[Requests, Lookups, int, float] | None = None
         self._seconds: dict[str, float] = {}  # the step under way's parts
         self._examples, self._loss_sum = 0, 0.0
 
@@ -115,7 +121,7 @@ class Device:
         batch = self.data.batch(epoch, seed, step_in_epoch, self.batch_size)
         return self.data.sub_batches(batch, self.topology.devices)[self.index]
 
-    def prepare(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> dict:
+    def prepare(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> Outbox:
         """Build step `step`'s sub-batch, lookups and REQUEST messages ahead of its start; the messages."""
         t0 = time.perf_counter()
         targets = self._sub_batch(epoch, step_in_epoch, seed)
@@ -125,10 +131,11 @@ class Device:
         self._prepared = (requests, need, int(targets.size), time.perf_counter() - t0)
         return requests.outbox
 
-    def start(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> dict:
+    def start(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> Outbox | None:
         """Step `step` begins; its REQUEST outbox (the one `prepare` returned, if it was prepared)."""
         if self._prepared is None or self._prepared[0].step != step:
             self.prepare(epoch, step_in_epoch, step, seed)
+        assert self._prepared is not None  # prepare sets it
         requests, self._need, examples, batch_s = self._prepared
         self._prepared = None
         out = self._carry_out(self.protocol.start(requests))
@@ -136,7 +143,7 @@ class Device:
         self._examples, self._loss_sum, self._seconds = examples, 0.0, {"batch": batch_s}
         return out
 
-    def receive(self, round: Round, inbox: list):
+    def receive(self, round: Round, inbox: list[Message]) -> Outbox | None:
         out = self._carry_out(self.protocol.receive(round, inbox))
         now = time.perf_counter()
         self._seconds[round.value] = now - self._mark
@@ -157,7 +164,7 @@ class Device:
     def table_plan(self, table: str) -> DevicePlan:
         return self.protocol.tables[table]
 
-    def _carry_out(self, instructions: list[Instruction]) -> dict | None:
+    def _carry_out(self, instructions: list[Instruction]) -> Outbox | None:
         """Carry out the protocol's instructions in order (this device's shard is written here, and only here);
         the messages to send, if any."""
         out = None
@@ -192,7 +199,7 @@ class Device:
         self.protocol.abort()
         self._prepared = None
 
-    def failed(self, error: BaseException):
+    def failed(self, error: BaseException) -> Outbox | None:
         self._prepared = None
         return self.protocol.failed(error)
 
@@ -201,7 +208,7 @@ class Device:
         """Steps applied on this device."""
         return self.shard.clock
 
-    def _check_finite(self, step: int, grads) -> None:
+    def _check_finite(self, step: int | None, grads: Gradients) -> None:
         if not np.isfinite(grads.loss_sum):
             raise TrainingError(
                 f"step {step}: the loss is {grads.loss_sum} on device {self.index}; stopped before any update"
@@ -224,13 +231,15 @@ class Device:
         self.protocol.traffic.eval[self.index, sender] += rows.nbytes
         return rows
 
-    def serve_dense(self, sender: int) -> dict:
+    def serve_dense(self, sender: int) -> Arrays:
         params = self.dense_parameters()[0]
         if sender != self.index:
             self.protocol.traffic.eval[self.index, sender] += sum(v.nbytes for v in params.values())
         return params
 
-    def evaluate(self, targets: np.ndarray, negatives: int, seed: int, remote_rows, remote_dense) -> Scored:
+    def evaluate(self, targets: np.ndarray, negatives: int, seed: int,
+                 remote_rows: Callable[[int, str, np.ndarray], np.ndarray],
+                 remote_dense: Callable[[], Arrays]) -> Scored:
         """The held-out `targets` scored, added up as the data's `scored` value (sequences: against `negatives`
         each).
 
@@ -262,16 +271,16 @@ class Device:
         """Current rows of `ids` and their optimizer state (training is over)."""
         return to_host(self.shard.read(table, ids)), to_host(self.shard.read_state(table, ids))
 
-    def dense_parameters(self) -> tuple[dict, dict, int]:
+    def dense_parameters(self) -> tuple[Arrays, Arrays, int]:
         """(dense layers, their optimiser state, its step count), on the host."""
         opt = self.shard.dense_optimizer
-        return ({k: to_host(v).copy() for k, v in self.shard.dense.items()},
+        return ({k: to_host(v).copy() for k, v in self.shard.dense_layers.items()},
                 {k: to_host(v).copy() for k, v in opt.state.items()}, opt.t)
 
     def traffic(self) -> Traffic:
         return self.protocol.traffic.copy()
 
-    def parameters(self) -> dict:
+    def parameters(self) -> dict[str, Any]:
         """Everything this shard stores, on the host: for tests and the reference comparison."""
         sh = self.shard
         out = {
@@ -291,16 +300,16 @@ class Device:
             names += [f"dense_opt/{k}" for k in self.shard.dense_optimizer.state]
         return names
 
-    def save(self, path: str) -> dict:
+    def save(self, path: str) -> dict[str, Any]:
         """Write this shard into checkpoint `path` (its own directory only); returns checksums and clock."""
         sh = self.shard
-        arrays = {}
+        arrays: Arrays = {}
         for t in sh.layouts:
             arrays[f"{t}/weights"] = to_host(sh.weights[t])
             arrays[f"{t}/state"] = to_host(sh.state[t])
             arrays[f"{t}/version"] = sh.version[t]
             arrays[f"{t}/ids"] = sh.layouts[t].init_ids  # what another plan's shards look up (rehome)
-        out = {"clock": sh.clock}
+        out: dict[str, Any] = {"clock": sh.clock}
         if sh.dense is not None:
             dense, dense_state, out["dense_steps"] = self.dense_parameters()
             arrays.update({f"dense/{k}": v for k, v in dense.items()})
@@ -309,14 +318,14 @@ class Device:
         out["digests"] = write_arrays(root, arrays, f"shards/{self.index}")
         return out
 
-    def verify(self, path: str, digests: dict, shard: int | None = None) -> None:
+    def verify(self, path: str, digests: Digests, shard: int | None = None) -> None:
         """Check the arrays of checkpoint `path`'s shard `shard` (this device's by default) against `digests`
         (an InputError naming a bad one)."""
         k = self.index if shard is None else shard
         names = sorted(set(shard_names(digests, k)) | (set(self._arrays()) if k == self.index else set()))
         verify_arrays(Path(path) / "shards" / str(k), names, f"shards/{k}", digests)
 
-    def restore(self, path: str, digests: dict, shards_before: int, clock: int, dense_steps: int) -> bool:
+    def restore(self, path: str, digests: Digests, shards_before: int, clock: int, dense_steps: int) -> bool:
         """Restore this shard from checkpoint `path` (every shard of it verified first): in place when the
         checkpoint's shard of this index stored exactly this device's rows, else from the shards of another plan
         (shardflow.training.rehome). Whether its rows moved."""
@@ -326,7 +335,7 @@ class Device:
         rehome(self.shard, path, digests, shards_before, clock, dense_steps)
         return True
 
-    def _same_rows(self, path: str, digests: dict, shards_before: int) -> bool:
+    def _same_rows(self, path: str, digests: Digests, shards_before: int) -> bool:
         if self.index >= shards_before:
             return False
         root = Path(path) / "shards" / str(self.index)
@@ -338,11 +347,11 @@ class Device:
                 return False
         return True
 
-    def load(self, path: str, digests: dict, clock: int, dense_steps: int) -> None:
+    def load(self, path: str, digests: Digests, clock: int, dense_steps: int) -> None:
         """Restore this shard from checkpoint `path` (verified first with `verify` on every device)."""
         sh = self.shard
         root = Path(path) / "shards" / str(self.index)
-        into = {}
+        into: Arrays = {}
         if self.torch.type == "cpu":  # read in place: a restore holds one shard, not two
             for t in sh.layouts:
                 into.update({f"{t}/weights": sh.weights[t].numpy(), f"{t}/state": sh.state[t].numpy(),
@@ -364,7 +373,7 @@ class Device:
                           {k: arrays[f"dense_opt/{k}"] for k in sh.dense_optimizer.state}, dense_steps, str(root))
         sh.clock = clock
 
-    def warm_start(self, model: str, rows: dict, dense_steps: int) -> None:
+    def warm_start(self, model: str, rows: dict[str, int], dense_steps: int) -> None:
         """Take the rows this shard stores and their optimizer state, and (device 0) the dense layers and their
         optimiser, from the exported model at `model`.
 

@@ -15,14 +15,17 @@ import functools
 import operator
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from distributed import Client, wait
 from distributed.client import FutureCancelledError, FuturesCancelledError
 
 from shardflow.cluster import live_workers
-from shardflow.data.batches import TrainData, negative_seed
-from shardflow.data.clicks import ClickData, load_training_data
+from shardflow.data.batches import negative_seed
+from shardflow.data.clicks import load_training_data
+from shardflow.data.workload import Workload
 from shardflow.errors import InputError, WorkerLost, WorkerOutOfMemory, stop_if_asked
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.metrics import Metrics
@@ -53,7 +56,7 @@ WARMUP_STEPS = 2
 STEPS_PER_CALL = 8
 
 
-def check_plan_matches(data: TrainData | ClickData, plan: ShardingPlan, topology: Topology) -> None:
+def check_plan_matches(data: Workload, plan: ShardingPlan, topology: Topology) -> None:
     """The plan must hold exactly the tables the model reads, with the dataset's row counts."""
     planned = {t.name: t.rows for t in plan.tables}
     for name, rows in data.rows.items():
@@ -105,8 +108,9 @@ class Engine(Persistence):
         # The worker each device lives on, by address and by the worker's unique id: a
         # worker restarted by its nanny comes back as a different id without the shard.
         self.workers = {workers[d]: info[workers[d]]["id"] for d in range(P)}
-        self._last_seen: dict[str, dict] = {}  # address -> the scheduler's last word on that worker
-        self.actors, self._inflight = [], []  # the running actor calls close() waits for
+        self._last_seen: dict[str, dict[str, Any]] = {}  # address -> the scheduler's last word on that worker
+        self.actors: list[Any] = []  # one DeviceActor handle per device
+        self._inflight: list[Any] = []  # the running actor calls close() waits for
         self._device_lost = False  # a device's worker left: its peers' calls may be blocked asking it
         self.optimizer = optimizer
         self._futures = self._submit_actors(dataset, optimizer, scaled_rows)
@@ -133,7 +137,7 @@ class Engine(Persistence):
         self._tag = 0  # numbers every step call, so a failed call's late messages are never taken for the next
         self.downloads = 0  # parameter downloads (exports) this engine has written
 
-    def _submit_actors(self, dataset: str, optimizer: OptimizerConfig, scaled_rows: dict[str, int] | None) -> list:
+    def _submit_actors(self, dataset: str, optimizer: OptimizerConfig, scaled_rows: dict[str, int] | None) -> list[Any]:
         """One DeviceActor per device, each pinned to its worker: their futures."""
         train, P, run = self.train, self.topology.devices, uuid.uuid4().hex[:8]
         tables = self.plan.for_devices(P)
@@ -158,7 +162,7 @@ class Engine(Persistence):
         host, port = self._wait([self.actors[0].open_rendezvous()])[0]
         self._wait([a.join(host, port, self._generation) for a in self.actors])
 
-    def _all(self, method: str, *args) -> list:
+    def _all(self, method: str, *args: object) -> list[Any]:
         try:
             calls = [getattr(a, method)(*args) for a in self.actors]
         except RuntimeError:  # distributed refuses calls to an actor whose worker is known lost
@@ -202,7 +206,7 @@ class Engine(Persistence):
                 f"rows and sums there {self.need_bytes[device] / 2**30:.2f} GiB: probably stopped for exceeding it; a "
                 "plan with more devices, less memory_slack, a smaller dim or a larger memory limit per worker fits)")
 
-    def _wait(self, calls: list) -> list:
+    def _wait(self, calls: list[Any]) -> list[Any]:
         """The results of actor calls, in order; WorkerLost as soon as a device's worker is gone.
 
         A call to an actor whose worker died may never return, so no wait here is unbounded.
@@ -212,7 +216,7 @@ class Engine(Persistence):
         self._inflight = []
         return out
 
-    def _result(self, call):
+    def _result(self, call: Any) -> Any:
         while True:
             try:
                 return call.result(timeout=POLL_S)
@@ -225,7 +229,7 @@ class Engine(Persistence):
                 self.check_workers(grace_s=LOSS_GRACE_S)
                 raise
 
-    def _wait_futures(self, futures: list) -> None:
+    def _wait_futures(self, futures: list[Any]) -> None:
         while True:
             try:
                 wait(futures, timeout=POLL_S)
@@ -269,7 +273,8 @@ class Engine(Persistence):
         self.step_count += count
         return [list(per_step) for per_step in zip(*results, strict=True)]
 
-    def train_epoch(self, epoch: int, max_steps: int | None = None, on_step=None) -> EpochStats:
+    def train_epoch(self, epoch: int, max_steps: int | None = None,
+                    on_step: Callable[[int, int, float, int, float], None] | None = None) -> EpochStats:
         """Every step of `epoch` (at most `max_steps` and the config's steps_per_epoch): what they did.
 
         `on_step(done, steps, loss, examples, seconds)`, if given, hears after every step
@@ -313,6 +318,7 @@ class Engine(Persistence):
         parameters are kept in a checkpoint at `best` and restored at the end."""
         if self.train.validation and best is None:
             raise InputError("a validation split keeps its best epoch in a checkpoint; accepted: fit(best=PATH)")
+        keep = None if best is None else Path(best)
         result = TrainResult()
         parts: dict[str, float] = {}
         for epoch in range(start_epoch, self.train.epochs):
@@ -327,10 +333,10 @@ class Engine(Persistence):
             for k, v in e.parts.items():
                 parts[k] = parts.get(k, 0.0) + v
             result.steady += e.steady
-            if self.train.validation and self._validate(epoch + 1, result, best):
+            if keep is not None and self.train.validation and self._validate(epoch + 1, result, keep):
                 break
-        if result.best_epoch is not None and result.best_epoch != start_epoch + len(result.epoch_loss):
-            self.restore(best)
+        if keep is not None and result.best_epoch not in (None, start_epoch + len(result.epoch_loss)):
+            self.restore(keep)
         result.timings = {k: v / max(result.steps, 1) for k, v in parts.items()}
         return result
 
@@ -360,7 +366,7 @@ class Engine(Persistence):
         """Bytes per kind, [sender, receiver], summed over every shard since the start."""
         return functools.reduce(operator.add, self._all("traffic"))
 
-    def parameters(self) -> list[dict]:
+    def parameters(self) -> list[dict[str, Any]]:
         return self._all("parameters")
 
     def close(self) -> None:
@@ -379,7 +385,7 @@ class Engine(Persistence):
                 self.client.cancel(self._futures)
         self._futures = []
 
-    def _stop_and_wait(self, actors: list, inflight: list) -> None:
+    def _stop_and_wait(self, actors: list[Any], inflight: list[Any]) -> None:
         """Stop every device (a call that reaches one later ends before sending anything), then wait for
         the calls known to run and for each actor's thread to finish whatever was queued on it."""
         deadline = time.monotonic() + CLOSE_WAIT_S
@@ -388,7 +394,7 @@ class Engine(Persistence):
             self._until(deadline, inflight + self._each(actors, "settled"))
 
     @staticmethod
-    def _each(actors: list, method: str) -> list:
+    def _each(actors: list[Any], method: str) -> list[Any]:
         calls = []
         for a in actors:
             try:
@@ -398,7 +404,7 @@ class Engine(Persistence):
         return calls
 
     @staticmethod
-    def _until(deadline: float, calls: list) -> None:
+    def _until(deadline: float, calls: list[Any]) -> None:
         for call in calls:
             while time.monotonic() < deadline:
                 try:
@@ -412,5 +418,5 @@ class Engine(Persistence):
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from logging import Logger, LoggerAdapter
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 from distributed import Client
@@ -23,7 +24,7 @@ from shardflow.training.engine import Engine
 from shardflow.training.validation import SCORE_KEYS, best_epoch, score, validation_of
 from storage.checkpoint import complete_checkpoints, read_checkpoint, unreadable_checkpoints
 
-Log = Logger | LoggerAdapter
+Log = Logger | LoggerAdapter[Logger]
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Resumed:
 
     epochs_done: int
     checkpoint: str | None
-    skipped: tuple[dict, ...]
+    skipped: tuple[dict[str, Any], ...]
     bytes_per_step: float | None
 
 
@@ -44,9 +45,9 @@ class EpochDone:
 
     stats: EpochStats
     metrics: Metrics
-    validation: dict
+    validation: dict[str, float | None]
 
-    def figures(self, bytes_per_step: float) -> dict:
+    def figures(self, bytes_per_step: float) -> dict[str, Any]:
         """What its checkpoint keeps (storage.checkpoint.CheckpointManifest's figures), with the bytes per step
         measured so far."""
         return {"loss": self.stats.loss, **self.metrics.values(), **validation_of(self.validation),
@@ -61,7 +62,7 @@ class Kept:
 
     epochs: int
     best_epoch: int | None
-    validation: dict
+    validation: dict[str, float | None]
 
 
 @dataclass
@@ -171,7 +172,8 @@ def kept_note(version_dir: str | Path) -> str:
 def checkpoint_losses(version_dir: str | Path) -> dict[int, float]:
     """Each epoch's loss as its complete checkpoint recorded it (by epoch, from 1): what a resumed run did not
     train itself."""
-    return {epoch: read_checkpoint(path).figures["loss"] for epoch, path in complete_checkpoints(version_dir)}
+    losses = {epoch: read_checkpoint(path).figures["loss"] for epoch, path in complete_checkpoints(version_dir)}
+    return {epoch: loss for epoch, loss in losses.items() if loss is not None}
 
 
 def checkpoint_paths(version_dir: str | Path) -> list[str]:

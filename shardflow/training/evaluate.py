@@ -13,19 +13,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import zarr
 
 from shardflow.data.batches import TrainData, negative_seed
-from shardflow.data.clicks import ClickData, config_from_record, load_training_data
+from shardflow.data.clicks import config_from_record, load_training_data
 from shardflow.data.examples import EVAL_NEGATIVES
+from shardflow.data.workload import Workload
 from shardflow.errors import InputError
 from shardflow.model.metrics import Metrics
 from shardflow.model.ranking import FULL_RANKING, CatalogRanks, UsersToRank, rank_block, users_to_rank
 from shardflow.model.sequence import ModelConfig, user_state
+from shardflow.model.tensors import Tensors
 from storage.checkpoint import read_export, read_export_dense, verify_export
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 EVAL_CHUNK = 256  # examples scored at a time
 
@@ -33,7 +39,7 @@ EVAL_CHUNK = 256  # examples scored at a time
 SPLITS = ("test", "validation")  # what an evaluation scores
 
 
-def eval_targets(data: TrainData | ClickData, users: int | None, seed: int, split: str = "test") -> np.ndarray:
+def eval_targets(data: Workload, users: int | None, seed: int, split: str = "test") -> np.ndarray:
     """The held-out targets of `split` of a seeded sample of `users` users (all of them if None)."""
     targets = data.eval_targets if split == "test" else data.validation_targets
     if users is not None and users < targets.size:
@@ -42,7 +48,7 @@ def eval_targets(data: TrainData | ClickData, users: int | None, seed: int, spli
 
 
 def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | None, seed: int,
-                    eval_from: int = 0, full: str | None = "exclude-seen", client=None) -> Metrics:
+                    eval_from: int = 0, full: str | None = "exclude-seen", client: Client | None = None) -> Metrics:
     """The metrics of an exported model on the dataset's held-out examples (after verifying every chunk).
 
     With `eval_from`, only the held-out examples in segments eval_from.. (the newest parts).
@@ -54,7 +60,7 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
     """
     m = verify_export(model_dir)
     config = config_from_record(m.model)
-    data = load_training_data(dataset, config.features, (0, eval_from))
+    data: Workload = load_training_data(dataset, config.features, (0, eval_from))
     dense = {k: torch.from_numpy(v) for k, v in read_export_dense(model_dir, config.dense_shapes(), [])[0].items()}
     targets = eval_targets(data, users, seed)
     parts = []
@@ -68,17 +74,20 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
     metrics = sum(parts, data.scored()).metrics()
     if full is not None and full not in FULL_RANKING:
         raise InputError(f"full-catalog ranking {full!r}; accepted: {', '.join(FULL_RANKING)}")
-    if full in (None, "off") or not isinstance(config, ModelConfig):
+    if full in (None, "off") or not isinstance(config, ModelConfig) or not isinstance(data, TrainData):
         return metrics
     ranks = catalog_ranks(str(model_dir), data, config, dense, targets, full == "include-seen", client)
-    return replace(metrics, full_ranking=full, **ranks.metrics())
+    ranked = ranks.metrics()
+    return replace(metrics, full_ranking=full, full_hr_at_10=ranked["full_hr_at_10"],
+                   full_ndcg_at_10=ranked["full_ndcg_at_10"], full_hr_at_20=ranked["full_hr_at_20"],
+                   full_ndcg_at_20=ranked["full_ndcg_at_20"])
 
 
 RANK_BLOCK_ROWS = 2048  # catalog rows a task scores at a time (one read of the export, a slice of its chunk)
 
 
-def catalog_ranks(model_dir: str, data: TrainData, config: ModelConfig, dense: dict, targets: np.ndarray,
-                  include_seen: bool, client=None) -> CatalogRanks:
+def catalog_ranks(model_dir: str, data: TrainData, config: ModelConfig, dense: Tensors, targets: np.ndarray,
+                  include_seen: bool, client: Client | None = None) -> CatalogRanks:
     """The held-out items of `targets` ranked among every row of the export's item table, block by block (on
     `client`'s workers when given: each reads its own block, the users' states are sent once)."""
     ex = data.eval_examples(targets, config, 0, 0)
@@ -105,7 +114,7 @@ def catalog_ranks(model_dir: str, data: TrainData, config: ModelConfig, dense: d
     return sum(blocks, CatalogRanks(zeros, zeros, missed))
 
 
-def rank_export_block(model_dir: str, table: str, start: int, stop: int, config: ModelConfig, dense: dict,
+def rank_export_block(model_dir: str, table: str, start: int, stop: int, config: ModelConfig, dense: Tensors,
                       users: UsersToRank) -> CatalogRanks:
     """The counts of the catalog's items start .. stop - 1 of `table` (a Dask task): their rows read from the
     export, zeros for items added to the dataset since it was made (as the sampled protocol scores them)."""

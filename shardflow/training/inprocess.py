@@ -3,6 +3,9 @@ cluster (training.run.in_process)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from shardflow.training.device import Device, StepStats
 from shardflow.training.messages import Message, Round
 
 
@@ -13,14 +16,15 @@ class InProcess:
     shardflow.training.device.Device); their messages go straight from outbox to inbox.
     """
 
-    def __init__(self, devices: list) -> None:
+    def __init__(self, devices: list[Device]) -> None:
         self.devices = devices
 
-    def step(self, *start_args) -> list:
+    def step(self, *start_args: int) -> list[StepStats]:
         """One step on every device (`start_args` go to each device's `start`); each device's StepStats."""
         return self.run([start_args])[0]
 
-    def run(self, starts: list[tuple], early_at=lambda i: Round.GRADIENTS) -> list[list]:
+    def run(self, starts: list[tuple[int, ...]],
+            early_at: Callable[[int], Round | None] = lambda i: Round.GRADIENTS) -> list[list[StepStats]]:
         """Consecutive steps (`starts[i]` go to each device's `start` and `prepare`) as the engine runs
         them: once step i's rows are in, every device prepares step i+1 and sends its requests, and
         the homes answer them early just before the messages of round `early_at(i)` of step i are
@@ -29,7 +33,7 @@ class InProcess:
         stats = []
         try:
             for i, args in enumerate(starts):
-                outboxes, asked, at = [d.start(*args) for d in self.devices], None, early_at(i)
+                outboxes, asked, at = [d.start(*args) or {} for d in self.devices], None, early_at(i)
                 for round in self.devices[0].rounds:
                     if asked is not None and round is at:
                         self._answer_early(asked)

@@ -25,7 +25,7 @@ L2_GRID = (1e-3, 1e-4, 3e-5, 1e-5, 3e-6)  # choose_l2's choices
 
 @dataclass(frozen=True)
 class Logistic:
-    weights: dict  # table -> float64 tensor [rows]
+    weights: dict[str, torch.Tensor]  # table -> float64 tensor [rows]
     linear: torch.Tensor  # float64 [numeric columns]
     bias: torch.Tensor  # float64 [1]
 
@@ -62,7 +62,7 @@ def fit_logistic(data: ClickData, config: ClickConfig, l2: float = L2) -> Logist
     opt = torch.optim.LBFGS([*penalised, model.bias], max_iter=500, tolerance_grad=1e-7, tolerance_change=1e-9,
                             line_search_fn="strong_wolfe")
 
-    def closure():
+    def closure() -> torch.Tensor:
         opt.zero_grad()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(model.logits(train), y)
         loss = loss + 0.5 * l2 * sum((p * p).sum() for p in penalised)
@@ -81,9 +81,11 @@ def choose_l2(data: ClickData, config: ClickConfig, grid: tuple[float, ...] = L2
     for l2 in grid:
         fitted = fit_logistic(data, config, l2)
         loss = fitted.evaluate(data, data.validation_targets, config).logloss
-        if loss >= least:
+        if loss is None or loss >= least:
             break
         best, least = (l2, fitted), loss
+    if best is None:
+        raise ValueError(f"no L2 weight of {grid} fits with a finite validation log-loss")
     return best
 
 

@@ -92,6 +92,13 @@ class Block:
     values: np.ndarray | None = None  # [rows, dim] float32; None in a REQUEST
 
     @property
+    def rows(self) -> np.ndarray:
+        """The block's rows or gradients; a RuntimeError for a REQUEST's block, which carries none."""
+        if self.values is None:
+            raise RuntimeError(f"a {self.kind.value} block of {self.table} carries ids only")
+        return self.values
+
+    @property
     def nbytes(self) -> int:
         return self.ids.nbytes + (0 if self.values is None else self.values.nbytes)
 

@@ -7,16 +7,22 @@ leftover staging directory, never the store.
 
 `Persistence` is the part of shardflow.training.engine.Engine that does this; it uses
 the engine's actors (`actors`, `_wait`, `_all`), its configuration (`model`, `train`,
-`plan`, `topology`) and its step count.
+`plan`, `topology`, `optimizer`) and its counts, which `EngineParts` names.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Protocol
 
 from shardflow.data.clicks import config_record, exported_record, read_record, shape_differences, warm_start_record
 from shardflow.errors import InputError
-from shardflow.model.optim import row_state_shape
+from shardflow.model.dlrm import ClickConfig
+from shardflow.model.optim import OptimizerConfig, row_state_shape
+from shardflow.model.sequence import ModelConfig
+from shardflow.planner.sharding_plan import ShardingPlan
+from shardflow.planner.topology import Topology
+from shardflow.training.config import TrainConfig
 from storage.checkpoint import (
     EXPORT_CHUNK_ROWS,
     CheckpointManifest,
@@ -30,8 +36,26 @@ from storage.checkpoint import (
 from storage.staging import staged
 
 
+class EngineParts(Protocol):
+    """What Persistence's methods read and write of the engine they are part of."""
+
+    actors: list[Any]  # one DeviceActor handle per device
+    model: ModelConfig | ClickConfig
+    optimizer: OptimizerConfig
+    train: TrainConfig
+    plan: ShardingPlan
+    topology: Topology
+    step_count: int
+    downloads: int
+
+    def _all(self, method: str, *args: object) -> list[Any]: ...
+
+    def _wait(self, calls: list[Any]) -> list[Any]: ...
+
+
 class Persistence:
-    def checkpoint(self, path: str | Path, epochs_done: int, figures: dict | None = None) -> CheckpointManifest:
+    def checkpoint(self: EngineParts, path: str | Path, epochs_done: int,
+                   figures: dict[str, Any] | None = None) -> CheckpointManifest:
         """Every shard writes itself into a staging directory beside `path`; the manifest, with what the epoch
         measured (`figures`: CheckpointManifest's figure fields), is written last and the directory renamed to
         `path` (replacing a damaged checkpoint a resume skipped).
@@ -48,7 +72,7 @@ class Persistence:
             finish(stage, manifest)
             return manifest
 
-    def restore(self, path: str | Path) -> tuple[CheckpointManifest, bool]:
+    def restore(self: EngineParts, path: str | Path) -> tuple[CheckpointManifest, bool]:
         """Load every shard from the complete checkpoint at `path`; its manifest, and whether rows moved.
 
         A checkpoint written under this plan is read in place, shard by shard. One written
@@ -71,7 +95,7 @@ class Persistence:
         self.step_count = m.step
         return m, any(moved)
 
-    def warm_start(self, model: str | Path, manifest: ExportManifest) -> None:
+    def warm_start(self: EngineParts, model: str | Path, manifest: ExportManifest) -> None:
         """Start from an exported model (`manifest` is its verified manifest), placed onto this plan.
 
         Row r of a table takes the export's row r and its optimizer state where the export has
@@ -99,7 +123,7 @@ class Persistence:
                              "this dataset before an append")
         self._wait([a.warm_start(str(model), rows, manifest.dense_steps) for a in self.actors])
 
-    def export(self, out: str | Path, epochs: int | None = None, best_epoch: int | None = None,
+    def export(self: EngineParts, out: str | Path, epochs: int | None = None, best_epoch: int | None = None,
                strategy: str | None = None) -> ExportManifest:
         """The parameter download: every table in global id order, chunk by chunk in parallel, with the
         optimiser state a later model version starts from (the rows' optimizer's, the dense optimiser's).

@@ -54,47 +54,31 @@ one process (shardflow.training.inprocess), the Dask engine for a cluster.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 import torch
 
 from shardflow.planner.sharding_plan import GLOBAL, DevicePlan, replica_device
-from shardflow.planner.shardmap import ShardMap
-from shardflow.planner.topology import Topology
 from shardflow.training.messages import (
     NO_IDS,
     Block,
     Compute,
-    EndStep,
     Instruction,
     Kind,
     Message,
     PeerStopped,
     Round,
     Send,
-    Traffic,
     to_host,
 )
 from shardflow.training.relay import RelayRounds
-from shardflow.training.replicas import ReplicaSync
-from shardflow.training.steps import Phase, Requests, StepState, round_peers, step_rounds
+from shardflow.training.step_core import Handled
+from shardflow.training.steps import Phase, Requests, StepState
 
 
-def combine(contributions: list[tuple[int, np.ndarray, torch.Tensor]], dim: int, device: torch.device):
-    """Sum (sender, ids, grads) contributions per distinct id, in sender order; (ids, sums)."""
-    if not contributions:
-        return np.zeros(0, dtype=np.int64), torch.zeros((0, dim), dtype=torch.float32, device=device)
-    contributions = sorted(contributions, key=lambda c: c[0])  # stable: a sender's own order is kept
-    ids = np.concatenate([c[1] for c in contributions])
-    grads = torch.cat([c[2] for c in contributions])
-    distinct, where = np.unique(ids, return_inverse=True)
-    if distinct.size == ids.size and (ids[1:] > ids[:-1]).all():
-        return ids, grads
-    total = torch.zeros((distinct.size, dim), dtype=grads.dtype, device=device)
-    total.index_add_(0, torch.from_numpy(where).to(device), grads)
-    return distinct, total
-
-
-class StepProtocol(RelayRounds, ReplicaSync):
+class StepProtocol(RelayRounds):
     """One device's side of every step; see the module's description of the rounds.
 
     Events, in order, each answered by a list of instructions: `start` (Send the REQUESTs),
@@ -103,38 +87,6 @@ class StepProtocol(RelayRounds, ReplicaSync):
     answers (Send the GRADIENTS), or after the last round EndStep. One phase at a time
     (`phase`); a step's state (`state`) is made when it starts and dropped when it ends.
     """
-
-    def __init__(self, device: int, topology: Topology, tables: dict[str, DevicePlan], shard,
-                 maps: dict[str, ShardMap] | None = None, dedup: str = "device", early: bool = False) -> None:
-        self.device, self.topology, self.tables, self.shard = device, topology, tables, shard
-        self.maps = maps if maps is not None else {t: ShardMap(p, topology) for t, p in tables.items()}
-        self.node = int(topology.node_of_device[device])
-        self.peers = [d for d in range(topology.devices) if d != device]
-        start = int(topology.node_start[self.node])
-        self.node_peers = [d for d in range(start, start + int(topology.node_devices[self.node])) if d != device]
-        self.rounds = step_rounds(tables, topology, dedup)
-        self.relay = Round.RELAY_REQUEST in self.rounds
-        self.round_peers = round_peers(device, topology, self.rounds)
-        self.early = early and not self.relay and topology.devices > 1  # answers REQUESTs early (PREFETCH)
-        self.traffic = Traffic.zeros(topology.devices)
-        self._forget_early()
-        self._reset()
-
-    def _forget_early(self) -> None:
-        self._answered: dict[int, tuple[int, int]] = {}  # peer -> (step it asked for, this clock when answered)
-        self._early: dict[int, Message] = {}  # peer -> its PREFETCH answer to this device's next REQUEST
-
-    def _reset(self) -> None:
-        self.state: StepState | None = None
-
-    @property
-    def step(self) -> int | None:
-        """The step under way on this device (None between steps)."""
-        return None if self.state is None else self.state.step
-
-    @property
-    def phase(self) -> Phase:
-        return Phase.IDLE if self.state is None else self.state.phase
 
     # -- the events -----------------------------------------------------------------------
     def requests(self, step: int, fetch: dict[str, np.ndarray]) -> Requests:
@@ -183,8 +135,8 @@ class StepProtocol(RelayRounds, ReplicaSync):
     def receive(self, round: Round, inbox: list[Message]) -> list[Instruction]:
         """The round's message from every peer in; what to do, in order: the updates to apply, then the next
         round's messages to send, or the trainer's work after REPLY (Compute), or the step's end."""
-        if self.phase is not Phase.WAITING or round is not self.state.expect:
-            expect = self.state.expect if self.phase is Phase.WAITING else None
+        if self.phase is not Phase.WAITING or round is not self._now.expect:
+            expect = self._now.expect if self.phase is Phase.WAITING else None
             raise RuntimeError(f"device {self.device}: round {round.value} arrived, expected "
                                f"{expect.value if expect else 'no round'}")
         for m in inbox:
@@ -199,7 +151,7 @@ class StepProtocol(RelayRounds, ReplicaSync):
             if m.step != self.step or m.round is not round:
                 raise RuntimeError(f"device {self.device}: a message of step {m.step} round {m.round.value} in "
                                    f"step {self.step} round {round.value}")
-        handler = {
+        handlers: dict[Round, Callable[[list[Message]], Handled]] = {
             Round.REQUEST: self._on_relayed_requests if self.relay else self._on_requests,
             Round.RELAY_REQUEST: self._on_requests,
             Round.RELAY_REPLY: self._on_relay_replies,
@@ -210,22 +162,19 @@ class StepProtocol(RelayRounds, ReplicaSync):
             Round.TO_PRIMARY: self._on_to_primary,
             Round.TOTALS: self._on_totals,
             Round.FORWARD: self._on_forward,
-        }[round]
-        self._todo: list[Instruction] = []  # the updates and the step's end, as the handler finds them
-        then = handler(inbox)
+        }
+        self._todo = []
+        then = handlers[round](inbox)
         todo, self._todo = self._todo, []
-        if isinstance(then, dict):
-            todo.append(Send(then))
-        elif then is not None:
-            todo.append(then)
+        todo.append(Send(then) if isinstance(then, dict) else then)
         return todo
 
-    def gradients(self, rows: dict[str, torch.Tensor], dense: dict[str, torch.Tensor] | None) -> list[Instruction]:
+    def gradients(self, rows: dict[str, torch.Tensor], dense: dict[str, torch.Tensor]) -> list[Instruction]:
         """The trainer's gradients of the rows it was given (same order) and of the dense parameters."""
         if self.phase is not Phase.COMPUTING:
             raise RuntimeError(f"device {self.device}: gradients outside step {self.step}'s compute")
         out = self._outbox(Round.GRADIENTS)
-        for table, (ids, owner) in self.state.fetch.items():
+        for table, (ids, owner) in self._now.fetch.items():
             g = rows[table]
             mine = np.flatnonzero(owner == self.device)
             if mine.size:
@@ -235,14 +184,13 @@ class StepProtocol(RelayRounds, ReplicaSync):
                 values = to_host(g[torch.from_numpy(sel).to(g.device)])
                 out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[sel], values))
         for table, plan in self.tables.items():  # own partial sums of global rows, to the node's leader
-            ids, total = self._take(table, lambda ids, plan=plan: (plan.tier_of(ids) == GLOBAL)
-                                    & (self._holder(plan, ids, self.node) != self.device))
+            ids, total = self._take(table, partial(self._global_led_elsewhere, plan))
             self._blocks(out, table, Kind.SYNC, ids, total, self._holder(plan, ids, self.node))
         if self.device == 0:
-            self.state.dense.append((0, dense))
+            self._now.dense.append((0, dense))
         else:
             out[0].dense = {k: to_host(v) for k, v in dense.items()}
-        self.state.phase = Phase.WAITING
+        self._now.phase = Phase.WAITING
         return [Send(self._sent(Round.GRADIENTS, out))]
 
     # -- the rounds -----------------------------------------------------------------------
@@ -252,16 +200,17 @@ class StepProtocol(RelayRounds, ReplicaSync):
         out = self._outbox(reply)
         for m in inbox:
             answered = self._answered.pop(m.sender, None)
-            out[m.sender].patch = patch = answered is not None and answered[0] == self.step
+            since = answered[1] if answered is not None and answered[0] == self.step else None  # the early answer
+            out[m.sender].patch = since is not None
             for b in m.blocks:
-                if not patch:
+                if since is None:
                     out[m.sender].blocks.append(self._rows(b))
                     continue
-                at, rows = self.shard.changed_since(b.table, b.ids, answered[1])  # since the early answer
+                at, rows = self.shard.changed_since(b.table, b.ids, since)
                 if at.size:
                     out[m.sender].blocks.append(Block(Kind.PATCH, b.table, at, to_host(rows)))
             if self.device == 0 and not self.relay:
-                out[m.sender].dense = {k: to_host(v) for k, v in self.shard.dense.items()}
+                out[m.sender].dense = {k: to_host(v) for k, v in self._dense().items()}
         return self._sent(reply, out)
 
     def _rows(self, request: Block) -> Block:
@@ -281,7 +230,7 @@ class StepProtocol(RelayRounds, ReplicaSync):
                                        f"of step {self.step}")
                 early[m.sender] = {b.table: b for b in answer.blocks}
         rows = {}
-        for table, (ids, owner) in self.state.fetch.items():
+        for table, (ids, owner) in self._now.fetch.items():
             r = torch.empty((ids.size, self.shard.dim), dtype=torch.float32, device=self.shard.device)
             mine = np.flatnonzero(owner == self.device)
             r[torch.from_numpy(mine).to(r.device)] = self._read(table, ids[mine])
@@ -296,31 +245,27 @@ class StepProtocol(RelayRounds, ReplicaSync):
                     r[torch.from_numpy(at[patch.ids]).to(r.device)] = torch.from_numpy(patch.values).to(r.device)
             rows[table] = r
         if self.device == 0:
-            dense = self.shard.dense
+            dense = self._dense()
         else:
-            sent = next(m for m in inbox if m.sender == 0).dense
+            sent = next(m for m in inbox if m.sender == 0).dense or {}
             dense = {k: torch.from_numpy(v).to(self.shard.device) for k, v in sent.items()}
-        self.state.expect, self.state.phase = Round.GRADIENTS, Phase.COMPUTING
+        self._now.expect, self._now.phase = Round.GRADIENTS, Phase.COMPUTING
         return Compute(rows, dense)
 
-    def _on_gradients(self, inbox: list[Message]):
+    def _on_gradients(self, inbox: list[Message]) -> Handled:
         self._accept(inbox)
         if self.relay:  # the node's gradients of relayed rows, summed here, go to their homes
             out = self._outbox(Round.RELAY_GRADIENTS)
             for table, plan in self.tables.items():
-                ids, total = self._take(table, lambda ids, table=table: self._is_relayed(table, ids))
+                ids, total = self._take(table, partial(self._is_relayed, table))
                 self._blocks(out, table, Kind.LOOKUP, ids, total, plan.home_of(ids).astype(np.int64))
-            self.state.relayed = {}
+            self._now.relayed = {}
             return self._sent(Round.RELAY_GRADIENTS, out)
         return self._after_gradients()
 
-    def _finish(self) -> None:
-        left = {t: len(p) for t, p in self.state.pending.items() if p}
-        if left or self.state.dense:
-            raise RuntimeError(f"device {self.device}: step {self.step} ends with unapplied gradients {left}")
-        end = EndStep(self.step)
-        self._reset()
-        return end
+    def _global_led_elsewhere(self, plan: DevicePlan, ids: np.ndarray) -> np.ndarray:
+        """Which of `ids` are global rows whose node copy another device of this node holds (its leader)."""
+        return (plan.tier_of(ids) == GLOBAL) & (self._holder(plan, ids, self.node) != self.device)
 
     def abort(self) -> None:
         """Forget the step under way (a peer failed) and every early answer; applied parameters are untouched."""
@@ -335,74 +280,3 @@ class StepProtocol(RelayRounds, ReplicaSync):
         if waiting is None or step is None:
             return None
         return {p: Message(waiting, step, self.device, error=str(error)) for p in self.peers}
-
-    @property
-    def expecting(self) -> Round | None:
-        """The round whose messages this device waits for (None between steps)."""
-        return None if self.state is None else self.state.expect
-
-    # -- helpers ---------------------------------------------------------------------------
-    def _outbox(self, round: Round) -> dict[int, Message]:
-        return {p: Message(round, self.step, self.device) for p in self.peers}
-
-    def _linked(self, round: Round, out: dict[int, Message]) -> dict[int, Message]:
-        """The outbox's messages to the peers `round` links this device with; a message with something for any
-        other peer is a RuntimeError (round_peers would not have it waited for)."""
-        linked = self.round_peers[round]
-        for peer, m in out.items():
-            if peer not in linked and (m.blocks or m.dense is not None):
-                raise RuntimeError(f"device {self.device}: round {round.value} has a message for device {peer}, "
-                                   f"which the round does not link it with ({list(linked)})")
-        return {peer: out[peer] for peer in linked}
-
-    def _sent(self, round: Round, out: dict[int, Message]) -> dict[int, Message]:
-        """Count the outbox's bytes; its round is the one to receive next, the one after it the next to send."""
-        out = self._linked(round, out)
-        for peer, m in out.items():
-            m.count(self.traffic, peer)
-        i = self.rounds.index(round)
-        self.state.expect, self.state.sending = round, self.rounds[i + 1] if i + 1 < len(self.rounds) else None
-        return out
-
-    def _accept(self, inbox: list[Message]) -> None:
-        for m in inbox:
-            for b in m.blocks:
-                self.state.pending[b.table].append((m.sender, b.ids, torch.from_numpy(b.values).to(self.shard.device)))
-            if m.dense is not None:
-                grads = {k: torch.from_numpy(v).to(self.shard.device) for k, v in m.dense.items()}
-                self.state.dense.append((m.sender, grads))
-
-    def _keep_own(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> None:
-        self.state.pending[table].append((self.device, ids, grads))
-
-    def _take(self, table: str, select) -> tuple[np.ndarray, torch.Tensor]:
-        """Remove the pending contributions for ids where `select(ids)`; (distinct ids, sums in sender order)."""
-        kept, taken = [], []
-        for sender, ids, grads in self.state.pending[table]:
-            mask = select(ids)
-            if mask.all():
-                taken.append((sender, ids, grads))
-                continue
-            if not mask.any():  # kept whole, not copied
-                kept.append((sender, ids, grads))
-                continue
-            taken.append((sender, ids[mask], grads[torch.from_numpy(np.flatnonzero(mask)).to(grads.device)]))
-            kept.append((sender, ids[~mask], grads[torch.from_numpy(np.flatnonzero(~mask)).to(grads.device)]))
-        self.state.pending[table] = kept
-        return self._combine(taken)
-
-    def _combine(self, contributions: list[tuple[int, np.ndarray, torch.Tensor]]) -> tuple[np.ndarray, torch.Tensor]:
-        return combine(contributions, self.shard.dim, self.shard.device)
-
-    def _blocks(self, out: dict[int, Message], table: str, kind: Kind, ids: np.ndarray, values,
-                dest: np.ndarray) -> None:
-        """One block per destination device for the ids `dest` names."""
-        if not ids.size:
-            return
-        host = values if isinstance(values, np.ndarray) else to_host(values)
-        for peer in np.unique(dest).tolist():
-            sel = np.flatnonzero(dest == peer)
-            out[peer].blocks.append(Block(kind, table, ids[sel], host[sel]))
-
-    def _holder(self, plan: DevicePlan, ids: np.ndarray, node: int) -> np.ndarray:
-        return replica_device(plan.home_of(ids).astype(np.int64), self.topology, node)

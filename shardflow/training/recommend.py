@@ -11,24 +11,31 @@ Parquet file into the staging directory. Only file names, row counts and digests
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from logging import Logger, LoggerAdapter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import zarr
 
-from shardflow.data.batches import TrainData
+from shardflow.data.batches import Lookups, TrainData
 from shardflow.data.clicks import config_from_record
 from shardflow.errors import InputError
+from shardflow.model.dlrm import ClickConfig
 from shardflow.model.sequence import ModelConfig, user_state
 from shardflow.model.sizes import MAX_TOP_K
+from shardflow.model.tensors import Tensors
 from shardflow.model.topk import TopK, top_block
 from storage import recommendations, versions
 from storage.checkpoint import read_export, read_export_dense, read_export_manifest, verify_export
 from storage.lock import writer_lock
 from storage.staging import staged
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 USERS_FROM = ("window", "all")  # whose lists a night writes (config nightly.recommend_users)
 USERS_PER_PART = 4096  # users one task scores and one Parquet file holds
@@ -41,7 +48,7 @@ def check_request(k: int, users_from: str) -> None:
         raise InputError(f"users {users_from!r}; accepted: {', '.join(USERS_FROM)}")
 
 
-def why_no_lists(config) -> str | None:
+def why_no_lists(config: ModelConfig | ClickConfig) -> str | None:
     """Why a model writes no lists (a click log's, or one with event features), or None."""
     if not isinstance(config, ModelConfig):
         return "a click-log model (a click log's rows are labelled events, not items to rank for a user)"
@@ -52,15 +59,15 @@ def why_no_lists(config) -> str | None:
 
 
 def recommend_export(model_dir: str | Path, dataset: str | Path, out: str | Path, *, k: int, first_part: int = 0,
-                     users_from: str = "window", version: int | None = None, client=None,
-                     overwrite: bool = False) -> dict:
+                     users_from: str = "window", version: int | None = None, client: Client | None = None,
+                     overwrite: bool = False) -> dict[str, Any]:
     """Write the top-`k` lists of the users seen in parts `first_part`.. (`users_from` "window") or of every user
     ("all") from the model exported at `model_dir` into a recommendations store at `out`; its manifest."""
     check_request(k, users_from)
     m = verify_export(model_dir)
     config = config_from_record(m.model)
     why = why_no_lists(config)
-    if why is not None:
+    if why is not None or not isinstance(config, ModelConfig):
         raise InputError(f"{model_dir}: {why}; accepted: a sequence model without event features")
     data = TrainData.load(str(dataset), ())
     ds = data.dataset
@@ -71,9 +78,10 @@ def recommend_export(model_dir: str | Path, dataset: str | Path, out: str | Path
     raw_items = np.empty(data.rows[data.item], dtype=values.astype(str).dtype)
     raw_items[rows] = values.astype(str)
     dense = {k_: torch.from_numpy(v) for k_, v in read_export_dense(model_dir, config.dense_shapes(), [])[0].items()}
-    record = {"version": version, "model": str(Path(model_dir).resolve()), "dataset": str(Path(dataset).resolve()),
-              "k": k, "users_from": users_from, "first_part": first_part, "users": int(last.size),
-              "items": int(data.rows[data.item]), "seen": "excluded"}
+    record: dict[str, Any] = {
+        "version": version, "model": str(Path(model_dir).resolve()), "dataset": str(Path(dataset).resolve()),
+        "k": k, "users_from": users_from, "first_part": first_part, "users": int(last.size),
+        "items": int(data.rows[data.item]), "seen": "excluded"}
     with writer_lock(out), staged(Path(out), overwrite=overwrite) as stage:
         args = (str(model_dir), data.item, config, dense, raw_items, k, str(stage))
         blocks = [slice(s, s + USERS_PER_PART) for s in range(0, last.size, USERS_PER_PART)]
@@ -88,7 +96,7 @@ def recommend_export(model_dir: str | Path, dataset: str | Path, out: str | Path
 
 
 def lists_of_night(run: str | Path, number: int, dataset: str | Path, *, k: int, first_part: int, users_from: str,
-                   client, log: Logger | LoggerAdapter) -> Path | None:
+                   client: Client | None, log: Logger | LoggerAdapter[Logger]) -> Path | None:
     """After the gate: the top-`k` lists of the users seen in version `number`'s training window (parts
     `first_part`..; or every user) from the current model, into that version's recommendations store; its
     path, or None where none are written (k 0, no current version, a click log, a model with event features:
@@ -108,7 +116,8 @@ def lists_of_night(run: str | Path, number: int, dataset: str | Path, *, k: int,
     return out
 
 
-def _on_cluster(client, args: tuple, parts) -> list[dict]:
+def _on_cluster(client: Client, args: tuple[str, str, ModelConfig, Tensors, np.ndarray, int, str],
+                parts: Iterable[tuple[Any, ...]]) -> list[dict[str, Any]]:
     """recommend_part of every block on the cluster's workers, at most two blocks per worker in flight: a block's
     inputs are made while the workers rank the ones before, and 10^6 users' inputs are never held at once."""
     from distributed import as_completed
@@ -118,7 +127,7 @@ def _on_cluster(client, args: tuple, parts) -> list[dict]:
     window = 2 * max(1, len(client.scheduler_info().get("workers", {})))
     running, written = as_completed(), []
 
-    def submit(part) -> None:
+    def submit(part: tuple[Any, ...]) -> None:
         running.add(client.submit(recommend_part, model_dir, table, *shared, k, stage, *part, pure=False))
 
     for part in parts:
@@ -129,7 +138,7 @@ def _on_cluster(client, args: tuple, parts) -> list[dict]:
     return written
 
 
-def _block_inputs(data: TrainData, config: ModelConfig, last: np.ndarray) -> tuple:
+def _block_inputs(data: TrainData, config: ModelConfig, last: np.ndarray) -> tuple[Lookups, np.ndarray, np.ndarray]:
     """(the rows the users' histories read and where, each history ending with its user's last event; the items
     each user had, as flat ids and offsets)."""
     ex = data.examples(last, config, 0, negatives=0)
@@ -138,9 +147,9 @@ def _block_inputs(data: TrainData, config: ModelConfig, last: np.ndarray) -> tup
     return data.lookups(after, config, "device"), seen, offsets
 
 
-def recommend_part(model_dir: str, table: str, config: ModelConfig, dense: dict, raw_items: np.ndarray, k: int,
-                   stage: str, index: int, raw_users: np.ndarray, need, seen: np.ndarray,
-                   offsets: np.ndarray) -> dict:
+def recommend_part(model_dir: str, table: str, config: ModelConfig, dense: Tensors, raw_items: np.ndarray, k: int,
+                   stage: str, index: int, raw_users: np.ndarray, need: Lookups, seen: np.ndarray,
+                   offsets: np.ndarray) -> dict[str, Any]:
     """One block of users' lists, written as part `index` of the store staged at `stage` (a Dask task)."""
     rows = {t: torch.from_numpy(read_export(model_dir, "tables", t, ids, zeros_past_end=True))
             for t, ids in need.fetch.items()}

@@ -12,20 +12,21 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shardflow.data.batches import TrainData, negative_seed
-from shardflow.data.clicks import ClickData
+from shardflow.data.batches import negative_seed
 from shardflow.data.examples import EVAL_NEGATIVES
+from shardflow.data.workload import Workload
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.metrics import Metrics
 from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_state_shape, row_update
 from shardflow.model.sequence import ModelConfig, forward_backward, init_rows
+from shardflow.model.tensors import Tensors
 from shardflow.training.validation import best_epoch, score, stop_now, validation_values
 
 
 class ReferenceTrainer:
     def __init__(
         self,
-        data: TrainData | ClickData,
+        data: Workload,
         config: ModelConfig | ClickConfig,
         optimizer: OptimizerConfig,
         batch_size: int,
@@ -72,7 +73,8 @@ class ReferenceTrainer:
     def fit(self, epochs: int, patience: int) -> dict[int, float]:
         """Train up to `epochs` epochs, scoring the validation split after each; stop `patience` epochs after
         the best (shardflow.training.validation) and keep its parameters. Returns every epoch's score."""
-        scores, kept = {}, None
+        scores: dict[int, float] = {}
+        kept = self._copy()  # the parameters as they start, replaced by each best epoch's
         for epoch in range(1, epochs + 1):
             self.train_epoch(epoch - 1)
             scores[epoch] = score(validation_values(self.evaluate(self.data.validation_targets)))
@@ -85,11 +87,11 @@ class ReferenceTrainer:
                 now[k].copy_(v)
         return scores
 
-    def _parameters(self) -> tuple[dict, dict, dict]:
+    def _parameters(self) -> tuple[Tensors, Tensors, Tensors]:
         """The rows, their optimizer state and the dense weights (not the dense optimiser's state)."""
         return self.tables, self.row_state, self.dense_tensors
 
-    def _copy(self) -> tuple[dict, ...]:
+    def _copy(self) -> tuple[Tensors, ...]:
         return tuple({k: v.clone() for k, v in d.items()} for d in self._parameters())
 
     @property

@@ -12,6 +12,7 @@ shard's ids, 8 bytes a row, are read whole to find them).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,7 @@ def rehome(shard: ParameterShard, path: str | Path, digests: dict[str, str], sha
                                  "checkpoints carried them); accepted: a resume on the devices it was written on")
             root = path / "shards" / str(k) / table
             local = np.flatnonzero(missing)
-            hit, source = positions(zarr.open_array(str(root / "ids"), mode="r")[...], wanted[local])
+            hit, source = positions(np.asarray(zarr.open_array(str(root / "ids"), mode="r")[...]), wanted[local])
             _move(shard, table, root, local[hit], source)
             missing[local[hit]] = False
         if missing.any():
@@ -86,7 +87,8 @@ def _move(shard: ParameterShard, table: str, root: Path, local: np.ndarray, sour
 
 
 def _dense(shard: ParameterShard, root: Path, dense_steps: int) -> None:
-    def read(group: str, names) -> dict[str, np.ndarray]:
-        return {k: zarr.open_array(str(root / group / k), mode="r")[...] for k in names}
+    def read(group: str, names: Iterable[str]) -> dict[str, np.ndarray]:
+        return {k: np.asarray(zarr.open_array(str(root / group / k), mode="r")[...]) for k in names}
 
-    shard.load_dense(read("dense", shard.dense), read("dense_opt", shard.dense_optimizer.state), dense_steps, str(root))
+    dense, state = read("dense", shard.dense or {}), read("dense_opt", shard.dense_optimizer.state)
+    shard.load_dense(dense, state, dense_steps, str(root))

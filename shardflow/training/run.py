@@ -15,6 +15,7 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from distributed import Client
 
@@ -61,7 +62,7 @@ def prepare(
     mlp: tuple[int, ...] = ModelConfig.mlp,
     bottom: tuple[int, ...] = ClickConfig.bottom,
     optimizer: OptimizerConfig | None = None,
-    encoder: dict | None = None,
+    encoder: dict[str, Any] | None = None,
     estimate: bool = False,
     server_memory_bytes: int | None = None,
 ) -> TrainingJob:
@@ -120,7 +121,7 @@ class JobShape:
     batch_size: int
     row_optimizer: str
     patience: int | None
-    model: dict  # the model's record (shardflow.data.clicks.config_record)
+    model: dict[str, Any]  # the model's record (shardflow.data.clicks.config_record)
 
 
 @dataclass(frozen=True)
@@ -162,10 +163,10 @@ class JobResult:
     progress: Progress
     per_step: StepFigures
     metrics: Metrics
-    validation: dict
-    epoch_validation: tuple[dict, ...]
+    validation: dict[str, float | None]
+    epoch_validation: tuple[dict[str, float | None], ...]
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         """The flat JSON `shardflow train --json` prints."""
         p, j = self.progress, self.job
         return {
@@ -197,7 +198,7 @@ def train_from_stores(
     mlp: tuple[int, ...] = ModelConfig.mlp,
     bottom: tuple[int, ...] = ClickConfig.bottom,
     optimizer: OptimizerConfig | None = None,
-    encoder: dict | None = None,
+    encoder: dict[str, Any] | None = None,
     estimate: bool = False,
     server_memory_bytes: int | None = None,
 ) -> JobResult:
@@ -222,6 +223,6 @@ def train_from_stores(
         per_step=StepFigures(traffic.modeled_bytes / steps, job.predicted_bytes_per_step,
                           {k: v / steps for k, v in traffic.sums().items() if k != "eval"}, dict(result.timings)),
         metrics=metrics,
-        validation=validation_of(result.validation.get(result.best_epoch, {})),
+        validation=validation_of(result.validation.get(result.best_epoch or 0, {})),
         epoch_validation=tuple(result.validation[e] for e in sorted(result.validation)),
     )

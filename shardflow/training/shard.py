@@ -9,7 +9,7 @@ them into local rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -31,6 +31,8 @@ class RowLayout:
     table: str
     stored: np.ndarray | None = None
     modulus: int | None = None
+    _order: np.ndarray | None = field(init=False, repr=False, compare=False)  # stored ids' ascending order
+    _sorted: np.ndarray = field(init=False, repr=False, compare=False)  # the stored ids, ascending
 
     def __post_init__(self) -> None:
         if (self.stored is None) == (self.modulus is None):
@@ -43,12 +45,18 @@ class RowLayout:
 
     @property
     def rows(self) -> int:
-        return int(self.stored.size if self.stored is not None else self.modulus)
+        return int(self.stored.size) if self.stored is not None else self._modulus
 
     @property
     def init_ids(self) -> np.ndarray:
         """The ids whose initial values the local rows take."""
-        return self.stored if self.stored is not None else np.arange(self.modulus, dtype=np.int64)
+        return self.stored if self.stored is not None else np.arange(self._modulus, dtype=np.int64)
+
+    @property
+    def _modulus(self) -> int:
+        if self.modulus is None:
+            raise ValueError(f"table '{self.table}': a RowLayout of stored ids has no modulus")
+        return self.modulus
 
     def local(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
@@ -81,10 +89,17 @@ class ParameterShard:
                       for t, lay in layouts.items()}
         self.version = {t: np.zeros(lay.rows, dtype=np.int64) for t, lay in layouts.items()}
         self.clock = 0  # steps whose updates this shard has applied
-        self.dense = None
+        self.dense: dict[str, torch.Tensor] | None = None  # device 0's dense parameters
         if holds_dense:
             self.dense = {k: torch.from_numpy(v).to(torch_device) for k, v in config.init_dense().items()}
             self.dense_optimizer = DenseOptimizer(optimizer, self.dense)
+
+    @property
+    def dense_layers(self) -> dict[str, torch.Tensor]:
+        """The dense parameters; a RuntimeError on a shard that holds none (all but device 0's)."""
+        if self.dense is None:
+            raise RuntimeError(f"shard {self.index}: holds no dense parameters (device 0's shard does)")
+        return self.dense
 
     def check_clock(self, step: int) -> None:
         if step != self.clock:
@@ -126,10 +141,10 @@ class ParameterShard:
     def load_dense(self, dense: dict[str, np.ndarray], state: dict[str, np.ndarray], steps: int, where: str) -> None:
         """Take saved dense layers and their optimiser's state after `steps` steps; a layer of another shape (read
         from `where`) is refused before any is taken."""
-        for k, p in self.dense.items():
+        for k, p in self.dense_layers.items():
             if dense[k].shape != tuple(p.shape):
                 raise InputError(f"{where}/dense/{k}: shape {dense[k].shape}; accepted: {tuple(p.shape)}")
-        for k, p in self.dense.items():
+        for k, p in self.dense_layers.items():
             p.copy_(torch.from_numpy(dense[k]))
         self.dense_optimizer.load({k: torch.from_numpy(v) for k, v in state.items()}, steps)
 

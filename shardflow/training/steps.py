@@ -17,6 +17,8 @@ from shardflow.planner.sharding_plan import GLOBAL, NODE, DevicePlan, replica_de
 from shardflow.planner.topology import Topology
 from shardflow.training.messages import Message, Round
 
+Contribution = tuple[int, np.ndarray, torch.Tensor]  # (sender, ids, gradients)
+
 
 class Phase(enum.Enum):
     """Where one device is in the step protocol."""
@@ -32,12 +34,12 @@ class StepState:
 
     step: int
     fetch: dict[str, tuple[np.ndarray, np.ndarray]]  # table -> (ids the trainer reads, the device it reads each from)
-    pending: dict[str, list]  # table -> [(sender, ids, grads)] not yet summed
+    pending: dict[str, list[Contribution]]  # table -> [(sender, ids, grads)] not yet summed
     phase: Phase = Phase.WAITING
     expect: Round | None = None  # the round whose messages come next
     sending: Round | None = None  # the round this device sends next (its peers wait for it)
-    dense: list[tuple[int, dict]] = field(default_factory=list)  # (sender, dense gradients), device 0
-    asked: list = field(default_factory=list)  # scope node: the REQUEST messages answered after the relay
+    dense: list[tuple[int, dict[str, torch.Tensor]]] = field(default_factory=list)  # device 0: (sender, gradients)
+    asked: list[Message] = field(default_factory=list)  # scope node: the REQUEST messages answered after the relay
     relayed: dict[str, tuple[np.ndarray, torch.Tensor]] = field(default_factory=dict)  # table -> (ids, rows) relayed
     relay_asked: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)  # table -> {home: ids asked of it}
     partials: dict[str, tuple[np.ndarray, torch.Tensor]] = field(default_factory=dict)  # table -> this node's sums

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from shardflow.errors import TrainingError, WorkerLost
 from shardflow.training.messages import Message, Round
@@ -31,14 +33,14 @@ CLOSE_WAIT_S = 10.0  # how long closing waits for the devices' running calls to 
 PEER_TIMEOUT_S = 300.0
 
 
-def probe(peer) -> None:
+def probe(peer: Any) -> None:
     try:
         _ = peer.alive  # an attribute read is a round trip to the actor
     except Exception as e:  # KeyError (actor released), OSError (worker gone), RuntimeError (lost)
         raise WorkerLost(f"a peer device is gone ({type(e).__name__}: {e})") from None
 
 
-def answer(call, peer):
+def answer(call: Any, peer: Any) -> Any:
     """The result of `call` to the actor `peer`; WorkerLost once the peer is gone or silent too long."""
     deadline = time.monotonic() + PEER_TIMEOUT_S
     while True:
@@ -89,8 +91,9 @@ class Mailbox:
             self._box = {k: v for k, v in self._box.items() if k[0] >= tag}
             self._answered = {k for k in self._answered if k[0] >= tag}
 
-    def wait(self, tag: int, step: int, round: Round, peers: dict[int, object], early=None,
-             idle=None) -> list[Message]:
+    def wait(self, tag: int, step: int, round: Round, peers: dict[int, Any],
+             early: Callable[[list[Message]], object] | None = None,
+             idle: Callable[[], bool] | None = None) -> list[Message]:
         """The round's message of `step` from every one of `peers` ({device: actor}), in device order.
 
         The only place a device waits for others: every PROBE_S it checks that each peer it
@@ -111,7 +114,7 @@ class Mailbox:
                     return sorted(got, key=lambda m: m.sender)
                 asked = [m for m in self._box.get((tag, step + 1, Round.REQUEST), [])
                          if (tag, step + 1, m.sender) not in self._answered] if early is not None else []
-                if asked:
+                if asked and early is not None:
                     self._answered.update((tag, step + 1, m.sender) for m in asked)
                     self._unlocked(early, asked)
                     continue
@@ -125,7 +128,7 @@ class Mailbox:
                         raise WorkerLost(f"no {round.value} message from devices {sorted(missing)} in "
                                          f"{PEER_TIMEOUT_S:.0f} s")
 
-    def _unlocked(self, work, *args):
+    def _unlocked(self, work: Callable[..., Any], *args: Any) -> Any:
         """work(*args) with the mailbox open to deliveries meanwhile (it reads rows, or asks a peer); its result."""
         self._ready.release()
         try:

@@ -14,23 +14,24 @@ PREFIX = "val_"  # a validation metric's key: val_auc, val_hr_at_10, val_ndcg_at
 SCORE_KEYS = ("val_ndcg_at_10", "val_auc")  # the first a workload has is its score
 
 
+Values = dict[str, float | None]  # metric key -> its value, None where it was not measured
 VALIDATION_KEYS = tuple(PREFIX + k for k in METRICS)
 
 
-def validation_values(metrics: Metrics) -> dict:
+def validation_values(metrics: Metrics) -> Values:
     """The validation metrics under their val_ keys, every key of METRICS present (None where none)."""
     return metrics.values(PREFIX)
 
 
-def validation_of(values: dict) -> dict:
+def validation_of(values: Values) -> Values:
     """The val_ metrics a summary, checkpoint manifest or epoch's stats holds, every key present."""
     return {k: values.get(k) for k in VALIDATION_KEYS}
 
 
-def score(values: dict) -> float:
+def score(values: Values) -> float:
     """The number epochs are chosen on, higher better: NDCG@10 for sequences (as the SASRec paper chooses
     its epoch), AUC for click logs."""
-    return next(values[k] for k in SCORE_KEYS if values.get(k) is not None)
+    return next(v for v in (values.get(k) for k in SCORE_KEYS) if v is not None)
 
 
 def best_epoch(scores: dict[int, float]) -> int | None:
@@ -40,12 +41,14 @@ def best_epoch(scores: dict[int, float]) -> int | None:
     return max(sorted(scores), key=lambda e: (scores[e], -e))
 
 
-def stop_now(scores: dict[int, float], patience: int, min_epochs: int | None = None) -> bool:
+def stop_now(scores: dict[int, float], patience: int | None, min_epochs: int | None = None) -> bool:
     """Whether `patience` epochs have passed since the best one without a better score, once at least
     `min_epochs` are scored (a warm-up in which no better score is expected: Keras' `start_from_epoch`).
-    The best epoch is chosen among all of them, the warm-up's included."""
+    The best epoch is chosen among all of them, the warm-up's included. Never without a patience."""
     best = best_epoch(scores)
-    return best is not None and max(scores) >= (min_epochs or 0) and max(scores) - best >= patience
+    if patience is None or best is None:
+        return False
+    return max(scores) >= (min_epochs or 0) and max(scores) - best >= patience
 
 
 def check_min_epochs(min_epochs: int | None, patience: int | None, epochs: int) -> None:

@@ -15,8 +15,9 @@ from shardflow.planner.strategies import STRATEGIES
 from shardflow.planner.topology import Node, Topology
 from shardflow.training.inprocess import InProcess
 from shardflow.training.messages import Apply, ApplyDense, Compute, PeerStopped, Round, Send
-from shardflow.training.protocol import Phase, StepProtocol, step_rounds
+from shardflow.training.protocol import StepProtocol
 from shardflow.training.reference import ReferenceTrainer
+from shardflow.training.steps import Phase, step_rounds
 from support import (
     ADAM,
     ATTENTION,
