@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from shardflow.errors import InputError
 
@@ -30,6 +30,14 @@ def parse_record(cls: type[T], values: object, where: str) -> T:
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise InputError(f"{where}: {f.name} = missing; accepted: {_accepted(hints[f.name])}")
     return cls(**given)
+
+
+def record_of(value: object) -> dict[str, Any]:
+    """A dataclass's fields as JSON holds them (plain); a TypeError for anything else."""
+    out = plain(value)
+    if not isinstance(out, dict):
+        raise TypeError(f"a {type(value).__name__} has no record: not a dataclass")
+    return out
 
 
 def plain(value: object) -> object:

@@ -22,6 +22,7 @@ global batch, and so the model trained, does not depend on the split.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -57,16 +58,28 @@ class EpochOrder:
     targets permuted together. Subclasses say which targets a block holds (block_targets)."""
 
     dataset: Dataset
-    columns: tuple[str, ...]  # the columns of the store a trainer reads its examples from
     blocks: int
     block_events: int
     events: int
     targets_per_block: np.ndarray
     targets: int
     parts: int = 1  # a block is read in this many parts (read_in_parts): one per trainer, 1 elsewhere
-    _cache: OrderedDict  # (block, part) -> what the part's reader holds
-    _epoch: tuple | None = None  # (epoch, seed, its block groups, their cumulative target counts)
+    _cache: OrderedDict[tuple[int, int], HeldPart]  # (block, part) -> what the part's reader holds
+    # (epoch, seed, its block groups, their cumulative target counts)
+    _epoch: tuple[int, int, list[np.ndarray], np.ndarray] | None = None
+    _groups: OrderedDict[int, np.ndarray]  # an epoch's shuffled groups of targets, the last two made
     validation: bool = False  # whether a validation split is held out of training
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns of the store a trainer reads its examples from."""
+        raise NotImplementedError
+
+    @property
+    def _epoch_order(self) -> tuple[int, int, list[np.ndarray], np.ndarray]:
+        if self._epoch is None:
+            raise RuntimeError("no epoch order made yet (_group makes it)")
+        return self._epoch
 
     def _check_validation(self) -> None:
         if not self.validation:
@@ -87,7 +100,7 @@ class EpochOrder:
         if parts != self.parts:
             self.parts, self._cache = parts, OrderedDict()
 
-    def _run_events(self, block_length, parts: int):
+    def _run_events(self, block_length: int | np.ndarray, parts: int) -> np.ndarray:
         """How many consecutive events of a block of `block_length` events go to one trainer in turn."""
         if parts == 1:
             return np.maximum(block_length, 1)
@@ -96,7 +109,8 @@ class EpochOrder:
     def part_of(self, targets: np.ndarray, parts: int) -> np.ndarray:
         """The part (of `parts`) of its block that holds each target: its run's turn."""
         start = targets // self.block_events * self.block_events
-        return (targets - start) // self._run_events(np.minimum(self.block_events, self.events - start), parts) % parts
+        runs = self._run_events(np.minimum(self.block_events, self.events - start), parts)
+        return np.asarray((targets - start) // runs % parts)
 
     def runs(self, block: int, part: int) -> tuple[np.ndarray, np.ndarray]:
         """(first, stop) of each run of events of `block` in `part` (of `parts`)."""
@@ -153,7 +167,7 @@ class EpochOrder:
             ends = np.cumsum([int(self.targets_per_block[g].sum()) for g in groups])
             self._epoch, self._groups = (epoch, seed, groups, ends), OrderedDict()
         if group not in self._groups:
-            targets = np.concatenate([self.block_targets(int(b)) for b in self._epoch[2][group]])
+            targets = np.concatenate([self.block_targets(int(b)) for b in self._epoch_order[2][group]])
             self._groups[group] = np.random.default_rng([seed, epoch, group]).permutation(targets)
             while len(self._groups) > 2:
                 self._groups.popitem(last=False)
@@ -163,7 +177,7 @@ class EpochOrder:
         """The targets of one global batch: positions step*B .. (step+1)*B of the epoch's order."""
         first, stop = step_in_epoch * batch_size, (step_in_epoch + 1) * batch_size
         self._group(epoch, seed, 0)
-        ends = self._epoch[3]
+        ends = self._epoch_order[3]
         parts, g = [], int(np.searchsorted(ends, first, side="right"))
         while first < stop and g < len(ends):
             begin = int(ends[g - 1]) if g else 0
@@ -213,7 +227,7 @@ class TrainData(EpochOrder):
             bounds = np.minimum(np.arange(self.blocks + 1, dtype=np.int64) * block_events, self.events)
             self.targets_per_block = count_train_targets(self.offsets, bounds, held=self.held)
         self.targets = int(self.targets_per_block.sum())
-        self._cache: OrderedDict = OrderedDict()  # (block, part) -> its HeldPart
+        self._cache = OrderedDict()  # (block, part) -> its HeldPart
 
     @classmethod
     def load(cls, dataset: str | Dataset, features: tuple[str, ...] = (), window: tuple[int, int] = (0, 0),
@@ -281,7 +295,7 @@ class TrainData(EpochOrder):
     def _column(self, path: str, start: int, stop: int) -> np.ndarray:
         return self.dataset.column(path, start, stop)  # in user order: a user's events one after the other
 
-    def _gather(self, table: str, tail: int):
+    def _gather(self, table: str, tail: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         def gather(targets: np.ndarray, positions: np.ndarray) -> np.ndarray:
             out = np.empty(positions.shape, dtype=np.int64)
             for block, part, sel in self._parts_of(targets):
@@ -389,12 +403,12 @@ class HeldPart:
     tail: int  # events held before each run
     firsts: np.ndarray  # each run's first event
     shift: np.ndarray  # event - shift[run] = where that event is held
-    columns: dict  # name -> values
+    columns: dict[str, np.ndarray]  # name -> values
 
     def at(self, targets: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Where the events `positions` (of the runs holding `targets`, or their tails) are held."""
         run = np.searchsorted(self.firsts, targets, side="right") - 1
-        return positions - self.shift[run].reshape((-1,) + (1,) * (positions.ndim - 1))
+        return np.asarray(positions - self.shift[run].reshape((-1,) + (1,) * (positions.ndim - 1)))
 
 
 @dataclass

@@ -20,6 +20,7 @@ import math
 from collections import OrderedDict
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ HELD_OUT = 0.1  # the share of the rows (the last ones) held out for evaluation
 
 @dataclass(frozen=True)
 class Clicks:
-    ids: dict  # table -> int64 [E], or [E, width] for a table of token sequences (-1 padding)
+    ids: dict[str, np.ndarray]  # table -> int64 [E], or [E, width] for a table of token sequences (-1 padding)
     numeric: np.ndarray  # float32 [E, numeric columns], as stored (NaN = missing)
     labels: np.ndarray  # float32 [E]
 
@@ -70,7 +71,7 @@ class ClickData(EpochOrder):
         hi = np.minimum(starts + block_events, self.validation_start)
         self.targets_per_block = np.maximum(hi - lo, 0)
         self.targets = int(self.targets_per_block.sum())
-        self._cache: OrderedDict = OrderedDict()  # (block, part) -> its HeldPart
+        self._cache = OrderedDict()  # (block, part) -> its HeldPart
 
     @classmethod
     def load(cls, ds: Dataset, features: tuple[str, ...], window: tuple[int, int],
@@ -125,8 +126,8 @@ class ClickData(EpochOrder):
         numeric = np.empty((targets.size, len(self.numeric)), dtype=np.float32)
         labels = np.empty(targets.size, dtype=np.float32)
         for block, part, sel in self._parts_of(targets):  # each part's rows found once, for every column
-            held = self._part(block, part, 0)
-            at, held = held.at(targets[sel], targets[sel]), held.columns
+            part_held = self._part(block, part, 0)
+            at, held = part_held.at(targets[sel], targets[sel]), part_held.columns
             for t in config.features:
                 ids[t][sel] = held[t][at]
             for k, n in enumerate(self.numeric):
@@ -181,7 +182,7 @@ def training_window_start(dataset: Dataset, wanted: int, batch_size: int, eval_f
 
 
 def model_config(dataset: Dataset, *, dim: int, mlp: tuple[int, ...], bottom: tuple[int, ...], history: int,
-                 negatives: int, seed: int, encoder: dict | None = None) -> ModelConfig | ClickConfig:
+                 negatives: int, seed: int, encoder: dict[str, Any] | None = None) -> ModelConfig | ClickConfig:
     """The model a dataset trains: the sequence model (every table other than the item sequence a
     feature; `encoder`: its encoder, blocks, heads and dropout) or, for a click log, the DLRM over all
     its tables and numeric columns."""
@@ -199,12 +200,12 @@ def model_config(dataset: Dataset, *, dim: int, mlp: tuple[int, ...], bottom: tu
                        features=dataset.info.feature_tables, seed=seed, **encoder)
 
 
-def config_record(config: ModelConfig | ClickConfig) -> dict:
+def config_record(config: ModelConfig | ClickConfig) -> dict[str, Any]:
     """The model's config as an export's manifest keeps it."""
     return {"kind": config.kind, **asdict(config)}
 
 
-def read_record(record: dict) -> dict:
+def read_record(record: dict[str, Any]) -> dict[str, Any]:
     """A kept config record as config_record makes it: lists as tuples, the kind (records written
     before click logs trained hold sequence models without one), and a key the record predates at
     its default (the model it describes was made with it)."""
@@ -218,19 +219,19 @@ def read_record(record: dict) -> dict:
 TRAINING_SETTINGS = ("seed", "dropout", "loss")  # a model record's keys that shape no parameter and no optimiser slot
 
 
-def warm_start_record(config: ModelConfig | ClickConfig, dense_optimizer: str, row_optimizer: str) -> dict:
+def warm_start_record(config: ModelConfig | ClickConfig, dense_optimizer: str, row_optimizer: str) -> dict[str, Any]:
     """What a warm start carries over and must find unchanged: the model's record and the dense and row
     optimisers, whose slots (Adam's moments, Adagrad's sums) it carries too."""
     return {**config_record(config), "dense_optimizer": dense_optimizer, "row_optimizer": row_optimizer}
 
 
-def exported_record(manifest: ExportManifest) -> dict:
+def exported_record(manifest: ExportManifest) -> dict[str, Any]:
     """warm_start_record of an exported model, from its manifest."""
     return {**read_record(manifest.model), "dense_optimizer": manifest.dense_optimizer,
             "row_optimizer": manifest.row_optimizer}
 
 
-def shape_differences(mine: dict, theirs: dict) -> list[str]:
+def shape_differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
     """The keys of warm_start_record `mine` whose value `theirs` does not share, where a warm start from
     `theirs` could not carry its parameters over: every key but the training settings, and none of the
     attention's (blocks, heads) between two mean encoders, which have no attention. The one rule for the
@@ -240,7 +241,7 @@ def shape_differences(mine: dict, theirs: dict) -> list[str]:
     return sorted(k for k in mine if k not in ignored and theirs.get(k) != mine[k])
 
 
-def config_from_record(record: dict) -> ModelConfig | ClickConfig:
+def config_from_record(record: dict[str, Any]) -> ModelConfig | ClickConfig:
     values = read_record(record)
     kind = values.pop("kind")
     return (ClickConfig if kind == "click" else ModelConfig)(**values)

@@ -38,7 +38,7 @@ class Examples:
     negatives: np.ndarray  # int64 [E, K], never equal to the positive
     user: np.ndarray  # int64 [E]
     position: np.ndarray  # int64 [E], the target's event index in the dataset
-    features: dict = field(default_factory=dict)  # feature table -> int64 [E], its id at the target's event
+    features: dict[str, np.ndarray] = field(default_factory=dict)  # feature table -> int64 [E]: its id at the target
     key: np.ndarray | None = None  # uint64 [E]: a training example's own random key (its dropout masks)
 
     def __len__(self) -> int:
@@ -75,8 +75,8 @@ def sample_unseen(position: np.ndarray, seen: np.ndarray, seen_offsets: np.ndarr
     touched = np.unique(user_of * rows + np.asarray(seen, dtype=np.int64))  # one key per (example, row)
     counts = np.diff(np.searchsorted(touched, np.arange(position.size + 1, dtype=np.int64) * rows))
     if position.size and int((rows - counts).min()) < 1:
-        e = int(np.argmin(rows - counts))
-        raise InputError(f"the user of the held-out event {int(position[e])} interacted with all {rows} rows of "
+        full = int(np.argmin(rows - counts))
+        raise InputError(f"the user of the held-out event {int(position[full])} interacted with all {rows} rows of "
                          "the table; accepted: users with at least one row they never touched")
     out = np.empty((position.size, k), dtype=np.int64)
     pending = np.ones((position.size, k), dtype=bool)
@@ -123,7 +123,7 @@ def target_positions(offsets: np.ndarray, split: str = "train", start: int | Non
         mask = (pos == n - 2) & (n >= 3)
     else:
         mask = (pos == n - 1) & (n >= 2)
-    return events[mask]
+    return np.asarray(events[mask])
 
 
 def count_train_targets(offsets: np.ndarray, bounds: np.ndarray, users_at_a_time: int = 1 << 22,
@@ -154,7 +154,7 @@ def validation_positions(last: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     offsets = np.asarray(offsets, dtype=np.int64)
     last = np.asarray(last, dtype=np.int64)
     user = np.searchsorted(offsets, last, side="right") - 1
-    return last[offsets[user + 1] - offsets[user] >= 3] - 1
+    return np.asarray(last[offsets[user + 1] - offsets[user] >= 3] - 1)
 
 
 Gather = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (targets [E], positions [E, n]) -> ids [E, n]

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -165,7 +166,7 @@ def synth_dataset(
     overwrite: bool = False,
     events_per_chunk: int = EVENTS_PER_CHUNK,
     repeats: Repeats = Repeats(),
-) -> dict:
+) -> dict[str, Any]:
     """Generate and store a dataset; the first table is the item sequence, the others feature columns.
 
     At most one block of `events_per_chunk` ids per table is in memory at a time. With
@@ -204,7 +205,8 @@ def synth_dataset(
         return manifest
 
 
-def _source(tables: list[SynthTable], interactions: int, mean_length: float, seed: int, repeats: Repeats) -> dict:
+def _source(tables: list[SynthTable], interactions: int, mean_length: float, seed: int,
+            repeats: Repeats) -> dict[str, Any]:
     """The manifest's record of how the log was made: enough to make it again."""
     return {
         "generator": "shardflow synth",

@@ -36,7 +36,7 @@ BLOCK_ROWS = 1 << 16
 def _unit(seed: int, table: int, values: np.ndarray, salt: int, width: int = 1) -> np.ndarray:
     """Uniform [-1, 1) numbers fixed by (seed, table, value, salt, column): [values, width]."""
     key = np.uint64(((seed & 0xFFFF) << 40) ^ (table << 24) ^ (salt << 8))
-    counter = values.astype(np.uint64)[:, None] * np.uint64(width) + np.arange(width, dtype=np.uint64)
+    counter: np.ndarray = values.astype(np.uint64)[:, None] * np.uint64(width) + np.arange(width, dtype=np.uint64)
     with np.errstate(over="ignore"):
         bits = splitmix64(splitmix64(counter ^ key))
     return (bits >> np.uint64(11)).astype(np.float64) / float(1 << 52) - 1.0

@@ -22,7 +22,7 @@ def window_key(segment: np.ndarray, targets: np.ndarray, held: int = 1) -> np.nd
     (test, and validation with one), never trained on: each joins the window in which the
     user's events after it arrived.
     """
-    return np.max(np.stack([segment[targets + j] for j in range(held + 1)]), axis=0)
+    return np.asarray(np.max(np.stack([segment[targets + j] for j in range(held + 1)]), axis=0))
 
 
 def window_targets(ds: Dataset, offsets: np.ndarray, start: int, stop: int, first: int,

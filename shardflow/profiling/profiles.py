@@ -54,7 +54,7 @@ def count_block(dataset: str, array: str, rows: int, start: int, stop: int) -> n
     with ThreadPoolExecutor(max_workers=1) as reader:
         ahead = reader.submit(column.__getitem__, slice(start, min(stop, start + step)))
         for a in starts:
-            ids = ahead.result()
+            ids = np.asarray(ahead.result())
             if a + step < stop:
                 ahead = reader.submit(column.__getitem__, slice(a + step, min(stop, a + 2 * step)))
             if ids.ndim == 2:  # a table of token sequences: every id an event holds, not the padding (-1)
@@ -179,7 +179,7 @@ def profile_window(dataset: str | Path, out: str | Path, *, client: Client, firs
 
 
 def profile_version(dataset: str, out: str | Path, *, client: Client, first: int, history: int | None,
-                    log: Logger | LoggerAdapter) -> dict[str, TableStats]:
+                    log: Logger | LoggerAdapter[Logger]) -> dict[str, TableStats]:
     """Every table's figures of a model version's profile at `out`: per-row lookups by the training window's
     examples (parts `first` on, with their `history`-item histories), or, without `history`, per-row accesses
     of the whole log. A complete profile of this very dataset and window is read back (a damaged one is
@@ -192,7 +192,7 @@ def profile_version(dataset: str, out: str | Path, *, client: Client, first: int
         except DamagedStore as e:
             log.warning("%s; profiling again", e)
     made = kept.dataset if kept else None
-    if made and (made.checksum, made.window.first_part, made.window.history) == \
+    if kept is not None and made and (made.checksum, made.window.first_part, made.window.history) == \
             (Dataset.open(dataset).info.checksum, first, history):
         log.info("reusing profile %s", out)
         return kept.stats

@@ -105,7 +105,7 @@ def _write(path: str | Path, out: list[str]) -> Path:
     return Path(path)
 
 
-def _lines(box: _Box, series: dict[str, tuple[list, list]], first_color: int = 0) -> None:
+def _lines(box: _Box, series: dict[str, tuple[list[float], list[float]]], first_color: int = 0) -> None:
     for i, (_, (sx, sy)) in enumerate(series.items()):
         points = [box.at(x, y) for x, y in zip(sx, sy, strict=True)
                   if not (box.x.log or box.y.log) or (x > 0 and y > 0)]
@@ -116,8 +116,8 @@ def _lines(box: _Box, series: dict[str, tuple[list, list]], first_color: int = 0
             box.out.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{color}"/>')
 
 
-def line_chart(path: str | Path, series: dict[str, tuple[list, list]], *, title: str, xlabel: str, ylabel: str,
-               log: bool = False, marks: dict[str, float] | None = None) -> Path:
+def line_chart(path: str | Path, series: dict[str, tuple[list[float], list[float]]], *, title: str, xlabel: str,
+               ylabel: str, log: bool = False, marks: dict[str, float] | None = None) -> Path:
     """One line per series; `marks` draws labelled vertical lines (e.g. tier boundaries)."""
     x = _axis([v for sx, _ in series.values() for v in sx], log)
     y = _axis([v for _, sy in series.values() for v in sy], log)
@@ -137,7 +137,7 @@ def line_chart(path: str | Path, series: dict[str, tuple[list, list]], *, title:
     return _write(path, out)
 
 
-def stacked_chart(path: str | Path, panels: list[tuple[str, dict[str, tuple[list, list]]]], *, title: str,
+def stacked_chart(path: str | Path, panels: list[tuple[str, dict[str, tuple[list[float], list[float]]]]], *, title: str,
                   xlabel: str, integer_x: bool = False) -> Path:
     """Panels over one x axis, one y axis (and quantity) each: (ylabel, series) per panel."""
     x = _axis([v for _, series in panels for sx, _ in series.values() for v in sx], False)

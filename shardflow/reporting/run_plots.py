@@ -11,7 +11,7 @@ from shardflow.planner.report import PlanSummary, StrategyRefused
 from shardflow.planner.sharding_plan import GLOBAL, NODE
 from shardflow.reporting.plots import bar_chart, line_chart, stacked_chart
 from shardflow.sharding.stage import read_plan
-from storage.checkpoint import complete_checkpoints, read_checkpoint
+from storage.checkpoint import CheckpointManifest, complete_checkpoints, read_checkpoint
 from storage.profile import Profile
 
 
@@ -22,7 +22,8 @@ def run_plots(run_dir: str | Path, profile_path: str | Path, plan_path: str | Pa
     out.mkdir(parents=True, exist_ok=True)
     plan = read_plan(plan_path).plan
     prof = Profile.open(profile_path)
-    curves, marks = {}, {}
+    curves: dict[str, tuple[list[float], list[float]]] = {}
+    marks: dict[str, float] = {}
     for t in plan.tables:
         counts = np.sort(prof.counts(t.name))[::-1]
         ranks = np.unique(np.geomspace(1, counts.size, 400).astype(np.int64))
@@ -39,9 +40,14 @@ def run_plots(run_dir: str | Path, profile_path: str | Path, plan_path: str | Pa
                            xlabel="device", ylabel="MB per step"))
     epochs = [read_checkpoint(p) for _, p in complete_checkpoints(run_dir)]
     if epochs:
-        x = [m.epochs_done for m in epochs]
         files.append(stacked_chart(out / "training.svg",
-                                   [("training loss", {"training loss": (x, [m.loss for m in epochs])}),
-                                    ("held-out AUC", {"AUC (held out)": (x, [m.auc for m in epochs])})],
+                                   [("training loss", {"training loss": _per_epoch(epochs, "loss")}),
+                                    ("held-out AUC", {"AUC (held out)": _per_epoch(epochs, "auc")})],
                                    title="Loss and AUC per epoch", xlabel="epochs done", integer_x=True))
     return files
+
+
+def _per_epoch(manifests: list[CheckpointManifest], figure: str) -> tuple[list[float], list[float]]:
+    """(epochs done, `figure`) of the checkpoints that recorded it."""
+    points = [(float(m.epochs_done), float(v)) for m in manifests if (v := getattr(m, figure)) is not None]
+    return [x for x, _ in points], [y for _, y in points]

@@ -13,6 +13,7 @@ import hashlib
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from shardflow.config import RetrainConfig
 from shardflow.reporting.summary import RunSummary
@@ -107,7 +108,7 @@ def failure_markdown(run_dir: str, error: BaseException) -> str:
     ])
 
 
-def version_rows(run: str) -> list[dict]:
+def version_rows(run: str) -> list[dict[str, Any]]:
     """One row per version; every row has every column, metrics with four decimals, short values: the table fits
     the UI's artifact width (about 1,000 px at 1,600). `replaced_auc`: the model that was current when the version
     was made, on the same held-out events (the gate's comparison; the summary has the rest); `users`: how many
@@ -119,6 +120,8 @@ def version_rows(run: str) -> list[dict]:
     full = metric != "logloss" and any(r is not None and r.full_ndcg_at_10 is not None for r in results.values())
     for n, r in results.items():
         began = versions.started(run, n)
+        if began is None:  # removed since it was listed
+            continue
         done = {} if r is None else r.to_dict()  # an unfinished version: every figure empty
         replanned = done.get("replanned")
         rows.append(
@@ -157,7 +160,7 @@ def _epochs_kept(result: RunSummary) -> str:
     return str(result.epochs) if result.best_epoch is None else f"{result.best_epoch} of {result.epochs}"
 
 
-def quality_svg(rows: list[dict]) -> str | None:
+def quality_svg(rows: list[dict[str, Any]]) -> str | None:
     """Held-out AUC per version beside the model it replaced on the same events (None before one finished)."""
     from shardflow.reporting.plots import stacked_chart
 
@@ -242,7 +245,7 @@ def summary_markdown(s: RunSummary, config: RetrainConfig) -> str:
     return "\n".join(lines)
 
 
-def _stage_table(stages: dict | None) -> list[str]:
+def _stage_table(stages: dict[str, float] | None) -> list[str]:
     """Where the run's wall time went, a row a stage in the order they ran (they add up to the run)."""
     if not stages:
         return []

@@ -9,9 +9,10 @@ result.json of an earlier version, the flow's result) against them and names the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from shardflow.model.metrics import Metrics
-from shardflow.records import parse_record, plain
+from shardflow.records import parse_record, record_of
 
 # The run's, not the version's: not in result.json (the lists are written after it, from the current model).
 RUN_KEYS = ("current", "message", "newest_version", "recommendations", "stage_seconds", "dask_report")
@@ -61,7 +62,7 @@ class VersionFigures:
     downloads: int
     epoch_loss: tuple[float, ...]
     resumed_from: str | None
-    skipped_checkpoints: tuple[dict, ...]  # {"checkpoint": path, "reason": why}
+    skipped_checkpoints: tuple[dict[str, str], ...]  # {"checkpoint": path, "reason": why}
     restarts: int
     warnings: tuple[str, ...]
     plots: tuple[str, ...]
@@ -85,27 +86,27 @@ class RunSummary(VersionFigures):
     message: str | None = None  # why a version was not promoted, or what a run that trained nothing found
     newest_version: int | None = None  # a run that trained nothing: the last version made
     recommendations: str | None = None  # the store of the users' top-K lists this run wrote (nightly.top_k)
-    stage_seconds: dict | None = None  # stage -> seconds of this run's wall time (shardflow.reporting.stages)
+    stage_seconds: dict[str, float] | None = None  # stage -> seconds of its wall time (shardflow.reporting.stages)
     dask_report: str | None = None  # the HTML performance report of the version's work on the cluster
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The JSON form: tuples as lists; newest_version only where a run trained nothing, recommendations,
         stage_seconds and dask_report only where it wrote or timed them."""
-        out = plain(self)
+        out = record_of(self)
         for key in ("newest_version", "recommendations", "stage_seconds", "dask_report"):
             if out[key] is None:
                 del out[key]
         return out
 
-    def stored(self) -> dict:
+    def stored(self) -> dict[str, Any]:
         """What the version's result.json keeps: the summary less the run's own keys."""
         return {k: v for k, v in self.to_dict().items() if k not in RUN_KEYS}
 
     def metrics(self, prefix: str = "") -> Metrics:
         """The held-out metrics (prefix "val_": the validation split's, "previous_": the replaced model's)."""
-        return Metrics.read(plain(self), prefix)
+        return Metrics.read(record_of(self), prefix)
 
     @classmethod
-    def parse(cls, values: dict, where: str = "a run summary") -> RunSummary:
+    def parse(cls, values: dict[str, Any], where: str = "a run summary") -> RunSummary:
         """The summary in `values`; an InputError naming the first key that is missing or of the wrong type."""
         return parse_record(cls, values, where)

@@ -6,6 +6,7 @@ fits the UI's artifact width (about 1,000 px at 1,600)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from shardflow.planner.report import PlanSummary, StrategyRefused
 from shardflow.training.validation import VALIDATION_KEYS
@@ -20,7 +21,7 @@ def number(value: float | None, decimals: int) -> str:
     return "" if value is None else f"{value:,.{decimals}f}"
 
 
-def profile_rows(stats: dict[str, TableStats]) -> list[dict]:
+def profile_rows(stats: dict[str, TableStats]) -> list[dict[str, Any]]:
     """The profile table: each table's rows, accesses, rows read and skew."""
     return [{"table": name, "rows": number(s.rows, 0), "accesses": number(s.accesses, 0),
              "rows_read": number(s.distinct, 0), "top_1pct_share": number(s.top1pct_share, 3),
@@ -36,7 +37,7 @@ def profile_description(dataset: str, first: int, history: int | None) -> str:
 
 
 def comparison_rows(rows: list[PlanSummary | StrategyRefused], chosen: str, replanned: bool,
-                    kept: PlanSummary | None) -> list[dict]:
+                    kept: PlanSummary | None) -> list[dict[str, Any]]:
     """The plan-comparison table: every strategy's figures, `trains` marking the plan the version trains on —
     the chosen strategy's fresh plan, or the previous version's plan, extended (`kept`, a row of its own with
     its own figures, not the fresh plan's)."""
@@ -46,7 +47,7 @@ def comparison_rows(rows: list[PlanSummary | StrategyRefused], chosen: str, repl
     return table
 
 
-def _comparison_row(r: PlanSummary | StrategyRefused, trains: bool = False, plan: str = "made") -> dict:
+def _comparison_row(r: PlanSummary | StrategyRefused, trains: bool = False, plan: str = "made") -> dict[str, Any]:
     if isinstance(r, StrategyRefused):  # says so in `plan`, its reason in plan-refusals
         return {"strategy": r.strategy, "plan": "none: see plan-refusals", "trains": "",
                 **dict.fromkeys(("MB_per_step", "inter_node_MB", "comm_us", "bound_us", "max_MB_per_device"), "")}
@@ -72,7 +73,7 @@ def refusals_markdown(rows: list[PlanSummary | StrategyRefused]) -> str | None:
                      + [f"- **{r.strategy}**: {r.error.removeprefix(f'{r.strategy}: ')}" for r in refused])
 
 
-def epoch_rows(version_dir: str | Path, modeled_bytes_per_step: float) -> list[dict]:
+def epoch_rows(version_dir: str | Path, modeled_bytes_per_step: float) -> list[dict[str, Any]]:
     """The epoch-metrics table of a model version: one row per complete checkpoint, so it spans resumed runs.
 
     A metric no epoch has (log-loss of a sequence model, val_ without a split) is left out;

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from logging import Logger, LoggerAdapter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def accesses_from_profile(profile: Profile, history: int, negatives: int) -> lis
                          f"examples read {history}; accepted: a profile made with history {history}")
     accesses = []
     for name in profile.stats:
-        if name == dataset.info.sequence_table and window.examples is not None:
+        if name == dataset.info.sequence_table and window.examples is not None and window.item_lookups is not None:
             per_example = window.item_lookups / max(window.examples, 1) + negatives
             accesses.append(TableAccess.from_counts(name, profile.counts(name), per_example, negatives / per_example))
         elif name == dataset.info.sequence_table:
@@ -85,7 +86,7 @@ class PlanInputs:
     accesses: list[TableAccess]
     model: CostModel
     budget_bytes: int
-    source: dict
+    source: dict[str, Any]
 
 
 def plan_inputs(profile_path: str | Path, topology: Topology, shape: StepShape, memory_slack: float = 0.0,
@@ -189,11 +190,11 @@ class ReplanDecision:
     fresh_comm_time_s: float  # the fresh plan's predicted communication time per step
     previous_comm_time_s: float | None  # the extended previous plan's (None without a comparable one)
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def parse_decision(record: dict, where: str = "decision.json") -> ReplanDecision:
+def parse_decision(record: dict[str, Any], where: str = "decision.json") -> ReplanDecision:
     """A ReplanDecision from its record; an InputError naming the key that is missing or of the wrong kind."""
     return parse_record(ReplanDecision, record, where)
 
@@ -244,7 +245,7 @@ def keep_or_replan(
     return ReplanDecision(chosen is fresh, reason, float(fresh_s), None if previous_s is None else float(previous_s))
 
 
-def _against_previous(previous: str | Path, fresh: ShardingPlan, fresh_s: float, inputs, topology: Topology,
+def _against_previous(previous: str | Path, fresh: ShardingPlan, fresh_s: float, inputs: PlanInputs, topology: Topology,
                       strategy: str, shape: StepShape, margin: float) -> tuple[ShardingPlan, float | None, str]:
     """(the plan chosen, the previous plan's modeled seconds per step if it could be costed, why): the previous
     placement extended to the new rows, kept unless it no longer applies, fits, or pays."""
@@ -284,7 +285,8 @@ def compare_strategies(
     inputs = plan_inputs(profile_path, topology, shape, memory_slack, history, negatives)
     accesses, model, budget = inputs.accesses, inputs.model, inputs.budget_bytes
     bound, mod = bound_and_baseline(accesses, topology, budget, model)
-    rows, plans = [], {}
+    rows: list[PlanSummary | StrategyRefused] = []
+    plans: dict[str, ShardingPlan] = {}
     for name in STRATEGIES:
         try:
             plans[name] = propose(name, accesses, topology, budget, model)
@@ -309,8 +311,8 @@ DECISION = "decision.json"  # beside a version's plan: its ReplanDecision's reco
 
 
 def plan_version(profile_path: str | Path, out: str | Path, topology: Topology, previous: str | Path | None, *,
-                 strategy: str, margin: float, log: Logger | LoggerAdapter, shape: StepShape, memory_slack: float,
-                 history: int = sizes.HISTORY, negatives: int = sizes.NEGATIVES) -> VersionPlan:
+                 strategy: str, margin: float, log: Logger | LoggerAdapter[Logger], shape: StepShape,
+                 memory_slack: float, history: int = sizes.HISTORY, negatives: int = sizes.NEGATIVES) -> VersionPlan:
     """Every strategy compared, and the version's plan at `out`: the promoted one's (`previous`) kept or
     replaced (keep_or_replan).
 
@@ -319,8 +321,8 @@ def plan_version(profile_path: str | Path, out: str | Path, topology: Topology, 
     lost or added) a fresh plan of this one replaces it, and the checkpoint's rows move onto
     it (Engine.restore). A damaged plan is logged and made again.
     """
-    options = {"shape": shape, "memory_slack": memory_slack, "history": history, "negatives": negatives}
-    rows, plans = compare_strategies(profile_path, topology, **options)
+    rows, plans = compare_strategies(profile_path, topology, shape=shape, memory_slack=memory_slack,
+                                     history=history, negatives=negatives)
     decision_file, there = Path(out) / DECISION, (Path(out) / MANIFEST).is_file()
     made = there and decision_file.is_file() and _intact(out, log)
     if made and parse_topology(read_plan_manifest(out).topology, f"{out}/manifest.json") == topology:
@@ -328,13 +330,14 @@ def plan_version(profile_path: str | Path, out: str | Path, topology: Topology, 
         decision = parse_decision(json.loads(decision_file.read_text()), str(decision_file))
     else:
         decision = keep_or_replan(profile_path, out, topology, out if made else previous, strategy=strategy,
-                                  margin=margin, fresh=plans.get(strategy), overwrite=there, **options)
+                                  margin=margin, fresh=plans.get(strategy), overwrite=there, shape=shape,
+                                  memory_slack=memory_slack, history=history, negatives=negatives)
         write_record(decision_file, decision.record())
     log.info("plan: %s", decision.reason)
     return VersionPlan(rows, plans, decision)
 
 
-def _intact(plan: str | Path, log: Logger | LoggerAdapter) -> bool:
+def _intact(plan: str | Path, log: Logger | LoggerAdapter[Logger]) -> bool:
     """Whether the plan at `plan` reads back as written; a damaged one is logged, to be made again."""
     try:
         read_plan(plan)

@@ -20,6 +20,7 @@ import numpy as np
 
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.clicks import ClickData, model_config
+from shardflow.data.workload import Workload
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import Touch, touched
 from shardflow.planner.topology import Topology
@@ -39,12 +40,13 @@ def fit_touch(dataset: Dataset, accesses: list[TableAccess], topology: Topology,
     if clicks and not dataset.info.labels:
         return {}
     config = model_config(dataset, dim=1, mlp=(1,), bottom=(1,), history=history, negatives=max(negatives, 1), seed=0)
-    data = (ClickData if clicks else TrainData)(dataset, config.features, (first, 0))
+    data: Workload = (ClickData if clicks else TrainData)(dataset, config.features, (first, 0))
     steps = data.steps_per_epoch(batch_size)
     if steps == 0 or batch_size < topology.devices:
         return {}
     names = [a.name for a in accesses if a.name in data.rows]
-    distinct = {t: {"trainer": [], "batch": [], **{f"node{n}": [] for n in topology.node_devices}} for t in names}
+    distinct: dict[str, dict[str, list[int]]] = {
+        t: {"trainer": [], "batch": [], **{f"node{n}": [] for n in topology.node_devices}} for t in names}
     for step in np.unique(np.linspace(0, steps - 1, min(samples, steps)).round().astype(int)).tolist():
         fetched = []
         for targets in data.sub_batches(data.batch(0, SAMPLE_SEED, step, batch_size), topology.devices):
@@ -85,4 +87,4 @@ def draws_factor(access: TableAccess, lookups: float, distinct: float) -> float:
     for _ in range(60):
         mid = (lo * hi) ** 0.5
         lo, hi = (mid, hi) if expected(mid) < distinct else (lo, mid)
-    return (lo * hi) ** 0.5
+    return float((lo * hi) ** 0.5)
