@@ -240,27 +240,28 @@ def show_run(values: dict) -> None:
     from shardflow.reporting.summary import RunSummary
 
     mb, s = 1e6, RunSummary.parse(values)
+    t, p = s.training, s.plan
     if not s.trained:
-        print(f"run {s.run_dir}: {s.message}; version {s.current} is current ({s.metrics().text()})")
+        print(f"run {s.run_dir}: {s.message}; version {s.current} is current ({s.held_out.text()})")
     else:
         start = f"warm start from version {s.warm_start_from}" if s.warm_start_from else "cold start"
         print(f"run {s.run_dir}: version {s.version} ({start}, {len(s.parts_added)} part(s) imported), "
-              f"{s.epochs} epoch{'' if s.epochs == 1 else 's'}, {s.metrics().text()}")
-        if s.previous_auc is not None:
-            print(f"  version {s.warm_start_from} on the same held-out items: AUC {s.previous_auc:.4f}")
+              f"{t.epochs} epoch{'' if t.epochs == 1 else 's'}, {s.held_out.text()}")
+        if s.previous.auc is not None:
+            print(f"  version {s.warm_start_from} on the same held-out items: AUC {s.previous.auc:.4f}")
         print(f"  {f'promoted: version {s.version} is current' if s.promoted else s.message}")
-        verb = "kept" if not s.replanned else "made" if s.warm_start_from is None else "re-made"
-        print(f"  plan {verb}: {s.replan_reason}")
-    measured = "not measured" if s.bytes_per_step is None else f"{s.bytes_per_step / mb:,.3f} MB measured"
-    print(f"  traffic/step {measured}, {s.modeled_bytes_per_step / mb:,.3f} MB modeled for this plan")
-    print(f"  comm time/step (modeled) {s.comm_time_us_per_step:,.1f} µs; row-wise-mod "
-          f"{s.row_wise_comm_time_us_per_step:,.1f} µs, {s.row_wise_bytes_per_step / mb:,.3f} MB")
-    print(f"  model        {s.model} (downloaded {s.downloads} time{'s' if s.downloads != 1 else ''} by this run)")
+        verb = "kept" if not p.replanned else "made" if s.warm_start_from is None else "re-made"
+        print(f"  plan {verb}: {p.replan_reason}")
+    measured = "not measured" if t.bytes_per_step is None else f"{t.bytes_per_step / mb:,.3f} MB measured"
+    print(f"  traffic/step {measured}, {p.modeled_bytes_per_step / mb:,.3f} MB modeled for this plan")
+    print(f"  comm time/step (modeled) {p.comm_time_us_per_step:,.1f} µs; row-wise-mod "
+          f"{p.row_wise_comm_time_us_per_step:,.1f} µs, {p.row_wise_bytes_per_step / mb:,.3f} MB")
+    print(f"  model        {t.model} (downloaded {t.downloads} time{'s' if t.downloads != 1 else ''} by this run)")
     if s.recommendations:
         print(f"  top-K lists  {s.recommendations} (Parquet; one user's: shardflow recommend {s.run_dir} --user ID)")
     if s.dask_report:
         print(f"  Dask report  {s.dask_report} (HTML: task stream, workers' profiles, bandwidth)")
-    for c in s.checkpoints:
+    for c in t.checkpoints:
         print(f"  checkpoint   {c}")
     for p in s.plots:
         print(f"  plot         {p}")

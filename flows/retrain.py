@@ -39,10 +39,11 @@ from shardflow.errors import (
 )
 from shardflow.importing import Imported
 from shardflow.lifecycle import NothingNew, nothing_new, untrained
+from shardflow.model.metrics import Metrics
 from shardflow.preflight import check_run
 from shardflow.reporting.run_report import artifact_key, outcome, run_label, state_message
 from shardflow.reporting.stages import StageClock
-from shardflow.reporting.summary import RunSummary, VersionFigures
+from shardflow.reporting.summary import VAL, PlanFigures, RunSummary, TrainingFigures, VersionFigures
 from shardflow.sharding.stage import read_plan_summary
 from shardflow.training.epochs import (
     Attempts,
@@ -53,7 +54,7 @@ from shardflow.training.epochs import (
     kept_note,
     validation_scores,
 )
-from shardflow.training.validation import best_epoch, stop_now, validation_of
+from shardflow.training.validation import best_epoch, stop_now
 from storage.lock import owned, run_lock
 from storage.versions import RunLayout, VersionPaths, VersionStart, new_parts
 from tasks.assets import materialize_model
@@ -216,29 +217,33 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         parts_added=new_parts(run, version),
         parts=len(version.segments),
         window=version.window,
-        epochs=trained.chosen.epochs,
-        best_epoch=trained.chosen.best_epoch,
-        patience=config.train.patience,
-        **metrics.values(full=True),
-        **validation_of(trained.chosen.validation),
+        held_out=metrics,
+        validation=Metrics.read(trained.chosen.validation, VAL),
         eval_users=metrics.users,
-        bytes_per_step=trained.bytes_per_step,
-        modeled_bytes_per_step=trained_plan.bytes_per_step,
-        row_wise_bytes_per_step=row_wise.bytes_per_step,
-        comm_time_us_per_step=trained_plan.comm_time_s_per_step * 1e6,
-        row_wise_comm_time_us_per_step=row_wise.comm_time_s_per_step * 1e6,
-        replanned=decision.replanned,
-        replan_reason=decision.reason,
-        fresh_plan_comm_time_us_per_step=decision.fresh_comm_time_s * 1e6,
-        previous_plan_comm_time_us_per_step=None if decision.previous_comm_time_s is None
-        else decision.previous_comm_time_s * 1e6,
-        checkpoints=tuple(checkpoint_paths(paths.version)),
-        model=paths.model,
-        downloads=trained.downloads,
-        epoch_loss=tuple(trained.losses[e] for e in sorted(trained.losses)),
-        resumed_from=trained.resumed.checkpoint,
-        skipped_checkpoints=trained.resumed.skipped,
-        restarts=trained.restarts,
+        training=TrainingFigures(
+            epochs=trained.chosen.epochs,
+            best_epoch=trained.chosen.best_epoch,
+            patience=config.train.patience,
+            epoch_loss=tuple(trained.losses[e] for e in sorted(trained.losses)),
+            bytes_per_step=trained.bytes_per_step,
+            checkpoints=tuple(checkpoint_paths(paths.version)),
+            model=paths.model,
+            downloads=trained.downloads,
+            resumed_from=trained.resumed.checkpoint,
+            skipped_checkpoints=trained.resumed.skipped,
+            restarts=trained.restarts,
+        ),
+        plan=PlanFigures(
+            modeled_bytes_per_step=trained_plan.bytes_per_step,
+            row_wise_bytes_per_step=row_wise.bytes_per_step,
+            comm_time_us_per_step=trained_plan.comm_time_s_per_step * 1e6,
+            row_wise_comm_time_us_per_step=row_wise.comm_time_s_per_step * 1e6,
+            replanned=decision.replanned,
+            replan_reason=decision.reason,
+            fresh_plan_comm_time_us_per_step=decision.fresh_comm_time_s * 1e6,
+            previous_plan_comm_time_us_per_step=None if decision.previous_comm_time_s is None
+            else decision.previous_comm_time_s * 1e6,
+        ),
         warnings=(*trained.warnings, *imported.warnings),
         plots=tuple(figures),
     ))

@@ -88,10 +88,11 @@ def untrained(run: str, current: int | None, newest: int, parts_added: tuple[str
     figures = version_result(run, current) if current else None
     if figures is None:
         raise TrainingError(f"run_dir {run} has no promoted model version and no new data to make one from")
+    nothing = dataclasses.replace(figures.training, downloads=0, epoch_loss=(), resumed_from=None,
+                                  skipped_checkpoints=(), restarts=0)
     return dataclasses.replace(
-        figures, trained=False, parts_added=parts_added, current=current, downloads=0, epoch_loss=(),
-        resumed_from=None, skipped_checkpoints=(), restarts=0, warnings=warnings, newest_version=newest,
-        message=f"no new data since version {newest}: nothing trained")
+        figures, trained=False, parts_added=parts_added, current=current, training=nothing, warnings=warnings,
+        newest_version=newest, message=f"no new data since version {newest}: nothing trained")
 
 
 @dataclass(frozen=True)

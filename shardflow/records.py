@@ -18,18 +18,29 @@ from shardflow.errors import InputError
 T = TypeVar("T")
 
 
-def parse_record(cls: type[T], values: object, where: str) -> T:
-    """`values` as a `cls`; an InputError naming `where`, the key and what is accepted for the first bad one."""
+def parse_record(cls: type[T], values: object, where: str, prefix: str = "") -> T:
+    """`values` as a `cls` (each field under its name with `prefix`); an InputError naming `where`, the key and
+    what is accepted for the first bad one."""
+    return cls(**parse_fields(cls, values, where, prefix))
+
+
+def parse_fields(cls: type, values: object, where: str, prefix: str = "",
+                 skip: tuple[str, ...] = ()) -> dict[str, object]:
+    """The fields of `cls` but `skip` found in `values`, checked as parse_record checks them (a field with a
+    default may be missing)."""
     if not isinstance(values, dict):
         raise InputError(f"{where}: a {type(values).__name__}; accepted: a JSON object")
     hints = typing.get_type_hints(cls)
     given = {}
     for f in dataclasses.fields(cls):
-        if f.name in values:
-            given[f.name] = _checked(values[f.name], hints[f.name], f.name, where)
+        key = prefix + f.name
+        if f.name in skip:
+            continue
+        if key in values:
+            given[f.name] = _checked(values[key], hints[f.name], key, where)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise InputError(f"{where}: {f.name} = missing; accepted: {_accepted(hints[f.name])}")
-    return cls(**given)
+            raise InputError(f"{where}: {key} = missing; accepted: {_accepted(hints[f.name])}")
+    return given
 
 
 def record_of(value: object) -> dict[str, Any]:

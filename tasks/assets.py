@@ -68,11 +68,11 @@ def materialize_model(run: str, summary: RunSummary) -> str:
         "version": number,
         "verdict": "promoted" if summary.promoted else "rejected",
         "warm_start_from": summary.warm_start_from,
-        "plan": None if summary.replanned is None else "made" if summary.replanned else "kept",
-        "epochs": summary.epochs,
+        "plan": "made" if summary.plan.replanned else "kept",
+        "epochs": summary.training.epochs,
         "held_out_users": summary.eval_users,
-        "full_ranking": summary.full_ranking,
-        **{k: getattr(summary, k) for k in FIGURES if getattr(summary, k, None) is not None},
+        "full_ranking": summary.held_out.full_ranking,
+        **{k: v for k, v in summary.to_dict().items() if k in FIGURES and v is not None},
     }
 
     def record(key: str, values: dict) -> str:

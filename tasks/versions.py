@@ -15,7 +15,6 @@ from shardflow.errors import WorkerLost
 from shardflow.lifecycle import NothingNew
 from shardflow.model.metrics import Metrics
 from shardflow.promotion import judge, rejection
-from shardflow.records import plain
 from shardflow.reporting.summary import RunSummary, VersionFigures
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import evaluate_export
@@ -62,27 +61,24 @@ def gate(config: RetrainConfig, dataset: str, number: int, client, figures: Vers
     if source is not None:
         model = str(versions.version_dir(run, source) / "model")
         previous = evaluate_export(model, dataset, config.train.eval_users, config.train.seed, began.window[1],
-                                   figures.full_ranking, client)  # ranked as the new version was
+                                   figures.held_out.full_ranking, client)  # ranked as the new version was
     margin = config.nightly.promotion_margin
-    verdict = judge(Metrics.read(plain(figures)), previous, config.nightly.promote_on, margin)
-    summary = RunSummary.parse({
-        **plain(figures),
-        **(previous or Metrics(None)).values("previous_", full=True),
-        "promoted": verdict.promoted, "promoted_on": verdict.figure,
-        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-    }, f"version {number}'s summary")
+    verdict = judge(figures.held_out, previous, config.nightly.promote_on, margin)
+    summary = RunSummary(**{f.name: getattr(figures, f.name) for f in dataclasses.fields(VersionFigures)},
+                         previous=previous or Metrics(None), promoted=verdict.promoted, promoted_on=verdict.figure,
+                         finished=datetime.now(UTC).isoformat(timespec="seconds"))
     versions.finish(run, number, summary.stored())
     message = None
-    figures = {"auc": summary.auc, "previous_auc": None if previous is None else previous.auc}
+    aucs = {"auc": summary.held_out.auc, "previous_auc": None if previous is None else previous.auc}
     if verdict.promoted:
         versions.promote(run, number)
         log.info("version %d promoted (%s %.4f%s)", number, verdict.label, verdict.new,
                  "" if verdict.previous is None else f" against {verdict.previous:.4f} of version {source}")
-        emit_model_event("promoted", run, number, {"previous": source, **figures})
+        emit_model_event("promoted", run, number, {"previous": source, **aucs})
     else:
         message = rejection(verdict, number, source, margin)
         log.warning(message)
-        emit_model_event("rejected", run, number, {"current": source, **figures, "message": message})
+        emit_model_event("rejected", run, number, {"current": source, **aucs, "message": message})
     gone = versions.prune_checkpoints(run, config.nightly.keep_versions)
     if gone:
         log.info("removed the checkpoints of versions %s (keep_versions %d)", gone, config.nightly.keep_versions)

@@ -68,9 +68,9 @@ def state_message(s: RunSummary) -> str:
     """One short line for the flow run's final state, the verdict first (under 70 characters, as the UI shows a
     state's message in full); the summary artifact has the held-out events and the reasons."""
     if not s.trained:
-        return f"no new data since v{s.newest_version}: v{s.current} stays current (AUC {s.auc:.4f})"
+        return f"no new data since v{s.newest_version}: v{s.current} stays current (AUC {s.held_out.auc:.4f})"
     on = s.promoted_on or "auc"  # a version made before the gate's figure was named was gated on AUC
-    label, mine, theirs = SHORT_LABELS[on], getattr(s, on), getattr(s, f"previous_{on}")
+    label, mine, theirs = SHORT_LABELS[on], getattr(s.held_out, on), getattr(s.previous, on)
     if theirs is None:
         return f"promoted v{s.version} (cold start): {label} {mine:.4f}"
     if s.promoted:
@@ -96,7 +96,7 @@ def failure_markdown(run_dir: str, error: BaseException) -> str:
     held = version_result(run_dir, current) if current else None
     stays = (
         "no version is current yet" if held is None
-        else f"version **{current}** stays current ({held.metrics().text()})"
+        else f"version **{current}** stays current ({held.held_out.text()})"
     )
     line = " ".join(str(error).split()) or type(error).__name__
     return "\n".join([
@@ -115,9 +115,10 @@ def version_rows(run: str) -> list[dict[str, Any]]:
     held-out users the figures are over. Who made a version current by hand: the promotions table."""
     rows, current = [], versions.current(run)
     results = {n: version_result(run, n) for n in versions.numbers(run)}
-    metric = "logloss" if any(r is not None and r.logloss is not None for r in results.values()) else "hr_at_10"
+    measured = [r.held_out for r in results.values() if r is not None]
+    metric = "logloss" if any(m.logloss is not None for m in measured) else "hr_at_10"
     # The whole catalog's NDCG@10 where any version ranked it (full_ranking on): no column that is always empty.
-    full = metric != "logloss" and any(r is not None and r.full_ndcg_at_10 is not None for r in results.values())
+    full = metric != "logloss" and any(m.full_ndcg_at_10 is not None for m in measured)
     for n, r in results.items():
         began = versions.started(run, n)
         if began is None:  # removed since it was listed
@@ -157,7 +158,8 @@ def version_rows(run: str) -> list[dict[str, Any]]:
 
 def _epochs_kept(result: RunSummary) -> str:
     """'7 of 10' (the best validation epoch kept, of the epochs trained), '10' without a validation split."""
-    return str(result.epochs) if result.best_epoch is None else f"{result.best_epoch} of {result.epochs}"
+    t = result.training
+    return str(t.epochs) if t.best_epoch is None else f"{t.best_epoch} of {t.epochs}"
 
 
 def quality_svg(rows: list[dict[str, Any]]) -> str | None:
@@ -180,61 +182,64 @@ def quality_svg(rows: list[dict[str, Any]]) -> str | None:
 
 def _kept_epoch(s: RunSummary) -> list[str]:
     """The line on the epoch chosen on the validation split, when one was held out."""
-    if s.best_epoch is None:
+    if s.training.best_epoch is None:
         return []
-    return [f"- epoch **{s.best_epoch}** of {s.epochs} kept: the best on the validation split "
-            f"({s.metrics('val_').text()}; patience {s.patience} epochs)"]
+    return [f"- epoch **{s.training.best_epoch}** of {s.training.epochs} kept: the best on the validation split "
+            f"({s.validation.text()}; patience {s.training.patience} epochs)"]
 
 
 def summary_markdown(s: RunSummary, config: RetrainConfig) -> str:
     mb, us = 1e6, "µs"
-    held_out = "the held-out last rows" if s.logloss is not None else "leave-last-out"
-    auc = f"**{s.metrics().text()}** ({held_out} of the version's newest parts, exported model)"
+    held_out = "the held-out last rows" if s.held_out.logloss is not None else "leave-last-out"
+    auc = f"**{s.held_out.text()}** ({held_out} of the version's newest parts, exported model)"
     if not s.trained:
         head = [f"- **no new data**: nothing trained; version **{s.current}** stays current",
                 f"- version {s.version}: {auc}"]
     else:
         start = f"warm start from version {s.warm_start_from}" if s.warm_start_from else "cold start"
         verdict = "**promoted** (now current)" if s.promoted else f"**{s.message}**"  # it begins "version N not …"
-        previous = "" if s.previous_auc is None else \
-            f"; version {s.warm_start_from} on the same held-out events: AUC {s.previous_auc:.4f}"
-        old = s.previous_plan_comm_time_us_per_step
-        plan = "kept" if not s.replanned else "made" if not s.warm_start_from else "re-made"
+        previous = "" if s.previous.auc is None else \
+            f"; version {s.warm_start_from} on the same held-out events: AUC {s.previous.auc:.4f}"
+        p = s.plan
+        old = p.previous_plan_comm_time_us_per_step
+        plan = "kept" if not p.replanned else "made" if not s.warm_start_from else "re-made"
         head = [
             f"- version **{s.version}** ({start}), parts {s.window[0] + 1}..{s.parts} trained, "
             f"{len(s.parts_added)} part(s) imported by this run: {verdict}",
             f"- {auc}{previous}",
-            f"- plan **{plan}**: {s.replan_reason.removeprefix(plan + ' ')}" + ("" if us in s.replan_reason else
-            f" (fresh plan {s.fresh_plan_comm_time_us_per_step:.1f} {us}"
+            f"- plan **{plan}**: {p.replan_reason.removeprefix(plan + ' ')}" + ("" if us in p.replan_reason else
+            f" (fresh plan {p.fresh_plan_comm_time_us_per_step:.1f} {us}"
             + ("" if old is None else f", kept plan {old:.1f} {us}") + " per step, modeled)"),
         ]
     lines = [
         f"# Retraining run `{s.run_dir}`",
         "",
-        f"- strategy **{config.plan.strategy}** on `{config.plan.topology}`, {_count(s.epochs, 'epoch')}, "
+        f"- strategy **{config.plan.strategy}** on `{config.plan.topology}`, {_count(s.training.epochs, 'epoch')}, "
         f"batch {config.train.batch_size}",
         *head,
         *_kept_epoch(s),
         # Like for like: measured against the trained plan's model; that model against row-wise-mod's.
-        (f"- traffic **{s.bytes_per_step / mb:.3f} MB/step measured** (the last epochs trained) against "
-         if s.bytes_per_step is not None else "- traffic not measured (no checkpoint recorded it); ")
-        + f"{s.modeled_bytes_per_step / mb:.3f} MB/step that the cost model predicts for the plan that trained",
-        f"- modeled communication time per step: **{s.comm_time_us_per_step:.1f} {us}** "
+        (f"- traffic **{s.training.bytes_per_step / mb:.3f} MB/step measured** (the last epochs trained) against "
+         if s.training.bytes_per_step is not None else "- traffic not measured (no checkpoint recorded it); ")
+        + f"{s.plan.modeled_bytes_per_step / mb:.3f} MB/step that the cost model predicts for the plan that trained",
+        f"- modeled communication time per step: **{s.plan.comm_time_us_per_step:.1f} {us}** "
         f"with {config.plan.strategy}, "
-        f"{s.row_wise_comm_time_us_per_step:.1f} {us} with row-wise-mod "
-        f"({s.row_wise_comm_time_us_per_step / max(s.comm_time_us_per_step, 1e-12):.2f}× its time); "
-        f"{s.row_wise_bytes_per_step / mb:.3f} MB/step with row-wise-mod",
-        f"- loss per epoch (this run): {', '.join(f'{x:.4f}' for x in s.epoch_loss) or 'none'}",
-        f"- exported model: `{s.model}`",
+        f"{s.plan.row_wise_comm_time_us_per_step:.1f} {us} with row-wise-mod "
+        f"({s.plan.row_wise_comm_time_us_per_step / max(s.plan.comm_time_us_per_step, 1e-12):.2f}× its time); "
+        f"{s.plan.row_wise_bytes_per_step / mb:.3f} MB/step with row-wise-mod",
+        f"- loss per epoch (this run): {', '.join(f'{x:.4f}' for x in s.training.epoch_loss) or 'none'}",
+        f"- exported model: `{s.training.model}`",
         *([f"- top-{config.nightly.top_k} lists of the users seen ({config.nightly.recommend_users}), Parquet: "
            f"`{s.recommendations}`"] if s.recommendations else []),
         *([f"- Dask performance report (task stream, workers' profiles, bandwidth; open it in a browser): "
            f"`{s.dask_report}`"] if s.dask_report else []),
-        f"- resumed from: `{s.resumed_from}`" if s.resumed_from else "- resumed from no checkpoint",
-        *(f"- **skipped damaged checkpoint** `{k['checkpoint']}`: {k['reason']}" for k in s.skipped_checkpoints),
-        f"- worker losses recovered from a checkpoint: {s.restarts} (max_restarts {config.train.max_restarts})",
+        f"- resumed from: `{s.training.resumed_from}`" if s.training.resumed_from else "- resumed from no checkpoint",
+        *(f"- **skipped damaged checkpoint** `{k['checkpoint']}`: {k['reason']}"
+          for k in s.training.skipped_checkpoints),
+        f"- worker losses recovered from a checkpoint: {s.training.restarts} "
+        f"(max_restarts {config.train.max_restarts})",
         *(f"- **warning**: {w}" for w in s.warnings),
-        "- checkpoints: " + (", ".join(f"`{c}`" for c in s.checkpoints) or "none"),
+        "- checkpoints: " + (", ".join(f"`{c}`" for c in s.training.checkpoints) or "none"),
         "- versions, checkpoints, models and plots (SVG files) on the machine that ran it: `" + s.run_dir + "`",
         *_stage_table(s.stage_seconds),
         "",

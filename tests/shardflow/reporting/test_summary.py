@@ -15,11 +15,11 @@ from support import TRAINED
 
 def test_the_json_form_reads_back_to_the_same_value_with_every_key_as_before():
     summary = RunSummary.parse(TRAINED)
-    assert summary.window == (1, 1) and summary.epoch_loss == (0.5, 0.4, 0.35)  # lists become tuples
+    assert summary.window == (1, 1) and summary.training.epoch_loss == (0.5, 0.4, 0.35)  # lists become tuples
     assert summary.to_dict() == TRAINED  # newest_version only where a run trained nothing
     assert RunSummary.parse(json.loads(json.dumps(summary.to_dict()))) == summary
     assert set(summary.stored()) == set(TRAINED) - set(RUN_KEYS)
-    assert summary.metrics("previous_") == Metrics(0.8, hr_at_10=0.48, ndcg_at_10=0.28, full_ranking="exclude-seen",
+    assert summary.previous == Metrics(0.8, hr_at_10=0.48, ndcg_at_10=0.28, full_ranking="exclude-seen",
                                                    full_hr_at_10=0.05, full_ndcg_at_10=0.025, full_hr_at_20=0.08,
                                                    full_ndcg_at_20=0.035)
     idle = dataclasses.replace(summary, trained=False, newest_version=3)
@@ -30,8 +30,9 @@ def test_a_key_a_version_made_before_it_existed_lacks_is_none_and_an_unknown_key
     older = {k: v for k, v in TRAINED.items()
              if not k.startswith(("val_", "previous_n", "full_", "previous_full")) and k != "best_epoch"}
     summary = RunSummary.parse({**older, "retired_key": 1})
-    assert (summary.val_auc, summary.best_epoch, summary.previous_ndcg_at_10) == (None, None, None)
-    assert summary.full_hr_at_10 is None and summary.metrics().text() == "AUC 0.8100, HR@10 0.5000, NDCG@10 0.3000"
+    assert (summary.validation.auc, summary.training.best_epoch, summary.previous.ndcg_at_10) == (None, None, None)
+    assert summary.held_out.full_hr_at_10 is None
+    assert summary.held_out.text() == "AUC 0.8100, HR@10 0.5000, NDCG@10 0.3000"
     assert "retired_key" not in summary.to_dict()
 
 
