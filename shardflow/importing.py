@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from logging import Logger, LoggerAdapter
 from pathlib import Path
+from typing import Any
 
 from shardflow.config import RetrainConfig
 from shardflow.errors import DamagedStore, InputError
@@ -36,7 +37,7 @@ def dataset_store(config: RetrainConfig) -> Path | None:
     return source if (source / MANIFEST).is_file() else dest if (dest / MANIFEST).is_file() else None
 
 
-def imported_source(config: RetrainConfig) -> dict | None:
+def imported_source(config: RetrainConfig) -> dict[str, Any] | None:
     """The source RUN_DIR/dataset was imported from (None: `dataset` is a store itself, or nothing imported yet)."""
     source, dest = Path(config.data.dataset), config.layout.dataset
     if (source / MANIFEST).is_file() or not (dest / MANIFEST).is_file():
@@ -44,21 +45,21 @@ def imported_source(config: RetrainConfig) -> dict | None:
     return Dataset.open(dest).info.source
 
 
-def import_options(config: RetrainConfig) -> dict:
+def import_options(config: RetrainConfig) -> dict[str, Any]:
     """The options an import records: criteo's table sizes, recbole's click label (none for the other formats)."""
     return recorded_options(config.data.dataset_format, {}, config.data.hash_rows, config.data.click_label)
 
 
-def import_kwargs(config: RetrainConfig) -> dict:
+def import_kwargs(config: RetrainConfig) -> dict[str, Any]:
     data = config.data
     return {"hash_rows": data.hash_rows} if data.dataset_format == "criteo" else {"label": data.click_label}
 
 
-def same_source(known: dict, config: RetrainConfig) -> bool:
+def same_source(known: dict[str, Any], config: RetrainConfig) -> bool:
     return (known.get("format"), known.get("path")) == (config.data.dataset_format, str(Path(config.data.dataset)))
 
 
-def source_parts(config: RetrainConfig, known: dict | None) -> list[Part]:
+def source_parts(config: RetrainConfig, known: dict[str, Any] | None) -> list[Part]:
     """The parts of the dataset directory, each unfinished one marked (those RUN_DIR/dataset holds are not judged)."""
     held = [p["name"] for p in known.get("parts", [])] if known and same_source(known, config) else []
     return resolve_parts(config.data.dataset, config.data.part_settle_s, held)
@@ -81,11 +82,12 @@ def verify_dataset(store: Path) -> None:
     try:
         ds.verify()
     except DamagedStore as e:
-        raise InputError(f"{e}. To rebuild it from its part: {repair_command(ds.info.source, e.segment, store)}") \
+        segment = -1 if e.segment is None else e.segment  # -1: no part named, a whole re-import
+        raise InputError(f"{e}. To rebuild it from its part: {repair_command(ds.info.source, segment, store)}") \
             from None
 
 
-def bring_in(config: RetrainConfig, log: Logger | LoggerAdapter) -> Imported:
+def bring_in(config: RetrainConfig, log: Logger | LoggerAdapter[Logger]) -> Imported:
     """The dataset store and the parts this run added to it.
 
     `dataset` itself if it is a store, else its import into RUN_DIR/dataset. A source

@@ -8,10 +8,12 @@ The layout and its records are storage.versions; docs/runs.md says what each dec
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from logging import Logger, LoggerAdapter
 from pathlib import Path
+from typing import Any
 
 from shardflow.config import RetrainConfig
 from shardflow.data.clicks import training_window_start
@@ -35,7 +37,7 @@ NOT_FINGERPRINTED = ("run_dir", "scheduler_address", "cluster_class", "cluster_k
                      "part_settle_s")
 
 
-def fingerprint(config: RetrainConfig) -> dict:
+def fingerprint(config: RetrainConfig) -> dict[str, Any]:
     values = {k: v for k, v in config.flat().items() if k not in NOT_FINGERPRINTED}
     values["topology"] = config.parsed_topology.to_dict()
     return values
@@ -74,7 +76,7 @@ def _nothing_new(config: RetrainConfig, run: str) -> RunSummary | None:
             return None
         warnings, store = source_warnings(source, parts), dest
     segments = [s.checksum for s in Dataset.open(store).segments]
-    if versions.started(run, last).segments != tuple(segments):
+    if versions.began(run, last).segments != tuple(segments):
         return None
     return untrained(run, versions.current(run), last, (), tuple(warnings))
 
@@ -105,7 +107,7 @@ class NothingNew:
     parts: int
 
 
-def open_version(config: RetrainConfig, dataset: str, log: Logger | LoggerAdapter) -> VersionStart | NothingNew:
+def open_version(config: RetrainConfig, dataset: str, log: Logger | LoggerAdapter[Logger]) -> VersionStart | NothingNew:
     """What this run does: NothingNew when the dataset holds nothing the versions have not seen, else the
     start record of the version to make (a new one, or one cut off part-way, resumed or made again).
 
@@ -118,11 +120,11 @@ def open_version(config: RetrainConfig, dataset: str, log: Logger | LoggerAdapte
     made = versions.numbers(run)
     last = made[-1] if made else None
     finished = versions.result(run, last) if last else None
-    if versions.promotion_cut_off(run, last):
+    if last is not None and versions.promotion_cut_off(run, last):
         versions.promote(run, last)  # a run cut off between the version's result and its promotion
         log.warning("version %d was accepted but its promotion was cut off; promoted now", last)
     promoted = versions.current(run)
-    if finished is not None and versions.started(run, last).segments == tuple(segments):
+    if last is not None and finished is not None and versions.began(run, last).segments == tuple(segments):
         log.info("no new data since version %d: nothing to train", last)
         return NothingNew(promoted, last, len(segments))
     mark = fingerprint(config)
@@ -144,15 +146,15 @@ def open_version(config: RetrainConfig, dataset: str, log: Logger | LoggerAdapte
     return record
 
 
-def _resume_cut_off(run: str, last: int, segments: list, mark: dict, promoted: int | None,
-                    log: Logger | LoggerAdapter) -> VersionStart | None:
+def _resume_cut_off(run: str, last: int, segments: list[str], mark: dict[str, Any], promoted: int | None,
+                    log: Logger | LoggerAdapter[Logger]) -> VersionStart | None:
     """Version `last`, cut off part-way, resumed as it began or on a new plan of the devices there are now; None
     when it must be made again (new data, another configuration, another current version), said in the log."""
-    began, segments = versions.started(run, last), tuple(segments)
-    if (began.segments, began.config, began.warm_start_from) == (segments, mark, promoted):
+    began, parts = versions.began(run, last), tuple(segments)
+    if (began.segments, began.config, began.warm_start_from) == (parts, mark, promoted):
         log.info("resuming version %d, cut off part-way", last)
         return began
-    if (began.segments, began.warm_start_from) == (segments, promoted) \
+    if (began.segments, began.warm_start_from) == (parts, promoted) \
             and _other_devices(began.config, mark) and complete_checkpoints(versions.version_dir(run, last)):
         before, now = began.config["topology"], mark["topology"]
         log.warning("version %d was cut off part-way and the topology changed (%d devices → %d): resuming it "
@@ -161,20 +163,20 @@ def _resume_cut_off(run: str, last: int, segments: list, mark: dict, promoted: i
         began = dataclasses.replace(began, config=mark)
         versions.restart(run, began)
         return began
-    why = "new data arrived" if began.segments != segments else "the configuration changed" \
+    why = "new data arrived" if began.segments != parts else "the configuration changed" \
         if began.config != mark else f"version {promoted} was made current since it began"
     log.warning("version %d was cut off part-way and %s: making it again", last, why)
     return None
 
 
-def _training_window(config: RetrainConfig, ds: Dataset, segments: list, promoted: int | None,
-                     log: Logger | LoggerAdapter) -> list[int]:
+def _training_window(config: RetrainConfig, ds: Dataset, segments: list[str], promoted: int | None,
+                     log: Logger | LoggerAdapter[Logger]) -> list[int]:
     """[the first part trained on, the first part evaluated on]: after the parts the warm-start source saw
     (those its dataset shares with this one: a part replaced since with 'shardflow import --replace-from' is
     new to it), widened by config.nightly.train_window, and to one batch of examples at least."""
-    seen = common_prefix(versions.started(config.run_dir, promoted).segments, segments) if promoted else 0
+    seen = common_prefix(versions.began(config.run_dir, promoted).segments, segments) if promoted else 0
     window = config.nightly.train_window
-    wanted = {"new": seen, "all": 0}.get(window) if isinstance(window, str) else max(0, len(segments) - window)
+    wanted = {"new": seen, "all": 0}[window] if isinstance(window, str) else max(0, len(segments) - window)
     train_from = training_window_start(ds, wanted, config.train.batch_size, seen,
                                        validation=config.train.patience is not None)
     if train_from < wanted:
@@ -183,14 +185,14 @@ def _training_window(config: RetrainConfig, ds: Dataset, segments: list, promote
     return [train_from, seen]
 
 
-def _other_devices(began: dict, now: dict) -> bool:
+def _other_devices(began: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether two fingerprints differ in the topology alone: a version goes on from its checkpoint on a new plan
     of the devices there are now."""
     return began["topology"] != now["topology"] and {k: v for k, v in began.items() if k != "topology"} == {
         k: v for k, v in now.items() if k != "topology"}
 
 
-def common_prefix(a: tuple | list, b: tuple | list) -> int:
+def common_prefix(a: Sequence[object], b: Sequence[object]) -> int:
     """How many leading entries `a` and `b` share."""
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 

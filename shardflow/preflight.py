@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from shardflow.config import RetrainConfig
 from shardflow.data.clicks import exported_record, model_config, shape_differences, warm_start_record
@@ -88,7 +89,7 @@ def check_model_shape(config: RetrainConfig) -> None:
     mine = warm_start_record(model, config.train.dense_optimizer, config.train.row_optimizer)
     differ = shape_differences(mine, theirs)
     if differ:
-        def values(record: dict) -> str:
+        def values(record: dict[str, Any]) -> str:
             return ", ".join(f"{CONFIG_NAMES.get(k, k)} = {_plain(record.get(k))!r}" for k in differ)
 
         raise InputError(
@@ -98,7 +99,7 @@ def check_model_shape(config: RetrainConfig) -> None:
         )
 
 
-def _plain(value):
+def _plain(value: object) -> object:
     """A record's value as the run config spells it (widths as lists)."""
     return list(value) if isinstance(value, tuple) else value
 
@@ -137,7 +138,7 @@ def check_versions(config: RetrainConfig, dataset_store: str) -> None:
     storage.importers.check_continuation instead).
     """
     run = config.run_dir
-    made = [versions.started(run, n) for n in versions.numbers(run)]
+    made = [versions.began(run, n) for n in versions.numbers(run)]
     if not made:
         return
     last = made[-1]

@@ -58,12 +58,13 @@ def plain(value: object) -> object:
     return [plain(v) for v in value] if isinstance(value, (tuple, list)) else value
 
 
-def _options(hint: object) -> tuple:
+def _options(hint: object) -> tuple[object, ...]:
     return typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
 
 
 def _accepted(hint: object) -> str:
-    names = {int: "int", float: "int or float", str: "str", bool: "bool", dict: "dict", type(None): "none"}
+    names: dict[object, str] = {int: "int", float: "int or float", str: "str", bool: "bool", dict: "dict",
+                                type(None): "none"}
     return " or ".join(names.get(typing.get_origin(o) or o, "dict" if dataclasses.is_dataclass(o) else "list")
                        for o in _options(hint))
 
@@ -82,6 +83,6 @@ def _checked(value: object, hint: object, key: str, where: str) -> object:
             return value
         if typing.get_origin(option) is dict and type(value) is dict:
             return value
-        if dataclasses.is_dataclass(option) and isinstance(value, dict):
+        if isinstance(option, type) and dataclasses.is_dataclass(option) and isinstance(value, dict):
             return parse_record(option, value, f"{where} {key}")
     raise InputError(f"{where}: {key} = {value!r}; accepted: {_accepted(hint)}")

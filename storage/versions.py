@@ -146,6 +146,15 @@ def started(run_dir: str | Path, number: int) -> VersionStart | None:
     return None if record is None else parse_record(VersionStart, record, str(path))
 
 
+def began(run_dir: str | Path, number: int) -> VersionStart:
+    """The start record of version `number`, which exists; an InputError naming the file when it does not."""
+    record = started(run_dir, number)
+    if record is None:
+        raise InputError(f"{version_dir(run_dir, number) / STARTED}: missing; accepted: the start record of a "
+                         "version a run began")
+    return record
+
+
 def result(run_dir: str | Path, number: int) -> dict | None:
     return _read(version_dir(run_dir, number) / RESULT)
 

@@ -46,7 +46,7 @@ def model_key(run: str | Path, number: int) -> str:
 
 def upstream(run: str | Path, number: int) -> list[Asset]:
     """The parts version `number` trained on (its window), its profile and the plan that trained it."""
-    began = versions.started(run, number)
+    began = versions.began(run, number)
     names = began.parts or tuple(f"part-{k + 1}" for k in range(len(began.segments)))
     parts = [Asset(key=asset_key(run, "dataset", "parts", name),
                    properties=AssetProperties(name=f"part {name}", description=f"a part of {Path(run).resolve()}/"

@@ -55,7 +55,7 @@ def gate(config: RetrainConfig, dataset: str, number: int, client, figures: Vers
     promoted one never).
     """
     log, run = get_run_logger(), config.run_dir
-    began = versions.started(run, number)
+    began = versions.began(run, number)
     source = began.warm_start_from
     previous = None
     if source is not None:
