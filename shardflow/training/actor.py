@@ -277,10 +277,9 @@ class StepCall:
         self.sent.extend((m.sender, self.actor.peers[m.sender].deliver(self.tag, self.device.answer_early(m)))
                          for m in requests)
 
-    def _send(self, out: dict[int, Message] | None) -> list[tuple[int, Any]]:
+    def _send(self, out: dict[int, Message]) -> list[tuple[int, Any]]:
         """Deliver each of `out`'s messages to its peer: [(peer, the delivery's call)] (none with the collective
         transport: its sends end in the background)."""
-        out = out or {}
         if self.link is not None:
             for peer, m in out.items():
                 self.link.send(peer, m)

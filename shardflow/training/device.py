@@ -131,7 +131,7 @@ class Device:
         self._prepared = (requests, need, int(targets.size), time.perf_counter() - t0)
         return requests.outbox
 
-    def start(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> Outbox | None:
+    def start(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> Outbox:
         """Step `step` begins; its REQUEST outbox (the one `prepare` returned, if it was prepared)."""
         if self._prepared is None or self._prepared[0].step != step:
             self.prepare(epoch, step_in_epoch, step, seed)
@@ -143,7 +143,7 @@ class Device:
         self._examples, self._loss_sum, self._seconds = examples, 0.0, {"batch": batch_s}
         return out
 
-    def receive(self, round: Round, inbox: list[Message]) -> Outbox | None:
+    def receive(self, round: Round, inbox: list[Message]) -> Outbox:
         out = self._carry_out(self.protocol.receive(round, inbox))
         now = time.perf_counter()
         self._seconds[round.value] = now - self._mark
@@ -164,10 +164,10 @@ class Device:
     def table_plan(self, table: str) -> DevicePlan:
         return self.protocol.tables[table]
 
-    def _carry_out(self, instructions: list[Instruction]) -> Outbox | None:
+    def _carry_out(self, instructions: list[Instruction]) -> Outbox:
         """Carry out the protocol's instructions in order (this device's shard is written here, and only here);
         the messages to send, if any."""
-        out = None
+        out: Outbox = {}
         for todo in instructions:
             if isinstance(todo, Apply):
                 self.shard.apply(todo.table, todo.ids, todo.grads, todo.step)

@@ -33,13 +33,13 @@ class InProcess:
         stats = []
         try:
             for i, args in enumerate(starts):
-                outboxes, asked, at = [d.start(*args) or {} for d in self.devices], None, early_at(i)
+                outboxes, asked, at = [d.start(*args) for d in self.devices], None, early_at(i)
                 for round in self.devices[0].rounds:
                     if asked is not None and round is at:
                         self._answer_early(asked)
                         asked = None
                     inboxes = [[out[r] for out in outboxes if r in out] for r in range(len(self.devices))]
-                    outboxes = [d.receive(round, inbox) or {} for d, inbox in zip(self.devices, inboxes, strict=True)]
+                    outboxes = [d.receive(round, inbox) for d, inbox in zip(self.devices, inboxes, strict=True)]
                     if round is Round.REPLY and i + 1 < len(starts):
                         asked = [d.prepare(*starts[i + 1]) for d in self.devices]
                 if asked is not None:

@@ -210,7 +210,7 @@ class StepProtocol(RelayRounds):
                 if at.size:
                     out[m.sender].blocks.append(Block(Kind.PATCH, b.table, at, to_host(rows)))
             if self.device == 0 and not self.relay:
-                out[m.sender].dense = {k: to_host(v) for k, v in self._dense().items()}
+                out[m.sender].dense = {k: to_host(v) for k, v in self.shard.dense_layers.items()}
         return self._sent(reply, out)
 
     def _rows(self, request: Block) -> Block:
@@ -245,7 +245,7 @@ class StepProtocol(RelayRounds):
                     r[torch.from_numpy(at[patch.ids]).to(r.device)] = torch.from_numpy(patch.values).to(r.device)
             rows[table] = r
         if self.device == 0:
-            dense = self._dense()
+            dense = self.shard.dense_layers
         else:
             sent = next(m for m in inbox if m.sender == 0).dense or {}
             dense = {k: torch.from_numpy(v).to(self.shard.device) for k, v in sent.items()}

@@ -74,7 +74,7 @@ class ReferenceTrainer:
         """Train up to `epochs` epochs, scoring the validation split after each; stop `patience` epochs after
         the best (shardflow.training.validation) and keep its parameters. Returns every epoch's score."""
         scores: dict[int, float] = {}
-        kept = self._copy()  # the parameters as they start, replaced by each best epoch's
+        kept: tuple[Tensors, ...] | None = None  # the best epoch's parameters
         for epoch in range(1, epochs + 1):
             self.train_epoch(epoch - 1)
             scores[epoch] = score(validation_values(self.evaluate(self.data.validation_targets)))
@@ -82,9 +82,10 @@ class ReferenceTrainer:
                 kept = self._copy()
             if stop_now(scores, patience):
                 break
-        for now, then in zip(self._parameters(), kept, strict=True):
-            for k, v in then.items():
-                now[k].copy_(v)
+        if kept is not None:
+            for now, then in zip(self._parameters(), kept, strict=True):
+                for k, v in then.items():
+                    now[k].copy_(v)
         return scores
 
     def _parameters(self) -> tuple[Tensors, Tensors, Tensors]:

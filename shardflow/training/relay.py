@@ -56,7 +56,7 @@ class RelayRounds(ReplicaSync):
             for b in m.blocks:
                 out[m.sender].blocks.append(Block(b.kind, b.table, NO_IDS, to_host(self._read(b.table, b.ids))))
             if self.device == 0:
-                out[m.sender].dense = {k: to_host(v) for k, v in self._dense().items()}
+                out[m.sender].dense = {k: to_host(v) for k, v in self.shard.dense_layers.items()}
         self._now.asked = []
         return self._sent(Round.REPLY, out)
 

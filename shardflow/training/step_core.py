@@ -97,12 +97,6 @@ class StepCore:
             raise RuntimeError(f"device {self.device}: no step under way")
         return self.state
 
-    def _dense(self) -> dict[str, torch.Tensor]:
-        """Device 0's dense parameters."""
-        if self.shard.dense is None:
-            raise RuntimeError(f"device {self.device}: holds no dense parameters (device 0 does)")
-        return self.shard.dense
-
     def _finish(self) -> EndStep:
         now = self._now
         left = {t: len(p) for t, p in now.pending.items() if p}

@@ -431,6 +431,10 @@ class FakeShard:
     def __init__(self, dense: bool) -> None:
         self.dense = {"w": torch.tensor([0.5])} if dense else {}
 
+    @property
+    def dense_layers(self) -> dict[str, torch.Tensor]:
+        return self.dense
+
     def check_clock(self, step: int) -> None:
         assert step == self.clock
 
