@@ -40,7 +40,12 @@ LOOPBACK_DASHBOARD = "127.0.0.1:0"  # a local cluster's dashboard: this machine 
 # pre-spawn environment (one OpenMP thread), imports no CUDA, and ends with the process that started it.
 # torch._dynamo too: a process's first torch.optim optimizer imports it (2.1 s of CPU here), which every
 # worker did when its parameter server started (2 devices up in 2.0 s instead of 5.0 s, 2 cores).
-WORKER_PRELOAD = ["distributed", "shardflow.training.actor", "torch._dynamo"]
+# shardflow.training.recommend too: the night's top-K lists are written as Parquet on the workers, and
+# pyarrow.parquet is 29 MB resident a process; imported by whichever worker got a block first, one worker
+# grew by it in a later night of the soak test. shardflow.ignore_interrupts first: the server and its workers
+# ignore a terminal's Ctrl-C from then on.
+WORKER_PRELOAD = ["shardflow.ignore_interrupts", "distributed", "shardflow.training.actor", "torch._dynamo",
+                  "shardflow.training.recommend"]
 # How local worker processes start (distributed's config): forked from that server. Dask would set
 # MALLOC_TRIM_THRESHOLD_ in them, which also pins glibc's mmap threshold at 128 KiB: every chunk-sized
 # buffer is then a fresh mmap that page-faults. Counting 10^8 ids took 1.9 s with it and 1.05 s without
@@ -155,21 +160,22 @@ def start_worker_server() -> None:
 
 
 def _spawn_ignoring_interrupts(spawn: Callable[[], None]) -> None:
-    """`spawn` a process that ignores SIGINT from its first instruction (an ignored signal stays ignored across
-    exec, and Python keeps it so), as do the processes it forks.
+    """`spawn` the worker server with SIGINT blocked: the mask passes to it through fork and exec, and its first
+    import (shardflow.ignore_interrupts) ignores the signal, discarding one that arrived meanwhile, then unblocks it.
 
     A terminal's Ctrl-C reaches its whole process group: the worker server would die printing a KeyboardInterrupt
-    traceback of the import it was in (its preload takes seconds; it ignores SIGINT only after). SIGINT is
-    blocked first, so one that arrives meanwhile waits for this process's own handler instead of being lost."""
-    if threading.current_thread() is not threading.main_thread():
-        spawn()
-        return
+    traceback of the import it was in (its preload takes seconds). Only the calling thread blocks the signal, and
+    this process's handler stays in: a Ctrl-C sent meanwhile is taken by another thread and handled as ever.
+    (Ignoring it here for the spawn instead lost it: the kernel hands a signal blocked in one thread to another,
+    where it was ignored; the run then went on to the end.) multiprocessing's resource tracker is started first:
+    the server needs it, and starting it unblocks SIGINT in the calling thread (it guards its own start so)."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         spawn()
     finally:
-        signal.signal(signal.SIGINT, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -42,3 +43,50 @@ def test_local_workers_fork_from_the_server_started_early_which_has_the_nannys_e
     # What distributed's nanny sets before it starts a worker process, less the malloc setting we drop.
     assert found["env"] == {"OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "6640", "MALLOC_TRIM_THRESHOLD_": ""}
     assert found["workers"] == [[found["server"], 1], [found["server"], 1]]  # forked from it, one thread each
+
+
+
+CTRL_C_AT_START = """
+import json, os, signal, sys, threading, time
+from multiprocessing import forkserver, util
+from shardflow.cluster import start_worker_server
+
+got = []
+signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+threading.Thread(target=threading.Event().wait, daemon=True).start()  # a thread the kernel may hand SIGINT to
+spawn = util.spawnv_passfds
+
+def spawn_then_ctrl_c(*args):  # multiprocessing's resource tracker, then the worker server
+    pid = spawn(*args)
+    os.killpg(0, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole group as the process starts
+    return pid
+
+util.spawnv_passfds = spawn_then_ctrl_c
+start_worker_server()
+server = forkserver._forkserver._forkserver_pid
+
+def masks():
+    with open(f"/proc/{server}/status") as f:
+        return {k: int(v, 16) for k, v in (line.split(":") for line in f) if k in ("SigBlk", "SigIgn", "SigCgt")}
+
+time.sleep(0.5)
+os.killpg(0, signal.SIGINT)  # and again while the server imports PyTorch
+deadline = time.monotonic() + 300
+while not masks()["SigCgt"] & (1 << (signal.SIGCHLD - 1)):  # the server catches SIGCHLD once its imports are done
+    assert os.waitpid(server, os.WNOHANG) == (0, 0), "the worker server died"
+    assert time.monotonic() < deadline, "the worker server still imports after 300 s"
+print(json.dumps({"got": got, "masks": masks()}))
+"""
+
+
+def test_a_ctrl_c_while_the_worker_server_starts_reaches_this_process_and_the_server_ignores_it():
+    """The server was spawned with SIGINT ignored here: a Ctrl-C meanwhile was handed to another thread, which
+    ignored it, and the run went on to its end. Blocked instead, it must stay blocked until the server ignores it
+    (multiprocessing's resource tracker, started on the way, unblocks it: the server then died of it)."""
+    done = subprocess.run([sys.executable, "-c", CTRL_C_AT_START], capture_output=True, text=True, timeout=600,
+                          start_new_session=True)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["got"] == [signal.SIGINT] * 3, found  # each Ctrl-C reached this process's handler
+    sigint = 1 << (signal.SIGINT - 1)
+    assert found["masks"]["SigIgn"] & sigint and not found["masks"]["SigBlk"] & sigint, found["masks"]
