@@ -22,12 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from shardflow.emulation.network import HUB_ADDRESS, Network
+from shardflow.emulation.network import HUB_ADDRESS, SCHEDULER_PORT, WORKER_PORT, Network
 from shardflow.errors import InputError
 from shardflow.planner.topology import Topology
 
-SCHEDULER_PORT = 8786
-WORKER_PORT = 40000
 STOP_WAIT_S = 5.0
 READY_TIMEOUT_S = 600.0  # an upper bound only: the wait ends as soon as every worker has joined
 PR_SET_PDEATHSIG = 1

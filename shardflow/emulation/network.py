@@ -33,6 +33,12 @@ PREFIX = "sfe"
 SUBNET = "10.213.0"
 HUB_ADDRESS = f"{SUBNET}.1"
 FIRST_NODE_HOST = 11  # node K is SUBNET.(11+K): two digits, so addresses sort as the nodes do
+# Where the emulated cluster listens: the scheduler in the hub, device d's worker at WORKER_PORT + d in its node.
+# Reserved in every namespace made here (net.ipv4.ip_local_reserved_ports, one per namespace), so no connection
+# takes one as its local port first: a worker then failed to start on a loaded machine, "Address already in use".
+SCHEDULER_PORT = 8786
+WORKER_PORT = 40000
+RESERVED_PORTS = f"{SCHEDULER_PORT},{WORKER_PORT}-{WORKER_PORT + 999}"
 MAX_NODES = 99 - FIRST_NODE_HOST + 1
 UPLINK = "uplink"  # the node's end of its veth
 BURST_S = 0.004  # a shaped link's bucket: this many seconds of its rate (at least two loopback frames)
@@ -47,9 +53,9 @@ def cannot_emulate() -> str | None:
     """Why this machine cannot build an emulated cluster, in one line; None when it can."""
     if os.geteuid() != 0:
         return "the emulated cluster needs root (network namespaces, veth pairs and tc)"
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    missing = [tool for tool in ("ip", "tc", "sysctl") if shutil.which(tool) is None]
     if missing:
-        return f"the emulated cluster needs {' and '.join(missing)} (iproute2), not found on PATH"
+        return f"the emulated cluster needs {', '.join(missing)} (iproute2, procps), not found on PATH"
     return None
 
 
@@ -190,6 +196,7 @@ class Network:
         _run("ip", "netns", "add", namespace)
         self._made.append(namespace)
         _run("ip", "-n", namespace, "link", "set", "lo", "up")
+        _run("ip", "netns", "exec", namespace, "sysctl", "-qw", f"net.ipv4.ip_local_reserved_ports={RESERVED_PORTS}")
 
     @staticmethod
     def port(k: int) -> str:
