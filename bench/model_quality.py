@@ -2,7 +2,8 @@
 
     python bench/model_quality.py [--datasets games,beauty] [--encoders mean,self-attention] [--epochs 20]
                                   [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.5]
-                                  [--patience N [--min-epochs M]] [--row-optimizer adagrad|adam] [--row-lr RATE]
+                                  [--patience N [--min-epochs M] [--full-ranking exclude-seen|include-seen|off]]
+                                  [--row-optimizer adagrad|adam] [--row-lr RATE]
                                   [--negatives 4] [--loss bce|sampled-softmax] [--devices 2]
                                   [--device cpu|cuda]
 
@@ -16,9 +17,10 @@ section IV-B): the held-out last item ranked among 100 items the user never inte
 (shardflow.data.examples.sample_unseen). Without --patience the epoch count is fixed in
 advance and the figure reported is the last epoch's. With --patience N, as the paper does,
 each user's second-to-last item is held out as a validation split too, scored after every
-epoch; training stops N epochs after the best validation NDCG@10 (not before epoch M, with
---min-epochs M) and the figure reported is the test split's at that best epoch (the test item
-chooses nothing). Either way:
+epoch and ranked among the whole catalog where the rows live (Engine.validate; --full-ranking
+off: sampled only); training stops N epochs after the best validation NDCG@10 of the whole
+catalog (the sampled one with off; not before epoch M, with --min-epochs M) and the figure
+reported is the test split's at that best epoch (the test item chooses nothing). Either way:
 min/median/max over the seeds, and the medians over the published figures (ratios). The
 per-epoch rows are printed as a learning curve. The model reported (the last epoch's, or the
 best validation epoch's) is exported and its held-out items are also ranked among the whole
@@ -54,12 +56,13 @@ from shardflow.config import RetrainConfig
 from shardflow.data.batches import TrainData
 from shardflow.errors import InputError
 from shardflow.model.optim import ROW_OPTIMIZERS, OptimizerConfig
+from shardflow.model.ranking import FULL_RANKING
 from shardflow.model.sequence import LOSSES, ModelConfig
 from shardflow.training.config import TrainConfig
 from shardflow.training.device import DEVICES, torch_device
 from shardflow.training.engine import Engine
 from shardflow.training.evaluate import evaluate_export
-from shardflow.training.validation import best_epoch, score, stop_now, validation_values
+from shardflow.training.validation import best_epoch, epoch_scores, stop_now
 from storage.importers import import_dataset
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -85,15 +88,17 @@ def run(client, dataset: Path, model: ModelConfig, optimizer: OptimizerConfig, t
             e = engine.train_epoch(epoch - 1)
             t = time.perf_counter()
             metrics = engine.evaluate()
-            held = validation_values(engine.evaluate("validation")) if patience else {}
+            held = engine.validate() if patience else {}
             rows.append({"epoch": epoch, "loss": e.loss, "train_s": e.seconds,
                          "eval_s": time.perf_counter() - t, **metrics.values(), "users": metrics.users, **held})
-            chosen = f"  validation NDCG@10 {held['val_ndcg_at_10']:.4f}" if held else ""
+            full = held.get("val_full_ndcg_at_10")
+            chosen = (f"  validation NDCG@10 {held['val_ndcg_at_10']:.4f}" if held else "") + (
+                "" if full is None else f", whole catalog {full:.4f}")
             print(f"    epoch {epoch:3d}: loss {e.loss:.4f}  HR@10 {metrics.hr_at_10:.4f}  NDCG@10 "
                   f"{metrics.ndcg_at_10:.4f}  AUC {metrics.auc:.4f}{chosen}  ({e.seconds:.0f} s + "
                   f"{rows[-1]['eval_s']:.0f} s eval, load {os.getloadavg()[0]:.1f})", flush=True)
             if held:
-                scores[epoch] = score(held)
+                scores = epoch_scores({r["epoch"]: r for r in rows})
                 if best_epoch(scores) == epoch:
                     engine.export(export, epoch)
                 if stop_now(scores, patience, train.min_epochs):
@@ -121,6 +126,9 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=RetrainConfig().model.dropout)
     parser.add_argument("--patience", type=int, help="choose the epoch on a validation split (default: the last)")
     parser.add_argument("--min-epochs", type=int, help="with --patience: train at least this many epochs")
+    parser.add_argument("--full-ranking", choices=FULL_RANKING, default=RetrainConfig().train.full_ranking,
+                        help="with --patience: rank the validation split among the whole catalog after every epoch "
+                        "and choose on it (off: on the sampled NDCG@10)")
     parser.add_argument("--row-optimizer", choices=ROW_OPTIMIZERS, default=RetrainConfig().train.row_optimizer)
     parser.add_argument("--row-lr", type=float, help="the rows' rate (default: the row optimizer's, ROW_LR)")
     parser.add_argument("--negatives", type=int, default=RetrainConfig().model.negatives,
@@ -137,7 +145,7 @@ def main() -> None:
     try:
         torch_device(args.device)  # refused here, before any work, if no GPU is visible
         train = TrainConfig(batch_size=args.batch_size, epochs=args.epochs, eval_users=None, patience=args.patience,
-                            min_epochs=args.min_epochs, device=args.device)
+                            min_epochs=args.min_epochs, device=args.device, full_ranking=args.full_ranking)
     except InputError as e:
         raise SystemExit(f"model_quality: {e}") from None
     models = {}

@@ -170,6 +170,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     for key in ("encoder", "attention_blocks", "attention_heads", "dropout", "loss"):
         _config_flag(p, key)
     _config_flag(p, "eval_users", type=int, help="held-out users evaluated (0: all)")
+    _config_flag(p, "full_ranking", help="with --patience, sequences: rank the validation split among the whole "
+                 "catalog after every epoch and choose epochs on it (off: on the sampled protocol)")
     p.add_argument("--estimate", action="store_true", help="estimation mode: every table on one parameter server")
     p.add_argument("--server-memory", type=int, help="estimation: the server's bytes (default: the topology's)")
     p.add_argument("--scheduler", help="address of an existing Dask scheduler (one worker per device)")

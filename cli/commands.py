@@ -181,6 +181,7 @@ def run_train(args: argparse.Namespace) -> dict:
         device=args.device,
         seed=args.seed,
         eval_users=args.eval_users or None,
+        full_ranking=args.full_ranking,
     )
     torch_device(args.device)  # refused here, before a cluster starts, if this machine has no GPU
     with dask_client(

@@ -217,7 +217,7 @@ class RetrainConfig(BaseModel):
                            transport=t.transport,
                            epochs=t.epochs, steps_per_epoch=t.steps_per_epoch, device=t.device, seed=t.seed,
                            eval_users=t.eval_users, window=tuple(window), patience=t.patience,
-                           min_epochs=t.min_epochs)
+                           min_epochs=t.min_epochs, full_ranking=t.full_ranking)
 
     def encoder_options(self) -> dict:
         """The sequence model's encoder and loss, as shardflow.model.sequence.ModelConfig names them."""

@@ -154,8 +154,9 @@ class TrainSection(Section):
     patience: int | None = Field(
         None, ge=1, le=MAX_EPOCHS,
         description="hold out each user's second-to-last item (a click log: the last 10% of the "
-        "training rows) as a validation split, score it after every epoch (NDCG@10; click logs AUC), stop after "
-        "this many epochs without a better score and keep the best epoch (none: no split, every epoch)",
+        "training rows) as a validation split, score it after every epoch (sequences: NDCG@10 among the whole "
+        "catalog, among sampled items with full_ranking off; click logs: AUC), stop after this many epochs without "
+        "a better score and keep the best epoch (none: no split, every epoch)",
     )
     min_epochs: int | None = Field(
         None, ge=1, le=MAX_EPOCHS, description="with patience: train at least this many epochs before stopping (rows "
@@ -191,7 +192,8 @@ class TrainSection(Section):
     full_ranking: Literal["exclude-seen", "include-seen", "off"] = Field(
         "exclude-seen", description="sequences: also rank each held-out item among the whole catalog (HR and NDCG "
         "at 10 and 20), leaving out the items its user had before (exclude-seen, as published full-ranking "
-        "figures do) or not (include-seen); off: only the sampled protocol",
+        "figures do) or not (include-seen), after training and, with patience, the validation split after every "
+        "epoch, where the rows live; off: only the sampled protocol",
     )
     max_restarts: int = Field(
         3,

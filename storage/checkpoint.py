@@ -65,6 +65,10 @@ class CheckpointManifest:
     val_hr_at_10: float | None = None
     val_ndcg_at_10: float | None = None
     val_logloss: float | None = None
+    val_full_hr_at_10: float | None = None  # the validation split ranked among the whole catalog (sequences)
+    val_full_ndcg_at_10: float | None = None
+    val_full_hr_at_20: float | None = None
+    val_full_ndcg_at_20: float | None = None
     bytes_per_step: float | None = None
     examples_per_s: float | None = None
     seconds: float | None = None

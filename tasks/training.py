@@ -18,7 +18,6 @@ from shardflow.errors import WorkerLost
 from shardflow.training.engine import Engine
 from shardflow.training.epochs import EpochDone, Kept, Resumed, keep_best_epoch, restart_workers, resume_newest
 from shardflow.training.run import prepare, start_engine
-from shardflow.training.validation import validation_values
 from storage.checkpoint import checkpoint_dir
 
 T = TypeVar("T")
@@ -98,8 +97,7 @@ def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=
 
     try:
         stats = engine.train_epoch(epoch - 1, on_step=report)
-        done = EpochDone(stats, engine.evaluate(),
-                         validation_values(engine.evaluate("validation")) if engine.train.validation else {})
+        done = EpochDone(stats, engine.evaluate(), engine.validate() if engine.train.validation else {})
     except WorkerLost as e:
         return lost(f"epoch {epoch}", e)
     get_run_logger().info("epoch %d: %d steps, loss %.4f, AUC %.4f, %.0f examples/s", epoch, stats.steps,

@@ -20,8 +20,10 @@ import numpy as np
 
 METRICS = ("auc", "hr_at_10", "ndcg_at_10", "logloss")  # every summary has each key: None where the workload has none
 # The held-out item ranked among the whole catalog (sequences: shardflow.model.ranking); a version's summary
-# has each key, an epoch's record none (its figures are the sampled protocol's).
+# has each key; an epoch's held-out record none (its figures are the sampled protocol's), its validation split's
+# the numbers (val_full_…) where ranked.
 FULL_METRICS = ("full_ranking", "full_hr_at_10", "full_ndcg_at_10", "full_hr_at_20", "full_ndcg_at_20")
+FULL_FIGURES = FULL_METRICS[1:]  # its numbers (a validation split's, per epoch: shardflow.training.validation)
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,10 @@ class Metrics:
         else:  # a version made before NDCG@10 was measured has none
             ndcg = "" if self.ndcg_at_10 is None else f", NDCG@10 {self.ndcg_at_10:.4f}"
             second = f"HR@10 {self.hr_at_10:.4f}{ndcg}"
-            if self.full_hr_at_10 is not None:
-                seen = "excluded" if self.full_ranking == "exclude-seen" else "included"
-                second += (f"; full catalog, seen items {seen}: HR@10 {self.full_hr_at_10:.4f}, NDCG@10 "
-                           f"{self.full_ndcg_at_10:.4f}")
+            if self.full_hr_at_10 is not None:  # how it was ranked, where a record keeps it (a validation's: no)
+                seen = {"exclude-seen": ", seen items excluded", "include-seen": ", seen items included"}
+                second += (f"; full catalog{seen.get(self.full_ranking or '', '')}: HR@10 {self.full_hr_at_10:.4f}, "
+                           f"NDCG@10 {self.full_ndcg_at_10:.4f}")
         return f"AUC {self.auc:.4f}, {second}"
 
 

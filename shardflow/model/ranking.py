@@ -74,6 +74,16 @@ class UsersToRank:
     def users(self) -> int:
         return self.target.size
 
+    @classmethod
+    def joined(cls, parts: list[UsersToRank]) -> UsersToRank:
+        """The users of `parts` in order, as one ranking's (each device's held-out users, made where their rows
+        are read)."""
+        firsts = np.cumsum([0, *(p.users for p in parts[:-1])])
+        return cls(tuple(torch.cat(xs) for xs in zip(*(p.state for p in parts), strict=True)),
+                   np.concatenate([p.target for p in parts]), torch.cat([p.target_score for p in parts]),
+                   np.concatenate([p.left_user + f for p, f in zip(parts, firsts, strict=True)]),
+                   np.concatenate([p.left_item for p in parts]))
+
 
 def users_to_rank(config: ModelConfig, dense: Tensors, state: UserState, target: np.ndarray, target_rows: torch.Tensor,
                   seen: np.ndarray, seen_offsets: np.ndarray, include_seen: bool) -> tuple[UsersToRank, np.ndarray]:
@@ -105,14 +115,17 @@ def _rows_of(state: UserState, sel: slice | np.ndarray) -> UserState:
     return tuple(x[sel] for x in state)
 
 
-def rank_block(config: ModelConfig, dense: Tensors, users: UsersToRank, first: int, rows: torch.Tensor) -> CatalogRanks:
-    """The counts of the catalog's items first .. first + len(rows) - 1 (their rows `rows`) for every user: above
-    and tied with its held-out item, the held-out item itself and the user's left-out pairs not counted."""
-    n = rows.shape[0]
+def rank_block(config: ModelConfig, dense: Tensors, users: UsersToRank, ids: np.ndarray,
+               rows: torch.Tensor) -> CatalogRanks:
+    """The counts of the catalog's items `ids` (ascending; their rows `rows`: a contiguous block of an export, or
+    the rows a device is home to) for every user: above and tied with its held-out item, the held-out item itself
+    and the user's left-out pairs not counted."""
+    n = ids.size
     above = np.zeros(users.users, dtype=np.int64)
     tied = np.zeros(users.users, dtype=np.int64)
-    inside = (users.left_item >= first) & (users.left_item < first + n)
-    left_user, left_item = users.left_user[inside], users.left_item[inside] - first
+    left_at, left = _positions(ids, users.left_item)
+    left_user, left_item = users.left_user[left], left_at[left]
+    own_at, own = _positions(ids, users.target)
     with torch.no_grad():
         for s in range(0, users.users, USERS_AT_A_TIME):
             e = min(s + USERS_AT_A_TIME, users.users)
@@ -120,12 +133,24 @@ def rank_block(config: ModelConfig, dense: Tensors, users: UsersToRank, first: i
             scores = torch.cat([candidate_scores(config, dense, state, rows[r : r + ROWS_AT_A_TIME])
                                 for r in range(0, n, ROWS_AT_A_TIME)], dim=1) if n else torch.zeros(e - s, 0)
             counted = torch.ones_like(scores, dtype=torch.bool)
-            own = users.target[s:e] - first
-            mine = np.flatnonzero((own >= 0) & (own < n))
-            counted[torch.from_numpy(mine), torch.from_numpy(own[mine])] = False
+            mine = np.flatnonzero(own[s:e])
+            counted[_on(mine, scores), _on(own_at[s:e][mine], scores)] = False
             pair = (left_user >= s) & (left_user < e)
-            counted[torch.from_numpy(left_user[pair] - s), torch.from_numpy(left_item[pair])] = False
+            counted[_on(left_user[pair] - s, scores), _on(left_item[pair], scores)] = False
             target = users.target_score[s:e, None]
-            above[s:e] = ((scores > target) & counted).sum(1).numpy()
-            tied[s:e] = ((scores == target) & counted).sum(1).numpy()
+            above[s:e] = ((scores > target) & counted).sum(1).cpu().numpy()
+            tied[s:e] = ((scores == target) & counted).sum(1).cpu().numpy()
     return CatalogRanks(above, tied, np.zeros(users.users, dtype=bool))
+
+
+def _on(index: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """An index array as a tensor on `like`'s device (a CUDA shard's rows are ranked where they are)."""
+    return torch.from_numpy(index).to(like.device)
+
+
+def _positions(ids: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of `items` is in the ascending `ids`, and whether it is there at all."""
+    at = np.searchsorted(ids, items)
+    there = at < ids.size
+    there[there] = ids[at[there]] == items[there]
+    return np.where(there, at, 0), there

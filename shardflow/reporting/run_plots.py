@@ -40,10 +40,13 @@ def run_plots(run_dir: str | Path, profile_path: str | Path, plan_path: str | Pa
                            xlabel="device", ylabel="MB per step"))
     epochs = [read_checkpoint(p) for _, p in complete_checkpoints(run_dir)]
     if epochs:
-        files.append(stacked_chart(out / "training.svg",
-                                   [("training loss", {"training loss": _per_epoch(epochs, "loss")}),
-                                    ("held-out AUC", {"AUC (held out)": _per_epoch(epochs, "auc")})],
-                                   title="Loss and AUC per epoch", xlabel="epochs done", integer_x=True))
+        panels = [("training loss", {"training loss": _per_epoch(epochs, "loss")}),
+                  ("held-out AUC", {"AUC (held out)": _per_epoch(epochs, "auc")})]
+        ranked = _per_epoch(epochs, "val_full_ndcg_at_10")  # the validation split among the whole catalog
+        if ranked[0]:
+            panels.append(("full NDCG@10", {"NDCG@10 (validation, whole catalog)": ranked}))
+        files.append(stacked_chart(out / "training.svg", panels, title="Loss and quality per epoch",
+                                   xlabel="epochs done", integer_x=True))
     return files
 
 

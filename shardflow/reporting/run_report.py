@@ -163,7 +163,8 @@ def _epochs_kept(result: RunSummary) -> str:
 
 
 def quality_svg(rows: list[dict[str, Any]]) -> str | None:
-    """Held-out AUC per version beside the model it replaced on the same events (None before one finished)."""
+    """Held-out AUC per version beside the model it replaced on the same events, and the whole catalog's NDCG@10
+    where ranked (None before one finished)."""
     from shardflow.reporting.plots import stacked_chart
 
     done = [r for r in rows if r["auc"]]
@@ -173,9 +174,14 @@ def quality_svg(rows: list[dict[str, Any]]) -> str | None:
     before = [r for r in done if r["replaced_auc"]]
     if before:
         series["replaced model"] = ([r["version"] for r in before], [float(r["replaced_auc"]) for r in before])
+    panels = [("held-out AUC", series)]
+    ranked = [r for r in done if r.get("full_ndcg_at_10")]  # a sequence model ranked among the whole catalog
+    if ranked:
+        panels.append(("full NDCG@10", {"new version": ([r["version"] for r in ranked],
+                                                        [float(r["full_ndcg_at_10"]) for r in ranked])}))
     with tempfile.TemporaryDirectory() as tmp:
-        path = stacked_chart(Path(tmp) / "quality.svg", [("held-out AUC", series)],
-                             title="Held-out AUC by version (same events for new and replaced)", xlabel="version",
+        path = stacked_chart(Path(tmp) / "quality.svg", panels,
+                             title="Held-out quality by version (same events for new and replaced)", xlabel="version",
                              integer_x=True)
         return path.read_text()
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardflow.errors import InputError
-from shardflow.model.metrics import FULL_METRICS, METRICS, Metrics
+from shardflow.model.metrics import FULL_FIGURES, FULL_METRICS, METRICS, Metrics
 from shardflow.records import parse_fields, parse_record, record_of
 
 # The run's, not the version's: not in result.json (the lists are written after it, from the current model).
@@ -94,7 +94,8 @@ class RunSummary(VersionFigures):
         for part in ("training", "plan"):
             out.update(out.pop(part))
         out.pop("eval_users")
-        out.update({**self.held_out.values(full=True), **self.validation.values(VAL), "eval_users": self.eval_users,
+        out.update({**self.held_out.values(full=True), **self.validation.values(VAL),
+                    **{VAL + k: getattr(self.validation, k) for k in FULL_FIGURES}, "eval_users": self.eval_users,
                     **self.previous.values(PREVIOUS, full=True)})
         for key in ("held_out", "validation", "previous"):
             del out[key]

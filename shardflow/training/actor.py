@@ -24,6 +24,7 @@ from shardflow.errors import TrainingError, WorkerLost
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.metrics import Scored
 from shardflow.model.optim import OptimizerConfig, row_state_shape
+from shardflow.model.ranking import CatalogRanks, UsersToRank
 from shardflow.model.sequence import ModelConfig
 from shardflow.planner.sharding_plan import DevicePlan
 from shardflow.planner.topology import Topology
@@ -154,14 +155,21 @@ class DeviceActor:
 
     def evaluate(self, targets: np.ndarray, negatives: int, seed: int) -> Scored:
         self.mail.check_open()
+        return self.device.evaluate(targets, negatives, seed, self._remote_rows, self._remote_dense)
 
-        def rows(peer: int, table: str, ids: np.ndarray) -> np.ndarray:
-            return answer(self.peers[peer].read_rows(table, ids, self.index), self.peers[peer])
+    def users_to_rank(self, targets: np.ndarray, include_seen: bool) -> tuple[UsersToRank, np.ndarray]:
+        self.mail.check_open()
+        return self.device.users_to_rank(targets, include_seen, self._remote_rows, self._remote_dense)
 
-        def dense() -> Arrays:
-            return answer(self.peers[0].read_dense(self.index), self.peers[0])
+    def rank_home(self, users: UsersToRank) -> CatalogRanks:
+        self.mail.check_open()
+        return self.device.rank_home(users, self._remote_dense)
 
-        return self.device.evaluate(targets, negatives, seed, rows, dense)
+    def _remote_rows(self, peer: int, table: str, ids: np.ndarray) -> np.ndarray:
+        return answer(self.peers[peer].read_rows(table, ids, self.index), self.peers[peer])
+
+    def _remote_dense(self) -> Arrays:
+        return answer(self.peers[0].read_dense(self.index), self.peers[0])
 
     def save(self, path: str) -> dict[str, Any]:
         return self.device.save(path)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.errors import InputError
+from shardflow.model.ranking import FULL_RANKING
 from shardflow.planner.costmodel import check_dedup
 from shardflow.training.validation import check_min_epochs
 
@@ -42,6 +43,11 @@ class TrainConfig:
     # best epoch's parameters. None: no split, every epoch trained.
     patience: int | None = None
     min_epochs: int | None = None  # with patience: epochs trained before it may stop training (validation.stop_now)
+    # With a validation split of a sequence workload: its held-out items also ranked among the whole catalog after
+    # every epoch, where the rows live (Engine.rank_catalog; one of model.ranking.FULL_RANKING), and epochs chosen
+    # on that NDCG@10 (validation.SCORE_KEYS). A run's config sets it (train.full_ranking); alone, the engine
+    # scores the sampled protocol only.
+    full_ranking: str = "off"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "epochs", "eval_negatives"):
@@ -57,6 +63,8 @@ class TrainConfig:
         if not isinstance(self.early_answers, bool):
             raise InputError(f"early_answers = {self.early_answers!r}; accepted: true or false")
         check_transport(self.transport, self.early_answers)
+        if self.full_ranking not in FULL_RANKING:
+            raise InputError(f"full_ranking = {self.full_ranking!r}; accepted: {', '.join(FULL_RANKING)}")
 
     @property
     def validation(self) -> bool:

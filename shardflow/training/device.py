@@ -18,17 +18,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardflow.data.batches import Lookups, negative_seed
+from shardflow.data.batches import Lookups, TrainData, negative_seed
 from shardflow.data.workload import Workload
 from shardflow.errors import InputError, TrainingError
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.metrics import Scored
 from shardflow.model.optim import OptimizerConfig
-from shardflow.model.sequence import Gradients, ModelConfig, forward_backward
+from shardflow.model.ranking import CatalogRanks, UsersToRank, rank_block, users_to_rank
+from shardflow.model.sequence import Gradients, ModelConfig, forward_backward, user_state
+from shardflow.model.tensors import Tensors
 from shardflow.planner.sharding_plan import DevicePlan
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
-from shardflow.training.evaluate import EVAL_CHUNK
+from shardflow.training.evaluate import EVAL_CHUNK, RANK_BLOCK_ROWS
 from shardflow.training.messages import (
     Apply,
     ApplyDense,
@@ -245,27 +247,75 @@ class Device:
 
         `remote_rows(peer, table, ids)` and `remote_dense()` read from the other devices.
         """
-        dense = self.shard.dense if self.shard.dense is not None else {
-            k: torch.from_numpy(v).to(self.torch) for k, v in remote_dense().items()}
+        dense = self._dense(remote_dense)
         parts = []
         for s in range(0, targets.size, EVAL_CHUNK):
             ex = self.data.eval_examples(targets[s : s + EVAL_CHUNK], self.config, seed, negatives)
             need = self.data.lookups(ex, self.config, "device")
-            rows = {}
-            for table, ids in need.fetch.items():
-                owner = self.protocol.maps[table].read_from(ids, self.index)
-                r = torch.empty((ids.size, self.config.dim), dtype=torch.float32, device=self.torch)
-                mine = np.flatnonzero(owner == self.index)
-                r[torch.from_numpy(mine).to(self.torch)] = self.shard.read(table, ids[mine])
-                for peer in np.unique(owner[owner != self.index]).tolist():
-                    sel = np.flatnonzero(owner == peer)
-                    got = torch.from_numpy(remote_rows(peer, table, ids[sel]))
-                    r[torch.from_numpy(sel).to(self.torch)] = got.to(self.torch)
-                rows[table] = r
+            rows = self._rows(need.fetch, remote_rows)
             with torch.no_grad():
                 logit = self.config.logits(dense, rows, need.index.on(self.torch))
             parts.append(self.data.scored.of(to_host(logit), ex))
         return sum(parts, self.data.scored())
+
+    def users_to_rank(self, targets: np.ndarray, include_seen: bool,
+                      remote_rows: Callable[[int, str, np.ndarray], np.ndarray],
+                      remote_dense: Callable[[], Arrays]) -> tuple[UsersToRank, np.ndarray]:
+        """The full-catalog ranking inputs of the held-out `targets` (this device's part of a split), made here
+        from rows read where they live, on the host; and which of them are missed outright
+        (shardflow.model.ranking.users_to_rank)."""
+        config, data = self.config, self.data
+        if not isinstance(config, ModelConfig) or not isinstance(data, TrainData):
+            raise InputError("full-catalog ranking of a click log; accepted: a sequence workload")
+        dense = self._dense(remote_dense)
+        ex = data.eval_examples(targets, config, 0, 0)
+        need = data.lookups(ex, config, "device")
+        rows = self._rows(need.fetch, remote_rows)
+        index = need.index.on(self.torch)
+        with torch.no_grad():
+            state = user_state(config, dense, rows, index)
+        seen, offsets = data.user_items(ex.position)
+        host = {k: v.cpu() for k, v in dense.items()}
+        return users_to_rank(config, host, tuple(x.cpu() for x in state), ex.positive,
+                             rows[data.item][index.candidates[:, 0]].cpu(), seen, offsets, include_seen)
+
+    def rank_home(self, users: UsersToRank, remote_dense: Callable[[], Arrays]) -> CatalogRanks:
+        """`users`' held-out items ranked among the item rows this device is home to (a replicated row counts at
+        its home only), RANK_BLOCK_ROWS at a time: the counts, which add up over the devices."""
+        config, data = self.config, self.data
+        if not isinstance(config, ModelConfig) or not isinstance(data, TrainData):
+            raise InputError("full-catalog ranking of a click log; accepted: a sequence workload")
+        dense = self._dense(remote_dense)
+        plan = self.table_plan(data.item)
+        ids = np.arange(plan.rows, dtype=np.int64)
+        home = ids[plan.home_of(ids) == self.index]
+        here = UsersToRank(tuple(x.to(self.torch) for x in users.state), users.target,
+                           users.target_score.to(self.torch), users.left_user, users.left_item)
+        zeros = np.zeros(users.users, dtype=np.int64)
+        blocks = (home[s : s + RANK_BLOCK_ROWS] for s in range(0, home.size, RANK_BLOCK_ROWS))
+        return sum((rank_block(config, dense, here, ids, self.shard.read(data.item, ids)) for ids in blocks),
+                   CatalogRanks(zeros, zeros, zeros.astype(bool)))
+
+    def _dense(self, remote_dense: Callable[[], Arrays]) -> Tensors:
+        """The dense layers: this shard's, or read from the device that holds them."""
+        if self.shard.dense is not None:
+            return self.shard.dense
+        return {k: torch.from_numpy(v).to(self.torch) for k, v in remote_dense().items()}
+
+    def _rows(self, fetch: dict[str, np.ndarray], remote_rows: Callable[[int, str, np.ndarray], np.ndarray]) -> Tensors:
+        """The rows of `fetch`'s ids of each table, read here or from the device each is read from."""
+        rows = {}
+        for table, ids in fetch.items():
+            owner = self.protocol.maps[table].read_from(ids, self.index)
+            r = torch.empty((ids.size, self.config.dim), dtype=torch.float32, device=self.torch)
+            mine = np.flatnonzero(owner == self.index)
+            r[torch.from_numpy(mine).to(self.torch)] = self.shard.read(table, ids[mine])
+            for peer in np.unique(owner[owner != self.index]).tolist():
+                sel = np.flatnonzero(owner == peer)
+                got = torch.from_numpy(remote_rows(peer, table, ids[sel]))
+                r[torch.from_numpy(sel).to(self.torch)] = got.to(self.torch)
+            rows[table] = r
+        return rows
 
     def export_rows(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Current rows of `ids` and their optimizer state (training is over)."""

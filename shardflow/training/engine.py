@@ -19,17 +19,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from distributed import Client, wait
 from distributed.client import FutureCancelledError, FuturesCancelledError
 
 from shardflow.cluster import live_workers
-from shardflow.data.batches import negative_seed
+from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.clicks import load_training_data
 from shardflow.data.workload import Workload
 from shardflow.errors import InputError, WorkerLost, WorkerOutOfMemory, stop_if_asked
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.metrics import Metrics
 from shardflow.model.optim import OptimizerConfig
+from shardflow.model.ranking import CatalogRanks, UsersToRank
 from shardflow.model.sequence import ModelConfig
 from shardflow.planner.memory import check_worker_memory
 from shardflow.planner.sharding_plan import ShardingPlan
@@ -41,7 +43,7 @@ from shardflow.training.evaluate import SPLITS, eval_targets
 from shardflow.training.messages import PeerStopped, Traffic
 from shardflow.training.persistence import Persistence
 from shardflow.training.transport import CLOSE_WAIT_S, PROBE_S
-from shardflow.training.validation import best_epoch, score, stop_now, validation_values
+from shardflow.training.validation import PREFIX, Values, best_epoch, epoch_scores, stop_now, validation_values
 
 # How often a wait on the devices checks that their workers are still in the cluster.
 POLL_S = 0.5
@@ -343,8 +345,8 @@ class Engine(Persistence):
     def _validate(self, epoch: int, result: TrainResult, best: str | Path) -> bool:
         """Score epoch `epoch` (from 1) on the validation split, checkpoint it to `best` if it is the best so
         far; whether to stop."""
-        result.validation[epoch] = validation_values(self.evaluate("validation"))
-        scores = {e: score(v) for e, v in result.validation.items()}
+        result.validation[epoch] = self.validate()
+        scores = epoch_scores(result.validation)
         if best_epoch(scores) == epoch:
             self.checkpoint(best, epoch, result.validation[epoch])
             result.best_epoch = epoch
@@ -361,6 +363,33 @@ class Engine(Persistence):
         seed = negative_seed(self.train.seed, -1)
         calls = [a.evaluate(p, self.train.eval_negatives, seed) for a, p in zip(self.actors, parts, strict=True)]
         return sum(self._wait(calls), self.data.scored()).metrics()
+
+    def validate(self) -> Values:
+        """The validation split's figures under their val_ keys: the sampled protocol's, and with train.full_ranking
+        (a sequence workload) the whole catalog's, which epochs are then chosen on."""
+        values = validation_values(self.evaluate("validation"))
+        if self.train.full_ranking != "off" and isinstance(self.data, TrainData):
+            values |= {PREFIX + k: v for k, v in self.rank_catalog("validation").items()}
+        return values
+
+    def rank_catalog(self, split: str = "test") -> dict[str, float]:
+        """The held-out items of `split` (the users `evaluate` samples) ranked among the whole catalog where its rows
+        live: each device makes its users' states from rows read where they are, every device counts the item
+        rows it is home to against all of them, and only those counts travel (shardflow.model.ranking); no worker
+        holds the item table. full_hr_at_K and full_ndcg_at_K, seen items left out unless train.full_ranking is
+        include-seen."""
+        if split not in SPLITS:
+            raise InputError(f"split {split!r}; accepted: {', '.join(SPLITS)}")
+        targets = eval_targets(self.data, self.train.eval_users, self.train.seed, split)
+        parts = self.data.sub_batches(targets, len(self.actors))
+        include = self.train.full_ranking == "include-seen"
+        made = self._wait([a.users_to_rank(p, include) for a, p in zip(self.actors, parts, strict=True) if p.size])
+        zeros = np.zeros(targets.size, dtype=np.int64)
+        if not made:  # no held-out item to rank
+            return CatalogRanks(zeros, zeros, zeros.astype(bool)).metrics()
+        users = UsersToRank.joined([u for u, _ in made])
+        counted = self._wait([a.rank_home(users) for a in self.actors])
+        return sum(counted, CatalogRanks(zeros, zeros, np.concatenate([m for _, m in made]))).metrics()
 
     def traffic(self) -> Traffic:
         """Bytes per kind, [sender, receiver], summed over every shard since the start."""

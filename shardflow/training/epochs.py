@@ -21,7 +21,7 @@ from shardflow.errors import InputError, TrainingError
 from shardflow.model.metrics import Metrics
 from shardflow.training.config import EpochStats
 from shardflow.training.engine import Engine
-from shardflow.training.validation import SCORE_KEYS, best_epoch, score, validation_of
+from shardflow.training.validation import SCORE_KEYS, best_epoch, epoch_scores, validation_of
 from storage.checkpoint import complete_checkpoints, read_checkpoint, unreadable_checkpoints
 
 Log = Logger | LoggerAdapter[Logger]
@@ -114,7 +114,7 @@ def resume_newest(engine: Engine, version_dir: str | Path, log: Log) -> Resumed:
 def validation_scores(version_dir: str | Path) -> dict[int, float]:
     """Epoch (from 1) -> its validation score, from the version's complete checkpoints that have one."""
     infos = {e: read_checkpoint(p).figures for e, p in complete_checkpoints(version_dir)}
-    return {e: score(i) for e, i in infos.items() if any(i.get(k) is not None for k in SCORE_KEYS)}
+    return epoch_scores({e: i for e, i in infos.items() if any(i.get(k) is not None for k in SCORE_KEYS)})
 
 
 def keep_best_epoch(engine: Engine, version_dir: str | Path, patience: int | None, log: Log) -> Kept:

@@ -122,4 +122,4 @@ def rank_export_block(model_dir: str, table: str, start: int, stop: int, config:
     rows = np.zeros((stop - start, config.dim), dtype=np.float32)
     held = max(0, min(stop, arr.shape[0]) - start)
     rows[:held] = arr[start : start + held]
-    return rank_block(config, dense, users, start, torch.from_numpy(rows))
+    return rank_block(config, dense, users, np.arange(start, stop), torch.from_numpy(rows))

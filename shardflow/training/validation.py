@@ -8,14 +8,17 @@ The test split is never scored here.
 from __future__ import annotations
 
 from shardflow.errors import InputError
-from shardflow.model.metrics import METRICS, Metrics
+from shardflow.model.metrics import FULL_FIGURES, METRICS, Metrics
 
-PREFIX = "val_"  # a validation metric's key: val_auc, val_hr_at_10, val_ndcg_at_10, val_logloss
-SCORE_KEYS = ("val_ndcg_at_10", "val_auc")  # the first a workload has is its score
+PREFIX = "val_"  # a validation metric's key: val_auc, val_hr_at_10, val_ndcg_at_10, val_logloss, val_full_hr_at_10
+# The first every scored epoch has is the score: NDCG@10 among the whole catalog where it was ranked (sequences,
+# train.full_ranking not off: sampled metrics can rank models wrongly, Krichene & Rendle, KDD 2020), else among
+# sampled items, AUC for click logs.
+SCORE_KEYS = ("val_full_ndcg_at_10", "val_ndcg_at_10", "val_auc")
 
 
 Values = dict[str, float | None]  # metric key -> its value, None where it was not measured
-VALIDATION_KEYS = tuple(PREFIX + k for k in METRICS)
+VALIDATION_KEYS = tuple(PREFIX + k for k in (*METRICS, *FULL_FIGURES))
 
 
 def validation_values(metrics: Metrics) -> Values:
@@ -29,9 +32,19 @@ def validation_of(values: Values) -> Values:
 
 
 def score(values: Values) -> float:
-    """The number epochs are chosen on, higher better: NDCG@10 for sequences (as the SASRec paper chooses
-    its epoch), AUC for click logs."""
+    """The number epochs are chosen on, higher better: the first of SCORE_KEYS `values` has (NDCG@10 for
+    sequences, as the SASRec paper chooses its epoch; AUC for click logs)."""
     return next(v for v in (values.get(k) for k in SCORE_KEYS) if v is not None)
+
+
+def epoch_scores(scored: dict[int, Values]) -> dict[int, float]:
+    """Epoch -> its score, on the first of SCORE_KEYS that every epoch has: epochs scored before the whole catalog
+    was ranked (a checkpoint resumed from an older run) are compared on the sampled figures with the others."""
+    for key in SCORE_KEYS:
+        found = {e: v.get(key) for e, v in scored.items()}
+        if all(x is not None for x in found.values()):
+            return {e: x for e, x in found.items() if x is not None}
+    return {e: score(v) for e, v in scored.items()}
 
 
 def best_epoch(scores: dict[int, float]) -> int | None:

@@ -142,6 +142,10 @@ def test_train_command_prints_the_summary_keys(planned):
     assert s["row_optimizer"] == "adam" and s["bytes_per_step"]["patch"] > 0
     assert (s["epochs_trained"], s["best_epoch"], s["patience"]) == (1, 1, 3) and len(s["epoch_validation"]) == 1
     assert s["epoch_validation"][0]["val_ndcg_at_10"] == s["val_ndcg_at_10"] and 0 < s["val_hr_at_10"] <= 1
+    # and ranked among the whole catalog where the rows live (--full-ranking's default: exclude-seen)
+    # (4 steps: the model is next to untrained, its ranks among the whole catalog near chance)
+    assert s["epoch_validation"][0]["val_full_ndcg_at_10"] == s["val_full_ndcg_at_10"]
+    assert isinstance(s["val_full_hr_at_20"], float) and 0 <= s["val_full_hr_at_10"] <= s["val_full_hr_at_20"] <= 1
     assert 0 <= s["auc"] <= 1 and 0 <= s["hr_at_10"] <= 1 and 0 < s["loss"] < 1
     # the steady steps (after 2 warm-up steps) on this host's CLOCK_MONOTONIC, inside the command's own run
     first, last = s["steady_monotonic_s"]

@@ -21,6 +21,7 @@ from flows.retrain import retrain
 from shardflow.config import RetrainConfig
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.reporting.run_report import artifact_key
+from storage.checkpoint import complete_checkpoints, read_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +202,10 @@ def test_early_stopping_keeps_the_best_epoch_and_a_resumed_run_stops_where_an_un
     best = stops["best_epoch"]
     assert stops["epochs"] == best + 1 < 8 and len(stops["checkpoints"]) == stops["epochs"]
     assert stops["val_ndcg_at_10"] is not None and stops["val_auc"] is not None and stops["ndcg_at_10"] is not None
+    # Epochs chosen on the validation split ranked among the whole catalog (full_ranking's default), read back
+    # from the checkpoints' manifests.
+    scores = {e: read_checkpoint(p).val_full_ndcg_at_10 for e, p in complete_checkpoints(Path(stops["model"]).parent)}
+    assert best == max(sorted(scores), key=lambda e: (scores[e], -e)) and stops["val_full_ndcg_at_10"] == scores[best]
     assert json.loads((Path(stops["model"]).parent / "result.json").read_text())["best_epoch"] == best
     # Trained to the best epoch and no further, the same split and seed give the same parameters: the
     # export is the best epoch's, not the last one's.

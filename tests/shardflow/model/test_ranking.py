@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardflow.model.ranking import CatalogRanks, rank_block, users_to_rank
+from shardflow.model.ranking import CatalogRanks, UsersToRank, rank_block, users_to_rank
 from shardflow.model.sequence import BatchIndex, scores, user_state
 from support import tiny_scorer
 
@@ -52,8 +52,8 @@ def ranked(config, dense, rows, index, target, seen, offsets, include_seen: bool
         state = user_state(config, dense, rows, index.on(CPU))
     users, missed = users_to_rank(config, dense, state, target, rows["item"][target], seen, offsets, include_seen)
     zeros = np.zeros(USERS, dtype=np.int64)
-    return sum((rank_block(config, dense, users, s, rows["item"][s : s + block]) for s in range(0, ITEMS, block)),
-               CatalogRanks(zeros, zeros, missed))
+    return sum((rank_block(config, dense, users, np.arange(s, min(s + block, ITEMS)), rows["item"][s : s + block])
+                for s in range(0, ITEMS, block)), CatalogRanks(zeros, zeros, missed))
 
 
 @pytest.mark.parametrize("encoder", ["mean", "self-attention"])
@@ -68,6 +68,32 @@ def test_block_counts_add_up_to_the_plain_count_of_every_item(encoder, include_s
         np.testing.assert_array_equal(got.missed, want.missed)
     assert want.missed[3] != include_seen  # not vacuous: a user whose held-out item was seen before
     assert want.above.max() > 0  # real ranks (the mean encoder's dead ReLUs also make exact ties: counted alike)
+
+
+@pytest.mark.parametrize("encoder", ["mean", "self-attention"])
+def test_rows_scattered_over_devices_and_users_made_on_each_add_up_to_the_plain_count(encoder):
+    """A device ranks the rows it is home to (row-wise: id % 3), for every device's users joined in order."""
+    config, dense, rows, index, target, seen, offsets, seen_lists = problem(encoder)
+    want = oracle(config, dense, rows, index, target, seen_lists, False)
+    with torch.no_grad():
+        state = user_state(config, dense, rows, index.on(CPU))
+    parts, missed = [], []
+    for users in (slice(0, 4), slice(4, USERS)):  # each device's users, with their own seen pairs
+        first, last = offsets[users.start], offsets[users.stop]
+        part, miss = users_to_rank(config, dense, tuple(x[users] for x in state), target[users],
+                                   rows["item"][target[users]], seen[first:last], offsets[users.start : users.stop + 1]
+                                   - first, False)
+        parts.append(part)
+        missed.append(miss)
+    joined = UsersToRank.joined(parts)
+    zeros = np.zeros(USERS, dtype=np.int64)
+    homes = [np.flatnonzero(np.arange(ITEMS) % 3 == d) for d in range(3)]
+    got = sum((rank_block(config, dense, joined, ids, rows["item"][ids]) for ids in homes),
+              CatalogRanks(zeros, zeros, np.concatenate(missed)))
+    np.testing.assert_array_equal(got.above, want.above)
+    np.testing.assert_array_equal(got.tied, want.tied)
+    np.testing.assert_array_equal(got.missed, want.missed)
+    assert want.above.max() > 0
 
 
 def test_a_model_that_scores_every_item_alike_gets_chance_not_a_perfect_score():
@@ -100,7 +126,7 @@ def test_items_added_since_the_export_are_ranked_as_zero_rows(tmp_path):
         state = user_state(config, dense, {"item": padded}, index.on(CPU))
     users, _ = users_to_rank(config, dense, state, target, padded[target], seen, offsets, True)
     got = rank_export_block(str(tmp_path / "model"), "item", 32, ITEMS, config, dense, users)
-    want = rank_block(config, dense, users, 32, padded[32:])
+    want = rank_block(config, dense, users, np.arange(32, padded.shape[0]), padded[32:])
     np.testing.assert_array_equal(got.above, want.above)
     np.testing.assert_array_equal(got.tied, want.tied)
     assert got.tied.sum() > 0  # not vacuous: the zero rows tie with each other for users whose item is new

@@ -412,3 +412,36 @@ def test_early_stopping_ends_patience_epochs_after_the_best_validation_score_and
     with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH)) as e:
         with pytest.raises(InputError, match="no validation split was held out"):
             e.evaluate("validation")
+
+
+@pytest.mark.parametrize("strategy, devices, model", [("random", 4, MODEL), ("row-wise-mod", 3, ATTENTION)],
+                         ids=["mixed-tiers-mean", "row-wise-self-attention"])
+def test_the_catalog_ranked_where_its_rows_live_counts_as_the_export_ranked_block_by_block(client, dataset, data,
+                                                                                        tmp_path, strategy, devices,
+                                                                                        model):
+    """Each device counts the item rows it is home to (a replicated row once) against every device's validation
+    users; the sums are the counts of the exported model's catalog ranked whole, and epochs are chosen on them."""
+    import torch
+
+    from shardflow.data.clicks import load_training_data
+    from shardflow.training.evaluate import catalog_ranks, eval_targets
+    from storage.checkpoint import read_export_dense
+
+    plan = random_plan(data, devices, seed=7) if strategy == "random" else planned(dataset, strategy, devices)
+    if strategy == "random":  # not vacuous: item rows on every device or every node's, counted at home only
+        assert plan.table("item").has_tier(GLOBAL) and plan.table("item").has_tier(NODE)
+    train = TrainConfig(BATCH, epochs=2, patience=1, eval_users=None, full_ranking="exclude-seen")
+    with Engine(client, dataset, plan, TOPOLOGIES[devices], model, OPTIMIZER, train) as e:
+        result = e.fit(best=tmp_path / "best")
+        got = e.rank_catalog("validation")
+        e.export(tmp_path / "model", epochs=len(result.epoch_loss))
+    held = load_training_data(dataset, model.features, (0, 0), validation=True)
+    exported = read_export_dense(tmp_path / "model", model.dense_shapes(), [])[0]
+    dense = {k: torch.from_numpy(v) for k, v in exported.items()}
+    targets = eval_targets(held, None, train.seed, "validation")
+    want = catalog_ranks(str(tmp_path / "model"), held, model, dense, targets, include_seen=False).metrics()
+    assert got == pytest.approx(want, abs=1e-12) and 0 < want["full_hr_at_20"] < 1, (got, want)
+    best = result.best_epoch
+    assert result.validation[best]["val_full_ndcg_at_10"] == pytest.approx(got["full_ndcg_at_10"], abs=1e-12)
+    scores = {epoch: v["val_full_ndcg_at_10"] for epoch, v in result.validation.items()}
+    assert best == max(sorted(scores), key=lambda ep: (scores[ep], -ep)), result.validation

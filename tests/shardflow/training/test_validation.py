@@ -11,6 +11,7 @@ from shardflow.training.validation import (
     VALIDATION_KEYS,
     best_epoch,
     check_min_epochs,
+    epoch_scores,
     score,
     stop_now,
     validation_of,
@@ -22,6 +23,16 @@ def test_sequences_are_chosen_on_ndcg_and_click_logs_on_auc():
     assert score(validation_values(Metrics(0.9, 100, hr_at_10=0.6, ndcg_at_10=0.4))) == 0.4
     assert score(validation_values(Metrics(0.7, 100, logloss=0.5))) == 0.7
     assert set(validation_values(Metrics(None))) == {"val_auc", "val_hr_at_10", "val_ndcg_at_10", "val_logloss"}
+
+
+def test_epochs_are_chosen_on_the_whole_catalog_where_every_epoch_ranked_it_else_on_the_sampled_figures():
+    ranked = {1: {"val_ndcg_at_10": 0.5, "val_full_ndcg_at_10": 0.02}, 2: {"val_ndcg_at_10": 0.4,
+                                                                           "val_full_ndcg_at_10": 0.03}}
+    assert epoch_scores(ranked) == {1: 0.02, 2: 0.03}  # the sampled NDCG would have kept epoch 1
+    # a checkpoint of a run that did not rank the catalog, resumed by one that does: one yardstick for all
+    assert epoch_scores({**ranked, 0: {"val_ndcg_at_10": 0.45}}) == {0: 0.45, 1: 0.5, 2: 0.4}
+    assert epoch_scores({1: {"val_auc": 0.7, "val_ndcg_at_10": None}}) == {1: 0.7}
+    assert epoch_scores({}) == {}
 
 
 def test_the_best_epoch_is_the_earliest_of_the_highest_scores():
@@ -55,7 +66,8 @@ def test_min_epochs_holds_training_through_a_warm_up_and_needs_a_patience():
 def test_a_summarys_validation_metrics_are_read_back_under_either_name():
     summary = {"auc": 0.5, "val_auc": 0.8, "val_ndcg_at_10": 0.3, "loss": 0.2}
     assert validation_of(summary) == {"val_auc": 0.8, "val_hr_at_10": None, "val_ndcg_at_10": 0.3,
-                                      "val_logloss": None}
+                                      "val_logloss": None, "val_full_hr_at_10": None, "val_full_ndcg_at_10": None,
+                                      "val_full_hr_at_20": None, "val_full_ndcg_at_20": None}
     assert tuple(validation_of(summary)) == VALIDATION_KEYS
     assert Metrics.read(summary, "val_") == Metrics(0.8, ndcg_at_10=0.3)
     assert validation_values(Metrics(0.7, 10, logloss=0.4)) == {"val_auc": 0.7, "val_hr_at_10": None,
