@@ -55,8 +55,8 @@ from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
 from shardflow.data.batches import TrainData
 from shardflow.errors import InputError
+from shardflow.model.metrics import FULL_RANKING
 from shardflow.model.optim import ROW_OPTIMIZERS, OptimizerConfig
-from shardflow.model.ranking import FULL_RANKING
 from shardflow.model.sequence import LOSSES, ModelConfig
 from shardflow.training.config import TrainConfig
 from shardflow.training.device import DEVICES, torch_device

@@ -23,6 +23,10 @@ METRICS = ("auc", "hr_at_10", "ndcg_at_10", "logloss")  # every summary has each
 # has each key; an epoch's held-out record none (its figures are the sampled protocol's), its validation split's
 # the numbers (val_full_…) where ranked.
 FULL_METRICS = ("full_ranking", "full_hr_at_10", "full_ndcg_at_10", "full_hr_at_20", "full_ndcg_at_20")
+# What is ranked among the whole catalog (shardflow.model.ranking; config train.full_ranking): here, beside the
+# figures, so that the config's checks import no PyTorch.
+SEEN = ("exclude-seen", "include-seen")
+FULL_RANKING = (*SEEN, "off")
 FULL_FIGURES = FULL_METRICS[1:]  # its numbers (a validation split's, per epoch: shardflow.training.validation)
 
 

@@ -9,7 +9,7 @@ export's chunk) is scored where it is read against the users' states, and only t
 integers per user travel (`CatalogRanks`, added with `+`); no place ever holds the item
 table whole. Ties count as a random order would place them (metrics.rank_gains).
 
-What is ranked, one of SEEN: `exclude-seen` (the default, as the published full-ranking
+What is ranked, one of metrics.SEEN: `exclude-seen` (the default, as the published full-ranking
 figures) leaves the items each user interacted with before the held-out event out of its
 ranking, and a held-out item the user had already is a miss, as a recommender that filters
 seen items could never show it; `include-seen` ranks every item.
@@ -26,8 +26,6 @@ from shardflow.model.metrics import rank_gains
 from shardflow.model.sequence import ModelConfig, candidate_scores
 from shardflow.model.tensors import Tensors, UserState
 
-SEEN = ("exclude-seen", "include-seen")
-FULL_RANKING = (*SEEN, "off")  # what a run ranks among the whole catalog (config train.full_ranking)
 CUTOFFS = (10, 20)
 # Users and catalog rows scored at once: [users, rows, MLP width] floats that stay in a core's cache (2 MB
 # here). Larger tiles were slower: 2.1 M (user, item) pairs a second at 128 × 2,048 against 5.5 M at 32 × 512

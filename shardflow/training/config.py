@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.errors import InputError
-from shardflow.model.ranking import FULL_RANKING
+from shardflow.model.metrics import FULL_RANKING
 from shardflow.planner.costmodel import check_dedup
 from shardflow.training.validation import check_min_epochs
 

@@ -24,8 +24,8 @@ from shardflow.data.clicks import config_from_record, load_training_data
 from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.data.workload import Workload
 from shardflow.errors import InputError
-from shardflow.model.metrics import Metrics
-from shardflow.model.ranking import FULL_RANKING, CatalogRanks, UsersToRank, rank_block, users_to_rank
+from shardflow.model.metrics import FULL_RANKING, Metrics
+from shardflow.model.ranking import CatalogRanks, UsersToRank, rank_block, users_to_rank
 from shardflow.model.sequence import ModelConfig, user_state
 from shardflow.model.tensors import Tensors
 from storage.checkpoint import read_export, read_export_dense, verify_export
