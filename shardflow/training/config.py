@@ -44,7 +44,7 @@ class TrainConfig:
     patience: int | None = None
     min_epochs: int | None = None  # with patience: epochs trained before it may stop training (validation.stop_now)
     # With a validation split of a sequence workload: its held-out items also ranked among the whole catalog after
-    # every epoch, where the rows live (Engine.rank_catalog; one of model.ranking.FULL_RANKING), and epochs chosen
+    # every epoch, where the rows live (Engine.rank_catalog; one of model.metrics.FULL_RANKING), and epochs chosen
     # on that NDCG@10 (validation.SCORE_KEYS). A run's config sets it (train.full_ranking); alone, the engine
     # scores the sampled protocol only.
     full_ranking: str = "off"

@@ -24,13 +24,13 @@ from shardflow.errors import InputError, TrainingError
 from shardflow.model.dlrm import ClickConfig
 from shardflow.model.metrics import Scored
 from shardflow.model.optim import OptimizerConfig
-from shardflow.model.ranking import CatalogRanks, UsersToRank, rank_block, users_to_rank
-from shardflow.model.sequence import Gradients, ModelConfig, forward_backward, user_state
+from shardflow.model.ranking import CatalogRanks, UsersToRank, rank_block
+from shardflow.model.sequence import Gradients, ModelConfig, forward_backward
 from shardflow.model.tensors import Tensors
 from shardflow.planner.sharding_plan import DevicePlan
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
-from shardflow.training.evaluate import EVAL_CHUNK, RANK_BLOCK_ROWS
+from shardflow.training.evaluate import EVAL_CHUNK, RANK_BLOCK_ROWS, held_out_users
 from shardflow.training.messages import (
     Apply,
     ApplyDense,
@@ -262,39 +262,31 @@ class Device:
                       remote_rows: Callable[[int, str, np.ndarray], np.ndarray],
                       remote_dense: Callable[[], Arrays]) -> tuple[UsersToRank, np.ndarray]:
         """The full-catalog ranking inputs of the held-out `targets` (this device's part of a split), made here
-        from rows read where they live, on the host; and which of them are missed outright
-        (shardflow.model.ranking.users_to_rank)."""
-        config, data = self.config, self.data
-        if not isinstance(config, ModelConfig) or not isinstance(data, TrainData):
-            raise InputError("full-catalog ranking of a click log; accepted: a sequence workload")
-        dense = self._dense(remote_dense)
-        ex = data.eval_examples(targets, config, 0, 0)
-        need = data.lookups(ex, config, "device")
-        rows = self._rows(need.fetch, remote_rows)
-        index = need.index.on(self.torch)
-        with torch.no_grad():
-            state = user_state(config, dense, rows, index)
-        seen, offsets = data.user_items(ex.position)
-        host = {k: v.cpu() for k, v in dense.items()}
-        return users_to_rank(config, host, tuple(x.cpu() for x in state), ex.positive,
-                             rows[data.item][index.candidates[:, 0]].cpu(), seen, offsets, include_seen)
+        from rows read where they live, on the host; and which of them are missed outright."""
+        config, data = self._sequences()
+        return held_out_users(data, config, self._dense(remote_dense), targets, include_seen,
+                              lambda fetch: self._rows(fetch, remote_rows), self.torch)
 
     def rank_home(self, users: UsersToRank, remote_dense: Callable[[], Arrays]) -> CatalogRanks:
         """`users`' held-out items ranked among the item rows this device is home to (a replicated row counts at
         its home only), RANK_BLOCK_ROWS at a time: the counts, which add up over the devices."""
-        config, data = self.config, self.data
-        if not isinstance(config, ModelConfig) or not isinstance(data, TrainData):
-            raise InputError("full-catalog ranking of a click log; accepted: a sequence workload")
+        config, data = self._sequences()
         dense = self._dense(remote_dense)
         plan = self.table_plan(data.item)
-        ids = np.arange(plan.rows, dtype=np.int64)
-        home = ids[plan.home_of(ids) == self.index]
+        every = np.arange(plan.rows, dtype=np.int64)
+        home = every[plan.home_of(every) == self.index]
         here = UsersToRank(tuple(x.to(self.torch) for x in users.state), users.target,
                            users.target_score.to(self.torch), users.left_user, users.left_item)
         zeros = np.zeros(users.users, dtype=np.int64)
         blocks = (home[s : s + RANK_BLOCK_ROWS] for s in range(0, home.size, RANK_BLOCK_ROWS))
         return sum((rank_block(config, dense, here, ids, self.shard.read(data.item, ids)) for ids in blocks),
                    CatalogRanks(zeros, zeros, zeros.astype(bool)))
+
+    def _sequences(self) -> tuple[ModelConfig, TrainData]:
+        """This device's model and data, which a full-catalog ranking needs to be a sequence workload's."""
+        if not isinstance(self.config, ModelConfig) or not isinstance(self.data, TrainData):
+            raise InputError("full-catalog ranking of a click log; accepted: a sequence workload")
+        return self.config, self.data
 
     def _dense(self, remote_dense: Callable[[], Arrays]) -> Tensors:
         """The dense layers: this shard's, or read from the device that holds them."""

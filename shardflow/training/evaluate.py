@@ -11,6 +11,7 @@ the catalog block by block).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -90,16 +91,11 @@ def catalog_ranks(model_dir: str, data: TrainData, config: ModelConfig, dense: T
                   include_seen: bool, client: Client | None = None) -> CatalogRanks:
     """The held-out items of `targets` ranked among every row of the export's item table, block by block (on
     `client`'s workers when given: each reads its own block, the users' states are sent once)."""
-    ex = data.eval_examples(targets, config, 0, 0)
-    need = data.lookups(ex, config, "device")
-    rows = {t: torch.from_numpy(read_export(model_dir, "tables", t, ids, zeros_past_end=True))
-            for t, ids in need.fetch.items()}
-    index = need.index.on(torch.device("cpu"))
-    with torch.no_grad():
-        state = user_state(config, dense, rows, index)
-    seen, offsets = data.user_items(ex.position)
-    users, missed = users_to_rank(config, dense, state, ex.positive, rows[data.item][index.candidates[:, 0]], seen,
-                                  offsets, include_seen)
+    def exported(fetch: dict[str, np.ndarray]) -> Tensors:
+        return {t: torch.from_numpy(read_export(model_dir, "tables", t, ids, zeros_past_end=True))
+                for t, ids in fetch.items()}
+
+    users, missed = held_out_users(data, config, dense, targets, include_seen, exported, torch.device("cpu"))
     catalog = int(data.rows[data.item])
     starts = list(range(0, catalog, RANK_BLOCK_ROWS))
     stops = [min(s + RANK_BLOCK_ROWS, catalog) for s in starts]
@@ -112,6 +108,24 @@ def catalog_ranks(model_dir: str, data: TrainData, config: ModelConfig, dense: T
                                           starts, stops, *([x] * len(starts) for x in shared), pure=False))
     zeros = np.zeros(users.users, dtype=np.int64)
     return sum(blocks, CatalogRanks(zeros, zeros, missed))
+
+
+def held_out_users(data: TrainData, config: ModelConfig, dense: Tensors, targets: np.ndarray, include_seen: bool,
+                   rows_of: Callable[[dict[str, np.ndarray]], Tensors],
+                   device: torch.device) -> tuple[UsersToRank, np.ndarray]:
+    """The ranking inputs of the held-out `targets` (on the host), their rows read by `rows_of({table: ids})` (from
+    an export, or where a device's shards hold them) and computed on `device`; and which of them are missed
+    outright (shardflow.model.ranking.users_to_rank)."""
+    ex = data.eval_examples(targets, config, 0, 0)
+    need = data.lookups(ex, config, "device")
+    rows = rows_of(need.fetch)
+    index = need.index.on(device)
+    with torch.no_grad():
+        state = user_state(config, dense, rows, index)
+    seen, offsets = data.user_items(ex.position)
+    host = {k: v.cpu() for k, v in dense.items()}
+    return users_to_rank(config, host, tuple(x.cpu() for x in state), ex.positive,
+                         rows[data.item][index.candidates[:, 0]].cpu(), seen, offsets, include_seen)
 
 
 def rank_export_block(model_dir: str, table: str, start: int, stop: int, config: ModelConfig, dense: Tensors,
