@@ -63,7 +63,9 @@ class Sampler:
             for p in procs:
                 try:
                     rss = p.memory_info().rss
-                    is_worker = "spawn_main" in " ".join(p.cmdline())
+                    cmd = " ".join(p.cmdline())
+                    # a worker is spawned, or forked by the fork server (whose parent is the tree's root)
+                    is_worker = "spawn_main" in cmd or ("forkserver" in cmd and p.ppid() != self.root.pid)
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
                 total += rss
@@ -147,7 +149,7 @@ def run_size(work: Path, rows: int, events: int, args, env: dict, imports: float
     print(f"{'stage':<34} {'s':>8} {'tree MB':>9} {'worker MB':>10}")
     print(f"{'synth':<34} {t1 - t0:>8.1f} {tree:>9.0f} {'-':>10}")
     config = {"dataset": str(ds), "run_dir": str(run), "topology": str(ROOT / "topologies" / "demo-4.yaml"),
-              "dim": args.dim, "epochs": args.epochs, "batch_size": args.batch_size,
+              "dim": args.dim, "encoder": args.encoder, "epochs": args.epochs, "batch_size": args.batch_size,
               "memory_slack": args.memory_slack, "eval_users": args.eval_users,
               "steps_per_epoch": args.steps_per_epoch}
     out = work / "flow.json"
@@ -172,7 +174,8 @@ def run_size(work: Path, rows: int, events: int, args, env: dict, imports: float
               f"torch's CUDA build included, take {imports:,.0f} MB); the bound the engine checks before it "
               f"starts ({WORKER_SCALE} x plan + {WORKER_EXTRA_BYTES / 1e9:.1f} GB + {WORKER_BYTES_PER_USER} bytes x "
               f"{users:,} users + {held / MB:,.0f} MB of examples held) is {bound:,.0f} MB: "
-              f"{'within' if worker <= bound else 'OVER'}; AUC {summary['auc']:.4f}, {summary['epochs']} epoch(s)")
+              f"{'within' if worker <= bound else 'OVER'}; AUC {summary['auc']:.4f}, {summary['epochs']} epoch(s); "
+              f"the item table whole is {rows * args.dim * 4 / MB:,.0f} MB (float32)")
     shutil.rmtree(ds, ignore_errors=True)
     shutil.rmtree(run, ignore_errors=True)
 
@@ -213,6 +216,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", action="append", default=[], help="ROWS:EVENTS (repeatable)")
     parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--encoder", choices=("mean", "self-attention"), default="mean",
+                        help="the sequence encoder (self-attention scores the catalog as one matrix product, which "
+                             "makes the night's top-K lists of 10^6 users x 10^6 items a matter of an hour)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--memory-slack", type=float, default=0.1)

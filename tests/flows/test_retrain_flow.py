@@ -13,6 +13,7 @@ import time
 from itertools import pairwise
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prefect.client.orchestration import get_client
 from runs import SMALL, TOPOLOGY, exported, live_actors, task_runs
@@ -252,7 +253,8 @@ def test_the_estimation_flow_puts_every_table_on_one_server(prefect_api, client,
     assert live_actors(client) == 0
 
 
-def test_a_night_writes_every_users_top_k_as_parquet_and_the_cli_prints_one(prefect_api, client, base):
+def test_a_night_writes_every_users_top_k_as_parquet_and_the_cli_prints_one(prefect_api, client, base, tmp_path,
+                                                                           monkeypatch):
     """The night's product: after the gate, each user's best unseen items from the current model, as Parquet any
     reader opens (pyarrow here, no shardflow code), and `shardflow recommend` for one user."""
     import pyarrow.parquet as pq
@@ -293,6 +295,17 @@ def test_a_night_writes_every_users_top_k_as_parquet_and_the_cli_prints_one(pref
         had = {str(i) for i in items[offsets[user]:offsets[user + 1]]}
         assert [r["rank"] for r in mine] == [1, 2, 3, 4, 5] and not had & {r["item"] for r in mine}
         assert all(a["score"] >= b["score"] for a, b in pairwise(mine))
+
+    # The users' states are built STATE_USERS at a time (two passes here); in one pass, the same lists.
+    from shardflow.training import recommend
+    assert ds.info.users > recommend.STATE_USERS
+    monkeypatch.setattr(recommend, "STATE_USERS", ds.info.users)
+    model = Path(summary["run_dir"]) / "versions" / "0001" / "model"
+    recommend.recommend_export(model, base / "ds", tmp_path / "one-pass", k=5)
+    one_pass = pq.read_table([str(f) for f in recommendations.files(tmp_path / "one-pass")]).to_pylist()
+    key = {(r["user"], r["rank"]): r["score"] for r in rows}
+    assert len(one_pass) == len(rows)
+    assert np.allclose([r["score"] for r in one_pass], [key[r["user"], r["rank"]] for r in one_pass], atol=1e-5)
 
     shown = subprocess.run([str(BIN / "shardflow"), "recommend", summary["run_dir"], "--user", "17", "--k", "3",
                             "--json"], capture_output=True, text=True, timeout=120)
