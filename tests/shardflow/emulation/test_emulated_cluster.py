@@ -24,7 +24,7 @@ from tests.support import REAL
 
 pytestmark = pytest.mark.cluster  # the tier: an emulated cluster (shardflow.emulation)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the repository: python -m shardflow… must not find tests/shardflow
 SHARDFLOW = [sys.executable, "-m", "cli.main"]
 CANNOT = cannot_emulate()
 needs_netns = pytest.mark.skipif(CANNOT is not None, reason=CANNOT or "")
