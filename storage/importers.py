@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardflow.errors import InputError
+from shardflow.errors import InputError, stop_if_asked
 from storage.checksum import file_sha256
 from storage.dataset import Dataset
 from storage.dataset_manifest import FORMAT_VERSION, KIND, MADE_BY, SEGMENTS, Segment, record_verified
@@ -234,6 +234,7 @@ def _append(fmt, src, dest, parts, manifest, options, client, block_bytes) -> Im
     stage = dest / SEGMENTS / f".append.staging-{uuid.uuid4().hex[:12]}"
     try:
         updated = _import_parts(fmt, src, stage, new, (Dataset.open(dest), manifest), options, client, block_bytes)
+        stop_if_asked()
         for s in updated["segments"][len(manifest["segments"]):]:
             os.replace(stage / SEGMENTS / s["name"], segments_dir / s["name"])
         write_manifest(dest, updated)
@@ -351,10 +352,16 @@ def _prepared_format(fmt_name: str, src: Path, first_part: Part, options: dict,
 
 
 def _each(client, fn, calls: list[tuple]) -> list:
-    """fn(*call) for every call, in order: in parallel on the Dask `client` when there are several."""
+    """fn(*call) for every call, in order: in parallel on the Dask `client` when there are several. A stop
+    signal is taken up before each call here, even if its exception was lost (shardflow.errors.stop_if_asked)."""
     if client is not None and len(calls) > 1:
+        stop_if_asked()
         return _gather(client, [client.submit(fn, *call, pure=False) for call in calls])
-    return [fn(*call) for call in calls]
+    results = []
+    for call in calls:
+        stop_if_asked()
+        results.append(fn(*call))
+    return results
 
 
 def _source(fmt: Format, src: Path, scans: list[PartScan], segments: list[dict], version: int, existing,

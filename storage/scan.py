@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shardflow.errors import InputError
+from shardflow.errors import InputError, stop_if_asked
 from storage.formats import Format, runs_of, sniff_delimiter
 from storage.idmap import IntDistinct, TextCodes, TextDistinct, crc32_text
 from storage.sources import Block, Part, PartReader
@@ -84,6 +84,7 @@ def scan_part(fmt: Format, part: Part, spill_dir: str, hash_rows: dict[str, int]
     first = True
     try:
         for block in reader.blocks():
+            stop_if_asked()  # a stop whose exception a finalizer lost ends the scan at the next block
             if first:
                 first = False
                 block = _take_header(fmt, part, block)

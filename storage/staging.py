@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from shardflow.errors import InputError
+from shardflow.errors import InputError, stop_if_asked
 from storage.manifest import MANIFEST
 
 _LEFTOVER = re.compile(r"^\..+\.(staging|replaced)-[0-9a-f]{12}$")
@@ -48,7 +48,8 @@ def staged(dest: Path, *, overwrite: bool) -> Iterator[Path]:
 
     The existing store at `dest` is untouched until the new one is complete (its
     manifest written). It is then moved aside, the new one renamed in, and the old one
-    deleted.
+    deleted. A process that was sent a stop signal publishes nothing, even if the
+    signal's exception was lost on the way (shardflow.errors.stop_if_asked).
     """
     dest = Path(dest)
     check_destination(dest, overwrite=overwrite)
@@ -59,6 +60,7 @@ def staged(dest: Path, *, overwrite: bool) -> Iterator[Path]:
         yield stage
         if not (stage / MANIFEST).is_file():
             raise RuntimeError(f"internal error: {stage} was staged without a {MANIFEST}")
+        stop_if_asked()  # a stop whose exception a finalizer lost while the store was written: nothing published
         old = None
         if overwrite and dest.exists():
             old = dest.parent / f".{dest.name}.replaced-{uuid.uuid4().hex[:12]}"

@@ -3,13 +3,15 @@
 import gzip
 import os
 import shutil
+import signal
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from shardflow.errors import InputError
+from shardflow import errors
+from shardflow.errors import InputError, Terminated
 from storage.checksum import file_sha256
 from storage.dataset import Dataset
 from storage.importers import import_dataset
@@ -221,6 +223,29 @@ def test_a_fresh_import_never_replaces_a_store_another_writer_published_meanwhil
             import_dataset("sasrec", REAL["sasrec"], dest)  # the other writer, finishing first
     assert Dataset.open(dest).info.users == 31013
     assert siblings(dest) == []
+
+
+def test_a_stop_whose_exception_was_lost_publishes_no_store_and_changes_none(tmp_path, days, monkeypatch):
+    """SIGTERM noted while a store is written, its exception lost in a finalizer (an import once went on and
+    published its store, exit 0): neither a staged store nor an append is published, and the store is kept."""
+    monkeypatch.setattr(errors, "_asked", [])
+    with pytest.raises(Terminated):
+        with staged(tmp_path / "new", overwrite=False) as stage:
+            (stage / "manifest.json").write_text("{}")
+            errors.note_stop(signal.SIGTERM)  # as the command's signal watcher does, whatever the handler did
+    assert not (tmp_path / "new").exists() and siblings(tmp_path / "new") == []
+    errors._asked.clear()
+    src = source_with(tmp_path, days[:2])
+    import_dataset("sasrec", src, tmp_path / "ds")
+    before = snapshot(tmp_path / "ds")
+    source_with(tmp_path, days)
+    errors.note_stop(signal.SIGTERM)
+    with pytest.raises(Terminated):
+        import_dataset("sasrec", src, tmp_path / "ds", append=True)
+    with pytest.raises(Terminated):
+        import_dataset("sasrec", src, tmp_path / "other")
+    assert snapshot(tmp_path / "ds") == before and not (tmp_path / "other").exists()
+    assert sorted(p.name for p in (tmp_path / "ds" / "segments").iterdir()) == ["0000", "0001", "zarr.json"]
 
 
 def test_what_a_parts_directory_holds_besides_parts_is_named_not_read(tmp_path):
