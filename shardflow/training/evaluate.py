@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,8 +28,9 @@ from shardflow.data.workload import Workload
 from shardflow.errors import InputError
 from shardflow.model.metrics import FULL_RANKING, Metrics
 from shardflow.model.ranking import CatalogRanks, UsersToRank, rank_block, users_to_rank
-from shardflow.model.sequence import ModelConfig, user_state
+from shardflow.model.sequence import ModelConfig
 from shardflow.model.tensors import Tensors
+from shardflow.training import user_states
 from storage.checkpoint import read_export, read_export_dense, verify_export
 
 if TYPE_CHECKING:
@@ -68,8 +70,7 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
     for s in range(0, targets.size, EVAL_CHUNK):
         ex = data.eval_examples(targets[s : s + EVAL_CHUNK], config, negative_seed(seed, -1), EVAL_NEGATIVES)
         need = data.lookups(ex, config, "device")
-        rows = {t: torch.from_numpy(read_export(model_dir, "tables", t, ids, zeros_past_end=True))
-                for t, ids in need.fetch.items()}
+        rows = export_rows(model_dir, need.fetch)
         with torch.no_grad():
             parts.append(data.scored.of(config.logits(dense, rows, need.index.on(torch.device("cpu"))).numpy(), ex))
     metrics = sum(parts, data.scored()).metrics()
@@ -84,6 +85,13 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
                    full_ndcg_at_20=ranked["full_ndcg_at_20"])
 
 
+def export_rows(model_dir: str | Path, fetch: dict[str, np.ndarray]) -> Tensors:
+    """The rows `fetch` names ({table: ids}) read from the export at `model_dir`: zeros for ids added to the dataset
+    since it was made (the model has never seen them)."""
+    return {t: torch.from_numpy(read_export(model_dir, "tables", t, ids, zeros_past_end=True))
+            for t, ids in fetch.items()}
+
+
 RANK_BLOCK_ROWS = 2048  # catalog rows a task scores at a time (one read of the export, a slice of its chunk)
 
 
@@ -91,11 +99,8 @@ def catalog_ranks(model_dir: str, data: TrainData, config: ModelConfig, dense: T
                   include_seen: bool, client: Client | None = None) -> CatalogRanks:
     """The held-out items of `targets` ranked among every row of the export's item table, block by block (on
     `client`'s workers when given: each reads its own block, the users' states are sent once)."""
-    def exported(fetch: dict[str, np.ndarray]) -> Tensors:
-        return {t: torch.from_numpy(read_export(model_dir, "tables", t, ids, zeros_past_end=True))
-                for t, ids in fetch.items()}
-
-    users, missed = held_out_users(data, config, dense, targets, include_seen, exported, torch.device("cpu"))
+    users, missed = held_out_users(data, config, dense, targets, include_seen, partial(export_rows, model_dir),
+                                   torch.device("cpu"))
     catalog = int(data.rows[data.item])
     starts = list(range(0, catalog, RANK_BLOCK_ROWS))
     stops = [min(s + RANK_BLOCK_ROWS, catalog) for s in starts]
@@ -114,18 +119,18 @@ def held_out_users(data: TrainData, config: ModelConfig, dense: Tensors, targets
                    rows_of: Callable[[dict[str, np.ndarray]], Tensors],
                    device: torch.device) -> tuple[UsersToRank, np.ndarray]:
     """The ranking inputs of the held-out `targets` (on the host), their rows read by `rows_of({table: ids})` (from
-    an export, or where a device's shards hold them) and computed on `device`; and which of them are missed
-    outright (shardflow.model.ranking.users_to_rank)."""
-    ex = data.eval_examples(targets, config, 0, 0)
-    need = data.lookups(ex, config, "device")
-    rows = rows_of(need.fetch)
-    index = need.index.on(device)
-    with torch.no_grad():
-        state = user_state(config, dense, rows, index)
-    seen, offsets = data.user_items(ex.position)
+    an export, or where a device's shards hold them) and computed on `device`, STATE_USERS users at a time
+    (shardflow.training.user_states); and which of them are missed outright (shardflow.model.ranking.users_to_rank)."""
+    exs = [data.eval_examples(targets[s], config, 0, 0) for s in user_states.slices(targets.size)]
+    parts, target_rows = [], []
+    for state, rows, need in user_states.states(config, dense, (data.lookups(ex, config, "device") for ex in exs),
+                                                rows_of, device):
+        parts.append(state)
+        target_rows.append(rows[data.item][need.index.candidates[:, 0]].cpu())
+    seen, offsets = data.user_items(np.concatenate([ex.position for ex in exs]))
     host = {k: v.cpu() for k, v in dense.items()}
-    return users_to_rank(config, host, tuple(x.cpu() for x in state), ex.positive,
-                         rows[data.item][index.candidates[:, 0]].cpu(), seen, offsets, include_seen)
+    return users_to_rank(config, host, user_states.joined(parts), np.concatenate([ex.positive for ex in exs]),
+                         torch.cat(target_rows), seen, offsets, include_seen)
 
 
 def rank_export_block(model_dir: str, table: str, start: int, stop: int, config: ModelConfig, dense: Tensors,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from functools import partial
 from logging import Logger, LoggerAdapter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,12 +26,14 @@ from shardflow.data.batches import Lookups, TrainData
 from shardflow.data.clicks import config_from_record
 from shardflow.errors import InputError
 from shardflow.model.dlrm import ClickConfig
-from shardflow.model.sequence import ModelConfig, user_state
+from shardflow.model.sequence import ModelConfig
 from shardflow.model.sizes import MAX_TOP_K
 from shardflow.model.tensors import Tensors
 from shardflow.model.topk import TopK, top_block
+from shardflow.training import user_states
+from shardflow.training.evaluate import export_rows
 from storage import recommendations, versions
-from storage.checkpoint import read_export, read_export_dense, read_export_manifest, verify_export
+from storage.checkpoint import read_export_dense, read_export_manifest, verify_export
 from storage.lock import writer_lock
 from storage.staging import staged
 
@@ -39,9 +42,6 @@ if TYPE_CHECKING:
 
 USERS_FROM = ("window", "all")  # whose lists a night writes (config nightly.recommend_users)
 USERS_PER_PART = 4096  # users one task scores and one Parquet file holds
-# users whose states one pass of the encoder builds: self-attention's activations for 4,096 users at once (history
-# 20, dim 64) took about 230 MB; 512 at a time, one block's peak over the process fell from 309 to 210 MB
-STATE_USERS = 512
 
 
 def check_request(k: int, users_from: str) -> None:
@@ -143,11 +143,11 @@ def _on_cluster(client: Client, args: tuple[str, str, ModelConfig, Tensors, np.n
 
 def _block_inputs(data: TrainData, config: ModelConfig,
                   last: np.ndarray) -> tuple[list[Lookups], np.ndarray, np.ndarray]:
-    """(per STATE_USERS users, the rows their histories read and where, each history ending with its user's last
-    event; the items each user had, as flat ids and offsets)."""
+    """(per slice of users encoded at once (shardflow.training.user_states), the rows their histories read and
+    where, each history ending with its user's last event; the items each user had, as flat ids and offsets)."""
     needs = []
-    for s in range(0, last.size, STATE_USERS):
-        ex = data.examples(last[s : s + STATE_USERS], config, 0, negatives=0)
+    for s in user_states.slices(last.size):
+        ex = data.examples(last[s], config, 0, negatives=0)
         after = replace(ex, history=np.concatenate([ex.history[:, 1:], ex.positive[:, None]], axis=1), key=None)
         needs.append(data.lookups(after, config, "device"))
     seen, offsets = data.user_items(last)
@@ -158,13 +158,9 @@ def recommend_part(model_dir: str, table: str, config: ModelConfig, dense: Tenso
                    stage: str, index: int, raw_users: np.ndarray, needs: list[Lookups], seen: np.ndarray,
                    offsets: np.ndarray) -> dict[str, Any]:
     """One block of users' lists, written as part `index` of the store staged at `stage` (a Dask task)."""
-    parts = []
-    for need in needs:
-        rows = {t: torch.from_numpy(read_export(model_dir, "tables", t, ids, zeros_past_end=True))
-                for t, ids in need.fetch.items()}
-        with torch.no_grad():
-            parts.append(user_state(config, dense, rows, need.index.on(torch.device("cpu"))))
-    state = tuple(torch.cat(x) for x in zip(*parts, strict=True))
+    state = user_states.joined(s for s, _, _ in user_states.states(config, dense, needs,
+                                                                   partial(export_rows, model_dir),
+                                                                   torch.device("cpu")))
     users = raw_users.size
     seen_user = np.repeat(np.arange(users, dtype=np.int64), np.diff(offsets))
     arr = zarr.open_array(str(Path(model_dir) / "tables" / table), mode="r")

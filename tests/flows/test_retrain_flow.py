@@ -297,9 +297,9 @@ def test_a_night_writes_every_users_top_k_as_parquet_and_the_cli_prints_one(pref
         assert all(a["score"] >= b["score"] for a, b in pairwise(mine))
 
     # The users' states are built STATE_USERS at a time (two passes here); in one pass, the same lists.
-    from shardflow.training import recommend
-    assert ds.info.users > recommend.STATE_USERS
-    monkeypatch.setattr(recommend, "STATE_USERS", ds.info.users)
+    from shardflow.training import recommend, user_states
+    assert ds.info.users > user_states.STATE_USERS
+    monkeypatch.setattr(user_states, "STATE_USERS", ds.info.users)
     model = Path(summary["run_dir"]) / "versions" / "0001" / "model"
     recommend.recommend_export(model, base / "ds", tmp_path / "one-pass", k=5)
     one_pass = pq.read_table([str(f) for f in recommendations.files(tmp_path / "one-pass")]).to_pylist()

@@ -418,9 +418,10 @@ def test_early_stopping_ends_patience_epochs_after_the_best_validation_score_and
                          ids=["mixed-tiers-mean", "row-wise-self-attention"])
 def test_the_catalog_ranked_where_its_rows_live_counts_as_the_export_ranked_block_by_block(client, dataset, data,
                                                                                         tmp_path, strategy, devices,
-                                                                                        model):
+                                                                                        model, monkeypatch):
     """Each device counts the item rows it is home to (a replicated row once) against every device's validation
-    users; the sums are the counts of the exported model's catalog ranked whole, and epochs are chosen on them."""
+    users; the sums are the counts of the exported model's catalog ranked whole, and epochs are chosen on them.
+    The users' states made a few at a time rank as those made in one pass."""
     import torch
 
     from shardflow.data.clicks import load_training_data
@@ -441,6 +442,11 @@ def test_the_catalog_ranked_where_its_rows_live_counts_as_the_export_ranked_bloc
     targets = eval_targets(held, None, train.seed, "validation")
     want = catalog_ranks(str(tmp_path / "model"), held, model, dense, targets, include_seen=False).metrics()
     assert got == pytest.approx(want, abs=1e-12) and 0 < want["full_hr_at_20"] < 1, (got, want)
+    from shardflow.training import user_states
+    assert targets.size > 2 * 7 and len(user_states.slices(targets.size)) == 1
+    monkeypatch.setattr(user_states, "STATE_USERS", 7)
+    sliced = catalog_ranks(str(tmp_path / "model"), held, model, dense, targets, include_seen=False).metrics()
+    assert sliced == pytest.approx(want, abs=1e-12), (sliced, want)
     best = result.best_epoch
     assert result.validation[best]["val_full_ndcg_at_10"] == pytest.approx(got["full_ndcg_at_10"], abs=1e-12)
     scores = {epoch: v["val_full_ndcg_at_10"] for epoch, v in result.validation.items()}
