@@ -34,6 +34,7 @@ from pathlib import Path
 import psutil
 
 from shardflow.data.batches import TrainData
+from shardflow.model.sequence import ModelConfig
 from shardflow.planner.memory import WORKER_BYTES_PER_USER, WORKER_EXTRA_BYTES, WORKER_SCALE, worker_peak_bytes
 from shardflow.sharding.stage import read_plan_summary
 from storage.dataset import Dataset
@@ -156,9 +157,14 @@ def run_size(work: Path, rows: int, events: int, args, env: dict, imports: float
     code, sampler, t0, t1 = measured([sys.executable, __file__, "--flow-child", json.dumps(config), str(out)], env,
                                      work / "flow.log")
     result = json.loads(out.read_text()) if out.exists() else {"ended": [], "error": f"exit {code}"}
+    trained, lists = 0.0, 0.0  # the largest worker before the lists stage, and from it on
     for name, a, b, state in stages(result["ended"], t0, t1):
         tree, worker = sampler.peaks(a, b)
         print(f"{name:<34} {b - a:>8.1f} {tree:>9.0f} {worker:>10.0f} {'' if state.startswith('Completed') else state}")
+        if name == "recommend" or lists:
+            lists = max(lists, worker)
+        else:
+            trained = max(trained, worker)
     tree, worker = sampler.peaks(t0, t1)
     print(f"{'whole flow':<34} {t1 - t0:>8.1f} {tree:>9.0f} {worker:>10.0f}")
     if "summary" not in result:
@@ -168,14 +174,16 @@ def run_size(work: Path, rows: int, events: int, args, env: dict, imports: float
         plan = read_plan_summary(Path(summary["run_dir"]) / "versions" / "0001" / "plan")
         need = max(plan.memory_bytes_per_device) / MB
         held = TrainData.load(ds).held_bytes(plan.devices)
-        bound = worker_peak_bytes(need * MB, users, held) / MB
-        print(f"plan: {need:,.0f} MB on the largest device; largest worker peaked at {worker:,.0f} MB = "
-              f"{worker / max(need, 1):.2f} x plan, {worker - need:,.0f} MB over it (a worker's imports alone, "
-              f"torch's CUDA build included, take {imports:,.0f} MB); the bound the engine checks before it "
-              f"starts ({WORKER_SCALE} x plan + {WORKER_EXTRA_BYTES / 1e9:.1f} GB + {WORKER_BYTES_PER_USER} bytes x "
-              f"{users:,} users + {held / MB:,.0f} MB of examples held) is {bound:,.0f} MB: "
-              f"{'within' if worker <= bound else 'OVER'}; AUC {summary['auc']:.4f}, {summary['epochs']} epoch(s); "
-              f"the item table whole is {rows * args.dim * 4 / MB:,.0f} MB (float32)")
+        step = ModelConfig(dim=args.dim, encoder=args.encoder).step_bytes(-(-args.batch_size // plan.devices))
+        bound = worker_peak_bytes(need * MB, users, held, step) / MB
+        print(f"plan: {need:,.0f} MB on the largest device; before the lists the largest worker peaked at "
+              f"{trained:,.0f} MB = {trained / max(need, 1):.2f} x plan, {trained - need:,.0f} MB over it (a worker's "
+              f"imports alone, torch's CUDA build included, take {imports:,.0f} MB); the bound the engine checks "
+              f"before it starts ({WORKER_SCALE} x plan + {WORKER_EXTRA_BYTES / 1e9:.1f} GB + {WORKER_BYTES_PER_USER} "
+              f"bytes x {users:,} users + {held / MB:,.0f} MB of examples held + {step / MB:,.0f} MB for a step) is "
+              f"{bound:,.0f} MB: {'within' if trained <= bound else 'OVER'}; from the lists on (the shards closed) "
+              f"{lists:,.0f} MB; AUC {summary['auc']:.4f}, {summary['epochs']} epoch(s); the item table whole is "
+              f"{rows * args.dim * 4 / MB:,.0f} MB (float32)")
     shutil.rmtree(ds, ignore_errors=True)
     shutil.rmtree(run, ignore_errors=True)
 

@@ -39,9 +39,6 @@ if TYPE_CHECKING:
     from shardflow.training.config import TrainConfig
     from storage.versions import RunLayout
 
-# A step's working set per trainer, in float32 values per looked-up row value: the rows pulled, their
-# gradients, the forward activations and their gradients (a generous bound, not an estimate to plan by).
-STEP_COPIES = 4
 DENSE_COPIES = 4  # weights, gradients and Adam's two moments
 PROFILE_COUNT_BYTES = 8  # a profile counts each row's accesses in an int64
 
@@ -227,15 +224,12 @@ class RetrainConfig(BaseModel):
 
     def step_bytes(self, devices: int) -> int:
         """A bound on one trainer's working set in a step (bytes)."""
-        m = self.model
-        examples = -(-self.train.batch_size // devices)
-        rows = examples * (m.history + 1 + m.negatives)
-        attention = 0
-        if m.encoder == "self-attention":
-            from shardflow.model.sizes import activation_values
+        from shardflow.model.sizes import step_bytes
 
-            attention = examples * activation_values(m.dim, m.history, m.attention_blocks, m.attention_heads)
-        return (rows * m.dim * STEP_COPIES + attention) * 4
+        m = self.model
+        blocks = m.attention_blocks if m.encoder == "self-attention" else 0
+        return step_bytes(-(-self.train.batch_size // devices), m.dim, m.history, m.negatives, blocks,
+                          m.attention_heads)
 
     def dense_bytes(self) -> int:
         """The dense layers' weights, gradients and optimiser state (bytes), for either workload's model."""

@@ -93,6 +93,11 @@ class ModelConfig:
     def attention(self) -> bool:
         return self.encoder == "self-attention"
 
+    def step_bytes(self, examples: int) -> int:
+        """A bound on a trainer's working set in a step of `examples` (shardflow.model.sizes.step_bytes)."""
+        return sizes.step_bytes(examples, self.dim, self.history, self.negatives,
+                                self.blocks if self.attention else 0, self.heads)
+
     @property
     def candidates(self) -> int:
         """Logits per example: the positive and the negatives."""

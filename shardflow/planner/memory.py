@@ -63,20 +63,23 @@ STATE = {"adagrad": "Adagrad sums", "adam": "Adam moments"}  # a row optimizer's
 # plan's bytes + 1.1 GB, of which 0.56 GB is what importing torch's CUDA build and the engine costs any
 # process, + 16 bytes a user of the log (the users' offsets, 8 bytes each, and what loading them takes).
 # The examples a trainer holds (its parts of the blocks it reads: up to 150 MB of a sequence log's ids when
-# that was measured, GBs for a click log's 40 columns) are counted on top, from the data (held_bytes).
+# that was measured, GBs for a click log's 40 columns) are counted on top, from the data (held_bytes), and so is
+# a sequence model's step (shardflow.model.sizes.step_bytes: 1.4 GB for 2,048 examples of self-attention at
+# history 50, 50 MB for the mean encoder's defaults).
 WORKER_SCALE, WORKER_EXTRA_BYTES, WORKER_BYTES_PER_USER = 1.3, 1.1e9, 16
 
 
-def worker_peak_bytes(shard_bytes: ArrayLike, users: int = 0, held: int = 0) -> np.ndarray:
-    """The resident memory a worker whose shard holds `shard_bytes` reaches, training a log of `users` users
-    and holding `held` bytes of examples (the bound bench/scale.py measures)."""
-    extra = WORKER_EXTRA_BYTES + WORKER_BYTES_PER_USER * users + held
+def worker_peak_bytes(shard_bytes: ArrayLike, users: int = 0, held: int = 0, step: int = 0) -> np.ndarray:
+    """The resident memory a worker whose shard holds `shard_bytes` reaches, training a log of `users` users,
+    holding `held` bytes of examples and `step` bytes of a step's working set (the bound bench/scale.py
+    measures)."""
+    extra = WORKER_EXTRA_BYTES + WORKER_BYTES_PER_USER * users + held + step
     return np.ceil(WORKER_SCALE * np.asarray(shard_bytes, dtype=np.float64) + extra).astype(np.int64)
 
 
 def check_worker_memory(plan: ShardingPlan, topology: Topology, dim: int, scaled_rows: dict[str, int] | None,
                         workers: dict[str, dict[str, Any]], users: int = 0, held: int = 0,
-                        rows_optimizer: str = "adagrad") -> np.ndarray:
+                        rows_optimizer: str = "adagrad", step: int = 0) -> np.ndarray:
     """Refuse, before any shard starts, a plan whose device would outgrow the memory limit of the worker that
     would hold it (the scheduler's figure; a worker without a limit takes any): its rows and optimiser state,
     and what a worker holds beside them (worker_peak_bytes). Returns the shard bytes per device."""
@@ -84,7 +87,7 @@ def check_worker_memory(plan: ShardingPlan, topology: Topology, dim: int, scaled
     if scaled_rows is not None:  # estimation: device 0 holds the scaled tables, the others nothing
         need = np.zeros(topology.devices, dtype=np.int64)
         need[0] = sum(scaled_rows.values()) * row_bytes(dim, rows_optimizer)
-    peak = worker_peak_bytes(need, users, held)
+    peak = worker_peak_bytes(need, users, held, step)
     for d, (address, info) in enumerate(workers.items()):
         limit = info.get("memory_limit") or 0
         if limit and peak[d] > limit:
@@ -93,8 +96,8 @@ def check_worker_memory(plan: ShardingPlan, topology: Topology, dim: int, scaled
                 f"dim {dim}, "
                 f"and its worker about {peak[d] / 2**30:.2f} GiB in all ({WORKER_SCALE} x that + "
                 f"{WORKER_EXTRA_BYTES / 1e9:.1f} GB for torch, batches and buffers + {WORKER_BYTES_PER_USER} bytes "
-                f"for each of the log's {users:,} users + {held / 2**30:.2f} GiB for the examples a trainer holds, "
-                f"as measured by bench/scale.py), "
+                f"for each of the log's {users:,} users + {held / 2**30:.2f} GiB for the examples a trainer holds "
+                f"+ {step / 2**30:.2f} GiB for a step's working set, as measured by bench/scale.py), "
                 f"but its worker {address} may use {limit / 2**30:.2f} GiB; accepted: workers with more memory, a plan "
                 f"over more devices, less memory_slack (fewer replicas) or a smaller dim"
                 + (" or row_optimizer adagrad" if rows_optimizer == "adam" else "")

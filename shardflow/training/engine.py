@@ -103,10 +103,12 @@ class Engine(Persistence):
         workers = sorted(info)
         if len(workers) < P:
             raise InputError(f"the plan has {P} devices, the cluster {len(workers)} workers; accepted: >= {P} workers")
+        # a sequence model's step, at an even share of the batch (a click log's is in the measured fixed part)
+        step = model.step_bytes(-(-train.batch_size // P)) if isinstance(model, ModelConfig) else 0
         self.need_bytes = check_worker_memory(plan, topology, model.dim, scaled_rows,
                                               {workers[d]: info[workers[d]] for d in range(P)},
                                               users=self.data.offset_users, held=self.data.held_bytes(P),
-                                              rows_optimizer=optimizer.rows)
+                                              rows_optimizer=optimizer.rows, step=step)
         # The worker each device lives on, by address and by the worker's unique id: a
         # worker restarted by its nanny comes back as a different id without the shard.
         self.workers = {workers[d]: info[workers[d]]["id"] for d in range(P)}

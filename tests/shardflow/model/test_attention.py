@@ -4,7 +4,10 @@ differences, and its dropout drawn from each example's key alone."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,3 +136,35 @@ def test_a_bad_encoder_setting_is_refused_by_name(values, says):
 
 def test_a_mean_encoder_has_no_heads_to_divide_dim():
     assert replace(CONFIG, encoder="mean", heads=3).heads == 3
+
+
+ONE_STEP = """
+import resource, sys
+import numpy as np, torch
+from shardflow.model.sequence import BatchIndex, ModelConfig, forward_backward, init_dense
+torch.set_num_threads(1)
+E, L, blocks, heads = map(int, sys.argv[1:5])
+config = ModelConfig(dim=64, history=L, negatives=4, encoder="self-attention", blocks=blocks, heads=heads,
+                     dropout=0.2)
+rng = np.random.default_rng(0)
+rows = {"item": torch.from_numpy(rng.normal(0, 0.1, (E * 3, 64)).astype(np.float32))}
+dense = {k: torch.from_numpy(v) for k, v in init_dense(config).items()}
+history = rng.integers(0, E * 3, (E, L))
+history[:, : L // 4] = -1  # a quarter padded, as short histories are
+index = BatchIndex("item", history, rng.integers(0, E * 3, (E, 5)), keys=np.arange(E, dtype=np.uint64))
+placed = index.on(torch.device("cpu"))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+forward_backward(config, dense, rows, placed, norm=E)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024, config.step_bytes(E))
+"""
+
+
+def test_a_training_step_stays_within_the_working_set_the_memory_checks_count():
+    """The peak memory one forward and backward of 1,024 examples (history 50, 2 blocks of 2 heads) adds to a
+    fresh process is within ModelConfig.step_bytes, which the config's and the engine's memory checks count (a
+    step of self-attention once took workers past the engine's bound; the bound before was 0.65 x this peak)."""
+    done = subprocess.run([sys.executable, "-c", ONE_STEP, "1024", "50", "2", "2"],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak, bound = map(int, done.stdout.split())
+    assert 0.3 * bound < peak <= bound, (peak, bound)

@@ -276,17 +276,19 @@ def test_a_shard_larger_than_its_workers_memory_limit_is_refused_before_any_acto
 
     wide = ModelConfig(dim=400_000, mlp=(4,), history=MODEL.history, negatives=MODEL.negatives, features=MODEL.features)
     plan = random_plan(data, 2, seed=0)  # about 0.4 GiB a device at dim 400,000
-    # 1.3 GB: more than a worker holds beside its shard (1.1 GB), less than that and this shard
+    # 1.3 GB: more than a worker holds beside its shard (1.1 GB), less than that, this shard and a step of one
+    # example a device (0.05 GB at this dim)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit="1.3GB",
                       dashboard_address=":0") as cluster, Client(cluster) as small:
         with pytest.raises(
             InputError,
             match=r"device \d's shard needs 0\.40 GiB .* at dim 400000, and its worker "
-            r"about 1\.54 GiB in all .* 16 bytes for each of the log's [\d,]+ users.* but its worker \S+ may use "
+            r"about 1\.60 GiB in all .* 16 bytes for each of the log's [\d,]+ users.* \+ 0\.05 GiB for a step's "
+            r"working set, .* but its worker \S+ may use "
             r"1\.21 GiB; "
             r"accepted: workers with more memory",
         ):
-            Engine(small, dataset, plan, TOPOLOGIES[2], wide, OPTIMIZER, TrainConfig(BATCH))
+            Engine(small, dataset, plan, TOPOLOGIES[2], wide, OPTIMIZER, TrainConfig(2))
         assert live_actors(small) == 0
 
 
