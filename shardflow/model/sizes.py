@@ -37,10 +37,11 @@ def attention_shapes(dim: int, history: int, blocks: int) -> dict[str, tuple[int
 def activation_values(dim: int, history: int, blocks: int, heads: int) -> int:
     """A bound on the float32 values one example's step through the encoder holds at its peak (what the forward
     keeps for the backward, dropout's masks, the backward's temporaries). Measured as the peak RSS rise of one
-    forward and backward of 1,024 bundled-Beauty examples in one process (torch on CPU) at 1 to 4 blocks, 1 or 4
-    heads, history 20 to 100, dim 64 or 128, 4 or 256 negatives: 166 to 1,609 KB an example, 1.10 to 1.48 x
-    below step_bytes."""
-    return history * dim * (24 + 16 * blocks) + blocks * 6 * heads * history * history
+    forward and backward of 1,024 examples in a fresh process (torch on CPU) at 1 to 4 blocks, 1 to 4 heads,
+    history 20 to 100, dim 64 or 128, 4 or 256 negatives: 166 to 1,609 KB an example. The same step's peak
+    varies by up to 1.4 x from process to process (history 50, 2 blocks of 2 heads: 727 to 1,032 MB), so this
+    is 1.4 x the fit to the largest samples."""
+    return history * dim * (32 + 24 * blocks) + blocks * 8 * heads * history * history
 
 
 # A step's working set per trainer, in float32 values per looked-up row value: the rows pulled, their
