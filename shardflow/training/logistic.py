@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy import sparse
 
 from shardflow.data.clicks import ClickData, Clicks
 from shardflow.model.dlrm import Bags, ClickConfig, numeric_input, table_vectors
@@ -51,26 +52,53 @@ def row_weights(weights: torch.Tensor, ids: np.ndarray) -> torch.Tensor:
 def fit_logistic(data: ClickData, config: ClickConfig, l2: float = L2) -> Logistic:
     """The regression fitted on `data`'s training rows (every feature and numeric column of `config`)."""
     train = data.examples(data.train_targets(), config)
-    model = Logistic(
-        weights={t: torch.zeros(data.rows[t], dtype=torch.float64, requires_grad=True) for t in config.features},
-        linear=torch.zeros(len(config.numeric), dtype=torch.float64, requires_grad=True),
-        bias=torch.zeros(1, dtype=torch.float64, requires_grad=True),
-    )
-    penalised = [*model.weights.values(), model.linear]
+    sizes = [data.rows[t] for t in config.features] + [len(config.numeric)]
+    x = design(train, config.features, sizes[:-1])
+    xt = x.T.tocsr()
+    theta, bias = torch.zeros(sum(sizes), dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
     y = torch.from_numpy(train.labels).double()
     # Tolerances past which the held-out AUC and log-loss no longer move in their 5th digit (MovieLens-100k).
-    opt = torch.optim.LBFGS([*penalised, model.bias], max_iter=500, tolerance_grad=1e-7, tolerance_change=1e-9,
+    opt = torch.optim.LBFGS([theta, bias], max_iter=500, tolerance_grad=1e-7, tolerance_change=1e-9,
                             line_search_fn="strong_wolfe")
 
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model.logits(train), y)
-        loss = loss + 0.5 * l2 * sum((p * p).sum() for p in penalised)
-        loss.backward()
+    def closure() -> torch.Tensor:  # the loss and, by hand, its gradient: X^T (p - y) / E + l2 theta, sum(p - y) / E
+        logits = torch.from_numpy(x @ theta.numpy()) + bias
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y) + 0.5 * l2 * theta.dot(theta)
+        residual = (torch.sigmoid(logits) - y) / len(y)
+        theta.grad, bias.grad = torch.from_numpy(xt @ residual.numpy()) + l2 * theta, residual.sum()[None]
         return loss
 
     opt.step(closure)
-    return model
+    *tables, linear = torch.split(theta.detach(), sizes)
+    return Logistic(weights=dict(zip(config.features, tables, strict=True)), linear=linear, bias=bias.detach())
+
+
+def design(ex: Clicks, features: tuple[str, ...], rows: list[int]) -> sparse.csr_array:
+    """[E, sum(rows) + numeric columns], sparse: the regression's logits, bias aside, are this times the weights
+    of every table (in `features` order, table t's `rows[t]` of them) and the numeric weights, one after
+    another. A row lookup is a 1; a token sequence's rows each 1 / its length (the mean, as row_weights takes);
+    then the numeric inputs. Built once per fit, it and its transpose are all an L-BFGS step needs: on
+    MovieLens-100k choose_l2 took 1.9-2.5 s so, 17.3 s with autograd through embedding lookups, to the same fit."""
+    at, cols, values, offset = [], [], [], 0
+    for t, n in zip(features, rows, strict=True):
+        ids = ex.ids[t]
+        if ids.ndim == 1:
+            held = np.ones(ids.shape, dtype=bool)[:, None]
+            ids = ids[:, None]
+        else:
+            held = ids >= 0
+        example, slot = np.nonzero(held)
+        at.append(example)
+        cols.append(offset + ids[example, slot])
+        values.append(1.0 / held.sum(axis=1)[example])
+        offset += n
+    numeric = numeric_input(ex.numeric).astype(np.float64)
+    example, column = np.nonzero(np.ones(numeric.shape, dtype=bool))
+    at.append(example)
+    cols.append(offset + column)
+    values.append(numeric[example, column])
+    shape = (len(ex), offset + numeric.shape[1])
+    return sparse.csr_array((np.concatenate(values), (np.concatenate(at), np.concatenate(cols))), shape=shape)
 
 
 def choose_l2(data: ClickData, config: ClickConfig, grid: tuple[float, ...] = L2_GRID) -> tuple[float, Logistic]:
