@@ -21,6 +21,11 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) --editable '.[test]'
 	touch $@
 
+# The tests start hundreds of Python processes (pytest's and Dask's workers, the CLI, servers). Where the
+# environment sets PYTHONDONTWRITEBYTECODE (CI's image does), each would compile the project's modules again:
+# the unit tier spent 236 CPU-s so, 217 with its bytecode kept (2 cores). An empty value is Python's default.
+test test-quick: export PYTHONDONTWRITEBYTECODE =
+
 # Every tier (tests/conftest.py), after the linter; CI runs this. One session on two pytest workers (each
 # its own LocalCluster and Prefect test harness), the tiers heaviest first: a worker left idle takes tests
 # from the other's queue (--dist worksteal), so the cluster and server tests' waits are filled with other
