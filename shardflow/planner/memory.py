@@ -64,7 +64,7 @@ STATE = {"adagrad": "Adagrad sums", "adam": "Adam moments"}  # a row optimizer's
 # process, + 16 bytes a user of the log (the users' offsets, 8 bytes each, and what loading them takes).
 # The examples a trainer holds (its parts of the blocks it reads: up to 150 MB of a sequence log's ids when
 # that was measured, GBs for a click log's 40 columns) are counted on top, from the data (held_bytes), and so is
-# a sequence model's step (shardflow.model.sizes.step_bytes: 1.4 GB for 2,048 examples of self-attention at
+# a sequence model's step (shardflow.model.sizes.step_bytes: 2.5 GB for 2,048 examples of self-attention at
 # history 50, 50 MB for the mean encoder's defaults).
 WORKER_SCALE, WORKER_EXTRA_BYTES, WORKER_BYTES_PER_USER = 1.3, 1.1e9, 16
 
