@@ -4,7 +4,7 @@
                                   [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.5]
                                   [--patience N [--min-epochs M] [--full-ranking exclude-seen|include-seen|off]]
                                   [--row-optimizer adagrad|adam] [--row-lr RATE]
-                                  [--negatives 4] [--loss bce|sampled-softmax] [--devices 2]
+                                  [--negatives 4] [--loss bce|sampled-softmax] [--blocks 2] [--devices 2]
                                   [--device cpu|cuda]
 
 For each dataset, encoder and seed: import the bundled log, plan it with FlexShard for one node
@@ -134,6 +134,8 @@ def main() -> None:
     parser.add_argument("--negatives", type=int, default=RetrainConfig().model.negatives,
                         help="sampled negatives per training target")
     parser.add_argument("--loss", choices=LOSSES, default=RetrainConfig().model.loss)
+    parser.add_argument("--blocks", type=int, default=RetrainConfig().model.attention_blocks,
+                        help="self-attention blocks")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     args = parser.parse_args()
@@ -142,21 +144,21 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--datasets {','.join(unknown)}; accepted: {', '.join(DATASETS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
-    try:
-        torch_device(args.device)  # refused here, before any work, if no GPU is visible
+    models = {}
+    try:  # refused here, before any work: no GPU visible, or a bad value
+        torch_device(args.device)
         train = TrainConfig(batch_size=args.batch_size, epochs=args.epochs, eval_users=None, patience=args.patience,
                             min_epochs=args.min_epochs, device=args.device, full_ranking=args.full_ranking)
+        for encoder in args.encoders.split(","):
+            config = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout,
+                                          "negatives": args.negatives, "loss": args.loss,
+                                          "attention_blocks": args.blocks})
+            c = config.model
+            models[encoder] = ModelConfig(dim=c.dim, mlp=c.mlp, history=c.history, negatives=c.negatives,
+                                          **config.encoder_options())
+        optimizer = RetrainConfig.build({"row_lr": args.row_lr, "row_optimizer": args.row_optimizer}).optimizer()
     except InputError as e:
         raise SystemExit(f"model_quality: {e}") from None
-    models = {}
-    for encoder in args.encoders.split(","):
-        config = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout,
-                                      "negatives": args.negatives, "loss": args.loss})
-        c = config.model
-        models[encoder] = ModelConfig(dim=c.dim, mlp=c.mlp, history=c.history, negatives=c.negatives,
-                                      **config.encoder_options())
-    optimizer = RetrainConfig.build({"row_lr": args.row_lr, "row_optimizer": args.row_optimizer}).optimizer()
-    c = RetrainConfig.build({"history": args.history, "dropout": args.dropout, "negatives": args.negatives}).model
     print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.devices} {args.device} devices; "
           f"batch {args.batch_size}; {args.epochs} epochs; seeds {seeds}; dim {c.dim}, history {c.history}, "
           f"{c.negatives} negatives, {args.loss}; mean: MLP {list(c.mlp)}; self-attention: {c.attention_blocks} "
