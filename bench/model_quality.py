@@ -136,6 +136,9 @@ def main() -> None:
     parser.add_argument("--loss", choices=LOSSES, default=RetrainConfig().model.loss)
     parser.add_argument("--blocks", type=int, default=RetrainConfig().model.attention_blocks,
                         help="self-attention blocks")
+    parser.add_argument("--beta2", type=float, default=OptimizerConfig.beta2,
+                        help="Adam's second-moment decay, rows and dense layers (RecTools' SASRec: 0.98)")
+    parser.add_argument("--dim", type=int, default=RetrainConfig().model.dim, help="embedding width")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     args = parser.parse_args()
@@ -152,18 +155,19 @@ def main() -> None:
         for encoder in args.encoders.split(","):
             config = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout,
                                           "negatives": args.negatives, "loss": args.loss,
-                                          "attention_blocks": args.blocks})
+                                          "attention_blocks": args.blocks, "dim": args.dim})
             c = config.model
             models[encoder] = ModelConfig(dim=c.dim, mlp=c.mlp, history=c.history, negatives=c.negatives,
                                           **config.encoder_options())
-        optimizer = RetrainConfig.build({"row_lr": args.row_lr, "row_optimizer": args.row_optimizer}).optimizer()
+        optimizer = replace(RetrainConfig.build({"row_lr": args.row_lr, "row_optimizer": args.row_optimizer})
+                            .optimizer(), beta2=args.beta2)
     except InputError as e:
         raise SystemExit(f"model_quality: {e}") from None
     print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.devices} {args.device} devices; "
           f"batch {args.batch_size}; {args.epochs} epochs; seeds {seeds}; dim {c.dim}, history {c.history}, "
           f"{c.negatives} negatives, {args.loss}; mean: MLP {list(c.mlp)}; self-attention: {c.attention_blocks} "
           f"blocks, {c.attention_heads} heads, dropout {c.dropout}; rows {optimizer.rows} {optimizer.row_lr}, dense "
-          f"{optimizer.dense} {optimizer.dense_lr}", flush=True)
+          f"{optimizer.dense} {optimizer.dense_lr}, Adam beta2 {optimizer.beta2}", flush=True)
     results: dict[tuple[str, str], list[list[dict]]] = {}
     with (tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp,
           dask_client(workers=args.devices, gpus=args.device == "cuda") as client):
