@@ -4,8 +4,11 @@
 
 Prints one JSON line {"rate": examples/s} (steady state: after 2 warm-up steps), or
 {"skipped": why} when torchrec cannot be imported. TorchRec is an optional peer, not a
-dependency; it installs beside this project's pins with `fbgemm-gpu-cpu` 1.9 and
-`torchrec` 1.9 `--no-deps` plus tensordict, torchmetrics 1.0.3, tqdm and pyre-extensions.
+dependency; it installs beside this project's pins in an environment of its own:
+
+    python3.11 -m venv /tmp/trv && /tmp/trv/bin/pip install -c constraints.txt -e .
+    /tmp/trv/bin/pip install 'fbgemm-gpu-cpu==1.9.*' && /tmp/trv/bin/pip install --no-deps 'torchrec==1.9.*'
+    /tmp/trv/bin/pip install tensordict torchmetrics==1.0.3 tqdm pyre-extensions
 
 The model is shardflow's (dim 64, history 20 mean-pooled, the positive and 4 sampled
 negatives, the same MLP and BCE) on the same global batches split into the same
