@@ -29,9 +29,12 @@ test test-quick: export PYTHONDONTWRITEBYTECODE =
 # Every tier (tests/conftest.py), after the linter; CI runs this. One session on two pytest workers (each
 # its own LocalCluster and Prefect test harness), the tiers heaviest first: a worker left idle takes tests
 # from the other's queue (--dist worksteal), so the cluster and server tests' waits are filled with other
-# tests' work. `-m TIER` runs one tier. Prints the 15 slowest tests, then how fast the host was
-# (bench/host_speed.py: the suite's minutes follow it).
+# tests' work. `-m TIER` runs one tier. Prints how fast the host was before and after (bench/host_speed.py:
+# the suite's minutes follow it; the first is there even when CI stops the suite at its time limit), the 15
+# slowest tests, and each failure's one line as it happens (tests/conftest.py). A test still running after
+# 15 minutes fails with its stacks (pyproject's timeout).
 test: lint
+	$(BIN)/python bench/host_speed.py
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=15
 	$(BIN)/python bench/host_speed.py
 

@@ -39,6 +39,8 @@ from shardflow.cluster import dask_client
 
 WORKERS = 4  # the training tests place up to four devices, one per worker
 
+_config: pytest.Config  # the session's, for the terminal its failures are named on as they happen
+
 TIERS = ("fault", "server", "cluster", "unit")
 # Every test here uses Prefect (the server tier or a heavier one). `-m unit` does not import these modules: their
 # imports (Prefect's API server among them) cost each pytest worker 3.0-3.6 s of its 11-12 s of collection.
@@ -61,9 +63,23 @@ def tier(item: pytest.Item) -> str:
 
 def pytest_configure(config) -> None:
     """The session's controlling process makes the directory its pytest workers share (they inherit the
-    variable): tests/flows/runs.py keeps the Prefect home template there."""
+    variable): tests/flows/runs.py keeps the Prefect home template there. Every process keeps its config for
+    pytest_runtest_logreport."""
+    global _config
+    _config = config
     if not hasattr(config, "workerinput"):
         os.environ["SHARDFLOW_TEST_PREFECT_HOME"] = tempfile.mkdtemp(prefix="shardflow-prefect-home-")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Name each failure in one line as it happens, with its phase, seconds and crash line: pytest-xdist prints
+    tracebacks only at the session's end, which a run stopped at CI's time limit never reaches."""
+    if not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    crash = getattr(report.longrepr, "reprcrash", None)
+    where = f"{crash.path}:{crash.lineno}: {crash.message.splitlines()[0][:200]}" if crash else ""
+    terminal = _config.pluginmanager.get_plugin("terminalreporter")
+    terminal.write_line(f"\nFAILED {report.nodeid} ({report.when}, {report.duration:.0f} s) {where}", flush=True)
 
 
 def pytest_unconfigure(config) -> None:
