@@ -210,6 +210,16 @@ def split_into_days(src: Path, out: Path, shares: tuple[float, ...] = (1, 1, 1),
     return settled(*paths)
 
 
+def worker_growth_mb(base: dict[str, float], last: dict[str, float]) -> dict[str, float]:
+    """Each worker's growth in resident MB from `base` (a run after warm-up) to `last`, for the soak's bound.
+
+    A worker first given some kind of work late steps once to its peers' level (488 -> 532 MB at night 9 where
+    its peers sat at 514-546 from night 1): growth counts from the higher of its own level and the busiest
+    worker's at `base`, so a leak shows as growth past the busiest level, from any worker."""
+    level = max(base.values())
+    return {a: mb - max(base[a], level) for a, mb in last.items() if a in base}
+
+
 def settled(*paths: Path) -> list[Path]:
     """`paths`, last modified a day ago: finished parts a night's run reads (config part_settle_s).
 
