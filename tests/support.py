@@ -210,6 +210,16 @@ def split_into_days(src: Path, out: Path, shares: tuple[float, ...] = (1, 1, 1),
     return settled(*paths)
 
 
+# The soak's nights (tests/flows/test_soak.py), here so that its bound's unit tests judge the same figures.
+CYCLES = 12
+# Runs before the baseline: imports, caches, Dask's bounded logs and the allocator settle. Resident memory
+# after a malloc_trim, per run (2 cores, 3 runs of the soak): the flow process 777, 782, 784, 786, 786, 786,
+# 786, 787, 788, 789, 790, 790 MB; a worker 543, 543, 546, 551, 563, 557, 557, 555, 555, 564, 559, 564 —
+# up 12-20 MB by run 5, then within a few MB (Python's own allocations, traced, grow 0.3-0.5 MB a worker over 9 runs).
+WARM = 5
+WORKER_GROWTH_MB = 20  # allowed growth of each worker over the last CYCLES - WARM runs (measured: 1-7)
+
+
 def worker_growth_mb(base: dict[str, float], last: dict[str, float]) -> dict[str, float]:
     """Each worker's growth in resident MB from `base` (a run after warm-up) to `last`, for the soak's bound.
 

@@ -22,18 +22,11 @@ from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
 from storage import versions
 from storage.checkpoint import verify_export
-from support import settled, worker_growth_mb
+from support import CYCLES, WARM, WORKER_GROWTH_MB, settled, worker_growth_mb
 
 pytestmark = pytest.mark.fault  # the tier: killed, interrupted or starved processes
 
-CYCLES = 12
-# Runs before the baseline: imports, caches, Dask's bounded logs and the allocator settle. Resident memory
-# after a malloc_trim, per run (2 cores, 3 runs of this test): the flow process 777, 782, 784, 786, 786, 786,
-# 786, 787, 788, 789, 790, 790 MB; a worker 543, 543, 546, 551, 563, 557, 557, 555, 555, 564, 559, 564 —
-# up 12-20 MB by run 5, then within a few MB (Python's own allocations, traced, grow 0.3-0.5 MB a worker over 9 runs).
-WARM = 5
 RSS_GROWTH_MB = 20  # allowed growth of the flow process over the last CYCLES - WARM runs (measured: 3-4)
-WORKER_GROWTH_MB = 20  # and of each worker (measured: 1-7)
 KEEP = 3  # keep_versions
 
 
