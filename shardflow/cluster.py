@@ -29,6 +29,8 @@ from shardflow.cluster_options import (
     local_worker_limit,
 )
 from shardflow.errors import InputError, SchedulerLost, TrainingError, stop_signal
+from shardflow.heap import NAME as HEAP_PLUGIN
+from shardflow.heap import HeapThresholds
 
 __all__ = ["check_cluster_class", "check_cluster_kwargs", "dask_client", "run_cluster", "resolve_cluster_class"]
 
@@ -69,7 +71,7 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
     if scheduler_address:
         if workers is not None:
             raise InputError("--workers applies to a local cluster; it cannot be combined with --scheduler")
-        with _remote_client(scheduler_address, tls) as client:
+        with _remote_client(scheduler_address, tls) as client, heap_thresholds(client):
             yield client
         return
     workers = _local_workers(workers)
@@ -138,25 +140,33 @@ def start_worker_server() -> None:
     engine) overlap what this process waits on next (a run's embedded API) instead of the cluster's start.
 
     It gets the environment the first nanny would give it (distributed's pre-spawn-environ, a fixed
-    PYTHONHASHSEED as distributed.nanny sets it): this process's own environment is left as it was."""
+    PYTHONHASHSEED as distributed.nanny sets it), without what LOCAL_CLUSTER_CONFIG unsets: a nanny of a Dask
+    cluster started earlier in this process with Dask's own config wrote MALLOC_TRIM_THRESHOLD_ into
+    os.environ, and a server started from there pinned every local worker's mmap threshold (shardflow.heap).
+    This process's own environment is left as it was."""
     import multiprocessing.forkserver
 
     with dask.config.set(LOCAL_CLUSTER_CONFIG):
         get_mp_context().set_forkserver_preload(WORKER_PRELOAD)
-        env = {k: os.environ.get(k, str(v)) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
-               if v is not None}
+        env: dict[str, str | None] = {k: None if v is None else os.environ.get(k, str(v))
+                                      for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()}
     if env.get("PYTHONHASHSEED") in (None, "0"):
         env["PYTHONHASHSEED"] = "6640"
     before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    _set_environ(env)
     try:
         _spawn_ignoring_interrupts(multiprocessing.forkserver.ensure_running)
     finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environ(before)
+
+
+def _set_environ(values: dict[str, str | None]) -> None:
+    """Set each variable of `values` in os.environ, or unset it where its value is None."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def _spawn_ignoring_interrupts(spawn: Callable[[], None]) -> None:
@@ -341,7 +351,18 @@ def run_cluster(
         if hasattr(cluster, "scale") and not cluster_kwargs.get("n_workers"):
             cluster.scale(workers)
         client.wait_for_workers(workers, timeout="600s")
-        yield client
+        with contextlib.nullcontext() if cluster_class in LOCAL_CLASSES else heap_thresholds(client):
+            yield client
+
+
+@contextlib.contextmanager
+def heap_thresholds(client: Client) -> Iterator[None]:
+    """While this client uses a cluster it did not start, its workers keep large buffers on the heap
+    (shardflow.heap), put back as the client is done with it. After a failure they stay until a worker restarts
+    or the next run registers them again: a failing run (a lost scheduler among the causes) waits on nothing."""
+    client.register_plugin(HeapThresholds(), name=HEAP_PLUGIN)
+    yield
+    client.unregister_worker_plugin(HEAP_PLUGIN)
 
 
 def resolve_cluster_class(path: str) -> type[Cluster]:
