@@ -358,11 +358,16 @@ def run_cluster(
 @contextlib.contextmanager
 def heap_thresholds(client: Client) -> Iterator[None]:
     """While this client uses a cluster it did not start, its workers keep large buffers on the heap
-    (shardflow.heap), put back as the client is done with it. After a failure they stay until a worker restarts
-    or the next run registers them again: a failing run (a lost scheduler among the causes) waits on nothing."""
-    client.register_plugin(HeapThresholds(), name=HEAP_PLUGIN)
+    (shardflow.heap), put back as the client is done with it unless another client still holds them. After a
+    failure they stay until a worker restarts: a failing run (a lost scheduler among the causes) waits on
+    nothing. Failing to put them back is logged, not raised: the run's own work is done."""
+    name = f"{HEAP_PLUGIN}-{client.id}"
+    client.register_plugin(HeapThresholds(), name=name)
     yield
-    client.unregister_worker_plugin(HEAP_PLUGIN)
+    try:
+        client.unregister_worker_plugin(name)
+    except Exception as e:
+        logging.getLogger(__name__).warning("the workers' heap thresholds were not put back: %s", e)
 
 
 def resolve_cluster_class(path: str) -> type[Cluster]:

@@ -12,8 +12,8 @@ Local clusters start their workers without the variable (shardflow.cluster.LOCAL
 The workers of a scheduler_address or a non-local cluster class get HeapThresholds while
 the run's cluster is open: the thresholds glibc's own dynamic rule climbs to, the trim
 threshold twice the mmap threshold as that rule keeps it, so a worker holds up to
-TRIM_THRESHOLD_BYTES of freed heap. Teardown (the run's end, or the worker's) puts back
-what the environment said and returns that heap. A worker whose environment sets
+TRIM_THRESHOLD_BYTES of freed heap. The last teardown (the runs' end, or the worker's)
+puts back what the environment said and returns that heap. A worker whose environment sets
 MALLOC_MMAP_THRESHOLD_ keeps its own choice; one without glibc is left alone.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +32,9 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: where its dynamic rule stops
 TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES
 GLIBC_DEFAULT_BYTES = 128 << 10  # DEFAULT_MMAP_THRESHOLD_MIN and DEFAULT_TRIM_THRESHOLD
-NAME = "shardflow-heap-thresholds"
+NAME = "shardflow-heap-thresholds"  # and the client's id: one registration per client
+_holders = 0  # HeapThresholds set up in this process and not torn down
+_lock = threading.Lock()
 
 
 def pinned(env: Mapping[str, str] = os.environ) -> bool:
@@ -51,18 +54,32 @@ def set_thresholds(mmap_bytes: int, trim_bytes: int) -> bool:
 
 
 class HeapThresholds(WorkerPlugin):
-    """On a worker whose thresholds are pinned (`pinned`): large buffers stay on the heap while registered."""
+    """On a worker whose thresholds are pinned (`pinned`): large buffers stay on the heap while any client has
+    one registered. Each client registers its own (several runs may share a cluster); the last one torn down
+    puts the environment's thresholds back."""
 
     def __init__(self) -> None:
         self.applied = False
 
     def setup(self, worker: Any) -> None:
-        self.applied = pinned() and set_thresholds(MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES)
+        global _holders
+        if not pinned():
+            return
+        with _lock:
+            if _holders == 0 and not set_thresholds(MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES):
+                return
+            _holders += 1
+            self.applied = True
 
     def teardown(self, worker: Any) -> None:
-        if self.applied:
-            trim = os.environ.get("MALLOC_TRIM_THRESHOLD_", "")
-            set_thresholds(GLIBC_DEFAULT_BYTES, int(trim) if trim.isdigit() else GLIBC_DEFAULT_BYTES)
-            libc = _glibc()
-            if libc is not None:
-                libc.malloc_trim(0)  # the freed heap it kept goes back now, as the restored setting would have
+        global _holders
+        if not self.applied:
+            return
+        with _lock:
+            _holders -= 1
+            if _holders == 0:
+                trim = os.environ.get("MALLOC_TRIM_THRESHOLD_", "")
+                set_thresholds(GLIBC_DEFAULT_BYTES, int(trim) if trim.isdigit() else GLIBC_DEFAULT_BYTES)
+                ctypes.CDLL(None).malloc_trim(0)  # the freed heap it kept goes back now, as that setting would have
+        self.applied = False
+

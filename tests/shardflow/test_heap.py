@@ -13,7 +13,7 @@ import sys
 import pytest
 from distributed import Client, LocalCluster
 
-from shardflow.cluster import run_cluster
+from shardflow.cluster import dask_client, run_cluster
 from shardflow.heap import pinned
 
 # Unmarked tests are in the unit tier (tests/conftest.py: tier).
@@ -55,10 +55,25 @@ print(json.dumps(seen + [mmapped()]))
 """
 
 
-def plugin_in(env: dict[str, str]) -> list[bool]:
+TWO = """
+import json
+from shardflow.heap import HeapThresholds
+from test_heap import mmapped
+
+first, second = HeapThresholds(), HeapThresholds()
+first.setup(None)
+second.setup(None)
+first.teardown(None)
+seen = [mmapped()]
+second.teardown(None)
+print(json.dumps(seen + [mmapped()]))
+"""
+
+
+def plugin_in(env: dict[str, str], script: str = PLUGIN) -> list[bool]:
     """[mmapped before, applied, mmapped while set up, mmapped after teardown] in a process with `env`."""
     path = os.pathsep.join([os.path.dirname(__file__), os.getcwd()])
-    done = subprocess.run([sys.executable, "-c", PLUGIN], env={**env, "PYTHONPATH": path}, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", script], env={**env, "PYTHONPATH": path}, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
@@ -71,6 +86,12 @@ def without_malloc_settings() -> dict[str, str]:
 def test_with_the_nannys_trim_threshold_a_mib_is_mmapped_until_the_plugin_sets_the_thresholds():
     env = {**without_malloc_settings(), "MALLOC_TRIM_THRESHOLD_": "65536"}
     assert plugin_in(env) == [True, True, False, True]
+
+
+def test_the_thresholds_stay_until_the_last_registration_is_torn_down():
+    """Two runs on one cluster register one each: the first done leaves the other's worker unpinned."""
+    env = {**without_malloc_settings(), "MALLOC_TRIM_THRESHOLD_": "65536"}
+    assert plugin_in(env, TWO) == [False, True]
 
 
 def test_a_process_that_chose_its_mmap_threshold_or_none_is_left_alone():
@@ -96,4 +117,7 @@ def test_a_run_on_a_scheduler_it_did_not_start_unpins_its_workers_while_it_runs(
         assert list(own.run(mmapped).values()) == [True]
         with run_cluster(cluster.scheduler_address, None, {}, 1) as client:
             assert list(client.run(mmapped).values()) == [False]
-        assert list(own.run(mmapped).values()) == [True]  # put back as the run ends
+            with dask_client(cluster.scheduler_address) as other:  # a second run on the same scheduler, done first
+                assert list(other.run(mmapped).values()) == [False]
+            assert list(client.run(mmapped).values()) == [False]
+        assert list(own.run(mmapped).values()) == [True]  # put back as the last run ends
