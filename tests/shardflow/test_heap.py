@@ -10,16 +10,19 @@ import platform
 import subprocess
 import sys
 
+import dask
 import pytest
 from distributed import Client, LocalCluster
 
-from shardflow.cluster import dask_client, run_cluster
+from shardflow.cluster import LOOPBACK_DASHBOARD, dask_client, run_cluster
 from shardflow.heap import pinned
 
 # Unmarked tests are in the unit tier (tests/conftest.py: tier).
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt and mallinfo2")
 
 MIB = 1 << 20
+DASKS_OWN = {"distributed.worker.multiprocessing-method": "spawn",
+             "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": 65536}
 
 
 class MallInfo2(ctypes.Structure):
@@ -111,7 +114,10 @@ def test_a_run_on_a_scheduler_it_did_not_start_unpins_its_workers_while_it_runs(
     """Workers started by distributed's own nanny (MALLOC_TRIM_THRESHOLD_ 65536), as a user's cluster is."""
     # What the nanny writes into this process's environment too; monkeypatch unsets it after the test.
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+    # Dask's own settings, whichever local cluster of shardflow's (forked from its worker server, the variable
+    # unset) this process has open meanwhile: the session's keeps LOCAL_CLUSTER_CONFIG set while it runs.
+    with dask.config.set(DASKS_OWN), \
+            LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=LOOPBACK_DASHBOARD) as cluster, \
             Client(cluster) as own:
         assert list(own.run(os.getenv, "MALLOC_TRIM_THRESHOLD_").values()) == ["65536"]
         assert list(own.run(mmapped).values()) == [True]
