@@ -80,6 +80,8 @@ class HeapThresholds(WorkerPlugin):
             if _holders == 0:
                 trim = os.environ.get("MALLOC_TRIM_THRESHOLD_", "")
                 set_thresholds(GLIBC_DEFAULT_BYTES, int(trim) if trim.isdigit() else GLIBC_DEFAULT_BYTES)
-                ctypes.CDLL(None).malloc_trim(0)  # the freed heap it kept goes back now, as that setting would have
+                libc = _glibc()
+                if libc is not None:
+                    libc.malloc_trim(0)  # the freed heap it kept goes back now, as that setting would have
         self.applied = False
 
