@@ -1,10 +1,12 @@
-"""Training throughput on the bundled dataset: the engine on 1 and 2 devices beside PyTorch and TorchRec peers.
+"""Training throughput: the engine on 1 and 2 devices beside PyTorch and TorchRec peers.
 
     python bench/train_throughput.py [--rounds 3] [--steps 20] [--batch-size 4096]
                                      [--torchrec-python PYTHON] [--epoch-auc] [--encoder mean]
-                                     [--device cpu|cuda]
+                                     [--device cpu|cuda] [--data bundled|zipf]
 
-Imports data/amazon-video into a scratch directory, plans it with FlexShard (10% memory
+Imports data/amazon-video (--data bundled, the default) into a scratch directory, or
+generates the emulated grid's Zipf log there (--data zipf: 100,000 items, alpha 1.2,
+300,000 interactions in sequences of mean length 20, seed 7), plans it with FlexShard (10% memory
 slack) for one node of 1 and of 2 devices, and measures, round after round in
 alternation, on the same global batches (same example builder, order and negatives)
 and the same model (dim 64, history 20, 4 negatives, row-wise Adagrad + Adam; --encoder mean: MLP
@@ -49,6 +51,7 @@ import torch
 
 from shardflow.cluster import dask_client
 from shardflow.data.batches import TrainData
+from shardflow.data.synthetic import parse_synth_table, synth_dataset
 from shardflow.errors import InputError
 from shardflow.model.optim import OptimizerConfig
 from shardflow.model.sequence import ENCODERS, ModelConfig
@@ -66,6 +69,7 @@ from storage.importers import import_dataset
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent / "data" / "amazon-video" / "Video.txt"
+ZIPF_TABLE, ZIPF_INTERACTIONS, ZIPF_SEED = "item:100000:1.2", 300_000, 7  # bench/emulated_cluster.py's Zipf log
 MODEL = ModelConfig()
 OPTIMIZER = OptimizerConfig()
 WARMUP = 2
@@ -140,6 +144,7 @@ def main() -> None:
     parser.add_argument("--epoch-auc", action="store_true")
     parser.add_argument("--encoder", choices=ENCODERS, default="mean")
     parser.add_argument("--device", choices=DEVICES, default="cpu")
+    parser.add_argument("--data", choices=("bundled", "zipf"), default="bundled")
     args = parser.parse_args()
     try:
         torch_device(args.device)  # refused here, before any work, if no GPU is visible
@@ -149,11 +154,15 @@ def main() -> None:
     model = replace(MODEL, encoder=args.encoder)
     B, n = args.batch_size, args.steps
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-") as scratch:
-        dataset = Path(scratch) / "amazon-video"
-        import_dataset("sasrec", DATA, dataset)
+        if args.data == "zipf":
+            dataset = Path(scratch) / "zipf"
+            synth_dataset(dataset, [parse_synth_table(ZIPF_TABLE)], interactions=ZIPF_INTERACTIONS, seed=ZIPF_SEED)
+        else:
+            dataset = Path(scratch) / "amazon-video"
+            import_dataset("sasrec", DATA, dataset)
         data = TrainData.load(dataset)
         plans = {d: plan_for(dataset, d, B, model) for d in (1, 2)}
-        print(f"amazon-video: {data.targets:,} training examples, batch {B}, {n} steps after {WARMUP} warm-up, "
+        print(f"{dataset.name}: {data.targets:,} training examples, batch {B}, {n} steps after {WARMUP} warm-up, "
               f"{args.rounds} rounds, {cores} cores, torch {torch.__version__}, encoder {model.encoder}, "
               f"device {args.device}" + (f" ({torch.cuda.get_device_name(0)})" if args.device == "cuda" else ""))
         rates: dict[str, list[float]] = {}
