@@ -72,6 +72,7 @@ TOPOLOGIES = {
     "4x2-one-slow": Topology(tuple(Node(n, 2, 12.5) for n in "abc") + (Node("d", 2, 2.5),), 600.0),
 }
 BATCH = 4096
+ZIPF_TABLE, ZIPF_INTERACTIONS, ZIPF_SEED = "item:100000:1.2", 300_000, 7  # --data zipf (train_throughput.py's too)
 FIT_TOPOLOGIES = ("2x2-equal", "2x2-one-5x-slower")  # links even and uneven
 FIT_BATCHES = (512, 2048, 8192)  # payloads 16x apart: separates the per-byte from the per-round cost
 EVAL_USERS = 200
@@ -92,7 +93,8 @@ def datasets(scratch: Path, names: list[str]) -> dict[str, Path]:
         if name == "bundled":
             shardflow("import", "--format", "sasrec", str(BUNDLED), str(store))
         elif name == "zipf":
-            shardflow("synth", str(store), "--tables", "item:100000:1.2", "--interactions", "300000", "--seed", "7")
+            shardflow("synth", str(store), "--tables", ZIPF_TABLE, "--interactions", str(ZIPF_INTERACTIONS),
+                      "--seed", str(ZIPF_SEED))
         else:
             raise SystemExit(f"--data {name!r}; accepted: bundled, zipf")
         shardflow("profile", str(store), "--workers", "2")

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from emulated_cluster import ZIPF_INTERACTIONS, ZIPF_SEED, ZIPF_TABLE  # this directory: the grid's Zipf log
 
 from shardflow.cluster import dask_client
 from shardflow.data.batches import TrainData
@@ -69,7 +70,6 @@ from storage.importers import import_dataset
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent / "data" / "amazon-video" / "Video.txt"
-ZIPF_TABLE, ZIPF_INTERACTIONS, ZIPF_SEED = "item:100000:1.2", 300_000, 7  # bench/emulated_cluster.py's Zipf log
 MODEL = ModelConfig()
 OPTIMIZER = OptimizerConfig()
 WARMUP = 2
