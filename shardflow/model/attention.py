@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from shardflow.hashing import splitmix64
+from shardflow.model.lookup import rows_at
 from shardflow.model.tensors import Tensors
 
 if TYPE_CHECKING:  # sequence imports this module
@@ -95,7 +96,7 @@ def encode(config: ModelConfig, dense: Tensors, items: torch.Tensor, window: tor
     E, L = window.shape
     D, H, rate = config.dim, config.heads, config.dropout
     valid = window >= 0
-    e = F.embedding(window.clamp(min=0), items, sparse=sparse) * math.sqrt(D) + dense["attention.position"]
+    e = rows_at(items, window.clamp(min=0), sparse) * math.sqrt(D) + dense["attention.position"]
     site = 0
 
     def drop(t: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from shardflow.errors import InputError
 from shardflow.model import sizes
+from shardflow.model.lookup import rows_at
 from shardflow.model.tensors import Tensors
 
 
@@ -123,10 +124,10 @@ class ClickConfig:
 def table_vectors(rows: torch.Tensor, at: torch.Tensor | Bags, sparse: bool) -> torch.Tensor:
     """[E, dim]: each example's row of a table, or the mean of the rows its token sequence holds (zero when
     it holds none). `sparse`: `rows` is the whole table (the reference) and its gradient sparse; otherwise
-    a trainer's pulled rows, where index_select's backward (index_add) is 1.6x embedding's on CPU."""
+    a trainer's pulled rows (shardflow.model.lookup)."""
     if isinstance(at, Bags):
         return F.embedding_bag(at.ids, rows, at.offsets, mode="mean", sparse=sparse)
-    return F.embedding(at, rows, sparse=True) if sparse else rows.index_select(0, at)
+    return rows_at(rows, at, sparse)
 
 
 def numeric_input(values: np.ndarray) -> np.ndarray:

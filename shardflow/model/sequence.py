@@ -43,6 +43,7 @@ from shardflow.errors import InputError
 from shardflow.hashing import splitmix64
 from shardflow.model import sizes
 from shardflow.model.attention import encode, init_attention
+from shardflow.model.lookup import rows_at
 from shardflow.model.sizes import attention_shapes
 from shardflow.model.tensors import Scorer, Tensors, UserState
 
@@ -232,7 +233,7 @@ def scores(config: ModelConfig, dense: Tensors, rows: Tensors, index: TensorInde
            sparse: bool = False) -> torch.Tensor:
     """Logits [E, 1 + K] of every candidate."""
     state = user_state(config, dense, rows, index, sparse)
-    return candidate_scores(config, dense, state, F.embedding(index.candidates, rows[index.item], sparse=sparse))
+    return candidate_scores(config, dense, state, rows_at(rows[index.item], index.candidates, sparse))
 
 
 def user_state(config: ModelConfig, dense: Tensors, rows: Tensors, index: TensorIndex,
@@ -245,13 +246,13 @@ def user_state(config: ModelConfig, dense: Tensors, rows: Tensors, index: Tensor
     if config.attention:
         u = encode(config, dense, table, index.window, index.keys, sparse)
         for name in config.features:
-            u = u + F.embedding(index.features[name], rows[name], sparse=sparse)
+            u = u + rows_at(rows[name], index.features[name], sparse)
         return (u,)
     h = F.embedding_bag(index.history, table, index.offsets, mode="mean", sparse=sparse)
     w0 = dense["mlp.0.weight"]
     per_example = torch.addmm(dense["mlp.0.bias"], h, w0[:D])
     for k, name in enumerate(config.features):
-        f = F.embedding(index.features[name], rows[name], sparse=sparse)
+        f = rows_at(rows[name], index.features[name], sparse)
         per_example = per_example + f @ w0[(3 + k) * D : (4 + k) * D]
     return h, per_example
 

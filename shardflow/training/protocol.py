@@ -177,6 +177,9 @@ class StepProtocol(RelayRounds):
         for table, (ids, owner) in self._now.fetch.items():
             g = rows[table]
             mine = np.flatnonzero(owner == self.device)
+            if mine.size == ids.size:  # every row its own: no peer to send to, nothing to select
+                self._keep_own(table, ids, g)
+                continue
             if mine.size:
                 self._keep_own(table, ids[mine], g[torch.from_numpy(mine).to(g.device)])
             for peer in np.unique(owner[owner != self.device]).tolist():
@@ -231,8 +234,11 @@ class StepProtocol(RelayRounds):
                 early[m.sender] = {b.table: b for b in answer.blocks}
         rows = {}
         for table, (ids, owner) in self._now.fetch.items():
-            r = torch.empty((ids.size, self.shard.dim), dtype=torch.float32, device=self.shard.device)
             mine = np.flatnonzero(owner == self.device)
+            if mine.size == ids.size:  # every row read from its own copies
+                rows[table] = self._read(table, ids)
+                continue
+            r = torch.empty((ids.size, self.shard.dim), dtype=torch.float32, device=self.shard.device)
             r[torch.from_numpy(mine).to(r.device)] = self._read(table, ids[mine])
             for peer in np.unique(owner[owner != self.device]).tolist():
                 at = np.flatnonzero(owner == peer)
