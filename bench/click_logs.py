@@ -2,6 +2,7 @@
 
     python bench/click_logs.py [--rows 1000000] [--seeds 3] [--rounds 3] [--steps 20] [--batch-size 4096]
                                [--skip-quality] [--skip-movielens] [--skip-traffic] [--skip-throughput]
+                               [--throughput-logs both|synthetic|movielens]
 
 Quality, on the bundled Criteo sample (200 rows) and Avazu sample (100 rows), imported
 with 2^16-row hashed tables, and on a synthetic Criteo-layout log of --rows rows whose
@@ -39,10 +40,11 @@ step beside the bytes the devices send in 6 steps (in process: the same messages
 cluster; the samples' epochs have 5 and 2 steps), and where flexshard and table-wise put
 the tables.
 
-Throughput, on the synthetic log: the engine on 1 and 2 devices (FlexShard plan, 10%
-slack) beside its PyTorch peer, the same DLRM in one process with whole tables and
-sparse gradients (1 and 2 threads), alternating --rounds rounds, --steps steps after 2
-warm-up steps each; min/median/max of examples/s and of the ratios, with the load.
+Throughput, on the synthetic log (dim 16, --batch-size) and on MovieLens-100k (the run's
+default DLRM, dim 64, batch 1,024 as its quality is measured): the engine on 1 and 2 devices
+(FlexShard plan, 10% slack) beside its PyTorch peer, the same DLRM in one process with whole
+tables and sparse gradients (1 and 2 threads), alternating --rounds rounds, --steps steps
+after 2 warm-up steps each; min/median/max of examples/s and of the ratios, with the load.
 """
 
 from __future__ import annotations
@@ -143,14 +145,18 @@ def quality(scratch: Path, synthetic: Path, seeds: int) -> None:
 ML_SEQUENCES = ("class", "movie_title")  # the movies' genres and title words: RecBole token_seq fields
 
 
-def movielens(scratch: Path, seeds: int) -> None:
+def run_default(ds: Dataset, seed: int) -> ClickConfig:
+    """The DLRM `shardflow run` trains on a click log by default."""
+    defaults = RetrainConfig().model
+    return model_config(ds, dim=defaults.dim, mlp=defaults.mlp, bottom=defaults.bottom_mlp, history=1,
+                        negatives=1, seed=seed)
+
+
+def movielens(path: Path, seeds: int) -> None:
     """MovieLens-100k as a click log: the DLRM's held-out AUC and log-loss beside logistic regression's, with
     every table and again without the tables of token sequences (what joining them buys)."""
-    import_dataset("recbole", MOVIELENS, scratch / "movielens", label=ML_LABEL)
-    ds = Dataset.open(scratch / "movielens")
-    defaults = RetrainConfig().model
-    every = [model_config(ds, dim=defaults.dim, mlp=defaults.mlp, bottom=defaults.bottom_mlp, history=1,
-                          negatives=1, seed=s) for s in range(seeds)]
+    ds = Dataset.open(path)
+    every = [run_default(ds, s) for s in range(seeds)]
     labels = ds.column("labels")
     print(f"\nMovieLens-100k as a click log ({ML_LABEL} a click, click rate {labels.mean():.3f}); tables "
           f"{', '.join(ds.info.table_names)} ({', '.join(f'{t} up to {w} ids' for t, w in ds.info.widths.items())})")
@@ -249,22 +255,22 @@ def traffic(scratch: Path, synthetic: Path, batch: int) -> None:
 
 def plan_for(path: Path, devices: int, batch: int, dim: int):
     ds = Dataset.open(path)
-    access = [TableAccess.from_counts(t, np.bincount(ds.ids(t), minlength=ds.info.table(t).rows), 1.0)
-              for t in ds.info.table_names]
+    ids = {t: ds.ids(t).ravel() for t in ds.info.table_names}  # a token sequence's padding is -1
+    access = [TableAccess.from_counts(t, np.bincount(v[v >= 0], minlength=ds.info.table(t).rows), 1.0)
+              for t, v in ids.items()]
     topo = uniform(1, devices, 12.5)
     model = CostModel(topo, StepShape(batch, dim))
     return propose("flexshard", access, topo, budget_bytes_per_device(access, topo, dim, 0.1), model), topo
 
 
-def throughput(synthetic: Path, rounds: int, steps: int, batch: int) -> None:
-    ds = Dataset.open(synthetic)
-    model = model_for(ds, 0)
+def throughput(name: str, path: Path, model: ClickConfig, rounds: int, steps: int, batch: int) -> None:
+    ds = Dataset.open(path)
     data = load_training_data(ds, model.features)
-    plans = {d: plan_for(synthetic, d, batch, model.dim) for d in (1, 2)}
+    plans = {d: plan_for(path, d, batch, model.dim) for d in (1, 2)}
     cores = os.cpu_count() or 1
     idle = os.getloadavg()[0]
-    print(f"\nthroughput on the synthetic log: batch {batch}, {steps} steps after {WARMUP} warm-up, {rounds} rounds, "
-          f"{cores} cores, torch {torch.__version__}; load before the first round {idle:.2f}"
+    print(f"\nthroughput on {name}: dim {model.dim}, batch {batch}, {steps} steps after {WARMUP} warm-up, {rounds} "
+          f"rounds, {cores} cores, torch {torch.__version__}; load before the first round {idle:.2f}"
           + (f" (not quiet: above {cores / 2:.1f})" if idle > cores / 2 else ""))
     rates: dict[str, list[float]] = {}
     loads = []
@@ -274,22 +280,22 @@ def throughput(synthetic: Path, rounds: int, steps: int, batch: int) -> None:
             loads.append(os.getloadavg()[0])
             for devices in (1, 2):
                 train = TrainConfig(batch_size=batch, max_steps=WARMUP + steps, eval_users=None)
-                with Engine(clients[devices], str(synthetic), *plans[devices], model, OPTIMIZER, train) as engine:
+                with Engine(clients[devices], str(path), *plans[devices], model, OPTIMIZER, train) as engine:
                     rates.setdefault(f"engine, {devices} device(s)", []).append(engine.fit().examples_per_s)
             for threads in (1, 2):
                 rates.setdefault(f"pytorch, {threads} thread(s)", []).append(
                     pytorch_rate(data, model, batch, steps, threads))
     print(f"load {min(loads):.2f}-{max(loads):.2f} at the rounds' starts")
     print(f"{'trainer':<24} {'examples/s: min':>15} {'median':>9} {'max':>9}")
-    for name, v in rates.items():
-        print(f"{name:<24} {min(v):>15,.0f} {float(np.median(v)):>9,.0f} {max(v):>9,.0f}")
+    for trainer, v in rates.items():
+        print(f"{trainer:<24} {min(v):>15,.0f} {float(np.median(v)):>9,.0f} {max(v):>9,.0f}")
     e1, e2 = rates["engine, 1 device(s)"], rates["engine, 2 device(s)"]
     p1, p2 = rates["pytorch, 1 thread(s)"], rates["pytorch, 2 thread(s)"]
     print(f"\n{'ratio (per round)':<36} {'min / median / max':>24}")
-    for name, v in {"engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2, strict=True)],
-                    "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1, strict=True)],
-                    "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1, strict=True)]}.items():
-        print(f"{name:<36} {spread(v, 2):>24}")
+    for ratio, v in {"engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2, strict=True)],
+                     "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1, strict=True)],
+                     "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1, strict=True)]}.items():
+        print(f"{ratio:<36} {spread(v, 2):>24}")
 
 
 def main() -> None:
@@ -303,6 +309,7 @@ def main() -> None:
     parser.add_argument("--skip-movielens", action="store_true")
     parser.add_argument("--skip-traffic", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--throughput-logs", choices=("both", "synthetic", "movielens"), default="both")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-") as scratch:
         scratch = Path(scratch)
@@ -316,12 +323,18 @@ def main() -> None:
         if not args.skip_quality:
             quality(scratch, synthetic, args.seeds)
             epochs_on_validation(scratch, args.seeds)
+        ml = scratch / "movielens"
+        import_dataset("recbole", MOVIELENS, ml, label=ML_LABEL)
         if not args.skip_movielens:
-            movielens(scratch, 5)
+            movielens(ml, 5)
         if not args.skip_traffic:
             traffic(scratch, synthetic, args.batch_size)
-        if not args.skip_throughput:
-            throughput(synthetic, args.rounds, args.steps, args.batch_size)
+        if not args.skip_throughput and args.throughput_logs != "movielens":
+            throughput("the synthetic log", synthetic, model_for(Dataset.open(synthetic), 0), args.rounds,
+                       args.steps, args.batch_size)
+        if not args.skip_throughput and args.throughput_logs != "synthetic":
+            throughput(f"MovieLens-100k ({ML_LABEL} a click), the run's default DLRM", ml,
+                       run_default(Dataset.open(ml), 0), args.rounds, args.steps, ML_BATCH)
 
 
 if __name__ == "__main__":
