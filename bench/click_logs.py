@@ -324,7 +324,8 @@ def main() -> None:
             quality(scratch, synthetic, args.seeds)
             epochs_on_validation(scratch, args.seeds)
         ml = scratch / "movielens"
-        import_dataset("recbole", MOVIELENS, ml, label=ML_LABEL)
+        if not args.skip_movielens or (not args.skip_throughput and args.throughput_logs != "synthetic"):
+            import_dataset("recbole", MOVIELENS, ml, label=ML_LABEL)
         if not args.skip_movielens:
             movielens(ml, 5)
         if not args.skip_traffic:

@@ -40,7 +40,7 @@ def combine(contributions: list[Contribution], dim: int, device: torch.device) -
     contributions = sorted(contributions, key=lambda c: c[0])  # stable: a sender's own order is kept
     ids = np.concatenate([c[1] for c in contributions])
     grads = torch.cat([c[2] for c in contributions])
-    if (ids[1:] > ids[:-1]).all():  # distinct already (one de-duplicated contribution): nothing to sum
+    if (ids[1:] > ids[:-1]).all():  # ascending, so distinct (one de-duplicated contribution): nothing to sum
         return ids, grads
     distinct, where = np.unique(ids, return_inverse=True)
     total = torch.zeros((distinct.size, dim), dtype=grads.dtype, device=device)
