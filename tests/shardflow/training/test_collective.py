@@ -12,7 +12,7 @@ import pytest
 
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError, WorkerLost
-from shardflow.training.collective import Link, open_rendezvous
+from shardflow.training.collective import FIRST_BYTES, Link, open_rendezvous
 from shardflow.training.config import check_transport
 from shardflow.training.messages import Block, Kind, Message, Round
 from shardflow.training.transport import PROBE_S, EngineClosing
@@ -63,6 +63,18 @@ def test_messages_arrive_whole_and_in_each_rounds_order(pair):
     first, second = b.receive(0, Round.REQUEST, Alive()), b.receive(0, Round.REQUEST, Alive())
     assert (first.step, second.step) == (0, 1) and first.blocks[0].ids.tolist() == [5, 7, 9]
     assert reply.blocks[0].values.tobytes() == rows.tobytes() and reply.dense["w"].tobytes() == rows[:1].tobytes()
+
+
+def test_a_message_longer_than_its_first_piece_arrives_whole_and_the_stream_stays_in_step(pair):
+    a, b = pair
+    big = np.random.default_rng(0).random((FIRST_BYTES // 4 + 1000, 1), dtype=np.float32)  # over one piece
+    ids = np.arange(big.shape[0], dtype=np.int64)
+    for step, rows in enumerate((big, big[:3], big)):
+        a.send(1, Message(Round.GRADIENTS, step, 0, [Block(Kind.LOOKUP, "item", ids[: rows.shape[0]], rows)]))
+    got = [b.receive(0, Round.GRADIENTS, Alive()) for _ in range(3)]
+    assert [m.step for m in got] == [0, 1, 2]
+    assert [m.blocks[0].values.tobytes() for m in got] == [big.tobytes(), big[:3].tobytes(), big.tobytes()]
+    assert got[2].blocks[0].ids.tolist() == ids.tolist()
 
 
 def test_a_wait_ends_when_the_engine_stops_the_device(pair):
