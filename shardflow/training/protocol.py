@@ -75,7 +75,7 @@ from shardflow.training.messages import (
 )
 from shardflow.training.relay import RelayRounds
 from shardflow.training.step_core import Handled
-from shardflow.training.steps import Phase, Requests, StepState
+from shardflow.training.steps import Phase, Reads, Requests, StepState
 
 
 class StepProtocol(RelayRounds):
@@ -100,9 +100,9 @@ class StepProtocol(RelayRounds):
             if self.relay:  # a row from another node is asked of its proxy in this node
                 away = self.topology.node_of_device[owner] != self.node
                 owner[away] = replica_device(owner[away], self.topology, self.node)
-            owners[table] = (ids, owner)
-            for peer in np.unique(owner[owner != self.device]).tolist():
-                out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[owner == peer]))
+            owners[table] = reads = Reads.split(ids, owner, self.device)
+            for peer, at in reads.peers:
+                out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[at]))
         return Requests(step, owners, self._linked(Round.REQUEST, out))
 
     def start(self, requests: Requests) -> list[Instruction]:
@@ -174,19 +174,18 @@ class StepProtocol(RelayRounds):
         if self.phase is not Phase.COMPUTING:
             raise RuntimeError(f"device {self.device}: gradients outside step {self.step}'s compute")
         out = self._outbox(Round.GRADIENTS)
-        for table, (ids, owner) in self._now.fetch.items():
-            g = rows[table]
-            mine = np.flatnonzero(owner == self.device)
-            if mine.size == ids.size:  # every row its own: no peer to send to, nothing to select
+        for table, reads in self._now.fetch.items():
+            ids, g, mine = reads.ids, rows[table], reads.mine
+            if not reads.peers:  # every row its own: no peer to send to, nothing to select
                 self._keep_own(table, ids, g)
                 continue
             if mine.size:
                 self._keep_own(table, ids[mine], g[torch.from_numpy(mine).to(g.device)])
-            for peer in np.unique(owner[owner != self.device]).tolist():
-                sel = np.flatnonzero(owner == peer)
+            for peer, sel in reads.peers:
                 values = to_host(g[torch.from_numpy(sel).to(g.device)])
                 out[peer].blocks.append(Block(Kind.LOOKUP, table, ids[sel], values))
-        for table, plan in self.tables.items():  # own partial sums of global rows, to the node's leader
+        for table in self.has_global:  # own partial sums of global rows, to the node's leader
+            plan = self.tables[table]
             ids, total = self._take(table, partial(self._global_led_elsewhere, plan))
             self._blocks(out, table, Kind.SYNC, ids, total, self._holder(plan, ids, self.node))
         if self.device == 0:
@@ -233,15 +232,15 @@ class StepProtocol(RelayRounds):
                                        f"of step {self.step}")
                 early[m.sender] = {b.table: b for b in answer.blocks}
         rows = {}
-        for table, (ids, owner) in self._now.fetch.items():
-            mine = np.flatnonzero(owner == self.device)
-            if mine.size == ids.size:  # every row read from its own copies
+        for table, reads in self._now.fetch.items():
+            ids, mine = reads.ids, reads.mine
+            if not reads.peers:  # every row read from its own copies
                 rows[table] = self._read(table, ids)
                 continue
             r = torch.empty((ids.size, self.shard.dim), dtype=torch.float32, device=self.shard.device)
-            r[torch.from_numpy(mine).to(r.device)] = self._read(table, ids[mine])
-            for peer in np.unique(owner[owner != self.device]).tolist():
-                at = np.flatnonzero(owner == peer)
+            if mine.size:
+                r[torch.from_numpy(mine).to(r.device)] = self._read(table, ids[mine])
+            for peer, at in reads.peers:
                 if peer not in early:
                     r[torch.from_numpy(at).to(r.device)] = torch.from_numpy(by_peer[peer][table].values).to(r.device)
                     continue

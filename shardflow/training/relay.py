@@ -27,8 +27,9 @@ class RelayRounds(ReplicaSync):
         for m in inbox:
             for b in m.blocks:
                 wanted[b.table].append(b.ids[self._is_relayed(b.table, b.ids)])
-        for table, (ids, owner) in self._now.fetch.items():  # this device's own trainer's relayed rows
-            wanted[table].append(ids[(owner == self.device) & self._is_relayed(table, ids)])
+        for table, reads in self._now.fetch.items():  # this device's own trainer's relayed rows
+            ids = reads.ids
+            wanted[table].append(ids[(reads.owner == self.device) & self._is_relayed(table, ids)])
         out = self._outbox(Round.RELAY_REQUEST)
         self._now.relay_asked = {}
         for table, parts in wanted.items():

@@ -91,6 +91,8 @@ class ReplicaSync(StepCore):
         out = self._outbox(Round.TOTALS)
         for table, plan in self.tables.items():
             ids, total = self._apply_single(table, plan)
+            if table not in self.replicated:
+                continue
             replicated = np.flatnonzero(plan.tier_of(ids) != SINGLE)
             r_ids = ids[replicated]
             r_total = to_host(total[torch.from_numpy(replicated).to(total.device)])

@@ -62,12 +62,16 @@ class RowLayout:
         ids = np.asarray(ids, dtype=np.int64)
         if self.modulus is not None:
             return ids % self.modulus
+        if not self._sorted.size:
+            if ids.size:
+                raise InputError(f"table '{self.table}': id {int(ids[0])} is not stored on this shard")
+            return ids
         k = np.searchsorted(self._sorted, ids)
-        k_safe = np.minimum(k, max(self._sorted.size - 1, 0))
-        missing = (k >= self._sorted.size) | (self._sorted[k_safe] != ids) if ids.size else np.zeros(0, bool)
+        np.minimum(k, self._sorted.size - 1, out=k)  # an id past the last stored one is then not equal to it
+        missing = self._sorted[k] != ids
         if missing.any():
             raise InputError(f"table '{self.table}': id {int(ids[missing][0])} is not stored on this shard")
-        return k_safe if self._order is None else self._order[k_safe]
+        return k if self._order is None else self._order[k]
 
 
 class ParameterShard:

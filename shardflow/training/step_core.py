@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from shardflow.planner.sharding_plan import DevicePlan, replica_device
+from shardflow.planner.sharding_plan import GLOBAL, NODE, DevicePlan, replica_device
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
 from shardflow.training.messages import (
@@ -42,10 +42,23 @@ def combine(contributions: list[Contribution], dim: int, device: torch.device) -
     grads = torch.cat([c[2] for c in contributions])
     if (ids[1:] > ids[:-1]).all():  # ascending, so distinct (one de-duplicated contribution): nothing to sum
         return ids, grads
-    distinct, where = np.unique(ids, return_inverse=True)
+    distinct, where = _distinct(ids)
     total = torch.zeros((distinct.size, dim), dtype=grads.dtype, device=device)
     total.index_add_(0, torch.from_numpy(where).to(device), grads)
     return distinct, total
+
+
+def _distinct(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(ids, return_inverse=True), in about 2/3 of its time on a step's few hundred ids (it reshapes and
+    checks more than one sort needs)."""
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    first = np.empty(ids.size, dtype=bool)
+    first[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    where = np.empty(ids.size, dtype=np.int64)
+    where[order] = np.cumsum(first) - 1
+    return ordered[first], where
 
 
 class StepCore:
@@ -56,6 +69,10 @@ class StepCore:
                  maps: dict[str, ShardMap] | None = None, dedup: str = "device", early: bool = False) -> None:
         self.device, self.topology, self.tables, self.shard = device, topology, tables, shard
         self.maps = maps if maps is not None else {t: ShardMap(p, topology) for t, p in tables.items()}
+        # the tables with rows of each replicated tier, found once (a plan's has_tier reads every row): a round skips
+        # a table's replica work when it has none
+        self.has_global = [t for t, p in tables.items() if p.has_tier(GLOBAL)]
+        self.replicated = set(self.has_global) | {t for t, p in tables.items() if p.has_tier(NODE)}
         self.node = int(topology.node_of_device[device])
         self.peers = [d for d in range(topology.devices) if d != device]
         start = int(topology.node_start[self.node])

@@ -28,12 +28,32 @@ class Phase(enum.Enum):
     COMPUTING = "computing"  # the rows are in (REPLY); the trainer's forward and backward, until `gradients`
 
 
+@dataclass(frozen=True)
+class Reads:
+    """One table's lookups of a step: the ids the trainer reads, the device it reads each from, and those split
+    once (`requests`) for every round that needs them: the positions read from this device's own copies, and
+    (peer, positions) for each other device read from, in device order."""
+
+    ids: np.ndarray
+    owner: np.ndarray
+    mine: np.ndarray
+    peers: tuple[tuple[int, np.ndarray], ...]
+
+    @classmethod
+    def split(cls, ids: np.ndarray, owner: np.ndarray, device: int) -> Reads:
+        here = owner == device
+        if here.all():  # every row its own: nothing to split
+            return cls(ids, owner, np.arange(ids.size), ())
+        others = np.unique(owner[~here]).tolist()
+        return cls(ids, owner, np.flatnonzero(here), tuple((p, np.flatnonzero(owner == p)) for p in others))
+
+
 @dataclass
 class StepState:
     """Everything one step keeps on one device, made fresh when the step starts and dropped when it ends."""
 
     step: int
-    fetch: dict[str, tuple[np.ndarray, np.ndarray]]  # table -> (ids the trainer reads, the device it reads each from)
+    fetch: dict[str, Reads]  # table -> what the trainer reads, and from where
     pending: dict[str, list[Contribution]]  # table -> [(sender, ids, grads)] not yet summed
     phase: Phase = Phase.WAITING
     expect: Round | None = None  # the round whose messages come next
@@ -47,10 +67,10 @@ class StepState:
 
 @dataclass
 class Requests:
-    """A step's REQUEST messages and, per table, the ids the trainer needs and the device it reads each from."""
+    """A step's REQUEST messages and, per table, what the trainer reads and from where."""
 
     step: int
-    owners: dict[str, tuple[np.ndarray, np.ndarray]]
+    owners: dict[str, Reads]
     outbox: dict[int, Message]
 
 
