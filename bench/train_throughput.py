@@ -14,10 +14,11 @@ and the same model (dim 64, history 20, 4 negatives, row-wise Adagrad + Adam; --
 defaults):
   - engine:   the Dask engine, one worker process (one thread) per device; its figure is
               `shardflow train`'s steady-state examples/s (steps after the first 2), its step
-              messages carried by Dask actor calls (transport actor); on 2 devices also over
-              the devices' gloo group (transport collective, shardflow.training.collective),
-              and with the next step's requests answered early (`early_answers`: rows sent
-              while waiting, patched when the step begins), to show what each gains;
+              messages carried as a run carries them by default (transport auto: on 2 devices
+              the devices' gloo group, shardflow.training.collective); on 2 devices also by Dask
+              actor calls (transport actor), and by those with the next step's requests answered
+              early (`early_answers`: rows sent while waiting, patched when the step begins), to
+              show what each gains;
   - pytorch:  shardflow's single-process reference trainer (PyTorch, whole tables,
               sparse embedding gradients) with 1 and with 2 threads, after 2 warm-up
               steps: no communication at all, the limit of this machine;
@@ -121,7 +122,7 @@ def torchrec_rate(python: str, dataset: Path, batch_size: int, steps: int) -> tu
 
 
 def engine_rate(client, dataset: Path, plan, topo, batch_size: int, steps: int, model: ModelConfig = MODEL,
-                early: bool = False, device: str = "cpu", transport: str = "actor") -> dict:
+                early: bool = False, device: str = "cpu", transport: str = "auto") -> dict:
     train = TrainConfig(batch_size=batch_size, max_steps=WARMUP + steps, eval_users=None, early_answers=early,
                         device=device, transport=transport)
     with Engine(client, str(dataset), plan, topo, model, OPTIMIZER, train) as engine:
@@ -184,10 +185,10 @@ def main() -> None:
                     e = engine_rate(clients[devices], dataset, *plans[devices], B, n, model, device=args.device)
                     rates.setdefault(f"engine, {devices} device(s)", []).append(e["rate"])
                     splits[devices].append(e["timings"])
-                collective = engine_rate(clients[2], dataset, *plans[2], B, n, model, device=args.device,
-                                         transport="collective")
-                rates.setdefault("engine, 2, collective", []).append(collective["rate"])
-                splits.setdefault("2, collective", []).append(collective["timings"])
+                actor = engine_rate(clients[2], dataset, *plans[2], B, n, model, device=args.device,
+                                    transport="actor")
+                rates.setdefault("engine, 2, actor", []).append(actor["rate"])
+                splits.setdefault("2, actor", []).append(actor["timings"])
                 early = engine_rate(clients[2], dataset, *plans[2], B, n, model, early=True, device=args.device)
                 rates.setdefault("engine, 2, early answers", []).append(early["rate"])
                 patch_share.append(early["patch_share"])
@@ -227,14 +228,13 @@ def main() -> None:
         print(f"\n{'ratio (per round)':<36} {'min':>9} {'median':>7} {'max':>7}")
         e1, e2 = rates["engine, 1 device(s)"], rates["engine, 2 device(s)"]
         p1, p2 = rates["pytorch, 1 thread(s)"], rates["pytorch, 2 thread(s)"]
-        c2 = rates["engine, 2, collective"]
+        a2 = rates["engine, 2, actor"]
         ratios = {
             "engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2, strict=True)],
-            "collective 2 devices / pytorch 2 thr.": [a / b for a, b in zip(c2, p2, strict=True)],
-            "collective / actor, 2 devices": [a / b for a, b in zip(c2, e2, strict=True)],
+            "collective / actor, 2 devices": [a / b for a, b in zip(e2, a2, strict=True)],
             "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1, strict=True)],
             "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1, strict=True)],
-            "early answers / engine 2 devices": [a / b for a, b in zip(rates["engine, 2, early answers"], e2,
+            "early answers / actor, 2 devices": [a / b for a, b in zip(rates["engine, 2, early answers"], a2,
                                                                          strict=True)],
         }
         if "torchrec, 2 ranks" in rates:

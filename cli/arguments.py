@@ -162,8 +162,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     _config_flag(p, "row_lr", type=float)
     _config_flag(p, "early_answers", help="answer the next step's row requests while waiting, patch them when it "
                  "begins")
-    _config_flag(p, "transport", help="how a step's messages travel between devices: Dask actor calls, or the "
-                 "devices' gloo group (collective)")
+    _config_flag(p, "transport", help="how a step's messages travel between devices: the devices' gloo group "
+                 "(collective), or Dask actor calls (actor); auto: collective unless --early-answers")
     _config_flag(p, "device", help="where each device computes: the CPU, or CUDA device d on worker d (resource "
                  "GPU=1)")
     _config_flag(p, "seed")

@@ -207,11 +207,12 @@ class RetrainConfig(BaseModel):
 
     def training(self, window: tuple[int, int] = (0, 0)) -> TrainConfig:
         """The engine's part: a version trains from segment window[0] and is evaluated from window[1]."""
-        from shardflow.training.config import TrainConfig
+        from shardflow.training.config import TrainConfig, resolve_transport
 
         t = self.train
+        transport = resolve_transport(t.transport, t.early_answers, encrypted=self.cluster.tls_ca_file is not None)
         return TrainConfig(batch_size=t.batch_size, dedup=self.plan.dedup, early_answers=t.early_answers,
-                           transport=t.transport,
+                           transport=transport,
                            epochs=t.epochs, steps_per_epoch=t.steps_per_epoch, device=t.device, seed=t.seed,
                            eval_users=t.eval_users, window=tuple(window), patience=t.patience,
                            min_epochs=t.min_epochs, full_ranking=t.full_ranking)

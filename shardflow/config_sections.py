@@ -180,11 +180,11 @@ class TrainSection(Section):
         False, description="answer the next step's row requests while waiting and patch them when it begins (scopes "
         "none and device): exact either way; pays only where a device waits on transfers with a core to spare",
     )
-    transport: Literal["actor", "collective"] = Field(
-        "actor", description="how a step's messages travel between devices: Dask actor calls (actor), or a gloo "
-        "process group the devices form over their workers' host addresses (collective, torch.distributed; "
-        "unencrypted, so not with the cluster's TLS files; not with early_answers); exact either way "
-        "(docs/training.md: the transports)",
+    transport: Literal["auto", "actor", "collective"] = Field(
+        "auto", description="how a step's messages travel between devices: a gloo process group the devices form "
+        "over their workers' host addresses (collective, torch.distributed; unencrypted, so not with the cluster's "
+        "TLS files; not with early_answers), or Dask actor calls (actor); auto: collective unless the cluster has "
+        "TLS files or early_answers is on; exact either way (docs/training.md: the transports)",
     )
     device: Literal["cpu", "cuda"] = "cpu"
     seed: int = Field(0, ge=0, le=2**63 - 1, description="batch order and negatives (a 64-bit signed integer)")

@@ -12,7 +12,16 @@ from shardflow.model.metrics import FULL_RANKING
 from shardflow.planner.costmodel import check_dedup
 from shardflow.training.validation import check_min_epochs
 
-TRANSPORTS = ("actor", "collective")  # how a step's messages travel (shardflow.training.collective)
+TRANSPORTS = ("auto", "actor", "collective")  # how a step's messages travel (shardflow.training.collective)
+
+
+def resolve_transport(name: str, early_answers: bool, encrypted: bool = False) -> str:
+    """The transport a run uses: `auto` is the collective one unless the run answers early or reaches its cluster
+    over TLS, which only the actor calls carry (docs/training.md: the transports)."""
+    check_transport(name, early_answers)
+    if name != "auto":
+        return name
+    return "actor" if early_answers or encrypted else "collective"
 
 
 def check_transport(name: str, early_answers: bool) -> None:
@@ -37,7 +46,8 @@ class TrainConfig:
     eval_negatives: int = EVAL_NEGATIVES  # ranked against each held-out item, none its user's (sample_unseen)
     window: tuple[int, int] = (0, 0)  # (first segment trained on, first evaluated on): see TrainData.load and ClickData
     early_answers: bool = False  # answer the next step's requests while waiting (protocol.py: PREFETCH)
-    transport: str = "actor"  # how a step's messages travel: actor calls, or a gloo group (training/collective.py)
+    transport: str = "auto"  # how a step's messages travel: actor calls, or a gloo group (training/collective.py);
+    # auto: the gloo group unless early_answers (resolve_transport)
     # Hold out a validation split (each user's second-to-last item; a click log's last rows before the test
     # rows), score it after every epoch, stop after this many epochs without a better score and keep the
     # best epoch's parameters. None: no split, every epoch trained.
@@ -62,7 +72,7 @@ class TrainConfig:
         check_min_epochs(self.min_epochs, self.patience, self.epochs)
         if not isinstance(self.early_answers, bool):
             raise InputError(f"early_answers = {self.early_answers!r}; accepted: true or false")
-        check_transport(self.transport, self.early_answers)
+        object.__setattr__(self, "transport", resolve_transport(self.transport, self.early_answers))
         if self.full_ranking not in FULL_RANKING:
             raise InputError(f"full_ranking = {self.full_ranking!r}; accepted: {', '.join(FULL_RANKING)}")
 

@@ -13,7 +13,7 @@ import pytest
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError, WorkerLost
 from shardflow.training.collective import FIRST_BYTES, Link, open_rendezvous
-from shardflow.training.config import check_transport
+from shardflow.training.config import TrainConfig, check_transport
 from shardflow.training.messages import Block, Kind, Message, Round
 from shardflow.training.transport import PROBE_S, EngineClosing
 from support import pem_files
@@ -105,7 +105,7 @@ def test_the_rendezvous_listens_on_the_host_it_is_given_only():
 
 
 def test_an_unknown_transport_or_one_with_early_answers_is_one_line():
-    with pytest.raises(InputError, match="transport 'nccl'; accepted: actor, collective"):
+    with pytest.raises(InputError, match="transport 'nccl'; accepted: auto, actor, collective"):
         check_transport("nccl", False)
     with pytest.raises(InputError, match="early_answers = true with transport 'collective'; accepted"):
         check_transport("collective", True)
@@ -123,3 +123,15 @@ def test_the_config_refuses_a_collective_transport_beside_early_answers_or_tls_f
         with pytest.raises(InputError, match=refusal) as e:
             RetrainConfig.build({**base, **extra})
         assert "\n" not in str(e.value)
+
+
+def test_auto_is_the_collective_transport_unless_early_answers_or_tls_files_need_the_actor_calls(tmp_path):
+    topology = tmp_path / "t.yaml"
+    topology.write_text("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n")
+    base = {"topology": str(topology)}
+    assert RetrainConfig.build(base).train.transport == "auto"  # the default
+    assert RetrainConfig.build(base).training().transport == "collective"
+    assert RetrainConfig.build({**base, "early_answers": True}).training().transport == "actor"
+    assert RetrainConfig.build({**base, **pem_files(tmp_path)}).training().transport == "actor"
+    assert RetrainConfig.build({**base, "transport": "actor"}).training().transport == "actor"
+    assert TrainConfig().transport == "collective" and TrainConfig(early_answers=True).transport == "actor"
