@@ -42,7 +42,8 @@ the tables.
 
 Throughput, on the synthetic log (dim 16, --batch-size) and on MovieLens-100k (the run's
 default DLRM, dim 64, batch 1,024 as its quality is measured): the engine on 1 and 2 devices
-(FlexShard plan, 10% slack) beside its PyTorch peer, the same DLRM in one process with whole
+(FlexShard plan, 10% slack; the default transport, and on 2 devices the actor calls too) beside
+its PyTorch peer, the same DLRM in one process with whole
 tables and sparse gradients (1 and 2 threads), alternating --rounds rounds, --steps steps
 after 2 warm-up steps each; min/median/max of examples/s and of the ratios, with the load.
 """
@@ -278,10 +279,11 @@ def throughput(name: str, path: Path, model: ClickConfig, rounds: int, steps: in
         clients = {1: one, 2: two}
         for _ in range(rounds):
             loads.append(os.getloadavg()[0])
-            for devices in (1, 2):
-                train = TrainConfig(batch_size=batch, max_steps=WARMUP + steps, eval_users=None)
+            for devices, transport, trainer in ((1, "auto", "engine, 1 device(s)"), (2, "auto", "engine, 2 device(s)"),
+                                                (2, "actor", "engine, 2, actor")):
+                train = TrainConfig(batch_size=batch, max_steps=WARMUP + steps, eval_users=None, transport=transport)
                 with Engine(clients[devices], str(path), *plans[devices], model, OPTIMIZER, train) as engine:
-                    rates.setdefault(f"engine, {devices} device(s)", []).append(engine.fit().examples_per_s)
+                    rates.setdefault(trainer, []).append(engine.fit().examples_per_s)
             for threads in (1, 2):
                 rates.setdefault(f"pytorch, {threads} thread(s)", []).append(
                     pytorch_rate(data, model, batch, steps, threads))
@@ -293,6 +295,8 @@ def throughput(name: str, path: Path, model: ClickConfig, rounds: int, steps: in
     p1, p2 = rates["pytorch, 1 thread(s)"], rates["pytorch, 2 thread(s)"]
     print(f"\n{'ratio (per round)':<36} {'min / median / max':>24}")
     for ratio, v in {"engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2, strict=True)],
+                     "collective / actor, 2 devices": [a / b for a, b in zip(e2, rates["engine, 2, actor"],
+                                                                             strict=True)],
                      "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1, strict=True)],
                      "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1, strict=True)]}.items():
         print(f"{ratio:<36} {spread(v, 2):>24}")
