@@ -5,8 +5,8 @@
 
 No GPU runs here: the table is the one real GPUs will be held to. Per step and GPU:
   compute  the forward and backward of --batch-per-gpu examples, as measured on one H200
-           (docs/benchmarks.md, "on a GPU", 2026-11-26: 3.3 ms for the mean encoder's 4,096,
-           10.0 ms for self-attention's), the same on every GPU (a sub-batch each);
+           (docs/benchmarks.md, "on a GPU", 2026-12-04: 3.4 ms for the mean encoder's 4,096,
+           9.3 ms for self-attention's), the same on every GPU (a sub-batch each);
   comm     the planner's cost model of the plan (shardflow.planner.costmodel) on a topology
            whose links are NCCL's: inside a node --nvlink-gbytes per GPU (450 GB/s: NVLink 4's
            900 GB/s both ways, the figure nccl-tests' all-reduce bus bandwidth reaches on
@@ -22,7 +22,7 @@ global batch of every GPU's sub-batch; and of a catalog of --rows items whose ac
 Zipf(1.0) with the same lookups per example (the model's compute does not depend on the
 catalog's size: a lookup is a row read). Assumes a device-resident transport (rows and gradients
 stay on the GPU, as NCCL carries them); the engine of today serialises through the host and
-reaches 0.54x one PyTorch process on one H200 (the same page). TorchRec publishes no throughput
+reaches 0.70x one PyTorch process with the mean encoder on one H200 (the same page). TorchRec publishes no throughput
 for this model; none is given beside it.
 """
 
@@ -45,7 +45,7 @@ from storage.importers import import_dataset
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent / "data" / "amazon-video" / "Video.txt"
-COMPUTE_MS = {"mean": 3.3, "self-attention": 10.0}  # one H200, 4,096 examples, forward + backward (measured)
+COMPUTE_MS = {"mean": 3.4, "self-attention": 9.3}  # one H200, 4,096 examples, forward + backward (measured)
 MEASURED_BATCH = 4096
 GPUS_PER_NODE = 8
 
@@ -82,7 +82,7 @@ def main() -> None:
                 f"Zipf(1.0), {n:.0e} items": [TableAccess.from_counts("item", zipf, per_example, uniform_share)]}
     print(f"per GPU: {args.batch_per_gpu:,} examples a step; links {args.nvlink_gbytes:g} GB/s inside a node, "
           f"{args.nic_gbytes:g} GB/s a GPU's NIC; a round {args.round_us:g} us inside a node, "
-          f"{args.node_round_us:g} us across nodes; compute measured on one H200 (2026-11-26)")
+          f"{args.node_round_us:g} us across nodes; compute measured on one H200 (2026-12-04)")
     print(f"{'catalog':<24} {'topology':<34} {'strategy':<13} {'MB/step':>8} {'comm ms':>8} "
           + " ".join(f"{e + ' ex/s':>22}" for e in COMPUTE_MS) + "  comm share (mean)")
     for (catalog, access), (name, topo) in ((c, t) for c in catalogs.items()

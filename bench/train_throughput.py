@@ -18,7 +18,8 @@ defaults):
               the devices' gloo group, shardflow.training.collective); on 2 devices also by Dask
               actor calls (transport actor), and by those with the next step's requests answered
               early (`early_answers`: rows sent while waiting, patched when the step begins), to
-              show what each gains;
+              show what each gains; with --device cuda also on 1 device with its batches built in turn
+              (build_ahead off: the next batch is built on a thread of its own by default on a GPU);
   - pytorch:  shardflow's single-process reference trainer (PyTorch, whole tables,
               sparse embedding gradients) with 1 and with 2 threads, after 2 warm-up
               steps: no communication at all, the limit of this machine;
@@ -122,9 +123,10 @@ def torchrec_rate(python: str, dataset: Path, batch_size: int, steps: int) -> tu
 
 
 def engine_rate(client, dataset: Path, plan, topo, batch_size: int, steps: int, model: ModelConfig = MODEL,
-                early: bool = False, device: str = "cpu", transport: str = "auto") -> dict:
+                early: bool = False, device: str = "cpu", transport: str = "auto",
+                build_ahead: bool | None = None) -> dict:
     train = TrainConfig(batch_size=batch_size, max_steps=WARMUP + steps, eval_users=None, early_answers=early,
-                        device=device, transport=transport)
+                        device=device, transport=transport, build_ahead=build_ahead)
     with Engine(client, str(dataset), plan, topo, model, OPTIMIZER, train) as engine:
         result = engine.fit()
         traffic = engine.traffic()
@@ -185,6 +187,11 @@ def main() -> None:
                     e = engine_rate(clients[devices], dataset, *plans[devices], B, n, model, device=args.device)
                     rates.setdefault(f"engine, {devices} device(s)", []).append(e["rate"])
                     splits[devices].append(e["timings"])
+                if gpus:  # a GPU device builds the next batch while the GPU computes (build_ahead): without it
+                    e = engine_rate(clients[1], dataset, *plans[1], B, n, model, device=args.device,
+                                    build_ahead=False)
+                    rates.setdefault("engine, 1, built in turn", []).append(e["rate"])
+                    splits.setdefault("1, built in turn", []).append(e["timings"])
                 actor = engine_rate(clients[2], dataset, *plans[2], B, n, model, device=args.device,
                                     transport="actor")
                 rates.setdefault("engine, 2, actor", []).append(actor["rate"])
@@ -237,6 +244,9 @@ def main() -> None:
             "early answers / actor, 2 devices": [a / b for a, b in zip(rates["engine, 2, early answers"], a2,
                                                                          strict=True)],
         }
+        if "engine, 1, built in turn" in rates:
+            ratios["build ahead / in turn, 1 device"] = [a / b for a, b in zip(e1, rates["engine, 1, built in turn"],
+                                                                                strict=True)]
         if "torchrec, 2 ranks" in rates:
             torchrec = rates["torchrec, 2 ranks"]
             ratios["engine 2 devices / torchrec 2 ranks"] = [a / b for a, b in zip(e2, torchrec, strict=True)]

@@ -11,6 +11,7 @@ outside a step (evaluation, exports) are actor calls either way.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,7 @@ from shardflow.model.sequence import ModelConfig
 from shardflow.planner.sharding_plan import DevicePlan
 from shardflow.planner.topology import Topology
 from shardflow.training.collective import Link, open_rendezvous
-from shardflow.training.device import Arrays, Device, Digests, StepStats
+from shardflow.training.device import Arrays, Built, Device, Digests, StepStats
 from shardflow.training.messages import Message, Round, Traffic
 from shardflow.training.transport import Mailbox, answer
 from storage.checkpoint import write_export_chunk
@@ -43,7 +44,8 @@ class DeviceActor:
     def __init__(self, device: int, topology: Topology, tables: dict[str, DevicePlan], dataset: str,
                  config: ModelConfig | ClickConfig, optimizer: OptimizerConfig, *, batch_size: int, dedup: str,
                  array_device: str = "cpu", scaled_rows: dict[str, int] | None = None,
-                 window: tuple[int, int] = (0, 0), early: bool = False, validation: bool = False) -> None:
+                 window: tuple[int, int] = (0, 0), early: bool = False, validation: bool = False,
+                 build_ahead: bool = False) -> None:
         data = load_training_data(dataset, config.features, window, validation=validation)
         self.device = Device(device, topology, tables, data, config, optimizer, batch_size=batch_size, dedup=dedup,
                              array_device=array_device, scaled_rows=scaled_rows, early=early)
@@ -53,6 +55,7 @@ class DeviceActor:
         self.link: Link | None = None  # the devices' gloo group (transport collective, several devices)
         self._rendezvous: tuple[TCPStore, int] | None = None  # device 0: the store the group meets at
         self._stepping = False  # inside a call to steps (the actor's thread writes the shard)
+        self.build_ahead = build_ahead  # the next step's batch built on a thread of its own (Building)
 
     def connect(self, peers: list[Any]) -> int:
         self.peers = peers
@@ -200,7 +203,9 @@ class StepCall:
     While it waits for the peers' gradients, the device builds the next step's batch and
     sends its requests: batch building and the first round of a step overlap the step before.
     With early answers (protocol.py: PREFETCH) it does so at its first wait instead, and
-    answers the peers' requests for their next step whenever it waits.
+    answers the peers' requests for their next step whenever it waits. With build_ahead the
+    next step's batch is built on a thread of its own from the start of this step (Building),
+    and only its requests are made then.
     """
 
     def __init__(self, actor: DeviceActor, tag: int, epoch: int, first: int, step: int, seed: int) -> None:
@@ -212,6 +217,7 @@ class StepCall:
         self.ahead: int | None = None  # the step (of this call) whose requests are out already
         self.deferred: BaseException | None = None  # the error of preparing it
         self.current = step  # the global step running
+        self.building: tuple[int, Building] | None = None  # build_ahead: (k, step k's batch being built)
 
     def run(self, count: int) -> list[StepStats]:
         stats = []
@@ -220,6 +226,8 @@ class StepCall:
                 stats.append(self._one(k, count))
                 self._acknowledged()
         except BaseException as e:
+            if self.building is not None:  # its thread reads the data: it ends before anything else may
+                self.building[1].wait()
             self._fail(e)
             raise
         for peer, call in self.sent:
@@ -236,6 +244,8 @@ class StepCall:
         if self.ahead != k:
             self.sent += self._send(out)
         more = k + 1 < count
+        if self.actor.build_ahead and more:
+            self.building = (k + 1, Building(device.build, self.epoch, self.first + k + 1, self.seed))
         for round in device.rounds:
             if round is Round.GRADIENTS:  # while the peers compute (with early answers, at any wait)
                 self._prepare(k + 1, count)
@@ -274,7 +284,12 @@ class StepCall:
         if k >= count or self.ahead == k or self.deferred is not None:
             return False
         try:
-            self.sent += self._send(self.device.prepare(self.epoch, self.first + k, self.step + k, self.seed))
+            built = None
+            if self.building is not None and self.building[0] == k:
+                building, self.building = self.building[1], None
+                built = building.result()
+            self.sent += self._send(self.device.prepare(self.epoch, self.first + k, self.step + k, self.seed,
+                                                        built))
             self.ahead = k
         except Exception as e:  # this step's messages are out: finish it, fail the next
             self.deferred = e
@@ -324,3 +339,30 @@ class StepCall:
                 answer(call, peers[peer])
             except Exception:  # the step failed already; its first error is the one to report
                 pass
+
+
+class Building:
+    """A step's batch (Device.build) built on a thread of its own: on a GPU device the host would otherwise
+    build it only once the GPU's work of the step before is done (docs/training.md: building ahead)."""
+
+    def __init__(self, build: Callable[..., Built], *args: int) -> None:
+        self._built: Built | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(build, args), name="shardflow-build", daemon=True)
+        self._thread.start()
+
+    def _run(self, build: Callable[..., Built], args: tuple[int, ...]) -> None:
+        try:
+            self._built = build(*args)
+        except BaseException as e:  # raised on the device's thread, by result()
+            self._error = e
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Built:
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._built is not None  # _run sets one of the two
+        return self._built

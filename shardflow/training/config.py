@@ -48,6 +48,9 @@ class TrainConfig:
     early_answers: bool = False  # answer the next step's requests while waiting (protocol.py: PREFETCH)
     transport: str = "auto"  # how a step's messages travel: actor calls, or a gloo group (training/collective.py);
     # auto: the gloo group unless early_answers (resolve_transport)
+    # Build the next step's batch on a thread of its own while this step runs (actor.Building). None: on a GPU
+    # device, where the host is idle while the GPU computes; not on a CPU device, whose one core computes.
+    build_ahead: bool | None = None
     # Hold out a validation split (each user's second-to-last item; a click log's last rows before the test
     # rows), score it after every epoch, stop after this many epochs without a better score and keep the
     # best epoch's parameters. None: no split, every epoch trained.
@@ -72,9 +75,15 @@ class TrainConfig:
         check_min_epochs(self.min_epochs, self.patience, self.epochs)
         if not isinstance(self.early_answers, bool):
             raise InputError(f"early_answers = {self.early_answers!r}; accepted: true or false")
+        if self.build_ahead is not None and not isinstance(self.build_ahead, bool):
+            raise InputError(f"build_ahead = {self.build_ahead!r}; accepted: true, false or none")
         object.__setattr__(self, "transport", resolve_transport(self.transport, self.early_answers))
         if self.full_ranking not in FULL_RANKING:
             raise InputError(f"full_ranking = {self.full_ranking!r}; accepted: {', '.join(FULL_RANKING)}")
+
+    def builds_ahead(self) -> bool:
+        """Whether the devices build the next step's batch on a thread of their own (build_ahead, None: on a GPU)."""
+        return self.device == "cuda" if self.build_ahead is None else self.build_ahead
 
     @property
     def validation(self) -> bool:

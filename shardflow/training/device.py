@@ -66,6 +66,7 @@ def torch_device(name: str, index: int = 0) -> torch.device:
 Arrays = dict[str, np.ndarray]  # name -> array, as checkpoints and exports store them
 Digests = dict[str, str]  # array path -> its checksum (storage.checkpoint)
 Outbox = dict[int, Message]  # peer -> the message of a round
+Built = tuple[Lookups, int, float]  # a step's batch: its lookups, examples, and the seconds it took to build
 WARM_START_ROWS = 1 << 19  # rows read from an export at a time
 
 
@@ -123,14 +124,21 @@ class Device:
         batch = self.data.batch(epoch, seed, step_in_epoch, self.batch_size)
         return self.data.sub_batches(batch, self.topology.devices)[self.index]
 
-    def prepare(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> Outbox:
-        """Build step `step`'s sub-batch, lookups and REQUEST messages ahead of its start; the messages."""
+    def build(self, epoch: int, step_in_epoch: int, seed: int) -> Built:
+        """A step's sub-batch and lookups: reads the training data only (so a thread of its own may build the
+        next step's while this device's thread runs a step; nothing else reads the data meanwhile)."""
         t0 = time.perf_counter()
         targets = self._sub_batch(epoch, step_in_epoch, seed)
         need = self.data.lookups(self.data.examples(targets, self.config, negative_seed(seed, epoch)), self.config,
                                  self.dedup)
+        return need, int(targets.size), time.perf_counter() - t0
+
+    def prepare(self, epoch: int, step_in_epoch: int, step: int, seed: int, built: Built | None = None) -> Outbox:
+        """Step `step`'s REQUEST messages ahead of its start, from its batch (`built` for it, or built now); the
+        messages."""
+        need, examples, batch_s = built if built is not None else self.build(epoch, step_in_epoch, seed)
         requests = self.protocol.requests(step, need.fetch)
-        self._prepared = (requests, need, int(targets.size), time.perf_counter() - t0)
+        self._prepared = (requests, need, examples, batch_s)
         return requests.outbox
 
     def start(self, epoch: int, step_in_epoch: int, step: int, seed: int) -> Outbox:

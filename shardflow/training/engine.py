@@ -150,7 +150,7 @@ class Engine(Persistence):
                 DeviceActor, d, self.topology, tables, str(dataset), self.model, optimizer,
                 batch_size=train.batch_size, dedup=train.dedup, array_device=train.device,
                 early=train.early_answers, scaled_rows=scaled_rows, window=train.window,
-                validation=train.validation,
+                validation=train.validation, build_ahead=train.builds_ahead(),
                 actor=True, workers=[address], allow_other_workers=False,
                 resources={"GPU": 1} if train.device == "cuda" else None, key=f"device-{d}-{run}",
             )

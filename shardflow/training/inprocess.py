@@ -41,7 +41,8 @@ class InProcess:
                     inboxes = [[out[r] for out in outboxes if r in out] for r in range(len(self.devices))]
                     outboxes = [d.receive(round, inbox) for d, inbox in zip(self.devices, inboxes, strict=True)]
                     if round is Round.REPLY and i + 1 < len(starts):
-                        asked = [d.prepare(*starts[i + 1]) for d in self.devices]
+                        epoch, step_in_epoch, step, seed = starts[i + 1]
+                        asked = [d.prepare(epoch, step_in_epoch, step, seed) for d in self.devices]
                 if asked is not None:
                     self._answer_early(asked)
                 stats.append([d.finish() for d in self.devices])

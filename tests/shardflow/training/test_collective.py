@@ -112,6 +112,14 @@ def test_an_unknown_transport_or_one_with_early_answers_is_one_line():
     check_transport("collective", False)
 
 
+def test_build_ahead_is_true_false_or_none_and_none_builds_ahead_on_a_gpu_only():
+    with pytest.raises(InputError, match="build_ahead = 'yes'; accepted: true, false or none"):
+        TrainConfig(build_ahead="yes")
+    assert not TrainConfig().builds_ahead() and TrainConfig(device="cuda").builds_ahead()
+    assert TrainConfig(build_ahead=True).builds_ahead()
+    assert not TrainConfig(device="cuda", build_ahead=False).builds_ahead()
+
+
 def test_the_config_refuses_a_collective_transport_beside_early_answers_or_tls_files(tmp_path):
     topology = tmp_path / "t.yaml"
     topology.write_text("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n")

@@ -102,13 +102,16 @@ def test_replicas_stay_bitwise_equal_after_every_step_of_a_mixed_plan(client, da
     assert moved.max() > 1e-4, "training changed nothing: the comparison would prove nothing"
 
 
-@pytest.mark.parametrize("transport, early", [("actor", False), ("actor", True), ("collective", False)])
-def test_the_cluster_gives_bitwise_the_parameters_of_the_in_process_driver(client, dataset, data, transport, early):
+@pytest.mark.parametrize("transport, early, ahead", [("actor", False, False), ("actor", True, False),
+                                                     ("collective", False, False), ("collective", False, True),
+                                                     ("actor", True, True)])
+def test_the_cluster_gives_bitwise_the_parameters_of_the_in_process_driver(client, dataset, data, transport, early,
+                                                                           ahead):
     """Same devices, same messages, same order of sums: only the transport differs (actor calls, or the
     devices' gloo group). Answering the next step's requests early (whenever a device waits) and patching
-    them changes no bit either."""
+    them changes no bit either, nor does building the next batch on a thread of its own (build_ahead)."""
     plan = random_plan(data, 4, seed=11)
-    train = TrainConfig(BATCH, early_answers=early, transport=transport)
+    train = TrainConfig(BATCH, early_answers=early, transport=transport, build_ahead=ahead)
     with Engine(client, dataset, plan, TOPOLOGIES[4], MODEL, OPTIMIZER, train) as e:
         e.steps(0, 0, 2)
         e.steps(0, 2, 5)  # several steps per call: the next batch's requests travel during a step
@@ -292,29 +295,32 @@ def test_a_shard_larger_than_its_workers_memory_limit_is_refused_before_any_acto
         assert live_actors(small) == 0
 
 
-def _fail_preparing(step: int, dask_worker=None) -> int:
-    """On this worker's device: preparing step `step` (while the step before waits for gradients) raises."""
+def _fail_preparing(step: int, method: str, dask_worker=None) -> int:
+    """On this worker's device: preparing step `step` of epoch 0 (while the step before runs) raises, in
+    `method` (`prepare`, on the device's thread; `build`, on the batch's own thread with build_ahead)."""
     actor = next(a for a in dask_worker.state.actors.values() if hasattr(a, "device"))
-    prepare = actor.device.prepare
+    original = getattr(actor.device, method)
 
-    def failing(epoch, step_in_epoch, global_step, seed):
-        if global_step == step:
-            raise RuntimeError(f"device {actor.index} could not build step {global_step}'s batch")
-        return prepare(epoch, step_in_epoch, global_step, seed)
+    def failing(epoch, step_in_epoch, *rest):
+        if step_in_epoch == step:
+            raise RuntimeError(f"device {actor.index} could not build step {step_in_epoch}'s batch")
+        return original(epoch, step_in_epoch, *rest)
 
-    actor.device.prepare = failing
+    setattr(actor.device, method, failing)
     return actor.index
 
 
-@TRANSPORTS
+@pytest.mark.parametrize("transport, ahead", [("actor", False), ("collective", False), ("collective", True)])
 def test_a_device_failing_while_it_prepares_the_next_step_stops_every_device_at_once(client, dataset, data,
-                                                                                      transport):
+                                                                                      transport, ahead):
     import time
 
     plan = random_plan(data, 2, seed=4)
-    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH, transport=transport)) as e:
+    train = TrainConfig(BATCH, transport=transport, build_ahead=ahead)
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, train) as e:
         worker = sorted(e.workers)[1]
-        assert client.run(_fail_preparing, 3, workers=[worker]) == {worker: 1}
+        method = "build" if ahead else "prepare"
+        assert client.run(_fail_preparing, 3, method, workers=[worker]) == {worker: 1}
         t = time.monotonic()
         with pytest.raises(RuntimeError, match="device 1 could not build step 3's batch"):
             e.steps(0, 0, 6)

@@ -16,12 +16,14 @@ from support import BATCH, MODEL, OPTIMIZER, TOPOLOGIES, random_plan
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to PyTorch")
 
 
-def test_cuda_engine_matches_the_cpu_engine(dataset, data):
+@pytest.mark.parametrize("transport", ["collective", "actor"])
+def test_cuda_engine_matches_the_cpu_engine(dataset, data, transport):
     plan = random_plan(data, 2, seed=5)
     out = {}
     for device in ("cpu", "cuda"):
+        train = TrainConfig(BATCH, device=device, transport=transport)
         with dask_client(workers=2, gpus=device == "cuda") as client:
-            with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH, device=device)) as e:
+            with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, train) as e:
                 for i in range(3):
                     e.step(0, i)
                 out[device] = e.parameters()
