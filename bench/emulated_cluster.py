@@ -3,15 +3,16 @@
     python bench/emulated_cluster.py [--rounds 3] [--steps 16] [--time-scale auto|N]
         [--topologies 2x2-equal,2x2-one-5x-slower,4x2-one-slow] [--data bundled,zipf]
         [--strategies row-wise-mod,row-wise-block,table-wise,flexshard] [--dedups device,node]
-        [--transport actor|collective]
+        [--transport auto|actor|collective]
 
 Needs root, `ip` and `tc` (shardflow.emulation); says so in one line otherwise. For each
 topology it builds the emulated cluster once (one namespace per node, uplinks shaped both
 ways to the topology's rate / --time-scale, loopback inside a node to the intra-node rate /
 --time-scale) and, round after round, runs `shardflow train --scheduler` in its hub for
 every dataset × dedup × strategy in turn (batch 4096, --steps steps, 200 held-out users), its step
-messages carried by --transport (shardflow.training.collective: a gloo group over the namespaces'
-addresses; actor: Dask actor calls).
+messages carried by --transport (auto, a run's default, is collective here: no TLS files, no
+early answers; collective: a gloo group over the namespaces' addresses,
+shardflow.training.collective; actor: Dask actor calls).
 With --time-scale auto (the default) each topology's factor is measured before its cluster is
 built (shardflow.emulation.calibration: 500 times this host's reference step in one process
 per device over the reference host's), so that a slower or busier host gets slower links.
@@ -131,7 +132,7 @@ def shaped_uplinks(cluster: EmulatedCluster) -> dict[str, float]:
 
 
 def run_rounds(cluster: EmulatedCluster, cells: dict, stores: dict, rounds: int, steps: int, label: str,
-               transport: str = "actor") -> dict:
+               transport: str = "auto") -> dict:
     """Every cell once per round, in the same order each round; per cell its measurements."""
     shaped = shaped_uplinks(cluster)
     runs: dict = {key: [] for key in cells}
@@ -145,7 +146,7 @@ def run_rounds(cluster: EmulatedCluster, cells: dict, stores: dict, rounds: int,
 
 
 def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int,
-          transport: str = "actor") -> tuple[dict, dict, dict, dict]:
+          transport: str = "auto") -> tuple[dict, dict, dict, dict]:
     """`shardflow train`'s summary; the uplinks' use over its steady steps, over the whole command, and over the
     steady steps in EARLIER_INTERVAL_S intervals."""
     with UplinkMonitor(cluster.network) as watch:
@@ -189,7 +190,7 @@ def main() -> int:
     ap.add_argument("--data", default="bundled,zipf")
     ap.add_argument("--strategies", default="row-wise-mod,row-wise-block,table-wise,flexshard")
     ap.add_argument("--dedups", default="device,node")
-    ap.add_argument("--transport", choices=["actor", "collective"], default="actor")
+    ap.add_argument("--transport", choices=["auto", "actor", "collective"], default="auto")
     ap.add_argument("--fit", action="store_true",
                     help=f"fit the cost model's wire (bytes factor, round cost) on {' and '.join(FIT_TOPOLOGIES)} "
                          "instead")
