@@ -43,8 +43,8 @@ the tables.
 Throughput, on the synthetic log (dim 16, --batch-size) and on MovieLens-100k (the run's
 default DLRM, dim 64, batch 1,024 as its quality is measured): the engine on 1 and 2 devices
 (FlexShard plan, 10% slack; the default transport, and on 2 devices the actor calls too) beside
-its PyTorch peer, the same DLRM in one process with whole
-tables and sparse gradients (1 and 2 threads), alternating --rounds rounds, --steps steps
+its PyTorch peer, the same DLRM in one process with whole tables and sparse gradients (1 and 2
+threads), alternating --rounds rounds, --steps steps
 after 2 warm-up steps each; min/median/max of examples/s and of the ratios, with the load.
 """
 

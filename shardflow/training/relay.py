@@ -28,8 +28,8 @@ class RelayRounds(ReplicaSync):
             for b in m.blocks:
                 wanted[b.table].append(b.ids[self._is_relayed(b.table, b.ids)])
         for table, reads in self._now.fetch.items():  # this device's own trainer's relayed rows
-            ids = reads.ids
-            wanted[table].append(ids[(reads.owner == self.device) & self._is_relayed(table, ids)])
+            own = reads.ids[reads.mine]
+            wanted[table].append(own[self._is_relayed(table, own)])
         out = self._outbox(Round.RELAY_REQUEST)
         self._now.relay_asked = {}
         for table, parts in wanted.items():

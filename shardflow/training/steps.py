@@ -30,12 +30,11 @@ class Phase(enum.Enum):
 
 @dataclass(frozen=True)
 class Reads:
-    """One table's lookups of a step: the ids the trainer reads, the device it reads each from, and those split
-    once (`requests`) for every round that needs them: the positions read from this device's own copies, and
+    """One table's lookups of a step: the ids the trainer reads, split by the device it reads each from once
+    (`requests`) for every round that needs them: the positions read from this device's own copies, and
     (peer, positions) for each other device read from, in device order."""
 
     ids: np.ndarray
-    owner: np.ndarray
     mine: np.ndarray
     peers: tuple[tuple[int, np.ndarray], ...]
 
@@ -43,9 +42,9 @@ class Reads:
     def split(cls, ids: np.ndarray, owner: np.ndarray, device: int) -> Reads:
         here = owner == device
         if here.all():  # every row its own: nothing to split
-            return cls(ids, owner, np.arange(ids.size), ())
+            return cls(ids, np.arange(ids.size), ())
         others = np.unique(owner[~here]).tolist()
-        return cls(ids, owner, np.flatnonzero(here), tuple((p, np.flatnonzero(owner == p)) for p in others))
+        return cls(ids, np.flatnonzero(here), tuple((p, np.flatnonzero(owner == p)) for p in others))
 
 
 @dataclass
