@@ -43,7 +43,7 @@ from shardflow.errors import InputError
 from shardflow.hashing import splitmix64
 from shardflow.model import sizes
 from shardflow.model.attention import encode, init_attention
-from shardflow.model.lookup import rows_at
+from shardflow.model.lookup import bag_mean, rows_at
 from shardflow.model.sizes import attention_shapes
 from shardflow.model.tensors import Scorer, Tensors, UserState
 
@@ -248,7 +248,7 @@ def user_state(config: ModelConfig, dense: Tensors, rows: Tensors, index: Tensor
         for name in config.features:
             u = u + rows_at(rows[name], index.features[name], sparse)
         return (u,)
-    h = F.embedding_bag(index.history, table, index.offsets, mode="mean", sparse=sparse)
+    h = bag_mean(table, index.history, index.offsets, sparse)
     w0 = dense["mlp.0.weight"]
     per_example = torch.addmm(dense["mlp.0.bias"], h, w0[:D])
     for k, name in enumerate(config.features):
