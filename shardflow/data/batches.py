@@ -50,6 +50,10 @@ CACHED_BLOCKS = 2 * SHUFFLE_BLOCKS + 2  # parts of blocks held: a batch may stra
 USER_SPAN_GAP = 1 << 16  # users whose events lie closer are read together for evaluation (user_items)
 PART_EVENTS = 1 << 10  # the longest run of a block's events dealt to one trainer
 RUNS_PER_PART = 64  # runs are shortened (down to one event) until each trainer gets this many of a block
+# A table of at most this many rows per id looked up is de-duplicated by marking its rows, not by sorting the ids:
+# 51,000 Zipf ids of 24,000-400,000 rows in 0.10-0.27 ms against np.unique's 0.5-0.95; even at 4,000,000 rows
+# (80 per id), 0.70 against 0.54 (2 cores).
+MARKED_ROWS_PER_ID = 16
 
 
 class EpochOrder:
@@ -322,7 +326,7 @@ class TrainData(EpochOrder):
                      **{name: ex.features[name] for name in config.features}}
         fetch, where = {}, {}
         for name, ids in per_table.items():
-            fetch[name], where[name] = fetched(ids, dedup)
+            fetch[name], where[name] = fetched(ids, dedup, self.rows[name])
         n_hist = int(valid.sum())
         history = np.full(ex.history.shape, -1, dtype=np.int64)
         history[valid] = where[self.item][:n_hist]
@@ -419,9 +423,17 @@ class Lookups:
     index: Any  # positions into the fetched rows: a BatchIndex (sequences) or a ClickIndex (click logs)
 
 
-def fetched(ids: np.ndarray, dedup: str) -> tuple[np.ndarray, np.ndarray]:
+def fetched(ids: np.ndarray, dedup: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """(the ids a trainer fetches, where each lookup finds its row among them): distinct ids with scopes
-    device and node (a node's proxies de-duplicate again across its trainers), every occurrence with none."""
-    if dedup in ("device", "node"):
+    device and node (a node's proxies de-duplicate again across its trainers), every occurrence with none.
+    `rows`: the table's (every id is below it)."""
+    if dedup not in ("device", "node"):
+        return ids, np.arange(ids.size)
+    if rows > MARKED_ROWS_PER_ID * ids.size:
         return np.unique(ids, return_inverse=True)
-    return ids, np.arange(ids.size)
+    seen = np.zeros(rows, dtype=bool)  # np.unique's answer, by marking the rows read instead of sorting the ids
+    seen[ids] = True
+    distinct = np.flatnonzero(seen)
+    place = np.empty(rows, dtype=np.int64)
+    place[distinct] = np.arange(distinct.size)
+    return distinct, place[ids]

@@ -142,10 +142,10 @@ class ClickData(EpochOrder):
         for name in config.features:
             ids = ex.ids[name]
             if ids.ndim == 1:
-                fetch[name], where[name] = fetched(ids, dedup)
+                fetch[name], where[name] = fetched(ids, dedup, self.rows[name])
                 continue
             held = ids >= 0
-            fetch[name], at = fetched(ids[held], dedup)
+            fetch[name], at = fetched(ids[held], dedup, self.rows[name])
             where[name] = np.full(ids.shape, -1, dtype=np.int64)
             where[name][held] = at
         return Lookups(fetch=fetch, index=ClickIndex(where, numeric_input(ex.numeric), ex.labels))

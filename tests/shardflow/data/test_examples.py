@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardflow.data.batches import fetched
 from shardflow.data.examples import (
     PAD,
     build_examples,
@@ -192,3 +193,16 @@ def test_eval_examples_draw_negatives_outside_each_users_whole_sequence(tmp_path
     expected = [data.dataset.column("tables/item", int(offsets[u]), int(offsets[u + 1])) for u in users]
     np.testing.assert_array_equal(seen_offsets, np.concatenate([[0], np.cumsum([e.size for e in expected])]))
     np.testing.assert_array_equal(seen, np.concatenate(expected))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 199), max_size=300), st.integers(200, 4000))
+def test_a_trainers_lookups_find_their_rows_among_the_distinct_ids_whichever_way_they_are_found(ids, rows):
+    """Few rows per id are de-duplicated by marking rows, many by sorting ids: np.unique's answer either way."""
+    ids = np.array(ids, dtype=np.int64)
+    distinct, where = fetched(ids, "device", rows)
+    expected, inverse = np.unique(ids, return_inverse=True)
+    assert distinct.tolist() == expected.tolist() and where.tolist() == inverse.tolist()
+    assert distinct[where].tolist() == ids.tolist()
+    every, at = fetched(ids, "none", rows)
+    assert every.tolist() == ids.tolist() and at.tolist() == list(range(ids.size))
