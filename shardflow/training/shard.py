@@ -33,15 +33,22 @@ class RowLayout:
     modulus: int | None = None
     _order: np.ndarray | None = field(init=False, repr=False, compare=False)  # stored ids' ascending order
     _sorted: np.ndarray = field(init=False, repr=False, compare=False)  # the stored ids, ascending
+    # the first stored id when the stored ids are one ascending run (first, first + 1, ...): one device's whole
+    # table, a table-wise or a row-wise-block plan; a row's place is then its id less the first, no search
+    _first: int | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if (self.stored is None) == (self.modulus is None):
             raise ValueError("a RowLayout has either stored ids or a modulus")
+        first = None
         if self.stored is not None:
             ascending = self.stored.size < 2 or bool((self.stored[1:] > self.stored[:-1]).all())
             order = None if ascending else np.argsort(self.stored, kind="stable")  # ascending: no copies
             object.__setattr__(self, "_order", order)
             object.__setattr__(self, "_sorted", self.stored if ascending else self.stored[order])
+            if ascending and self.stored.size and int(self.stored[-1]) - int(self.stored[0]) == self.stored.size - 1:
+                first = int(self.stored[0])
+        object.__setattr__(self, "_first", first)
 
     @property
     def rows(self) -> int:
@@ -66,12 +73,25 @@ class RowLayout:
             if ids.size:
                 raise InputError(f"table '{self.table}': id {int(ids[0])} is not stored on this shard")
             return ids
+        if self._first is not None:
+            return self._in_run(ids)
         k = np.searchsorted(self._sorted, ids)
         np.minimum(k, self._sorted.size - 1, out=k)  # an id past the last stored one is then not equal to it
         missing = self._sorted[k] != ids
         if missing.any():
             raise InputError(f"table '{self.table}': id {int(ids[missing][0])} is not stored on this shard")
         return k if self._order is None else self._order[k]
+
+    def _in_run(self, ids: np.ndarray) -> np.ndarray:
+        """`local` of stored ids that are one ascending run from `_first`: a step's 20,000 distinct ids of a
+        23,000-row table in 0.008 ms against the search's 0.25 (2 cores; an H200 host spent 1.2 ms a step on the
+        searches of a 1-device step's read and update)."""
+        assert self._first is not None  # local calls it only then
+        k = ids - self._first
+        if k.size and (int(k.min()) < 0 or int(k.max()) >= self._sorted.size):
+            bad = ids[(k < 0) | (k >= self._sorted.size)]
+            raise InputError(f"table '{self.table}': id {int(bad[0])} is not stored on this shard")
+        return k
 
 
 class ParameterShard:

@@ -30,3 +30,13 @@ def test_a_shard_storing_no_rows_refuses_every_id_and_takes_none():
     assert layout.local(np.zeros(0, dtype=np.int64)).size == 0
     with pytest.raises(InputError, match="id 2 is not stored"):
         layout.local(np.array([2], dtype=np.int64))
+
+
+@pytest.mark.parametrize("stored", [np.arange(10, 16), np.array([10, 11, 12, 14, 15, 16])])  # one run; a gap
+def test_a_run_of_ids_and_ids_with_gaps_give_the_same_rows_and_refusals(stored):
+    layout = RowLayout("item", stored=stored.astype(np.int64))
+    ids = stored[[5, 0, 3, 3, 1]]
+    assert stored[layout.local(ids)].tolist() == ids.tolist()
+    for missing in (9, int(stored[-1]) + 1, 13 if 13 not in stored else -1):
+        with pytest.raises(InputError, match=f"table 'item': id {missing} is not stored on this shard"):
+            layout.local(np.array([int(stored[0]), missing], dtype=np.int64))
