@@ -170,7 +170,7 @@ def main() -> None:
           f"{optimizer.dense} {optimizer.dense_lr}, Adam beta2 {optimizer.beta2}", flush=True)
     results: dict[tuple[str, str], list[list[dict]]] = {}
     with (tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp,
-          dask_client(workers=args.devices, gpus=args.device == "cuda") as client):
+          dask_client(workers=args.devices) as client):
         for name in names:
             source, fmt, *_ = DATASETS[name]
             store = Path(tmp) / name

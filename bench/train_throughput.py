@@ -177,7 +177,7 @@ def main() -> None:
         print(f"load before the first round: {idle:.2f}"
               + (f"  (not quiet: above {cores / 2:.1f}; these figures are worth less)" if idle > cores / 2 else ""))
         gpus = args.device == "cuda"
-        with dask_client(workers=1, gpus=gpus) as one, dask_client(workers=2, gpus=gpus) as two:
+        with dask_client(workers=1) as one, dask_client(workers=2) as two:
             clients = {1: one, 2: two}
             for r in range(args.rounds):
                 load = os.getloadavg()[0]

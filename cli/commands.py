@@ -184,9 +184,7 @@ def run_train(args: argparse.Namespace) -> dict:
         full_ranking=args.full_ranking,
     )
     torch_device(args.device)  # refused here, before a cluster starts, if this machine has no GPU
-    with dask_client(
-        args.scheduler, None if args.scheduler else topology.devices, gpus=args.device == "cuda"
-    ) as client:
+    with dask_client(args.scheduler, None if args.scheduler else topology.devices) as client:
         return train_from_stores(
             args.dataset,
             args.plan,

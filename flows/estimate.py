@@ -25,8 +25,7 @@ def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
     layout = config.layout
     scratch = layout.estimate
     devices = config.parsed_topology.devices
-    with run_lock(layout.run), run_cluster(**dict(config.cluster), workers=devices,
-                                             gpus=config.train.device == "cuda") as client:
+    with run_lock(layout.run), run_cluster(**dict(config.cluster), workers=devices) as client:
         dataset = prepare_dataset(config).path
         shutil.rmtree(scratch, ignore_errors=True)  # the last estimate's profile and plan, under the run's lock
         profile(dataset, str(scratch / "profile"), client, str(layout.run))

@@ -57,16 +57,15 @@ LOCAL_CLUSTER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHO
 
 
 @contextlib.contextmanager
-def dask_client(scheduler_address: str | None = None, workers: int | None = None, gpus: bool = False,
+def dask_client(scheduler_address: str | None = None, workers: int | None = None,
                 worker_log: Path | None = None, tls: TlsFiles | None = None) -> Iterator[Client]:
     """A client on an existing scheduler, or on a LocalCluster of `workers` single-threaded processes.
 
     Profiling and training kernels are numpy and hold the GIL in parts, so a local
-    device is a process with one thread. With `gpus`, every local worker offers the
-    resource GPU=1 (one worker per GPU; CUDA device d for worker d). With `worker_log`,
-    what local worker processes write to stderr goes to that file (WorkerOutput). A scheduler
-    is waited for, at the start and once lost, for distributed's `comm.timeouts.connect`
-    (connect_timeout_s(): 30 s unless Dask's config says otherwise).
+    device is a process with one thread. With `worker_log`, what local worker processes
+    write to stderr goes to that file (WorkerOutput). A scheduler is waited for, at the
+    start and once lost, for distributed's `comm.timeouts.connect` (connect_timeout_s():
+    30 s unless Dask's config says otherwise).
     """
     if scheduler_address:
         if workers is not None:
@@ -82,7 +81,6 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
             processes=True,
             dashboard_address=LOOPBACK_DASHBOARD,
             silence_logs=logging.WARNING,
-            **({"resources": {"GPU": 1}} if gpus else {}),
         )
         try:
             with Client(cluster) as client:
@@ -314,7 +312,6 @@ def run_cluster(
     cluster_class: str | None,
     cluster_kwargs: dict,
     workers: int,
-    gpus: bool = False,
     worker_log: Path | None = None,
     tls_ca_file: str | None = None,
     tls_cert: str | None = None,
@@ -331,7 +328,7 @@ def run_cluster(
     quiet_dask()
     tls = TlsFiles.parse(tls_ca_file, tls_cert, tls_key)
     if not cluster_class:
-        with dask_client(scheduler_address, None if scheduler_address else workers, gpus=gpus,
+        with dask_client(scheduler_address, None if scheduler_address else workers,
                          worker_log=worker_log, tls=tls) as client:
             if scheduler_address:
                 check_workers(client, workers)

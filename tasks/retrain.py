@@ -86,7 +86,7 @@ def start_cluster(config: RetrainConfig, stack: contextlib.ExitStack) -> Client:
     from shardflow.cluster import run_cluster
 
     client = stack.enter_context(run_cluster(**dict(config.cluster), workers=config.parsed_topology.devices,
-                                             gpus=config.train.device == "cuda", worker_log=config.layout.worker_log))
+                                             worker_log=config.layout.worker_log))
     get_run_logger().info("Dask dashboard: %s", client.dashboard_link)
     return client
 

@@ -151,8 +151,7 @@ class Engine(Persistence):
                 batch_size=train.batch_size, dedup=train.dedup, array_device=train.device,
                 early=train.early_answers, scaled_rows=scaled_rows, window=train.window,
                 validation=train.validation, build_ahead=train.builds_ahead(),
-                actor=True, workers=[address], allow_other_workers=False,
-                resources={"GPU": 1} if train.device == "cuda" else None, key=f"device-{d}-{run}",
+                actor=True, workers=[address], allow_other_workers=False, key=f"device-{d}-{run}",
             )
             for d, address in enumerate(self.workers)
         ]

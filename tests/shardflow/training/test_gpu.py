@@ -22,7 +22,7 @@ def test_cuda_engine_matches_the_cpu_engine(dataset, data, transport):
     out = {}
     for device in ("cpu", "cuda"):
         train = TrainConfig(BATCH, device=device, transport=transport)
-        with dask_client(workers=2, gpus=device == "cuda") as client:
+        with dask_client(workers=2) as client:
             with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, train) as e:
                 for i in range(3):
                     e.step(0, i)
