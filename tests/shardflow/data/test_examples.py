@@ -12,6 +12,7 @@ from shardflow.data.examples import (
     count_train_targets,
     held_out_positions,
     sample_unseen,
+    searchsorted_keys,
     target_positions,
     validation_positions,
 )
@@ -206,3 +207,11 @@ def test_a_trainers_lookups_find_their_rows_among_the_distinct_ids_whichever_way
     assert distinct[where].tolist() == ids.tolist()
     every, at = fetched(ids, "none", rows)
     assert every.tolist() == ids.tolist() and at.tolist() == list(range(ids.size))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=40), st.lists(st.integers(-5, 60), max_size=200),
+       st.sampled_from(["left", "right"]))
+def test_keys_in_any_order_find_the_places_numpy_finds(ascending, keys, side):
+    ascending, keys = np.sort(np.array(ascending, dtype=np.int64)), np.array(keys, dtype=np.int64)
+    assert searchsorted_keys(ascending, keys, side).tolist() == np.searchsorted(ascending, keys, side).tolist()
