@@ -119,6 +119,7 @@ class EpochStats:
     seconds: float
     parts: dict[str, float]  # the slowest device's seconds per part (batch, each round, compute), over the steps
     steady: Span  # the steps after the engine's warm-up steps
+    steady_parts: dict[str, float]  # `parts` over those steps alone
 
     @property
     def examples_per_s(self) -> float:
@@ -131,7 +132,9 @@ class TrainResult:
     examples: int = 0
     seconds: float = 0.0
     epoch_loss: list[float] = field(default_factory=list)  # mean BCE per epoch (per candidate)
-    timings: dict[str, float] = field(default_factory=dict)  # mean seconds per step: batch, each round, compute
+    # mean seconds per step of each part (batch, each round, compute), over the steady steps as examples_per_s is
+    # (all steps if there are none): a warm-up step reads its parts of the log from the store
+    timings: dict[str, float] = field(default_factory=dict)
     steady: Span = Span()  # after the engine's warm-up steps
     # epoch (from 1) -> its val_ metrics, with a validation split
     validation: dict[int, dict[str, float | None]] = field(default_factory=dict)

@@ -58,6 +58,12 @@ WARMUP_STEPS = 2
 STEPS_PER_CALL = 8
 
 
+def add_up(into: dict[str, float], seconds: dict[str, float]) -> None:
+    """Add each part's seconds into `into`."""
+    for part, s in seconds.items():
+        into[part] = into.get(part, 0.0) + s
+
+
 def check_plan_matches(data: Workload, plan: ShardingPlan, topology: Topology) -> None:
     """The plan must hold exactly the tables the model reads, with the dataset's row counts."""
     planned = {t.name: t.rows for t in plan.tables}
@@ -289,6 +295,7 @@ class Engine(Persistence):
         caps = [c for c in (max_steps, self.train.steps_per_epoch) if c is not None]
         steps = min([self.data.steps_per_epoch(self.train.batch_size), *caps])
         parts: dict[str, float] = {}
+        steady_parts: dict[str, float] = {}
         loss = examples = 0.0
         steady = Span()
         t0 = time.perf_counter()
@@ -305,15 +312,16 @@ class Engine(Persistence):
                 loss += sum(x.loss_sum for x in stats)
                 n = sum(x.examples for x in stats)
                 examples += n
-                for part, seconds in StepStats.slowest(stats).items():
-                    parts[part] = parts.get(part, 0.0) + seconds
+                slowest = StepStats.slowest(stats)
+                add_up(parts, slowest)
                 if self.step_count > WARMUP_STEPS:
                     steady += Span(1, int(n), took / count, began, ended)
+                    add_up(steady_parts, slowest)
                 if on_step is not None:
                     on_step(i, steps, loss / (examples * terms) if examples else float("nan"), int(examples),
                             time.perf_counter() - t0)
         return EpochStats(epoch, steps, int(examples), loss / (examples * terms) if examples else float("nan"),
-                          time.perf_counter() - t0, parts, steady)
+                          time.perf_counter() - t0, parts, steady, steady_parts)
 
     def fit(self, start_epoch: int = 0, best: str | Path | None = None) -> TrainResult:
         """Epochs start_epoch.. (at most max_steps steps in all). With a validation split (train.patience),
@@ -324,6 +332,7 @@ class Engine(Persistence):
         keep = None if best is None else Path(best)
         result = TrainResult()
         parts: dict[str, float] = {}
+        steady_parts: dict[str, float] = {}
         for epoch in range(start_epoch, self.train.epochs):
             left = None if self.train.max_steps is None else self.train.max_steps - result.steps
             if left is not None and left <= 0:
@@ -333,14 +342,15 @@ class Engine(Persistence):
             result.examples += e.examples
             result.seconds += e.seconds
             result.epoch_loss.append(e.loss)
-            for k, v in e.parts.items():
-                parts[k] = parts.get(k, 0.0) + v
+            add_up(parts, e.parts)
+            add_up(steady_parts, e.steady_parts)
             result.steady += e.steady
             if keep is not None and self.train.validation and self._validate(epoch + 1, result, keep):
                 break
         if keep is not None and result.best_epoch not in (None, start_epoch + len(result.epoch_loss)):
             self.restore(keep)
-        result.timings = {k: v / max(result.steps, 1) for k, v in parts.items()}
+        timed, steps = (steady_parts, result.steady.steps) if result.steady.steps else (parts, result.steps)
+        result.timings = {k: v / max(steps, 1) for k, v in timed.items()}
         return result
 
     def _validate(self, epoch: int, result: TrainResult, best: str | Path) -> bool:

@@ -20,7 +20,7 @@ from shardflow.planner.estimation import estimation_plan
 from shardflow.planner.sharding_plan import GLOBAL, NODE, ShardingPlan, TablePlan
 from shardflow.planner.topology import Node, Topology
 from shardflow.training.config import TrainConfig
-from shardflow.training.engine import Engine
+from shardflow.training.engine import WARMUP_STEPS, Engine
 from shardflow.training.inprocess import InProcess
 from shardflow.training.reference import ReferenceTrainer
 from shardflow.training.validation import stop_now
@@ -80,6 +80,20 @@ def test_steps_per_epoch_trains_the_first_steps_of_each_epochs_order(client, dat
         for i in range(2):
             ref.step(epoch, i)
     check_against(ref, shards)
+
+
+def test_a_steps_split_into_parts_is_of_the_steady_steps_as_its_rate_is(client, dataset, data):
+    """The warm-up steps read the log's parts from the store: their seconds are not the steady step's."""
+    plan = planned(dataset, "row-wise-mod", 2)
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH, max_steps=4)) as e:
+        epoch = e.train_epoch(0, 4)
+    assert epoch.steps == 4 and epoch.steady.steps == 4 - WARMUP_STEPS
+    assert set(epoch.steady_parts) == set(epoch.parts) >= {"batch", "compute", "reply", "gradients"}
+    assert all(0 <= epoch.steady_parts[k] <= epoch.parts[k] for k in epoch.parts)
+    assert epoch.steady_parts["batch"] < epoch.parts["batch"]  # the warm-up steps built batches too
+    with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH, max_steps=1)) as e:
+        alone = e.fit()  # no steady step: the split is of the one step there is
+    assert alone.steady.steps == 0 and alone.timings["compute"] > 0
 
 
 @pytest.mark.parametrize("dedup", ["none", "device", "node"])
