@@ -256,7 +256,7 @@ def main() -> None:
         for devices in splits:
             keys = list(splits[devices][0])
             mean = {k: float(np.median([s[k] for s in splits[devices]])) for k in keys}
-            print(f"engine, {devices} device(s), ms/step (median of rounds): "
+            print(f"engine, {devices} device(s), ms per steady step (median of rounds): "
                   + "  ".join(f"{k} {v * 1e3:.1f}" for k, v in mean.items()))
         if epoch:
             print(
