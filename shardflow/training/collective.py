@@ -13,7 +13,10 @@ Each pair of devices has one ordered stream per round (the gloo tag is the round
 number): a message is its pickled bytes behind their length, sent in one piece up to
 FIRST_BYTES (a gloo receive takes fewer bytes than its buffer holds) and a longer one's
 rest in a second. The rounds of a plan are the same on every device, so each stream
-carries one message per step, in step order.
+carries one message per step, in step order. A gloo send leaves only once its receiver has
+posted a receive for it, so a device posts a stream's next receive as it takes a message:
+a message sent before its receiver waits for it (the next step's requests, a faster peer's
+rows) is in already, not a round trip of the two devices' gloo loops away.
 
 Waits are bounded as the actor transport's are (shardflow.training.transport): a gloo
 wait cannot be interrupted, so it runs on the link's own waiter thread while the
@@ -73,6 +76,8 @@ class _Waiter:
     def __init__(self, name: str) -> None:
         self._todo: queue.Queue[tuple[Any, threading.Event | None, list[Exception]]] = queue.Queue()
         self._closed = False
+        self._pending = 0  # works submitted and not yet ended
+        self._ended = threading.Condition()
         threading.Thread(target=self._run, name=f"shardflow-collective-{name}", daemon=True).start()
 
     def _run(self) -> None:
@@ -86,12 +91,22 @@ class _Waiter:
                 failed.append(e)
             if done is not None:
                 done.set()
+            with self._ended:
+                self._pending -= 1
+                self._ended.notify_all()
 
     def submit(self, work: Any, done: threading.Event | None = None) -> list[Exception]:
         """Wait for `work` after those before it; `done` is set once it ended; the list holds its error."""
         failed: list[Exception] = []
+        with self._ended:
+            self._pending += 1
         self._todo.put((work, done, failed))
         return failed
+
+    def ended(self, timeout_s: float) -> bool:
+        """Whether every work submitted has ended, waiting up to `timeout_s` for it."""
+        with self._ended:
+            return self._ended.wait_for(lambda: self._pending == 0, timeout_s)
 
     def close(self) -> None:
         self._closed = True
@@ -117,6 +132,7 @@ class Link:
         self._wake = threading.Event()
         self.stopped = False
         self.broken = False  # a wait was given up: the streams are out of step, the group must be formed again
+        self._posted: dict[tuple[int, int], tuple[torch.Tensor, Any]] = {}  # (peer, tag) -> its next receive
 
     def send(self, peer: int, message: Message) -> None:
         buffer = io.BytesIO()
@@ -133,16 +149,31 @@ class Link:
     def receive(self, peer: int, round: Round, actor: Any) -> Message:
         """The next message of `round`'s stream from `peer` (whose Dask actor is `actor`)."""
         tag = TAGS[round]
-        first = torch.empty(FIRST_BYTES, dtype=torch.uint8)
-        self._wait(self.group.recv([first], peer, tag), peer, actor)
+        posted = self._posted.pop((peer, tag), None)
+        first, work = posted if posted is not None else self._post(peer, tag)
+        self._wait(work, peer, actor)
         end = LENGTH.size + LENGTH.unpack_from(first.numpy().data)[0]
-        data = first
+        data, rest = first, None
         if end > FIRST_BYTES:
             data = torch.empty(end, dtype=torch.uint8)
             data[:FIRST_BYTES] = first
-            self._wait(self.group.recv([data[FIRST_BYTES:]], peer, tag), peer, actor)
+            rest = self.group.recv([data[FIRST_BYTES:]], peer, tag)
+        # gloo matches a stream's receives in the order they are posted: this message's rest first, then the next.
+        self._posted[(peer, tag)] = self._post(peer, tag)
+        if rest is not None:
+            self._wait(rest, peer, actor)
         message: Message = pickle.loads(data.numpy()[LENGTH.size : end].data)
         return message
+
+    def sent(self, timeout_s: float) -> bool:
+        """Whether every message sent so far has left this device (its peer took it in), waiting up to
+        `timeout_s`."""
+        return self._sending.ended(timeout_s)
+
+    def _post(self, peer: int, tag: int) -> tuple[torch.Tensor, Any]:
+        """A receive of the first piece of the stream's next message, posted now: its buffer and its work."""
+        first = torch.empty(FIRST_BYTES, dtype=torch.uint8)
+        return first, self.group.recv([first], peer, tag)
 
     def _wait(self, work: Any, peer: int, actor: Any) -> None:
         if self.broken:

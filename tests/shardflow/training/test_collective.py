@@ -77,6 +77,17 @@ def test_a_message_longer_than_its_first_piece_arrives_whole_and_the_stream_stay
     assert got[2].blocks[0].ids.tolist() == ids.tolist()
 
 
+def test_a_streams_next_message_leaves_its_sender_before_the_receiver_asks_for_it(pair):
+    a, b = pair
+    a.send(1, Message(Round.REPLY, 0, 0))
+    assert b.receive(0, Round.REPLY, Alive()).step == 0
+    a.send(1, Message(Round.REPLY, 1, 0, dense={"w": np.ones((4, 4), np.float32)}))
+    # gloo sends a message once its receiver has posted a receive for it: the receiver posts the stream's next
+    # one as it takes a message, so a late receiver finds it in, not waiting a round trip of the two loops.
+    assert a.sent(timeout_s=30)
+    assert b.receive(0, Round.REPLY, Alive()).dense["w"].sum() == 16
+
+
 def test_a_wait_ends_when_the_engine_stops_the_device(pair):
     a, b = pair
     threading.Timer(0.2, b.stop).start()
