@@ -20,7 +20,7 @@ from shardflow.planner.estimation import estimation_plan
 from shardflow.planner.sharding_plan import GLOBAL, NODE, ShardingPlan, TablePlan
 from shardflow.planner.topology import Node, Topology
 from shardflow.training.config import TrainConfig
-from shardflow.training.engine import WARMUP_STEPS, Engine
+from shardflow.training.engine import CALL_S, MAX_STEPS_PER_CALL, STEPS_PER_CALL, WARMUP_STEPS, Engine, steps_per_call
 from shardflow.training.inprocess import InProcess
 from shardflow.training.reference import ReferenceTrainer
 from shardflow.training.validation import stop_now
@@ -94,6 +94,13 @@ def test_a_steps_split_into_parts_is_of_the_steady_steps_as_its_rate_is(client, 
     with Engine(client, dataset, plan, TOPOLOGIES[2], MODEL, OPTIMIZER, TrainConfig(BATCH, max_steps=1)) as e:
         alone = e.fit()  # no steady step: the split is of the one step there is
     assert alone.steady.steps == 0 and alone.timings["compute"] > 0
+
+
+def test_a_call_runs_the_steps_of_its_time_at_the_last_calls_pace_within_its_bounds():
+    assert steps_per_call(float("inf")) == steps_per_call(float("nan")) == STEPS_PER_CALL  # none measured yet
+    assert steps_per_call(1.0) == steps_per_call(CALL_S / STEPS_PER_CALL) == STEPS_PER_CALL  # slow steps
+    assert steps_per_call(CALL_S / 40) == 40
+    assert steps_per_call(CALL_S / 1000) == steps_per_call(0.0) == MAX_STEPS_PER_CALL
 
 
 @pytest.mark.parametrize("dedup", ["none", "device", "node"])
