@@ -95,12 +95,13 @@ def pytorch_rate(data, model, batch_size: int, steps: int, threads: int, device:
     torch.set_num_threads(threads)
     try:
         ref = ReferenceTrainer(data, model, OPTIMIZER, batch_size, seed=0, device=torch_device(device))
+        per_epoch = data.steps_per_epoch(batch_size)  # the engine's epochs: (epoch, step in it) of step i
         for i in range(WARMUP):
-            ref.step(0, i)
+            ref.step(*divmod(i, per_epoch))
         _synchronize(device)
         t = time.perf_counter()
         for i in range(WARMUP, WARMUP + steps):
-            ref.step(0, i)
+            ref.step(*divmod(i, per_epoch))
         _synchronize(device)
         return steps * batch_size / (time.perf_counter() - t)
     finally:
