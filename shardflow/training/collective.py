@@ -159,7 +159,10 @@ class Link:
             data[:FIRST_BYTES] = first
             rest = self.group.recv([data[FIRST_BYTES:]], peer, tag)
         # gloo matches a stream's receives in the order they are posted: this message's rest first, then the next.
-        self._posted[(peer, tag)] = self._post(peer, tag)
+        try:
+            self._posted[(peer, tag)] = self._post(peer, tag)
+        except RuntimeError:  # the peer's connection closed after its message (a failed peer's last word): the
+            pass  # message is still given back; the stream's next receive, posted then, meets the closed connection
         if rest is not None:
             self._wait(rest, peer, actor)
         message: Message = pickle.loads(data.numpy()[LENGTH.size : end].data)

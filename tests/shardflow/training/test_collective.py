@@ -3,6 +3,7 @@ its refusals. The engine's runs over it are in test_engine.py and tests/flows/te
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import threading
 import time
@@ -86,6 +87,20 @@ def test_a_streams_next_message_leaves_its_sender_before_the_receiver_asks_for_i
     # one as it takes a message, so a late receiver finds it in, not waiting a round trip of the two loops.
     assert a.sent(timeout_s=30)
     assert b.receive(0, Round.REPLY, Alive()).dense["w"].sum() == 16
+
+
+def test_a_peers_last_message_is_given_back_though_its_connection_closed_after_it(pair):
+    a, b = pair
+    a.send(1, Message(Round.REPLY, 0, 0))
+    b.receive(0, Round.REPLY, Alive())  # b posts the stream's next receive now
+    a.send(1, Message(Round.REPLY, 1, 0, error="device 0 failed"))
+    assert a.sent(timeout_s=30)
+    a.close()
+    a.group = None  # its pairs close their sockets
+    gc.collect()
+    time.sleep(2)  # b's gloo loop reads the end of the connection
+    last = b.receive(0, Round.REPLY, Alive())
+    assert (last.step, last.error) == (1, "device 0 failed")
 
 
 def test_a_wait_ends_when_the_engine_stops_the_device(pair):
