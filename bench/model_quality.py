@@ -4,8 +4,8 @@
                                   [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.5]
                                   [--patience N [--min-epochs M] [--full-ranking exclude-seen|include-seen|off]]
                                   [--row-optimizer adagrad|adam] [--row-lr RATE]
-                                  [--negatives 4] [--loss bce|sampled-softmax] [--blocks 2] [--devices 2]
-                                  [--device cpu|cuda]
+                                  [--negatives 4] [--loss bce|sampled-softmax|gbce [--gbce-t 0.75]] [--blocks 2]
+                                  [--devices 2] [--device cpu|cuda]
 
 For each dataset, encoder and seed: import the bundled log, plan it with FlexShard for one node
 of --devices devices (10% memory slack), and train the run's default model (shardflow.config.RetrainConfig)
@@ -134,6 +134,8 @@ def main() -> None:
     parser.add_argument("--negatives", type=int, default=RetrainConfig().model.negatives,
                         help="sampled negatives per training target")
     parser.add_argument("--loss", choices=LOSSES, default=RetrainConfig().model.loss)
+    parser.add_argument("--gbce-t", type=float, default=RetrainConfig().model.gbce_t,
+                        help="with --loss gbce: the calibration t")
     parser.add_argument("--blocks", type=int, default=RetrainConfig().model.attention_blocks,
                         help="self-attention blocks")
     parser.add_argument("--beta2", type=float, default=OptimizerConfig.beta2,
@@ -155,6 +157,7 @@ def main() -> None:
         for encoder in args.encoders.split(","):
             config = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout,
                                           "negatives": args.negatives, "loss": args.loss,
+                                          "gbce_t": args.gbce_t,
                                           "attention_blocks": args.blocks, "dim": args.dim})
             c = config.model
             models[encoder] = ModelConfig(dim=c.dim, mlp=c.mlp, history=c.history, negatives=c.negatives,
@@ -165,8 +168,9 @@ def main() -> None:
         raise SystemExit(f"model_quality: {e}") from None
     print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.devices} {args.device} devices; "
           f"batch {args.batch_size}; {args.epochs} epochs; seeds {seeds}; dim {c.dim}, history {c.history}, "
-          f"{c.negatives} negatives, {args.loss}; mean: MLP {list(c.mlp)}; self-attention: {c.attention_blocks} "
-          f"blocks, {c.attention_heads} heads, dropout {c.dropout}; rows {optimizer.rows} {optimizer.row_lr}, dense "
+          f"{c.negatives} negatives, {args.loss}{f' t {c.gbce_t}' if args.loss == 'gbce' else ''}; mean: MLP "
+          f"{list(c.mlp)}; self-attention: {c.attention_blocks} blocks, {c.attention_heads} heads, dropout "
+          f"{c.dropout}; rows {optimizer.rows} {optimizer.row_lr}, dense "
           f"{optimizer.dense} {optimizer.dense_lr}, Adam beta2 {optimizer.beta2}", flush=True)
     results: dict[tuple[str, str], list[list[dict]]] = {}
     with (tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp,

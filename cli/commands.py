@@ -192,7 +192,7 @@ def run_train(args: argparse.Namespace) -> dict:
             train,
             optimizer=OptimizerConfig(rows=args.row_optimizer or shape.row_optimizer, row_lr=args.row_lr),
             encoder={"encoder": args.encoder, "blocks": args.attention_blocks, "heads": args.attention_heads,
-                     "dropout": args.dropout, "loss": args.loss},
+                     "dropout": args.dropout, "loss": args.loss, "gbce_t": args.gbce_t},
             estimate=args.estimate,
             server_memory_bytes=args.server_memory,
         ).record()

@@ -111,10 +111,13 @@ class ModelSection(Section):
     dropout: float = Field(sizes.DROPOUT, ge=0, lt=1, allow_inf_nan=False, description="self-attention: dropout rate")
     history: int = Field(sizes.HISTORY, ge=1, le=MAX_LOOKUPS, description="items of a user's history an example reads")
     negatives: int = Field(sizes.NEGATIVES, ge=1, le=MAX_LOOKUPS, description="sampled negatives per example")
-    loss: Literal["bce", "sampled-softmax"] = Field(
-        sizes.LOSS, description="sequences: binary cross-entropy of every candidate (SASRec's), or the positive's "
-        "cross-entropy against a softmax over it and its negatives (sampled softmax); click logs: bce",
+    loss: Literal["bce", "sampled-softmax", "gbce"] = Field(
+        sizes.LOSS, description="sequences: binary cross-entropy of every candidate (SASRec's), the positive's "
+        "cross-entropy against a softmax over it and its negatives (sampled softmax), or gSASRec's generalised BCE "
+        "(gbce: the positive's term weighted for the negatives' sampling rate); click logs: bce",
     )
+    gbce_t: float = Field(sizes.GBCE_T, ge=0, le=1, allow_inf_nan=False,
+                          description="loss gbce: the calibration t (0: plain BCE; 1: fully calibrated)")
 
     @field_validator("mlp", "bottom_mlp")
     @classmethod

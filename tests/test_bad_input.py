@@ -355,6 +355,11 @@ def case_config_attention_heads_not_dividing_dim(world, tmp_path):
         r"attention_heads = 3 for dim 64; accepted: a divisor of dim"
 
 
+def case_config_gbce_calibration_above_1(world, tmp_path):
+    return [world / "ds"], config(world, loss="gbce", gbce_t=1.5), \
+        r"gbce_t = 1.5: Input should be less than or equal to 1"
+
+
 def case_config_unknown_encoder(world, tmp_path):
     return [world / "ds"], config(world, encoder="transformer"), \
         r"encoder = 'transformer': Input should be 'mean' or 'self-attention'"

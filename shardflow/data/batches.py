@@ -332,7 +332,8 @@ class TrainData(EpochOrder):
         history[valid] = where[self.item][:n_hist]
         index = BatchIndex(item=self.item, history=history,
                            candidates=where[self.item][n_hist:].reshape(candidates.shape),
-                           features={name: where[name] for name in config.features}, keys=ex.key)
+                           features={name: where[name] for name in config.features}, keys=ex.key,
+                           catalog=self.rows[self.item])
         return Lookups(fetch=fetch, index=index)
 
     def table_index(self, ex: Examples, config: ModelConfig) -> BatchIndex:
@@ -343,6 +344,7 @@ class TrainData(EpochOrder):
             candidates=np.concatenate([ex.positive[:, None], ex.negatives], axis=1).astype(np.int64),
             features={name: ex.features[name] for name in config.features},
             keys=ex.key,
+            catalog=self.rows[self.item],
         )
 
     # -- evaluation: leave-last-out ------------------------------------------------------------

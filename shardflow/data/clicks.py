@@ -216,7 +216,8 @@ def read_record(record: dict[str, Any]) -> dict[str, Any]:
     return {"kind": kind, **defaults, **values}
 
 
-TRAINING_SETTINGS = ("seed", "dropout", "loss")  # a model record's keys that shape no parameter and no optimiser slot
+# A model record's keys that shape no parameter and no optimiser slot.
+TRAINING_SETTINGS = ("seed", "dropout", "loss", "gbce_t")
 
 
 def warm_start_record(config: ModelConfig | ClickConfig, dense_optimizer: str, row_optimizer: str) -> dict[str, Any]:

@@ -15,6 +15,10 @@ target event's). The encoder (`encoder`) turns the history into the user's state
                            positive and the K negatives: one term an example (SASRec+SS, eSASRec).
                            The negatives are uniform over the rows, so the logQ correction of a
                            popularity-sampled softmax is a constant and left out.
+          gbce             gSASRec's generalised BCE (Petrov & Macdonald, RecSys 2023): BCE with the
+                           positive's term weighted by beta = a (t (1 - 1/a) + 1/a), a = K / (items - 1)
+                           the negatives' sampling rate and t (`gbce_t`) the calibration: t 0 is BCE,
+                           t 1 the probabilities of a model trained on every item; 1 + K terms an example.
 
 The item table is shared by history and candidates. A trainer never holds whole tables:
 it passes the rows it pulled for its sub-batch and indices into them (BatchIndex), and
@@ -48,7 +52,7 @@ from shardflow.model.sizes import attention_shapes
 from shardflow.model.tensors import Scorer, Tensors, UserState
 
 ENCODERS = ("mean", "self-attention")
-LOSSES = ("bce", "sampled-softmax")
+LOSSES = ("bce", "sampled-softmax", "gbce")
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class ModelConfig:
     heads: int = sizes.HEADS  # self-attention: heads per block (dim divisible by it)
     dropout: float = sizes.DROPOUT  # self-attention: the rate of every dropout while training
     loss: str = sizes.LOSS  # one of LOSSES
+    gbce_t: float = sizes.GBCE_T  # loss gbce: the calibration t
 
     kind = "sequence"
 
@@ -78,6 +83,8 @@ class ModelConfig:
             raise InputError(f"model mlp widths = {list(self.mlp)}; accepted: integers >= 1")
         if self.loss not in LOSSES:
             raise InputError(f"model loss = {self.loss!r}; accepted: {', '.join(LOSSES)}")
+        if isinstance(self.gbce_t, bool) or not isinstance(self.gbce_t, (int, float)) or not 0.0 <= self.gbce_t <= 1.0:
+            raise InputError(f"model gbce_t = {self.gbce_t!r}; accepted: a number in [0, 1]")
         if self.encoder not in ENCODERS:
             raise InputError(f"model encoder = {self.encoder!r}; accepted: {', '.join(ENCODERS)}")
         for name in ("blocks", "heads"):
@@ -107,12 +114,15 @@ class ModelConfig:
     @property
     def loss_terms(self) -> int:
         """Loss terms per example: a mean over the batch's terms is the loss sub-batches' gradients add up to."""
-        return self.candidates if self.loss == "bce" else 1
+        return 1 if self.loss == "sampled-softmax" else self.candidates
 
     def loss_sum(self, logit: torch.Tensor, index: TensorIndex) -> torch.Tensor:
         """The summed loss of logits [E, 1 + K] whose column 0 is the positive."""
         if self.loss == "bce":
             return F.binary_cross_entropy_with_logits(logit, self.labels(logit, index), reduction="sum")
+        if self.loss == "gbce":
+            beta = gbce_beta(self.negatives, index.catalog, self.gbce_t)
+            return -(beta * F.logsigmoid(logit[:, 0]).sum() + F.logsigmoid(-logit[:, 1:]).sum())
         positive = torch.zeros(logit.shape[0], dtype=torch.long, device=logit.device)
         return F.cross_entropy(logit, positive, reduction="sum")
 
@@ -145,6 +155,15 @@ class ModelConfig:
         label = torch.zeros_like(logit)
         label[:, 0] = 1.0
         return label
+
+
+def gbce_beta(negatives: int, items: int, t: float) -> float:
+    """gBCE's weight of the positive's term: negatives drawn uniformly from the `items` - 1 items other than the
+    positive at rate a = negatives / (items - 1), beta = a (t (1 - 1/a) + 1/a) (gSASRec, eq. 11); 1 at t 0."""
+    if items < 2:
+        raise InputError(f"gbce over a table of {items} rows; accepted: at least 2 rows")
+    a = min(negatives / (items - 1), 1.0)
+    return a * (t * (1.0 - 1.0 / a) + 1.0 / a)
 
 
 def init_dense(config: ModelConfig) -> dict[str, np.ndarray]:
@@ -193,6 +212,7 @@ class BatchIndex:
     candidates: np.ndarray  # [E, 1 + K] row index into the item rows; column 0 is the positive
     features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [E] row index
     keys: np.ndarray | None = None  # uint64 [E]: training examples' dropout keys (None: evaluation)
+    catalog: int = 0  # the item table's rows, over which the negatives are drawn (loss gbce's sampling rate)
 
     def on(self, device: torch.device) -> TensorIndex:
         """The index as tensors on `device`, history flattened into bags (one per example)."""
@@ -208,6 +228,7 @@ class BatchIndex:
         return TensorIndex(
             item=self.item, history=put(self.history[valid]), offsets=put(offsets), candidates=put(self.candidates),
             features={k: put(v) for k, v in self.features.items()}, window=put(self.history), keys=self.keys,
+            catalog=self.catalog,
         )
 
 
@@ -220,6 +241,7 @@ class TensorIndex:
     features: Tensors
     window: torch.Tensor  # [E, L] row index, -1 where padded (the self-attention encoder's input)
     keys: np.ndarray | None  # uint64 [E], dropout keys of training examples
+    catalog: int  # the item table's rows (BatchIndex.catalog)
 
 
 @dataclass

@@ -17,6 +17,7 @@ ENCODER = "mean"
 BLOCKS, HEADS = 2, 1  # self-attention
 DROPOUT = 0.5  # self-attention: SASRec's rate on sparse data
 LOSS = "bce"
+GBCE_T = 0.75  # gBCE's calibration t: gSASRec's recommended value (Petrov & Macdonald, RecSys 2023, 5.3)
 
 
 def attention_shapes(dim: int, history: int, blocks: int) -> dict[str, tuple[int, ...]]:

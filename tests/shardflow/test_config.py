@@ -173,3 +173,7 @@ def test_the_loss_is_a_sequence_models_and_reaches_it_a_click_log_keeps_bce():
         RetrainConfig.build({"loss": "sampled-softmax", "dataset_format": "criteo"})
     with pytest.raises(InputError, match=r"model.loss = 'hinge'"):
         RetrainConfig.build({"loss": "hinge"})
+    gbce = RetrainConfig.build({"model": {"loss": "gbce", "gbce_t": 0.5}}).encoder_options()
+    assert (gbce["loss"], gbce["gbce_t"]) == ("gbce", 0.5)
+    with pytest.raises(InputError, match=r"loss = 'gbce' for a criteo click log; accepted: bce"):
+        RetrainConfig.build({"loss": "gbce", "dataset_format": "criteo"})

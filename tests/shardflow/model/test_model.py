@@ -189,11 +189,63 @@ def test_the_sampled_softmax_gradients_match_finite_differences_of_an_independen
             assert np.abs(numeric).max() > 1e-4, f"{name}: a gradient this small checks nothing"
 
 
-def test_an_unknown_loss_is_refused():
+def gbce_loss(config, dense: dict, rows: dict, index, norm: int, beta: float) -> float:
+    """gSASRec's gBCE apart from forward_backward, in numpy: -(beta log s(positive) + sum log(1 - s(negative)))."""
+    logit = scores(config, dense, rows, index.on(CPU)).numpy()
+    sigmoid = 1.0 / (1.0 + np.exp(-logit))
+    return float(-(beta * np.log(sigmoid[:, 0]).sum() + np.log(1.0 - sigmoid[:, 1:]).sum())) / norm
+
+
+def test_gbce_weights_the_positive_by_the_sampling_rate_and_calibration():
+    """gSASRec's eq. 11: beta = a (t (1 - 1/a) + 1/a), a = negatives / (items - 1): 1 at t 0 (BCE), a at t 1."""
+    from shardflow.model.sequence import gbce_beta
+
+    assert gbce_beta(256, 12_102, 0.0) == 1.0
+    assert np.isclose(gbce_beta(256, 12_102, 1.0), 256 / 12_101)
+    assert np.isclose(gbce_beta(2, 6, 0.75), 0.4 * (0.75 * (1 - 2.5) + 2.5))  # 0.55
+    assert gbce_beta(10, 6, 0.75) == 1.0  # as many negatives as items: a is 1, every t is BCE
+    with pytest.raises(InputError, match=r"gbce over a table of 1 rows; accepted: at least 2 rows"):
+        gbce_beta(2, 1, 0.75)
+
+
+@pytest.mark.parametrize("which", ["dense", "item", "genre"])
+def test_the_gbce_gradients_match_finite_differences_of_an_independent_loss(which):
     from dataclasses import replace
 
-    with pytest.raises(InputError, match=r"model loss = 'hinge'; accepted: bce, sampled-softmax"):
+    config = replace(CONFIG, loss="gbce", gbce_t=0.75)
+    dense, rows, index = _problem()
+    index = replace(index, catalog=6)
+    grads = forward_backward(config, dense, rows, index.on(CPU), norm=9)
+    assert config.loss_terms == config.candidates == 3
+    assert np.isclose(grads.loss_sum, 9 * gbce_loss(config, dense, rows, index, 9, 0.55), rtol=1e-12)
+    targets = dense if which == "dense" else {which: rows[which]}
+    analytic = grads.dense if which == "dense" else {which: grads.rows[which]}
+    for name, param in targets.items():
+        numeric = numeric_gradient(param, lambda: gbce_loss(config, dense, rows, index, 9, 0.55))
+        np.testing.assert_allclose(analytic[name].numpy(), numeric, rtol=1e-5, atol=1e-8, err_msg=name)
+        assert np.abs(numeric).max() > 1e-4, f"{name}: a gradient this small checks nothing"
+
+
+def test_gbce_at_t_0_is_bce():
+    from dataclasses import replace
+
+    dense, rows, index = _problem()
+    index = replace(index, catalog=6)
+    bce = forward_backward(CONFIG, dense, rows, index.on(CPU), norm=9)
+    gbce = forward_backward(replace(CONFIG, loss="gbce", gbce_t=0.0), dense, rows, index.on(CPU), norm=9)
+    calibrated = forward_backward(replace(CONFIG, loss="gbce", gbce_t=0.75), dense, rows, index.on(CPU), norm=9)
+    assert np.isclose(gbce.loss_sum, bce.loss_sum, rtol=1e-12)
+    np.testing.assert_allclose(gbce.rows["item"].numpy(), bce.rows["item"].numpy(), rtol=1e-12, atol=1e-15)
+    assert calibrated.loss_sum < bce.loss_sum  # the positive's term weighted by 0.55
+
+
+def test_an_unknown_loss_or_calibration_is_refused():
+    from dataclasses import replace
+
+    with pytest.raises(InputError, match=r"model loss = 'hinge'; accepted: bce, sampled-softmax, gbce$"):
         replace(CONFIG, loss="hinge")
+    with pytest.raises(InputError, match=r"model gbce_t = 1.5; accepted: a number in \[0, 1\]$"):
+        replace(CONFIG, loss="gbce", gbce_t=1.5)
 
 
 def test_a_model_trained_with_another_loss_warm_starts_one_of_this_loss():

@@ -81,6 +81,17 @@ def test_the_sampled_softmax_learns_what_the_reference_learns_under_every_plan(d
     assert not np.allclose(ref.weights["item"], bce.weights["item"])  # not vacuous: another loss, another model
 
 
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_gbce_learns_what_the_reference_learns_under_every_plan(dataset, data, strategy):
+    """Its positive's weight depends on the item table's rows only, the same on every trainer."""
+    gbce = replace(ATTENTION, loss="gbce", gbce_t=0.75)
+    devs = stepped(dataset, data, strategy, 3, "device", model=gbce)
+    ref = reference(data, STEPS, model=gbce)
+    check_against(ref, [d.parameters() for d in devs])
+    bce = reference(data, STEPS, model=ATTENTION)
+    assert not np.allclose(ref.weights["item"], bce.weights["item"])  # not vacuous: another loss, another model
+
+
 @pytest.mark.parametrize("dedup", ["none", "node"])
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_rows_under_adam_learn_what_the_reference_learns_under_every_plan(dataset, data, strategy, dedup):
