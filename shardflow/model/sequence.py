@@ -17,8 +17,11 @@ target event's). The encoder (`encoder`) turns the history into the user's state
                            popularity-sampled softmax is a constant and left out.
           gbce             gSASRec's generalised BCE (Petrov & Macdonald, RecSys 2023): BCE with the
                            positive's term weighted by beta = a (t (1 - 1/a) + 1/a), a = K / (items - 1)
-                           the negatives' sampling rate and t (`gbce_t`) the calibration: t 0 is BCE,
-                           t 1 the probabilities of a model trained on every item; 1 + K terms an example.
+                           the negatives' sampling rate and t (`gbce_t`) the calibration (t 1: the
+                           probabilities of a model trained on every item); 1 + K terms an example. Its
+                           logits are taken less log K, the prior log-odds of the positive among its
+                           1 + K candidates: the dot-product scorer has no intercept to learn it, and
+                           without it the item rows spend their first epochs pushing every score down.
 
 The item table is shared by history and candidates. A trainer never holds whole tables:
 it passes the rows it pulled for its sub-batch and indices into them (BatchIndex), and
@@ -34,6 +37,7 @@ Dense weights are stored [in, out] (x @ W + b), as the exports have always held 
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -122,7 +126,8 @@ class ModelConfig:
             return F.binary_cross_entropy_with_logits(logit, self.labels(logit, index), reduction="sum")
         if self.loss == "gbce":
             beta = gbce_beta(self.negatives, index.catalog, self.gbce_t)
-            return -(beta * F.logsigmoid(logit[:, 0]).sum() + F.logsigmoid(-logit[:, 1:]).sum())
+            prior = logit - math.log(self.negatives)
+            return -(beta * F.logsigmoid(prior[:, 0]).sum() + F.logsigmoid(-prior[:, 1:]).sum())
         positive = torch.zeros(logit.shape[0], dtype=torch.long, device=logit.device)
         return F.cross_entropy(logit, positive, reduction="sum")
 

@@ -190,8 +190,9 @@ def test_the_sampled_softmax_gradients_match_finite_differences_of_an_independen
 
 
 def gbce_loss(config, dense: dict, rows: dict, index, norm: int, beta: float) -> float:
-    """gSASRec's gBCE apart from forward_backward, in numpy: -(beta log s(positive) + sum log(1 - s(negative)))."""
-    logit = scores(config, dense, rows, index.on(CPU)).numpy()
+    """gSASRec's gBCE apart from forward_backward, in numpy: -(beta log s(positive) + sum log(1 - s(negative))),
+    of logits less log K."""
+    logit = scores(config, dense, rows, index.on(CPU)).numpy() - np.log(config.negatives)
     sigmoid = 1.0 / (1.0 + np.exp(-logit))
     return float(-(beta * np.log(sigmoid[:, 0]).sum() + np.log(1.0 - sigmoid[:, 1:]).sum())) / norm
 
@@ -226,12 +227,13 @@ def test_the_gbce_gradients_match_finite_differences_of_an_independent_loss(whic
         assert np.abs(numeric).max() > 1e-4, f"{name}: a gradient this small checks nothing"
 
 
-def test_gbce_at_t_0_is_bce():
+def test_gbce_at_t_0_is_bce_of_the_logits_less_log_k():
     from dataclasses import replace
 
     dense, rows, index = _problem()
     index = replace(index, catalog=6)
-    bce = forward_backward(CONFIG, dense, rows, index.on(CPU), norm=9)
+    shifted = {**dense, "mlp.2.bias": dense["mlp.2.bias"] - np.log(CONFIG.negatives)}  # the last layer's intercept
+    bce = forward_backward(CONFIG, shifted, rows, index.on(CPU), norm=9)
     gbce = forward_backward(replace(CONFIG, loss="gbce", gbce_t=0.0), dense, rows, index.on(CPU), norm=9)
     calibrated = forward_backward(replace(CONFIG, loss="gbce", gbce_t=0.75), dense, rows, index.on(CPU), norm=9)
     assert np.isclose(gbce.loss_sum, bce.loss_sum, rtol=1e-12)
