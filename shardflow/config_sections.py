@@ -114,10 +114,11 @@ class ModelSection(Section):
     loss: Literal["bce", "sampled-softmax", "gbce"] = Field(
         sizes.LOSS, description="sequences: binary cross-entropy of every candidate (SASRec's), the positive's "
         "cross-entropy against a softmax over it and its negatives (sampled softmax), or gSASRec's generalised BCE "
-        "(gbce: the positive's term weighted for the negatives' sampling rate); click logs: bce",
+        "(gbce: the positive's term weighted for the negatives' sampling rate, logits less log K); click logs: bce",
     )
     gbce_t: float = Field(sizes.GBCE_T, ge=0, le=1, allow_inf_nan=False,
-                          description="loss gbce: the calibration t (0: plain BCE; 1: fully calibrated)")
+                          description="loss gbce: the calibration t (0: the positive's term unweighted; 1: fully "
+                          "calibrated)")
 
     @field_validator("mlp", "bottom_mlp")
     @classmethod
