@@ -119,6 +119,14 @@ def run(client, dataset: Path, model: ModelConfig, optimizer: OptimizerConfig, t
     return reported
 
 
+def beside(hrs: list[float], ndcgs: list[float], hr: float | None, ndcg: float | None, width: int) -> str:
+    """A published HR@10 and NDCG@10 (the first `width` columns wide) and the seeds' medians over them, or blanks
+    of the same width where none is known."""
+    if hr is None or ndcg is None:
+        return f"{'':{width}} {'':8} {'':11}"
+    return f"{hr:{width}.4f} {ndcg:8.4f} {statistics.median(hrs) / hr:5.2f} {statistics.median(ndcgs) / ndcg:5.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default=",".join(DATASETS))
@@ -202,8 +210,7 @@ def main() -> None:
         spread = {k: sorted(x[k] for x in last) for k in ("hr_at_10", "ndcg_at_10")}
         per_epoch = statistics.median(row["train_s"] for r in runs for row in r)
         chosen = "/".join(str(r[-1]["epoch"]) for r in runs)  # per seed: the epoch reported
-        paper = f"{hr:11.4f} {ndcg:8.4f} {statistics.median(spread['hr_at_10']) / hr:5.2f} " \
-                f"{statistics.median(spread['ndcg_at_10']) / ndcg:5.2f}" if hr else f"{'':11} {'':8} {'':11}"
+        paper = beside(spread["hr_at_10"], spread["ndcg_at_10"], hr, ndcg, 11)
         print(f"{name:9} {encoder:14} {chosen:>9} {fmt3(spread['hr_at_10']):>22} {fmt3(spread['ndcg_at_10']):>24}"
               f" {paper} {per_epoch:13.1f}  {where}")
     print("\nthe whole catalog, seen items excluded (every user's held-out item against every item)")
@@ -214,8 +221,7 @@ def main() -> None:
         spread = {k: sorted(x[k] for x in last) for k in ("full_hr_at_10", "full_ndcg_at_10", "full_hr_at_20",
                                                           "full_ndcg_at_20")}
         hr, ndcg, where = FULL_ANCHORS.get(name, (None, None, "none known"))
-        anchor = f"{hr:12.4f} {ndcg:8.4f} {statistics.median(spread['full_hr_at_10']) / hr:5.2f} " \
-                 f"{statistics.median(spread['full_ndcg_at_10']) / ndcg:5.2f}" if hr else f"{'':12} {'':8} {'':11}"
+        anchor = beside(spread["full_hr_at_10"], spread["full_ndcg_at_10"], hr, ndcg, 12)
         print(f"{name:9} {encoder:14} {fmt3(spread['full_hr_at_10']):>22} {fmt3(spread['full_ndcg_at_10']):>24}"
               f" {statistics.median(spread['full_hr_at_20']):12.4f} {statistics.median(spread['full_ndcg_at_20']):8.4f}"
               f" {anchor}  {where}")
