@@ -105,9 +105,10 @@ def _run_name() -> str:
 # PREFECT_HOME/storage): the Result tab and `state.result()` read it after the run.
 @flow(name="retrain", flow_run_name=_run_name, log_prints=True, persist_result=True, result_serializer="json")
 def retrain(config: RetrainConfig = RetrainConfig()):
+    started = _started_s_ago()  # read before the clock starts, so the read's own time is booked once
     clock = StageClock(between=stop_if_asked)
+    clock.book("start-up (Prefect, before the flow's code)", started)
     one_line_errors()  # an error shardflow explains reaches the terminal or the worker's log as one line
-    clock.book("start-up (Prefect, before the flow's code)", _started_s_ago())
     run = str(config.layout.run)
     try:
         check_run(config)
