@@ -10,9 +10,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from runs import prefect_home
 
 from cli.embedded_api import STARTUP_TIMEOUT_S, free_port
+from runs import prefect_home
 
 BIN = Path(sys.executable).parent
 

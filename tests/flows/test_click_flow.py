@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from runs import SMALL, TOPOLOGY
 from test_retrain_flow import artifact_rows
 
 from flows.retrain import retrain
+from runs import SMALL, TOPOLOGY
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
 from shardflow.reporting.run_report import artifact_key

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from runs import SMALL, TOPOLOGY, exported, live_actors, run_until_killed, task_run_states, task_runs
 
 from flows.retrain import retrain
+from runs import SMALL, TOPOLOGY, exported, live_actors, run_until_killed, task_run_states, task_runs
 from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
 from shardflow.data.batches import TrainData

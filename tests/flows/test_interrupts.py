@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from runs import BIN, SMALL, TOPOLOGY, prefect_home
 from test_real_server import READ_BACK
 
+from runs import BIN, SMALL, TOPOLOGY, prefect_home
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.emulation.calibration import REFERENCE_STEP_S, measured_time_scale
 

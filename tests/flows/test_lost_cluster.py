@@ -16,9 +16,9 @@ import time
 
 import pytest
 import yaml
-from runs import BIN, SMALL, TOPOLOGY, stderr_of
 
 from cli.embedded_api import free_port
+from runs import BIN, SMALL, TOPOLOGY, stderr_of
 from shardflow.data.synthetic import SynthTable, synth_dataset
 
 pytestmark = pytest.mark.fault  # the tier: killed, interrupted or starved processes

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
-from runs import BIN, run_until_killed, task_runs
 
 from flows.retrain import retrain
+from runs import BIN, run_until_killed, task_runs
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
 from shardflow.reporting.run_report import artifact_key, state_message

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from runs import SMALL, TOPOLOGY, live_actors
 
 from flows.retrain import retrain
+from runs import SMALL, TOPOLOGY, live_actors
 from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
 from storage import versions

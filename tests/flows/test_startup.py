@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from runs import BIN, SMALL, TOPOLOGY
 
+from runs import BIN, SMALL, TOPOLOGY
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from storage import versions
 

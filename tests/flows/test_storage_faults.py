@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from runs import BIN, SMALL, TOPOLOGY, stderr_of
 
+from runs import BIN, SMALL, TOPOLOGY, stderr_of
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from support import snapshot
 
