@@ -50,7 +50,8 @@ lint: $(VENV)/.installed-test
 # The main job: the whole retraining flow (flows/retrain.py) on the bundled amazon-video
 # dataset over the demo topology (2 nodes × 2 devices), with Prefect's embedded API and a
 # local Dask cluster: import, profile, shard, 10 epochs with checkpoints, download, evaluate.
-# 10 epochs: where the mean encoder's held-out HR@10 levels off (bench/model_quality.py).
+# 10 epochs, a cap to keep it near 10 minutes on 2 cores: the defaults, uncapped, choose epoch 15-19
+# on this log and stop about 10 later (docs/benchmarks.md, the whole-catalog table).
 run: install
 	$(BIN)/shardflow run --set run_dir=$(RUN) --set epochs=10
 

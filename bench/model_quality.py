@@ -1,11 +1,14 @@
 """Model quality: HR@10 and NDCG@10 among sampled items and among the whole catalog, beside published figures.
 
-    python bench/model_quality.py [--datasets games,beauty,movielens] [--encoders mean,self-attention] [--epochs 20]
-                                  [--seeds 0,1,2] [--batch-size 4096] [--history 20] [--dropout 0.5]
-                                  [--patience N [--min-epochs M] [--full-ranking exclude-seen|include-seen|off]]
-                                  [--row-optimizer adagrad|adam] [--row-lr RATE]
-                                  [--negatives 4] [--loss bce|sampled-softmax|gbce [--gbce-t 0.75]] [--blocks 2]
+    python bench/model_quality.py [--datasets games,beauty,movielens] [--encoders self-attention,mean]
+                                  [--epochs 200] [--seeds 0,1,2] [--batch-size 4096] [--history 50] [--dropout 0.2]
+                                  [--patience 10 [--min-epochs M] [--full-ranking exclude-seen|include-seen|off]]
+                                  [--row-optimizer adam|adagrad] [--row-lr RATE]
+                                  [--negatives 256] [--loss gbce|sampled-softmax|bce [--gbce-t 0.75]] [--blocks 1]
                                   [--devices 2] [--device cpu|cuda]
+
+Every default is the run's (shardflow.config.RetrainConfig for a sequence log): without flags it measures the
+model `shardflow run` trains.
 
 For each dataset, encoder and seed: import the bundled log, plan it with FlexShard for one node
 of --devices devices (10% memory slack), and train the run's default model (shardflow.config.RetrainConfig)
@@ -15,7 +18,7 @@ with that encoder — the mean of the history rows into an MLP, or SASRec's self
 After every epoch all users are evaluated as the paper does (Kang & McAuley, ICDM 2018,
 section IV-B): the held-out last item ranked among 100 items the user never interacted with
 (shardflow.data.examples.sample_unseen). Without --patience the epoch count is fixed in
-advance and the figure reported is the last epoch's. With --patience N, as the paper does,
+advance and the figure reported is the last epoch's (--patience 0). With --patience N, as the paper does,
 each user's second-to-last item is held out as a validation split too, scored after every
 epoch and ranked among the whole catalog where the rows live (Engine.validate; --full-ranking
 off: sampled only); training stops N epochs after the best validation NDCG@10 of the whole
@@ -130,13 +133,14 @@ def beside(hrs: list[float], ndcgs: list[float], hr: float | None, ndcg: float |
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default=",".join(DATASETS))
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=RetrainConfig().train.epochs)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--batch-size", type=int, default=RetrainConfig().train.batch_size)
-    parser.add_argument("--encoders", default="mean,self-attention")
+    parser.add_argument("--encoders", default=RetrainConfig().model.encoder)
     parser.add_argument("--history", type=int, default=RetrainConfig().model.history)
     parser.add_argument("--dropout", type=float, default=RetrainConfig().model.dropout)
-    parser.add_argument("--patience", type=int, help="choose the epoch on a validation split (default: the last)")
+    parser.add_argument("--patience", type=int, default=RetrainConfig().train.patience,
+                        help="choose the epoch on a validation split (0: none, the last epoch)")
     parser.add_argument("--min-epochs", type=int, help="with --patience: train at least this many epochs")
     parser.add_argument("--full-ranking", choices=FULL_RANKING, default=RetrainConfig().train.full_ranking,
                         help="with --patience: rank the validation split among the whole catalog after every epoch "
@@ -164,8 +168,9 @@ def main() -> None:
     models = {}
     try:  # refused here, before any work: no GPU visible, or a bad value
         torch_device(args.device)
-        train = TrainConfig(batch_size=args.batch_size, epochs=args.epochs, eval_users=None, patience=args.patience,
-                            min_epochs=args.min_epochs, device=args.device, full_ranking=args.full_ranking)
+        train = TrainConfig(batch_size=args.batch_size, epochs=args.epochs, eval_users=None,
+                            patience=args.patience or None, min_epochs=args.min_epochs, device=args.device,
+                            full_ranking=args.full_ranking)
         for encoder in args.encoders.split(","):
             config = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout,
                                           "negatives": args.negatives, "loss": args.loss,

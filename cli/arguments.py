@@ -68,12 +68,15 @@ def _set_value(text: str) -> tuple[str, object]:
 def _config_flag(p: argparse.ArgumentParser, key: str, **given) -> None:
     """--KEY for the config key `key`, its type, choices, default and help taken from RetrainConfig (the one
     source of every default: `shardflow plan`, `train` and `run` agree); `given` adds or replaces any of them."""
-    from typing import Literal, get_args, get_origin
+    from types import NoneType, UnionType
+    from typing import Literal, Union, get_args, get_origin
 
     from shardflow.config_sections import SECTION_OF, SECTIONS
 
     field = SECTIONS[SECTION_OF[key]].model_fields[key]
     kind, default = field.annotation, field.default
+    if get_origin(kind) in (Union, UnionType) and NoneType in get_args(kind):  # `X | None`: the flag takes X
+        kind = next(a for a in get_args(kind) if a is not NoneType)
     spec: dict = {"default": default, "help": (field.description or key.replace("_", " ")).replace("%", "%%")}
     if kind is bool:
         spec["action"] = "store_true"
@@ -143,7 +146,8 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                  "(a node does)")
     _config_flag(p, "history")
     _config_flag(p, "negatives")
-    _config_flag(p, "row_optimizer", help="the rows' optimizer, whose state a row's memory counts")
+    _config_flag(p, "row_optimizer", help="the rows' optimizer, whose state a row's memory counts (none: adam for a "
+                 "sequence log, adagrad for a click log)")
     p.add_argument("--out", help="plan store to create (default: plan-STRATEGY beside the profile)")
     p.add_argument("--overwrite", action="store_true", help="replace a plan already at --out")
 
@@ -152,7 +156,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", help="dataset store")
     p.add_argument("--plan", required=True, help="plan store of this dataset")
     _config_flag(p, "epochs")
-    _config_flag(p, "patience", type=int)
+    _config_flag(p, "patience", type=int, help="stop after this many epochs without a better validation score and "
+                 "keep the best epoch; 0: no validation split, every epoch (the run's key `patience` has the details)")
     _config_flag(p, "min_epochs", type=int)
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, help="global batch (default: the plan's)")

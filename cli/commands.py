@@ -119,12 +119,17 @@ def show_profile(s: dict) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> dict:
+    from shardflow.config_sections import workload
+    from shardflow.model.sizes import WORKLOAD_DEFAULTS
     from shardflow.planner.costmodel import StepShape
     from shardflow.planner.topology import load_topology
     from shardflow.sharding.stage import make_plan
+    from storage.profile import Profile
 
     topology = load_topology(args.topology)
-    shape = StepShape(args.batch_size, args.dim, args.dedup, args.row_optimizer)
+    rows = args.row_optimizer or WORKLOAD_DEFAULTS[workload({"dataset": Profile.open(args.profile).dataset.path})][
+        "row_optimizer"]
+    shape = StepShape(args.batch_size, args.dim, args.dedup, rows)
     out = args.out or str(Path(args.profile).resolve().parent / f"plan-{args.strategy}")
     summary = make_plan(
         args.profile,
@@ -175,7 +180,7 @@ def run_train(args: argparse.Namespace) -> dict:
         early_answers=args.early_answers,
         transport=args.transport,
         epochs=args.epochs,
-        patience=args.patience,
+        patience=args.patience or None,
         min_epochs=args.min_epochs,
         max_steps=args.max_steps,
         device=args.device,

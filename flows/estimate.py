@@ -2,7 +2,9 @@
 
 Every table lives on device 0 (scaled by one common factor if the tables exceed its
 device_memory_bytes); trainers are unchanged. It reports throughput and traffic; it
-writes no checkpoints and no model, only its profile and plan under RUN_DIR/estimate.
+writes no checkpoints and no model, only its profile and plan under RUN_DIR/estimate. It trains
+`epochs` epochs without patience; with patience (the default), whose early stopping needs validation
+scores an estimate does not compute, one.
 """
 
 from __future__ import annotations
@@ -19,7 +21,18 @@ from tasks.retrain import prepare_dataset, profile, shard
 from tasks.training import release_parameter_servers, start_parameter_servers, train_epoch, unless_lost
 
 
-@flow(name="estimate", flow_run_name="estimate-{config.train.epochs}-epochs")
+def epochs_of(config: RetrainConfig) -> int:
+    return config.train.epochs if config.train.patience is None else 1
+
+
+def _run_name() -> str:
+    from prefect.runtime import flow_run
+
+    config = flow_run.parameters.get("config") or RetrainConfig()
+    return f"estimate-{epochs_of(config if isinstance(config, RetrainConfig) else RetrainConfig.build(config))}-epochs"
+
+
+@flow(name="estimate", flow_run_name=_run_name)
 def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
     one_line_errors()
     layout = config.layout
@@ -34,13 +47,13 @@ def estimate(config: RetrainConfig = RetrainConfig()) -> dict:
         try:
             engine = start_parameter_servers(config, dataset, str(scratch / "plan"), client, estimate=True)
             # Estimation writes no checkpoints to resume from: a lost worker ends the run.
-            epochs = [unless_lost(train_epoch(engine, e)).stats for e in range(1, config.train.epochs + 1)]
+            epochs = [unless_lost(train_epoch(engine, e)).stats for e in range(1, epochs_of(config) + 1)]
             traffic = engine.traffic()
         finally:
             release_parameter_servers(engine)
     steps = sum(e.steps for e in epochs)
     summary = {
-        "epochs": config.train.epochs,
+        "epochs": epochs_of(config),
         "examples_per_s": sum(e.examples for e in epochs) / sum(e.seconds for e in epochs),
         "bytes_per_step": traffic.modeled_bytes / max(steps, 1),
         "epoch_loss": [e.loss for e in epochs],

@@ -29,6 +29,7 @@ from shardflow.config_sections import (
     PlanSection,
     TrainSection,
     sectioned,
+    with_workload_defaults,
 )
 from shardflow.errors import InputError, brief
 
@@ -69,7 +70,7 @@ class RetrainConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _into_sections(cls, values: object) -> object:
-        return sectioned(values) if isinstance(values, dict) else values
+        return with_workload_defaults(sectioned(values)) if isinstance(values, dict) else values
 
     @field_validator("run_dir")
     @classmethod

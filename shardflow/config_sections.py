@@ -8,6 +8,7 @@ one (`train.epochs`) into its section, and `overridden` lays `--set` over a conf
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -101,20 +102,24 @@ class ModelSection(Section):
     mlp: tuple[int, ...] = Field(sizes.MLP, description="hidden layer widths (of the top MLP for click logs)")
     bottom_mlp: tuple[int, ...] = Field(sizes.BOTTOM_MLP,
                                         description="click logs: hidden widths of the MLP over numeric columns")
-    encoder: Literal["mean", "self-attention"] = Field(
-        sizes.ENCODER, description="sequence datasets: the user's state from the history, its mean into the MLP, or "
-        "SASRec's causal self-attention blocks scored by dot product (shardflow/model/attention.py)",
+    encoder: Literal["mean", "self-attention"] | None = Field(
+        None, description="sequence datasets: the user's state from the history, its mean into the MLP, or "
+        "SASRec's causal self-attention blocks scored by dot product (shardflow/model/attention.py); none: "
+        "self-attention for a sequence log, mean for a click log (whose DLRM has no sequence encoder)",
     )
-    attention_blocks: int = Field(sizes.BLOCKS, ge=1, le=64, description="self-attention: blocks")
+    attention_blocks: int = Field(sizes.RUN_BLOCKS, ge=1, le=64, description="self-attention: blocks")
     attention_heads: int = Field(sizes.HEADS, ge=1, le=MAX_WIDTH,
                                  description="self-attention: heads (a divisor of dim)")
-    dropout: float = Field(sizes.DROPOUT, ge=0, lt=1, allow_inf_nan=False, description="self-attention: dropout rate")
-    history: int = Field(sizes.HISTORY, ge=1, le=MAX_LOOKUPS, description="items of a user's history an example reads")
-    negatives: int = Field(sizes.NEGATIVES, ge=1, le=MAX_LOOKUPS, description="sampled negatives per example")
-    loss: Literal["bce", "sampled-softmax", "gbce"] = Field(
-        sizes.LOSS, description="sequences: binary cross-entropy of every candidate (SASRec's), the positive's "
+    dropout: float = Field(sizes.RUN_DROPOUT, ge=0, lt=1, allow_inf_nan=False,
+                           description="self-attention: dropout rate")
+    history: int = Field(sizes.RUN_HISTORY, ge=1, le=MAX_LOOKUPS,
+                         description="items of a user's history an example reads")
+    negatives: int = Field(sizes.RUN_NEGATIVES, ge=1, le=MAX_LOOKUPS, description="sampled negatives per example")
+    loss: Literal["bce", "sampled-softmax", "gbce"] | None = Field(
+        None, description="sequences: binary cross-entropy of every candidate (SASRec's), the positive's "
         "cross-entropy against a softmax over it and its negatives (sampled softmax), or gSASRec's generalised BCE "
-        "(gbce: the positive's term weighted for the negatives' sampling rate, logits less log K); click logs: bce",
+        "(gbce: the positive's term weighted for the negatives' sampling rate, logits less log K); click logs: bce; "
+        "none: gbce for a sequence log, bce for a click log",
     )
     gbce_t: float = Field(sizes.GBCE_T, ge=0, le=1, allow_inf_nan=False,
                           description="loss gbce: the calibration t (0: the positive's term unweighted; 1: fully "
@@ -154,9 +159,9 @@ class PlanSection(Section):
 class TrainSection(Section):
     """The epochs: batch, optimisers, early stopping, where devices compute, evaluation and restarts."""
 
-    epochs: int = Field(2, ge=1, le=MAX_EPOCHS, description="epochs to train (with patience: at most)")
+    epochs: int = Field(sizes.RUN_EPOCHS, ge=1, le=MAX_EPOCHS, description="epochs to train (with patience: at most)")
     patience: int | None = Field(
-        None, ge=1, le=MAX_EPOCHS,
+        sizes.RUN_PATIENCE, ge=1, le=MAX_EPOCHS,
         description="hold out each user's second-to-last item (a click log: the last 10% of the "
         "training rows) as a validation split, score it after every epoch (sequences: NDCG@10 among the whole "
         "catalog, among sampled items with full_ranking off; click logs: AUC), stop after this many epochs without "
@@ -173,9 +178,10 @@ class TrainSection(Section):
     )
     batch_size: int = Field(4096, ge=1, le=MAX_COUNT)
     dense_optimizer: Literal["adam", "adagrad"] = "adam"
-    row_optimizer: Literal["adagrad", "adam"] = Field(
-        "adagrad", description="the embedding rows' optimizer: row-wise Adagrad (one float of state a row) or "
-        "Adam per row (2·dim + 1 floats a row: the plan's memory counts it)",
+    row_optimizer: Literal["adagrad", "adam"] | None = Field(
+        None, description="the embedding rows' optimizer: row-wise Adagrad (one float of state a row) or "
+        "Adam per row (2·dim + 1 floats a row: the plan's memory counts it); none: adam for a sequence log, "
+        "adagrad for a click log",
     )
     row_lr: float | None = Field(None, gt=0, allow_inf_nan=False,
                                  description="the rows' rate (none: 0.05 for adagrad, 0.002 for adam)")
@@ -355,4 +361,33 @@ def overridden(values: dict, overrides: dict) -> dict:
             out[key].update(value)
         else:
             out[key] = value
+    return out
+
+
+def workload(data: Any) -> str:
+    """What the dataset trains, known before it is read: 'clicks' (the DLRM) for a criteo log, a recbole log with
+    a click_label, or a store whose manifest names no sequence table; else 'sequences'. `data`: the data section,
+    or its keys as given."""
+    values = data.model_dump() if isinstance(data, Section) else data if isinstance(data, dict) else {}
+    if values.get("dataset_format") == "criteo" or values.get("click_label") is not None:
+        return "clicks"
+    from storage.manifest import MANIFEST
+
+    manifest = Path(str(values.get("dataset", DataSection.model_fields["dataset"].default))) / MANIFEST
+    try:
+        return "clicks" if json.loads(manifest.read_text())["sequence_table"] is None else "sequences"
+    except (OSError, ValueError, KeyError, TypeError):  # a source to import, or a store its import will refuse
+        return "sequences"
+
+
+def with_workload_defaults(values: dict) -> dict:
+    """Sectioned `values` with each key of sizes.WORKLOAD_DEFAULTS that is missing or none set to the workload's."""
+    out = dict(values)
+    for key, value in sizes.WORKLOAD_DEFAULTS[workload(values.get("data"))].items():
+        section = SECTION_OF[key]
+        given = out.get(section, {})
+        if isinstance(given, Section) and getattr(given, key) is None:
+            out[section] = given.model_copy(update={key: value})
+        elif isinstance(given, dict) and given.get(key) is None:
+            out[section] = {**given, key: value}
     return out

@@ -65,7 +65,7 @@ def check_budget(config: RetrainConfig) -> None:
         return
     rows = sum(t.rows for t in Dataset.open(store).info.tables)
     check_capacity(rows, config.model.dim, topology, topology.device_memory_bytes, f"the tables of {store}",
-                   config.plan.topology, config.train.row_optimizer)
+                   config.plan.topology, config.optimizer().rows)
 
 
 # The run config's names for a model record's keys where they differ (shardflow.data.clicks.model_config).
@@ -86,7 +86,7 @@ def check_model_shape(config: RetrainConfig) -> None:
     model = model_config(Dataset.open(store), dim=m.dim, mlp=tuple(m.mlp), bottom=tuple(m.bottom_mlp),
                          history=m.history, negatives=m.negatives, seed=config.train.seed,
                          encoder=config.encoder_options())
-    mine = warm_start_record(model, config.train.dense_optimizer, config.train.row_optimizer)
+    mine = warm_start_record(model, config.train.dense_optimizer, config.optimizer().rows)
     differ = shape_differences(mine, theirs)
     if differ:
         def values(record: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ import numpy as np
 
 from shardflow.data.batches import ORDER_BLOCK_EVENTS, EpochOrder, Lookups, TrainData, fetched, window_start
 from shardflow.errors import InputError
+from shardflow.model import sizes
 from shardflow.model.dlrm import ClickConfig, ClickIndex, numeric_input
 from shardflow.model.metrics import ScoredRows
 from shardflow.model.sequence import ModelConfig
@@ -185,8 +186,11 @@ def model_config(dataset: Dataset, *, dim: int, mlp: tuple[int, ...], bottom: tu
                  negatives: int, seed: int, encoder: dict[str, Any] | None = None) -> ModelConfig | ClickConfig:
     """The model a dataset trains: the sequence model (every table other than the item sequence a
     feature; `encoder`: its encoder, blocks, heads and dropout) or, for a click log, the DLRM over all
-    its tables and numeric columns."""
-    encoder = encoder or {}
+    its tables and numeric columns. An encoder key given as none is the workload's (sizes.WORKLOAD_DEFAULTS: the
+    CLI's flags leave them none); a key not given, the model's own default."""
+    workload = sizes.WORKLOAD_DEFAULTS["clicks" if dataset.info.sequence_table is None else "sequences"]
+    encoder = {k: workload.get(k) if v is None else v for k, v in (encoder or {}).items()}
+    encoder = {k: v for k, v in encoder.items() if v is not None}
     if dataset.info.sequence_table is None:
         if encoder.get("encoder", "mean") != "mean":
             raise InputError(f"encoder = {encoder['encoder']!r} for the click log {dataset.path}; accepted: mean "

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 MAX_TOP_K = 10_000  # the longest list of items a night writes per user (config nightly.top_k)
 
-# The models' defaults, one source for the run's config (config_sections.ModelSection) and the models' own
-# configs (sequence.ModelConfig, dlrm.ClickConfig).
+# The models' own defaults (sequence.ModelConfig, dlrm.ClickConfig): what a model record written before a key
+# existed was made with (clicks.read_record). The run's defaults are the recipe below.
 DIM = 64
 MLP = (64, 32)  # hidden widths of the (top) MLP
 BOTTOM_MLP = (64,)  # click logs: hidden widths of the MLP over numeric columns
@@ -18,6 +18,22 @@ BLOCKS, HEADS = 2, 1  # self-attention
 DROPOUT = 0.5  # self-attention: SASRec's rate on sparse data
 LOSS = "bce"
 GBCE_T = 0.75  # gBCE's calibration t: gSASRec's recommended value (Petrov & Macdonald, RecSys 2023, 5.3)
+
+# The run's defaults (config_sections), the recipe docs/benchmarks.md measures on four sequence logs: the
+# eSASRec benchmark's SASRec+SS setup (github blondered/transformer_benchmark: 1 block of 1 head, dropout 0.2, 50
+# items of history, 256 negatives, Adam) with gSASRec's gBCE as its loss, trained until the validation split's
+# NDCG@10 has not improved for 10 epochs. A click log's model reads no history and samples no negatives.
+RUN_HISTORY, RUN_NEGATIVES, RUN_BLOCKS, RUN_DROPOUT = 50, 256, 1, 0.2
+RUN_EPOCHS, RUN_PATIENCE = 200, 10
+
+# Keys whose default depends on what a dataset trains, filled in when the run's config is built (a key given
+# stays). A sequence log: self-attention under gBCE, rows under Adam, as SASRec trains every parameter. A click
+# log: the DLRM (it has no sequence encoder: mean stands for none) under BCE, rows under row-wise Adagrad, as
+# DLRM and TorchRec train them.
+WORKLOAD_DEFAULTS = {
+    "sequences": {"encoder": "self-attention", "loss": "gbce", "row_optimizer": "adam"},
+    "clicks": {"encoder": "mean", "loss": "bce", "row_optimizer": "adagrad"},
+}
 
 
 def attention_shapes(dim: int, history: int, blocks: int) -> dict[str, tuple[int, ...]]:

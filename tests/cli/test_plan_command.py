@@ -68,12 +68,12 @@ def test_plan_command_prints_the_summary_and_writes_the_store(profiled):
 
     stored = read_plan(out)
     plan, topo, shape, manifest = stored.plan, stored.topology, stored.shape, stored.manifest
-    assert topo.devices == 4 and shape == StepShape(4096, 64, "none")
+    assert topo.devices == 4 and shape == StepShape(4096, 64, "none", "adam")  # a sequence log's rows: Adam
     assert plan.tier_counts() == s["tiers"]
     assert json.loads((out / "summary.json").read_text())["comm_time_s_per_step"] == s["comm_time_s_per_step"]
     assert read_plan_summary(out).to_dict() == {k: v for k, v in s.items() if k != "plan"}
 
-    assert (manifest.strategy, manifest.source.memory_slack, manifest.source.history) == ("flexshard", 0.1, 20)
+    assert (manifest.strategy, manifest.source.memory_slack, manifest.source.history) == ("flexshard", 0.1, 50)
     assert manifest.tables == {"item": plan.table("item").rows} and manifest.budget_bytes_per_device == s[
         "budget_bytes_per_device"]
 

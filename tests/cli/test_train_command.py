@@ -122,8 +122,8 @@ def test_the_cluster_moves_exactly_the_bytes_of_the_in_process_driver(client, pl
 
 def test_train_command_prints_the_summary_keys(planned):
     """With --early-answers: 4 steps are two warm-up calls and one of 2 steps, whose second step is patched; the
-    model is the self-attention encoder's (the flows train the default mean encoder), its rows under Adam (the
-    plan's Adagrad by default); with --patience the validation split is scored after the one (cut short) epoch."""
+    model is the self-attention encoder's with 2 heads, its rows under Adam; with --patience the validation split
+    is scored after the one (cut short) epoch."""
     began = time.monotonic()
     done = subprocess.run(
         [SHARDFLOW, "train", str(planned / "ds"), "--plan", str(planned / "flexshard"), "--max-steps", "4",

@@ -21,7 +21,8 @@ BIN = Path(sys.executable).parent
 PREFECT_HOME_TEMPLATE = "SHARDFLOW_TEST_PREFECT_HOME"  # a directory the whole test session shares
 TOPOLOGY = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n"
             "  - {name: b, devices: 1, uplink_gbytes_per_s: 5}\n")
-SMALL = dict(dim=8, mlp=(8,), history=5, negatives=2, batch_size=128, epochs=2, eval_users=200, memory_slack=0.5)
+SMALL = dict(dim=8, mlp=(8,), history=5, negatives=2, batch_size=128, epochs=2, patience=None, eval_users=200,
+             memory_slack=0.5)
 
 
 FIRST_START = """
@@ -88,8 +89,10 @@ def live_actors(client) -> int:
 
 
 def exported(model) -> dict:
+    """Every parameter of an exported model (its tables' rows, its dense weights), as bytes."""
     root = zarr.open_group(str(model), mode="r")
-    return {k: root[k][...].tobytes() for k in ("tables/item", "dense/mlp.0.weight", "dense/mlp.1.weight")}
+    return {f"{group}/{name}": array[...].tobytes() for group in ("tables", "dense")
+            for name, array in root[group].arrays()}
 
 
 def run_until_killed(values: dict, env: dict, cut: Callable[[], bool], where: Path, timeout: float = 300) -> None:

@@ -25,17 +25,44 @@ def test_the_topology_is_read_once_and_equals_the_files():
 def test_each_stage_gets_the_keys_it_reads():
     config = RetrainConfig(batch_size=512, dim=32, dedup="node", memory_slack=0.3, epochs=3, seed=7, row_lr=0.1,
                            dense_optimizer="adagrad", eval_users=None, steps_per_epoch=9)
-    assert config.step_shape() == StepShape(512, 32, "node")
-    assert config.plan_options() == {"shape": StepShape(512, 32, "node"), "memory_slack": 0.3, "history": 20,
-                                     "negatives": 4}
+    assert config.step_shape() == StepShape(512, 32, "node", "adam")
+    assert config.plan_options() == {"shape": StepShape(512, 32, "node", "adam"), "memory_slack": 0.3,
+                                     "history": 50, "negatives": 256}
     train = config.training((2, 3))
     assert (train.batch_size, train.dedup, train.epochs, train.seed, train.eval_users, train.steps_per_epoch,
             train.window) == (512, "node", 3, 7, None, 9, (2, 3))
     optimizer = config.optimizer()
     assert (optimizer.row_lr, optimizer.dense, optimizer.dense_lr) == (0.1, "adagrad", 1e-3)
     assert "parsed_topology" not in config.model_dump()  # not a key of the flow's parameters
-    adam = RetrainConfig(row_optimizer="adam")
-    assert (adam.optimizer().rows, adam.optimizer().row_lr, adam.step_shape().row_optimizer) == ("adam", 2e-3, "adam")
+    adagrad = RetrainConfig(row_optimizer="adagrad")
+    assert (adagrad.optimizer().rows, adagrad.optimizer().row_lr, adagrad.step_shape().row_optimizer) == \
+        ("adagrad", 0.05, "adagrad")
+    assert config.optimizer().row_lr == 0.1 and RetrainConfig().optimizer().row_lr == 2e-3
+
+
+def test_the_keys_a_workload_decides_take_its_defaults_unless_given(tmp_path):
+    """Left out (or none), encoder, loss and row_optimizer are the workload's: the sequence recipe for a sequence
+    log, the DLRM's for a click log, whether the log is a source to import or a store already made; a value
+    given stays, and one a click log cannot train is refused."""
+    from storage.importers import import_dataset
+    from support import REAL
+
+    def chosen(config: RetrainConfig) -> tuple:
+        return config.model.encoder, config.model.loss, config.train.row_optimizer
+
+    sequences, clicks = ("self-attention", "gbce", "adam"), ("mean", "bce", "adagrad")
+    assert chosen(RetrainConfig()) == sequences
+    assert (RetrainConfig().train.epochs, RetrainConfig().train.patience) == (200, 10)
+    assert chosen(RetrainConfig(encoder=None, loss=None, row_optimizer=None)) == sequences
+    criteo = {"dataset": str(REAL["criteo"]), "dataset_format": "criteo"}
+    assert chosen(RetrainConfig.build(criteo)) == clicks
+    assert chosen(RetrainConfig.build({**criteo, "row_optimizer": "adam"})) == ("mean", "bce", "adam")
+    assert chosen(RetrainConfig.build({"encoder": "mean", "loss": "bce"})) == ("mean", "bce", "adam")
+    import_dataset("criteo", REAL["criteo"], tmp_path / "store", hash_rows=64)
+    assert chosen(RetrainConfig.build({"dataset": str(tmp_path / "store")})) == clicks
+    assert chosen(RetrainConfig.build({"model": {"dim": 8}, "train": {"epochs": 1}})) == sequences
+    with pytest.raises(InputError, match=r"loss = 'gbce' for a criteo click log; accepted: bce"):
+        RetrainConfig.build({**criteo, "loss": "gbce"})
 
 
 def test_a_key_is_named_bare_with_its_section_or_in_its_section_alike():

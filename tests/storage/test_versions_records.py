@@ -122,7 +122,7 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
     from storage.importers import import_dataset
     from storage.manifest import write_manifest
 
-    cfg = RetrainConfig(run_dir=str(tmp_path))
+    cfg = RetrainConfig(run_dir=str(tmp_path), encoder="mean", loss="bce", row_optimizer="adagrad")  # as then
     import_dataset("sasrec", REAL["sasrec"], tmp_path / "dataset")
     m = cfg.model
     model = model_config(Dataset.open(tmp_path / "dataset"), dim=m.dim, mlp=m.mlp, bottom=m.bottom_mlp,
@@ -143,7 +143,7 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
     with pytest.raises(InputError, match=r"has mlp = \[64, 32\], this run mlp = \[32\]"):
         check_model_shape(changed(mlp=(32,)))
     # Its model had the mean encoder: another is refused; the attention's settings shape no mean model.
-    with pytest.raises(InputError, match=r"has encoder = 'mean', this run encoder = 'self-attention'"):
+    with pytest.raises(InputError, match=r"'mean', this run attention_blocks = 1, encoder = 'self-attention'"):
         check_model_shape(changed(encoder="self-attention"))
     with pytest.raises(InputError, match=r"has dense_optimizer = 'adam', this run dense_optimizer = 'adagrad'"):
         check_model_shape(changed(dense_optimizer="adagrad"))
@@ -151,6 +151,10 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
     with pytest.raises(InputError, match=r"has row_optimizer = 'adagrad', this run row_optimizer = 'adam'"):
         check_model_shape(changed(row_optimizer="adam"))
     check_model_shape(changed(attention_blocks=5, dropout=0.3, seed=7))
+    # Today's defaults train another model: a run that leaves them out is refused, naming each.
+    with pytest.raises(InputError, match=r"has attention_blocks = 2, encoder = 'mean', row_optimizer = 'adagrad', "
+                       r"this run attention_blocks = 1, encoder = 'self-attention', row_optimizer = 'adam'"):
+        check_model_shape(RetrainConfig(run_dir=str(tmp_path)))
     check_model_shape(changed(bottom_mlp=(32,)))  # a sequence model has no bottom MLP
 
 

@@ -78,7 +78,8 @@ def topology_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory, topology_file):
-    """The bundled log imported and profiled once; `planned(strategy)` -> (dataset, plan) at batch 512."""
+    """The bundled log imported and profiled once; `planned(strategy)` -> (dataset, plan) at batch 512, history 20
+    and 4 negatives (the defaults' 50 and 256 would only slow every step the network is tested under)."""
     if CANNOT is not None:
         pytest.skip(CANNOT)
     root = tmp_path_factory.mktemp("planned")
@@ -91,7 +92,8 @@ def planned(tmp_path_factory, topology_file):
         out = root / f"plan-{strategy}"
         if not out.exists():
             subprocess.run([*SHARDFLOW, "plan", f"{ds}.profile", "--topology", str(topology_file), "--strategy",
-                            strategy, "--batch-size", "512", "--dedup", "device", "--out", str(out)],
+                            strategy, "--batch-size", "512", "--dedup", "device", "--history", "20",
+                            "--negatives", "4", "--out", str(out)],
                            check=True, capture_output=True, cwd=ROOT)
         return ds, out
     return plan
@@ -297,8 +299,11 @@ def test_an_uplink_cut_for_5_s_mid_run_is_ridden_through_with_the_same_model(emu
     cluster = emulated(UNEVEN)
 
     def run(cut: bool) -> tuple[dict, float]:
+        # The mean encoder under BCE, 4 negatives (the plan's), no validation split: the traffic is what the cut
+        # meets, and the defaults' 256 negatives and whole-catalog validation took 4x the time.
         proc = cluster.command([*SHARDFLOW, "train", str(ds), "--plan", str(plan), "--max-steps", "80",
-                                "--eval-users", "100", "--json", "--scheduler", cluster.scheduler_address],
+                                "--eval-users", "100", "--encoder", "mean", "--loss", "bce", "--patience", "0",
+                                "--json", "--scheduler", cluster.scheduler_address],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         cut_s = 0.0
         if cut:
@@ -366,6 +371,7 @@ def test_a_slowed_uplink_shows_in_the_epoch_table_and_after_a_node_is_cut_off_th
 
     def run(topology: Path) -> subprocess.Popen:
         keys = {"dataset": head, "run_dir": run_dir, "topology": topology, "epochs": 3, "batch_size": 512,
+                "history": 20, "negatives": 4,  # the steps the network slows, at a third of the defaults' time
                 "eval_users": 200, "part_settle_s": 0, "restart_timeout_s": 5,
                 "scheduler_address": cluster.scheduler_address}
         sets = [a for k, v in keys.items() for a in ("--set", f"{k}={v}")]
