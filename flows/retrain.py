@@ -28,6 +28,7 @@ from prefect.states import Completed
 
 from shardflow.cluster import performance_report
 from shardflow.config import RetrainConfig
+from shardflow.data.windows import held_events
 from shardflow.errors import (
     SchedulerLost,
     TrainingError,
@@ -194,7 +195,8 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     report = Path(paths.version) / DASK_REPORT
     cluster.enter_context(performance_report(report))
     # The plan and its cost model are fitted to what this version's window reads, histories included.
-    profile(dataset, paths.profile, client, run, version.window[0], config.model.history)
+    profile(dataset, paths.profile, client, run, version.window[0], config.model.history,
+            held_events(config.train.patience is not None))
     clock.done("profile")
     source = version.warm_start_from
     previous_plan = None if source is None else layout.version(source).plan

@@ -73,12 +73,14 @@ def finish_profile(stage: Path, dataset: ProfiledDataset, stats: dict[str, Table
 @dataclass(frozen=True)
 class Window:
     """What a profile of a model version's training window counted: the examples of parts `first_part` on,
-    each reading a `history`-item history (a whole log's profile: part 0 on, no history)."""
+    each reading a `history`-item history (a whole log's profile: part 0 on, no history), each user's last
+    `held` events kept out of training (2 with a validation split; a profile from before the key: 1)."""
 
     first_part: int = 0
     history: int | None = None
     examples: int | None = None  # with item_lookups: the item sequence's lookups per example, counted
     item_lookups: int | None = None
+    held: int = 1
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,12 @@ def prepare_dataset(config: RetrainConfig) -> Imported:
 
 @task(name="profile", task_run_name="profile", cache_policy=NONE)
 def profile(dataset: str, out: str, client: Client, run_dir: str, first: int = 0,
-            history: int | None = None) -> dict[str, TableStats]:
-    """Per-row lookups by the training window's examples, or per-row accesses of the whole log
-    (shardflow.profiling.profiles.profile_version); every table's figures, published as the profile table."""
-    stats = profile_version(dataset, out, client=client, first=first, history=history, log=get_run_logger())
+            history: int | None = None, held: int = 1) -> dict[str, TableStats]:
+    """Per-row lookups by the training window's examples (each user's last `held` events not trained on), or
+    per-row accesses of the whole log (shardflow.profiling.profiles.profile_version); every table's figures,
+    published as the profile table."""
+    stats = profile_version(dataset, out, client=client, first=first, history=history, log=get_run_logger(),
+                            held=held)
     create_table_artifact(tables.profile_rows(stats), key=artifact_key("profile", run_dir),
                           description=tables.profile_description(dataset, first, history))
     return stats

@@ -38,7 +38,7 @@ from shardflow.data.examples import (
     target_positions,
     validation_positions,
 )
-from shardflow.data.windows import window_key, window_targets
+from shardflow.data.windows import held_events, window_key, window_targets
 from shardflow.errors import InputError
 from shardflow.model.metrics import RankCounts
 from shardflow.model.sequence import BatchIndex, ModelConfig
@@ -210,7 +210,7 @@ class TrainData(EpochOrder):
                  block_events: int = ORDER_BLOCK_EVENTS, validation: bool = False) -> None:
         self.dataset, self.features, self.window, self.block_events = ds, tuple(features), window, block_events
         self.validation = validation
-        self.held = 2 if validation else 1  # each user's last events kept out of training
+        self.held = held_events(validation)  # each user's last events kept out of training
         self.item = sequence_table(ds)
         self.rows = {t: ds.info.table(t).rows for t in (self.item, *self.features)}
         self.offsets = ds.offsets()

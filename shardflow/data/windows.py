@@ -13,6 +13,11 @@ from shardflow.data.examples import target_positions
 from storage.dataset import Dataset
 
 
+def held_events(validation: bool) -> int:
+    """How many of each user's last events training leaves out: the test event, and the validation one."""
+    return 2 if validation else 1
+
+
 def window_key(segment: np.ndarray, targets: np.ndarray, held: int = 1) -> np.ndarray:
     """The part that puts each training target in a window: its own, or that of one of the `held` events
     after it if that is newer.

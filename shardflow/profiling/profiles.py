@@ -108,16 +108,18 @@ def profile_dataset(
         )
 
 
-def window_lookups(dataset: str, table: str, first: int, history: int, start: int, stop: int) -> tuple[np.ndarray, int]:
+def window_lookups(dataset: str, table: str, first: int, history: int, start: int, stop: int,
+                   held: int = 1) -> tuple[np.ndarray, int]:
     """(lookups of every row of `table`, training examples) by the window-from-part-`first` examples whose
-    targets lie in events start:stop (user order), a block of ORDER_BLOCK_EVENTS at a time."""
+    targets lie in events start:stop (user order), a block of ORDER_BLOCK_EVENTS at a time; each user's last
+    `held` events are not trained on (2 with a validation split)."""
     ds = Dataset.open(dataset)
     offsets = ds.offsets()
     item, rows = ds.info.sequence_table, ds.info.table(table).rows
     counts, examples = np.zeros(rows, dtype=np.int64), 0
     for a in range(start, stop, ORDER_BLOCK_EVENTS):
         b = min(a + ORDER_BLOCK_EVENTS, stop)
-        targets = window_targets(ds, offsets, a, b, first)
+        targets = window_targets(ds, offsets, a, b, first, held=held)
         examples += targets.size
         if not targets.size:
             continue
@@ -141,8 +143,9 @@ def sum_lookups(stage: str, table: str, *blocks: tuple[np.ndarray, int]) -> tupl
 
 
 def profile_window(dataset: str | Path, out: str | Path, *, client: Client, first: int, history: int,
-                   overwrite: bool = False, blocks: int | None = None) -> ProfileManifest:
-    """Profile what the training examples of the window from part `first` read (module docstring).
+                   overwrite: bool = False, blocks: int | None = None, held: int = 1) -> ProfileManifest:
+    """Profile what the training examples of the window from part `first` read (module docstring), each
+    user's last `held` events left out as training leaves them (2 with a validation split).
 
     A click log's examples read each table once per row: its window is the rows of parts
     `first` on. The manifest's dataset record says the window and, for the item sequence,
@@ -151,7 +154,7 @@ def profile_window(dataset: str | Path, out: str | Path, *, client: Client, firs
     ds = check_inputs(dataset, out, overwrite=overwrite)
     if ds.info.sequence_table is None:
         return profile_dataset(dataset, out, client=client, overwrite=overwrite, blocks=blocks, first=first,
-                               window=Window(first, history))
+                               window=Window(first, history, held=held))
     if history < 1:
         raise InputError(f"history = {history}; accepted: history >= 1")
     events = int(ds.offsets()[-1])
@@ -162,14 +165,14 @@ def profile_window(dataset: str | Path, out: str | Path, *, client: Client, firs
         start_profile(stage)
         per_table, pending = {}, []
         for t in ds.info.tables:
-            parts = [client.submit(window_lookups, str(ds.path), t.name, first, history, a, b, pure=False)
+            parts = [client.submit(window_lookups, str(ds.path), t.name, first, history, a, b, held, pure=False)
                      for a, b in ranges]
             per_table[t.name] = client.submit(sum_lookups, str(stage), t.name, *parts, pure=False)
             pending += parts + [per_table[t.name]]
         wait(pending)
         results = client.gather(per_table)
         item = results[ds.info.sequence_table]
-        window = Window(first, history, examples=item[3], item_lookups=item[2])
+        window = Window(first, history, examples=item[3], item_lookups=item[2], held=held)
         return finish_profile(
             stage,
             ProfiledDataset(str(ds.path.resolve()), ds.info.checksum, window),
@@ -179,7 +182,7 @@ def profile_window(dataset: str | Path, out: str | Path, *, client: Client, firs
 
 
 def profile_version(dataset: str, out: str | Path, *, client: Client, first: int, history: int | None,
-                    log: Logger | LoggerAdapter[Logger]) -> dict[str, TableStats]:
+                    log: Logger | LoggerAdapter[Logger], held: int = 1) -> dict[str, TableStats]:
     """Every table's figures of a model version's profile at `out`: per-row lookups by the training window's
     examples (parts `first` on, with their `history`-item histories), or, without `history`, per-row accesses
     of the whole log. A complete profile of this very dataset and window is read back (a damaged one is
@@ -192,10 +195,12 @@ def profile_version(dataset: str, out: str | Path, *, client: Client, first: int
         except DamagedStore as e:
             log.warning("%s; profiling again", e)
     made = kept.dataset if kept else None
-    if kept is not None and made and (made.checksum, made.window.first_part, made.window.history) == \
-            (Dataset.open(dataset).info.checksum, first, history):
+    if kept is not None and made and (made.checksum, made.window.first_part, made.window.history,
+                                      made.window.held) == (Dataset.open(dataset).info.checksum, first, history,
+                                                            held if history is not None else 1):
         log.info("reusing profile %s", out)
         return kept.stats
     if history is None:
         return profile_dataset(dataset, out, client=client, overwrite=there, first=first).tables
-    return profile_window(dataset, out, client=client, first=first, history=history, overwrite=there).tables
+    return profile_window(dataset, out, client=client, first=first, history=history, overwrite=there,
+                          held=held).tables

@@ -131,14 +131,14 @@ def three_days(tmp_path_factory):
     return root
 
 
-def window_oracle(ds: Dataset, first: int, history: int, features=()) -> tuple[dict, int]:
+def window_oracle(ds: Dataset, first: int, history: int, features=(), validation: bool = False) -> tuple[dict, int]:
     """Per table, every row's lookups by the window's examples, built one by one as training builds them."""
     import numpy as np
 
     from shardflow.data.batches import TrainData
     from shardflow.data.clicks import model_config
 
-    data = TrainData(ds, features, (first, 0))
+    data = TrainData(ds, features, (first, 0), validation=validation)
     config = model_config(ds, dim=1, mlp=(1,), bottom=(1,), history=history, negatives=1, seed=0)
     targets = np.concatenate([data.block_targets(b) for b in range(data.blocks)])
     ex = data.examples(targets, config, 0)
@@ -150,17 +150,21 @@ def window_oracle(ds: Dataset, first: int, history: int, features=()) -> tuple[d
     return counts, targets.size
 
 
-@pytest.mark.parametrize("first, history", [(0, 5), (1, 20), (2, 5), (2, 1)])
-def test_a_window_profile_counts_what_the_windows_examples_read(client, three_days, first, history):
+@pytest.mark.parametrize("first, history, validation", [(0, 5, False), (1, 20, False), (2, 5, False),
+                                                        (2, 1, False), (0, 5, True), (1, 20, True)])
+def test_a_window_profile_counts_what_the_windows_examples_read(client, three_days, first, history, validation):
+    """With a validation split (patience, the default) training leaves each user's last two events out, and
+    moves the window's edge with them: the profile counts those examples, not the ones without a split."""
     from shardflow.profiling.profiles import profile_window
 
-    out = three_days / f"p-{first}-{history}"
-    m = profile_window(three_days / "ds", out, client=client, first=first, history=history)
+    out = three_days / f"p-{first}-{history}-{validation}"
+    held = 2 if validation else 1
+    m = profile_window(three_days / "ds", out, client=client, first=first, history=history, held=held)
     ds = Dataset.open(three_days / "ds")
-    expected, examples = window_oracle(ds, first, history)
+    expected, examples = window_oracle(ds, first, history, validation=validation)
     got = Profile.open(out).counts("item")
     assert (got == expected["item"]).all()
-    assert m.dataset.window == Window(first, history, examples, int(expected["item"].sum()))
+    assert m.dataset.window == Window(first, history, examples, int(expected["item"].sum()), held)
     assert 0 < examples < ds.info.interactions and got.sum() > examples  # histories were counted: not vacuous
 
 
