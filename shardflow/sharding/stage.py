@@ -72,10 +72,11 @@ def accesses_from_profile(profile: Profile, history: int, negatives: int) -> lis
 def cost_model(profile: Profile, accesses: list[TableAccess], topology: Topology, shape: StepShape, history: int,
                negatives: int) -> CostModel:
     """The cost model with every table's distinct rows fitted to real batches of the profiled dataset
-    (shardflow.sharding.touch): of its training window, if the profile counted one."""
-    dataset = Dataset.open(profile.dataset.path)
+    (shardflow.sharding.touch): of its training window, if the profile counted one, with the validation split
+    the profile's examples left out."""
+    dataset, window = Dataset.open(profile.dataset.path), profile.dataset.window
     return CostModel(topology, shape, fit_touch(dataset, accesses, topology, shape.batch_size, history, negatives,
-                                                first=profile.dataset.window.first_part))
+                                                first=window.first_part, validation=window.held > 1))
 
 
 @dataclass(frozen=True)

@@ -32,15 +32,17 @@ FACTOR_RANGE = (2.0**-12, 4.0)
 
 
 def fit_touch(dataset: Dataset, accesses: list[TableAccess], topology: Topology, batch_size: int, history: int,
-              negatives: int, samples: int = SAMPLE_BATCHES, first: int = 0) -> dict[str, Touch]:
+              negatives: int, samples: int = SAMPLE_BATCHES, first: int = 0,
+              validation: bool = False) -> dict[str, Touch]:
     """Per table, the Touch of `samples` real global batches of `batch_size` over `topology`'s trainers,
-    drawn from the training window of parts `first` on; {} when the dataset has neither an item sequence
-    nor click labels, or too few examples for one batch (independent draws)."""
+    drawn from the training window of parts `first` on, a validation split held out as training holds it;
+    {} when the dataset has neither an item sequence nor click labels, or too few examples for one batch
+    (independent draws)."""
     clicks = dataset.info.sequence_table is None
     if clicks and not dataset.info.labels:
         return {}
     config = model_config(dataset, dim=1, mlp=(1,), bottom=(1,), history=history, negatives=max(negatives, 1), seed=0)
-    data: Workload = (ClickData if clicks else TrainData)(dataset, config.features, (first, 0))
+    data: Workload = (ClickData if clicks else TrainData)(dataset, config.features, (first, 0), validation=validation)
     steps = data.steps_per_epoch(batch_size)
     if steps == 0 or batch_size < topology.devices:
         return {}
