@@ -75,9 +75,12 @@ class _Interrupts:
 
     @staticmethod
     def _unraisable(unraisable) -> None:
-        """A stop's exception lost in a finalizer is taken up again later: its traceback is not for the
-        terminal."""
-        if isinstance(unraisable.exc_value, Exception) or unraisable.exc_value is None:
+        """Python's "Exception ignored in" report, except what a stop signal caused: the stop's own exception
+        lost in a finalizer (taken up again later), and once a stop has arrived, any finalizer's error (an
+        object the stop cut short in its constructor fails in its finalizer: asyncio's event loop, made by
+        zarr as a SIGTERM landed, lacked `_ssock`). Their tracebacks are not for the terminal."""
+        error = unraisable.exc_value
+        if error is None or (isinstance(error, Exception) and stop_signal(error) is None):
             sys.__unraisablehook__(unraisable)
 
     def _again(self, signum, frame) -> None:
