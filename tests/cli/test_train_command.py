@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shardflow.data.synthetic import Repeats, SynthTable, synth_dataset
@@ -77,15 +78,16 @@ def uneven(planned):
     return planned / "flexshard-uneven"
 
 
-def measured_and_predicted(dataset: Path, plan: Path, dedup: str) -> tuple[float, float]:
+def measured_and_predicted(dataset: Path, plan: Path, dedup: str, batch: int = BATCH,
+                           devices: int = 4) -> tuple[float, float]:
     """Bytes per step over 6 steps of the in-process driver (the same devices and messages as on a cluster,
     in milliseconds per step), and the cost model's."""
-    job = prepare(dataset, plan, TrainConfig(batch_size=BATCH, dedup=dedup), mlp=(16,))
+    job = prepare(dataset, plan, TrainConfig(batch_size=batch, dedup=dedup), mlp=(16,))
     driver = in_process(job)
     for i in range(6):
         driver.step(0, i, i, 0)
     traffic = [d.traffic() for d in driver.devices]
-    assert job.topology.devices == 4
+    assert job.topology.devices == devices
     return sum(t.modeled_bytes for t in traffic) / 6, job.predicted_bytes_per_step
 
 
@@ -105,6 +107,25 @@ def test_rows_copied_onto_some_nodes_move_the_bytes_the_model_says(planned, unev
     assert item.partial_ids.size > 50 and (item.partial_nodes & slow).all(), "the slow node holds every such row"
     measured, predicted = measured_and_predicted(planned / "ds", uneven, dedup)
     assert measured > 0 and measured == pytest.approx(predicted, rel=0.05)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_measured_bytes_agree_with_the_cost_model_on_a_random_topology(planned, seed):
+    """A topology none of the fixed ones is (1-3 nodes of 1-3 devices, uplinks 1-25 GB/s, nodes linked at 50 or
+    300), a strategy, scope, batch and memory slack drawn at random: a user's cluster is not the demo's."""
+    rng = np.random.default_rng(seed)
+    topology = Topology(tuple(Node(f"n{i}", int(d), float(rng.choice([1.0, 2.5, 12.5, 25.0])))
+                              for i, d in enumerate(rng.integers(1, 4, rng.integers(1, 4)))),
+                        float(rng.choice([50.0, 300.0])))
+    strategy = str(rng.choice(sorted(SLACK)))
+    dedup, batch = str(rng.choice(["none", "device", "node"])), int(rng.choice([512, 2048, 4096]))
+    slack = float(topology.devices) if strategy == "table-wise" else float(rng.choice([0.1, 0.5, 2.0]))
+    out = planned / f"random-{seed}"
+    make_plan(planned / "profile", out, topology, strategy=strategy, shape=StepShape(batch, 32, dedup),
+              memory_slack=slack)
+    measured, predicted = measured_and_predicted(planned / "ds", out, dedup, batch, topology.devices)
+    assert (measured > 0) == (topology.devices > 1) and measured == pytest.approx(predicted, rel=0.05), (
+        [n.devices for n in topology.nodes], strategy, dedup, batch)
 
 
 def test_the_cluster_moves_exactly_the_bytes_of_the_in_process_driver(client, planned):
