@@ -217,8 +217,8 @@ def _local_workers(workers: int | None) -> int:
     if workers > limit:
         raise InputError(
             f"workers = {workers:,}: a local cluster of {workers:,} processes (one per device) on "
-            f"{cores()} cores; accepted: at most {limit}, or a scheduler_address / cluster_class "
-            "for a larger cluster"
+            f"{cores()} cores; accepted: at most {limit}, or a Dask cluster of its own for more (--scheduler "
+            "ADDRESS on the command line; scheduler_address or cluster_class in a run's config)"
         )
     return workers
 

@@ -513,7 +513,8 @@ def case_config_local_cluster_larger_than_the_machine(world, tmp_path):
         lambda: run_cluster(None, None, {}, 100_000).__enter__(),
         (
             r"workers = 100,000: a local cluster of 100,000 processes "
-            r"\(one per device\) on \d+ cores; accepted: at most \d+"
+            r"\(one per device\) on \d+ cores; accepted: at most \d+, or a Dask cluster of its own for more "
+            r"\(--scheduler ADDRESS on the command line; scheduler_address or cluster_class in a run's config\)"
         ),
     )
 
