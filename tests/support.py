@@ -17,7 +17,7 @@ from shardflow.model.sequence import ModelConfig, init_dense, scores
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.memory import budget_bytes_per_device
-from shardflow.planner.sharding_plan import ShardingPlan, TablePlan
+from shardflow.planner.sharding_plan import NODE, ShardingPlan, TablePlan
 from shardflow.planner.strategies import propose
 from shardflow.planner.topology import Node, Topology
 from shardflow.training.device import Device
@@ -82,6 +82,30 @@ def random_plan(data, devices: int, seed: int) -> ShardingPlan:
             for t, rows in data.rows.items()
         ),
     )
+
+
+def random_case(data, seed: int) -> tuple[Topology, ShardingPlan, str, OptimizerConfig]:
+    """A topology of 1-4 nodes of 1-3 devices each (uplinks 2-10 GB/s), a plan of random tiers and homes (some
+    tables all one tier; on 3 or more nodes, half the node rows copied onto two nodes only), a dedup scope and
+    the rows' optimizer: a case no fixed topology above names."""
+    rng = np.random.default_rng(seed)
+    topology = Topology(tuple(Node(f"n{i}", int(d), float(rng.choice([2.0, 5.0, 10.0])))
+                              for i, d in enumerate(rng.integers(1, 4, rng.integers(1, 5)))), 100.0)
+    nodes, tables = len(topology.nodes), []
+    for name, rows in data.rows.items():
+        tier = rng.integers(0, 3, rows).astype(np.int8) if rng.random() < 0.7 else np.full(rows, rng.integers(0, 3),
+                                                                                                np.int8)
+        home = rng.integers(0, topology.devices, rows).astype(np.int32)
+        if nodes < 3 or rng.random() < 0.5:
+            tables.append(TablePlan(name, tier, home))
+            continue
+        ids = np.flatnonzero(tier == NODE)
+        ids = np.sort(rng.choice(ids, ids.size // 2, replace=False)).astype(np.int64)
+        home_node = topology.node_of_device[home[ids]]
+        other = (home_node + rng.integers(1, nodes, ids.size)) % nodes
+        tables.append(TablePlan(name, tier, home, ids, (1 << home_node) | (1 << other)))
+    dedup = str(rng.choice(["none", "device", "node"]))
+    return topology, ShardingPlan("random", tuple(tables)), dedup, ADAM if rng.random() < 0.3 else OPTIMIZER
 
 
 # -- the engine against the single-process reference -------------------------------------------

@@ -20,7 +20,17 @@ from shardflow.training.engine import Engine
 from shardflow.training.inprocess import InProcess
 from storage.dataset import Dataset
 from storage.importers import import_dataset
-from support import AVAZU, OPTIMIZER, REAL, TOPOLOGIES, check_against, in_process_devices, planned, reference
+from support import (
+    AVAZU,
+    OPTIMIZER,
+    REAL,
+    TOPOLOGIES,
+    check_against,
+    in_process_devices,
+    planned,
+    random_case,
+    reference,
+)
 
 CLICK_BATCH = 24
 CLICK_STEPS = 3
@@ -105,6 +115,18 @@ def _learns_what_the_reference_learns(path, model, data, strategy, devices, dedu
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_every_strategy_and_scope_learns_what_the_reference_learns(criteo, strategy, devices, dedup):
     _learns_what_the_reference_learns(*criteo, strategy, devices, dedup)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_random_topology_and_plan_learn_what_the_reference_learns_on_every_layout(clicks, seed):
+    """support.random_case: 1-4 nodes of 1-3 devices, random tiers and homes, a random scope and row optimizer."""
+    path, model, data = clicks
+    topology, plan, dedup, optimizer = random_case(data, seed)
+    devs = in_process_devices(data, plan, topology, dedup, batch=CLICK_BATCH, model=model, optimizer=optimizer)
+    driver = InProcess(devs)
+    for i in range(CLICK_STEPS):
+        assert sum(s.examples for s in driver.step(0, i, i, 0)) == CLICK_BATCH
+    check_against(reference(data, CLICK_STEPS, model, CLICK_BATCH, optimizer), [d.parameters() for d in devs])
 
 
 def test_a_click_trainer_whose_sub_batch_is_empty_still_takes_its_part_in_the_step(clicks):
