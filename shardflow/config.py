@@ -32,6 +32,7 @@ from shardflow.config_sections import (
     with_workload_defaults,
 )
 from shardflow.errors import InputError, brief
+from storage import versions
 
 if TYPE_CHECKING:
     from shardflow.model.optim import OptimizerConfig
@@ -82,6 +83,9 @@ class RetrainConfig(BaseModel):
             raise ValueError(f"{path} is a file system root or the home directory; accepted: a directory of its own")
         if path.exists() and not path.is_dir():
             raise ValueError(f"{v} is a file; accepted: a directory (new or of an earlier run)")
+        if other := versions.other_contents(path, 4):
+            raise ValueError(f"{path} holds {', '.join(map(repr, other[:3]))}{' …' if len(other) > 3 else ''} and "
+                             f"nothing of a run; accepted: a new or empty directory, or the run_dir of an earlier run")
         return v
 
     @model_validator(mode="after")

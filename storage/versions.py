@@ -20,6 +20,7 @@ data or another configuration); the promoted version is never touched.
 from __future__ import annotations
 
 import getpass
+import itertools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from shardflow.errors import InputError
 from shardflow.records import parse_record, plain
+from storage.lock import LOCK
 
 VERSIONS, CURRENT = "versions", "current"
 STARTED, RESULT = "version.json", "result.json"
@@ -100,6 +102,18 @@ class RunLayout:
     def version(self, number: int) -> VersionPaths:
         path = version_dir(self.run, number)
         return VersionPaths(str(path), str(path / "profile"), str(path / "plan"), str(path / "model"))
+
+
+def other_contents(run_dir: str | Path, shown: int = 3) -> list[str]:
+    """The first `shown` names in `run_dir` when it holds entries but none a run writes (its dataset, versions,
+    current version, lock, workers' log, estimation stores): a directory of something else, where a run would
+    mix its stores with another's files. [] for a new or empty directory or a run's."""
+    run = Path(run_dir)
+    layout = RunLayout(run)
+    ours = (layout.dataset, layout.estimate, layout.worker_log, run / VERSIONS, run / CURRENT, run / LOCK)
+    if not run.is_dir() or any(p.exists() or p.is_symlink() for p in ours):
+        return []
+    return sorted(p.name for p in itertools.islice(run.iterdir(), shown))
 
 
 def version_dir(run_dir: str | Path, number: int) -> Path:

@@ -661,6 +661,16 @@ def case_config_run_dir_root(world, tmp_path):
         r"run_dir = '/': Value error, / is a file system root or the home directory"
 
 
+def case_config_run_dir_of_something_else(world, tmp_path):
+    """A directory of other files (a project, /tmp) is no run's: the run's stores would sit among them."""
+    mine = tmp_path / "project"
+    (mine / "src").mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine\n")
+    return [mine], config(world, run_dir=str(mine)), \
+        rf"{mine} holds 'notes.txt', 'src' and nothing of a run; accepted: a new or empty directory, or the " \
+        r"run_dir of an earlier run"
+
+
 def case_run_budget_cannot_fit_the_tables(world, client, tmp_path):
     from shardflow.preflight import check_run
 

@@ -90,6 +90,18 @@ def test_a_rollback_holds_the_run_dirs_lock_and_refuses_a_run_dir_without_versio
         versions.rollback(tmp_path_factory.mktemp("empty"), 1, "x")
 
 
+@pytest.mark.parametrize("entry", ["run.lock", "dataset", "versions", "current", "dask-workers.log", "estimate"])
+def test_a_directory_holding_anything_a_run_writes_is_a_run_dir_and_one_of_other_files_is_not(tmp_path, entry):
+    assert versions.other_contents(tmp_path / "new") == [] and versions.other_contents(tmp_path) == []
+    (tmp_path / "notes.txt").write_text("mine")
+    assert versions.other_contents(tmp_path) == ["notes.txt"]
+    if entry == "current":  # a dangling link a cut-off promotion left is the run's too
+        os.symlink("versions/0007", tmp_path / entry)
+    else:
+        (tmp_path / entry).touch()
+    assert versions.other_contents(tmp_path) == []
+
+
 def test_a_start_record_reads_back_as_written_and_a_bad_field_is_named(run):
     made = version_start(5, dataset="/data/ds", segments=("a1", "b2"), parts=("day-1.txt", "day-2.txt"),
                          warm_start_from=3, window=(1, 1), config={"epochs": 2})
