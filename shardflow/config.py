@@ -257,19 +257,23 @@ class RetrainConfig(BaseModel):
 
     @classmethod
     def build(cls, values: dict) -> RetrainConfig:
-        """The config from plain values, or an InputError listing every bad key."""
+        """The config from plain values, or an InputError listing every bad key (and, if a key is unknown, the
+        keys there are: a bad value's own message says what it accepts)."""
         try:
             return cls(**values)
         except ValidationError as e:
             problems = "; ".join(_problem(err) for err in e.errors())
-            accepted = ", ".join([*SECTION_OF, "run_dir"])
-            raise InputError(f"bad configuration: {problems} (keys: {accepted}; each bare or as SECTION.KEY, "
-                             f"sections {', '.join(SECTIONS)})") from None
+            keys = ""
+            if any(err["type"] == "extra_forbidden" for err in e.errors()):
+                keys = (f" (keys: {', '.join([*SECTION_OF, 'run_dir'])}; each bare or as SECTION.KEY, "
+                        f"sections {', '.join(SECTIONS)})")
+            raise InputError(f"bad configuration: {problems}{keys}") from None
 
 
 def _problem(err: dict) -> str:
     """One validation error: the key, the value and the message; a check across keys has no single value."""
     where = ".".join(str(p) for p in err["loc"]) or "config"
+    message = err["msg"].removeprefix("Value error, ")  # pydantic's prefix to a validator's own ValueError
     if err["type"] == "value_error" and isinstance(err.get("input"), dict):
-        return f"{where}: {err['msg']}"
-    return f"{where} = {brief(err.get('input'))}: {err['msg']}"
+        return f"{where}: {message}"
+    return f"{where} = {brief(err.get('input'))}: {message}"
