@@ -11,6 +11,7 @@ a bad value raises an InputError naming the key, the value and what is accepted.
 
 from __future__ import annotations
 
+import difflib
 import math
 from functools import cached_property
 from itertools import pairwise
@@ -270,10 +271,22 @@ class RetrainConfig(BaseModel):
             raise InputError(f"bad configuration: {problems}{keys}") from None
 
 
+def _unknown_hint(loc: list[str]) -> str:
+    """Where an unknown key belongs: a key of another section (`data.epochs`), or a near spelling of a key or a
+    section (`trian`, `epoch`)."""
+    name = loc[-1]
+    if len(loc) == 2 and SECTION_OF.get(name, loc[0]) != loc[0]:
+        return f" in section {loc[0]}; accepted: {SECTION_OF[name]}.{name}, or {name} bare"
+    near = difflib.get_close_matches(name, [*SECTION_OF, *SECTIONS, "run_dir"], n=1, cutoff=0.75)
+    return f"; did you mean {near[0]}?" if near else ""
+
+
 def _problem(err: dict) -> str:
     """One validation error: the key, the value and the message; a check across keys has no single value."""
     where = ".".join(str(p) for p in err["loc"]) or "config"
     message = err["msg"].removeprefix("Value error, ")  # pydantic's prefix to a validator's own ValueError
+    if err["type"] == "extra_forbidden":
+        message += _unknown_hint([str(p) for p in err["loc"]])
     if err["type"] == "value_error" and isinstance(err.get("input"), dict):
         return f"{where}: {message}"
     return f"{where} = {brief(err.get('input'))}: {message}"

@@ -318,7 +318,8 @@ def case_config_zero_steps_per_epoch(world, tmp_path):
 
 
 def case_config_unknown_key(world, tmp_path):
-    return [world / "ds"], config(world, epoch=3), r"epoch = 3: Extra inputs are not permitted \(keys: dataset, "
+    return [world / "ds"], config(world, epoch=3), \
+        r"epoch = 3: Extra inputs are not permitted; did you mean epochs\? \(keys: dataset, "
 
 
 def case_config_two_clusters(world, tmp_path):

@@ -98,8 +98,12 @@ def test_the_schema_a_deployment_and_the_ui_read_has_the_sections_and_names_the_
         ({"train": {"epochs": 2}, "epochs": 3}, "epochs: given twice (also as train.epochs)"),
         ({"training.epochs": 3}, "training.epochs: no section 'training'; accepted: data, model, plan, train, "
          "nightly, cluster"),
-        ({"train.epoch": 3}, "train.epoch = 3: Extra inputs are not permitted"),
-        ({"model": {"epochs": 3}}, "model.epochs = 3: Extra inputs are not permitted"),
+        ({"train.epoch": 3}, "train.epoch = 3: Extra inputs are not permitted; did you mean epochs? (keys: "),
+        ({"model": {"epochs": 3}}, "model.epochs = 3: Extra inputs are not permitted in section model; accepted: "
+         "train.epochs, or epochs bare (keys: "),
+        ({"trian": {"epochs": 3}}, "trian = {'epochs': 3}: Extra inputs are not permitted; did you mean train? "
+         "(keys: "),
+        ({"colour": 3}, "colour = 3: Extra inputs are not permitted (keys: "),
         ({"train": 3}, "train = 3: Input should be a valid dictionary"),
         ({"row_optimizer": "sgd"}, "train.row_optimizer = 'sgd': Input should be 'adagrad' or 'adam'"),
     ],
