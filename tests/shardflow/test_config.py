@@ -105,6 +105,8 @@ def test_the_schema_a_deployment_and_the_ui_read_has_the_sections_and_names_the_
          "(keys: "),
         ({"colour": 3}, "colour = 3: Extra inputs are not permitted (keys: "),
         ({"train": 3}, "train = 3: Input should be a valid dictionary"),
+        ({"mlp": "64,32"}, "model.mlp = '64,32': Input should be a valid tuple; accepted: a list in brackets, e.g. "
+         "mlp=[64, 32]"),
         ({"row_optimizer": "sgd"}, "train.row_optimizer = 'sgd': Input should be 'adagrad' or 'adam'"),
     ],
 )
