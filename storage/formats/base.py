@@ -180,6 +180,20 @@ def check_float(token: bytes, name: str) -> str | None:
     return None if math.isfinite(value) else f"{name} = {excerpt(token)}; accepted: a finite number or empty"
 
 
+def reads_as(line: bytes, refused_by: str) -> str | None:
+    """The format a line that `refused_by` refused plainly is, if one is: a header of typed names (recbole), columns
+    between commas or tabs (criteo's header and rows), a user and all its items (s3rec, where sasrec wants two)."""
+    if b":token" in line or b":float" in line:
+        other = "recbole"
+    elif b"," in line or (b"\t" in line and refused_by in ("sasrec", "s3rec")):  # recbole's rows have tabs too
+        other = "criteo"
+    elif refused_by == "sasrec" and len(fields := line.split(b" ")) > 2 and all(f.isdigit() for f in fields):
+        other = "s3rec"
+    else:
+        return None
+    return None if other == refused_by else other
+
+
 def diagnose(fmt: Format, path: Path, block: Block) -> InputError:
     """The first bad line of a block arrow refused, named by file and line, with what is accepted."""
     try:
@@ -195,6 +209,7 @@ def diagnose(fmt: Format, path: Path, block: Block) -> InputError:
             continue
         why = fmt.check_line(text.split(separator), text)
         if why:
-            return InputError(f"{path}:{number}: {why}")
+            other = reads_as(text, fmt.name)
+            return InputError(f"{path}:{number}: {why}" + (f" (the line reads as the {other} format)" if other else ""))
     last = block.first_line + count_lines(block.data) - 1
     return InputError(f"{path}:{block.first_line}-{last}: lines arrow's CSV reader cannot parse as {fmt.name}")

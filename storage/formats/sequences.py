@@ -32,9 +32,6 @@ class Sasrec(Format):
         return Columns(events=len(items), tables={"item": items}, run_users=run_users, run_lengths=run_lengths)
 
     def check_line(self, fields, line):
-        if len(fields) > 2 and all(f.isdigit() for f in fields):  # a user and its items: another format's line
-            return (f"{excerpt(line)} has {len(fields)} fields; accepted: 'user item' (a user and all its items "
-                    f"on one line is the s3rec format)")
         if len(fields) != 2:
             return f"{excerpt(line)} has {len(fields)} fields; accepted: 'user item'"
         return check_id(fields[0], "user") or check_id(fields[1], "item")

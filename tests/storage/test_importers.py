@@ -175,8 +175,13 @@ def write(tmp_path: Path, name: str, text: str | bytes) -> Path:
 BAD_SOURCES = [
     ("sasrec", "1 5\n1 6\n2 x7\n", r"bad\.txt:3: item 'x7' is not accepted; accepted: an integer >= 0"),
     ("sasrec", "1 5\n1 6\n2\n", r"bad\.txt:3: '2' has 1 fields; accepted: 'user item'"),
-    ("sasrec", "1 5\n1 6 9\n", r"bad\.txt:2: '1 6 9' has 3 fields; accepted: 'user item' \(a user and all its "
-                              r"items on one line is the s3rec format\)"),
+    ("sasrec", "1 5\n1 6 9\n", r"bad\.txt:2: '1 6 9' has 3 fields; accepted: 'user item' \(the line reads as the "
+                              r"s3rec format\)$"),
+    ("sasrec", "label,I1,C1\n1,2,a\n", r"bad\.txt:1: .* has 1 fields; accepted: 'user item' \(the line reads as the "
+                                      r"criteo format\)$"),
+    ("s3rec", "user_id:token\titem_id:token\n1\t2\n", r"bad\.txt:1: .*\(the line reads as the recbole format\)$"),
+    ("recbole", "user_id:token\titem_id:token\n1\t2\t3\n", r"bad\.txt:2: 3 tab-separated fields; accepted: 2 as in the "
+                                                            r"header$"),
     ("sasrec", "1 5\n-3 6\n", r"bad\.txt:2: user '-3' is not accepted"),
     ("sasrec", "\n\n", r"empty file; accepted: at least one interaction"),
     ("sasrec", b"1 5\n\xff\xfe 6\n", r"bad\.txt:2: not UTF-8 text \(byte 0 of the line\)"),
