@@ -61,7 +61,8 @@ def _flat_keys_too(schema: dict) -> None:
 class RetrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_flat_keys_too)
 
-    run_dir: str = Field("runs/retrain", description="profile, plan, checkpoints and the exported model go here")
+    run_dir: str = Field("runs/retrain", description="profile, plan, checkpoints and the exported model go here: a "
+                         "new or empty directory, or an earlier run's")
     data: DataSection = Field(default_factory=DataSection)
     model: ModelSection = Field(default_factory=ModelSection)
     plan: PlanSection = Field(default_factory=PlanSection)
