@@ -2,7 +2,7 @@
 eSASRec benchmark trains it, in one plain PyTorch process, on the same split and with the same metric.
 
     python bench/sasrec_peer.py [--datasets beauty,games] [--seeds 0,1,2] [--epochs 200] [--patience 50]
-                                [--threads 2]
+                                [--threads 2] [--dim 64]
 
 The full-ranking anchors of bench/model_quality.py (Beauty: HR@10 0.0921, NDCG@10 0.0531 for SASRec+SS) were
 measured by github blondered/transformer_benchmark with RecTools' SASRecModel on a GPU. This bench is that recipe
@@ -18,6 +18,9 @@ written out here, so that the engine's figures stand beside a peer run on this m
             positive's cross-entropy against them; Adam, lr 1e-3, betas (0.9, 0.98), over every parameter
             (dense, as torch.optim.Adam over an nn.Embedding). The settings are the benchmark's for Beauty
             (its README: dim 64, 1 block, 1 head, dropout 0.2, 50 items, 256 negatives); Games uses the same.
+            The repository's leave-one-out configs, which the README's S3Rec-copy columns come from
+            (configs/paper/loo/s3_vanilla.yaml for SASRec+SS, s3_beauty_ligr.yaml for eSASRec), set
+            n_factors 256 instead: --dim 256 runs that.
   selection after every epoch, each user's second-to-last item is ranked (history before it); the figure
             reported is the test split's at the epoch of the best validation HR@10 (their checkpoint
             monitors recall@10), training stops --patience epochs after it (theirs: 200 epochs, patience 50).
@@ -50,7 +53,7 @@ DATASETS = {  # name -> (file, one user per line (s3rec) or one "user item" pair
     "games": (DATA / "amazon-video" / "Video.txt", "sasrec"),
 }
 ANCHORS = {"beauty": (0.0921, 0.0531, "SASRec+SS, eSASRec benchmark README")}  # HR@10, NDCG@10
-DIM, BLOCKS, HEADS, DROPOUT, HISTORY, NEGATIVES = 64, 1, 1, 0.2, 50, 256
+BLOCKS, HEADS, DROPOUT, HISTORY, NEGATIVES = 1, 1, 0.2, 50, 256
 BATCH, LR, BETAS = 128, 1e-3, (0.9, 0.98)
 SCORED_AT_A_TIME = 1024  # users whose catalog scores are held at once
 
@@ -77,23 +80,23 @@ def windows(histories: list[list[int]]) -> torch.Tensor:
 
 
 class SASRec(nn.Module):
-    def __init__(self, items: int):
+    def __init__(self, items: int, dim: int):
         super().__init__()
-        self.item = nn.Embedding(items + 1, DIM, padding_idx=0)
-        self.position = nn.Embedding(HISTORY, DIM)
+        self.item = nn.Embedding(items + 1, dim, padding_idx=0)
+        self.position = nn.Embedding(HISTORY, dim)
         self.blocks = nn.ModuleList(nn.ModuleDict({
-            "norm_q": nn.LayerNorm(DIM), "attention": nn.MultiheadAttention(DIM, HEADS, DROPOUT, batch_first=True),
-            "norm_ff": nn.LayerNorm(DIM), "ff1": nn.Linear(DIM, DIM), "ff2": nn.Linear(DIM, DIM)})
+            "norm_q": nn.LayerNorm(dim), "attention": nn.MultiheadAttention(dim, HEADS, DROPOUT, batch_first=True),
+            "norm_ff": nn.LayerNorm(dim), "ff1": nn.Linear(dim, dim), "ff2": nn.Linear(dim, dim)})
             for _ in range(BLOCKS))
         self.drop = nn.Dropout(DROPOUT)
-        self.last = nn.LayerNorm(DIM, eps=1e-8)
+        self.last = nn.LayerNorm(dim, eps=1e-8)
         for p in self.parameters():
             if p.dim() > 1:
                 nn.init.xavier_normal_(p)
         self.register_buffer("causal", ~torch.ones(HISTORY, HISTORY, dtype=torch.bool).tril())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[users, HISTORY, DIM] the state after every position of the windows x."""
+        """[users, HISTORY, dim] the state after every position of the windows x."""
         keep = (x != 0)[..., None].float()
         e = self.drop(self.item(x) + self.position.weight)
         for b in self.blocks:
@@ -133,7 +136,7 @@ def ranked(model: SASRec, histories: list[list[int]], targets: torch.Tensor) -> 
     return {k: v / len(histories) for k, v in sums.items()}
 
 
-def run(users: list[list[int]], seed: int, epochs: int, patience: int) -> dict:
+def run(users: list[list[int]], seed: int, epochs: int, patience: int, dim: int) -> dict:
     """Train one seed; the test figures at the best validation epoch, the epoch, and seconds per epoch."""
     torch.manual_seed(seed)
     items = max(max(u) for u in users)
@@ -142,7 +145,7 @@ def run(users: list[list[int]], seed: int, epochs: int, patience: int) -> dict:
     val_users = [u for u in users if len(u) >= 3]
     val_in, val_target = [u[:-2] for u in val_users], torch.tensor([u[-2] for u in val_users])
     test_in, test_target = [u[:-1] for u in users], torch.tensor([u[-1] for u in users])
-    model = SASRec(items)
+    model = SASRec(items, dim)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR, betas=BETAS)
     best, best_epoch, train_s = -1.0, 0, []
     for epoch in range(1, epochs + 1):
@@ -177,12 +180,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--patience", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dim", type=int, default=64, help="64 as the README's table; 256 as its loo configs")
     args = parser.parse_args()
     names = args.datasets.split(",")
     unknown = [n for n in names if n not in DATASETS]
     if unknown:
         raise SystemExit(f"--datasets {','.join(unknown)}; accepted: {', '.join(DATASETS)}")
-    for flag in ("epochs", "patience", "threads"):
+    for flag in ("epochs", "patience", "threads", "dim"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag} {getattr(args, flag)}; accepted: an integer >= 1")
     try:
@@ -190,8 +194,8 @@ def main() -> None:
     except ValueError:
         raise SystemExit(f"--seeds {args.seeds}; accepted: comma-separated integers") from None
     torch.set_num_threads(args.threads)
-    print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.threads} threads; seeds {seeds}; "
-          f"up to {args.epochs} epochs, patience {args.patience}", flush=True)
+    print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.threads} threads; dim {args.dim}; "
+          f"seeds {seeds}; up to {args.epochs} epochs, patience {args.patience}", flush=True)
     results = {}
     for name in names:
         users = sequences(*DATASETS[name])
@@ -199,7 +203,7 @@ def main() -> None:
         for seed in seeds:
             print(f"  seed {seed}", flush=True)
             t = time.perf_counter()
-            results.setdefault(name, []).append({**run(users, seed, args.epochs, args.patience),
+            results.setdefault(name, []).append({**run(users, seed, args.epochs, args.patience, args.dim),
                                                  "wall_s": time.perf_counter() - t})
     print(f"\nload after: {os.getloadavg()[0]:.1f}")
     print("the whole catalog, seen items excluded; test figures at the best validation epoch")
