@@ -28,6 +28,7 @@ from shardflow.errors import InputError
 from shardflow.records import parse_record, plain
 from storage.checksum import ArrayHash, combine
 from storage.manifest import MANIFEST, read_manifest, write_manifest
+from storage.versions import CURRENT
 
 CHECKPOINT, EXPORT = "checkpoint", "model"
 FORMAT_VERSION = 1
@@ -222,7 +223,8 @@ def verify_export(store: str | Path) -> ExportManifest:
     """
     store = Path(store)
     if not (store / MANIFEST).is_file():
-        raise InputError(f"{store}: no {MANIFEST}; the export is incomplete (a download was cut off) or absent")
+        raise InputError(f"{store}: no {MANIFEST}; the export is incomplete (a download was cut off) or absent"
+                         + _export_within(store))
     m = read_export_manifest(store)
     expected = dict(m.arrays)
     for table, rows in m.tables.items():
@@ -249,6 +251,14 @@ def verify_export(store: str | Path) -> ExportManifest:
         names = sorted(k.removeprefix(f"{group}/") for k in expected if k.startswith(f"{group}/"))
         read_arrays(store / group, names, group, m.arrays)
     return m
+
+
+def _export_within(path: Path) -> str:
+    """A refusal's hint when `path` is a model version's directory or a run_dir: the export in it."""
+    for inner in (path / EXPORT, path / CURRENT / EXPORT):
+        if (inner / MANIFEST).is_file():
+            return f"; accepted: an export's directory, such as {inner}"
+    return ""
 
 
 def create_export(store: Path, tables: dict[str, int], dim: int, state: tuple[int, ...] = ()) -> None:

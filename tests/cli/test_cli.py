@@ -300,3 +300,10 @@ def test_a_running_run_listens_on_loopback_only_and_its_export_evaluates_alike_f
     keys = ("auc", "hr_at_10", "ndcg_at_10", "full_hr_at_10", "full_ndcg_at_10", "full_hr_at_20", "full_ndcg_at_20")
     assert {k: again[k] for k in keys} == {k: result[k] for k in keys}
     assert not [line for line in done.stderr.splitlines() if " INFO " in line]
+    for given, export in ((tmp_path / "run" / "versions" / "0001", result["model"]),
+                          (tmp_path / "run", tmp_path / "run" / "current" / "model")):
+        refused = run("evaluate", str(given), str(tmp_path / "ds"))
+        assert refused.returncode == 2 and not refused.stdout, refused
+        assert refused.stderr.splitlines() == [
+            f"shardflow evaluate: error: {given}: no manifest.json; the export is incomplete (a download was cut "
+            f"off) or absent; accepted: an export's directory, such as {export}"], refused.stderr
