@@ -50,7 +50,7 @@ from storage.manifest import MANIFEST, read_manifest, write_manifest
 from storage.scan import PartScan, scan_part
 from storage.segments import Numberer, Numbering, as_numpy, write_segment
 from storage.sources import BLOCK_BYTES, Part, PartReader, finished, resolve_parts, same_file, unfinished
-from storage.staging import check_destination, staged
+from storage.staging import check_apart, check_destination, staged
 from storage.tables import TableSpec
 
 DEFAULT_HASH_ROWS = 1 << 20
@@ -123,6 +123,7 @@ def import_dataset(
     if overwrite and (append or replace_from):
         raise InputError("--overwrite with --append or --replace-from; accepted: one of them")
     resolve_parts(src)  # a source that is not there is refused before the store is locked
+    check_apart(dest, (src,), inside=True)  # a store in a directory of parts is not read as a part (files only)
     with writer_lock(dest):
         held = [p["name"] for p in read_manifest(dest, KIND, FORMAT_VERSION, MADE_BY)["source"].get("parts", [])] \
             if (append or replace_from) and (dest / MANIFEST).is_file() else []

@@ -18,13 +18,15 @@ from storage.manifest import MANIFEST
 _LEFTOVER = re.compile(r"^\..+\.(staging|replaced)-[0-9a-f]{12}$")
 
 
-def check_destination(dest: Path, *, overwrite: bool) -> None:
+def check_destination(dest: Path, *, overwrite: bool, reads: tuple[str | Path, ...] = ()) -> None:
     """Refuse, before any work, a destination that would lose data.
 
     Accepted: a path that does not exist, an empty directory, or (with overwrite) a
-    directory holding a complete shardflow store. Anything else is left alone.
+    directory holding a complete shardflow store; never one of the stores or files the
+    command `reads`, a directory holding one, or a path inside one. Anything else is left alone.
     """
     dest = Path(dest)
+    check_apart(dest, reads)
     if not dest.exists():
         if dest.parent.exists() and not dest.parent.is_dir():
             raise InputError(f"{dest}: its parent {dest.parent} is not a directory")
@@ -40,6 +42,18 @@ def check_destination(dest: Path, *, overwrite: bool) -> None:
         )
     if not overwrite:
         raise InputError(f"{dest} already holds a store; pass --overwrite to replace it, or choose a new path")
+
+
+def check_apart(dest: Path, reads: tuple[str | Path, ...], *, inside: bool = False) -> None:
+    """Refuse a destination that is one of the paths a command reads, holds one, or (unless `inside`) lies
+    inside one, links followed: replacing it, or writing into it, would change what is being read."""
+    here = Path(dest).resolve()
+    for source in reads:
+        there = Path(source).resolve()
+        where = "the same path as" if here == there else "a directory holding" if here in there.parents \
+            else "a path inside" if there in here.parents and not inside else None
+        if where is not None:
+            raise InputError(f"{dest}: {where} {source}, which this command reads; accepted: a path outside it")
 
 
 @contextlib.contextmanager

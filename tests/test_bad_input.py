@@ -234,6 +234,34 @@ def case_profile_destination_being_written(world, client, tmp_path):
         r"profile is held by another process \(host .*, pid \d+, since .*\); accepted: one writer of a store")
 
 
+def case_profile_over_the_dataset_it_reads(world, tmp_path):
+    ds = copy(world, "ds", tmp_path)  # refused before the cluster is asked for anything
+    return [ds], lambda: profile_dataset(ds, ds, client=None, overwrite=True), (
+        r"ds: the same path as .*ds, which this command reads; accepted: a path outside it")
+
+
+def case_profile_inside_the_dataset_it_reads(world, tmp_path):
+    ds = copy(world, "ds", tmp_path)
+    return [ds], lambda: profile_dataset(ds, ds / "profile", client=None), (
+        r"ds/profile: a path inside .*ds, which this command reads; accepted: a path outside it")
+
+
+def case_plan_over_the_profile_it_reads(world, client, tmp_path):
+    profile = copy(world, "profile", tmp_path)
+    return [profile], lambda: make_plan(
+        profile, profile, load_topology(world / "topo.yaml"), strategy="flexshard",
+        shape=StepShape(96, MODEL.dim, "device"), memory_slack=0.5, overwrite=True,
+    ), r"profile: the same path as .*profile, which this command reads; accepted: a path outside it"
+
+
+def case_import_into_the_directory_of_its_parts(world, tmp_path):
+    src = tmp_path / "parts"
+    src.mkdir()
+    (src / "day-1.txt").write_text(GOOD_SASREC)
+    return [src], lambda: import_dataset("sasrec", src / "day-1.txt", src, overwrite=True), (
+        r"parts: a directory holding .*day-1.txt, which this command reads; accepted: a path outside it")
+
+
 def case_dataset_non_monotone_offsets(world, tmp_path):
     ds = tampered_dataset(world, tmp_path, "segments/0000/offsets", 3, 0)
     return [ds], lambda: Dataset.open(ds), r"offsets\[3\] = 0 is below offsets\[2\] = \d+; accepted: non-decreasing"

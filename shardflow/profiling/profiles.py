@@ -75,7 +75,7 @@ def sum_and_write(stage: str, table: str, *blocks: np.ndarray) -> tuple[TableSta
 def check_inputs(dataset: str | Path, out: str | Path, *, overwrite: bool) -> Dataset:
     """Everything that can be refused before a cluster starts: the dataset, the destination."""
     ds = Dataset.open(dataset)
-    check_destination(Path(out), overwrite=overwrite)
+    check_destination(Path(out), overwrite=overwrite, reads=(dataset,))
     return ds
 
 

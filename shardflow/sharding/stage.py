@@ -116,7 +116,7 @@ def make_plan(
     """Plan, evaluate and store; returns the summary."""
     if strategy not in STRATEGIES:
         raise InputError(f"strategy {strategy!r}; accepted: {', '.join(STRATEGIES)}")
-    check_destination(Path(out), overwrite=overwrite)
+    check_destination(Path(out), overwrite=overwrite, reads=(profile_path,))
     inputs = plan_inputs(profile_path, topology, shape, memory_slack, history, negatives)
     plan = propose(strategy, inputs.accesses, topology, inputs.budget_bytes, inputs.model)
     return store_plan(out, plan, inputs, overwrite=overwrite)
@@ -231,7 +231,7 @@ def keep_or_replan(
     """
     if not 0 <= margin < 1:
         raise InputError(f"replan margin = {margin!r}; accepted: 0 <= margin < 1 (0.05 = 5%)")
-    check_destination(Path(out), overwrite=overwrite)
+    check_destination(Path(out), overwrite=overwrite, reads=(profile_path,))
     inputs = plan_inputs(profile_path, topology, shape, memory_slack, history, negatives)
     accesses, model, budget = inputs.accesses, inputs.model, inputs.budget_bytes
     by_name = {a.name: a for a in accesses}
