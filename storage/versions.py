@@ -253,8 +253,9 @@ def promote_by_operator(run_dir: str | Path, number: int, reason: str) -> Promot
     """
     if number not in numbers(run_dir) or result(run_dir, number) is None:
         finished = [n for n in numbers(run_dir) if result(run_dir, n) is not None]
-        raise InputError(f"version {number} of {run_dir} is not a finished model version; accepted: one of "
-                         f"{', '.join(map(str, finished)) or 'none (no version finished yet)'}")
+        raise InputError(f"version {number} of {run_dir} is not a finished model version; accepted: "
+                         + (f"one of {', '.join(map(str, finished))}" if finished else
+                            "a finished version, and none has finished yet"))
     try:
         before = current(run_dir)
     except InputError:

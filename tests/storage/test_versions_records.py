@@ -53,6 +53,14 @@ def test_only_a_finished_version_can_be_promoted(run, number):
     assert versions.current(run) == 3
 
 
+def test_before_any_version_finished_a_promotion_says_none_has(tmp_path):
+    versions.start(tmp_path, version_start(1, segments=("1",)))  # the first night, still running or cut off
+    with pytest.raises(InputError) as refused:
+        versions.promote_by_operator(tmp_path, 1, "x")
+    assert str(refused.value) == (f"version 1 of {tmp_path} is not a finished model version; accepted: a finished "
+                                  "version, and none has finished yet")
+
+
 @pytest.mark.parametrize("target", ["versions/0009", "somewhere/else", "versions/0004", "versions/abcd"])
 def test_a_dangling_or_garbage_current_link_is_one_line_naming_the_mend(run, target):
     (run / versions.CURRENT).unlink()
