@@ -76,7 +76,8 @@ def user_list(path: str | Path, user: str) -> list[tuple[str, float]]:
             scores = table.column("score").to_numpy()
             return [(items[i], float(scores[i])) for i in order]
     manifest = read(path)
-    among = (f"seen in version {manifest['version']}'s training window" if manifest["users_from"] == "window"
+    among = (f"seen from part {manifest['first_part'] + 1} of the dataset on" if manifest["users_from"] == "window"
              else "of the dataset")
-    raise InputError(f"user {user!r}: no list in {path} (it holds the {manifest['users']:,} users {among}); "
-                     "accepted: a raw user id of those users, as the dataset spells it")
+    raise InputError(f"user {user!r}: no list in {path} (it holds the {manifest['users']:,} users {among}, "
+                     f"ranked by version {manifest['version']}); accepted: a raw user id of those users, as the "
+                     "dataset spells it")
