@@ -226,7 +226,8 @@ COMMANDS: tuple[tuple[str, str, Callable, Callable, Callable], ...] = (
      run_train, show_train, _train_args),
     ("evaluate", "an exported model's held-out metrics: sampled candidates and the whole catalog",
      run_evaluate, show_evaluate, _evaluate_args),
-    ("recommend", "one user's top items from the newest lists a run wrote (Parquet under RUN_DIR/versions)",
+    ("recommend", "one user's top items from the current version's newest list of them (Parquet under "
+                   "RUN_DIR/versions)",
      run_recommend, show_recommend, _recommend_args),
     ("promote", "make a finished model version current (a rollback), recording who, when and why",
      run_promote, show_promote, _promote_args),

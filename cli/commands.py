@@ -303,17 +303,22 @@ def show_evaluate(s: dict) -> None:
 
 
 def run_recommend(args: argparse.Namespace) -> dict:
-    """One user's list from the newest recommendations a run wrote (from the model current then)."""
+    """One user's list from the current version: the newest its nights wrote for that user (a night lists the
+    users of its new parts; after a rollback, the lists of the version rolled back to)."""
     from storage import recommendations, versions
 
     if args.k is not None and args.k < 1:
         raise InputError(f"--k {args.k}; accepted: an integer >= 1")
-    store = versions.newest_recommendations(args.run_dir)
-    made = recommendations.read(store)
-    if args.k is not None and args.k > made["k"]:
-        raise InputError(f"--k {args.k}; accepted: 1 to {made['k']} (the lists {store} holds: nightly.top_k)")
-    items = recommendations.user_list(store, args.user)[: min(10, made["k"]) if args.k is None else args.k]
-    return {"user": args.user, "version": made["version"], "items": [{"item": i, "score": v} for i, v in items]}
+    version, stores = versions.current_recommendations(args.run_dir)
+    k = min(recommendations.read(s)["k"] for s in stores)
+    if args.k is not None and args.k > k:
+        raise InputError(f"--k {args.k}; accepted: 1 to {k} (the lists of version {version}: nightly.top_k)")
+    for store in stores:
+        items = recommendations.find(store, args.user)
+        if items is not None:
+            shown = items[: min(10, k) if args.k is None else args.k]
+            return {"user": args.user, "version": version, "items": [{"item": i, "score": v} for i, v in shown]}
+    raise recommendations.missing(stores[0], args.user, len(stores) - 1)
 
 
 def show_recommend(s: dict) -> None:

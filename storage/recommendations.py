@@ -68,6 +68,14 @@ def files(path: str | Path) -> list[Path]:
 
 def user_list(path: str | Path, user: str) -> list[tuple[str, float]]:
     """(raw item id, score) of `user`'s list, best first; an InputError if the store has no list for it."""
+    found = find(path, user)
+    if found is None:
+        raise missing(path, user)
+    return found
+
+
+def find(path: str | Path, user: str) -> list[tuple[str, float]] | None:
+    """(raw item id, score) of `user`'s list, best first; None if the store has no list for it."""
     for f in files(path):
         table = pq.read_table(f, filters=[("user", "=", user)])
         if table.num_rows:
@@ -75,9 +83,16 @@ def user_list(path: str | Path, user: str) -> list[tuple[str, float]]:
             items = table.column("item").to_pylist()
             scores = table.column("score").to_numpy()
             return [(items[i], float(scores[i])) for i in order]
+    return None
+
+
+def missing(path: str | Path, user: str, earlier: int = 0) -> InputError:
+    """The refusal of a user the store at `path` (and `earlier` older stores of its model) has no list for:
+    whose lists it holds."""
     manifest = read(path)
     among = (f"seen from part {manifest['first_part'] + 1} of the dataset on" if manifest["users_from"] == "window"
              else "of the dataset")
-    raise InputError(f"user {user!r}: no list in {path} (it holds the {manifest['users']:,} users {among}, "
-                     f"ranked by version {manifest['version']}); accepted: a raw user id of those users, as the "
-                     "dataset spells it")
+    return InputError(f"user {user!r}: no list in {path} (it holds the {manifest['users']:,} users {among}, "
+                      f"ranked by version {manifest['version']}"
+                      + (f"; nor do its lists of {earlier} earlier night(s)" if earlier else "")
+                      + "); accepted: a raw user id of those users, as the dataset spells it")

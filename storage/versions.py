@@ -212,18 +212,27 @@ def current(run_dir: str | Path) -> int | None:
     )
 
 
-def newest_recommendations(run_dir: str | Path) -> Path:
-    """The newest complete recommendations store of a run_dir (a night writes it after its gate, from the model
-    current then); an InputError saying why there is none."""
+def current_recommendations(run_dir: str | Path) -> tuple[int, list[Path]]:
+    """The current version and the complete recommendations stores ranked by it, newest night first (a night
+    writes its lists after the gate, from the model current then; a rollback writes none); an InputError saying
+    why there are none."""
+    from storage import recommendations
+
     if not Path(run_dir).is_dir():
         raise InputError(f"run_dir {run_dir}: no such directory; accepted: a run directory of 'shardflow run'")
-    for number in reversed(numbers(run_dir)):
-        store = version_dir(run_dir, number) / "recommendations"
-        if (store / "manifest.json").is_file():
-            return store
-    made = ", ".join(map(str, numbers(run_dir))) or "none"
-    raise InputError(f"run_dir {run_dir} holds no top-K lists (versions: {made}); accepted: a run_dir after a night "
-                     "that wrote them (nightly.top_k > 0, a sequence model without event features)")
+    stores = [s for s in (version_dir(run_dir, n) / "recommendations" for n in reversed(numbers(run_dir)))
+              if (s / "manifest.json").is_file()]
+    if not stores:
+        made = ", ".join(map(str, numbers(run_dir))) or "none"
+        raise InputError(f"run_dir {run_dir} holds no top-K lists (versions: {made}); accepted: a run_dir after a "
+                         "night that wrote them (nightly.top_k > 0, a sequence model without event features)")
+    now = current(run_dir)
+    mine = [s for s in stores if recommendations.read(s)["version"] == now]
+    if now is None or not mine:
+        raise InputError(f"run_dir {run_dir}: no top-K lists ranked by the current version {now} (the newest, "
+                         f"{stores[0]}, are version {recommendations.read(stores[0])['version']}'s); accepted: a "
+                         "run_dir after a night under the current version (the next night writes its lists)")
+    return now, mine
 
 
 def promote(run_dir: str | Path, number: int) -> None:

@@ -307,3 +307,57 @@ def test_a_running_run_listens_on_loopback_only_and_its_export_evaluates_alike_f
         assert refused.stderr.splitlines() == [
             f"shardflow evaluate: error: {given}: no manifest.json; the export is incomplete (a download was cut "
             f"off) or absent; accepted: an export's directory, such as {export}"], refused.stderr
+
+
+def test_recommend_shows_the_current_versions_newest_list_of_the_user_also_after_a_rollback(tmp_path):
+    """Night 1 promotes v1 (lists of u1, u2 by v1); night 2 rejects v2 (lists of its new users, u3, by v1);
+    night 3 promotes v3 (lists of u1, u4 by v3). A user's list comes from the current version only: the newest of
+    its nights that lists the user."""
+    import numpy as np
+
+    from storage import recommendations, versions
+    from support import version_start
+
+    def night(n: int, by: int, users: list[str]) -> None:
+        versions.start(tmp_path, version_start(n, segments=(str(n),)))
+        versions.finish(tmp_path, n, {"promoted": by == n})
+        store = versions.version_dir(tmp_path, n) / "recommendations"
+        store.mkdir()
+        items = np.array([[f"{u}-by-{by}-night-{n}", "x"] for u in users])
+        files = recommendations.write_part(store, 0, np.array(users), items, np.ones(items.shape))
+        recommendations.finish(store, {"version": by, "k": 2, "users_from": "window", "first_part": n - 1,
+                                       "users": len(users)}, files)
+        if by == n:
+            versions.promote(tmp_path, n)
+
+    night(1, 1, ["u1", "u2"])
+    night(2, 1, ["u3"])
+    night(3, 3, ["u1", "u4"])
+
+    def shown(user: str) -> tuple[int, str]:
+        done = run("recommend", str(tmp_path), "--user", user, "--k", "1", "--json")
+        assert done.returncode == 0, done.stderr
+        printed = json.loads(done.stdout)
+        return printed["version"], printed["items"][0]["item"]
+
+    def refused(user: str) -> str:
+        done = run("recommend", str(tmp_path), "--user", user)
+        assert done.returncode == 2 and not done.stdout, done
+        return done.stderr.strip()
+
+    assert [shown("u1"), shown("u4")] == [(3, "u1-by-3-night-3"), (3, "u4-by-3-night-3")]
+    night3 = versions.version_dir(tmp_path, 3) / "recommendations"
+    assert refused("u2") == (f"shardflow recommend: error: user 'u2': no list in {night3} (it holds the 2 users seen "
+                             "from part 3 of the dataset on, ranked by version 3); accepted: a raw user id of those "
+                             "users, as the dataset spells it")
+    versions.promote(tmp_path, 1)  # a rollback: v3's lists are no longer what the product shows
+    assert [shown("u1"), shown("u2"), shown("u3")] == [
+        (1, "u1-by-1-night-1"), (1, "u2-by-1-night-1"), (1, "u3-by-1-night-2")]
+    night2 = versions.version_dir(tmp_path, 2) / "recommendations"
+    assert refused("u4") == (f"shardflow recommend: error: user 'u4': no list in {night2} (it holds the 1 users seen "
+                             "from part 2 of the dataset on, ranked by version 1; nor do its lists of 1 earlier "
+                             "night(s)); accepted: a raw user id of those users, as the dataset spells it")
+    versions.promote(tmp_path, 2)  # the rejected version, an operator's choice: none of its nights ranked lists
+    assert refused("u1") == (f"shardflow recommend: error: run_dir {tmp_path}: no top-K lists ranked by the current "
+                             f"version 2 (the newest, {night3}, are version 3's); accepted: a run_dir after a night "
+                             "under the current version (the next night writes its lists)")
