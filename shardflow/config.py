@@ -290,8 +290,7 @@ def _problem(err: dict) -> str:
         message += _unknown_hint([str(p) for p in err["loc"]])
     if err["type"] in ("tuple_type", "list_type"):  # `--set mlp=64,32`, `--set bottom_mlp=32`
         section, key = (str(p) for p in err["loc"][-2:])
-        default = SECTIONS[section].model_fields[key].default if section in SECTIONS else ()
-        message += f"; accepted: a list in brackets, e.g. {key}={list(default)}"
+        message += f"; accepted: a list in brackets, e.g. {key}={list(SECTIONS[section].model_fields[key].default)}"
     if err["type"] == "value_error" and isinstance(err.get("input"), dict):
         return f"{where}: {message}"
     return f"{where} = {brief(err.get('input'))}: {message}"

@@ -66,14 +66,6 @@ def files(path: str | Path) -> list[Path]:
     return [Path(path) / name for name in read(path)["files"]]
 
 
-def user_list(path: str | Path, user: str) -> list[tuple[str, float]]:
-    """(raw item id, score) of `user`'s list, best first; an InputError if the store has no list for it."""
-    found = find(path, user)
-    if found is None:
-        raise missing(path, user)
-    return found
-
-
 def find(path: str | Path, user: str) -> list[tuple[str, float]] | None:
     """(raw item id, score) of `user`'s list, best first; None if the store has no list for it."""
     for f in files(path):

@@ -34,6 +34,7 @@ from pathlib import Path
 from shardflow.errors import InputError
 from shardflow.records import parse_record, plain
 from storage.lock import LOCK
+from storage.manifest import MANIFEST
 
 VERSIONS, CURRENT = "versions", "current"
 STARTED, RESULT = "version.json", "result.json"
@@ -221,17 +222,18 @@ def current_recommendations(run_dir: str | Path) -> tuple[int, list[Path]]:
     if not Path(run_dir).is_dir():
         raise InputError(f"run_dir {run_dir}: no such directory; accepted: a run directory of 'shardflow run'")
     stores = [s for s in (version_dir(run_dir, n) / "recommendations" for n in reversed(numbers(run_dir)))
-              if (s / "manifest.json").is_file()]
+              if (s / MANIFEST).is_file()]
     if not stores:
         made = ", ".join(map(str, numbers(run_dir))) or "none"
         raise InputError(f"run_dir {run_dir} holds no top-K lists (versions: {made}); accepted: a run_dir after a "
                          "night that wrote them (nightly.top_k > 0, a sequence model without event features)")
     now = current(run_dir)
-    mine = [s for s in stores if recommendations.read(s)["version"] == now]
+    ranked_by = {s: recommendations.read(s)["version"] for s in stores}  # each manifest read once
+    mine = [s for s in stores if ranked_by[s] == now]
     if now is None or not mine:
         raise InputError(f"run_dir {run_dir}: no top-K lists ranked by the current version {now} (the newest, "
-                         f"{stores[0]}, are version {recommendations.read(stores[0])['version']}'s); accepted: a "
-                         "run_dir after a night under the current version (the next night writes its lists)")
+                         f"{stores[0]}, are version {ranked_by[stores[0]]}'s); accepted: a run_dir after a night "
+                         "under the current version (the next night writes its lists)")
     return now, mine
 
 

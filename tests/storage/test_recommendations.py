@@ -1,5 +1,4 @@
 import numpy as np
-import pytest
 
 from shardflow.errors import InputError
 from storage import recommendations
@@ -12,9 +11,9 @@ def test_a_user_without_a_list_is_told_whose_lists_the_store_holds_and_from_whic
                                        np.array([[2.0, 1.0], [3.0, 0.0]]))
     recommendations.finish(tmp_path, {"version": 1, "k": 2, "users_from": "window", "first_part": 1, "users": 2},
                            files)
-    assert recommendations.user_list(tmp_path, "u2") == [("c", 3.0)]
-    with pytest.raises(InputError) as refused:
-        recommendations.user_list(tmp_path, "u0")
-    assert str(refused.value) == (f"user 'u0': no list in {tmp_path} (it holds the 2 users seen from part 2 of the "
-                                  "dataset on, ranked by version 1); accepted: a raw user id of those users, as the "
-                                  "dataset spells it")
+    assert recommendations.find(tmp_path, "u2") == [("c", 3.0)] and recommendations.find(tmp_path, "u0") is None
+    refused = recommendations.missing(tmp_path, "u0")
+    assert isinstance(refused, InputError)
+    assert str(refused) == (f"user 'u0': no list in {tmp_path} (it holds the 2 users seen from part 2 of the dataset "
+                            "on, ranked by version 1); accepted: a raw user id of those users, as the dataset spells "
+                            "it")
