@@ -87,7 +87,7 @@ def _config_flag(p: argparse.ArgumentParser, key: str, **given) -> None:
     spec.update(given)
     if spec.get("required"):
         spec.pop("default")
-    elif spec["default"] is not None or default is None:  # a None given here instead: its help says what it takes
+    elif spec["default"] is not None:  # a None default: its help says what an absent flag means
         spec["help"] += f" (default: {spec['default']})"
     p.add_argument("--" + key.replace("_", "-"), **spec)
 

@@ -31,3 +31,11 @@ def test_a_choice_outside_the_configs_is_refused_by_the_flag(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["plan", "p", "--topology", "t.yaml", "--strategy", "random"])
     assert "invalid choice: 'random'" in capsys.readouterr().err
+
+
+
+def test_help_shows_real_defaults_and_never_python_s_none():
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    helps = {name: " ".join(sub.format_help().split()) for name, sub in commands.items()}
+    assert not [name for name, text in helps.items() if "default: None" in text]
+    assert "--epochs EPOCHS epochs to train (with patience: at most) (default: 200)" in helps["train"]
