@@ -69,7 +69,8 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
     """
     if scheduler_address:
         if workers is not None:
-            raise InputError("--workers applies to a local cluster; it cannot be combined with --scheduler")
+            raise InputError(f"--workers {workers} with --scheduler {scheduler_address}; accepted: one of them "
+                             "(--workers sizes a local cluster, --scheduler names a running one)")
         with _remote_client(scheduler_address, tls) as client, heap_thresholds(client):
             yield client
         return

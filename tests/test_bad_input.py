@@ -784,6 +784,13 @@ def case_run_scheduler_that_never_answers(world, tmp_path):
         r"scheduler 'tcp://127.0.0.1:\d+' did not answer within 2 s \(\w+\); accepted: the address of a running")
 
 
+def case_cluster_workers_with_a_scheduler(world, tmp_path):
+    from shardflow.cluster import dask_client
+
+    return [world / "ds"], lambda: dask_client("tcp://127.0.0.1:9", 3).__enter__(), (
+        r"--workers 3 with --scheduler tcp://127.0.0.1:9; accepted: one of them \(--workers sizes a local cluster")
+
+
 def case_run_dir_is_a_file(world, client, tmp_path):
     (tmp_path / "run").write_text("notes")
     return [tmp_path / "run"], lambda: run_lock(tmp_path / "run").__enter__(), \
