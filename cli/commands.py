@@ -169,7 +169,7 @@ def run_train(args: argparse.Namespace) -> dict:
     from shardflow.sharding.stage import read_plan
     from shardflow.training.config import TrainConfig
     from shardflow.training.device import torch_device
-    from shardflow.training.run import train_from_stores
+    from shardflow.training.run import prepare, train_job
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
     stored = read_plan(args.plan)
@@ -189,18 +189,16 @@ def run_train(args: argparse.Namespace) -> dict:
         full_ranking=args.full_ranking,
     )
     torch_device(args.device)  # refused here, before a cluster starts, if this machine has no GPU
+    if args.server_memory is not None and not args.estimate:
+        raise InputError(f"--server-memory {args.server_memory} without --estimate; accepted: --server-memory "
+                         "with --estimate (the bytes of its one parameter server)")
+    job = prepare(args.dataset, args.plan, train,  # every value refused here, before a cluster starts
+                  optimizer=OptimizerConfig(rows=args.row_optimizer or shape.row_optimizer, row_lr=args.row_lr),
+                  encoder={"encoder": args.encoder, "blocks": args.attention_blocks, "heads": args.attention_heads,
+                           "dropout": args.dropout, "loss": args.loss, "gbce_t": args.gbce_t},
+                  estimate=args.estimate, server_memory_bytes=args.server_memory)
     with dask_client(args.scheduler, None if args.scheduler else topology.devices) as client:
-        return train_from_stores(
-            args.dataset,
-            args.plan,
-            client,
-            train,
-            optimizer=OptimizerConfig(rows=args.row_optimizer or shape.row_optimizer, row_lr=args.row_lr),
-            encoder={"encoder": args.encoder, "blocks": args.attention_blocks, "heads": args.attention_heads,
-                     "dropout": args.dropout, "loss": args.loss, "gbce_t": args.gbce_t},
-            estimate=args.estimate,
-            server_memory_bytes=args.server_memory,
-        ).record()
+        return train_job(client, job).record()
 
 
 def show_train(s: dict) -> None:
@@ -277,9 +275,11 @@ def show_run(values: dict) -> None:
 def run_evaluate(args: argparse.Namespace) -> dict:
     """An exported model's held-out metrics: sampled candidates, and (sequences) the whole catalog."""
     from shardflow.cluster import dask_client, quiet_dask
+    from shardflow.training.config import check_seed
     from shardflow.training.evaluate import evaluate_export
 
     quiet_dask()
+    check_seed(args.seed)
     if args.users is not None and args.users < 1:
         raise InputError(f"--users {args.users}; accepted: an integer >= 1, or leave it out for every user")
     started = time.perf_counter()

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from shardflow.errors import InputError
 from shardflow.model import sizes
-from shardflow.model.sizes import MAX_TOP_K
+from shardflow.model.sizes import MAX_SEED, MAX_TOP_K
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LOOKUPS = 4096  # history, negatives: rows one example reads, far past any published sequence model's
@@ -197,7 +197,7 @@ class TrainSection(Section):
         "TLS files or early_answers is on; exact either way (docs/training.md: the transports)",
     )
     device: Literal["cpu", "cuda"] = "cpu"
-    seed: int = Field(0, ge=0, le=2**63 - 1, description="batch order and negatives (a 64-bit signed integer)")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="batch order and negatives (a 64-bit signed integer)")
     eval_users: int | None = Field(5000, ge=1, le=MAX_COUNT, description="held-out users evaluated (none: all)")
     full_ranking: Literal["exclude-seen", "include-seen", "off"] = Field(
         "exclude-seen", description="sequences: also rank each held-out item among the whole catalog (HR and NDCG "

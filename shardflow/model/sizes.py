@@ -4,6 +4,7 @@ sequence model (shardflow.model.sequence) builds its encoder's parameters from t
 
 from __future__ import annotations
 
+MAX_SEED = 2**63 - 1  # a seed is a 64-bit signed integer, as numpy's generators and the batch order take it
 MAX_TOP_K = 10_000  # the longest list of items a night writes per user (config nightly.top_k)
 
 # The models' own defaults (sequence.ModelConfig, dlrm.ClickConfig): what a model record written before a key

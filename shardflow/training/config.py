@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.errors import InputError
 from shardflow.model.metrics import FULL_RANKING
+from shardflow.model.sizes import MAX_SEED
 from shardflow.planner.costmodel import check_dedup
 from shardflow.training.validation import check_min_epochs
 
@@ -31,6 +32,12 @@ def check_transport(name: str, early_answers: bool) -> None:
         raise InputError("early_answers = true with transport 'collective'; accepted: early_answers false (an early "
                          "answer arrives outside the step's rounds, which the collective streams do not carry), or "
                          "transport 'actor'")
+
+
+def check_seed(seed: object) -> None:
+    """A seed of the batch order, the negatives and the held-out sample: a 64-bit signed integer, not negative."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise InputError(f"seed = {seed!r}; accepted: an integer from 0 to {MAX_SEED} (2^63 - 1)")
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,7 @@ class TrainConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InputError(f"{name} = {v!r}; accepted: an integer >= 1, or none")
+        check_seed(self.seed)
         check_dedup(self.dedup)
         check_min_epochs(self.min_epochs, self.patience, self.epochs)
         if not isinstance(self.early_answers, bool):

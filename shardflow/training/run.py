@@ -5,7 +5,7 @@ plan's shape (its cost model assumed the dimension, history window and negatives
 sequence model with every table of the dataset other than the item sequence as a
 categorical feature, or for a click log the DLRM over all its tables, and predicts the
 bytes per step; `start_engine` starts the Dask engine on it and
-`in_process` runs all its devices in this process. `shardflow train` (train_from_stores)
+`in_process` runs all its devices in this process. `shardflow train` (prepare, then train_job)
 and the retraining flow both build their engines this way.
 """
 
@@ -156,7 +156,7 @@ class StepFigures:
 
 @dataclass(frozen=True)
 class JobResult:
-    """A training job's outcome (train_from_stores): the job, what it did, per-step figures, the held-out
+    """A training job's outcome (train_job): the job, what it did, per-step figures, the held-out
     metrics and the validation figures (val_ keys of the epoch kept; every epoch's, oldest first)."""
 
     job: JobShape
@@ -189,23 +189,10 @@ class JobResult:
         }
 
 
-def train_from_stores(
-    dataset: str | Path,
-    plan_path: str | Path,
-    client: Client,
-    train: TrainConfig,
-    *,
-    mlp: tuple[int, ...] = ModelConfig.mlp,
-    bottom: tuple[int, ...] = ClickConfig.bottom,
-    optimizer: OptimizerConfig | None = None,
-    encoder: dict[str, Any] | None = None,
-    estimate: bool = False,
-    server_memory_bytes: int | None = None,
-) -> JobResult:
-    """Train for train.epochs (or train.max_steps) and evaluate (JobResult; `record()`: the summary
-    `shardflow train --json` prints)."""
-    job = prepare(dataset, plan_path, train, mlp=mlp, bottom=bottom, optimizer=optimizer, encoder=encoder,
-                  estimate=estimate, server_memory_bytes=server_memory_bytes)
+def train_job(client: Client, job: TrainingJob) -> JobResult:
+    """Train a prepared job for its train.epochs (or train.max_steps) and evaluate (JobResult; `record()`: the
+    summary `shardflow train --json` prints)."""
+    train = job.train
     with start_engine(client, job) as engine, tempfile.TemporaryDirectory(prefix="shardflow-best-") as keep:
         log.info("training %s on %d devices: batch %d, dedup %s", job.plan.strategy, job.topology.devices,
                  train.batch_size, train.dedup)

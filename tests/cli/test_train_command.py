@@ -17,7 +17,7 @@ from shardflow.planner.topology import Node, Topology, load_topology
 from shardflow.profiling.profiles import profile_dataset
 from shardflow.sharding.stage import make_plan, plan_inputs, read_plan, store_plan
 from shardflow.training.config import TrainConfig
-from shardflow.training.run import in_process, prepare, train_from_stores
+from shardflow.training.run import in_process, prepare, train_job
 from storage.importers import import_dataset
 from support import REAL
 
@@ -130,8 +130,9 @@ def test_measured_bytes_agree_with_the_cost_model_on_a_random_topology(planned, 
 
 def test_the_cluster_moves_exactly_the_bytes_of_the_in_process_driver(client, planned):
     train = TrainConfig(batch_size=BATCH, dedup="device", max_steps=4, eval_users=200)
-    s = train_from_stores(planned / "ds", planned / "flexshard", client, train, mlp=(16,))
-    driver = in_process(prepare(planned / "ds", planned / "flexshard", train, mlp=(16,)))
+    job = prepare(planned / "ds", planned / "flexshard", train, mlp=(16,))
+    s = train_job(client, job)
+    driver = in_process(job)
     for i in range(4):
         driver.step(0, i, i, 0)
     local = {k: sum(d.traffic().sums()[k] for d in driver.devices) / 4 for k in ("lookup", "sync", "dense")}
@@ -171,6 +172,24 @@ def test_train_command_prints_the_summary_keys(planned):
     # the steady steps (after 2 warm-up steps) on this host's CLOCK_MONOTONIC, inside the command's own run
     first, last = s["steady_monotonic_s"]
     assert s["steady_steps"] == 2 and began < first < last < time.monotonic()
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--row-lr", "0"], "optimizer row_lr = 0.0; accepted: a finite number > 0"),
+    (["--dropout", "1"], "model dropout = 1.0; accepted: a rate in [0, 1)"),
+    (["--seed", str(2**64)], f"seed = {2**64}; accepted: an integer from 0 to {2**63 - 1} (2^63 - 1)"),
+    (["--server-memory", "4096"], "--server-memory 4096 without --estimate; accepted: --server-memory with "
+     "--estimate"),
+])
+def test_a_bad_value_is_refused_before_the_scheduler_is_asked(planned, flags, line):
+    """The scheduler named here does not exist: a refusal of the value, not of the scheduler, is made before
+    the command reaches for a cluster."""
+    done = subprocess.run(
+        [SHARDFLOW, "train", str(planned / "ds"), "--plan", str(planned / "flexshard"), "--scheduler",
+         "tcp://127.0.0.1:9", *flags], capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(f"shardflow train: error: {line}"), done.stderr
 
 
 def test_a_plan_of_another_dataset_is_refused(planned, tmp_path):
