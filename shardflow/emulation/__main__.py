@@ -45,14 +45,31 @@ def _time_scale(text: str) -> float | str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _logs(folder: Path | None) -> Path:
+    """The folder of the cluster's logs, made now (a new temp folder without --logs): refused before any work."""
+    if folder is None:
+        return Path(tempfile.mkdtemp(prefix="shardflow-emulation-"))
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--logs {folder} is a file; accepted: a folder, made if absent")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"--logs {folder}: {e.strerror.lower()}; accepted: a folder, made if absent") from None
+    return folder
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m shardflow.emulation",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("topology", help="topology YAML file (nodes, devices, uplink and intra-node rates)")
-    p.add_argument("--time-scale", type=_time_scale, default="auto",
+    first, _, rest = __doc__.partition("\n\n")
+    p = argparse.ArgumentParser(
+        prog="python -m shardflow.emulation", description=first, epilog=rest.split("\n\n", 1)[1],
+        usage="%(prog)s [-h] [--time-scale auto|N] [--logs DIR] [--probe] TOPOLOGY [-- COMMAND ...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("topology", metavar="TOPOLOGY",
+                   help="topology YAML file (nodes, devices, uplink and intra-node rates)")
+    p.add_argument("--time-scale", type=_time_scale, default="auto", metavar="auto|N",
                    help="every link rate is divided by this; auto (the default): 500 times this host's reference "
                         "step over the reference host's (shardflow.emulation.calibration, docs/emulation.md)")
-    p.add_argument("--logs", type=Path,
+    p.add_argument("--logs", type=Path, metavar="DIR",
                    help="folder for the scheduler's and workers' logs (default: a new temp folder)")
     p.add_argument("--probe", action="store_true", help="measure each uplink's rate both ways before COMMAND")
     return p
@@ -76,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         topology = load_topology(args.topology)
+        logs = _logs(args.logs)
         scale, said = resolve_time_scale(args.time_scale, topology.devices)
         if said:
             print(said, flush=True)
-        logs = args.logs or Path(tempfile.mkdtemp(prefix="shardflow-emulation-"))
         with EmulatedCluster(topology, scale, logs) as cluster:
             net = cluster.network
             print(f"emulated {len(net.nodes)} nodes, {len(cluster.worker_addresses)} workers, rates / "

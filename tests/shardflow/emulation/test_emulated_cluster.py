@@ -292,6 +292,28 @@ def test_a_bad_time_scale_is_refused_naming_it_before_anything_is_built(topology
         assert owned_by(proc.pid) == []
 
 
+@needs_netns
+@pytest.mark.parametrize("logs, why", [("a-file", " is a file"), ("a-file/logs", ": not a directory")])
+def test_a_logs_folder_that_cannot_be_made_is_refused_before_anything_is_built(tmp_path, topology_file, logs, why):
+    (tmp_path / "a-file").write_text("notes")
+    proc = subprocess.Popen([sys.executable, "-m", "shardflow.emulation", "--logs", str(tmp_path / logs),
+                             str(topology_file), "--", "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+    out, err = proc.communicate()
+    assert proc.returncode == 2 and out == "", err  # nothing said of a time scale: no reference step was timed
+    assert err.strip() == f"shardflow.emulation: --logs {tmp_path / logs}{why}; accepted: a folder, made if absent"
+    assert owned_by(proc.pid) == [] and (tmp_path / "a-file").read_text() == "notes"
+
+
+def test_the_help_shows_how_to_give_the_command():
+    done = subprocess.run([sys.executable, "-m", "shardflow.emulation", "--help"], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.startswith(
+        "usage: python -m shardflow.emulation [-h] [--time-scale auto|N] [--logs DIR] [--probe] TOPOLOGY "
+        "[-- COMMAND ...]\n")
+    assert "shardflow train DATA --plan PLAN --scheduler {scheduler}" in done.stdout
+
+
 def test_an_uplink_cut_for_5_s_mid_run_is_ridden_through_with_the_same_model(emulated, planned):
     """Node b's uplink goes down for 5 s while the engine trains: connections wait (TCP retransmits), no
     device is declared lost, and the run ends with exactly the loss and metrics of an uncut run."""
