@@ -119,11 +119,12 @@ def _synth_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tables", nargs="+", required=True, metavar="NAME:ROWS[:ALPHA]",
                    help="the first is the item sequence table, the rest feature columns")
     p.add_argument("--interactions", type=int, required=True, help="events (ids per table)")
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--mean-length", type=float, default=20.0, help="mean sequence length per user")
+    p.add_argument("--seed", type=int, required=True, help="every draw's seed: the same seed, the same store")
+    p.add_argument("--mean-length", type=float, default=20.0, help="mean sequence length per user (default: 20)")
     p.add_argument("--repeat", type=float, default=0.0,
-                   help="share of events that repeat one of the user's last --repeat-window items (session data)")
-    p.add_argument("--repeat-window", type=int, default=5)
+                   help="share of events that repeat one of the user's last --repeat-window items (session data; "
+                   "default: 0)")
+    p.add_argument("--repeat-window", type=int, default=5, help="the last items a repeat draws from (default: 5)")
     p.add_argument("--overwrite", action="store_true", help="replace a store already at DEST")
 
 
