@@ -1,6 +1,6 @@
 """Model quality: HR@10 and NDCG@10 among sampled items and among the whole catalog, beside published figures.
 
-    python bench/model_quality.py [--datasets games,beauty,movielens] [--encoders self-attention,mean]
+    python bench/model_quality.py [--datasets games,beauty,movielens,FORMAT:PATH] [--encoders self-attention,mean]
                                   [--epochs 200] [--seeds 0,1,2] [--batch-size 4096] [--history 50] [--dropout 0.2]
                                   [--patience 10 [--min-epochs M] [--full-ranking exclude-seen|include-seen|off]]
                                   [--row-optimizer adam|adagrad] [--row-lr RATE]
@@ -54,7 +54,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from train_throughput import plan_for  # bench/ is on sys.path: this runs as a script beside it
+from sequence_logs import parse_logs  # bench/ is on sys.path: this runs as a script beside it
+from train_throughput import plan_for
 
 from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
@@ -70,13 +71,12 @@ from shardflow.training.evaluate import evaluate_export
 from shardflow.training.validation import best_epoch, epoch_scores, stop_now
 from storage.importers import import_dataset
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-DATASETS = {  # name -> (source, format, published HR@10, NDCG@10, where they come from)
-    "games": (DATA / "amazon-video" / "Video.txt", "sasrec", 0.7410, 0.5360, "SASRec, the paper's Table III"),
-    "beauty": (DATA / "amazon-beauty" / "Beauty.txt", "s3rec", 0.5157, 0.3479, "SASRec run on this copy"),
-    "movielens": (DATA / "movielens-100k" / "ml-100k.inter", "recbole", None, None, "none known: a log no setup "
-                  "here was chosen on"),
+PUBLISHED = {  # name -> sampled HR@10, NDCG@10 published on the bundled log, where they come from
+    "games": (0.7410, 0.5360, "SASRec, the paper's Table III"),
+    "beauty": (0.5157, 0.3479, "SASRec run on this copy"),
+    "movielens": (None, None, "none known: a log no setup here was chosen on"),
 }
+FORMATS = ("sasrec", "s3rec", "recbole")  # the sequence logs shardflow import reads
 FULL_ANCHORS = {  # name -> full-catalog HR@10, NDCG@10 (seen items excluded), the best of each published column
     "beauty": (0.0928, 0.0531, "eSASRec / SASRec+SS (eSASRec benchmark)"),
 }
@@ -132,7 +132,8 @@ def beside(hrs: list[float], ndcgs: list[float], hr: float | None, ndcg: float |
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--datasets", default=",".join(DATASETS))
+    parser.add_argument("--datasets", default=",".join(PUBLISHED),
+                        help=f"{', '.join(PUBLISHED)}, or FORMAT:PATH of another log (FORMAT: {', '.join(FORMATS)})")
     parser.add_argument("--epochs", type=int, default=RetrainConfig().train.epochs)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--batch-size", type=int, default=RetrainConfig().train.batch_size)
@@ -160,10 +161,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     args = parser.parse_args()
-    names = args.datasets.split(",")
-    unknown = [n for n in names if n not in DATASETS]
-    if unknown:
-        raise SystemExit(f"--datasets {','.join(unknown)}; accepted: {', '.join(DATASETS)}")
+    logs = parse_logs(args.datasets, list(PUBLISHED), FORMATS)
     seeds = [int(s) for s in args.seeds.split(",")]
     models = {}
     try:  # refused here, before any work: no GPU visible, or a bad value
@@ -190,27 +188,30 @@ def main() -> None:
           f"{c.dropout}; rows {optimizer.rows} {optimizer.row_lr}, dense "
           f"{optimizer.dense} {optimizer.dense_lr}, Adam beta2 {optimizer.beta2}", flush=True)
     results: dict[tuple[str, str], list[list[dict]]] = {}
-    with (tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp,
-          dask_client(workers=args.devices) as client):
-        for name in names:
-            source, fmt, *_ = DATASETS[name]
-            store = Path(tmp) / name
-            import_dataset(fmt, source, store)
-            data = TrainData.load(store)
-            print(f"{name}: {data.targets:,} training examples, {data.eval_targets.size:,} users evaluated",
-                  flush=True)
-            for encoder, model in models.items():
-                for seed in seeds:
-                    print(f"  {encoder}, seed {seed}", flush=True)
-                    results.setdefault((name, encoder), []).append(
-                        run(client, store, model, optimizer, replace(train, seed=seed), args.devices,
-                            Path(tmp) / f"{name}-{encoder}-{seed}-model"))
+    with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
+        for name, (source, fmt) in logs.items():  # every log imported before any cluster starts
+            try:
+                import_dataset(fmt, source, Path(tmp) / name)
+            except InputError as e:
+                raise SystemExit(f"model_quality: {e}") from None
+        with dask_client(workers=args.devices) as client:
+            for name in logs:
+                store = Path(tmp) / name
+                data = TrainData.load(store)
+                print(f"{name}: {data.targets:,} training examples, {data.eval_targets.size:,} users evaluated",
+                      flush=True)
+                for encoder, model in models.items():
+                    for seed in seeds:
+                        print(f"  {encoder}, seed {seed}", flush=True)
+                        results.setdefault((name, encoder), []).append(
+                            run(client, store, model, optimizer, replace(train, seed=seed), args.devices,
+                                Path(tmp) / f"{name}-{encoder}-{seed}-model"))
     print(f"\nload after: {os.getloadavg()[0]:.1f}")
     fmt3 = lambda v: f"{v[0]:.4f}/{statistics.median(v):.4f}/{v[-1]:.4f}"  # noqa: E731
     print(f"{'dataset':9} {'encoder':14} {'epochs':>9} {'HR@10 min/median/max':>22} {'NDCG@10 min/median/max':>24}"
           f" {'paper HR@10':>11} {'NDCG@10':>8} {'ratios':>11} {'train s/epoch':>13}  published")
     for (name, encoder), runs in results.items():
-        *_, hr, ndcg, where = DATASETS[name]
+        hr, ndcg, where = PUBLISHED.get(name, (None, None, "none known"))
         last = [r[-1] for r in runs]
         spread = {k: sorted(x[k] for x in last) for k in ("hr_at_10", "ndcg_at_10")}
         per_epoch = statistics.median(row["train_s"] for r in runs for row in r)

@@ -1,7 +1,7 @@
 """A peer for the sequence model's whole-catalog figures: SASRec with a sampled softmax (SASRec+SS) trained as the
 eSASRec benchmark trains it, in one plain PyTorch process, on the same split and with the same metric.
 
-    python bench/sasrec_peer.py [--datasets beauty,games] [--seeds 0,1,2] [--epochs 200] [--patience 50]
+    python bench/sasrec_peer.py [--datasets beauty,games,FORMAT:PATH] [--seeds 0,1,2] [--epochs 200] [--patience 50]
                                 [--threads 2] [--dim 64]
 
 The full-ranking anchors of bench/model_quality.py (Beauty: HR@10 0.0921, NDCG@10 0.0531 for SASRec+SS) were
@@ -43,15 +43,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from sequence_logs import parse_logs  # bench/ is on sys.path: this runs as a script beside it
 from torch import nn
 
 from shardflow.model.metrics import rank_gains
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-DATASETS = {  # name -> (file, one user per line (s3rec) or one "user item" pair per line (sasrec))
-    "beauty": (DATA / "amazon-beauty" / "Beauty.txt", "s3rec"),
-    "games": (DATA / "amazon-video" / "Video.txt", "sasrec"),
-}
+FORMATS = ("s3rec", "sasrec")  # one user per line, or one "user item" pair per line
 ANCHORS = {"beauty": (0.0921, 0.0531, "SASRec+SS, eSASRec benchmark README")}  # HR@10, NDCG@10
 BLOCKS, HEADS, DROPOUT, HISTORY, NEGATIVES = 1, 1, 0.2, 50, 256
 BATCH, LR, BETAS = 128, 1e-3, (0.9, 0.98)
@@ -59,14 +56,20 @@ SCORED_AT_A_TIME = 1024  # users whose catalog scores are held at once
 
 
 def sequences(path: Path, fmt: str) -> list[list[int]]:
-    """Each user's items in time order (item ids from 1, as both formats number them)."""
-    if fmt == "s3rec":
-        return [[int(x) for x in line.split()[1:]] for line in path.open() if len(line.split()) > 1]
-    users: dict[str, list[int]] = {}
+    """Each user's items in time order, the items numbered 1 to N in the order of their ids (the bundled logs
+    number them so already; another log's catalog is then its N distinct items, as the engine's is)."""
+    users: dict[str, list[str]] = {}
     for line in path.open():
-        user, item = line.split()
-        users.setdefault(user, []).append(int(item))
-    return list(users.values())
+        if fmt == "s3rec":
+            user, *items = line.split()
+            users.setdefault(user, []).extend(items)
+        elif line.strip():
+            user, item = line.split()
+            users.setdefault(user, []).append(item)
+    distinct = sorted({i for items in users.values() for i in items},
+                      key=lambda i: (0, int(i), "") if i.isdigit() else (1, 0, i))
+    number = {item: k for k, item in enumerate(distinct, start=1)}
+    return [[number[i] for i in items] for items in users.values() if items]
 
 
 def windows(histories: list[list[int]]) -> torch.Tensor:
@@ -175,17 +178,15 @@ def run(users: list[list[int]], seed: int, epochs: int, patience: int, dim: int)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--datasets", default=",".join(DATASETS))
+    parser.add_argument("--datasets", default="beauty,games",
+                        help="beauty, games, or FORMAT:PATH of another log (FORMAT: s3rec or sasrec)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--patience", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dim", type=int, default=64, help="64 as the README's table; 256 as its loo configs")
     args = parser.parse_args()
-    names = args.datasets.split(",")
-    unknown = [n for n in names if n not in DATASETS]
-    if unknown:
-        raise SystemExit(f"--datasets {','.join(unknown)}; accepted: {', '.join(DATASETS)}")
+    logs = parse_logs(args.datasets, ["beauty", "games"], FORMATS)
     for flag in ("epochs", "patience", "threads", "dim"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag} {getattr(args, flag)}; accepted: an integer >= 1")
@@ -197,8 +198,8 @@ def main() -> None:
     print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.threads} threads; dim {args.dim}; "
           f"seeds {seeds}; up to {args.epochs} epochs, patience {args.patience}", flush=True)
     results = {}
-    for name in names:
-        users = sequences(*DATASETS[name])
+    for name, log in logs.items():
+        users = sequences(*log)
         print(f"{name}: {len(users):,} users, {max(max(u) for u in users):,} items", flush=True)
         for seed in seeds:
             print(f"  seed {seed}", flush=True)
