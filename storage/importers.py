@@ -66,7 +66,10 @@ def _check_options(fmt: str, table_rows: dict[str, int], hash_rows: int, label: 
                              "(criteo and avazu logs carry their own)")
         parse_click_label(label)
     if fmt != "criteo" and (table_rows or hash_rows != DEFAULT_HASH_ROWS):
-        raise InputError(f"table sizes are set only for hashed criteo columns, not for format {fmt!r}")
+        given = [f"--table-rows {k}={v}" for k, v in table_rows.items()]
+        given += [f"--hash-rows {hash_rows}"] if hash_rows != DEFAULT_HASH_ROWS else []
+        raise InputError(f"{' '.join(given)} for format {fmt!r}; accepted: table sizes only for criteo (its hashed "
+                         "columns)")
     for name, rows in [*table_rows.items(), ("--hash-rows", hash_rows)]:
         if rows != EXACT and (isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_HASH_ROWS):
             raise InputError(f"{name}: {rows!r} rows; accepted: an integer from 1 to {MAX_HASH_ROWS:,} (hashed into "

@@ -161,6 +161,11 @@ def case_import_criteo_nan_feature(world, tmp_path):
     return *importing(world, tmp_path, line + "\n", "criteo"), r"I1 = 'nan'; accepted: a finite number or empty"
 
 
+def case_import_table_sizes_of_a_sequence_log(world, tmp_path):
+    return *importing(world, tmp_path, GOOD_SASREC, table_rows={"item": 5}, hash_rows=1000), \
+        r"--table-rows item=5 --hash-rows 1000 for format 'sasrec'; accepted: table sizes only for criteo"
+
+
 def case_import_non_digit_id(world, tmp_path):
     return *importing(world, tmp_path, "1 2\n1 +5\n1 \uff17\n"), (
         r"bad.txt:2: item '\+5' is not accepted; accepted: an integer >= 0 \(ASCII digits, at most 18, no leading "

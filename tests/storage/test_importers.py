@@ -244,7 +244,7 @@ def test_bad_options_are_refused_before_reading(tmp_path):
     (tmp_path / "empty" / ".hidden").write_text("1 2\n")
     with pytest.raises(InputError, match="a directory with no parts; accepted: a directory holding one file per part"):
         import_dataset("sasrec", tmp_path / "empty", tmp_path / "ds")
-    with pytest.raises(InputError, match="only for hashed criteo columns"):
+    with pytest.raises(InputError, match=r"--table-rows C1=5 for format .sasrec.; accepted: table sizes only for"):
         import_dataset("sasrec", src, tmp_path / "ds", table_rows={"C1": 5})
     with pytest.raises(InputError, match=r"--table-rows C99: no such categorical column"):
         import_dataset("criteo", REAL["criteo"], tmp_path / "ds", table_rows={"C99": 5})
