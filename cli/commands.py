@@ -188,7 +188,8 @@ def run_train(args: argparse.Namespace) -> dict:
         eval_users=args.eval_users or None,
         full_ranking=args.full_ranking,
     )
-    torch_device(args.device)  # refused here, before a cluster starts, if this machine has no GPU
+    if args.scheduler is None:
+        torch_device(args.device)  # refused here, before a local cluster starts, if this machine has no GPU
     if args.server_memory is not None and not args.estimate:
         raise InputError(f"--server-memory {args.server_memory} without --estimate; accepted: --server-memory "
                          "with --estimate (the bytes of its one parameter server)")

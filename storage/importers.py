@@ -50,7 +50,7 @@ from storage.manifest import MANIFEST, read_manifest, write_manifest
 from storage.scan import PartScan, scan_part
 from storage.segments import Numberer, Numbering, as_numpy, write_segment
 from storage.sources import BLOCK_BYTES, Part, PartReader, finished, resolve_parts, same_file, unfinished
-from storage.staging import check_apart, check_destination, staged
+from storage.staging import check_apart, check_destination, for_workers, staged
 from storage.tables import TableSpec
 
 DEFAULT_HASH_ROWS = 1 << 20
@@ -309,16 +309,17 @@ def _import_parts(fmt_name, src, stage: Path, parts, existing, options, client, 
     version = 1 if existing is None else existing[1]["version"] + 1
     first_index = 0 if existing is None else len(existing[1]["segments"])
     spill_root = stage / "spill"
-    scans = _each(client, scan_part, [(fmt, p, str(spill_root / segment_name(first_index + i)), hash_rows,
-                                       block_bytes) for i, p in enumerate(parts)])
+    read = [p if client is None else replace(p, path=Path(for_workers(p.path))) for p in parts]
+    scans = _each(client, scan_part, [(fmt, p, for_workers(spill_root / segment_name(first_index + i)), hash_rows,
+                                       block_bytes) for i, p in enumerate(read)])
     numberer = _numberer(fmt, existing, hash_rows)
     numberings = [numberer.number(first_index + i, s) for i, s in enumerate(scans)]
     if existing is not None and len(existing) == 3:
         _carry(existing[0], existing[2], numberings[0], fmt)
     rows = {t: m.size for t, m in numberer.tables.items()}
     (stage / SEGMENTS).mkdir(parents=True, exist_ok=True)
-    segments = _each(client, write_segment, [(fmt, s, n, str(stage / SEGMENTS / segment_name(n.index)), version, rows)
-                                             for s, n in zip(scans, numberings, strict=True)])
+    segments = _each(client, write_segment, [(fmt, s, n, for_workers(stage / SEGMENTS / segment_name(n.index)), version,
+                                              rows) for s, n in zip(scans, numberings, strict=True)])
     shutil.rmtree(spill_root, ignore_errors=True)
     tables = {t: {"rows": max(1, rows[t]), "dtype": str(TableSpec(t, max(1, rows[t])).id_dtype),
                   **({"hashed": "crc32"} if t in hash_rows else {}),

@@ -18,6 +18,12 @@ from storage.manifest import MANIFEST
 _LEFTOVER = re.compile(r"^\..+\.(staging|replaced)-[0-9a-f]{12}$")
 
 
+def for_workers(path: str | Path) -> str:
+    """A path as a Dask worker is given it: absolute, so that a worker started in another working directory (any
+    cluster but a local one started here) reads and writes the files this process means."""
+    return os.path.abspath(path)
+
+
 def check_destination(dest: Path, *, overwrite: bool, reads: tuple[str | Path, ...] = ()) -> None:
     """Refuse, before any work, a destination that would lose data.
 

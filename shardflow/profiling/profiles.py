@@ -38,7 +38,7 @@ from storage.profile import (
     start_profile,
     write_counts,
 )
-from storage.staging import check_destination, staged
+from storage.staging import check_destination, for_workers, staged
 
 
 def count_block(dataset: str, array: str, rows: int, start: int, stop: int) -> np.ndarray:
@@ -92,10 +92,10 @@ def profile_dataset(
         per_table, pending = {}, []
         for t in ds.info.tables:
             parts = [
-                client.submit(count_block, str(ds.path), array, t.rows, a, b, pure=False)
+                client.submit(count_block, for_workers(ds.path), array, t.rows, a, b, pure=False)
                 for array, a, b in ds.blocks(t.name, blocks, first)
             ]
-            per_table[t.name] = client.submit(sum_and_write, str(stage), t.name, *parts, pure=False)
+            per_table[t.name] = client.submit(sum_and_write, for_workers(stage), t.name, *parts, pure=False)
             pending += parts + [per_table[t.name]]
         # Let every task finish before the staging directory can be removed on an error.
         wait(pending)
@@ -165,9 +165,9 @@ def profile_window(dataset: str | Path, out: str | Path, *, client: Client, firs
         start_profile(stage)
         per_table, pending = {}, []
         for t in ds.info.tables:
-            parts = [client.submit(window_lookups, str(ds.path), t.name, first, history, a, b, held, pure=False)
+            parts = [client.submit(window_lookups, for_workers(ds.path), t.name, first, history, a, b, held, pure=False)
                      for a, b in ranges]
-            per_table[t.name] = client.submit(sum_lookups, str(stage), t.name, *parts, pure=False)
+            per_table[t.name] = client.submit(sum_lookups, for_workers(stage), t.name, *parts, pure=False)
             pending += parts + [per_table[t.name]]
         wait(pending)
         results = client.gather(per_table)

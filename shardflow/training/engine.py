@@ -45,6 +45,7 @@ from shardflow.training.messages import PeerStopped, Traffic
 from shardflow.training.persistence import Persistence
 from shardflow.training.transport import CLOSE_WAIT_S, PROBE_S
 from shardflow.training.validation import PREFIX, Values, best_epoch, epoch_scores, stop_now, validation_values
+from storage.staging import for_workers
 
 # How often a wait on the devices checks that their workers are still in the cluster.
 POLL_S = 0.5
@@ -166,7 +167,7 @@ class Engine(Persistence):
         tables = self.plan.for_devices(P)
         return [
             self.client.submit(
-                DeviceActor, d, self.topology, tables, str(dataset), self.model, optimizer,
+                DeviceActor, d, self.topology, tables, for_workers(dataset), self.model, optimizer,
                 batch_size=train.batch_size, dedup=train.dedup, array_device=train.device,
                 early=train.early_answers, scaled_rows=scaled_rows, window=train.window,
                 validation=train.validation, build_ahead=train.builds_ahead(),
@@ -252,12 +253,21 @@ class Engine(Persistence):
                 raise
 
     def _wait_futures(self, futures: list[Any]) -> None:
+        """Until every actor is made: WorkerLost where a worker is gone; an actor whose constructor refused (a
+        dataset its worker cannot read, a GPU it does not have) as an InputError naming its device and worker."""
         while True:
             try:
                 wait(futures, timeout=POLL_S)
-                return
+                made = True
             except TimeoutError:
-                self.check_workers()
+                made = False
+                self.check_workers(by_actor=False)
+            for d, f in enumerate(futures):
+                if f.status == "error" and isinstance(e := f.exception(), InputError):
+                    raise InputError(f"device {d} (worker {list(self.workers)[d]}): {e}") from None
+            if made:
+                return
+            self.check_workers()
 
     def step(self, epoch: int, step_in_epoch: int) -> list[StepStats]:
         """One synchronous step on every device; per-device stats (loss, examples, seconds per part)."""

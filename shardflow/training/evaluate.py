@@ -32,6 +32,7 @@ from shardflow.model.sequence import ModelConfig
 from shardflow.model.tensors import Tensors
 from shardflow.training import user_states
 from storage.checkpoint import read_export, read_export_dense, verify_export
+from storage.staging import for_workers
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -109,8 +110,9 @@ def catalog_ranks(model_dir: str, data: TrainData, config: ModelConfig, dense: T
                   for s, e in zip(starts, stops, strict=True)]
     else:
         shared = client.scatter([config, dense, users], broadcast=True)
-        blocks = client.gather(client.map(rank_export_block, [model_dir] * len(starts), [data.item] * len(starts),
-                                          starts, stops, *([x] * len(starts) for x in shared), pure=False))
+        blocks = client.gather(client.map(rank_export_block, [for_workers(model_dir)] * len(starts),
+                                          [data.item] * len(starts), starts, stops,
+                                          *([x] * len(starts) for x in shared), pure=False))
     zeros = np.zeros(users.users, dtype=np.int64)
     return sum(blocks, CatalogRanks(zeros, zeros, missed))
 

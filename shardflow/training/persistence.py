@@ -33,7 +33,7 @@ from storage.checkpoint import (
     sealed,
     write_arrays,
 )
-from storage.staging import staged
+from storage.staging import for_workers, staged
 
 
 class EngineParts(Protocol):
@@ -63,7 +63,7 @@ class Persistence:
         A checkpoint cut off at any point is a leftover staging directory, never `path`.
         """
         with staged(Path(path), overwrite=True) as stage:
-            saved = self._all("save", str(stage))
+            saved = self._all("save", for_workers(stage))
             manifest = CheckpointManifest(
                 **(figures or {}), epochs_done=epochs_done, step=self.step_count,
                 dense_steps=saved[0]["dense_steps"], devices=self.topology.devices, model=config_record(self.model),
@@ -90,8 +90,9 @@ class Persistence:
                 f"on {self.topology.devices} devices (the run's configuration)"
             )
         P = len(self.actors)
-        self._wait([self.actors[k % P].verify(str(path), m.arrays, k) for k in range(m.devices)])
-        moved = self._wait([a.restore(str(path), m.arrays, m.devices, m.step, m.dense_steps) for a in self.actors])
+        where = for_workers(path)
+        self._wait([self.actors[k % P].verify(where, m.arrays, k) for k in range(m.devices)])
+        moved = self._wait([a.restore(where, m.arrays, m.devices, m.step, m.dense_steps) for a in self.actors])
         self.step_count = m.step
         return m, any(moved)
 
@@ -121,7 +122,7 @@ class Persistence:
         if shrunk:
             raise InputError(f"{model}: tables {shrunk} have more rows than this dataset's; accepted: an export of "
                              "this dataset before an append")
-        self._wait([a.warm_start(str(model), rows, manifest.dense_steps) for a in self.actors])
+        self._wait([a.warm_start(for_workers(model), rows, manifest.dense_steps) for a in self.actors])
 
     def export(self: EngineParts, out: str | Path, epochs: int | None = None, best_epoch: int | None = None,
                strategy: str | None = None) -> ExportManifest:
@@ -139,7 +140,7 @@ class Persistence:
                           row_state_shape(self.optimizer.rows, self.model.dim))
             P = len(self.actors)
             step = P * EXPORT_CHUNK_ROWS
-            calls = [a.write_export(str(stage), t.name, list(range(d * EXPORT_CHUNK_ROWS, t.rows, step)),
+            calls = [a.write_export(for_workers(stage), t.name, list(range(d * EXPORT_CHUNK_ROWS, t.rows, step)),
                                     EXPORT_CHUNK_ROWS)
                      for t in self.plan.tables for d, a in enumerate(self.actors)]
             digests = {k: v for part in self._wait(calls) for k, v in part.items()}

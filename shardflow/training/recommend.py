@@ -35,7 +35,7 @@ from shardflow.training.evaluate import export_rows
 from storage import recommendations, versions
 from storage.checkpoint import read_export_dense, read_export_manifest, verify_export
 from storage.lock import writer_lock
-from storage.staging import staged
+from storage.staging import for_workers, staged
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -126,6 +126,7 @@ def _on_cluster(client: Client, args: tuple[str, str, ModelConfig, Tensors, np.n
     from distributed import as_completed
 
     model_dir, table, config, dense, raw_items, k, stage = args
+    model_dir, stage = for_workers(model_dir), for_workers(stage)
     shared = client.scatter([config, dense, raw_items], broadcast=True)
     window = 2 * max(1, len(client.scheduler_info().get("workers", {})))
     running, written = as_completed(), []

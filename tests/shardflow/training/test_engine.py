@@ -187,8 +187,9 @@ def test_a_plan_that_does_not_match_the_dataset_is_refused(client, dataset, data
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_devices_on_workers_without_a_gpu_are_refused_in_one_line_not_waited_for(client, dataset, data):
     """A worker offers no Dask resource for its GPU (a dask-cuda or Kubernetes worker does not): each device's
-    actor is placed on its worker by address and finds the GPU there, or says there is none."""
-    with pytest.raises(InputError, match="device 'cuda': no CUDA device is visible to PyTorch"):
+    actor is placed on its worker by address and finds the GPU there, or says there is none, naming both."""
+    with pytest.raises(InputError, match=r"^device [01] \(worker tcp://[\d.:]+\): device 'cuda': no CUDA device is "
+                       "visible to PyTorch"):
         Engine(client, dataset, random_plan(data, 2, seed=0), TOPOLOGIES[2], MODEL, OPTIMIZER,
                TrainConfig(BATCH, device="cuda"))
     assert actors_after_release(client) == 0, "a refused engine left actors behind"
