@@ -57,7 +57,7 @@ from shardflow.training.epochs import (
 )
 from shardflow.training.validation import best_epoch, stop_now
 from storage.lock import owned, run_lock
-from storage.versions import RunLayout, VersionPaths, VersionStart, new_parts
+from storage.versions import RunLayout, VersionPaths, VersionStart, began, lists_cut_off, new_parts
 from tasks.assets import materialize_model
 from tasks.reports import (
     name_run,
@@ -143,8 +143,8 @@ def _started_s_ago() -> float:
 
     try:
         with get_client(sync_client=True) as client:
-            began = client.read_flow_run(flow_run.id).start_time
-        return (datetime.now(UTC) - began).total_seconds() if began else 0.0
+            start = client.read_flow_run(flow_run.id).start_time
+        return (datetime.now(UTC) - start).total_seconds() if start else 0.0
     except Exception:  # timing is a courtesy: a run without it still runs
         return 0.0
 
@@ -187,7 +187,14 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     version = open_version(config, dataset)
     clock.done("open the version")
     if isinstance(version, NothingNew):
-        return untrained(run, version.current, version.newest, imported.parts_added, imported.warnings)
+        summary = untrained(run, version.current, version.newest, imported.parts_added, imported.warnings)
+        if not lists_cut_off(run, version.newest, config.nightly.top_k):
+            return summary
+        get_run_logger().warning("version %d's night was cut off before its top-K lists; writing them now",
+                                 version.newest)
+        lists = recommend(config, dataset, run, version.newest, began(run, version.newest).window[0], client)
+        clock.done("top-K lists")
+        return replace(summary, recommendations=lists)
     name_run(run, f"v{version.version}")
     layout = RunLayout(Path(run))
     paths = layout.version(version.version)

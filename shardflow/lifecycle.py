@@ -46,10 +46,11 @@ def fingerprint(config: RetrainConfig) -> dict[str, Any]:
 def nothing_new(config: RetrainConfig) -> RunSummary | None:
     """The run's summary, read from the stores alone, when it would train nothing; else None.
 
-    Nothing new: the newest version is finished (and promoted, if it was accepted) and
-    was made from every part the dataset holds, or would hold after this run's append.
-    A run that finds that needs no Prefect API and no Dask cluster; anything else (a new
-    part, a version to resume, a promotion to repeat) goes through the whole flow.
+    Nothing new: the newest version is finished (promoted, if it was accepted, and its top-K
+    lists written) and was made from every part the dataset holds, or would hold after this
+    run's append. A run that finds that needs no Prefect API and no Dask cluster; anything
+    else (a new part, a version to resume, a promotion or lists to repeat) goes through the
+    whole flow.
     """
     run = config.run_dir
     if not versions.numbers(run):
@@ -61,7 +62,8 @@ def nothing_new(config: RetrainConfig) -> RunSummary | None:
 def _nothing_new(config: RetrainConfig, run: str) -> RunSummary | None:
     last = versions.numbers(run)[-1]
     finished = versions.result(run, last)
-    if finished is None or versions.promotion_cut_off(run, last):
+    if finished is None or versions.promotion_cut_off(run, last) \
+            or versions.lists_cut_off(run, last, config.nightly.top_k):
         return None
     source, dest = Path(config.data.dataset), config.layout.dataset
     warnings = []

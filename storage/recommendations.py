@@ -16,6 +16,7 @@ source, so a user's id reads back as it was spelled.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +30,17 @@ KIND = "recommendations"
 FORMAT_VERSION = 1
 MADE_BY = "'shardflow run'"
 SCHEMA = pa.schema([("user", pa.string()), ("rank", pa.int32()), ("item", pa.string()), ("score", pa.float32())])
+
+
+def why_none(model: dict[str, Any]) -> str | None:
+    """Why the model of an export's record `model` writes no lists (a click log's, or one with event features), or
+    None (a record kept before click logs trained holds a sequence model without a kind)."""
+    if model.get("kind", "sequence") != "sequence":
+        return "a click-log model (a click log's rows are labelled events, not items to rank for a user)"
+    if model.get("features"):
+        return (f"a model with event features {list(model['features'])} (a list for tomorrow cannot know tomorrow's "
+                "event features)")
+    return None
 
 
 def write_part(stage: str | Path, index: int, users: np.ndarray, items: np.ndarray, scores: np.ndarray) -> dict:

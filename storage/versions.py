@@ -237,6 +237,21 @@ def current_recommendations(run_dir: str | Path) -> tuple[int, list[Path]]:
     return now, mine
 
 
+def lists_cut_off(run_dir: str | Path, last: int | None, top_k: int) -> bool:
+    """Whether finished version `last`'s night was cut off before it wrote its top-K lists (a night writes them
+    after the gate, from the model current then): top_k > 0, no complete store under the version, and a current
+    model that writes lists. The next run writes them."""
+    now = current(run_dir)
+    if not top_k or last is None or now is None or result(run_dir, last) is None:
+        return False
+    if (version_dir(run_dir, last) / "recommendations" / MANIFEST).is_file():
+        return False
+    from storage import recommendations  # pyarrow: not for the nights that have their lists
+    from storage.checkpoint import read_export_manifest
+
+    return recommendations.why_none(read_export_manifest(version_dir(run_dir, now) / "model").model) is None
+
+
 def promote(run_dir: str | Path, number: int) -> None:
     """Point `current` at version `number`: a new symlink renamed over the old one (atomic)."""
     link = Path(run_dir) / CURRENT

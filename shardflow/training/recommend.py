@@ -25,7 +25,6 @@ import zarr
 from shardflow.data.batches import Lookups, TrainData
 from shardflow.data.clicks import config_from_record
 from shardflow.errors import InputError
-from shardflow.model.dlrm import ClickConfig
 from shardflow.model.sequence import ModelConfig
 from shardflow.model.sizes import MAX_TOP_K
 from shardflow.model.tensors import Tensors
@@ -51,16 +50,6 @@ def check_request(k: int, users_from: str) -> None:
         raise InputError(f"users {users_from!r}; accepted: {', '.join(USERS_FROM)}")
 
 
-def why_no_lists(config: ModelConfig | ClickConfig) -> str | None:
-    """Why a model writes no lists (a click log's, or one with event features), or None."""
-    if not isinstance(config, ModelConfig):
-        return "a click-log model (a click log's rows are labelled events, not items to rank for a user)"
-    if config.features:
-        return (f"a model with event features {list(config.features)} (a list for tomorrow cannot know tomorrow's "
-                "event features)")
-    return None
-
-
 def recommend_export(model_dir: str | Path, dataset: str | Path, out: str | Path, *, k: int, first_part: int = 0,
                      users_from: str = "window", version: int | None = None, client: Client | None = None,
                      overwrite: bool = False) -> dict[str, Any]:
@@ -69,7 +58,7 @@ def recommend_export(model_dir: str | Path, dataset: str | Path, out: str | Path
     check_request(k, users_from)
     m = verify_export(model_dir)
     config = config_from_record(m.model)
-    why = why_no_lists(config)
+    why = recommendations.why_none(m.model)
     if why is not None or not isinstance(config, ModelConfig):
         raise InputError(f"{model_dir}: {why}; accepted: a sequence model without event features")
     data = TrainData.load(str(dataset), ())
@@ -108,7 +97,7 @@ def lists_of_night(run: str | Path, number: int, dataset: str | Path, *, k: int,
     if k == 0 or current is None:
         return None
     model = versions.version_dir(run, current) / "model"
-    why = why_no_lists(config_from_record(read_export_manifest(model).model))  # recommend_export verifies
+    why = recommendations.why_none(read_export_manifest(model).model)  # recommend_export verifies
     if why is not None:
         log.info("no top-K lists: %s", why)
         return None

@@ -21,6 +21,7 @@ from flows.retrain import retrain
 from runs import SMALL, TOPOLOGY, exported, live_actors, task_runs
 from shardflow.config import RetrainConfig
 from shardflow.data.synthetic import SynthTable, synth_dataset
+from shardflow.lifecycle import nothing_new
 from shardflow.reporting.run_report import artifact_key
 from storage.checkpoint import complete_checkpoints, read_checkpoint
 
@@ -323,6 +324,16 @@ def test_a_night_writes_every_users_top_k_as_parquet_and_the_cli_prints_one(pref
                                  text=True, timeout=120)
         assert refused.returncode == 2 and refusal in refused.stderr and "Traceback" not in refused.stderr, \
             refused.stderr[-2000:]
+
+    # A night cut off after its gate, before its lists were in place (the store's rename is their last act), is
+    # finished and promoted without them: the next run, with no new data, writes them, the same lists.
+    shutil.rmtree(store)
+    again = retrain(config(base, "lists", client, epochs=1, top_k=5), return_state=True).result()
+    assert (again["trained"], again["version"], again["recommendations"]) == (False, 1, str(store))
+    assert "top-K lists" in again["stage_seconds"]
+    remade = pq.read_table([str(f) for f in recommendations.files(store)]).to_pylist()
+    assert [(r["user"], r["rank"], r["item"]) for r in remade] == [(r["user"], r["rank"], r["item"]) for r in rows]
+    assert nothing_new(config(base, "lists", client, epochs=1, top_k=5)) is not None  # and the next needs no flow
 
 
 def test_a_rollback_run_carries_its_run_dir_version_and_outcome(prefect_api, client, base):

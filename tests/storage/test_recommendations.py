@@ -17,3 +17,11 @@ def test_a_user_without_a_list_is_told_whose_lists_the_store_holds_and_from_whic
     assert str(refused) == (f"user 'u0': no list in {tmp_path} (it holds the 2 users seen from part 2 of the dataset "
                             "on, ranked by version 1); accepted: a raw user id of those users, as the dataset spells "
                             "it")
+
+
+def test_only_a_sequence_model_without_event_features_writes_lists():
+    assert recommendations.why_none({"kind": "sequence", "features": []}) is None
+    assert recommendations.why_none({"features": []}) is None  # kept before click logs trained: a sequence model
+    assert recommendations.why_none({"kind": "click", "features": []}).startswith("a click-log model")
+    assert recommendations.why_none({"kind": "sequence", "features": ["genre"]}).startswith(
+        "a model with event features ['genre']")
