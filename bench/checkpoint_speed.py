@@ -85,7 +85,7 @@ def spread(v: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=4_000_000)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--devices", type=int, default=2)

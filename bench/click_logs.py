@@ -305,7 +305,7 @@ def throughput(name: str, path: Path, model: ClickConfig, rounds: int, steps: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)

@@ -48,7 +48,7 @@ def measured_over_predicted(ds: Path, plan: Path, dedup: str, steps: int) -> flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", nargs="+", default=["sessions", *REAL], choices=["sessions", *REAL])
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()

@@ -182,7 +182,7 @@ def spread(values: list[float]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--time-scale", default="auto", help="auto (measured per topology) or a number >= 1")

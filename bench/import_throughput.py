@@ -93,7 +93,7 @@ def measure(cmd: list[str]) -> tuple[float, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lines", type=float, default=3e7)
     p.add_argument("--users", type=float, default=1.5e6)
     p.add_argument("--items", type=float, default=3e5)

@@ -131,7 +131,7 @@ def beside(hrs: list[float], ndcgs: list[float], hr: float | None, ndcg: float |
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default=",".join(PUBLISHED),
                         help=f"{', '.join(PUBLISHED)}, or FORMAT:PATH of another log (FORMAT: {', '.join(FORMATS)})")
     parser.add_argument("--epochs", type=int, default=RetrainConfig().train.epochs)

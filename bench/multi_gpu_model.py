@@ -59,7 +59,7 @@ def topologies(nvlink: float, nic: float) -> dict[str, Topology]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nvlink-gbytes", type=float, default=450.0)
     p.add_argument("--nic-gbytes", type=float, default=50.0)
     p.add_argument("--round-us", type=float, default=20.0)

@@ -66,7 +66,7 @@ def chain(root: Path, split: int, epochs: int, address: str) -> list[tuple]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 3], help="seeds of the day split")
     parser.add_argument("--epochs", type=int, default=1)
     args = parser.parse_args()

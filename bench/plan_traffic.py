@@ -316,7 +316,7 @@ def scale(sizes: list[int]) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=float, default=1e7)
     p.add_argument("--scale-rows", type=float, nargs="+", default=[1e6, 1e7, 1e8])
     p.add_argument("--skip-scale", action="store_true")

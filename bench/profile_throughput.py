@@ -37,7 +37,7 @@ def best_of(repeat: int, fn) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ids", type=float, default=1e8)
     p.add_argument("--rows", type=float, default=1e7)
     p.add_argument("--alpha", type=float, default=1.2)

@@ -177,7 +177,7 @@ def run(users: list[list[int]], seed: int, epochs: int, patience: int, dim: int)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default="beauty,games",
                         help="beauty, games, or FORMAT:PATH of another log (FORMAT: s3rec or sasrec)")
     parser.add_argument("--seeds", default="0,1,2")

@@ -221,7 +221,7 @@ def run_stages(work: Path, rows: int, events: int, args, env: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", action="append", default=[], help="ROWS:EVENTS (repeatable)")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--encoder", choices=("mean", "self-attention"), default="mean",

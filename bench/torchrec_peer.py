@@ -132,7 +132,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dataset")
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=20)

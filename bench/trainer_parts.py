@@ -51,7 +51,7 @@ def read_epoch(path: Path, trainers: int, every: int) -> tuple[int, float, np.nd
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=20_000_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--every", type=int, default=3, help="read every n-th batch of the epoch")
