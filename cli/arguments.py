@@ -237,6 +237,12 @@ COMMANDS: tuple[tuple[str, str, Callable, Callable, Callable], ...] = (
 )
 
 
+def command_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each command's own parser in `parser` (build_parser's), by name: what `shardflow NAME --help` prints."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(commands.choices)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardflow", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

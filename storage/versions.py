@@ -117,6 +117,11 @@ def other_contents(run_dir: str | Path, shown: int = 3) -> list[str]:
     return sorted(p.name for p in itertools.islice(run.iterdir(), shown))
 
 
+def lists_dir(run_dir: str | Path, number: int) -> Path:
+    """Where version `number`'s night writes its top-K lists (storage.recommendations)."""
+    return version_dir(run_dir, number) / "recommendations"
+
+
 def version_dir(run_dir: str | Path, number: int) -> Path:
     return Path(run_dir) / VERSIONS / f"{number:04d}"
 
@@ -221,8 +226,7 @@ def current_recommendations(run_dir: str | Path) -> tuple[int, list[Path]]:
 
     if not Path(run_dir).is_dir():
         raise InputError(f"run_dir {run_dir}: no such directory; accepted: a run directory of 'shardflow run'")
-    stores = [s for s in (version_dir(run_dir, n) / "recommendations" for n in reversed(numbers(run_dir)))
-              if (s / MANIFEST).is_file()]
+    stores = [s for s in (lists_dir(run_dir, n) for n in reversed(numbers(run_dir))) if (s / MANIFEST).is_file()]
     if not stores:
         made = ", ".join(map(str, numbers(run_dir))) or "none"
         raise InputError(f"run_dir {run_dir} holds no top-K lists (versions: {made}); accepted: a run_dir after a "
@@ -244,7 +248,7 @@ def lists_cut_off(run_dir: str | Path, last: int | None, top_k: int) -> bool:
     now = current(run_dir)
     if not top_k or last is None or now is None or result(run_dir, last) is None:
         return False
-    if (version_dir(run_dir, last) / "recommendations" / MANIFEST).is_file():
+    if (lists_dir(run_dir, last) / MANIFEST).is_file():
         return False
     from storage import recommendations  # pyarrow: not for the nights that have their lists
     from storage.checkpoint import read_export_manifest

@@ -65,14 +65,14 @@ def test_pages_keep_to_their_length_and_no_heading_is_dated():
 def test_the_reference_s_command_block_gives_every_command_and_flag():
     """docs/reference.md's first code block is 'the command line in full': every subcommand and each of its flags
     (--help and --json aside) as build_parser() defines them."""
-    from cli.arguments import build_parser
+    from cli.arguments import build_parser, command_parsers
 
     block = (ROOT / "docs" / "reference.md").read_text().split("```sh\n", 1)[1].split("```", 1)[0]
     said: dict[str, set[str]] = {}
     for line in block.replace("\\\n", " ").splitlines():  # a command continued over lines is one
         words = [w.strip("[]").split("=")[0] for w in line.replace("|", " ").split()]
         said.setdefault(words[1], set()).update(words[2:])
-    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    commands = command_parsers(build_parser())
     missing = [f"{name} {flag}" for name, sub in commands.items() for action in sub._actions
                for flag in action.option_strings
                if flag.startswith("--") and flag not in ("--help", "--json", *said.get(name, ()))]

@@ -101,7 +101,7 @@ def lists_of_night(run: str | Path, number: int, dataset: str | Path, *, k: int,
     if why is not None:
         log.info("no top-K lists: %s", why)
         return None
-    out = versions.version_dir(run, number) / "recommendations"
+    out = versions.lists_dir(run, number)
     made = recommend_export(model, dataset, out, k=k, first_part=first_part, users_from=users_from,
                             version=current, client=client, overwrite=out.exists())
     log.info("top-%d lists of %d users from version %d: %s", made["k"], made["users"], current, out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cli.arguments import command_parsers
 from cli.main import build_parser
 from shardflow.config_sections import SECTION_OF, SECTIONS
 
@@ -35,7 +36,7 @@ def test_a_choice_outside_the_configs_is_refused_by_the_flag(capsys):
 
 
 def test_help_shows_real_defaults_and_never_python_s_none():
-    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    commands = command_parsers(build_parser())
     helps = {name: " ".join(sub.format_help().split()) for name, sub in commands.items()}
     assert not [name for name, text in helps.items() if "default: None" in text]
     assert "--epochs EPOCHS epochs to train (with patience: at most) (default: 200)" in helps["train"]

@@ -39,7 +39,6 @@ def test_every_stage_on_workers_started_elsewhere_uses_the_callers_files(client,
         engine.steps(0, 0, 2)
         engine.checkpoint("ckpt", 1)
         engine.restore("ckpt")
-        engine.export("model")
         engine.warm_start("model", engine.export("model"))
     assert evaluate_export("model", "ds", 100, 0, client=client).users == 100
     assert recommend_export("model", "ds", "lists", k=5, client=client)["users"] > 0
