@@ -243,7 +243,8 @@ class NightlySection(Section):
         "from (new), the last N parts, or all of them; earlier events always serve as history",
     )
     replan_margin: float = Field(
-        0.05, ge=0, lt=1, description="re-plan when a fresh plan's predicted comm time beats the kept one's by more"
+        0.05, ge=0, lt=1, allow_inf_nan=False,
+        description="re-plan when a fresh plan's predicted comm time beats the kept one's by more",
     )
     promotion_margin: float = Field(
         0.002, ge=0, le=1, allow_inf_nan=False,

@@ -4,10 +4,16 @@ Config and topology files are small mappings: a file larger than MAX_BYTES is re
 unread, and anchors and aliases are refused as they are met, so an alias bomb (a few
 lines that expand to gigabytes) never expands. Nesting deeper than MAX_DEPTH and a key
 given twice in one mapping are refused too, each in one line naming the line.
+
+Only `true` and `false` are booleans, as in YAML 1.2: PyYAML follows YAML 1.1, where `off`,
+`no`, `on` and `yes` are too, so `full_ranking: off` (one of the key's documented values)
+reached the config as False and was refused. A boolean key still takes those words (the
+config's types read them).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -53,6 +59,14 @@ class _NoAliases(yaml.SafeLoader):
                                f"line {seen[key]}); accepted: each key once")
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
+
+
+BOOL = "tag:yaml.org,2002:bool"
+_NoAliases.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_NoAliases.add_implicit_resolver(BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def load_text(text: str, where: str) -> object:

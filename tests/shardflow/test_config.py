@@ -163,6 +163,19 @@ def test_a_yaml_text_with_a_key_twice_deep_nesting_or_a_python_tag_is_one_line(t
     assert "\n" not in str(refused.value)
 
 
+def test_a_documented_word_stays_a_word_and_a_boolean_key_still_reads_yes_and_off():
+    """YAML 1.1 reads `off`, `no`, `on` and `yes` as booleans: `full_ranking: off` reached the config as False and
+    was refused. Only true and false are booleans here, as in YAML 1.2 (`--set KEY=VALUE` reads VALUE alike)."""
+    from shardflow.safe_yaml import load_text
+
+    text = "train:\n  full_ranking: off\n  early_answers: yes\nnightly: {train_window: all}\n"
+    config = RetrainConfig.build(load_text(text, "cfg"))
+    assert (config.train.full_ranking, config.train.early_answers) == ("off", True)
+    assert [load_text(v, "cfg") for v in ("on", "no", "true", "False", "[true, off]")] == [
+        "on", "no", True, False, [True, "off"]]
+    assert RetrainConfig.build({"early_answers": "off"}).train.early_answers is False
+
+
 def test_a_value_nested_thousands_deep_is_shown_elided_in_one_line_not_recursed_into():
     deep: object = 1
     for _ in range(5000):
@@ -180,6 +193,7 @@ def test_a_value_nested_thousands_deep_is_shown_elided_in_one_line_not_recursed_
     ("max_restarts", 10**6, r"less than or equal to 100"),
     ("restart_timeout_s", float("inf"), r"restart_timeout_s = inf: Input should be a finite number"),
     ("promotion_margin", float("nan"), r"promotion_margin = nan: Input should be a finite number"),
+    ("replan_margin", float("nan"), r"replan_margin = nan: Input should be a finite number"),
     ("train_window", 10**12, r"1000000000000; accepted: 'new'"),
 ])
 def test_every_count_and_size_has_a_bound(key, value, message):
