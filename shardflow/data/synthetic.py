@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,11 @@ from storage.lock import writer_lock
 from storage.manifest import write_manifest
 from storage.staging import check_destination, staged
 from storage.tables import TableSpec
+
+# Memory a synthetic log holds while it is made: a table's CDF (float64) and its identity raw ids (int64) per row;
+# per user, the geometric draws, their sum, the offsets and the runs' and user ids (int64 each, with slack).
+SYNTH_ROW_BYTES = 16
+SYNTH_USER_BYTES = 48
 
 
 @dataclass(frozen=True)
@@ -50,10 +56,14 @@ def parse_synth_table(text: str) -> SynthTable:
     if len(parts) not in (2, 3):
         raise InputError(f"table {text!r}; accepted: NAME:ROWS or NAME:ROWS:ALPHA, e.g. item:1000000:1.2")
     try:
-        rows = int(float(parts[1])) if "e" in parts[1].lower() else int(parts[1])
+        exact = Decimal(parts[1])  # 1e20 exactly, not as a float
+        huge = exact.is_finite() and exact.adjusted() > 18
+        rows = 0 if huge else int(exact) if "e" in parts[1].lower() else int(parts[1])
         alpha = float(parts[2]) if len(parts) == 3 else 1.0
-    except ValueError:
+    except (ValueError, ArithmeticError):
         raise InputError(f"table {text!r}: ROWS must be an integer and ALPHA a number, e.g. item:1000000:1.2") from None
+    if huge:
+        raise InputError(f"table {text!r}: rows = {parts[1]}; accepted: fewer than 2^63")
     return SynthTable(parts[0], rows, alpha)
 
 
@@ -62,8 +72,9 @@ class ZipfRows:
 
     def __init__(self, table: SynthTable, seed: tuple[int, ...]) -> None:
         self.rows = table.rows
-        weights = np.arange(1, table.rows + 1, dtype=np.float64) ** -table.alpha
-        self._cdf = np.cumsum(weights)
+        self._cdf = np.arange(1, table.rows + 1, dtype=np.float64)  # the weights, then their CDF, in place
+        self._cdf **= -table.alpha
+        np.cumsum(self._cdf, out=self._cdf)
         self._cdf /= self._cdf[-1]
         rng = np.random.default_rng([*seed, table.rows])
         # a must be coprime to rows for the map to be a permutation; a*rank stays below 2^63.
@@ -173,7 +184,7 @@ def synth_dataset(
     `repeats`, the item sequence has session-like repeats (Repeats); without, every id
     is an independent Zipf draw.
     """
-    _check_synth(tables, interactions, seed, events_per_chunk)
+    _check_synth(tables, interactions, seed, events_per_chunk, mean_length)
     dest = Path(dest)
     check_destination(dest, overwrite=overwrite)
     lengths = user_lengths(interactions, mean_length, seed)
@@ -218,7 +229,8 @@ def _source(tables: list[SynthTable], interactions: int, mean_length: float, see
     }
 
 
-def _check_synth(tables: list[SynthTable], interactions: int, seed: int, events_per_chunk: int) -> None:
+def _check_synth(tables: list[SynthTable], interactions: int, seed: int, events_per_chunk: int,
+                 mean_length: float) -> None:
     if not tables:
         raise InputError("no tables given; accepted: at least one NAME:ROWS[:ALPHA]")
     names = [t.name for t in tables]
@@ -230,6 +242,29 @@ def _check_synth(tables: list[SynthTable], interactions: int, seed: int, events_
         raise InputError(f"seed = {seed!r}; accepted: an integer >= 0")
     if events_per_chunk < 1:
         raise InputError(f"events per chunk = {events_per_chunk}; accepted: an integer >= 1")
+    if not (isinstance(mean_length, (int, float)) and math.isfinite(mean_length) and mean_length >= 1):
+        raise InputError(f"mean length = {mean_length}; accepted: a number >= 1")
+    _fits_memory(tables, interactions, mean_length)
+
+
+def _fits_memory(tables: list[SynthTable], interactions: int, mean_length: float) -> None:
+    """The largest table's CDF and identity ids, and the users' lengths and offsets, must fit half this machine's
+    memory, checked before anything is written (a table of 3·10^9 rows was killed for memory; 10^20 rows or
+    interactions ended in numpy's "Maximum allowed size exceeded")."""
+    import psutil
+
+    have = psutil.virtual_memory().total // 2
+    largest = max(tables, key=lambda t: t.rows)
+    if largest.rows * SYNTH_ROW_BYTES > have:
+        raise InputError(f"table '{largest.name}': rows = {largest.rows:,} need {SYNTH_ROW_BYTES} bytes each to draw "
+                         f"and store ({largest.rows * SYNTH_ROW_BYTES / 1e9:,.1f} GB), over half this machine's memory "
+                         f"({have / 1e9:,.1f} GB); accepted: at most {have // SYNTH_ROW_BYTES:,} rows")
+    users = interactions / mean_length
+    if users * SYNTH_USER_BYTES > have:
+        raise InputError(f"interactions = {interactions:,} at mean length {mean_length:g}: about {users:,.0f} users of "
+                         f"{SYNTH_USER_BYTES} bytes each ({users * SYNTH_USER_BYTES / 1e9:,.1f} GB), over half this "
+                         f"machine's memory ({have / 1e9:,.1f} GB); accepted: at most "
+                         f"{int(have // SYNTH_USER_BYTES * mean_length):,} interactions, or a longer mean length")
 
 
 def _write_ids(writer: SegmentWriter, tables: list[SynthTable], interactions: int, seed: int, events_per_chunk: int,

@@ -2,9 +2,18 @@ import tracemalloc
 from itertools import pairwise
 
 import numpy as np
+import psutil
 import pytest
 
-from shardflow.data.synthetic import Repeats, SynthTable, ZipfRows, parse_synth_table, synth_dataset, user_lengths
+from shardflow.data.synthetic import (
+    SYNTH_ROW_BYTES,
+    Repeats,
+    SynthTable,
+    ZipfRows,
+    parse_synth_table,
+    synth_dataset,
+    user_lengths,
+)
 from shardflow.errors import InputError
 from storage.dataset import Dataset
 
@@ -83,6 +92,29 @@ def test_bad_synth_arguments(tmp_path):
         synth_dataset(tmp_path / "ds", t + t, interactions=10, seed=1)
     with pytest.raises(InputError, match="mean length = 0.5"):
         synth_dataset(tmp_path / "ds", t, interactions=10, seed=1, mean_length=0.5)
+    with pytest.raises(InputError, match="mean length = inf"):
+        synth_dataset(tmp_path / "ds", t, interactions=10, seed=1, mean_length=float("inf"))
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_table_or_a_log_too_large_for_this_machine_is_refused_before_anything_is_written(tmp_path):
+    """A table of 3·10^9 rows was killed for memory on a 25 GB machine; 10^20 rows or interactions ended in a
+    numpy traceback, 1e999999999999 in a MemoryError. The bounds follow this machine's memory: one past each is
+    refused, naming the limit."""
+    half = psutil.virtual_memory().total // 2
+    rows = half // SYNTH_ROW_BYTES
+    with pytest.raises(InputError, match=rf"table 'big': rows = {rows + 1:,} need 16 bytes each .* over half this "
+                                         rf"machine's memory .*; accepted: at most {rows:,} rows"):
+        synth_dataset(tmp_path / "ds", [SynthTable("item", 10, 1.0), SynthTable("big", rows + 1, 1.0)],
+                      interactions=10, seed=1)
+    with pytest.raises(InputError, match=r"table 'item': rows = 100,000,000,000,000,000 need"):
+        synth_dataset(tmp_path / "ds", [parse_synth_table("item:1e17")], interactions=10, seed=1)
+    for huge in ("item:1e999999999999", "item:99999999999999999999"):
+        with pytest.raises(InputError, match=rf"table '{huge}': rows = \d\S*; accepted: fewer than 2\^63"):
+            parse_synth_table(huge)
+    with pytest.raises(InputError, match=r"interactions = 10,000,000,000,000,000,000 at mean length 20: .*; accepted: "
+                                         r"at most [\d,]+ interactions, or a longer mean length"):
+        synth_dataset(tmp_path / "ds", [SynthTable("item", 10, 1.0)], interactions=10**19, seed=1)
     assert not (tmp_path / "ds").exists()
 
 
