@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from cli.arguments import command_parsers
 from cli.main import build_parser
 from shardflow.config_sections import SECTION_OF, SECTIONS
 
+BIN = Path(sys.executable).parent
 SHARED = {
     "plan": ["memory_slack", "batch_size", "dim", "dedup", "history", "negatives"],
     "train": ["epochs", "device", "seed", "eval_users", "early_answers", "transport", "loss"],
@@ -33,6 +38,29 @@ def test_a_choice_outside_the_configs_is_refused_by_the_flag(capsys):
         build_parser().parse_args(["plan", "p", "--topology", "t.yaml", "--strategy", "random"])
     assert "invalid choice: 'random'" in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize("command, flag, value, refusal", [
+    ("plan", "--history", "100000000", "Input should be less than or equal to 4096"),  # was a traceback
+    ("plan", "--negatives", "1000000000", "Input should be less than or equal to 4096"),  # was a traceback
+    ("plan", "--memory-slack", "1e9", "Input should be less than or equal to 100"),  # was a traceback
+    ("plan", "--memory-slack", "nan", "Input should be a finite number"),
+    ("plan", "--dim", "100000000", "Input should be less than or equal to 4096"),  # was planned
+    ("plan", "--batch-size", "999999999999", "Input should be less than or equal to 2147483647"),  # was planned
+    ("train", "--dropout", "2", "Input should be less than 1"),
+    ("evaluate", "--seed", "99999999999999999999999", "Input should be less than or equal to 9223372036854775807"),
+])
+def test_a_flag_holds_its_config_keys_bounds_and_is_refused_in_one_line(command, flag, value, refusal, tmp_path):
+    """The flags take the run config's bounds, not only its type; argparse's refusal is one line, as the others."""
+    positional = {"plan": [str(tmp_path / "profile"), "--topology", "t.yaml", "--strategy", "flexshard"],
+                  "train": [str(tmp_path / "ds"), "--plan", str(tmp_path / "plan")],
+                  "evaluate": [str(tmp_path / "model"), str(tmp_path / "ds")]}[command]
+    done = subprocess.run([str(BIN / "shardflow"), command, *positional, flag, value], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr == f"shardflow {command}: error: argument {flag}: '{value}': {refusal}; see 'shardflow " \
+                          f"{command} --help'\n"
+    assert not list(tmp_path.iterdir())
 
 
 def test_help_shows_real_defaults_and_never_python_s_none():

@@ -176,8 +176,9 @@ def test_train_command_prints_the_summary_keys(planned):
 
 @pytest.mark.parametrize("flags, line", [
     (["--row-lr", "0"], "optimizer row_lr = 0.0; accepted: a finite number > 0"),
-    (["--dropout", "1"], "model dropout = 1.0; accepted: a rate in [0, 1)"),
-    (["--seed", str(2**64)], f"seed = {2**64}; accepted: an integer from 0 to {2**63 - 1} (2^63 - 1)"),
+    # refused by the flag itself, with the config key's bounds
+    (["--dropout", "1"], "argument --dropout: '1': Input should be less than 1; see 'shardflow train --help'"),
+    (["--seed", str(2**64)], f"argument --seed: '{2**64}': Input should be less than or equal to {2**63 - 1}"),
     (["--server-memory", "4096"], "--server-memory 4096 without --estimate; accepted: --server-memory with "
      "--estimate"),
 ])
