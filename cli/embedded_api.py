@@ -22,7 +22,7 @@ one warning line. A server that cannot be started again stops the run at once wi
 line and exit status 3: nothing can be recorded without it, every store is written by a
 rename, and the same command resumes from the last checkpoint.
 
-`terminated_as_interrupt` turns SIGTERM into an exception, so a terminated run ends the
+The command's SIGTERM handler (cli.main) raises an exception, so a terminated run ends the
 way Ctrl-C ends it: Prefect records the flow run as Crashed, the cluster and the
 parameter servers are released on the way out, and the checkpoints are kept.
 """
@@ -44,7 +44,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
-from shardflow.errors import Terminated, TrainingError, note_stop
+from shardflow.errors import TrainingError
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
@@ -261,17 +261,3 @@ def _last_error(output) -> str:
     output.seek(0)
     lines = [line for line in output.read().decode(errors="replace").splitlines() if "rror" in line]
     return f"; the server said: {lines[-1].strip()[:200]}" if lines else ""
-
-
-@contextlib.contextmanager
-def terminated_as_interrupt() -> Iterator[None]:
-    def stop(signum, frame):
-        note_stop(signum)
-        raise Terminated(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-

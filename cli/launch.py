@@ -29,10 +29,10 @@ def launch(config: RetrainConfig, verbose: bool = False) -> dict:
     quiet_dask()
     if not (config.cluster.scheduler_address or config.cluster.cluster_class):
         start_worker_server()  # a local cluster's: its imports overlap the embedded API's start
-    from cli.embedded_api import embedded_api, terminated_as_interrupt
+    from cli.embedded_api import embedded_api
 
     # The flow's imports (PyTorch, Prefect's engine: 4-7 s) overlap the embedded API's start-up.
-    with terminated_as_interrupt(), embedded_api(meanwhile=lambda: importlib.import_module("flows.retrain")):
+    with embedded_api(meanwhile=lambda: importlib.import_module("flows.retrain")):
         from flows.retrain import retrain
 
         return retrain(config)

@@ -32,9 +32,14 @@ _KEPT = "every complete checkpoint and store is kept: run the same command again
 
 
 class _Interrupts:
-    """Ctrl-C raises KeyboardInterrupt, as ever, and the command winds down (its cluster, its API server) to
-    say so in one line. A second Ctrl-C ends the process at once: with that line if it was not said yet,
-    silently if it was. Every store is written by a rename, so stopping anywhere keeps what is complete.
+    """Ctrl-C raises KeyboardInterrupt, as ever, and SIGTERM Terminated, and the command winds down (its
+    cluster, its API server) to say so in one line. A second stop signal, either one, ends the process at once:
+    with that line if it was not said yet, silently if it was. Raised again into the winding down, it could land
+    inside a lock's own bookkeeping (threading.Condition) and leave the lock held: `shardflow train` sent SIGTERM
+    twice (by `timeout` and by `pkill`) waited in Dask's Client.close for good. Every store is written by a
+    rename, so stopping anywhere keeps what is complete. During a flow run Prefect puts its own SIGTERM handler
+    in and, once its flow run is recorded as Crashed, puts this one back and sends the signal again: the first
+    this handler sees.
 
     A handler's exception can be lost: raised while a finalizer runs (Python prints "Exception ignored" and goes
     on) or inside a library's callback that logs and goes on. So every stop signal is also noted as it arrives,
@@ -43,10 +48,10 @@ class _Interrupts:
     """
 
     def __init__(self, command: str) -> None:
-        self.command, self.said = command, False
+        self.command, self.said, self.stopping = command, False, False
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self._first)
-            signal.signal(signal.SIGTERM, self._terminated)  # `run` puts its own in while its flow runs
+            signal.signal(signal.SIGTERM, self._terminated)
             wake, self._woken = os.pipe()
             os.set_blocking(self._woken, False)
             signal.set_wakeup_fd(self._woken, warn_on_full_buffer=False)
@@ -58,14 +63,22 @@ class _Interrupts:
         sys.warnoptions.append("ignore:resource_tracker:UserWarning")
 
     def _first(self, signum, frame) -> None:
-        signal.signal(signal.SIGINT, self._again)
-        note_stop(signum)
+        self._at_once_from_now(signum, frame)
         raise KeyboardInterrupt
 
-    @staticmethod
-    def _terminated(signum, frame) -> None:
-        note_stop(signum)
+    def _terminated(self, signum, frame) -> None:
+        self._at_once_from_now(signum, frame)
         raise Terminated(f"signal {signum}")
+
+    def _at_once_from_now(self, signum, frame) -> None:
+        """The first stop: noted, and the next one ends the process (also if Prefect, leaving a flow run, put
+        this handler back over `_again`)."""
+        if self.stopping:
+            self._again(signum, frame)
+        self.stopping = True
+        signal.signal(signal.SIGINT, self._again)
+        signal.signal(signal.SIGTERM, self._again)
+        note_stop(signum)
 
     @staticmethod
     def _note(wake: int) -> None:
@@ -85,8 +98,9 @@ class _Interrupts:
 
     def _again(self, signum, frame) -> None:
         if not self.said:
-            os.write(2, f"shardflow {self.command}: interrupted twice, stopped at once; {_KEPT}\n".encode())
-        os._exit(130)
+            how = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
+            os.write(2, f"shardflow {self.command}: {how} twice, stopped at once; {_KEPT}\n".encode())
+        os._exit(128 + signum)
 
     def say(self, line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -177,6 +177,41 @@ def test_a_stop_whose_exception_a_finalizer_loses_is_taken_up_at_the_next_step_w
     assert done.stderr == "", done.stderr
 
 
+TWICE = """
+import os, signal, sys, time
+from cli.main import _Interrupts
+
+interrupts = _Interrupts("train")
+first, second = (getattr(signal, name) for name in sys.argv[1:])
+try:
+    os.kill(os.getpid(), first)
+    time.sleep(30)
+except BaseException as e:
+    print("winding down after", type(e).__name__, flush=True)
+    try:
+        os.kill(os.getpid(), second)  # lands in the winding down: a cluster's close, a lock's bookkeeping
+        time.sleep(30)
+    except BaseException as again:
+        print("raised again:", type(again).__name__)
+"""
+
+
+@pytest.mark.parametrize("first, second, status, raised, how", [
+    ("SIGTERM", "SIGTERM", 143, "Terminated", "terminated (SIGTERM)"),
+    ("SIGINT", "SIGTERM", 143, "KeyboardInterrupt", "terminated (SIGTERM)"),
+    ("SIGTERM", "SIGINT", 130, "Terminated", "interrupted"),
+])
+def test_a_second_stop_signal_ends_the_command_at_once_in_one_line(first, second, status, raised, how):
+    """Seen here: `shardflow train` sent SIGTERM twice (by `timeout` and by `pkill`) waited in Dask's Client.close
+    for good, the second Terminated having landed inside a threading.Condition's bookkeeping and left its lock
+    held. A second stop signal of either kind now ends the command at once, as a second Ctrl-C did."""
+    done = subprocess.run([sys.executable, "-c", TWICE, first, second], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == status and done.stdout.splitlines() == [f"winding down after {raised}"], done
+    assert done.stderr.splitlines() == [f"shardflow train: {how} twice, stopped at once; every complete checkpoint "
+                                        "and store is kept: run the same command again to resume"], done.stderr
+
+
 CUT_COROUTINE = """
 from cli.main import _ended, _Interrupts
 from shardflow.errors import Terminated
