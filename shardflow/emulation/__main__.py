@@ -20,6 +20,7 @@ and process the harness made.
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import tempfile
@@ -45,17 +46,17 @@ def _time_scale(text: str) -> float | str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _logs(folder: Path | None) -> Path:
-    """The folder of the cluster's logs, made now (a new temp folder without --logs): refused before any work."""
+def _logs(folder: Path | None) -> None:
+    """The folder --logs names, made now: refused before any work (without --logs, a new temp folder is made
+    once nothing is refused)."""
     if folder is None:
-        return Path(tempfile.mkdtemp(prefix="shardflow-emulation-"))
+        return
     if folder.exists() and not folder.is_dir():
         raise InputError(f"--logs {folder} is a file; accepted: a folder, made if absent")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"--logs {folder}: {e.strerror.lower()}; accepted: a folder, made if absent") from None
-    return folder
 
 
 def parser() -> argparse.ArgumentParser:
@@ -89,14 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from shardflow.emulation.calibration import resolve_time_scale
     from shardflow.emulation.cluster import EmulatedCluster
+    from shardflow.emulation.network import check_shaped_rates
     from shardflow.emulation.probe import stream_bytes_per_s
 
     try:
         topology = load_topology(args.topology)
-        logs = _logs(args.logs)
+        if command and shutil.which(command[0]) is None:  # `ip netns exec` would say so once the cluster is up
+            raise InputError(f"COMMAND {command[0]!r}: no such program; accepted: a program on PATH, or a path to one")
+        _logs(args.logs)
         scale, said = resolve_time_scale(args.time_scale, topology.devices)
+        check_shaped_rates(topology, scale)
         if said:
             print(said, flush=True)
+        logs = args.logs or Path(tempfile.mkdtemp(prefix="shardflow-emulation-"))  # made once nothing is refused
         with EmulatedCluster(topology, scale, logs) as cluster:
             net = cluster.network
             print(f"emulated {len(net.nodes)} nodes, {len(cluster.worker_addresses)} workers, rates / "

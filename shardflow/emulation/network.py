@@ -59,10 +59,24 @@ def cannot_emulate() -> str | None:
     return None
 
 
+# The slowest rate a link is shaped to: 8,000 bit/s, the floor `shape` gives its small-packet class (tc rounds a
+# rate under 1 bit/s to 0 and refuses it: a time scale of 1e30 ended in an OSError traceback).
+MIN_RATE_BYTES_PER_S = 1000
+
+
 def check_time_scale(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value < math.inf:
         raise InputError(f"time scale {value!r}; accepted: a finite number >= 1 (link rates are divided by it)")
     return float(value)
+
+
+def check_shaped_rates(topology: Topology, time_scale: float) -> None:
+    """Refuse a time scale that would shape a link of `topology` under MIN_RATE_BYTES_PER_S, naming the largest."""
+    slowest = min(topology.intra_node_gbytes_per_s, *(n.uplink_gbytes_per_s for n in topology.nodes)) * 1e9
+    if slowest / time_scale < MIN_RATE_BYTES_PER_S:
+        raise InputError(f"time scale {time_scale:g}: the slowest link would be shaped to {slowest / time_scale:.3g} "
+                         f"bytes/s; accepted: a time scale up to {slowest / MIN_RATE_BYTES_PER_S:,.0f} for this "
+                         f"topology (links are shaped to {MIN_RATE_BYTES_PER_S:,} bytes/s at the least)")
 
 
 def _run(*argv: str) -> str:
@@ -159,6 +173,7 @@ class Network:
             for k, node in enumerate(topology.nodes)
         )
         self.intra_bytes_per_s = topology.intra_node_gbytes_per_s * 1e9 / self.time_scale
+        check_shaped_rates(topology, self.time_scale)
         self._made: list[str] = []
 
     def endpoint(self, k: int | None) -> Endpoint:

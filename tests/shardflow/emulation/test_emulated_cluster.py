@@ -17,8 +17,9 @@ import yaml
 
 from shardflow.emulation.cluster import EmulatedCluster
 from shardflow.emulation.monitor import UplinkMonitor
-from shardflow.emulation.network import PREFIX, Network, cannot_emulate, namespaces, sweep
+from shardflow.emulation.network import MIN_RATE_BYTES_PER_S, PREFIX, Network, cannot_emulate, namespaces, sweep
 from shardflow.emulation.probe import stream_bytes_per_s
+from shardflow.errors import InputError
 from shardflow.planner.topology import Node, Topology
 from tests.support import REAL
 
@@ -290,6 +291,39 @@ def test_a_bad_time_scale_is_refused_naming_it_before_anything_is_built(topology
                                                  "number >= 1 (link rates are divided by it)")
     if CANNOT is None:
         assert owned_by(proc.pid) == []
+
+
+def test_a_time_scale_that_slows_a_link_below_what_tc_shapes_is_refused_before_anything_is_built(topology_file,
+                                                                                                  tmp_path):
+    """--time-scale 1e30 passed the scale's own check and ended in tc's refusal of a 0 bit/s rate (an OSError
+    traceback); the largest scale is the topology's slowest link over 1,000 bytes/s."""
+    slowest = min(UNEVEN.intra_node_gbytes_per_s, *(n.uplink_gbytes_per_s for n in UNEVEN.nodes)) * 1e9
+    most = slowest / MIN_RATE_BYTES_PER_S
+    Network(UNEVEN, most)  # nothing is made until build
+    with pytest.raises(InputError, match=re.escape(f"time scale {most * 2:g}: the slowest link would be shaped to "
+                                                   f"500 bytes/s; accepted: a time scale up to {most:,.0f} for this")):
+        Network(UNEVEN, most * 2)
+    proc = subprocess.Popen([sys.executable, "-m", "shardflow.emulation", str(topology_file), "--time-scale", "1e30",
+                             "--", "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and out == "", err
+    assert re.fullmatch(r"shardflow.emulation: time scale 1e\+30: .*; accepted: a time scale up to [\d,]+ for this "
+                        r"topology \(links are shaped to 1,000 bytes/s at the least\)\n", err), err
+    assert owned_by(proc.pid) == [] and list(tmp_path.iterdir()) == []  # not even an empty folder for the logs
+
+
+def test_a_command_that_is_no_program_is_refused_before_anything_is_built(topology_file, tmp_path):
+    """It was found only once the cluster was up (`exec of "…" failed`, exit 1, 8 s later)."""
+    proc = subprocess.Popen([sys.executable, "-m", "shardflow.emulation", str(topology_file), "--time-scale", "500",
+                             "--", "no-such-program-here", "{scheduler}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp_path)})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and out == "", err
+    if CANNOT is None:
+        assert err == ("shardflow.emulation: COMMAND 'no-such-program-here': no such program; accepted: a program on "
+                       "PATH, or a path to one\n")
+        assert owned_by(proc.pid) == [] and list(tmp_path.iterdir()) == []
 
 
 @needs_netns
