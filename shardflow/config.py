@@ -262,7 +262,7 @@ class RetrainConfig(BaseModel):
         """The config from plain values, or an InputError listing every bad key (and, if a key is unknown, the
         keys there are: a bad value's own message says what it accepts)."""
         try:
-            return cls(**values)
+            return cls.model_validate(values)  # not cls(**values): a YAML key may be a number
         except ValidationError as e:
             problems = "; ".join(_problem(err) for err in e.errors())
             keys = ""
@@ -293,4 +293,6 @@ def _problem(err: dict) -> str:
         message += f"; accepted: a list in brackets, e.g. {key}={list(SECTIONS[section].model_fields[key].default)}"
     if err["type"] == "value_error" and isinstance(err.get("input"), dict):
         return f"{where}: {message}"
+    if err["type"] == "invalid_key":  # YAML's `1: 2`, `null: 2`
+        return f"key {where} ({type(err.get('input')).__name__}); accepted: a key's name, e.g. epochs"
     return f"{where} = {brief(err.get('input'))}: {message}"

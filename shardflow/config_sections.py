@@ -336,7 +336,7 @@ def sectioned(values: dict) -> dict:
     for key, value in values.items():
         if key in SECTIONS and isinstance(value, dict):
             pairs = [(key, k, f"{key}.{k}", v) for k, v in value.items()]
-        elif "." in key:
+        elif isinstance(key, str) and "." in key:  # a YAML key may be a number, left for the schema to refuse
             section, _, name = key.partition(".")
             if section not in SECTIONS:
                 raise ValueError(f"{key}: no section {section!r}; accepted: {', '.join(SECTIONS)}")

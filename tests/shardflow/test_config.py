@@ -108,6 +108,8 @@ def test_the_schema_a_deployment_and_the_ui_read_has_the_sections_and_names_the_
         ({"mlp": "64,32"}, "model.mlp = '64,32': Input should be a valid tuple; accepted: a list in brackets, e.g. "
          "mlp=[64, 32]"),
         ({"row_optimizer": "sgd"}, "train.row_optimizer = 'sgd': Input should be 'adagrad' or 'adam'"),
+        ({1: 2}, "key 1 (int); accepted: a key's name, e.g. epochs"),  # YAML's `1: 2` was a TypeError traceback
+        ({"train": {None: 2}}, "key train.None (NoneType); accepted: a key's name"),
     ],
 )
 def test_a_key_misplaced_or_given_twice_is_refused_by_name(values, refusal):
