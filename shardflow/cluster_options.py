@@ -89,6 +89,8 @@ def size_bytes(v: object) -> int | None:
 
     if _is_int(v):
         return int(v)
+    if isinstance(v, float) and v.is_integer():  # `4e9` in a YAML file (a number, as in YAML 1.2)
+        return int(v)
     if isinstance(v, str) and WORD.fullmatch(v.replace(" ", "")):
         try:
             return int(parse_bytes(v))

@@ -5,10 +5,12 @@ unread, and anchors and aliases are refused as they are met, so an alias bomb (a
 lines that expand to gigabytes) never expands. Nesting deeper than MAX_DEPTH and a key
 given twice in one mapping are refused too, each in one line naming the line.
 
-Only `true` and `false` are booleans, as in YAML 1.2: PyYAML follows YAML 1.1, where `off`,
-`no`, `on` and `yes` are too, so `full_ranking: off` (one of the key's documented values)
-reached the config as False and was refused. A boolean key still takes those words (the
-config's types read them).
+Scalars resolve as in YAML 1.2 where PyYAML's YAML 1.1 differs in ways a config meets:
+only `true` and `false` are booleans (in 1.1 `off`, `no`, `on` and `yes` are too, so
+`full_ranking: off`, one of the key's documented values, reached the config as False and
+was refused; a boolean key still takes those words, the config's types read them), and
+`1e9` is a number (in 1.1 a float needs a dot, so `uplink_gbytes_per_s: 1e3` was the
+string '1e3' and refused).
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ _NoAliases.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _NoAliases.add_implicit_resolver(BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+# A float without a dot, written with an exponent (1.1's float needs the dot; its dotted forms still resolve).
+EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+_NoAliases.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789."))
 
 
 def load_text(text: str, where: str) -> object:

@@ -125,6 +125,8 @@ def parse_topology(data: object, where: str = "topology") -> Topology:
             raise InputError(
                 f"{where}: nodes[{i}] = {n!r}; accepted: {{name: str, devices: int, uplink_gbytes_per_s: number}}"
             )
+        if not str(n["name"]).strip():
+            raise InputError(f"{where}: nodes[{i}] name {n['name']!r}; accepted: a name that is not empty")
         nodes.append(Node(str(n["name"]), n["devices"], n["uplink_gbytes_per_s"]))
     devices = sum(n.devices if isinstance(n.devices, int) else 0 for n in nodes)
     if devices > MAX_DEVICES:

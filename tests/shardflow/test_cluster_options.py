@@ -14,6 +14,7 @@ import pytest
 from shardflow.cluster_options import CLUSTER_KWARGS, TlsFiles, check_cluster_kwargs, local_worker_limit
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError
+from shardflow.safe_yaml import load_text
 from support import pem_files, snapshot
 
 TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 10}\n"
@@ -93,6 +94,7 @@ def test_plain_values_within_their_bounds_pass_for_every_class_not_vacuous(topol
                                 "rmm_pool_size": "24GB", "enable_nvlink": True, "protocol": "ucx",
                                 "local_directory": "/scratch/dask"})
     check_cluster_kwargs(CUDA, {"CUDA_VISIBLE_DEVICES": "0,GPU-6a9e7f1c-1f5b-2c4d-9e8f-0a1b2c3d4e5f"})
+    check_cluster_kwargs(LOCAL, load_text("{memory_limit: 4e9}", "cfg"))  # a number in YAML 1.2, as Dask takes it
     check_cluster_kwargs(KUBE, {"name": "nightly", "namespace": "recsys", "image": "ghcr.io/acme/shardflow:0.1.0",
                                 "n_workers": 8, "resources": {"limits": {"nvidia.com/gpu": 1, "memory": "32Gi"}},
                                 "shutdown_on_close": True})

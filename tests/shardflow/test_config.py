@@ -165,7 +165,7 @@ def test_a_yaml_text_with_a_key_twice_deep_nesting_or_a_python_tag_is_one_line(t
     assert "\n" not in str(refused.value)
 
 
-def test_a_documented_word_stays_a_word_and_a_boolean_key_still_reads_yes_and_off():
+def test_yaml_reads_words_and_numbers_as_yaml_1_2_does_and_a_boolean_key_still_reads_yes():
     """YAML 1.1 reads `off`, `no`, `on` and `yes` as booleans: `full_ranking: off` reached the config as False and
     was refused. Only true and false are booleans here, as in YAML 1.2 (`--set KEY=VALUE` reads VALUE alike)."""
     from shardflow.safe_yaml import load_text
@@ -175,6 +175,9 @@ def test_a_documented_word_stays_a_word_and_a_boolean_key_still_reads_yes_and_of
     assert (config.train.full_ranking, config.train.early_answers) == ("off", True)
     assert [load_text(v, "cfg") for v in ("on", "no", "true", "False", "[true, off]")] == [
         "on", "no", True, False, [True, "off"]]
+    # and a number in exponent form is a number, as in YAML 1.2 (1.1 needs a dot: `row_lr: 1e-3` was a string)
+    assert [load_text(v, "cfg") for v in ("1e-3", "-2.5E+2", ".5e1", "3", "1e", "x1e3")] == [
+        0.001, -250.0, 5.0, 3, "1e", "x1e3"]
     assert RetrainConfig.build({"early_answers": "off"}).train.early_answers is False
 
 

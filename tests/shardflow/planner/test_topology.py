@@ -38,6 +38,7 @@ def node(**kw):
         ({"nodes": GOOD["nodes"]}, "'intra_node_gbytes_per_s' is missing"),
         ({**GOOD, "nodes": [{"name": "a", "devices": 2}]}, r"nodes\[0\] = .*accepted: \{name"),
         ([1, 2], "a list; accepted: a mapping"),
+        ({**GOOD, "nodes": [node(name="")]}, r"nodes\[0\] name ''; accepted: a name that is not empty"),
     ],
 )
 def test_bad_topologies_are_refused(data, message):
@@ -51,6 +52,9 @@ def test_load_from_yaml(tmp_path):
                  "device_memory_bytes: 1000000\n")
     t = load_topology(f)
     assert t.devices == 2 and t.device_memory_bytes == 1_000_000
+    # Rates in exponent form are numbers (YAML 1.1, PyYAML's, read `1e3` as a string and it was refused)
+    f.write_text("intra_node_gbytes_per_s: 6e2\nnodes:\n  - {name: a, devices: 2, uplink_gbytes_per_s: 1.25E+1}\n")
+    assert load_topology(f).uplink_bytes_per_s.tolist() == [12.5e9] and load_topology(f).intra_node_gbytes_per_s == 600
     f.write_text("nodes: [unclosed\n")
     with pytest.raises(InputError, match="not valid YAML"):
         load_topology(f)
