@@ -102,21 +102,21 @@ class Refused(Exception):
     """A block holds a value arrow accepted but the format does not (a negative id, a label of 2)."""
 
 
-_DECIMAL = b"0123456789 \r\n"  # all a numeric-id format's block may hold (blank lines aside)
+_DECIMAL = b"0123456789\r\n"  # all a numeric-id format's block may hold besides its separator (blank lines aside)
 
 
-def decimal_only(data: bytes) -> None:
-    """Refuse a block with anything but ASCII digits, spaces and line ends: arrow's integer parser alone
-    would take '0x10' as 16."""
-    if data.translate(None, _DECIMAL):
+def decimal_only(data: bytes, separator: str = " ") -> None:
+    """Refuse a block with anything but ASCII digits, the format's separator (a space, or a tab-separated sasrec
+    file's tab) and line ends: arrow's integer parser alone would take '0x10' as 16."""
+    if data.translate(None, _DECIMAL + separator.encode()):
         raise Refused
 
 
-def spelled_once(data: bytes, *ids: np.ndarray) -> None:
+def spelled_once(data: bytes, *ids: np.ndarray, separator: str = " ") -> None:
     """Refuse a block (decimal_only's: digits and separators) one of whose ids has a leading zero ('007', which
     arrow reads as 7): then its digits are more than its parsed ids' own digits. Three byte counts and a
     comparison a power of ten, vectorised; no pass of Python over the block."""
-    digits = len(data) - data.count(b" ") - data.count(b"\n") - data.count(b"\r")
+    digits = len(data) - data.count(separator.encode()) - data.count(b"\n") - data.count(b"\r")
     if digits != sum(digit_count(v) for v in ids):
         raise Refused
 
@@ -180,12 +180,14 @@ def check_float(token: bytes, name: str) -> str | None:
     return None if math.isfinite(value) else f"{name} = {excerpt(token)}; accepted: a finite number or empty"
 
 
-def reads_as(line: bytes, refused_by: str) -> str | None:
-    """The format a line that `refused_by` refused plainly is, if one is: a header of typed names (recbole), columns
-    between commas or tabs (criteo's header and rows), a user and all its items (s3rec, where sasrec wants two)."""
+def reads_as(line: bytes, refused_by: str, separator: bytes = b" ") -> str | None:
+    """The format a line that `refused_by` (its fields between `separator`s) refused plainly is, if one is: a header
+    of typed names (recbole), columns between commas or tabs (criteo's header and rows), a user and all its items
+    (s3rec, where sasrec wants two)."""
     if b":token" in line or b":float" in line:
         other = "recbole"
-    elif b"," in line or (b"\t" in line and refused_by in ("sasrec", "s3rec")):  # recbole's rows have tabs too
+    # a tab: criteo's columns, not recbole's (its rows have tabs too) nor a tab-separated sasrec file's
+    elif b"," in line or (b"\t" in line and separator != b"\t" and refused_by in ("sasrec", "s3rec")):
         other = "criteo"
     elif refused_by == "sasrec" and len(fields := line.split(b" ")) > 2 and all(f.isdigit() for f in fields):
         other = "s3rec"
@@ -209,7 +211,7 @@ def diagnose(fmt: Format, path: Path, block: Block) -> InputError:
             continue
         why = fmt.check_line(text.split(separator), text)
         if why:
-            other = reads_as(text, fmt.name)
+            other = reads_as(text, fmt.name, separator)
             return InputError(f"{path}:{number}: {why}" + (f" (the line reads as the {other} format)" if other else ""))
     last = block.first_line + count_lines(block.data) - 1
     return InputError(f"{path}:{block.first_line}-{last}: lines arrow's CSV reader cannot parse as {fmt.name}")

@@ -24,10 +24,10 @@ class Sasrec(Format):
     delimiter = " "
 
     def _parse(self, data: bytes) -> Columns:
-        decimal_only(data)
+        decimal_only(data, self.delimiter)
         t = read_block(data, ["user", "item"], {"user": pa.int64(), "item": pa.int64()}, self.delimiter)
         users, items = ids_of(t["user"].combine_chunks()), ids_of(t["item"].combine_chunks())
-        spelled_once(data, users, items)
+        spelled_once(data, users, items, separator=self.delimiter)
         run_users, run_lengths = runs_of(users)
         return Columns(events=len(items), tables={"item": items}, run_users=run_users, run_lengths=run_lengths)
 

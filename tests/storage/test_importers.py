@@ -71,6 +71,19 @@ def test_sasrec_keeps_every_users_items_in_file_order(tmp_path):
     assert ds.ids("item").dtype == np.int32
 
 
+def test_a_tab_separated_sasrec_file_imports_as_the_space_separated_one(tmp_path):
+    """sasrec's user and item may be separated by a tab (the first line says which); the id checks that came after
+    that support refused every tab, and the refusal named no line ("lines arrow's CSV reader cannot parse")."""
+    tabs = write(tmp_path, "tabs.txt", REAL["sasrec"].read_text().replace(" ", "\t"))
+    import_dataset("sasrec", REAL["sasrec"], tmp_path / "spaces")
+    import_dataset("sasrec", tabs, tmp_path / "tabs")
+    spaces, tabbed = Dataset.open(tmp_path / "spaces"), Dataset.open(tmp_path / "tabs")
+    assert tabbed.info.interactions == 287107 and sequences(tabbed) == sequences(spaces)
+    with pytest.raises(InputError, match=r"bad\.txt:2: item '06' is not accepted; accepted: an integer >= 0 \(ASCII "
+                                         r"digits, at most 18, no leading zero\)$"):
+        import_dataset("sasrec", write(tmp_path, "bad.txt", "1\t2\n5\t06\n"), tmp_path / "bad")
+
+
 def test_s3rec_one_user_per_line(tmp_path):
     import_dataset("s3rec", REAL["s3rec"], tmp_path / "ds")
     ds = Dataset.open(tmp_path / "ds")
