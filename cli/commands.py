@@ -16,6 +16,10 @@ log = logging.getLogger("shardflow")
 def run_import(args: argparse.Namespace) -> dict:
     from storage.importers import DEFAULT_HASH_ROWS, import_dataset
 
+    named = [name for name, _ in args.table_rows or []]
+    twice = sorted({name for name in named if named.count(name) > 1})
+    if twice:
+        raise InputError(f"--table-rows {', '.join(twice)} given twice; accepted: each table's size once")
     options = dict(
         overwrite=args.overwrite,
         append=args.append,

@@ -99,6 +99,11 @@ def test_bad_input_exits_2_with_one_clear_line_and_no_stdout(tmp_path):
     workers = run("profile", str(tmp_path / "ds"), "--workers", "0")
     assert workers.returncode == 2 and "workers = 0; accepted: an integer >= 1" in workers.stderr
 
+    twice = run("import", "--format", "criteo", str(REAL["criteo"]), str(tmp_path / "clicks"), "--table-rows", "C1=5",
+                "--table-rows", "C1=6")  # the last one was taken silently
+    assert twice.returncode == 2 and not (tmp_path / "clicks").exists()
+    assert twice.stderr == "shardflow import: error: --table-rows C1 given twice; accepted: each table's size once\n"
+
 
 def test_a_successful_run_keeps_the_terminal_quiet_unless_asked(tmp_path):
     run("synth", str(tmp_path / "ds"), "--tables", "item:300:1.1", "--interactions", "3000", "--seed", "1",
