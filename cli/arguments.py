@@ -109,7 +109,6 @@ def _bounded(kind: type, bounds: list) -> Callable[[str], object]:
         except ValidationError as e:
             raise argparse.ArgumentTypeError(f"{text!r}: {e.errors()[0]['msg']}") from None
 
-    parse.__name__ = kind.__name__
     return parse
 
 

@@ -65,8 +65,9 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
     """
     m = verify_export(model_dir)
     config = config_from_record(m.model)
-    check_trained_on(model_dir, m.tables, config.kind, dataset)
-    data: Workload = load_training_data(dataset, config.features, (0, eval_from))
+    ds = Dataset.open(dataset)
+    check_trained_on(model_dir, m.tables, config.kind, ds)
+    data: Workload = load_training_data(ds, config.features, (0, eval_from))
     dense = {k: torch.from_numpy(v) for k, v in read_export_dense(model_dir, config.dense_shapes(), [])[0].items()}
     targets = eval_targets(data, users, seed)
     parts = []
@@ -88,20 +89,21 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
                    full_ndcg_at_20=ranked["full_ndcg_at_20"])
 
 
-def check_trained_on(model_dir: str | Path, tables: dict[str, int], kind: str, dataset: str | Path) -> None:
-    """Refuse a dataset the exported model cannot have been trained on, nor one grown from it: another workload,
-    or a table it lacks or holds fewer rows of (a sequence model on a click log was refused as "categorical
-    tables []", and one of 400 items scored on another log of 1,623 without a word)."""
-    info = Dataset.open(dataset).info
-    has = "click" if info.labels else "sequence"
+def check_trained_on(model_dir: str | Path, tables: dict[str, int], kind: str, dataset: Dataset) -> None:
+    """Refuse a dataset the exported model cannot have been trained on, nor one grown from it: another workload
+    (as load_training_data tells them: a click log has no item sequence), or a table it lacks or holds fewer rows
+    of (a sequence model on a click log was refused as "categorical tables []", and one of 400 items scored on
+    another log of 1,623 without a word)."""
+    info = dataset.info
+    has = "click" if info.sequence_table is None else "sequence"
     if kind != has:
-        raise InputError(f"{model_dir}: a {kind} model, {dataset}: a {has} log; accepted: the dataset the model was "
-                         "trained on, or that dataset grown since")
+        raise InputError(f"{model_dir}: a {kind} model, {dataset.path}: a {has} log; accepted: the dataset the model "
+                         "was trained on, or that dataset grown since")
     for table, rows in tables.items():
         held = info.table(table).rows if table in info.table_names else 0
         if held < rows:
-            raise InputError(f"{model_dir}: table '{table}' of {rows:,} rows, {dataset} holds {held:,}; accepted: "
-                             "the dataset the model was trained on, or that dataset grown since")
+            raise InputError(f"{model_dir}: table '{table}' of {rows:,} rows, {dataset.path} holds {held:,}; "
+                             "accepted: the dataset the model was trained on, or that dataset grown since")
 
 
 def export_rows(model_dir: str | Path, fetch: dict[str, np.ndarray]) -> Tensors:
