@@ -10,7 +10,10 @@ only `true` and `false` are booleans (in 1.1 `off`, `no`, `on` and `yes` are too
 `full_ranking: off`, one of the key's documented values, reached the config as False and
 was refused; a boolean key still takes those words, the config's types read them), and
 `1e9` is a number (in 1.1 a float needs a dot, so `uplink_gbytes_per_s: 1e3` was the
-string '1e3' and refused).
+string '1e3' and refused). Numbers are 1.2's too: `017` is seventeen and `0o17` fifteen
+(1.1 read `seed: 017` as octal 15), `1:30` is a string (1.1 read `epochs: 1:30` as 90, base
+60), and a date is a string (1.1 made `run_dir: 2026-12-05` a date, refused as not a path).
+Underscores between digits (`1_000_000`) are still read, as 1.1 and Python read them.
 """
 
 from __future__ import annotations
@@ -63,15 +66,31 @@ class _NoAliases(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-BOOL = "tag:yaml.org,2002:bool"
+BOOL, INT, FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _NoAliases.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag != BOOL]
+    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (BOOL, INT, FLOAT, TIMESTAMP)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _NoAliases.add_implicit_resolver(BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-# A float without a dot, written with an exponent (1.1's float needs the dot; its dotted forms still resolve).
-EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
-_NoAliases.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789."))
+DIGITS = r"[0-9](?:_?[0-9])*"  # digits, an underscore between two of them allowed
+INT_12 = re.compile(rf"^(?:[-+]?{DIGITS}|0o[0-7]+|0x[0-9a-fA-F]+)$")
+FLOAT_12 = re.compile(rf"^(?:[-+]?(?:\.{DIGITS}|{DIGITS}(?:\.(?:{DIGITS})?)?)(?:[eE][-+]?[0-9]+)?"
+                      r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+_NoAliases.add_implicit_resolver(INT, INT_12, list("-+0123456789"))
+_NoAliases.add_implicit_resolver(FLOAT, FLOAT_12, list("-+0123456789."))
+
+
+def _int_12(loader: _NoAliases, node: yaml.ScalarNode) -> int:
+    """An int as YAML 1.2 reads it: decimal unless 0o (octal) or 0x (hexadecimal); 1.1's constructor reads a
+    leading zero as octal and a colon as base 60."""
+    text = loader.construct_scalar(node).replace("_", "")
+    if text[:2] in ("0o", "0x"):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)
+
+
+_NoAliases.add_constructor(INT, _int_12)
 
 
 def load_text(text: str, where: str) -> object:

@@ -181,6 +181,22 @@ def test_yaml_reads_words_and_numbers_as_yaml_1_2_does_and_a_boolean_key_still_r
     assert RetrainConfig.build({"early_answers": "off"}).train.early_answers is False
 
 
+def test_yaml_reads_numbers_and_dates_as_yaml_1_2_does_not_as_octal_base_60_or_dates():
+    """YAML 1.1 read `seed: 017` as 15 (octal), `epochs: 1:30` as 90 (base 60) and `run_dir: 2026-12-05` as a
+    date, which was refused as not a path."""
+    from shardflow.safe_yaml import load_text
+
+    assert [load_text(v, "cfg") for v in ("017", "0o17", "0x1f", "-0", "1_000", "1_000.5", "+12", ".inf", "1.")] == [
+        17, 15, 31, 0, 1000, 1000.5, 12, float("inf"), 1.0]
+    assert [load_text(v, "cfg") for v in ("1:30", "1:30.5", "2026-12-05", "2026-12-05T10:00:00Z", "0b101", "1__0",
+                                          "_1", ".")] == [
+        "1:30", "1:30.5", "2026-12-05", "2026-12-05T10:00:00Z", "0b101", "1__0", "_1", "."]
+    config = RetrainConfig.build(load_text("run_dir: 2026-12-05\ntrain:\n  seed: 017\n", "cfg"))
+    assert (config.run_dir, config.train.seed) == ("2026-12-05", 17)
+    with pytest.raises(InputError, match=r"^bad configuration: train.epochs = '1:30': Input should be a valid integer"):
+        RetrainConfig.build(load_text("epochs: 1:30\n", "cfg"))
+
+
 def test_a_value_nested_thousands_deep_is_shown_elided_in_one_line_not_recursed_into():
     deep: object = 1
     for _ in range(5000):
