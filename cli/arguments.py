@@ -174,12 +174,17 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
+    from pydantic import Field
+
+    from shardflow.config_sections import MAX_EPOCHS
+
     p.add_argument("dataset", help="dataset store")
     p.add_argument("--plan", required=True, help="plan store of this dataset")
     _config_flag(p, "epochs")
-    _config_flag(p, "patience", type=int, help="stop after this many epochs without a better validation score and "
-                 "keep the best epoch; 0: no validation split, every epoch (the run's key `patience` has the details)")
-    _config_flag(p, "min_epochs", type=int)
+    _config_flag(p, "patience", type=_bounded(int, [Field(ge=0, le=MAX_EPOCHS)]),  # 0: the key's none
+                 help="stop after this many epochs without a better validation score and keep the best epoch; 0: "
+                 "no validation split, every epoch (the run's key `patience` has the details)")
+    _config_flag(p, "min_epochs")
     p.add_argument("--max-steps", type=int, help="stop after this many steps in all")
     p.add_argument("--batch-size", type=int, help="global batch (default: the plan's)")
     p.add_argument("--dedup", choices=["none", "device", "node"], help="de-duplication scope (default: the plan's)")
@@ -224,7 +229,8 @@ def _recommend_args(p: argparse.ArgumentParser) -> None:
 def _promote_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="a run directory of 'shardflow run'")
     p.add_argument("--version", type=int, required=True, help="the finished version to make current")
-    p.add_argument("--reason", default="rollback", help="why (kept in RUN_DIR/promotions.json)")
+    p.add_argument("--reason", default="rollback", help="why: one line of at most 500 characters (kept in "
+                   "RUN_DIR/promotions.json)")
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
