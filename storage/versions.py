@@ -39,6 +39,7 @@ from storage.manifest import MANIFEST
 VERSIONS, CURRENT = "versions", "current"
 STARTED, RESULT = "version.json", "result.json"
 PROMOTIONS = "promotions.json"
+MAX_REASON_CHARS = 500  # an operator's why: kept whole in promotions.json and the promotion's event
 # What an atomic write leaves behind when it is cut off: write_record's and promote's temporary names.
 _TEMP = re.compile(r"^\.(.+\.json|current)\.[0-9a-f]{8}$")
 
@@ -304,12 +305,21 @@ def rollback(run_dir: str | Path, number: int, reason: str) -> Promotion:
     from storage.checkpoint import verify_export
     from storage.lock import run_lock
 
+    check_reason(reason)
     if not (Path(run_dir) / VERSIONS).is_dir():
         raise InputError(f"run_dir {run_dir} holds no model versions; accepted: a run_dir of 'shardflow run'")
     with run_lock(run_dir):
         if number in numbers(run_dir) and result(run_dir, number) is not None:
             verify_export(version_dir(run_dir, number) / "model")
         return promote_by_operator(run_dir, number, reason)
+
+
+def check_reason(reason: str) -> None:
+    """An operator's why: one line of 1 to MAX_REASON_CHARS characters (the CLI prints it in a line; 5,000
+    characters were taken and recorded)."""
+    if not reason.strip() or len(reason) > MAX_REASON_CHARS or not reason.isprintable():
+        shown = f"of {len(reason):,} characters" if len(reason) > MAX_REASON_CHARS else repr(reason)
+        raise InputError(f"reason {shown}; accepted: one line of 1 to {MAX_REASON_CHARS} printable characters")
 
 
 def promotion_cut_off(run_dir: str | Path, last: int | None) -> bool:

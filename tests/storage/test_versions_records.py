@@ -35,6 +35,18 @@ def test_an_operator_rolls_back_and_no_run_undoes_it(run):
     assert versions.promotion_cut_off(run, 3)
 
 
+@pytest.mark.parametrize("reason, shown", [("x" * 501, "of 501 characters"), ("a\nb", "'a\\nb'"), (" ", "' '"),
+                                           ("", "''")])
+def test_a_rollback_s_reason_is_one_line_of_at_most_500_characters_or_nothing_is_promoted(run, reason, shown):
+    """5,000 characters were recorded, and a newline split the CLI's one line."""
+    with pytest.raises(InputError) as refused:
+        versions.rollback(run, 1, reason)
+    assert str(refused.value) == f"reason {shown}; accepted: one line of 1 to 500 printable characters"
+    assert versions.current(run) == 3 and versions.promotions(run) == []
+    with pytest.raises(InputError, match=r"versions/0001/model: no manifest.json"):  # 500: past the reason's check
+        versions.rollback(run, 1, "x" * 500)
+
+
 def test_a_version_made_after_the_rollback_is_promoted_again_if_its_switch_was_cut_off(run):
     versions.promote_by_operator(run, 1, "rollback")
     versions.finish(run, 4, {"promoted": True})  # version 4 accepted, killed before `current` switched
