@@ -183,12 +183,12 @@ def check_against(ref: ReferenceTrainer, shards: list[dict]) -> None:
 
 def in_process_devices(data, plan: ShardingPlan, topology: Topology, dedup: str = "device", batch: int = BATCH,
                        model: ModelConfig = MODEL, optimizer: OptimizerConfig = OPTIMIZER,
-                       early: bool = False) -> list[Device]:
+                       early: bool = False, fuse: bool = True) -> list[Device]:
     """One Device per device of `topology`, all in this process (for shardflow.training.protocol.InProcess),
     each given the plan as the engine gives it to its actors."""
     tables = plan.for_devices(topology.devices)
-    return [Device(d, topology, tables, data, model, optimizer, batch_size=batch, dedup=dedup, early=early)
-            for d in range(topology.devices)]
+    return [Device(d, topology, tables, data, model, optimizer, batch_size=batch, dedup=dedup, early=early,
+                   fuse=fuse) for d in range(topology.devices)]
 
 
 def sequences_by_raw_user(ds, table: str = "item") -> dict:

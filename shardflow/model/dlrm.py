@@ -94,14 +94,17 @@ class ClickConfig:
 
     def logits(self, dense: Tensors, rows: Tensors, index: ClickTensorIndex, sparse: bool = False) -> torch.Tensor:
         """Logits [E]."""
-        vectors = [table_vectors(rows[t], index.features[t], sparse) for t in self.features]
         head = []
         if self.numeric:
             b = index.numeric
             for i in range(len(self.bottom_layers)):
                 b = torch.relu(torch.addmm(dense[f"bottom.{i}.bias"], b, dense[f"bottom.{i}.weight"]))
-            vectors, head = [b, *vectors], [b]
-        v = torch.stack(vectors, dim=1)  # [E, n, dim]
+            head = [b]
+        if index.fused is None:
+            v = torch.stack([*head, *(table_vectors(rows[t], index.features[t], sparse) for t in self.features)],
+                            dim=1)  # [E, n, dim]
+        else:
+            v = self._fused_vectors(head, rows, index, sparse)
         n = v.shape[1]
         i, j = torch.triu_indices(n, n, offset=1, device=v.device)
         # The pairs i < j of the [E, n, n] dot products, taken from its flat view: an index_select, whose
@@ -114,6 +117,17 @@ class ClickConfig:
             if k < top - 1:
                 z = torch.relu(z)
         return z.squeeze(-1)
+
+    def _fused_vectors(self, head: list[torch.Tensor], rows: Tensors, index: ClickTensorIndex,
+                       sparse: bool) -> torch.Tensor:
+        """[E, n, dim] as `logits` stacks it, from rows fused into one tensor (rows[FUSED]): the tables of
+        `index.fused` read by one gather, the others (bags, and tables not fused, from rows of their own) one by
+        one, then put in the model's order."""
+        assert index.fused is not None and index.order is not None  # logits calls it only then
+        fused = rows_at(rows[FUSED], index.fused, sparse)  # [E, tables fused, dim]
+        rest = [table_vectors(rows.get(t, rows[FUSED]), at, sparse) for t, at in index.features.items()]
+        v = torch.cat([*(x[:, None] for x in head), fused, *(x[:, None] for x in rest)], dim=1)
+        return v if index.order.numel() == 0 else v.index_select(1, index.order)
 
     def labels(self, logit: torch.Tensor, index: ClickTensorIndex) -> torch.Tensor:
         return index.labels
@@ -155,14 +169,23 @@ def numeric_input(values: np.ndarray) -> np.ndarray:
     return np.log1p(np.maximum(x, 0.0)).astype(np.float32)
 
 
+FUSED = "(fused)"  # the rows key of tables fused into one (shardflow.training.fusion); no table name has "("
+
+
 @dataclass
 class ClickIndex:
-    """Where each lookup of a sub-batch finds its row, with the examples' numeric inputs and labels."""
+    """Where each lookup of a sub-batch finds its row, with the examples' numeric inputs and labels.
+
+    With tables fused (shardflow.training.fusion), `fused` holds the positions of the fused one-id tables' rows
+    in rows[FUSED], one column per table, and `order` puts the vectors back in the model's order; `features`
+    holds the other tables, a fused one's positions also in rows[FUSED]."""
 
     # table -> int64 [E] row index, or [E, width] for a table of token sequences (-1 padding)
     features: dict[str, np.ndarray]
     numeric: np.ndarray  # float32 [E, numeric columns], already numeric_input
     labels: np.ndarray  # float32 [E]
+    fused: np.ndarray | None = None  # int64 [E, fused one-id tables]
+    order: np.ndarray | None = None  # int64 [n]: the model's vector k is _fused_vectors' order[k]-th; [] if same
 
     def on(self, device: torch.device) -> ClickTensorIndex:
         def tensor(v: np.ndarray) -> torch.Tensor:
@@ -172,6 +195,8 @@ class ClickIndex:
             features={k: tensor(v) if v.ndim == 1 else Bags.of(v, tensor) for k, v in self.features.items()},
             numeric=torch.from_numpy(np.ascontiguousarray(self.numeric, dtype=np.float32)).to(device),
             labels=torch.from_numpy(np.ascontiguousarray(self.labels, dtype=np.float32)).to(device),
+            fused=None if self.fused is None else tensor(self.fused),
+            order=None if self.order is None else tensor(self.order),
         )
 
 
@@ -195,3 +220,5 @@ class ClickTensorIndex:
     features: dict[str, torch.Tensor | Bags]  # table -> int64 tensor [E], or its Bags
     numeric: torch.Tensor
     labels: torch.Tensor
+    fused: torch.Tensor | None = None
+    order: torch.Tensor | None = None

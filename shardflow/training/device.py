@@ -31,6 +31,7 @@ from shardflow.planner.sharding_plan import DevicePlan
 from shardflow.planner.shardmap import ShardMap
 from shardflow.planner.topology import Topology
 from shardflow.training.evaluate import EVAL_CHUNK, RANK_BLOCK_ROWS, held_out_users
+from shardflow.training.fusion import TableGroup
 from shardflow.training.messages import (
     Apply,
     ApplyDense,
@@ -100,6 +101,7 @@ class Device:
         array_device: str = "cpu",
         scaled_rows: dict[str, int] | None = None,
         early: bool = False,
+        fuse: bool = True,
     ) -> None:
         self.index, self.topology, self.data, self.config = device, topology, data, config
         data.read_in_parts(topology.devices)  # this trainer reads its own part of each block
@@ -112,7 +114,16 @@ class Device:
             empty = np.zeros(0, dtype=np.int64)
             layouts = {t: RowLayout(t, modulus=scaled_rows[t]) if device == 0 else RowLayout(t, stored=empty)
                        for t in tables}
-        self.shard = ParameterShard(device, layouts, config, optimizer, self.torch, holds_dense=device == 0)
+        # a click log's small tables step as one (shardflow.training.fusion; `fuse` off: table by table, to compare);
+        # not with scaled tables, whose rows are no plan's
+        self.group = (TableGroup.of(tables, config.features, topology.devices)
+                      if fuse and isinstance(config, ClickConfig) and scaled_rows is None else None)
+        self.tables = tables
+        self.shard = ParameterShard(device, layouts, config, optimizer, self.torch, holds_dense=device == 0,
+                                    group=self.group)
+        if self.group is not None:
+            tables = self.group.step_plans(tables)
+            maps = {t: maps[t] if t in maps else ShardMap(plan, topology) for t, plan in tables.items()}
         self.protocol = StepProtocol(device, topology, tables, self.shard, maps, dedup, early)
         self.rounds, self.round_peers = self.protocol.rounds, self.protocol.round_peers
         self._prepared: tuple[Requests, Lookups, int, float] | None = None
@@ -129,9 +140,13 @@ class Device:
         next step's while this device's thread runs a step; nothing else reads the data meanwhile)."""
         t0 = time.perf_counter()
         targets = self._sub_batch(epoch, step_in_epoch, seed)
-        need = self.data.lookups(self.data.examples(targets, self.config, negative_seed(seed, epoch)), self.config,
-                                 self.dedup)
+        need = self._lookups(self.data.examples(targets, self.config, negative_seed(seed, epoch)), self.dedup)
         return need, int(targets.size), time.perf_counter() - t0
+
+    def _lookups(self, examples: Any, dedup: str) -> Lookups:
+        """The rows `examples` read, with this device's tables fused as its shard stores them."""
+        need = self.data.lookups(examples, self.config, dedup)
+        return need if self.group is None else self.group.fuse(need)
 
     def prepare(self, epoch: int, step_in_epoch: int, step: int, seed: int, built: Built | None = None) -> Outbox:
         """Step `step`'s REQUEST messages ahead of its start, from its batch (`built` for it, or built now); the
@@ -172,7 +187,7 @@ class Device:
         self.protocol.take_early(answer)
 
     def table_plan(self, table: str) -> DevicePlan:
-        return self.protocol.tables[table]
+        return self.tables[table]
 
     def _carry_out(self, instructions: list[Instruction]) -> Outbox:
         """Carry out the protocol's instructions in order (this device's shard is written here, and only here);
@@ -259,7 +274,7 @@ class Device:
         parts = []
         for s in range(0, targets.size, EVAL_CHUNK):
             ex = self.data.eval_examples(targets[s : s + EVAL_CHUNK], self.config, seed, negatives)
-            need = self.data.lookups(ex, self.config, "device")
+            need = self._lookups(ex, "device")
             rows = self._rows(need.fetch, remote_rows)
             with torch.no_grad():
                 logit = self.config.logits(dense, rows, need.index.on(self.torch))
@@ -417,7 +432,7 @@ class Device:
                         raise InputError(f"{root}/{t}/{kind}: shape {a.shape}; accepted: {tuple(held[t].shape)} (the "
                                          "rows this plan puts on the device, the model's dimension, the rows' "
                                          "optimizer state)")
-                    held[t] = torch.from_numpy(a).to(self.torch)
+                    held[t].copy_(torch.from_numpy(a))  # in place: a fused table's rows are a view
         if sh.dense is not None:
             sh.load_dense({k: arrays[f"dense/{k}"] for k in sh.dense},
                           {k: arrays[f"dense_opt/{k}"] for k in sh.dense_optimizer.state}, dense_steps, str(root))

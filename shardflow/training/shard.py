@@ -4,7 +4,8 @@ A plain class with no knowledge of messages (shardflow.training.protocol routes 
 It stores only the rows the plan gives its device, each with its row optimizer's state
 and a version (the step after whose update the row was last written), plus, on device 0,
 the dense parameters and their optimizer. Callers speak global ids; a RowLayout turns
-them into local rows.
+them into local rows. The tables of a TableGroup (shardflow.training.fusion) are stored as
+one, FUSED, which the step reads and updates; each of their tables is a view of it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import numpy as np
 import torch
 
 from shardflow.errors import InputError
-from shardflow.model.dlrm import ClickConfig
+from shardflow.model.dlrm import FUSED, ClickConfig
 from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_state_shape, row_update
 from shardflow.model.sequence import ModelConfig, init_rows
+from shardflow.training.fusion import TableGroup
 
 
 @dataclass(frozen=True)
@@ -103,20 +105,55 @@ class ParameterShard:
         optimizer: OptimizerConfig,
         torch_device: torch.device = torch.device("cpu"),
         holds_dense: bool = False,
+        group: TableGroup | None = None,
     ) -> None:
         self.index, self.layouts, self.config, self.optimizer = device, layouts, config, optimizer
         self.device, self.dim = torch_device, config.dim
-        self.weights = {t: torch.from_numpy(init_rows(t, lay.init_ids, config.dim, config.seed)).to(torch_device)
-                        for t, lay in layouts.items()}
         width = row_state_shape(optimizer.rows, config.dim)
+        self._fused = None if group is None else self._fuse(group, width)
+        fused = () if group is None else group.tables
+        self.weights = {t: torch.from_numpy(init_rows(t, lay.init_ids, config.dim, config.seed)).to(torch_device)
+                        for t, lay in layouts.items() if t not in fused}
         self.state = {t: torch.zeros((lay.rows, *width), dtype=torch.float32, device=torch_device)
-                      for t, lay in layouts.items()}
-        self.version = {t: np.zeros(lay.rows, dtype=np.int64) for t, lay in layouts.items()}
+                      for t, lay in layouts.items() if t not in fused}
+        self.version = {t: np.zeros(lay.rows, dtype=np.int64) for t, lay in layouts.items() if t not in fused}
+        if self._fused is not None:
+            self._views(fused)
         self.clock = 0  # steps whose updates this shard has applied
         self.dense: dict[str, torch.Tensor] | None = None  # device 0's dense parameters
         if holds_dense:
             self.dense = {k: torch.from_numpy(v).to(torch_device) for k, v in config.init_dense().items()}
             self.dense_optimizer = DenseOptimizer(optimizer, self.dense)
+
+    def _fuse(self, group: TableGroup, width: tuple[int, ...]) -> tuple[RowLayout, torch.Tensor, torch.Tensor,
+                                                                         np.ndarray]:
+        """FUSED's layout (the group's stored ids moved to their ranges, one table after another), and its rows
+        (initial values), optimizer state and versions, each made once: never a second copy of the tables."""
+        stored = np.concatenate([self.layouts[t].init_ids + group.offsets[t] for t in group.tables])
+        weights = torch.empty((stored.size, self.dim), dtype=torch.float32, device=self.device)
+        start = 0
+        for t in group.tables:
+            ids = self.layouts[t].init_ids
+            weights[start : start + ids.size] = torch.from_numpy(init_rows(t, ids, self.dim, self.config.seed))
+            start += ids.size
+        state = torch.zeros((stored.size, *width), dtype=torch.float32, device=self.device)
+        return RowLayout(FUSED, stored=stored), weights, state, np.zeros(stored.size, dtype=np.int64)
+
+    def _views(self, tables: tuple[str, ...]) -> None:
+        """Each fused table's rows, state and versions: a view of its part of FUSED's."""
+        assert self._fused is not None  # __init__ calls it only then
+        _, weights, state, version = self._fused
+        start = 0
+        for t in tables:
+            end = start + self.layouts[t].rows
+            self.weights[t], self.state[t], self.version[t] = weights[start:end], state[start:end], version[start:end]
+            start = end
+
+    def _table(self, table: str) -> tuple[RowLayout, torch.Tensor, torch.Tensor, np.ndarray]:
+        """A table's (or FUSED's) layout, rows, optimizer state and versions."""
+        if table == FUSED and self._fused is not None:
+            return self._fused
+        return self.layouts[table], self.weights[table], self.state[table], self.version[table]
 
     @property
     def dense_layers(self) -> dict[str, torch.Tensor]:
@@ -129,35 +166,34 @@ class ParameterShard:
         if step != self.clock:
             raise RuntimeError(f"shard {self.index}: asked for step {step}, holds parameters after step {self.clock}")
 
-    def _local(self, table: str, ids: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(self.layouts[table].local(ids)).to(self.device)
-
     def read(self, table: str, ids: np.ndarray) -> torch.Tensor:
         """Rows of `ids` as this shard holds them now."""
-        return self.weights[table][self._local(table, ids)]
+        layout, weights, _, _ = self._table(table)
+        return weights[torch.from_numpy(layout.local(ids)).to(self.device)]
 
     def changed_since(self, table: str, ids: np.ndarray, clock: int) -> tuple[np.ndarray, torch.Tensor]:
         """The positions in `ids` of the rows updated in step `clock` or later, and those rows now."""
-        local = self.layouts[table].local(ids)
-        at = np.flatnonzero(self.version[table][local] > clock)
-        return at, self.weights[table][torch.from_numpy(local[at]).to(self.device)]
+        layout, weights, _, version = self._table(table)
+        local = layout.local(ids)
+        at = np.flatnonzero(version[local] > clock)
+        return at, weights[torch.from_numpy(local[at]).to(self.device)]
 
     def read_state(self, table: str, ids: np.ndarray) -> torch.Tensor:
-        return self.state[table][self._local(table, ids)]
+        layout, _, state, _ = self._table(table)
+        return state[torch.from_numpy(layout.local(ids)).to(self.device)]
 
     def apply(self, table: str, ids: np.ndarray, grads: torch.Tensor, step: int) -> None:
         """The update of rows `ids` (distinct) with their summed gradients."""
         if not ids.size:
             return
-        local = self.layouts[table].local(ids)
-        if self.layouts[table].modulus is not None:  # estimation: several ids share a scaled row
+        layout, weights, state, version = self._table(table)
+        local = layout.local(ids)
+        if layout.modulus is not None:  # estimation: several ids share a scaled row
             local, where = np.unique(local, return_inverse=True)
             summed = torch.zeros((local.size, self.dim), dtype=torch.float32, device=self.device)
             grads = summed.index_add_(0, torch.from_numpy(where).to(self.device), grads)
-        row_update(
-            self.optimizer, self.weights[table], self.state[table], torch.from_numpy(local).to(self.device), grads
-        )
-        self.version[table][local] = step + 1
+        row_update(self.optimizer, weights, state, torch.from_numpy(local).to(self.device), grads)
+        version[local] = step + 1
 
     def apply_dense(self, total: dict[str, torch.Tensor]) -> None:
         self.dense_optimizer.step(total)
