@@ -11,15 +11,43 @@ from shardflow.errors import InputError
 MANIFEST = "manifest.json"
 
 
+OPENING = '{\n  "format": "shardflow.'  # how every manifest shardflow writes begins (write_manifest)
+MAX_READ_BYTES = 1 << 26  # a manifest.json larger than this is told by its opening alone
+
+
 def write_manifest(store: Path, manifest: dict) -> None:
-    """Write `manifest` into `store` durably: a temporary file, fsync, then an atomic rename."""
+    """Write `manifest` into `store` durably: a temporary file, fsync, then an atomic rename. Its format first, so
+    it begins with OPENING (is_store)."""
     path = Path(store) / MANIFEST
     tmp = path.with_suffix(".json.tmp")
     with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=2)
+        json.dump({"format": manifest["format"], **manifest}, f, indent=2)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def is_store(path: Path) -> bool:
+    """Whether `path` is a shardflow store, whole or damaged: its manifest.json a JSON object of a shardflow format,
+    or one that does not parse but begins as shardflow writes one (cut short: a damaged checkpoint a resume skipped
+    is replaced). A web app's or a browser extension's manifest.json is neither."""
+    manifest = Path(path) / MANIFEST
+    try:
+        if manifest.stat().st_size <= MAX_READ_BYTES:
+            found = json.loads(manifest.read_bytes())
+            return isinstance(found, dict) and str(found.get("format", "")).startswith("shardflow.")
+    except OSError:
+        return False
+    except ValueError:  # not JSON (cut short?): how it begins tells
+        pass
+    try:
+        with open(manifest, "rb") as f:
+            head = f.read(len(OPENING)).decode(errors="replace")
+    except OSError:
+        return False
+    if len(head) < len(OPENING):  # cut short within its opening (empty: nothing tells)
+        return bool(head) and OPENING.startswith(head)
+    return head == OPENING
 
 
 def read_manifest(store: Path, kind: str, version: int, made_by: str) -> dict:

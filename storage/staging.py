@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from shardflow.errors import InputError, stop_if_asked
-from storage.manifest import MANIFEST
+from storage.manifest import MANIFEST, is_store
 
 _LEFTOVER = re.compile(r"^\..+\.(staging|replaced)-[0-9a-f]{12}$")
 
@@ -29,10 +29,14 @@ def check_destination(dest: Path, *, overwrite: bool, reads: tuple[str | Path, .
 
     Accepted: a path that does not exist, an empty directory, or (with overwrite) a
     directory holding a complete shardflow store; never one of the stores or files the
-    command `reads`, a directory holding one, or a path inside one. Anything else is left alone.
+    command `reads`, a directory holding one, a path inside one, or a path inside another
+    shardflow store (an overwrite of that store would take it along). Anything else is left alone.
     """
     dest = Path(dest)
     check_apart(dest, reads)
+    outer = next((d for d in Path(os.path.abspath(dest)).parents if is_store(d)), None)
+    if outer is not None:
+        raise InputError(f"{dest}: a path inside the shardflow store {outer}; accepted: a path outside any store")
     if not dest.exists():
         if dest.parent.exists() and not dest.parent.is_dir():
             raise InputError(f"{dest}: its parent {dest.parent} is not a directory")
@@ -41,7 +45,7 @@ def check_destination(dest: Path, *, overwrite: bool, reads: tuple[str | Path, .
         raise InputError(f"{dest} exists and is a file; accepted: a new path or a shardflow store with --overwrite")
     if not any(dest.iterdir()):
         return
-    if not (dest / MANIFEST).is_file():
+    if not is_store(dest):  # a manifest.json of its own (a web app's) does not make it one: it was replaced
         raise InputError(
             f"{dest} exists, is not empty and is not a shardflow store; refusing to replace it. "
             "Accepted: a new path, an empty directory, or a shardflow store with --overwrite"

@@ -1,7 +1,8 @@
 import pytest
 
 from shardflow.errors import InputError
-from storage.staging import check_apart
+from storage.manifest import write_manifest
+from storage.staging import check_apart, check_destination
 
 
 def test_a_destination_apart_from_what_is_read_passes_and_one_that_overlaps_it_is_named(tmp_path):
@@ -16,3 +17,29 @@ def test_a_destination_apart_from_what_is_read_passes_and_one_that_overlaps_it_i
         assert str(refused.value) == f"{tmp_path / dest}: {where} {tmp_path / 'ds'}, which this command reads; " \
                                      "accepted: a path outside it"
     check_apart(tmp_path / "ds" / "dataset", (tmp_path / "ds",), inside=True)  # an import's parts: files only
+
+
+def test_an_overwrite_replaces_only_a_store_shardflow_wrote_and_no_store_is_made_inside_another(tmp_path):
+    """A directory with a manifest.json of its own (a web app's, a browser extension's) was taken for a store and
+    replaced by `import --overwrite`, its other files lost; a store made inside another went with the outer
+    one's overwrite."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "manifest.json").write_text('{"name": "my web app"}')
+    (app / "notes.txt").write_text("precious")
+    with pytest.raises(InputError, match=r"app exists, is not empty and is not a shardflow store; refusing to "):
+        check_destination(app, overwrite=True)
+    store = tmp_path / "store"
+    store.mkdir()
+    write_manifest(store, {"format": "shardflow.dataset", "format_version": 1})
+    check_destination(store, overwrite=True)
+    text = (store / "manifest.json").read_text()
+    (store / "manifest.json").write_text(text[: len(text) // 2])  # damaged: a resume replaces such a checkpoint
+    check_destination(store, overwrite=True)
+    for inner in (store / "inner", store / "segments" / "x"):
+        with pytest.raises(InputError) as refused:
+            check_destination(inner, overwrite=False)
+        assert str(refused.value) == f"{inner}: a path inside the shardflow store {store}; accepted: a path " \
+                                     "outside any store"
+    check_destination(app / "inner", overwrite=False)  # inside a directory that is no store: nothing to lose
+    assert (app / "notes.txt").read_text() == "precious"
