@@ -28,15 +28,19 @@ def check_destination(dest: Path, *, overwrite: bool, reads: tuple[str | Path, .
     """Refuse, before any work, a destination that would lose data.
 
     Accepted: a path that does not exist, an empty directory, or (with overwrite) a
-    directory holding a complete shardflow store; never one of the stores or files the
-    command `reads`, a directory holding one, a path inside one, or a path inside another
-    shardflow store (an overwrite of that store would take it along). Anything else is left alone.
+    shardflow store (storage.manifest.is_store: a damaged one too); never one of the stores or files the
+    command `reads`, a directory holding one, a path inside one, a path inside another
+    shardflow store (an overwrite of that store would take it along), or a symbolic link. Anything
+    else is left alone.
     """
     dest = Path(dest)
     check_apart(dest, reads)
     outer = next((d for d in Path(os.path.abspath(dest)).parents if is_store(d)), None)
     if outer is not None:
         raise InputError(f"{dest}: a path inside the shardflow store {outer}; accepted: a path outside any store")
+    if dest.is_symlink():  # the link, not its store, would be swapped out (and the store left behind)
+        raise InputError(f"{dest}: a symbolic link to {os.readlink(dest)}; accepted: a path that is not a link "
+                         f"(the store's own: {dest.resolve()})")
     if not dest.exists():
         if dest.parent.exists() and not dest.parent.is_dir():
             raise InputError(f"{dest}: its parent {dest.parent} is not a directory")

@@ -43,3 +43,19 @@ def test_an_overwrite_replaces_only_a_store_shardflow_wrote_and_no_store_is_made
                                      "outside any store"
     check_destination(app / "inner", overwrite=False)  # inside a directory that is no store: nothing to lose
     assert (app / "notes.txt").read_text() == "precious"
+
+
+def test_a_destination_that_is_a_symbolic_link_is_refused_and_its_store_kept(tmp_path):
+    """`import --overwrite` through a link to a store moved the link aside, put the new store where the link was,
+    then failed on a traceback ("Cannot call rmtree on a symbolic link"): the old store stayed, a leftover link
+    beside it."""
+    store = tmp_path / "store"
+    store.mkdir()
+    write_manifest(store, {"format": "shardflow.dataset", "format_version": 1})
+    for name, target in (("link", store), ("dangling", tmp_path / "gone")):
+        (tmp_path / name).symlink_to(target)
+        with pytest.raises(InputError) as refused:
+            check_destination(tmp_path / name, overwrite=True)
+        assert str(refused.value) == f"{tmp_path / name}: a symbolic link to {target}; accepted: a path that is not " \
+                                     f"a link (the store's own: {target})"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "link", "store"]
