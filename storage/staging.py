@@ -79,8 +79,8 @@ def staged(dest: Path, *, overwrite: bool) -> Iterator[Path]:
     deleted. A process that was sent a stop signal publishes nothing, even if the
     signal's exception was lost on the way (shardflow.errors.stop_if_asked).
     """
-    dest = Path(dest)
-    check_destination(dest, overwrite=overwrite)
+    check_destination(Path(dest), overwrite=overwrite)
+    dest = Path(os.path.abspath(dest))  # `.` has no name and no parent to stage in (renaming it failed)
     dest.parent.mkdir(parents=True, exist_ok=True)
     stage = dest.parent / f".{dest.name}.staging-{uuid.uuid4().hex[:12]}"
     try:

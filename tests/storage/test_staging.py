@@ -1,8 +1,10 @@
+from pathlib import Path
+
 import pytest
 
 from shardflow.errors import InputError
 from storage.manifest import write_manifest
-from storage.staging import check_apart, check_destination
+from storage.staging import check_apart, check_destination, staged
 
 
 def test_a_destination_apart_from_what_is_read_passes_and_one_that_overlaps_it_is_named(tmp_path):
@@ -59,3 +61,13 @@ def test_a_destination_that_is_a_symbolic_link_is_refused_and_its_store_kept(tmp
         assert str(refused.value) == f"{tmp_path / name}: a symbolic link to {target}; accepted: a path that is not " \
                                      f"a link (the store's own: {target})"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "link", "store"]
+
+
+def test_the_working_directory_is_replaced_as_any_store_is(tmp_path, monkeypatch):
+    """`import … . --overwrite` inside a store ended in a traceback (renaming `.` failed: Device or resource busy)."""
+    for made in range(2):
+        with staged(tmp_path / "store" if made == 0 else Path("."), overwrite=made == 1) as stage:
+            write_manifest(stage, {"format": "shardflow.dataset", "format_version": 1, "made": made})
+        monkeypatch.chdir(tmp_path / "store")
+    assert '"made": 1' in (tmp_path / "store" / "manifest.json").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
