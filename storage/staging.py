@@ -98,6 +98,8 @@ def staged(dest: Path, *, overwrite: bool) -> Iterator[Path]:
             # first, the rename fails instead of replacing it.
             os.rename(stage, dest)
         except OSError as e:
+            if old is not None and not dest.exists():  # nothing took its place: the old store goes back
+                os.replace(old, dest)
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
             raise InputError(f"{dest}: another writer published a store there meanwhile; it is kept") from None

@@ -1,3 +1,5 @@
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -70,4 +72,20 @@ def test_the_working_directory_is_replaced_as_any_store_is(tmp_path, monkeypatch
             write_manifest(stage, {"format": "shardflow.dataset", "format_version": 1, "made": made})
         monkeypatch.chdir(tmp_path / "store")
     assert '"made": 1' in (tmp_path / "store" / "manifest.json").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
+
+
+def test_a_store_moved_aside_goes_back_when_the_new_one_cannot_be_renamed_in(tmp_path, monkeypatch):
+    """The old store was left at `.store.replaced-*`, the destination empty, for a later sweep to delete."""
+    with staged(tmp_path / "store", overwrite=False) as stage:
+        write_manifest(stage, {"format": "shardflow.dataset", "format_version": 1, "made": 0})
+
+    def refused(src, dst):
+        raise PermissionError(errno.EACCES, "Permission denied", str(src))
+
+    monkeypatch.setattr(os, "rename", refused)
+    with pytest.raises(PermissionError):
+        with staged(tmp_path / "store", overwrite=True) as stage:
+            write_manifest(stage, {"format": "shardflow.dataset", "format_version": 1, "made": 1})
+    assert '"made": 0' in (tmp_path / "store" / "manifest.json").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
