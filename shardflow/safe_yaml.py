@@ -85,9 +85,7 @@ def _int_12(loader: _NoAliases, node: yaml.ScalarNode) -> int:
     """An int as YAML 1.2 reads it: decimal unless 0o (octal) or 0x (hexadecimal); 1.1's constructor reads a
     leading zero as octal and a colon as base 60."""
     text = loader.construct_scalar(node).replace("_", "")
-    if text[:2] in ("0o", "0x"):
-        return int(text[2:], 8 if text[1] == "o" else 16)
-    return int(text, 10)
+    return int(text, 0 if text[:2] in ("0o", "0x") else 10)  # base 0 reads the prefix, and refuses 017
 
 
 _NoAliases.add_constructor(INT, _int_12)

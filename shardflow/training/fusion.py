@@ -71,24 +71,23 @@ class TableGroup:
         gathered into the index's `fused` block."""
         index: ClickIndex = need.index
         fetch = {t: ids for t, ids in need.fetch.items() if t not in self.offsets}
-        parts, singles, features = [], [], {}
+        parts, singles, moved = [], {}, {}
         start = 0
         for t in self.tables:
             ids, at = need.fetch[t], index.features[t]
             parts.append(ids + self.offsets[t])
             if at.ndim == 1:
-                singles.append(at + start)
+                singles[t] = at + start
             else:  # a table of token sequences: its padding stays -1
-                features[t] = np.where(at >= 0, at + start, -1)
+                moved[t] = np.where(at >= 0, at + start, -1)
             start += ids.size
         fetch[FUSED] = np.concatenate(parts)
-        one_id = [t for t in self.tables if index.features[t].ndim == 1]
-        rest = {t: features.get(t, index.features[t]) for t in index.features if t not in one_id}
+        rest = {t: moved.get(t, at) for t, at in index.features.items() if t not in singles}
         head = ["(numeric)"] if index.numeric.shape[1] else []
         model = [*head, *index.features]  # the vectors as the model stacks them: numeric, then each table
-        concatenated = [*head, *one_id, *rest]  # as _fused_vectors concatenates them
-        order = np.array([concatenated.index(v) for v in model], dtype=np.int64)
-        fused = (np.stack(singles, axis=1) if singles
+        position = {v: k for k, v in enumerate([*head, *singles, *rest])}  # as _fused_vectors concatenates them
+        order = np.array([position[v] for v in model], dtype=np.int64)
+        fused = (np.stack(list(singles.values()), axis=1) if singles
                  else np.zeros((index.labels.size, 0), dtype=np.int64))
         same = bool((order == np.arange(order.size)).all())
         return Lookups(fetch=fetch, index=replace(index, features=rest, fused=fused,
