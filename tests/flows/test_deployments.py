@@ -168,7 +168,7 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     for v, r in zip((1, 2, 3), nights, strict=True):
         verdict = "Promoted" if r["message"].startswith("promoted") else "Rejected"
         assert r["state_name"] == verdict and len(r["message"]) < 70, r
-        assert {f"outcome:{verdict.lower()}", f"version:{v}"} <= set(r["tags"]), r
+        assert {f"outcome:{verdict.lower()}", f"version:{v}", "shardflow-nightly"} <= set(r["tags"]), r
     assert versions.numbers(run) == [1, 2, 3]
     # Each night's version is an asset of the run_dir, its verdict in its metadata; promotions are events.
     deadline = time.monotonic() + 60
@@ -222,7 +222,7 @@ def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(
     refused = run_deployment(server, "retrain/nightly-retrain", {**config, "run_dir": str(tmp_path / "foreign")})
     text = worker_log.read_text()
     assert refused["state"] == "FAILED" and "holds notes, not model versions" in refused["message"], refused
-    assert refused["name"].endswith("·failed") and "outcome:failed" in refused["tags"], refused
+    assert refused["name"].endswith("·failed") and {"outcome:failed", "shardflow-nightly"} <= set(refused["tags"])
     assert "Traceback" not in text and "distributed." not in text, text[-5000:]
 
     # The rollback deployment: version 1 serves again, an event says who and why, the run names its run_dir.

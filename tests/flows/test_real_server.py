@@ -186,8 +186,9 @@ def test_a_run_outlives_an_outage_of_the_prefect_api(server, tmp_path):
 
 
 BLOCK = """
+import sys
 from prefect.blocks.notifications import CustomWebhookNotificationBlock
-block = CustomWebhookNotificationBlock(name="shardflow-alerts", url="http://127.0.0.1:9/alerts",
+block = CustomWebhookNotificationBlock(name="shardflow-alerts", url=f"http://127.0.0.1:{sys.argv[1]}/alerts",
                                        json_data={"text": "{{body}}"})
 print(block.save("shardflow-alerts", overwrite=True))
 """
@@ -197,38 +198,112 @@ from prefect.client.orchestration import get_client
 async def main():
     async with get_client() as c:
         found = await c.read_automations()
-        print(json.dumps([{"name": a.name, "expect": sorted(a.trigger.expect), "posture": a.trigger.posture,
-                           "within": a.trigger.within.total_seconds(), "on": a.trigger.model_dump(mode="json")["match"],
-                           "match": a.trigger.model_dump(mode="json")["match_related"],
+        print(json.dumps([{"name": a.name, "trigger": a.trigger.model_dump(mode="json"),
                            "block": str(a.actions[0].block_document_id), "type": a.actions[0].type} for a in found]))
 asyncio.run(main())
 """
+NIGHTS = """
+import asyncio
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import State, StateType
+@flow
+def retrain(): ...
+async def main():
+    async with get_client() as c:  # an untagged run first: were it alerted on, its alert would come first
+        for name, tags, state, kind in (("other-failed", [], "Failed", "FAILED"),
+                                        ("night-failed", ["shardflow-nightly"], "Failed", "FAILED"),
+                                        ("night-crashed", ["shardflow-nightly"], "Crashed", "CRASHED"),
+                                        ("night-rejected", ["shardflow-nightly"], "Rejected", "COMPLETED"),
+                                        ("night-promoted", ["shardflow-nightly"], "Promoted", "COMPLETED")):
+            run = await c.create_flow_run(retrain, name=name, tags=tags)
+            await c.set_flow_run_state(run.id, State(type=StateType[kind], name=state, message=f"{name} says"),
+                                       force=True)
+asyncio.run(main())
+"""
+TAG = "shardflow-nightly"  # prefect.yaml gives the nightly deployment's runs this tag
 
 
-def test_the_alerts_file_creates_the_nightly_automations_with_a_notification_block(module_server, tmp_path):
-    made = subprocess.run([sys.executable, "-c", BLOCK], env=module_server.env, capture_output=True, text=True,
-                          timeout=120)
-    assert made.returncode == 0, made.stderr[-3000:]
-    block_id = made.stdout.split()[-1]
-    text = (ROOT / "automations.yaml").read_text()
-    assert text.count("block_document_id: REPLACE_WITH_NOTIFICATION_BLOCK_ID") == 5
-    (tmp_path / "a.yaml").write_text(text.replace("REPLACE_WITH_NOTIFICATION_BLOCK_ID", block_id))
-    created = subprocess.run([str(BIN / "prefect"), "automation", "create", "--from-file", str(tmp_path / "a.yaml")],
-                             env=module_server.env, capture_output=True, text=True, timeout=120)
-    assert created.returncode == 0, (created.stdout + created.stderr)[-3000:]
-    back = subprocess.run(
-        [sys.executable, "-c", AUTOMATIONS], env=module_server.env, capture_output=True, text=True, timeout=120
-    )
-    assert back.returncode == 0, back.stderr[-3000:]
-    found = {a["name"]: a for a in json.loads(back.stdout)}
-    assert {name: a["expect"] for name, a in found.items()} == {
-        "nightly-retrain failed": ["prefect.flow-run.Failed"], "nightly-retrain crashed": ["prefect.flow-run.Crashed"],
-        "nightly-retrain late": ["prefect.flow-run.Late"],
-        "nightly-retrain model rejected": ["shardflow.model.rejected"],
-        "nightly-retrain no completed night in 26 h": ["prefect.flow-run.*"]}
-    quiet = found["nightly-retrain no completed night in 26 h"]  # fires when no Promoted/Rejected/No new data came
-    assert (quiet["posture"], quiet["within"], quiet["on"]) == ("Proactive", 26 * 3600,
-                                                                {"prefect.state-type": "COMPLETED"})
-    for a in found.values():
-        assert a["match"] == {"prefect.resource.role": "deployment", "prefect.resource.name": "nightly-retrain"}
-        assert (a["type"], a["block"]) == ("send-notification", block_id)
+class Alerts:
+    """A webhook on loopback that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.bodies: list[str] = []
+        alerts = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                alerts.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["text"])
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.http = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.http.server_address[1]
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def test_the_alerts_file_creates_the_nightly_automations_and_they_alert_on_the_nightly_runs(module_server,
+                                                                                            tmp_path):
+    alerts = Alerts()
+    try:
+        made = subprocess.run([sys.executable, "-c", BLOCK, str(alerts.port)], env=module_server.env,
+                              capture_output=True, text=True, timeout=120)
+        assert made.returncode == 0, made.stderr[-3000:]
+        block_id = made.stdout.split()[-1]
+        text = (ROOT / "automations.yaml").read_text()
+        assert text.count("block_document_id: REPLACE_WITH_NOTIFICATION_BLOCK_ID") == 5
+        (tmp_path / "a.yaml").write_text(text.replace("REPLACE_WITH_NOTIFICATION_BLOCK_ID", block_id))
+        created = subprocess.run([str(BIN / "prefect"), "automation", "create", "--from-file",
+                                  str(tmp_path / "a.yaml")], env=module_server.env, capture_output=True, text=True,
+                                 timeout=120)
+        assert created.returncode == 0, (created.stdout + created.stderr)[-3000:]
+        back = subprocess.run([sys.executable, "-c", AUTOMATIONS], env=module_server.env, capture_output=True,
+                              text=True, timeout=120)
+        assert back.returncode == 0, back.stderr[-3000:]
+        found = {a["name"]: a for a in json.loads(back.stdout)}
+        triggers = {name: a["trigger"] for name, a in found.items()}
+        assert {name: t["expect"] for name, t in triggers.items()} == {
+            "nightly-retrain failed": ["prefect.flow-run.Failed"],
+            "nightly-retrain crashed": ["prefect.flow-run.Crashed"],
+            "nightly-retrain late": ["prefect.flow-run.Late"],
+            "nightly-retrain model rejected": ["prefect.flow-run.Rejected"],
+            "nightly-retrain no completed night in 26 h": ["prefect.flow-run.*"]}
+        quiet = triggers.pop("nightly-retrain no completed night in 26 h")  # no Promoted/Rejected/No new data
+        assert (quiet["posture"], quiet["within"], quiet["match"]) == ("Proactive", 26 * 3600,
+                                                                       {"prefect.state-type": "COMPLETED"})
+        watched = {"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{TAG}"}
+        assert quiet["match_related"] == watched
+        for t in triggers.values():  # the UI's flow-run-state shape: its card says the tag and the state
+            assert (t["posture"], t["match"], t["for_each"], t["match_related"], t["threshold"]) == (
+                "Reactive", {"prefect.resource.id": "prefect.flow-run.*"}, ["prefect.resource.id"], watched, 1)
+        for a in found.values():
+            assert (a["type"], a["block"]) == ("send-notification", block_id)
+        nightly = next(d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+                       if d["name"] == "nightly-retrain")
+        assert nightly["tags"] == [TAG]
+
+        # Runs end in the states nights end in: the nightly ones failed, crashed or rejected alert, with the run's
+        # name, its state's message and its page; a run without the tag and a promoted night do not.
+        ended = subprocess.run([sys.executable, "-c", NIGHTS], env=module_server.env, capture_output=True,
+                               text=True, timeout=120)
+        assert ended.returncode == 0, ended.stderr[-3000:]
+        deadline = time.monotonic() + 60
+        while len(alerts.bodies) < 3:
+            assert time.monotonic() < deadline, alerts.bodies
+            time.sleep(0.5)
+        time.sleep(2)  # anything more would be alerted by now
+        assert sorted(b.strip() for b in alerts.bodies) == [  # this server runs without its UI: no page to link
+            "Flow run night-crashed crashed: night-crashed says", "Flow run night-failed failed: night-failed says",
+            "Flow run night-rejected: night-rejected says"], alerts.bodies
+    finally:
+        alerts.close()
