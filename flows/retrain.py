@@ -41,7 +41,7 @@ from shardflow.errors import (
 from shardflow.importing import Imported
 from shardflow.lifecycle import NothingNew, nothing_new, untrained
 from shardflow.model.metrics import Metrics
-from shardflow.preflight import check_run
+from shardflow.preflight import check_run, check_training_examples
 from shardflow.reporting.run_report import artifact_key, outcome, run_label, state_message
 from shardflow.reporting.stages import StageClock
 from shardflow.reporting.summary import VAL, PlanFigures, RunSummary, TrainingFigures, VersionFigures
@@ -195,6 +195,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
         lists = recommend(config, dataset, run, version.newest, began(run, version.newest).window[0], client)
         clock.done("top-K lists")
         return replace(summary, recommendations=lists)
+    check_training_examples(config, dataset, version.window)  # before the profile and the plan are made
     name_run(run, f"v{version.version}")
     layout = RunLayout(Path(run))
     paths = layout.version(version.version)

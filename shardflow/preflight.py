@@ -11,10 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from shardflow.config import RetrainConfig
-from shardflow.data.clicks import exported_record, model_config, shape_differences, warm_start_record
+from shardflow.data.clicks import (
+    exported_record,
+    load_training_data,
+    model_config,
+    shape_differences,
+    warm_start_record,
+)
 from shardflow.errors import InputError
 from shardflow.importing import dataset_store, import_options, imported_source, same_source, source_parts
+from shardflow.model.dlrm import ClickConfig
+from shardflow.model.sequence import ModelConfig
 from shardflow.planner.memory import check_capacity
+from shardflow.training.config import check_batch
 from storage import versions
 from storage.checkpoint import EXPORT, read_export_manifest
 from storage.dataset import Dataset
@@ -82,11 +91,8 @@ def check_model_shape(config: RetrainConfig) -> None:
     if promoted is None or store is None:
         return
     theirs = exported_record(read_export_manifest(versions.version_dir(config.run_dir, promoted) / EXPORT))
-    m = config.model
-    model = model_config(Dataset.open(store), dim=m.dim, mlp=tuple(m.mlp), bottom=tuple(m.bottom_mlp),
-                         history=m.history, negatives=m.negatives, seed=config.train.seed,
-                         encoder=config.encoder_options())
-    mine = warm_start_record(model, config.train.dense_optimizer, config.optimizer().rows)
+    mine = warm_start_record(run_model(config, Dataset.open(store)), config.train.dense_optimizer,
+                             config.optimizer().rows)
     differ = shape_differences(mine, theirs)
     if differ:
         def values(record: dict[str, Any]) -> str:
@@ -97,6 +103,22 @@ def check_model_shape(config: RetrainConfig) -> None:
             f"{values(mine)}; a new version warm-starts from the current one. Accepted: the same values, or a new "
             "run_dir (a cold start)"
         )
+
+
+def run_model(config: RetrainConfig, ds: Dataset) -> ModelConfig | ClickConfig:
+    """The model the run trains on `ds`, as the engine builds it (shardflow.data.clicks.model_config)."""
+    m = config.model
+    return model_config(ds, dim=m.dim, mlp=tuple(m.mlp), bottom=tuple(m.bottom_mlp), history=m.history,
+                        negatives=m.negatives, seed=config.train.seed, encoder=config.encoder_options())
+
+
+def check_training_examples(config: RetrainConfig, dataset: str, window: tuple[int, int]) -> None:
+    """Refuse a global batch of more examples than a version's training window holds once the window is known,
+    before the version's profile and plan are made (the engine's own check, which would come after them)."""
+    ds = Dataset.open(dataset)
+    train = config.training(window)
+    data = load_training_data(ds, run_model(config, ds).features, window, validation=train.validation)
+    check_batch(train.batch_size, config.parsed_topology.devices, data.targets)
 
 
 def _plain(value: object) -> object:

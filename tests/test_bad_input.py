@@ -633,6 +633,14 @@ def case_training_batch_larger_than_dataset(world, client, tmp_path):
         r"batch size 1000000 > \d+ training examples; accepted: at most \d+")
 
 
+def case_run_batch_larger_than_the_versions_training_examples(world, tmp_path):
+    from shardflow.preflight import check_training_examples
+
+    cfg = config(world, batch_size=20_000, run_dir=str(tmp_path / "run"))  # the dataset: 6,000 events
+    return [world / "ds"], lambda: check_training_examples(cfg(), str(world / "ds"), (0, 0)), (
+        r"batch size 20000 > \d+ training examples; accepted: at most \d+")
+
+
 def case_training_non_finite_gradients(world, client, tmp_path):
     data = TrainData.load(str(world / "ds"), MODEL.features)
     run = copy(world, "run", tmp_path)
