@@ -137,18 +137,20 @@ class Engine(Persistence):
         self._inflight: list[Any] = []  # the running actor calls close() waits for
         self._device_lost = False  # a device's worker left: its peers' calls may be blocked asking it
         self.optimizer = optimizer
-        self._futures = self._submit_actors(dataset, optimizer, scaled_rows)
+        self._futures: list[Any] = []
         try:
             try:
+                self._futures = self._submit_actors(dataset, optimizer, scaled_rows)
                 self._wait_futures(self._futures)
                 self.actors = [f.result() for f in self._futures]
             except (FutureCancelledError, FuturesCancelledError):
                 # An actor's worker died while the actor was being made: a lost worker, not a failed run.
                 self.check_workers(grace_s=LOSS_GRACE_S)
                 raise
-            except RuntimeError:
-                # Made, then its worker died before this read it (distributed: "Worker holding Actor was lost").
-                # An actor whose constructor raised is in error too, on a worker still there: raised as it came.
+            except (RuntimeError, OSError):
+                # Made, then its worker died before this read it (distributed: "Worker holding Actor was lost"),
+                # or gone as the plan was scattered to it (a closed comm). An actor whose constructor raised is
+                # in error too, on a worker still there: raised as it came.
                 self.check_workers(grace_s=LOSS_GRACE_S, by_actor=False)
                 raise
             self._wait([a.connect(self.actors) for a in self.actors])
@@ -164,7 +166,10 @@ class Engine(Persistence):
     def _submit_actors(self, dataset: str, optimizer: OptimizerConfig, scaled_rows: dict[str, int] | None) -> list[Any]:
         """One DeviceActor per device, each pinned to its worker: their futures."""
         train, P, run = self.train, self.topology.devices, uuid.uuid4().hex[:8]
-        tables = self.plan.for_devices(P)
+        # The plan goes to the workers once, beside the graph: a hashed click log's (26 tables of 2^20 rows)
+        # was 52 MiB inside it, Dask's "Sending large graph" warning on the terminal.
+        [tables] = self.client.scatter([self.plan.for_devices(P)], workers=self.workers, broadcast=True,
+                                       hash=False)
         return [
             self.client.submit(
                 DeviceActor, d, self.topology, tables, for_workers(dataset), self.model, optimizer,

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from shardflow.data.batches import TrainData
 from shardflow.errors import InputError, TrainingError
 from shardflow.model.optim import OptimizerConfig
 from shardflow.model.sequence import ModelConfig
@@ -164,6 +165,30 @@ def test_estimation_mode_scales_tables_onto_one_server(client, dataset, data):
     assert np.isfinite(result.epoch_loss[0])
     whole, scaled_all, one = estimation_plan(rows, MODEL.dim, server_bytes=None)
     assert one == 1.0 and scaled_all == rows
+
+
+def test_the_plan_reaches_the_workers_beside_the_graph_not_inside_it(client, tmp_path):
+    """A hashed click log's plan (26 tables of 2^20 rows: 52 MiB) once made the actors' graph so large that Dask
+    warned on the terminal; here 500,000 rows (1 MB of homes and tiers) against a warning threshold of 256 kB."""
+    import warnings
+
+    import dask
+
+    from shardflow.data.synthetic import SynthTable, synth_dataset
+
+    synth_dataset(tmp_path / "ds", [SynthTable("item", 500_000, 1.1), SynthTable("genre", 12, 0.7)],
+                  interactions=3000, seed=2, mean_length=10)
+    data = TrainData.load(str(tmp_path / "ds"), MODEL.features)
+    plan = random_plan(data, 2, seed=3)
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "256kB"}), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Engine(client, str(tmp_path / "ds"), plan, TOPOLOGIES[2], MODEL, OPTIMIZER,
+                    TrainConfig(BATCH, max_steps=1)) as engine:
+            engine.fit()
+            shards = engine.parameters()
+    assert [str(w.message) for w in caught if "large graph" in str(w.message)] == []
+    assert sum(s["item"]["weights"].shape[0] for s in shards) >= 500_000  # every row has a home
 
 
 def test_a_plan_that_does_not_match_the_dataset_is_refused(client, dataset, data):
