@@ -163,39 +163,42 @@ def _failed(run: str) -> None:
 
 
 def _make_version(config: RetrainConfig, run: str, clock: StageClock) -> RunSummary:
-    """The data imported and verified first (a bad part or a damaged store fails in seconds, before any
-    cluster starts), then the version on the run's Dask cluster."""
+    """The data imported and verified and the version opened first (a bad part, a damaged store or a batch
+    larger than the version's training examples fails in seconds, before any cluster starts), then the
+    version on the run's Dask cluster."""
     devices = config.parsed_topology.devices
     with run_lock(run):
         tidy(run)
         imported = prepare_dataset(config)
         dataset = imported.path
         clock.done("import and verify the data")
-        with contextlib.ExitStack() as cluster:
-            client = start_cluster(config, cluster)
-            clock.done("cluster start")
-            with owned(dataset, run):  # the run owns its data: no append until it ends
-                summary = _version(config, run, client, devices, dataset, imported, clock, cluster)
+        with owned(dataset, run):  # the run owns its data: no append until it ends
+            version = open_version(config, dataset)
+            clock.done("open the version")
+            if isinstance(version, VersionStart):
+                check_training_examples(config, dataset, version.window)
+            elif not lists_cut_off(run, version.newest, config.nightly.top_k):
+                return untrained(run, version.current, version.newest, imported.parts_added, imported.warnings)
+            with contextlib.ExitStack() as cluster:
+                client = start_cluster(config, cluster)
+                clock.done("cluster start")
+                summary = _version(config, run, client, devices, dataset, imported, clock, cluster, version)
         clock.done("Dask performance report, cluster stop")
         return summary
 
 
 def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str, imported: Imported,
-             clock: StageClock, cluster: contextlib.ExitStack) -> RunSummary:
-    """The model version of this run's data, from open-version to the promotion gate and the lists; the Dask
-    performance report of its work is written under it as the cluster stops (entered on `cluster`)."""
-    version = open_version(config, dataset)
-    clock.done("open the version")
+             clock: StageClock, cluster: contextlib.ExitStack, version: VersionStart | NothingNew) -> RunSummary:
+    """The model version of this run's data, from its profile to the promotion gate and the lists (or, for a
+    night with nothing new whose lists were cut off, those lists); the Dask performance report of its work is
+    written under it as the cluster stops (entered on `cluster`)."""
     if isinstance(version, NothingNew):
         summary = untrained(run, version.current, version.newest, imported.parts_added, imported.warnings)
-        if not lists_cut_off(run, version.newest, config.nightly.top_k):
-            return summary
         get_run_logger().warning("version %d's night was cut off before its top-K lists; writing them now",
                                  version.newest)
         lists = recommend(config, dataset, run, version.newest, began(run, version.newest).window[0], client)
         clock.done("top-K lists")
         return replace(summary, recommendations=lists)
-    check_training_examples(config, dataset, version.window)  # before the profile and the plan are made
     name_run(run, f"v{version.version}")
     layout = RunLayout(Path(run))
     paths = layout.version(version.version)
