@@ -344,7 +344,8 @@ def _epochs(engine, config: RetrainConfig, paths: VersionPaths, resumed: Resumed
         kept.losses[epoch] = done.stats.loss
         steps += done.stats.steps
         measured = engine.traffic().modeled_bytes / steps
-        unless_lost(checkpoint(engine, paths.version, epoch, done.figures(measured)))
+        unless_lost(checkpoint(engine, paths.version, epoch, done.figures(measured), config.train.keep_checkpoints,
+                               config.train.patience is not None))
         update_progress_artifact(kept.progress, 100.0 * epoch / config.train.epochs,
                                  description=f"epoch {epoch}/{config.train.epochs} done · loss {done.stats.loss:.3f}")
     return measured

@@ -211,6 +211,12 @@ class TrainSection(Section):
         le=100,
         description="times a run restores the cluster and the shards from the last checkpoint after losing a worker",
     )
+    keep_checkpoints: int | None = Field(
+        2, ge=1, le=MAX_EPOCHS,
+        description="a version's newest N epoch checkpoints are kept and, with patience, its best-scoring one; an "
+        "older one is retired once a newer one is complete: its shards (a copy of the model) deleted, its manifest "
+        "kept as the epoch's record (none: every epoch's checkpoint kept)",
+    )
     restart_timeout_s: float = Field(300.0, gt=0, le=86400, allow_inf_nan=False,
                                      description="how long a restore waits for enough workers")
 

@@ -23,7 +23,7 @@ from shardflow.planner.topology import parse_topology
 from shardflow.reporting.run_report import version_result
 from shardflow.reporting.summary import RunSummary
 from storage import staging, versions
-from storage.checkpoint import complete_checkpoints
+from storage.checkpoint import complete_checkpoints, sweep_retired
 from storage.dataset import Dataset
 from storage.importers import check_continuation
 from storage.lock import run_lock
@@ -34,6 +34,7 @@ from storage.versions import STARTED, VersionStart
 # under any of their values, and made again when any other key changed.
 NOT_FINGERPRINTED = ("run_dir", "scheduler_address", "cluster_class", "cluster_kwargs", "tls_ca_file", "tls_cert",
                      "tls_key", "max_restarts", "restart_timeout_s", "promotion_margin", "keep_versions",
+                     "keep_checkpoints",
                      "part_settle_s")
 
 
@@ -206,5 +207,5 @@ def remove_leftovers(run_dir: str | Path) -> list[str]:
     write they were in (a second or so) and may leave a few files after the first sweep.
     """
     run = Path(run_dir)
-    return staging.remove_leftovers(run) + staging.remove_leftovers(run / "checkpoints") + (
+    return staging.remove_leftovers(run) + staging.remove_leftovers(run / "checkpoints") + sweep_retired(run) + (
         versions.sweep_temporary(run) if (run / versions.VERSIONS).is_dir() else [])

@@ -8,6 +8,9 @@ Checkpoint of a run after epoch N (run_dir/checkpoints/epoch-000N):
     manifest.json     written last by the engine (CheckpointManifest): epochs done, step,
                       seed, model, every array's checksum, what the epoch measured
 
+A retired checkpoint (retire_checkpoint: the run keeps only its newest and best) is its
+manifest renamed retired.json, the epoch's record, and no shards: it is never restored.
+
 Export (a version's model/): tables/<name> float32 [rows, dim] in global id order and
 state/<name> float32 [rows] (their row-wise Adagrad sums), chunk k of both written by one
 task; dense/<name> and dense_opt/<slot> (the dense optimiser, whose step count the
@@ -17,7 +20,9 @@ arrays or chunks (zarr 3 has no atomic commit); a store without its manifest is 
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -39,6 +44,7 @@ EXPORT_CHUNK_ROWS = 1 << 16
 # checkpoints and exports are stored uncompressed.
 COMPRESSORS = None
 _EPOCH_DIR = re.compile(r"^epoch-(\d{6})$")
+RETIRED = "retired.json"  # a retired checkpoint's manifest: its epoch's record, its shards deleted
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,13 +207,52 @@ def finish(store: Path, manifest: CheckpointManifest | ExportManifest) -> None:
     write_manifest(store, {"format": f"shardflow.{kind}", "format_version": FORMAT_VERSION, **plain(manifest)})
 
 
-def read(store: str | Path, kind: str) -> dict:
-    return read_manifest(Path(store), kind, FORMAT_VERSION, MADE_BY)
+def read(store: str | Path, kind: str, name: str = MANIFEST) -> dict:
+    return read_manifest(Path(store), kind, FORMAT_VERSION, MADE_BY, name)
 
 
 def read_checkpoint(store: str | Path) -> CheckpointManifest:
     """The manifest of a complete checkpoint, or an InputError naming what is missing or bad."""
     return parse_record(CheckpointManifest, read(store, CHECKPOINT), f"{store}/{MANIFEST}")
+
+
+def retire_checkpoint(store: str | Path) -> None:
+    """Delete a complete checkpoint's shards, keeping its manifest as the record of its epoch (RETIRED).
+
+    The manifest is renamed first: from then on no reader takes the checkpoint for
+    complete, and a deletion cut off part-way leaves shards that the next call removes.
+    """
+    store = Path(store)
+    if (store / MANIFEST).is_file():
+        os.replace(store / MANIFEST, store / RETIRED)
+    if (store / RETIRED).is_file():
+        shutil.rmtree(store / "shards", ignore_errors=True)
+
+
+def sweep_retired(run_dir: str | Path) -> list[str]:
+    """Delete the shards a cut-off retire_checkpoint left in `run_dir`'s retired checkpoints; their names."""
+    root = Path(run_dir) / "checkpoints"
+    left = [p for p in sorted(root.iterdir()) if _EPOCH_DIR.match(p.name) and (p / RETIRED).is_file()
+            and (p / "shards").exists()] if root.is_dir() else []
+    for p in left:
+        retire_checkpoint(p)
+    return [f"{p.name}/shards" for p in left]
+
+
+def epoch_records(run_dir: str | Path) -> list[tuple[int, CheckpointManifest]]:
+    """(epochs done, manifest) of every epoch whose checkpoint is complete or retired, oldest first: what each
+    epoch measured. A retired record that does not read is left out, as an unreadable manifest is."""
+    records = {epochs: read_checkpoint(path) for epochs, path in complete_checkpoints(run_dir)}
+    root = Path(run_dir) / "checkpoints"
+    for p in root.iterdir() if root.is_dir() else ():
+        m = _EPOCH_DIR.match(p.name)
+        if m and int(m.group(1)) not in records and (p / RETIRED).is_file():
+            try:
+                records[int(m.group(1))] = parse_record(CheckpointManifest, read(p, CHECKPOINT, RETIRED),
+                                                        f"{p}/{RETIRED}")
+            except InputError:
+                continue
+    return sorted(records.items())
 
 
 def read_export_manifest(store: str | Path) -> ExportManifest:

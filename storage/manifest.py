@@ -50,15 +50,15 @@ def is_store(path: Path) -> bool:
     return head == OPENING
 
 
-def read_manifest(store: Path, kind: str, version: int, made_by: str) -> dict:
-    """The manifest of a `kind` store at `store`, or an InputError saying why it is not one."""
+def read_manifest(store: Path, kind: str, version: int, made_by: str, name: str = MANIFEST) -> dict:
+    """The manifest of a `kind` store at `store` (in its file `name`), or an InputError saying why it is not one."""
     store = Path(store)
-    path = store / MANIFEST
+    path = store / name
     if not store.is_dir():
         raise InputError(f"{store}: no such directory; accepted: a {kind} store written by {made_by}")
     if not path.is_file():
         raise InputError(
-            f"{store} is not a complete {kind} store: it has no {MANIFEST} (a write that did not "
+            f"{store} is not a complete {kind} store: it has no {name} (a write that did not "
             f"finish leaves none); accepted: a {kind} store written by {made_by}"
         )
     try:

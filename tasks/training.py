@@ -16,7 +16,15 @@ from prefect.cache_policies import NONE
 from shardflow.config import RetrainConfig
 from shardflow.errors import WorkerLost
 from shardflow.training.engine import Engine
-from shardflow.training.epochs import EpochDone, Kept, Resumed, keep_best_epoch, restart_workers, resume_newest
+from shardflow.training.epochs import (
+    EpochDone,
+    Kept,
+    Resumed,
+    keep_best_epoch,
+    restart_workers,
+    resume_newest,
+    retire_checkpoints,
+)
 from shardflow.training.run import prepare, start_engine
 from storage.checkpoint import checkpoint_dir
 
@@ -106,14 +114,20 @@ def train_epoch(engine: Engine, epoch: int, epochs: int | None = None, progress=
 
 
 @task(name="checkpoint", task_run_name="checkpoint-epoch-{epoch}", cache_policy=NONE)
-def checkpoint(engine: Engine, run_dir: str, epoch: int, figures: dict) -> str | Lost:
+def checkpoint(engine: Engine, run_dir: str, epoch: int, figures: dict, keep: int | None = None,
+               scored: bool = False) -> str | Lost:
     """The checkpoint after epoch `epoch` (numbered from 1), with what it measured (`figures`,
-    storage.checkpoint.CheckpointManifest's): its path, or Lost (see lost)."""
+    storage.checkpoint.CheckpointManifest's), then the older ones retired but the newest `keep` and, when epochs are
+    `scored`, the best (shardflow.training.epochs.retire_checkpoints): its path, or Lost (see lost)."""
     path = checkpoint_dir(run_dir, epoch)
     try:
         engine.checkpoint(path, epoch, figures)
     except WorkerLost as e:
         return lost(f"checkpoint {epoch}", e)
+    retired = retire_checkpoints(run_dir, keep, scored)
+    if retired:
+        get_run_logger().info("retired the checkpoints of epochs %s: their records kept, their shards deleted "
+                              "(keep_checkpoints %s)", retired, keep)
     return str(path)
 
 

@@ -11,7 +11,7 @@ from shardflow.planner.report import PlanSummary, StrategyRefused
 from shardflow.planner.sharding_plan import GLOBAL, NODE
 from shardflow.reporting.plots import bar_chart, line_chart, stacked_chart
 from shardflow.sharding.stage import read_plan
-from storage.checkpoint import CheckpointManifest, complete_checkpoints, read_checkpoint
+from storage.checkpoint import CheckpointManifest, epoch_records
 from storage.profile import Profile
 
 
@@ -38,7 +38,7 @@ def run_plots(run_dir: str | Path, profile_path: str | Path, plan_path: str | Pa
     groups = {r.strategy: [b / 1e6 for b in r.device_bytes_per_step] for r in strategies if isinstance(r, PlanSummary)}
     files.append(bar_chart(out / "traffic.svg", groups, title="Bytes sent + received per device per step (cost model)",
                            xlabel="device", ylabel="MB per step"))
-    epochs = [read_checkpoint(p) for _, p in complete_checkpoints(run_dir)]
+    epochs = [m for _, m in epoch_records(run_dir)]
     if epochs:
         panels = [("training loss", {"training loss": _per_epoch(epochs, "loss")}),
                   ("held-out AUC", {"AUC (held out)": _per_epoch(epochs, "auc")})]

@@ -10,7 +10,7 @@ from typing import Any
 
 from shardflow.planner.report import PlanSummary, StrategyRefused
 from shardflow.training.validation import VALIDATION_KEYS
-from storage.checkpoint import complete_checkpoints, read_checkpoint
+from storage.checkpoint import epoch_records
 from storage.profile import TableStats
 
 MB = 1e6
@@ -74,13 +74,14 @@ def refusals_markdown(rows: list[PlanSummary | StrategyRefused]) -> str | None:
 
 
 def epoch_rows(version_dir: str | Path, modeled_bytes_per_step: float) -> list[dict[str, Any]]:
-    """The epoch-metrics table of a model version: one row per complete checkpoint, so it spans resumed runs.
+    """The epoch-metrics table of a model version: one row per epoch a checkpoint records (complete or retired),
+    so it spans resumed runs.
 
     A metric no epoch has (log-loss of a sequence model, val_ without a split) is left out;
     traffic is the measured MB per step and its ratio to the plan's model (none for a plan
     with nothing to send: one device).
     """
-    figures = [(epoch, read_checkpoint(path).figures) for epoch, path in complete_checkpoints(version_dir)]
+    figures = [(epoch, m.figures) for epoch, m in epoch_records(version_dir)]
     metrics = [k for k in ("auc", "hr_at_10", "ndcg_at_10", "logloss", *VALIDATION_KEYS)
                if any(f[k] is not None for _, f in figures)]
     rows = []

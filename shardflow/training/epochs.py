@@ -22,7 +22,13 @@ from shardflow.model.metrics import Metrics
 from shardflow.training.config import EpochStats
 from shardflow.training.engine import Engine
 from shardflow.training.validation import SCORE_KEYS, best_epoch, epoch_scores, validation_of
-from storage.checkpoint import complete_checkpoints, read_checkpoint, unreadable_checkpoints
+from storage.checkpoint import (
+    complete_checkpoints,
+    epoch_records,
+    read_checkpoint,
+    retire_checkpoint,
+    unreadable_checkpoints,
+)
 
 Log = Logger | LoggerAdapter[Logger]
 
@@ -112,23 +118,43 @@ def resume_newest(engine: Engine, version_dir: str | Path, log: Log) -> Resumed:
 
 
 def validation_scores(version_dir: str | Path) -> dict[int, float]:
-    """Epoch (from 1) -> its validation score, from the version's complete checkpoints that have one."""
-    infos = {e: read_checkpoint(p).figures for e, p in complete_checkpoints(version_dir)}
+    """Epoch (from 1) -> its validation score, from the version's epoch records (complete and retired
+    checkpoints) that have one."""
+    infos = {e: m.figures for e, m in epoch_records(version_dir)}
     return epoch_scores({e: i for e, i in infos.items() if any(i.get(k) is not None for k in SCORE_KEYS)})
 
 
 def keep_best_epoch(engine: Engine, version_dir: str | Path, patience: int | None, log: Log) -> Kept:
-    """With a validation split (`patience` set), the best-scoring epoch, restored from its checkpoint unless it
-    is the last; WorkerLost if a worker is lost meanwhile."""
+    """With a validation split (`patience` set), the best-scoring epoch of those whose checkpoint is complete,
+    restored from it unless it is the last; WorkerLost if a worker is lost meanwhile."""
     found = dict(complete_checkpoints(version_dir))
     epochs = max(found, default=0)
-    best = best_epoch(validation_scores(version_dir)) if patience is not None else None
+    scores = validation_scores(version_dir)
+    best = best_epoch({e: x for e, x in scores.items() if e in found}) if patience is not None else None
     if best is None:
         return Kept(epochs, None, {})
     if best != epochs:
         engine.restore(found[best])
         log.info("kept epoch %d of %d: the best validation score", best, epochs)
     return Kept(epochs, best, validation_of(read_checkpoint(found[best]).figures))
+
+
+def retire_checkpoints(version_dir: str | Path, keep: int | None, scored: bool) -> list[int]:
+    """Retire (storage.checkpoint.retire_checkpoint) every complete checkpoint of a version but the newest `keep`
+    and, when epochs are `scored` on a validation split, the best-scoring one (keep_best_epoch restores it);
+    the epochs retired. None keeps every checkpoint."""
+    if keep is None:
+        return []
+    found = complete_checkpoints(version_dir)
+    spared = {e for e, _ in found[-keep:]}
+    if scored:
+        scores = validation_scores(version_dir)
+        spared.add(best_epoch({e: x for e, x in scores.items() if e in dict(found)}) or 0)
+    gone = [e for e, _ in found if e not in spared]
+    for e, path in found:
+        if e in gone:
+            retire_checkpoint(path)
+    return gone
 
 
 def restart_workers(engine: Engine | None, client: Client, devices: int, timeout_s: float, log: Log) -> int:
@@ -170,9 +196,9 @@ def kept_note(version_dir: str | Path) -> str:
 
 
 def checkpoint_losses(version_dir: str | Path) -> dict[int, float]:
-    """Each epoch's loss as its complete checkpoint recorded it (by epoch, from 1): what a resumed run did not
-    train itself."""
-    losses = {epoch: read_checkpoint(path).figures["loss"] for epoch, path in complete_checkpoints(version_dir)}
+    """Each epoch's loss as its checkpoint, complete or retired, recorded it (by epoch, from 1): what a resumed
+    run did not train itself."""
+    losses = {epoch: m.loss for epoch, m in epoch_records(version_dir)}
     return {epoch: loss for epoch, loss in losses.items() if loss is not None}
 
 

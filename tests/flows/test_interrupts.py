@@ -267,7 +267,8 @@ def test_ctrl_c_ends_at_once_then_an_embedded_api_that_cannot_start_again_stops_
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     summary = json.loads(rerun.stdout)
     assert summary["version"] == 1 and summary["resumed_from"].endswith("epoch-000002") and summary["promoted"]
-    assert [Path(c).name for c in summary["checkpoints"]] == ["epoch-000001", "epoch-000002", "epoch-000003"]
+    assert [Path(c).name for c in summary["checkpoints"]] == ["epoch-000002", "epoch-000003"]  # keep_checkpoints 2
+    assert len(summary["epoch_loss"]) == 3
 
 
 def test_sigterm_to_an_import_is_one_line_and_leaves_no_staging_or_lock(tmp_path):

@@ -17,6 +17,7 @@ import yaml
 
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.reporting.run_report import artifact_key, run_label
+from storage.checkpoint import RETIRED
 
 pytestmark = pytest.mark.server  # the tier: `shardflow run` or `prefect` as processes
 
@@ -176,8 +177,9 @@ def test_a_run_outlives_an_outage_of_the_prefect_api(server, tmp_path):
     assert run.returncode == 0, err[-3000:]
     summary = json.loads(out)
     assert summary["epochs"] == 4 and summary["restarts"] == 0 and summary["downloads"] == 1
-    assert [Path(p).name for p in summary["checkpoints"]] == [f"epoch-{e:06d}" for e in range(1, 5)]
-    assert first.stat().st_mtime_ns == written  # nothing redone: epoch 1 was not trained or written again
+    assert [Path(p).name for p in summary["checkpoints"]] == ["epoch-000003", "epoch-000004"]  # keep_checkpoints 2
+    # nothing redone: epoch 1 was not trained or written again (its manifest is now the retired epoch's record)
+    assert (first.parent / RETIRED).stat().st_mtime_ns == written and len(summary["epoch_loss"]) == 4
     back = subprocess.run(
         [sys.executable, "-c", READ_BACK], env=server.env, capture_output=True, text=True, timeout=120
     )

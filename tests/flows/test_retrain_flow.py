@@ -23,7 +23,7 @@ from shardflow.config import RetrainConfig
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.lifecycle import nothing_new
 from shardflow.reporting.run_report import artifact_key
-from storage.checkpoint import complete_checkpoints, read_checkpoint
+from storage.checkpoint import epoch_records
 
 
 @pytest.fixture(scope="module")
@@ -203,13 +203,20 @@ def test_early_stopping_keeps_the_best_epoch_and_a_resumed_run_stops_where_an_un
     def mean(run: str, **kw) -> RetrainConfig:  # peaks within 8 epochs here (the defaults' model still gains)
         return config(base, run, client, encoder="mean", loss="bce", row_optimizer="adagrad", **kw)
 
-    stops = retrain(mean("early", epochs=8, patience=1))
+    stops = retrain(mean("early", epochs=8, patience=1, keep_checkpoints=1))
     best = stops["best_epoch"]
-    assert stops["epochs"] == best + 1 < 8 and len(stops["checkpoints"]) == stops["epochs"]
+    assert stops["epochs"] == best + 1 < 8 and len(stops["epoch_loss"]) == stops["epochs"]
     assert stops["val_ndcg_at_10"] is not None and stops["val_auc"] is not None and stops["ndcg_at_10"] is not None
+    # keep_checkpoints 1: the newest checkpoint and the best one are kept; every other epoch is retired, its
+    # record kept, its shards deleted.
+    version = Path(stops["model"]).parent
+    assert [Path(p).name for p in stops["checkpoints"]] == [f"epoch-{e:06d}" for e in (best, best + 1)]
+    assert sorted(p.parent.name for p in (version / "checkpoints").glob("*/shards")) == [
+        f"epoch-{e:06d}" for e in (best, best + 1)]
     # Epochs chosen on the validation split ranked among the whole catalog (full_ranking's default), read back
-    # from the checkpoints' manifests.
-    scores = {e: read_checkpoint(p).val_full_ndcg_at_10 for e, p in complete_checkpoints(Path(stops["model"]).parent)}
+    # from the checkpoints' manifests, the retired ones' included.
+    scores = {e: m.val_full_ndcg_at_10 for e, m in epoch_records(version)}
+    assert sorted(scores) == list(range(1, best + 2))
     assert best == max(sorted(scores), key=lambda e: (scores[e], -e)) and stops["val_full_ndcg_at_10"] == scores[best]
     assert json.loads((Path(stops["model"]).parent / "result.json").read_text())["best_epoch"] == best
     # Trained to the best epoch and no further, the same split and seed give the same parameters: the
@@ -217,11 +224,11 @@ def test_early_stopping_keeps_the_best_epoch_and_a_resumed_run_stops_where_an_un
     upto = retrain(mean("upto", epochs=best, patience=best))
     assert upto["best_epoch"] == best and exported(upto["model"]) == exported(stops["model"])
     # With min_epochs past where it stopped, the same epochs score the same and training goes on through them.
-    warm = retrain(mean("warm", epochs=8, patience=1, min_epochs=best + 2))
+    warm = retrain(mean("warm", epochs=8, patience=1, min_epochs=best + 2, keep_checkpoints=None))
     assert 8 >= warm["epochs"] >= best + 2 and len(warm["checkpoints"]) == warm["epochs"], warm["epochs"]
     assert warm["best_epoch"] >= best
-    # Cut off after its last checkpoint: the resumed run reads the scores back, trains nothing more.
-    version = Path(stops["model"]).parent
+    # Cut off after its last checkpoint: the resumed run reads the scores back, the retired epochs' too, and
+    # trains nothing more.
     for gone in (version / "model", version / "plots"):
         shutil.rmtree(gone)
     (version / "result.json").unlink()

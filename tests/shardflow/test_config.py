@@ -212,6 +212,7 @@ def test_a_value_nested_thousands_deep_is_shown_elided_in_one_line_not_recursed_
     ("eval_users", 10**12, r"less than or equal to 2147483647"),
     ("keep_versions", 10**6, r"nightly.keep_versions = 1000000: Input should be less than or equal to 10000"),
     ("max_restarts", 10**6, r"less than or equal to 100"),
+    ("keep_checkpoints", 0, r"train.keep_checkpoints = 0: Input should be greater than or equal to 1"),
     ("restart_timeout_s", float("inf"), r"restart_timeout_s = inf: Input should be a finite number"),
     ("promotion_margin", float("nan"), r"promotion_margin = nan: Input should be a finite number"),
     ("replan_margin", float("nan"), r"replan_margin = nan: Input should be a finite number"),

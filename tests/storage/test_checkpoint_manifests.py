@@ -1,16 +1,35 @@
 """The manifests of checkpoints and exports: typed records, written last, read back as they were written, and a bad
-field named with what is accepted."""
+field named with what is accepted; retired checkpoints, whose manifests outlive their shards as the epochs' records."""
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from shardflow.errors import InputError
 from shardflow.model.metrics import METRICS
+from shardflow.training.epochs import checkpoint_losses, retire_checkpoints, validation_scores
 from shardflow.training.validation import VALIDATION_KEYS
-from storage.checkpoint import CheckpointManifest, ExportManifest, finish, read_checkpoint, read_export_manifest, sealed
+from storage.checkpoint import (
+    RETIRED,
+    CheckpointManifest,
+    ExportManifest,
+    checkpoint_dir,
+    complete_checkpoints,
+    epoch_records,
+    finish,
+    read_checkpoint,
+    read_export_manifest,
+    retire_checkpoint,
+    sealed,
+    sweep_retired,
+    unreadable_checkpoints,
+    write_arrays,
+)
 
 MODEL = {"kind": "sequence", "dim": 8, "mlp": [16], "history": 5}
 
@@ -60,3 +79,45 @@ def test_a_bad_checkpoint_manifest_field_is_named(tmp_path, key, value, message)
     (tmp_path / "manifest.json").write_text(json.dumps(stored))
     with pytest.raises(InputError, match=r"epochs_done = missing; accepted: int"):
         read_checkpoint(tmp_path)
+
+
+def epoch_checkpoint(version, epoch: int, **figures):
+    """A complete checkpoint of `epoch` with one real shard array, as the engine lays one out."""
+    path = checkpoint_dir(version, epoch)
+    digests = write_arrays(path / "shards" / "0" / "item", {"weights": np.full((4, 8), epoch, np.float32)},
+                           "0/item")
+    finish(path, replace(checkpoint_manifest(**figures), epochs_done=epoch, **sealed(digests)))
+    return path
+
+
+def test_a_retired_checkpoint_keeps_its_epochs_record_and_is_never_taken_for_complete(tmp_path):
+    paths = [epoch_checkpoint(tmp_path, e, loss=1.0 / e, val_ndcg_at_10=0.1 * e) for e in (1, 2, 3)]
+    retire_checkpoint(paths[0])
+    assert [e for e, _ in complete_checkpoints(tmp_path)] == [2, 3] and unreadable_checkpoints(tmp_path) == []
+    assert not (paths[0] / "shards").exists() and (paths[0] / RETIRED).is_file()
+    records = epoch_records(tmp_path)
+    assert [(e, m.loss, m.val_ndcg_at_10) for e, m in records] == [(1, 1.0, 0.1), (2, 0.5, 0.2), (3, 1 / 3, 0.1 * 3)]
+    with pytest.raises(InputError, match="no manifest.json"):
+        read_checkpoint(paths[0])  # a restore of it is refused: its shards are gone
+
+
+def test_a_retirement_cut_off_part_way_is_finished_by_the_sweep_and_a_garbled_record_is_left_out(tmp_path):
+    path = epoch_checkpoint(tmp_path, 1, loss=0.5)
+    os.replace(path / "manifest.json", path / RETIRED)  # cut off after the rename, before the shards went
+    assert complete_checkpoints(tmp_path) == [] and [e for e, _ in epoch_records(tmp_path)] == [1]
+    assert sweep_retired(tmp_path) == ["epoch-000001/shards"] and not (path / "shards").exists()
+    assert sweep_retired(tmp_path) == []
+    (path / RETIRED).write_text('{"format": "shardflow.checkpoint", "format_ver')
+    assert epoch_records(tmp_path) == []
+
+
+def test_a_run_retires_all_but_its_newest_checkpoints_and_its_best_scoring_one(tmp_path):
+    for e, score in enumerate([0.1, 0.5, 0.3, 0.2, 0.4], start=1):
+        epoch_checkpoint(tmp_path, e, loss=1.0, val_ndcg_at_10=score)
+    assert retire_checkpoints(tmp_path, None, scored=True) == []  # keep_checkpoints none: every one kept
+    assert retire_checkpoints(tmp_path, 2, scored=True) == [1, 3]  # epoch 2 scored best
+    assert [e for e, _ in complete_checkpoints(tmp_path)] == [2, 4, 5] and len(epoch_records(tmp_path)) == 5
+    assert validation_scores(tmp_path) == {1: 0.1, 2: 0.5, 3: 0.3, 4: 0.2, 5: 0.4}
+    assert retire_checkpoints(tmp_path, 1, scored=False) == [2, 4]  # without a validation split, the newest only
+    assert [e for e, _ in complete_checkpoints(tmp_path)] == [5] and checkpoint_losses(tmp_path) == dict.fromkeys(
+        range(1, 6), 1.0)
