@@ -8,7 +8,7 @@ training steps so the shards hold trained rows, then per round, alternating:
     versions, plus device 0's MLP; checksums; the manifest; the staged rename);
   - plain:      every worker writes the same arrays of its shard with zarr, uncompressed,
                 in the same chunks, nothing else;
-  - export:     Engine.export (one task per 65,536-row chunk pulls rows and sums from
+  - export:     Engine.export (one task per chunk of at most 65,536 rows pulls rows and sums from
                 their homes and writes them in global id order);
   - plain:      the same bytes ([rows, dim] and [rows] float32) written by one writer per
                 worker into disjoint chunks of one zarr array, uncompressed.
@@ -36,7 +36,7 @@ from shardflow.planner.sharding_plan import SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.topology import uniform
 from shardflow.training.config import TrainConfig
 from shardflow.training.engine import Engine
-from storage.checkpoint import EXPORT_CHUNK_ROWS
+from storage.checkpoint import EXPORT_CHUNK_ROWS, chunk_rows_for
 
 MB = 1e6
 
@@ -59,7 +59,7 @@ def plain_checkpoint(root: str, dask_worker=None) -> int:
     arrays = _shard_arrays(dask_worker)
     group = zarr.open_group(os.path.join(root, dask_worker.address.replace("/", "_").replace(":", "_")), mode="w")
     for name, values in arrays.items():
-        chunks = (max(1, min(EXPORT_CHUNK_ROWS, values.shape[0] if values.ndim else 1)),) + values.shape[1:]
+        chunks = (chunk_rows_for(values.shape[0] if values.ndim else 1),) + values.shape[1:]
         group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=chunks, compressors=None)[...] = values
     return sum(v.nbytes for v in arrays.values())
 
@@ -70,10 +70,10 @@ def plain_export(store: str, rows: int, workers: list[str], dask_worker=None) ->
     weights = _shard_arrays(dask_worker)["item/weights"]
     table = zarr.open_array(f"{store}/tables/item", mode="r+")
     state = zarr.open_array(f"{store}/state/item", mode="r+")
-    written = 0
-    for k, start in enumerate(range(writer * EXPORT_CHUNK_ROWS, rows, writers * EXPORT_CHUNK_ROWS)):
-        n = min(EXPORT_CHUNK_ROWS, rows - start)
-        block = weights[(k * EXPORT_CHUNK_ROWS) % max(weights.shape[0] - n, 1):][:n]
+    written, step = 0, chunk_rows_for(rows)
+    for k, start in enumerate(range(writer * step, rows, writers * step)):
+        n = min(step, rows - start)
+        block = weights[(k * step) % max(weights.shape[0] - n, 1):][:n]
         table[start : start + n] = block
         state[start : start + n] = block[:, 0]
         written += block.nbytes + n * 4
@@ -121,8 +121,8 @@ def main() -> None:
                     store = scratch / f"plain-model-{r}"
                     root = zarr.open_group(str(store), mode="w")
                     root.create_array("tables/item", shape=(R, D), dtype=np.float32,
-                                      chunks=(EXPORT_CHUNK_ROWS, D), compressors=None)
-                    root.create_array("state/item", shape=(R,), dtype=np.float32, chunks=(EXPORT_CHUNK_ROWS,),
+                                      chunks=(chunk_rows_for(R), D), compressors=None)
+                    root.create_array("state/item", shape=(R,), dtype=np.float32, chunks=(chunk_rows_for(R),),
                                       compressors=None)
                     workers = sorted(client.scheduler_info()["workers"])
                     t = time.perf_counter()

@@ -27,6 +27,7 @@ from storage.checkpoint import (
     EXPORT_CHUNK_ROWS,
     CheckpointManifest,
     ExportManifest,
+    chunk_rows_for,
     create_export,
     finish,
     read_checkpoint,
@@ -139,9 +140,9 @@ class Persistence:
             create_export(stage, {t.name: t.rows for t in self.plan.tables}, self.model.dim,
                           row_state_shape(self.optimizer.rows, self.model.dim))
             P = len(self.actors)
-            step = P * EXPORT_CHUNK_ROWS
-            calls = [a.write_export(for_workers(stage), t.name, list(range(d * EXPORT_CHUNK_ROWS, t.rows, step)),
-                                    EXPORT_CHUNK_ROWS)
+            chunks = {t.name: chunk_rows_for(t.rows) for t in self.plan.tables}
+            calls = [a.write_export(for_workers(stage), t.name, list(range(d * chunks[t.name], t.rows,
+                                                                           P * chunks[t.name])), chunks[t.name])
                      for t in self.plan.tables for d, a in enumerate(self.actors)]
             digests = {k: v for part in self._wait(calls) for k, v in part.items()}
             dense, dense_state, dense_steps = self._wait([self.actors[0].dense_parameters()])[0]
@@ -150,7 +151,7 @@ class Persistence:
             manifest = ExportManifest(
                 tables={t.name: t.rows for t in self.plan.tables}, dim=self.model.dim,
                 model=config_record(self.model), dense_optimizer=self.optimizer.dense,
-                row_optimizer=self.optimizer.rows, chunk_rows=EXPORT_CHUNK_ROWS,
+                row_optimizer=self.optimizer.rows, chunk_rows=EXPORT_CHUNK_ROWS, table_chunk_rows=chunks,
                 dense_steps=dense_steps, epochs=epochs, best_epoch=best_epoch, strategy=strategy, **sealed(digests))
             finish(stage, manifest)
         self.downloads += 1

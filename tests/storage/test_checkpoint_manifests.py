@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import zarr
 
 from shardflow.errors import InputError
 from shardflow.model.metrics import METRICS
@@ -19,7 +20,9 @@ from storage.checkpoint import (
     CheckpointManifest,
     ExportManifest,
     checkpoint_dir,
+    chunk_rows_for,
     complete_checkpoints,
+    digest,
     epoch_records,
     finish,
     read_checkpoint,
@@ -28,6 +31,7 @@ from storage.checkpoint import (
     sealed,
     sweep_retired,
     unreadable_checkpoints,
+    verify_export,
     write_arrays,
 )
 
@@ -121,3 +125,32 @@ def test_a_run_retires_all_but_its_newest_checkpoints_and_its_best_scoring_one(t
     assert retire_checkpoints(tmp_path, 1, scored=False) == [2, 4]  # without a validation split, the newest only
     assert [e for e, _ in complete_checkpoints(tmp_path)] == [5] and checkpoint_losses(tmp_path) == dict.fromkeys(
         range(1, 6), 1.0)
+
+
+def test_a_tables_chunks_are_equal_and_as_few_as_the_largest_chunk_allows():
+    assert [chunk_rows_for(n) for n in (0, 1, 4000, 65_536, 65_537, 131_073, 1 << 20)] == [
+        1, 1, 4000, 65_536, 32_769, 43_691, 65_536]
+
+
+def test_an_export_made_before_its_tables_had_chunks_of_their_own_still_verifies(tmp_path):
+    """Before table_chunk_rows, every table was chunked by chunk_rows (2^16; 64 here)."""
+    rows = np.arange(100 * 8, dtype=np.float32).reshape(100, 8)
+    state = np.ones(100, dtype=np.float32)
+    root = zarr.open_group(str(tmp_path), mode="w")
+    digests = {}
+    for kind, values in (("tables", rows), ("state", state)):
+        root.create_array(f"{kind}/item", shape=values.shape, dtype=np.float32, chunks=(64, *values.shape[1:]))
+        root[f"{kind}/item"][...] = values
+        digests.update({f"{kind}/item/{s}": digest(f"{kind}/item/{s}", values[s : s + 64]) for s in (0, 64)})
+    finish(tmp_path, ExportManifest(tables={"item": 100}, dim=8, model=MODEL, chunk_rows=64, dense_steps=0,
+                                    **sealed(digests)))
+    stored = json.loads((tmp_path / "manifest.json").read_text())
+    del stored["table_chunk_rows"]
+    (tmp_path / "manifest.json").write_text(json.dumps(stored))
+    assert verify_export(tmp_path).rows_per_chunk("item") == 64
+    root["tables/item"][70] = 0.5
+    with pytest.raises(InputError, match=r"tables/item/64: rows 64\.\. do not match their checksum"):
+        verify_export(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({**stored, "table_chunk_rows": {"item": 0}}))
+    with pytest.raises(InputError, match=r"manifest.json: rows per chunk of table 'item' = 0; accepted: an integer"):
+        verify_export(tmp_path)

@@ -167,14 +167,18 @@ def test_estimation_mode_scales_tables_onto_one_server(client, dataset, data):
     assert one == 1.0 and scaled_all == rows
 
 
-def test_the_plan_reaches_the_workers_beside_the_graph_not_inside_it(client, tmp_path):
+def test_a_large_tables_plan_reaches_the_workers_beside_the_graph_and_its_export_stores_no_padding(client, tmp_path):
     """A hashed click log's plan (26 tables of 2^20 rows: 52 MiB) once made the actors' graph so large that Dask
-    warned on the terminal; here 500,000 rows (1 MB of homes and tiers) against a warning threshold of 256 kB."""
+    warned on the terminal; here 500,000 rows (1 MB of homes and tiers) against a warning threshold of 256 kB.
+    Its export is 8 chunks of 62,500 rows, written by 2 devices: zarr stores a last chunk whole, and chunks of
+    2^16 rows stored 524,288 rows."""
     import warnings
 
     import dask
+    import zarr
 
     from shardflow.data.synthetic import SynthTable, synth_dataset
+    from storage.checkpoint import verify_export
 
     synth_dataset(tmp_path / "ds", [SynthTable("item", 500_000, 1.1), SynthTable("genre", 12, 0.7)],
                   interactions=3000, seed=2, mean_length=10)
@@ -187,8 +191,16 @@ def test_the_plan_reaches_the_workers_beside_the_graph_not_inside_it(client, tmp
                     TrainConfig(BATCH, max_steps=1)) as engine:
             engine.fit()
             shards = engine.parameters()
+            engine.export(tmp_path / "model")
     assert [str(w.message) for w in caught if "large graph" in str(w.message)] == []
     assert sum(s["item"]["weights"].shape[0] for s in shards) >= 500_000  # every row has a home
+    manifest = verify_export(tmp_path / "model")
+    assert manifest.rows_per_chunk("item") == 62_500 and manifest.rows_per_chunk("genre") == 12
+    exported = zarr.open_array(str(tmp_path / "model" / "tables" / "item"), mode="r")[...]
+    for shard in shards:
+        assert exported[shard["item"]["ids"]].tobytes() == shard["item"]["weights"].tobytes()
+    stored = sum(p.stat().st_size for p in (tmp_path / "model" / "tables" / "item" / "c").rglob("*") if p.is_file())
+    assert stored == 500_000 * MODEL.dim * 4
 
 
 def test_a_plan_that_does_not_match_the_dataset_is_refused(client, dataset, data):
