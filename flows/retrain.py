@@ -41,7 +41,7 @@ from shardflow.errors import (
 from shardflow.importing import Imported
 from shardflow.lifecycle import NothingNew, nothing_new, untrained
 from shardflow.model.metrics import Metrics
-from shardflow.preflight import check_run, check_training_examples
+from shardflow.preflight import check_disk, check_run, check_training_examples
 from shardflow.reporting.run_report import artifact_key, outcome, run_label, state_message
 from shardflow.reporting.stages import StageClock
 from shardflow.reporting.summary import VAL, PlanFigures, RunSummary, TrainingFigures, VersionFigures
@@ -177,6 +177,7 @@ def _make_version(config: RetrainConfig, run: str, clock: StageClock) -> RunSumm
             clock.done("open the version")
             if isinstance(version, VersionStart):
                 check_training_examples(config, dataset, version.window)
+                check_disk(config, dataset, RunLayout(Path(run)).version(version.version).version)
             elif not lists_cut_off(run, version.newest, config.nightly.top_k):
                 return untrained(run, version.current, version.newest, imported.parts_added, imported.warnings)
             with contextlib.ExitStack() as cluster:

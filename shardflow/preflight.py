@@ -6,7 +6,9 @@ Each check raises an InputError naming the value and what is accepted; none writ
 
 from __future__ import annotations
 
+import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +23,13 @@ from shardflow.data.clicks import (
 from shardflow.errors import InputError
 from shardflow.importing import dataset_store, import_options, imported_source, same_source, source_parts
 from shardflow.model.dlrm import ClickConfig
+from shardflow.model.optim import dense_state_copies
 from shardflow.model.sequence import ModelConfig
 from shardflow.planner.memory import check_capacity
+from shardflow.planner.sharding_plan import VALUE_BYTES, row_bytes
 from shardflow.training.config import check_batch
 from storage import versions
-from storage.checkpoint import EXPORT, read_export_manifest
+from storage.checkpoint import EXPORT, complete_checkpoints, read_export_manifest
 from storage.dataset import Dataset
 from storage.importers import check_continuation
 from storage.manifest import MANIFEST
@@ -119,6 +123,35 @@ def check_training_examples(config: RetrainConfig, dataset: str, window: tuple[i
     train = config.training(window)
     data = load_training_data(ds, run_model(config, ds).features, window, validation=train.validation)
     check_batch(train.batch_size, config.parsed_topology.devices, data.targets)
+
+
+def check_disk(config: RetrainConfig, dataset: str, version_dir: str | Path) -> None:
+    """Refuse a version whose checkpoints and export cannot fit the free space of its directory, once the
+    dataset's rows are known and before the profile. The least it needs on disk at once is a copy of the model
+    (the rows and the dense layers, each with its optimizer's state) for each of keep_checkpoints checkpoints
+    (every epoch's without retirement; at most the epochs) and one more, the checkpoint being written or the
+    export, less the checkpoints of the version already complete."""
+    ds = Dataset.open(dataset)
+    rows = sum(t.rows for t in ds.info.tables)
+    optimizer = config.optimizer()
+    per_row = row_bytes(config.model.dim, optimizer.rows)
+    dense_values = sum(math.prod(s) for s in run_model(config, ds).dense_shapes().values())
+    dense = dense_values * VALUE_BYTES * (1 + dense_state_copies(optimizer.dense))
+    epochs, keep = config.train.epochs, config.train.keep_checkpoints
+    copies = max((epochs if keep is None else min(epochs, keep)) + 1 - len(complete_checkpoints(version_dir)), 1)
+    copy = rows * per_row + dense
+    free = shutil.disk_usage(version_dir).free
+    if copies * copy > free:
+        raise InputError(
+            f"run_dir {config.run_dir}: this version writes at least {_size(copies * copy)} ({copies} copies of "
+            f"the model on disk at once, checkpoints and the export, each {_size(copy)}: {rows:,} rows × {per_row} "
+            f"bytes, dim {config.model.dim} with its {optimizer.rows} state, and {_size(dense)} of dense layers with "
+            f"their {optimizer.dense} state) and {_size(free)} is free there; accepted: more free space, a smaller "
+            "model (model.dim; a click log's data.hash_rows) or fewer checkpoints at once (train.keep_checkpoints)")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
 def _plain(value: object) -> object:

@@ -110,6 +110,11 @@ def row_adam(config: OptimizerConfig, weights: torch.Tensor, state: torch.Tensor
 _SLOTS = {"adam": {"m": "exp_avg", "v": "exp_avg_sq"}, "adagrad": {"sum": "sum"}}
 
 
+def dense_state_copies(dense: str) -> int:
+    """Values of state the dense optimizer `dense` keeps per parameter value."""
+    return len(_SLOTS[dense])
+
+
 class DenseOptimizer:
     """torch.optim.Adam or Adagrad over a dict of float32 tensors; gradients passed by name."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -37,14 +38,14 @@ def small_fs(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def write_config(tmp_path: Path, run_dir: Path) -> Path:
+def write_config(tmp_path: Path, run_dir: Path, items: int = 400, **config) -> Path:
     # 10,000 events: epochs of about 65 steps (5 s beside a CI run on 2 cores), the run still training after
     # its first checkpoint, when the fault comes
-    synth_dataset(tmp_path / "ds", [SynthTable("item", 400, 1.1)], interactions=10_000, seed=3, mean_length=12)
+    synth_dataset(tmp_path / "ds", [SynthTable("item", items, 1.1)], interactions=10_000, seed=3, mean_length=12)
     (tmp_path / "topo.yaml").write_text(TOPOLOGY)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({
         **{k: list(v) if isinstance(v, tuple) else v for k, v in SMALL.items()}, "epochs": 3,
-        "dataset": str(tmp_path / "ds"), "run_dir": str(run_dir), "topology": str(tmp_path / "topo.yaml"),
+        "dataset": str(tmp_path / "ds"), "run_dir": str(run_dir), "topology": str(tmp_path / "topo.yaml"), **config,
     }))
     return tmp_path / "run.yaml"
 
@@ -96,3 +97,22 @@ def test_a_read_only_run_dir_is_refused_before_anything_starts(small_fs, tmp_pat
     assert "Traceback" not in done.stderr
     assert not list((small_fs / "run").iterdir())
     assert shutil.disk_usage(small_fs).used < 1 << 20
+
+
+def test_a_version_whose_checkpoints_cannot_fit_the_free_space_is_refused_before_its_profile(
+        prefect_api, small_fs, tmp_path):
+    # 6,000 rows × (1,024 + 1) floats and a small MLP: 24.9 MB a copy of the model; 3 at once (keep_checkpoints 2
+    # and the one being written, then the export) do not fit 64 MiB, though the first checkpoints would have
+    config = write_config(tmp_path, small_fs / "run", items=6000, dim=1024, encoder="mean", row_optimizer="adagrad")
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    done = subprocess.run([str(BIN / "shardflow"), "run", "--config", str(config)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    [line] = [x for x in done.stderr.splitlines() if x.startswith("shardflow run:")]
+    assert re.search(r"this version writes at least 7\d\.\d MB \(3 copies of the model on disk at once, checkpoints "
+                     r"and the export, each 2\d\.\d MB: 6,0\d\d rows × 4100 bytes, dim 1024 with its adagrad state, "
+                     r"and 0\.\d MB of dense layers with their adam state\) and 6\d\.\d MB is free there", line), line
+    assert line.endswith("or fewer checkpoints at once (train.keep_checkpoints)"), line
+    version = small_fs / "run" / "versions" / "0001"
+    assert sorted(p.name for p in version.iterdir()) == ["version.json"]  # no profile, plan or checkpoint
