@@ -42,6 +42,7 @@ from shardflow.importing import Imported
 from shardflow.lifecycle import NothingNew, nothing_new, untrained
 from shardflow.model.metrics import Metrics
 from shardflow.preflight import check_disk, check_run, check_training_examples
+from shardflow.profiling.profiles import unread_hashed_rows
 from shardflow.reporting.run_report import artifact_key, outcome, run_label, state_message
 from shardflow.reporting.stages import StageClock
 from shardflow.reporting.summary import VAL, PlanFigures, RunSummary, TrainingFigures, VersionFigures
@@ -207,8 +208,11 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
     report = Path(paths.version) / DASK_REPORT
     cluster.enter_context(performance_report(report))
     # The plan and its cost model are fitted to what this version's window reads, histories included.
-    profile(dataset, paths.profile, client, run, version.window[0], config.model.history,
-            held_events(config.train.patience is not None))
+    stats = profile(dataset, paths.profile, client, run, version.window[0], config.model.history,
+                    held_events(config.train.patience is not None))
+    sparse = unread_hashed_rows(dataset, stats)
+    if sparse is not None:
+        get_run_logger().warning(sparse)
     clock.done("profile")
     source = version.warm_start_from
     previous_plan = None if source is None else layout.version(source).plan
@@ -259,7 +263,7 @@ def _version(config: RetrainConfig, run: str, client, devices: int, dataset: str
             previous_plan_comm_time_us_per_step=None if decision.previous_comm_time_s is None
             else decision.previous_comm_time_s * 1e6,
         ),
-        warnings=(*trained.warnings, *imported.warnings),
+        warnings=(*trained.warnings, *imported.warnings, *([sparse] if sparse else [])),
         plots=tuple(figures),
     ))
     materialize_model(run, summary)  # the version as a Prefect asset, its figures and verdict known

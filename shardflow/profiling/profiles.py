@@ -204,3 +204,23 @@ def profile_version(dataset: str, out: str | Path, *, client: Client, first: int
         return profile_dataset(dataset, out, client=client, overwrite=there, first=first).tables
     return profile_window(dataset, out, client=client, first=first, history=history, overwrite=there,
                           held=held).tables
+
+
+SPARSE_HASHED_SHARE = 0.1  # hashed tables whose version's examples read less than this share of rows are warned of
+
+
+def unread_hashed_rows(dataset: str, stats: dict[str, TableStats]) -> str | None:
+    """A warning when a click log's hashed tables (criteo's hash_rows, recorded by its import) are mostly rows
+    that no example of the version reads (its profile's `stats`): each checkpoint and the export store them all."""
+    source = Dataset.open(dataset).info.source
+    options = source.get("options") if isinstance(source, dict) else None
+    hash_rows = options.get("hash_rows") if isinstance(options, dict) else None
+    if not isinstance(hash_rows, int) or isinstance(hash_rows, bool):
+        return None
+    rows = sum(s.rows for s in stats.values())
+    read = sum(s.distinct for s in stats.values())
+    if not rows or read >= SPARSE_HASHED_SHARE * rows:
+        return None
+    return (f"this version's examples read {read:,} of the {rows:,} rows of its {len(stats)} hashed tables "
+            f"({read / rows:.1%}; hash_rows {hash_rows:,}): every checkpoint and the export store them all; a run_dir "
+            "imported with a smaller hash_rows, or exact (a row per value), stores what the log reads")

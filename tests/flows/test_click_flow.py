@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from test_retrain_flow import artifact_rows
@@ -57,6 +58,7 @@ def test_two_nights_of_a_click_log_make_two_dlrm_versions(prefect_api, client, n
     assert second["eval_users"] == 6 and second["previous_logloss"] is not None and second["previous_hr_at_10"] is None
     assert second["promoted"] == (second["auc"] >= second["previous_auc"] - 0.002)
     assert second["parts_added"] == ["day2.csv"]
+    assert not [w for w in (*first["warnings"], *second["warnings"]) if "hashed tables" in w]  # 256 rows: fit
 
 
 def test_two_nights_of_movielens_as_a_click_log_with_feature_files_make_two_dlrm_versions(prefect_api, client,
@@ -93,3 +95,17 @@ def test_two_nights_of_movielens_as_a_click_log_with_feature_files_make_two_dlrm
     with pytest.raises(InputError, match=r"click_label = 'rating>=4' with dataset_format 'criteo'; accepted: "
                                          r"click_label only with dataset_format 'recbole'"):
         RetrainConfig.build({**values, "dataset_format": "criteo"})
+
+
+def test_hashed_tables_that_the_log_mostly_leaves_unread_are_a_warning_in_the_summary(prefect_api, client, tmp_path):
+    """The sample's 180 training rows read a few thousand of 26 tables × 4,096 hashed rows; every checkpoint and
+    the export would store them all (at the default 2^20 rows: 27M rows, 7.1 GB a copy at dim 64)."""
+    (tmp_path / "topo.yaml").write_text(TOPOLOGY)
+    values = dict(dataset=str(REAL["criteo"]), dataset_format="criteo", hash_rows=4096, run_dir=str(tmp_path / "run"),
+                  topology=str(tmp_path / "topo.yaml"), scheduler_address=client.scheduler.address,
+                  **{**SMALL, "batch_size": 16, "bottom_mlp": (8,), "eval_users": None, "epochs": 1})
+    summary = retrain(RetrainConfig.build(values))
+    [warning] = [w for w in summary["warnings"] if "hashed tables" in w]
+    assert re.match(r"this version's examples read [\d,]+ of the 106,496 rows of its 26 hashed tables \(\d\.\d%; "
+                    r"hash_rows 4,096\): every checkpoint and the export store them all; a run_dir imported with a "
+                    r"smaller hash_rows, or exact \(a row per value\), stores what the log reads$", warning), warning
