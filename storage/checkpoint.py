@@ -262,16 +262,8 @@ def sweep_retired(run_dir: str | Path) -> list[str]:
 def epoch_records(run_dir: str | Path) -> list[tuple[int, CheckpointManifest]]:
     """(epochs done, manifest) of every epoch whose checkpoint is complete or retired, oldest first: what each
     epoch measured. A retired record that does not read is left out, as an unreadable manifest is."""
-    records = {epochs: read_checkpoint(path) for epochs, path in complete_checkpoints(run_dir)}
-    root = Path(run_dir) / "checkpoints"
-    for p in root.iterdir() if root.is_dir() else ():
-        m = _EPOCH_DIR.match(p.name)
-        if m and int(m.group(1)) not in records and (p / RETIRED).is_file():
-            try:
-                records[int(m.group(1))] = parse_record(CheckpointManifest, read(p, CHECKPOINT, RETIRED),
-                                                        f"{p}/{RETIRED}")
-            except InputError:
-                continue
+    records = {e: m for e, _, m, _ in _with_manifests(run_dir, RETIRED) if m is not None}
+    records.update((e, m) for e, _, m, _ in _with_manifests(run_dir) if m is not None)  # a complete one wins
     return sorted(records.items())
 
 
@@ -391,26 +383,28 @@ def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """(epochs done, path) of every checkpoint whose manifest reads, oldest first. A manifest cut short or
     garbled (a disk that filled, a write cut off) makes its checkpoint incomplete, as a missing one does:
     every reader falls back to the ones before (unreadable_checkpoints names it)."""
-    return [(epochs, path) for epochs, path, why in _with_manifests(run_dir) if why is None]
+    return [(epochs, path) for epochs, path, manifest, _ in _with_manifests(run_dir) if manifest is not None]
 
 
 def unreadable_checkpoints(run_dir: str | Path) -> list[tuple[int, Path, str]]:
     """(epochs done, path, why) of every checkpoint whose manifest is there but does not read."""
-    return [(epochs, path, why) for epochs, path, why in _with_manifests(run_dir) if why is not None]
+    return [(epochs, path, why) for epochs, path, _, why in _with_manifests(run_dir) if why is not None]
 
 
-def _with_manifests(run_dir: str | Path) -> list[tuple[int, Path, str | None]]:
+def _with_manifests(run_dir: str | Path, name: str = MANIFEST
+                    ) -> list[tuple[int, Path, CheckpointManifest | None, str | None]]:
+    """(epochs done, path, its manifest or None, why it does not read or None) of every epoch directory of
+    `run_dir` that has the file `name` (a complete checkpoint's MANIFEST, a retired one's RETIRED), oldest first."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
     found = []
     for p in root.iterdir():
         m = _EPOCH_DIR.match(p.name)
-        if m and (p / MANIFEST).is_file():
+        if m and (p / name).is_file():
             try:
-                read_checkpoint(p)
-                why = None
+                found.append((int(m.group(1)), p, parse_record(CheckpointManifest, read(p, CHECKPOINT, name),
+                                                               f"{p}/{name}"), None))
             except InputError as e:
-                why = str(e)
-            found.append((int(m.group(1)), p, why))
-    return sorted(found)
+                found.append((int(m.group(1)), p, None, str(e)))
+    return sorted(found, key=lambda f: f[0])

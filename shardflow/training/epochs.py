@@ -129,8 +129,7 @@ def keep_best_epoch(engine: Engine, version_dir: str | Path, patience: int | Non
     restored from it unless it is the last; WorkerLost if a worker is lost meanwhile."""
     found = dict(complete_checkpoints(version_dir))
     epochs = max(found, default=0)
-    scores = validation_scores(version_dir)
-    best = best_epoch({e: x for e, x in scores.items() if e in found}) if patience is not None else None
+    best = _best_complete(version_dir, found) if patience is not None else None
     if best is None:
         return Kept(epochs, None, {})
     if best != epochs:
@@ -145,16 +144,17 @@ def retire_checkpoints(version_dir: str | Path, keep: int | None, scored: bool) 
     the epochs retired. None keeps every checkpoint."""
     if keep is None:
         return []
-    found = complete_checkpoints(version_dir)
-    spared = {e for e, _ in found[-keep:]}
-    if scored:
-        scores = validation_scores(version_dir)
-        spared.add(best_epoch({e: x for e, x in scores.items() if e in dict(found)}) or 0)
-    gone = [e for e, _ in found if e not in spared]
-    for e, path in found:
-        if e in gone:
-            retire_checkpoint(path)
+    found = dict(complete_checkpoints(version_dir))
+    spared = set(sorted(found)[-keep:]) | ({_best_complete(version_dir, found)} if scored else set())
+    gone = [e for e in sorted(found) if e not in spared]
+    for e in gone:
+        retire_checkpoint(found[e])
     return gone
+
+
+def _best_complete(version_dir: str | Path, complete: dict[int, Path]) -> int | None:
+    """The best-scoring epoch of those whose checkpoint is complete (None before any is scored)."""
+    return best_epoch({e: x for e, x in validation_scores(version_dir).items() if e in complete})
 
 
 def restart_workers(engine: Engine | None, client: Client, devices: int, timeout_s: float, log: Log) -> int:
