@@ -46,7 +46,9 @@ default DLRM, dim 64, batch 1,024 as its quality is measured): the engine on 1 a
 its PyTorch peer, the same DLRM in one process with whole tables and sparse gradients (1 and 2
 threads), alternating --rounds rounds, --steps steps (--movielens-steps on MovieLens, whose 5-10 ms
 steps would make 20 a 0.15 s sample) after 2 warm-up steps each; min/median/max of examples/s and of the
-ratios, with the load.
+ratios, with the load; and the engine's step in parts (ms, the slowest device's, medians over the rounds: building
+the batch, the rounds, the forward and backward inside the reply's), with its compute on 2 devices ÷ on 1: how much
+of a step halving each device's examples saves.
 """
 
 from __future__ import annotations
@@ -275,6 +277,7 @@ def throughput(name: str, path: Path, model: ClickConfig, rounds: int, steps: in
           f"rounds, {cores} cores, torch {torch.__version__}; load before the first round {idle:.2f}"
           + (f" (not quiet: above {cores / 2:.1f})" if idle > cores / 2 else ""))
     rates: dict[str, list[float]] = {}
+    parts: dict[str, list[dict[str, float]]] = {}  # engine -> its step's parts (s), round by round
     loads = []
     with dask_client(workers=1) as one, dask_client(workers=2) as two:
         clients = {1: one, 2: two}
@@ -285,7 +288,9 @@ def throughput(name: str, path: Path, model: ClickConfig, rounds: int, steps: in
                 train = TrainConfig(batch_size=batch, max_steps=WARMUP + steps, eval_users=None, transport=transport,
                                     epochs=-(-(WARMUP + steps) // data.steps_per_epoch(batch)))
                 with Engine(clients[devices], str(path), *plans[devices], model, OPTIMIZER, train) as engine:
-                    rates.setdefault(trainer, []).append(engine.fit().examples_per_s)
+                    fitted = engine.fit()
+                rates.setdefault(trainer, []).append(fitted.examples_per_s)
+                parts.setdefault(trainer, []).append(fitted.timings)
             for threads in (1, 2):
                 rates.setdefault(f"pytorch, {threads} thread(s)", []).append(
                     pytorch_rate(data, model, batch, steps, threads))
@@ -302,6 +307,19 @@ def throughput(name: str, path: Path, model: ClickConfig, rounds: int, steps: in
                      "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1, strict=True)],
                      "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1, strict=True)]}.items():
         print(f"{ratio:<36} {spread(v, 2):>24}")
+    step_parts(parts)
+
+
+def step_parts(parts: dict[str, list[dict[str, float]]]) -> None:
+    """The engines' steps in parts (ms, medians over the rounds), and compute on 2 devices ÷ on 1 per round."""
+    names = list(dict.fromkeys(n for runs in parts.values() for t in runs for n in t))
+    print(f"\n{'step parts, ms (median)':<24}" + "".join(f" {n:>9}" for n in names))
+    for trainer, runs in parts.items():
+        print(f"{trainer:<24}" + "".join(f" {float(np.median([t.get(n, 0.0) for t in runs])) * 1e3:>9.2f}"
+                                         for n in names))
+    one, two = parts["engine, 1 device(s)"], parts["engine, 2 device(s)"]
+    ratios = [b["compute"] / a["compute"] for a, b in zip(one, two, strict=True)]
+    print(f"compute, 2 devices ÷ 1 (per round): {spread(ratios, 2)}")
 
 
 def main() -> None:
