@@ -33,6 +33,7 @@ from storage.checkpoint import EXPORT, complete_checkpoints, read_export_manifes
 from storage.dataset import Dataset
 from storage.importers import check_continuation
 from storage.manifest import MANIFEST
+from storage.sources import require_finished
 from storage.staging import check_destination
 
 
@@ -165,14 +166,16 @@ def check_dataset(config: RetrainConfig) -> None:
     The run_dir's imported dataset grows only by new parts of the same source; a source
     whose parts vanished or changed is refused (storage.importers.check_continuation), and
     so is another source once the run_dir holds model versions trained on its own. A
-    dataset store given as such is checked by check_versions.
+    dataset store given as such is checked by check_versions. A first import that would read
+    nothing (no part finished yet) is refused here too, before `shardflow run` starts its API.
     """
     source, dest = Path(config.data.dataset), config.layout.dataset
     if (source / MANIFEST).is_file():
         check_versions(config, str(source))
         return
     known = imported_source(config)
-    if known is None:
+    if known is None:  # a first import: refused now, not once the API and the flow have started, if it reads nothing
+        require_finished(source, source_parts(config, None))
         return
     if same_source(known, config):
         check_continuation(config.data.dataset_format, source, dest, source_parts(config, known), known,

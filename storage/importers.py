@@ -49,7 +49,16 @@ from storage.lock import writer_lock
 from storage.manifest import MANIFEST, read_manifest, write_manifest
 from storage.scan import PartScan, scan_part
 from storage.segments import Numberer, Numbering, as_numpy, write_segment
-from storage.sources import BLOCK_BYTES, Part, PartReader, finished, resolve_parts, same_file, unfinished
+from storage.sources import (
+    BLOCK_BYTES,
+    Part,
+    PartReader,
+    finished,
+    require_finished,
+    resolve_parts,
+    same_file,
+    unfinished,
+)
 from storage.staging import check_apart, check_destination, for_workers, staged
 from storage.tables import TableSpec
 
@@ -138,10 +147,7 @@ def import_dataset(
             manifest = read_manifest(dest, KIND, FORMAT_VERSION, MADE_BY)
             done = _append(fmt, src, dest, parts, manifest, options, client, block_bytes)
         else:
-            if not finished(parts):
-                raise InputError(f"{src}: no finished part yet ({', '.join(waiting[:3])}); accepted: parts that "
-                                 "end with a newline and have settled, or carry a NAME.done marker")
-            done = _fresh(fmt, src, dest, finished(parts), overwrite, options, client, block_bytes)
+            done = _fresh(fmt, src, dest, require_finished(src, parts), overwrite, options, client, block_bytes)
         return replace(done, parts_waiting=waiting)
 
 

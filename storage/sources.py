@@ -88,6 +88,14 @@ def unfinished(parts: list[Part]) -> list[str]:
     return [f"{p.name} ({p.waiting})" for p in parts if p.waiting]
 
 
+def require_finished(src: str | Path, parts: list[Part]) -> list[Part]:
+    """The parts of `src` a first import reads; an InputError naming those that wait when there is none."""
+    if not finished(parts):
+        raise InputError(f"{src}: no finished part yet ({', '.join(unfinished(parts)[:3])}); accepted: parts that "
+                         "end with a newline and have settled, or carry a NAME.done marker")
+    return finished(parts)
+
+
 def _not_finished(path: Path, markers: set[str], settle_s: float) -> str | None:
     """Why the part at `path` may still be being written (None: it is finished).
 

@@ -104,6 +104,15 @@ def test_bad_input_exits_2_with_one_clear_line_and_no_stdout(tmp_path):
     assert twice.returncode == 2 and not (tmp_path / "clicks").exists()
     assert twice.stderr == "shardflow import: error: --table-rows C1 given twice; accepted: each table's size once\n"
 
+    # A first night whose only part is still being written: refused before the embedded API starts, nothing written.
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "day-1.txt").write_text("1 2\n1 3")
+    early = run("run", "--set", f"dataset={tmp_path / 'parts'}", "--set", f"run_dir={tmp_path / 'night'}")
+    assert early.returncode == 2 and early.stdout == "" and not (tmp_path / "night").exists(), early.stderr
+    assert early.stderr == (f"shardflow run: error: {tmp_path / 'parts'}: no finished part yet (day-1.txt (does not "
+                            "end with a newline)); accepted: parts that end with a newline and have settled, or carry "
+                            "a NAME.done marker\n")
+
 
 def test_a_successful_run_keeps_the_terminal_quiet_unless_asked(tmp_path):
     run("synth", str(tmp_path / "ds"), "--tables", "item:300:1.1", "--interactions", "3000", "--seed", "1",
