@@ -90,10 +90,11 @@ def unfinished(parts: list[Part]) -> list[str]:
 
 def require_finished(src: str | Path, parts: list[Part]) -> list[Part]:
     """The parts of `src` a first import reads; an InputError naming those that wait when there is none."""
-    if not finished(parts):
+    done = finished(parts)
+    if not done:
         raise InputError(f"{src}: no finished part yet ({', '.join(unfinished(parts)[:3])}); accepted: parts that "
                          "end with a newline and have settled, or carry a NAME.done marker")
-    return finished(parts)
+    return done
 
 
 def _not_finished(path: Path, markers: set[str], settle_s: float) -> str | None:
