@@ -43,8 +43,10 @@ the tables.
 Throughput, on the synthetic log (dim 16, --batch-size) and on MovieLens-100k (the run's
 default DLRM, dim 64, batch 1,024 as its quality is measured): the engine on 1 and 2 devices
 (FlexShard plan, 10% slack; the default transport, and on 2 devices the actor calls too) beside
-its PyTorch peer, the same DLRM in one process with whole tables and sparse gradients (1 and 2
-threads), alternating --rounds rounds, --steps steps (--movielens-steps on MovieLens, whose 5-10 ms
+its PyTorch peers: the same DLRM in one process with whole tables and sparse gradients (1 and 2
+threads), and in 2 processes of one thread, data-parallel (bench/data_parallel_peer.py: one process per
+device, as PyTorch's DistributedDataParallel; its parameters checked against the one process's),
+alternating --rounds rounds, --steps steps (--movielens-steps on MovieLens, whose 5-10 ms
 steps would make 20 a 0.15 s sample) after 2 warm-up steps each; min/median/max of examples/s and of the
 ratios, with the load; and the engine's step in parts (ms, the slowest device's, medians over the rounds: building
 the batch, the rounds, the forward and backward inside the reply's), with its compute on 2 devices ÷ on 1: how much
@@ -62,6 +64,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from data_parallel_peer import data_parallel_run, largest_difference  # this directory: one process per device
 from train_throughput import WARMUP, pytorch_rate  # this directory: the sequence benchmark's PyTorch peer
 
 from shardflow.cluster import dask_client
@@ -276,6 +279,8 @@ def throughput(name: str, path: Path, model: ClickConfig, rounds: int, steps: in
     print(f"\nthroughput on {name}: dim {model.dim}, batch {batch}, {steps} steps after {WARMUP} warm-up, {rounds} "
           f"rounds, {cores} cores, torch {torch.__version__}; load before the first round {idle:.2f}"
           + (f" (not quiet: above {cores / 2:.1f})" if idle > cores / 2 else ""))
+    print(f"pytorch, 2 processes: its parameters after {WARMUP} steps differ from the reference trainer's by "
+          f"{largest_difference(path, model.features, model, OPTIMIZER, batch, 0):.1e} at most")
     rates: dict[str, list[float]] = {}
     parts: dict[str, list[dict[str, float]]] = {}  # engine -> its step's parts (s), round by round
     loads = []
@@ -294,19 +299,23 @@ def throughput(name: str, path: Path, model: ClickConfig, rounds: int, steps: in
             for threads in (1, 2):
                 rates.setdefault(f"pytorch, {threads} thread(s)", []).append(
                     pytorch_rate(data, model, batch, steps, threads))
+            rates.setdefault("pytorch, 2 processes", []).append(
+                data_parallel_run(path, model.features, model, OPTIMIZER, batch, steps)[0])
     print(f"load {min(loads):.2f}-{max(loads):.2f} at the rounds' starts")
     print(f"{'trainer':<24} {'examples/s: min':>15} {'median':>9} {'max':>9}")
     for trainer, v in rates.items():
         print(f"{trainer:<24} {min(v):>15,.0f} {float(np.median(v)):>9,.0f} {max(v):>9,.0f}")
     e1, e2 = rates["engine, 1 device(s)"], rates["engine, 2 device(s)"]
-    p1, p2 = rates["pytorch, 1 thread(s)"], rates["pytorch, 2 thread(s)"]
-    print(f"\n{'ratio (per round)':<36} {'min / median / max':>24}")
+    p1, p2, dp = rates["pytorch, 1 thread(s)"], rates["pytorch, 2 thread(s)"], rates["pytorch, 2 processes"]
+    print(f"\n{'ratio (per round)':<38} {'min / median / max':>24}")
     for ratio, v in {"engine 2 devices / pytorch 2 threads": [a / b for a, b in zip(e2, p2, strict=True)],
+                     "engine 2 devices / pytorch 2 processes": [a / b for a, b in zip(e2, dp, strict=True)],
+                     "pytorch 2 processes / 2 threads": [a / b for a, b in zip(dp, p2, strict=True)],
                      "collective / actor, 2 devices": [a / b for a, b in zip(e2, rates["engine, 2, actor"],
                                                                              strict=True)],
                      "engine 1 device / pytorch 1 thread": [a / b for a, b in zip(e1, p1, strict=True)],
                      "engine 2 devices / engine 1 device": [a / b for a, b in zip(e2, e1, strict=True)]}.items():
-        print(f"{ratio:<36} {spread(v, 2):>24}")
+        print(f"{ratio:<38} {spread(v, 2):>24}")
     step_parts(parts)
 
 

@@ -22,7 +22,9 @@ defaults):
               (build_ahead off: the next batch is built on a thread of its own by default on a GPU);
   - pytorch:  shardflow's single-process reference trainer (PyTorch, whole tables,
               sparse embedding gradients) with 1 and with 2 threads, after 2 warm-up
-              steps: no communication at all, the limit of this machine;
+              steps: no communication at all, the limit of this machine; and in 2 processes of one thread,
+              data-parallel (bench/data_parallel_peer.py: one plain PyTorch process per device, as
+              DistributedDataParallel; its parameters checked against the one process's; CPU only);
   - torchrec: TorchRec on 2 CPU ranks (bench/torchrec_peer.py, run by --torchrec-python,
               this interpreter by default), after 2 warm-up steps; skipped when torchrec
               is not importable there, and with --encoder self-attention (the peer is the mean model).
@@ -50,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from data_parallel_peer import data_parallel_run, largest_difference  # this directory: one process per device
 from emulated_cluster import ZIPF_INTERACTIONS, ZIPF_SEED, ZIPF_TABLE  # this directory: the grid's Zipf log
 
 from shardflow.cluster import dask_client
@@ -178,6 +181,9 @@ def main() -> None:
         print(f"load before the first round: {idle:.2f}"
               + (f"  (not quiet: above {cores / 2:.1f}; these figures are worth less)" if idle > cores / 2 else ""))
         gpus = args.device == "cuda"
+        if not gpus:
+            print(f"pytorch, 2 processes: its parameters after {WARMUP} steps differ from the reference "
+                  f"trainer's by {largest_difference(dataset, None, model, OPTIMIZER, B, 0):.1e} at most")
         with dask_client(workers=1) as one, dask_client(workers=2) as two:
             clients = {1: one, 2: two}
             for r in range(args.rounds):
@@ -204,6 +210,9 @@ def main() -> None:
                     rates.setdefault(f"pytorch, {threads} thread(s)", []).append(
                         pytorch_rate(data, model, B, n, threads, args.device)
                     )
+                if not gpus:
+                    rates.setdefault("pytorch, 2 processes", []).append(
+                        data_parallel_run(dataset, None, model, OPTIMIZER, B, n)[0])
                 if model.attention:
                     skipped = "the TorchRec peer trains the mean encoder's model only"
                 if args.device == "cuda":
@@ -233,7 +242,7 @@ def main() -> None:
             print(f"{name:<24} {min(v):>15,.0f} {float(np.median(v)):>9,.0f} {max(v):>9,.0f}")
         if skipped:
             print(f"torchrec, 2 ranks        skipped: {skipped}")
-        print(f"\n{'ratio (per round)':<36} {'min':>9} {'median':>7} {'max':>7}")
+        print(f"\n{'ratio (per round)':<38} {'min':>9} {'median':>7} {'max':>7}")
         e1, e2 = rates["engine, 1 device(s)"], rates["engine, 2 device(s)"]
         p1, p2 = rates["pytorch, 1 thread(s)"], rates["pytorch, 2 thread(s)"]
         a2 = rates["engine, 2, actor"]
@@ -245,6 +254,10 @@ def main() -> None:
             "early answers / actor, 2 devices": [a / b for a, b in zip(rates["engine, 2, early answers"], a2,
                                                                          strict=True)],
         }
+        if "pytorch, 2 processes" in rates:
+            dp = rates["pytorch, 2 processes"]
+            ratios["engine 2 devices / pytorch 2 processes"] = [a / b for a, b in zip(e2, dp, strict=True)]
+            ratios["pytorch 2 processes / 2 threads"] = [a / b for a, b in zip(dp, p2, strict=True)]
         if "engine, 1, built in turn" in rates:
             ratios["build ahead / in turn, 1 device"] = [a / b for a, b in zip(e1, rates["engine, 1, built in turn"],
                                                                                 strict=True)]
@@ -252,7 +265,7 @@ def main() -> None:
             torchrec = rates["torchrec, 2 ranks"]
             ratios["engine 2 devices / torchrec 2 ranks"] = [a / b for a, b in zip(e2, torchrec, strict=True)]
         for name, v in ratios.items():
-            print(f"{name:<36} {spread(v)}")
+            print(f"{name:<38} {spread(v)}")
         print(f"early answers: patches sent {spread(patch_share).strip()} (min median max) of the bytes of rows read")
         for devices in splits:
             keys = list(splits[devices][0])

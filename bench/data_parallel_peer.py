@@ -1,0 +1,150 @@
+"""The data-parallel PyTorch peer: one plain PyTorch process per device, as PyTorch's DistributedDataParallel
+trains a model whose tables fit every process.
+
+Each of `processes` processes (spawned, one torch thread each) holds the whole model: shardflow's reference
+trainer's tables, optimizer state and dense weights, initialised alike. A step takes the global batch of the
+reference trainer (same order, same examples), computes its share (targets rank, rank + processes, ...) with
+the reference's forward and backward (gradients scaled by the global batch), then sums across processes over a
+gloo group on loopback, in one all-reduce a step: the dense gradients, and each table's gradients as a
+dense [rows, dim] with a count of the processes that read each row (as DDP sums a dense embedding's gradient). Each
+process then updates the rows some process read and the dense weights, with the reference's optimizers: every
+process applies the same sums, so the replicas stay equal. Nothing is shared but those sums; a sub-batch's
+examples are built by its own process.
+
+What it answers: how fast this machine trains the model with one process per device and nothing sharded, the
+way a PyTorch user with small enough tables would, beside the engine on as many devices.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from shardflow.data.batches import TrainData, negative_seed
+from shardflow.data.clicks import load_training_data
+from shardflow.model.optim import OptimizerConfig, row_update
+from shardflow.model.sequence import forward_backward
+from shardflow.training.reference import ReferenceTrainer
+from storage.dataset import Dataset
+
+WARMUP = 2  # steps before the clock starts, as the other peers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _load(dataset: str, features: tuple[str, ...] | None):
+    """A sequence log's TrainData (`features` None) or a click log's training data over `features`."""
+    return TrainData.load(Path(dataset)) if features is None else load_training_data(Dataset.open(dataset), features)
+
+
+def _step(trainer: ReferenceTrainer, rank: int, world: int, epoch: int, step_in_epoch: int) -> None:
+    """One global step: this process's share of the batch, the sums over every process, the same update."""
+    config, B = trainer.config, trainer.batch_size
+    targets = trainer.data.batch(epoch, trainer.seed, step_in_epoch, B)[rank::world]
+    ex = trainer.data.examples(targets, config, negative_seed(trainer.seed, epoch))
+    index = trainer.data.table_index(ex, config).on(trainer.device)
+    grads = forward_backward(config, trainer.dense_tensors, trainer.tables, index, B * config.loss_terms, sparse=True)
+    parts = [g.reshape(-1) for g in grads.dense.values()]
+    for t, g in grads.rows.items():
+        g = g.coalesce()
+        rows = trainer.tables[t].shape[0]
+        total = torch.zeros((rows, config.dim), dtype=torch.float32)
+        total.index_add_(0, g.indices()[0], g.values())
+        read = torch.zeros(rows, dtype=torch.float32)  # 1 where this process read the row
+        read[g.indices()[0]] = 1.0
+        parts += [total.reshape(-1), read]
+    sums = torch.cat(parts)
+    dist.all_reduce(sums)  # one call a step: every sum at once
+    start = 0
+
+    def take(shape: tuple[int, ...]) -> torch.Tensor:
+        nonlocal start
+        n = int(torch.Size(shape).numel())
+        start += n
+        return sums[start - n:start].view(shape)
+
+    dense = {name: take(tuple(g.shape)) for name, g in grads.dense.items()}
+    for t in grads.rows:
+        total = take((trainer.tables[t].shape[0], config.dim))
+        at = torch.nonzero(take((trainer.tables[t].shape[0],)), as_tuple=True)[0]
+        row_update(trainer.optimizer, trainer.tables[t], trainer.row_state[t], at, total[at])
+    trainer.dense_optimizer.step(dense)
+
+
+def _rank(rank: int, world: int, port: int, dataset: str, features: tuple[str, ...] | None, model: Any,
+          optimizer: OptimizerConfig, batch_size: int, steps: int, out: Any) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        data = _load(dataset, features)
+        trainer = ReferenceTrainer(data, model, optimizer, batch_size, seed=0)
+        per_epoch = data.steps_per_epoch(batch_size)
+        for i in range(WARMUP):
+            _step(trainer, rank, world, *divmod(i, per_epoch))
+        dist.barrier()
+        t = time.perf_counter()
+        for i in range(WARMUP, WARMUP + steps):
+            _step(trainer, rank, world, *divmod(i, per_epoch))
+        dist.barrier()
+        if rank == 0:
+            params = {**{f"dense/{k}": v for k, v in trainer.dense.items()}, **trainer.weights}
+            out.put((steps * batch_size / (time.perf_counter() - t), params))
+    finally:
+        dist.destroy_process_group()
+
+
+def data_parallel_run(dataset: Path, features: tuple[str, ...] | None, model: Any, optimizer: OptimizerConfig,
+                      batch_size: int, steps: int, processes: int = 2) -> tuple[float, dict[str, np.ndarray]]:
+    """Examples/s of `processes` data-parallel PyTorch processes over `steps` steps after WARMUP (their start-up,
+    imports and data loading not counted), on `dataset` (a sequence log's store, or with `features` a click
+    log's); and the first process's parameters after them (dense weights as `dense/NAME`, tables by name)."""
+    context = mp.get_context("spawn")
+    out = context.SimpleQueue()
+    env = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # the spawned processes' OpenMP: one thread each, as the engine's devices
+    try:
+        ranks = mp.start_processes(_rank, args=(processes, _free_port(), str(dataset), features, model, optimizer,
+                                                batch_size, steps, out),
+                                   nprocs=processes, join=False, start_method="spawn")
+    finally:
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS")
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
+    result = None
+    while not ranks.join(timeout=0.1):  # raises if a process failed; the result read as it comes: a pipe holds
+        if result is None and not out.empty():  # only so much, and its writer waits until it is read
+            result = out.get()
+    if result is None:
+        result = out.get() if not out.empty() else None
+    if result is None:
+        raise RuntimeError("the data-parallel peer's processes ended without a result")
+    return result
+
+
+def largest_difference(dataset: Path, features: tuple[str, ...] | None, model: Any, optimizer: OptimizerConfig,
+                       batch_size: int, steps: int) -> float:
+    """The largest absolute difference between any parameter of the peer on 2 processes and of the reference
+    trainer after the same WARMUP + `steps` steps: that the peer trains the model the others train. Few steps:
+    Adagrad's first update of a row scales its gradient to about the learning rate whatever its size, so a row
+    first read with a gradient near zero moves by its rounding (1e-3 after 12 steps on amazon-video, 6e-8 after 2)."""
+    _, params = data_parallel_run(dataset, features, model, optimizer, batch_size, steps)
+    data = _load(str(dataset), features)
+    ref = ReferenceTrainer(data, model, optimizer, batch_size, seed=0)
+    per_epoch = data.steps_per_epoch(batch_size)
+    for i in range(WARMUP + steps):
+        ref.step(*divmod(i, per_epoch))
+    mine = {**{f"dense/{k}": v for k, v in ref.dense.items()}, **ref.weights}
+    return max(float(np.abs(params[k] - v).max()) for k, v in mine.items())
