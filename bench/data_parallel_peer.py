@@ -36,7 +36,6 @@ from shardflow.model.sequence import forward_backward
 from shardflow.training.reference import ReferenceTrainer
 from storage.dataset import Dataset
 
-WARMUP = 2  # steps before the clock starts, as the other peers
 # A table of at most this many bytes is summed dense (with the rest, in one all-reduce), a larger one sparse (its
 # rows read, gathered from every process): a PyTorch user's nn.Embedding with sparse=False or True. Each was the
 # faster way on one side of it (2-core machine, 2 processes ÷ one process of 2 threads, 2 rounds each, batch 4,096):
@@ -55,6 +54,11 @@ def _load(dataset: str, features: tuple[str, ...] | None):
     return TrainData.load(Path(dataset)) if features is None else load_training_data(Dataset.open(dataset), features)
 
 
+def _parameters(trainer: ReferenceTrainer) -> dict[str, np.ndarray]:
+    """A trainer's dense weights (as `dense/NAME`) and tables (by name), to compare two trainers."""
+    return {**{f"dense/{k}": v for k, v in trainer.dense.items()}, **trainer.weights}
+
+
 def _step(trainer: ReferenceTrainer, rank: int, world: int, epoch: int, step_in_epoch: int) -> None:
     """One global step: this process's share of the batch, the sums over every process, the same update."""
     config, B = trainer.config, trainer.batch_size
@@ -62,19 +66,18 @@ def _step(trainer: ReferenceTrainer, rank: int, world: int, epoch: int, step_in_
     ex = trainer.data.examples(targets, config, negative_seed(trainer.seed, epoch))
     index = trainer.data.table_index(ex, config).on(trainer.device)
     grads = forward_backward(config, trainer.dense_tensors, trainer.tables, index, B * config.loss_terms, sparse=True)
+    rows = {t: g.coalesce() for t, g in grads.rows.items()}
+    large = [t for t in rows if trainer.tables[t].numel() * 4 > DENSE_SUM_BYTES]  # only the rows read travel
+    small = [t for t in rows if t not in large]  # in the same order in every process, as the collectives need
     parts = [g.reshape(-1) for g in grads.dense.values()]
-    for t, g in grads.rows.items():
-        g = g.coalesce()
-        if trainer.tables[t].numel() * 4 > DENSE_SUM_BYTES:
-            continue
-        rows = trainer.tables[t].shape[0]
-        total = torch.zeros((rows, config.dim), dtype=torch.float32)
-        total.index_add_(0, g.indices()[0], g.values())
-        read = torch.zeros(rows, dtype=torch.float32)  # 1 where this process read the row
-        read[g.indices()[0]] = 1.0
+    for t in small:
+        total = torch.zeros_like(trainer.tables[t])
+        total.index_add_(0, rows[t].indices()[0], rows[t].values())
+        read = torch.zeros(total.shape[0], dtype=torch.float32)  # 1 where this process read the row
+        read[rows[t].indices()[0]] = 1.0
         parts += [total.reshape(-1), read]
     sums = torch.cat(parts)
-    dist.all_reduce(sums)  # one call a step: every sum at once
+    dist.all_reduce(sums)  # one call a step: every dense sum at once
     start = 0
 
     def take(shape: tuple[int, ...]) -> torch.Tensor:
@@ -84,44 +87,43 @@ def _step(trainer: ReferenceTrainer, rank: int, world: int, epoch: int, step_in_
         return sums[start - n:start].view(shape)
 
     dense = {name: take(tuple(g.shape)) for name, g in grads.dense.items()}
-    for t, g in grads.rows.items():
-        if trainer.tables[t].numel() * 4 > DENSE_SUM_BYTES:  # a large table: only the rows read travel
-            g = g.coalesce()
-            dist.all_reduce(g)  # gloo sums a sparse tensor by gathering every process's rows
-            g = g.coalesce()
-            row_update(trainer.optimizer, trainer.tables[t], trainer.row_state[t], g.indices()[0], g.values())
-            continue
-        total = take((trainer.tables[t].shape[0], config.dim))
-        at = torch.nonzero(take((trainer.tables[t].shape[0],)), as_tuple=True)[0]
+    for t in small:
+        total = take(tuple(trainer.tables[t].shape))
+        at = torch.nonzero(take((total.shape[0],)), as_tuple=True)[0]
         row_update(trainer.optimizer, trainer.tables[t], trainer.row_state[t], at, total[at])
+    for t in large:
+        g = rows[t]
+        dist.all_reduce(g)  # gloo sums a sparse tensor by gathering every process's rows
+        g = g.coalesce()
+        row_update(trainer.optimizer, trainer.tables[t], trainer.row_state[t], g.indices()[0], g.values())
     trainer.dense_optimizer.step(dense)
 
 
 def _rank(rank: int, world: int, port: int, dataset: str, features: tuple[str, ...] | None, model: Any,
-          optimizer: OptimizerConfig, batch_size: int, steps: int, out: Any) -> None:
+          optimizer: OptimizerConfig, batch_size: int, warmup: int, steps: int, out: Any) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         data = _load(dataset, features)
         trainer = ReferenceTrainer(data, model, optimizer, batch_size, seed=0)
         per_epoch = data.steps_per_epoch(batch_size)
-        for i in range(WARMUP):
+        for i in range(warmup):
             _step(trainer, rank, world, *divmod(i, per_epoch))
         dist.barrier()
         t = time.perf_counter()
-        for i in range(WARMUP, WARMUP + steps):
+        for i in range(warmup, warmup + steps):
             _step(trainer, rank, world, *divmod(i, per_epoch))
         dist.barrier()
         if rank == 0:
-            params = {**{f"dense/{k}": v for k, v in trainer.dense.items()}, **trainer.weights}
-            out.put((steps * batch_size / (time.perf_counter() - t), params))
+            out.put((steps * batch_size / (time.perf_counter() - t), _parameters(trainer)))
     finally:
         dist.destroy_process_group()
 
 
 def data_parallel_run(dataset: Path, features: tuple[str, ...] | None, model: Any, optimizer: OptimizerConfig,
-                      batch_size: int, steps: int, processes: int = 2) -> tuple[float, dict[str, np.ndarray]]:
-    """Examples/s of `processes` data-parallel PyTorch processes over `steps` steps after WARMUP (their start-up,
+                      batch_size: int, warmup: int, steps: int,
+                      processes: int = 2) -> tuple[float, dict[str, np.ndarray]]:
+    """Examples/s of `processes` data-parallel PyTorch processes over `steps` steps after `warmup` (their start-up,
     imports and data loading not counted), on `dataset` (a sequence log's store, or with `features` a click
     log's); and the first process's parameters after them (dense weights as `dense/NAME`, tables by name)."""
     context = mp.get_context("spawn")
@@ -130,7 +132,7 @@ def data_parallel_run(dataset: Path, features: tuple[str, ...] | None, model: An
     os.environ["OMP_NUM_THREADS"] = "1"  # the spawned processes' OpenMP: one thread each, as the engine's devices
     try:
         ranks = mp.start_processes(_rank, args=(processes, _free_port(), str(dataset), features, model, optimizer,
-                                                batch_size, steps, out),
+                                                batch_size, warmup, steps, out),
                                    nprocs=processes, join=False, start_method="spawn")
     finally:
         if env is None:
@@ -141,24 +143,21 @@ def data_parallel_run(dataset: Path, features: tuple[str, ...] | None, model: An
     while not ranks.join(timeout=0.1):  # raises if a process failed; the result read as it comes: a pipe holds
         if result is None and not out.empty():  # only so much, and its writer waits until it is read
             result = out.get()
-    if result is None:
-        result = out.get() if not out.empty() else None
-    if result is None:
+    if result is None and out.empty():
         raise RuntimeError("the data-parallel peer's processes ended without a result")
-    return result
+    return out.get() if result is None else result
 
 
 def largest_difference(dataset: Path, features: tuple[str, ...] | None, model: Any, optimizer: OptimizerConfig,
                        batch_size: int, steps: int) -> float:
     """The largest absolute difference between any parameter of the peer on 2 processes and of the reference
-    trainer after the same WARMUP + `steps` steps: that the peer trains the model the others train. Few steps:
+    trainer after the same `steps` steps (none timed): that the peer trains the model the others train. Few steps:
     Adagrad's first update of a row scales its gradient to about the learning rate whatever its size, so a row
     first read with a gradient near zero moves by its rounding (1e-3 after 12 steps on amazon-video, 6e-8 after 2)."""
-    _, params = data_parallel_run(dataset, features, model, optimizer, batch_size, steps)
+    _, params = data_parallel_run(dataset, features, model, optimizer, batch_size, steps, 0)
     data = _load(str(dataset), features)
     ref = ReferenceTrainer(data, model, optimizer, batch_size, seed=0)
     per_epoch = data.steps_per_epoch(batch_size)
-    for i in range(WARMUP + steps):
+    for i in range(steps):
         ref.step(*divmod(i, per_epoch))
-    mine = {**{f"dense/{k}": v for k, v in ref.dense.items()}, **ref.weights}
-    return max(float(np.abs(params[k] - v).max()) for k, v in mine.items())
+    return max(float(np.abs(params[k] - v).max()) for k, v in _parameters(ref).items())
