@@ -30,8 +30,7 @@ import zarr
 
 from shardflow.cluster import dask_client
 from shardflow.data.synthetic import SynthTable, synth_dataset
-from shardflow.model.optim import OptimizerConfig
-from shardflow.model.sequence import ModelConfig
+from shardflow.model.configs import ModelConfig, OptimizerConfig
 from shardflow.planner.sharding_plan import SINGLE, ShardingPlan, TablePlan
 from shardflow.planner.topology import uniform
 from shardflow.training.config import TrainConfig

@@ -71,9 +71,9 @@ from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
 from shardflow.data.clicks import HELD_OUT, load_training_data, model_config
 from shardflow.data.synthetic_clicks import synth_click_log
-from shardflow.model.dlrm import ClickConfig
+from shardflow.model.configs import ClickConfig, OptimizerConfig
+from shardflow.model.forward import logits, on_device
 from shardflow.model.metrics import log_loss, roc_auc
-from shardflow.model.optim import OptimizerConfig
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.memory import budget_bytes_per_device
@@ -115,7 +115,8 @@ def dlrm_quality(path: Path, batch: int, epochs: int, seed: int) -> tuple[float,
             ref.step(epoch, i)
     ex = data.examples(data.eval_targets, model)
     with torch.no_grad():
-        logit = model.logits(ref.dense_tensors, ref.tables, data.table_index(ex, model).on(torch.device("cpu")))
+        index = on_device(data.table_index(ex, model), torch.device("cpu"))
+        logit = logits(model, ref.dense_tensors, ref.tables, index)
     return roc_auc(logit.numpy(), ex.labels), log_loss(logit.numpy(), ex.labels)
 
 

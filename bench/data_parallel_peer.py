@@ -31,8 +31,9 @@ import torch.multiprocessing as mp
 
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.clicks import load_training_data
-from shardflow.model.optim import OptimizerConfig, row_update
-from shardflow.model.sequence import forward_backward
+from shardflow.model.configs import OptimizerConfig
+from shardflow.model.forward import forward_backward, on_device
+from shardflow.model.optim import row_update
 from shardflow.training.reference import ReferenceTrainer
 from storage.dataset import Dataset
 
@@ -64,7 +65,7 @@ def _step(trainer: ReferenceTrainer, rank: int, world: int, epoch: int, step_in_
     config, B = trainer.config, trainer.batch_size
     targets = trainer.data.batch(epoch, trainer.seed, step_in_epoch, B)[rank::world]
     ex = trainer.data.examples(targets, config, negative_seed(trainer.seed, epoch))
-    index = trainer.data.table_index(ex, config).on(trainer.device)
+    index = on_device(trainer.data.table_index(ex, config), trainer.device)
     grads = forward_backward(config, trainer.dense_tensors, trainer.tables, index, B * config.loss_terms, sparse=True)
     rows = {t: g.coalesce() for t, g in grads.rows.items()}
     large = [t for t in rows if trainer.tables[t].numel() * 4 > DENSE_SUM_BYTES]  # only the rows read travel

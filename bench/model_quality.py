@@ -61,9 +61,9 @@ from shardflow.cluster import dask_client
 from shardflow.config import RetrainConfig
 from shardflow.data.batches import TrainData
 from shardflow.errors import InputError
+from shardflow.model.configs import LOSSES, ModelConfig, OptimizerConfig
 from shardflow.model.metrics import FULL_RANKING
-from shardflow.model.optim import ROW_OPTIMIZERS, OptimizerConfig
-from shardflow.model.sequence import LOSSES, ModelConfig
+from shardflow.planner.sharding_plan import ROW_OPTIMIZERS
 from shardflow.training.config import TrainConfig
 from shardflow.training.device import DEVICES, torch_device
 from shardflow.training.engine import Engine

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardflow.model.sequence import ModelConfig
+from shardflow.model.configs import ModelConfig
 from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape, Wire
 from shardflow.planner.memory import budget_bytes_per_device

@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 
 from shardflow.data.batches import TrainData
-from shardflow.model.sequence import ModelConfig
+from shardflow.model.configs import ModelConfig
 from shardflow.planner.memory import WORKER_BYTES_PER_USER, WORKER_EXTRA_BYTES, WORKER_SCALE, worker_peak_bytes
 from shardflow.sharding.stage import read_plan_summary
 from storage.dataset import Dataset

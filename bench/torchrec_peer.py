@@ -46,8 +46,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> None:
     from torchrec.distributed.types import ShardingEnv, ShardingType
 
     from shardflow.data.batches import TrainData, negative_seed
-    from shardflow.model.optim import OptimizerConfig
-    from shardflow.model.sequence import ModelConfig
+    from shardflow.model.configs import ModelConfig, OptimizerConfig
 
     warnings.filterwarnings("ignore")  # TorchRec's deprecation and planner notices, once per rank and call
     logging.getLogger("torchrec").setLevel(logging.ERROR)

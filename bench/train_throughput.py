@@ -59,8 +59,7 @@ from shardflow.cluster import dask_client
 from shardflow.data.batches import TrainData
 from shardflow.data.synthetic import parse_synth_table, synth_dataset
 from shardflow.errors import InputError
-from shardflow.model.optim import OptimizerConfig
-from shardflow.model.sequence import ENCODERS, ModelConfig
+from shardflow.model.configs import ENCODERS, ModelConfig, OptimizerConfig
 from shardflow.planner.access import TableAccess, sequence_lookups
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.memory import budget_bytes_per_device

@@ -25,7 +25,7 @@ import numpy as np
 
 from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.synthetic import SynthTable, synth_dataset
-from shardflow.model.sequence import ModelConfig
+from shardflow.model.configs import ModelConfig
 
 TRAINERS = (1, 2, 4)
 BATCH = 4096

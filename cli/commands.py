@@ -169,7 +169,7 @@ def show_plan(s: dict) -> None:
 
 def run_train(args: argparse.Namespace) -> dict:
     from shardflow.cluster import dask_client
-    from shardflow.model.optim import OptimizerConfig
+    from shardflow.model.configs import OptimizerConfig
     from shardflow.sharding.stage import read_plan
     from shardflow.training.config import TrainConfig
     from shardflow.training.device import torch_device

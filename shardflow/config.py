@@ -36,7 +36,7 @@ from shardflow.errors import InputError, brief
 from storage import versions
 
 if TYPE_CHECKING:
-    from shardflow.model.optim import OptimizerConfig
+    from shardflow.model.configs import OptimizerConfig
     from shardflow.planner.costmodel import StepShape
     from shardflow.planner.topology import Topology
     from shardflow.training.config import TrainConfig
@@ -207,7 +207,7 @@ class RetrainConfig(BaseModel):
                 "negatives": self.model.negatives}
 
     def optimizer(self) -> OptimizerConfig:
-        from shardflow.model.optim import OptimizerConfig
+        from shardflow.model.configs import OptimizerConfig
 
         t = self.train
         return OptimizerConfig(row_lr=t.row_lr, rows=t.row_optimizer, dense=t.dense_optimizer, dense_lr=t.dense_lr)
@@ -225,7 +225,7 @@ class RetrainConfig(BaseModel):
                            min_epochs=t.min_epochs, full_ranking=t.full_ranking)
 
     def encoder_options(self) -> dict:
-        """The sequence model's encoder and loss, as shardflow.model.sequence.ModelConfig names them."""
+        """The sequence model's encoder and loss, as shardflow.model.configs.ModelConfig names them."""
         m = self.model
         return {"encoder": m.encoder, "blocks": m.attention_blocks, "heads": m.attention_heads, "dropout": m.dropout,
                 "loss": m.loss, "gbce_t": m.gbce_t}

@@ -22,9 +22,7 @@ from shardflow.data.clicks import (
 )
 from shardflow.errors import InputError
 from shardflow.importing import dataset_store, import_options, imported_source, same_source, source_parts
-from shardflow.model.dlrm import ClickConfig
-from shardflow.model.optim import dense_state_copies
-from shardflow.model.sequence import ModelConfig
+from shardflow.model.configs import ClickConfig, ModelConfig, dense_state_copies
 from shardflow.planner.memory import check_capacity
 from shardflow.planner.sharding_plan import VALUE_BYTES, row_bytes
 from shardflow.training.config import check_batch

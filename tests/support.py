@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shardflow.model.optim import OptimizerConfig
-from shardflow.model.sequence import ModelConfig, init_dense, scores
+from shardflow.model.configs import ModelConfig, OptimizerConfig
+from shardflow.model.forward import on_device
+from shardflow.model.sequence import scores
 from shardflow.planner.access import TableAccess
 from shardflow.planner.costmodel import CostModel, StepShape
 from shardflow.planner.memory import budget_bytes_per_device
@@ -267,7 +268,7 @@ def settled(*paths: Path) -> list[Path]:
 def bce_loss(config, dense: dict, rows: dict, index, norm: int) -> float:
     """The sequence model's loss computed apart from forward_backward: binary cross-entropy of `index`'s
     logits (the positive in column 0), summed in numpy and divided by `norm`."""
-    logit = scores(config, dense, rows, index.on(torch.device("cpu"))).numpy()
+    logit = scores(config, dense, rows, on_device(index, torch.device("cpu"))).numpy()
     label = np.zeros_like(logit)
     label[:, 0] = 1
     return float((np.logaddexp(0, logit) - label * logit).sum()) / norm
@@ -331,7 +332,7 @@ def tiny_scorer(encoder: str, seed: int, items: int, users: int) -> tuple:
     for scoring against a plain count: (config, dense, rows, history, the generator that made them)."""
     rng = np.random.default_rng(seed)
     config = ModelConfig(dim=4, mlp=(5, 3), history=3, negatives=1, seed=seed, encoder=encoder, blocks=1, dropout=0.0)
-    dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in init_dense(config).items()}
+    dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in config.init_dense().items()}
     rows = {"item": torch.from_numpy(rng.normal(size=(items, 4)))}
     history = rng.integers(0, items, size=(users, 3))
     history[0, :2] = -1

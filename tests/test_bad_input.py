@@ -24,7 +24,7 @@ from shardflow.config import RetrainConfig
 from shardflow.data.batches import TrainData
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.errors import InputError, TrainingError
-from shardflow.model.optim import OptimizerConfig
+from shardflow.model.configs import OptimizerConfig
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.sharding_plan import ShardingPlan, TablePlan
 from shardflow.planner.topology import load_topology, parse_topology

@@ -40,8 +40,8 @@ from shardflow.data.examples import (
 )
 from shardflow.data.windows import held_events, window_key, window_targets
 from shardflow.errors import InputError
+from shardflow.model.configs import BatchIndex, ModelConfig
 from shardflow.model.metrics import RankCounts
-from shardflow.model.sequence import BatchIndex, ModelConfig
 from storage.dataset import Dataset
 
 ORDER_BLOCK_EVENTS = 1 << 20  # events per block of the epoch order (8 MB of int64 ids)

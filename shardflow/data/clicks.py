@@ -27,9 +27,8 @@ import numpy as np
 from shardflow.data.batches import ORDER_BLOCK_EVENTS, EpochOrder, Lookups, TrainData, fetched, window_start
 from shardflow.errors import InputError
 from shardflow.model import sizes
-from shardflow.model.dlrm import ClickConfig, ClickIndex, numeric_input
+from shardflow.model.configs import ClickConfig, ClickIndex, ModelConfig, numeric_input
 from shardflow.model.metrics import ScoredRows
-from shardflow.model.sequence import ModelConfig
 from storage.checkpoint import ExportManifest
 from storage.dataset import Dataset
 

@@ -1,9 +1,9 @@
 """What training reads of either workload's data, typed once: `TrainData` (sequences, shardflow.data.batches)
 and `ClickData` (click logs, shardflow.data.clicks) both are a `Workload`.
 
-Each workload pairs its data with its own model config (sequence.ModelConfig, dlrm.ClickConfig) and its own
+Each workload pairs its data with its own model config (configs.ModelConfig, configs.ClickConfig) and its own
 examples and index types; a run holds one pair. A type checker cannot pair two unions, so the config, the
-examples and the index are Any here, as in shardflow.model.tensors.Scorer.
+examples and the index are Any here, as in shardflow.model.forward.
 """
 
 from __future__ import annotations

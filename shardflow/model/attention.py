@@ -41,25 +41,11 @@ from shardflow.hashing import splitmix64
 from shardflow.model.lookup import rows_at
 from shardflow.model.tensors import Tensors
 
-if TYPE_CHECKING:  # sequence imports this module
-    from shardflow.model.sequence import ModelConfig
+if TYPE_CHECKING:
+    from shardflow.model.configs import ModelConfig
 
 MASK_BANK = 1024  # rows of seeded uniforms a dropout mask is drawn from (two per example and site)
 NORM_EPS = 1e-8  # the paper's code's layer-norm epsilon
-
-
-def init_attention(shapes: dict[str, tuple[int, ...]], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Glorot-uniform matrices (the positions too), zero biases, layer norms at one and zero."""
-    params = {}
-    for name, shape in shapes.items():
-        if len(shape) == 2:
-            a = np.sqrt(6.0 / (shape[0] + shape[1]))
-            params[name] = rng.uniform(-a, a, size=shape).astype(np.float32)
-        elif name.endswith(("norm.weight", "norm1.weight", "norm2.weight")):
-            params[name] = np.ones(shape, dtype=np.float32)
-        else:
-            params[name] = np.zeros(shape, dtype=np.float32)
-    return params
 
 
 @lru_cache(maxsize=8)

@@ -12,7 +12,8 @@ held for a table of token sequences, zero when it holds none):
     loss = binary cross-entropy against the click label
 
 A missing numeric value counts as 0. As in the sequence model, a trainer passes the
-rows it pulled for its sub-batch and indices into them (ClickIndex); the reference
+rows it pulled for its sub-batch and indices into them (ClickIndex; it and the config,
+ClickConfig, are in shardflow.model.configs, which imports no PyTorch); the reference
 passes whole tables and takes sparse gradients. Dense weights are stored [in, out].
 """
 
@@ -20,120 +21,60 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shardflow.errors import InputError
-from shardflow.model import sizes
+from shardflow.model.configs import FUSED, ClickConfig, ClickIndex
 from shardflow.model.lookup import bag_mean, rows_at
 from shardflow.model.tensors import Tensors
 
 
-@dataclass(frozen=True)
-class ClickConfig:
-    dim: int = 16
-    bottom: tuple[int, ...] = sizes.BOTTOM_MLP  # hidden widths of the bottom MLP; its output is `dim` wide
-    mlp: tuple[int, ...] = sizes.MLP  # hidden widths of the top MLP
-    features: tuple[str, ...] = ()  # categorical tables, in input order
-    numeric: tuple[str, ...] = ()  # numeric columns, in input order
-    seed: int = 0
+def logits(config: ClickConfig, dense: Tensors, rows: Tensors, index: ClickTensorIndex,
+           sparse: bool = False) -> torch.Tensor:
+    """Logits [E] of the DLRM."""
+    head = []
+    if config.numeric:
+        b = index.numeric
+        for i in range(len(config.bottom_layers)):
+            b = torch.relu(torch.addmm(dense[f"bottom.{i}.bias"], b, dense[f"bottom.{i}.weight"]))
+        head = [b]
+    if index.fused is None:
+        v = torch.stack([*head, *(table_vectors(rows[t], index.features[t], sparse) for t in config.features)],
+                        dim=1)  # [E, n, dim]
+    else:
+        v = _fused_vectors(head, rows, index, sparse)
+    n = v.shape[1]
+    i, j = torch.triu_indices(n, n, offset=1, device=v.device)
+    # The pairs i < j of the [E, n, n] dot products, taken from its flat view: an index_select, whose
+    # backward is an index_add (1.7x faster than indexing [:, i, j] on CPU, forward and backward).
+    pairs = _Gram.apply(v).flatten(1).index_select(1, i * n + j)
+    z = torch.cat([*head, pairs], dim=1)
+    top = len(config.top_layers)
+    for k in range(top):
+        z = torch.addmm(dense[f"top.{k}.bias"], z, dense[f"top.{k}.weight"])
+        if k < top - 1:
+            z = torch.relu(z)
+    return z.squeeze(-1)
 
-    kind = "click"
-    candidates = 1  # logits per example (a click label each)
-    loss_terms = 1  # its binary cross-entropy
 
-    def __post_init__(self) -> None:
-        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 1:
-            raise InputError(f"model dim = {self.dim!r}; accepted: an integer >= 1")
-        for name in ("bottom", "mlp"):
-            widths = getattr(self, name)
-            if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
-                raise InputError(f"model {name} widths = {list(widths)}; accepted: integers >= 1")
-        if not self.features:
-            raise InputError("a click model without categorical tables; accepted: at least one table")
+def _fused_vectors(head: list[torch.Tensor], rows: Tensors, index: ClickTensorIndex,
+                   sparse: bool) -> torch.Tensor:
+    """[E, n, dim] as `logits` stacks it, from rows fused into one tensor (rows[FUSED]): the tables of
+    `index.fused` read by one gather, the others (bags, and tables not fused, from rows of their own) one by
+    one, then put in the model's order."""
+    assert index.fused is not None and index.order is not None  # logits calls it only then
+    fused = rows_at(rows[FUSED], index.fused, sparse)  # [E, tables fused, dim]
+    rest = [table_vectors(rows.get(t, rows[FUSED]), at, sparse) for t, at in index.features.items()]
+    v = torch.cat([*(x[:, None] for x in head), fused, *(x[:, None] for x in rest)], dim=1)
+    return v if index.order.numel() == 0 else v.index_select(1, index.order)
 
-    @property
-    def vectors(self) -> int:
-        return len(self.features) + (1 if self.numeric else 0)
 
-    @property
-    def bottom_layers(self) -> list[tuple[int, int]]:
-        if not self.numeric:
-            return []
-        widths = [len(self.numeric), *self.bottom, self.dim]
-        return list(pairwise(widths))
-
-    @property
-    def top_layers(self) -> list[tuple[int, int]]:
-        n = self.vectors
-        widths = [(self.dim if self.numeric else 0) + n * (n - 1) // 2, *self.mlp, 1]
-        return list(pairwise(widths))
-
-    def dense_shapes(self) -> dict[str, tuple[int, ...]]:
-        out: dict[str, tuple[int, ...]] = {}
-        for part, layers in (("bottom", self.bottom_layers), ("top", self.top_layers)):
-            for i, (fan_in, fan_out) in enumerate(layers):
-                out[f"{part}.{i}.weight"], out[f"{part}.{i}.bias"] = (fan_in, fan_out), (fan_out,)
-        return out
-
-    def init_dense(self) -> dict[str, np.ndarray]:
-        """Glorot-uniform weights, zero biases, from the config's seed."""
-        rng = np.random.default_rng(self.seed)
-        params = {}
-        for name, shape in self.dense_shapes().items():
-            if len(shape) == 2:
-                a = np.sqrt(6.0 / (shape[0] + shape[1]))
-                params[name] = rng.uniform(-a, a, size=shape).astype(np.float32)
-            else:
-                params[name] = np.zeros(shape, dtype=np.float32)
-        return params
-
-    def logits(self, dense: Tensors, rows: Tensors, index: ClickTensorIndex, sparse: bool = False) -> torch.Tensor:
-        """Logits [E]."""
-        head = []
-        if self.numeric:
-            b = index.numeric
-            for i in range(len(self.bottom_layers)):
-                b = torch.relu(torch.addmm(dense[f"bottom.{i}.bias"], b, dense[f"bottom.{i}.weight"]))
-            head = [b]
-        if index.fused is None:
-            v = torch.stack([*head, *(table_vectors(rows[t], index.features[t], sparse) for t in self.features)],
-                            dim=1)  # [E, n, dim]
-        else:
-            v = self._fused_vectors(head, rows, index, sparse)
-        n = v.shape[1]
-        i, j = torch.triu_indices(n, n, offset=1, device=v.device)
-        # The pairs i < j of the [E, n, n] dot products, taken from its flat view: an index_select, whose
-        # backward is an index_add (1.7x faster than indexing [:, i, j] on CPU, forward and backward).
-        pairs = _Gram.apply(v).flatten(1).index_select(1, i * n + j)
-        z = torch.cat([*head, pairs], dim=1)
-        top = len(self.top_layers)
-        for k in range(top):
-            z = torch.addmm(dense[f"top.{k}.bias"], z, dense[f"top.{k}.weight"])
-            if k < top - 1:
-                z = torch.relu(z)
-        return z.squeeze(-1)
-
-    def _fused_vectors(self, head: list[torch.Tensor], rows: Tensors, index: ClickTensorIndex,
-                       sparse: bool) -> torch.Tensor:
-        """[E, n, dim] as `logits` stacks it, from rows fused into one tensor (rows[FUSED]): the tables of
-        `index.fused` read by one gather, the others (bags, and tables not fused, from rows of their own) one by
-        one, then put in the model's order."""
-        assert index.fused is not None and index.order is not None  # logits calls it only then
-        fused = rows_at(rows[FUSED], index.fused, sparse)  # [E, tables fused, dim]
-        rest = [table_vectors(rows.get(t, rows[FUSED]), at, sparse) for t, at in index.features.items()]
-        v = torch.cat([*(x[:, None] for x in head), fused, *(x[:, None] for x in rest)], dim=1)
-        return v if index.order.numel() == 0 else v.index_select(1, index.order)
-
-    def labels(self, logit: torch.Tensor, index: ClickTensorIndex) -> torch.Tensor:
-        return index.labels
-
-    def loss_sum(self, logit: torch.Tensor, index: ClickTensorIndex) -> torch.Tensor:
-        return F.binary_cross_entropy_with_logits(logit, self.labels(logit, index), reduction="sum")
+def loss_sum(logit: torch.Tensor, index: ClickTensorIndex) -> torch.Tensor:
+    """The summed binary cross-entropy of logits [E] against the examples' labels."""
+    return F.binary_cross_entropy_with_logits(logit, index.labels, reduction="sum")
 
 
 class _Gram(torch.autograd.Function):
@@ -163,41 +104,18 @@ def table_vectors(rows: torch.Tensor, at: torch.Tensor | Bags, sparse: bool) -> 
     return rows_at(rows, at, sparse)
 
 
-def numeric_input(values: np.ndarray) -> np.ndarray:
-    """The bottom MLP's input from raw numeric columns: log(1 + max(x, 0)), 0 where missing."""
-    x = np.nan_to_num(np.asarray(values, dtype=np.float32), nan=0.0)
-    return np.log1p(np.maximum(x, 0.0)).astype(np.float32)
+def tensor_index(index: ClickIndex, device: torch.device) -> ClickTensorIndex:
+    """`index` as tensors on `device`, a table of token sequences as its Bags."""
+    def tensor(v: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)).to(device)
 
-
-FUSED = "(fused)"  # the rows key of tables fused into one (shardflow.training.fusion); no table name has "("
-
-
-@dataclass
-class ClickIndex:
-    """Where each lookup of a sub-batch finds its row, with the examples' numeric inputs and labels.
-
-    With tables fused (shardflow.training.fusion), `fused` holds the positions of the fused one-id tables' rows
-    in rows[FUSED], one column per table, and `order` puts the vectors back in the model's order; `features`
-    holds the other tables, a fused one's positions also in rows[FUSED]."""
-
-    # table -> int64 [E] row index, or [E, width] for a table of token sequences (-1 padding)
-    features: dict[str, np.ndarray]
-    numeric: np.ndarray  # float32 [E, numeric columns], already numeric_input
-    labels: np.ndarray  # float32 [E]
-    fused: np.ndarray | None = None  # int64 [E, fused one-id tables]
-    order: np.ndarray | None = None  # int64 [n]: the model's vector k is _fused_vectors' order[k]-th; [] if same
-
-    def on(self, device: torch.device) -> ClickTensorIndex:
-        def tensor(v: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)).to(device)
-
-        return ClickTensorIndex(
-            features={k: tensor(v) if v.ndim == 1 else Bags.of(v, tensor) for k, v in self.features.items()},
-            numeric=torch.from_numpy(np.ascontiguousarray(self.numeric, dtype=np.float32)).to(device),
-            labels=torch.from_numpy(np.ascontiguousarray(self.labels, dtype=np.float32)).to(device),
-            fused=None if self.fused is None else tensor(self.fused),
-            order=None if self.order is None else tensor(self.order),
-        )
+    return ClickTensorIndex(
+        features={k: tensor(v) if v.ndim == 1 else Bags.of(v, tensor) for k, v in index.features.items()},
+        numeric=torch.from_numpy(np.ascontiguousarray(index.numeric, dtype=np.float32)).to(device),
+        labels=torch.from_numpy(np.ascontiguousarray(index.labels, dtype=np.float32)).to(device),
+        fused=None if index.fused is None else tensor(index.fused),
+        order=None if index.order is None else tensor(index.order),
+    )
 
 
 @dataclass(frozen=True)

@@ -16,61 +16,21 @@ updated beside them.
 
 The dense optimizer is torch.optim's Adam (with bias correction) or Adagrad; its state
 is exposed under the names the exports hold (`<param>.m`, `<param>.v`, `<param>.sum`)
-so a model version carries it over to the next.
+so a model version carries it over to the next. Their config (OptimizerConfig, the default
+rates) is in shardflow.model.configs, which imports no PyTorch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 
-from shardflow.errors import InputError
-from shardflow.planner.sharding_plan import ROW_OPTIMIZERS, row_state_floats
-
-DENSE_OPTIMIZERS = ("adam", "adagrad")
-# Each row optimizer's default rate. Adam's: of 1e-3, 2e-3 and 5e-3 tried on Amazon Games (self-attention, one
-# exploratory single-process run each on a lent H200), 1e-3 stayed near the popularity ranking (HR@10 0.48) for
-# 15 epochs, 2e-3 reached HR@10 0.732 by epoch 37 and 5e-3 0.730 by 31; the engine's figures: docs/benchmarks.md.
-ROW_LR = {"adagrad": 0.05, "adam": 2e-3}
+from shardflow.model.configs import DENSE_SLOTS, OptimizerConfig
+from shardflow.planner.sharding_plan import row_state_floats
 
 
 def row_state_shape(rows: str, dim: int) -> tuple[int, ...]:
     """The shape of one row's state in a state tensor [rows, ...]: a scalar for Adagrad."""
     return () if rows == "adagrad" else (row_state_floats(rows, dim),)
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    row_lr: float | None = None  # None: the row optimizer's default (ROW_LR)
-    rows: str = "adagrad"
-    dense: str = "adam"
-    dense_lr: float = 1e-3
-    eps: float = 1e-8
-    beta1: float = 0.9
-    beta2: float = 0.999
-
-    @property
-    def row_rate(self) -> float:
-        """The rows' rate: row_lr, or the row optimizer's default."""
-        return ROW_LR[self.rows] if self.row_lr is None else self.row_lr
-
-    def __post_init__(self) -> None:
-        if self.rows not in ROW_OPTIMIZERS:
-            raise InputError(f"row optimizer {self.rows!r}; accepted: {', '.join(ROW_OPTIMIZERS)}")
-        if self.row_lr is None:
-            object.__setattr__(self, "row_lr", ROW_LR[self.rows])
-        if self.dense not in DENSE_OPTIMIZERS:
-            raise InputError(f"dense optimizer {self.dense!r}; accepted: {', '.join(DENSE_OPTIMIZERS)}")
-        for name in ("row_lr", "dense_lr", "eps"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
-                raise InputError(f"optimizer {name} = {v!r}; accepted: a finite number > 0")
-        for name in ("beta1", "beta2"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and 0 <= v < 1):
-                raise InputError(f"optimizer {name} = {v!r}; accepted: 0 <= value < 1")
 
 
 def row_update(config: OptimizerConfig, weights: torch.Tensor, state: torch.Tensor, local: torch.Tensor,
@@ -106,15 +66,6 @@ def row_adam(config: OptimizerConfig, weights: torch.Tensor, state: torch.Tensor
     weights[local] -= config.row_rate * m_hat / (v_hat.sqrt() + config.eps)
 
 
-# The state torch.optim keeps per parameter, by the name an export stores it under.
-_SLOTS = {"adam": {"m": "exp_avg", "v": "exp_avg_sq"}, "adagrad": {"sum": "sum"}}
-
-
-def dense_state_copies(dense: str) -> int:
-    """Values of state the dense optimizer `dense` keeps per parameter value."""
-    return len(_SLOTS[dense])
-
-
 class DenseOptimizer:
     """torch.optim.Adam or Adagrad over a dict of float32 tensors; gradients passed by name."""
 
@@ -131,7 +82,7 @@ class DenseOptimizer:
             self._opt.state[p] = self._fresh(p)
 
     def _fresh(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
-        slots = {torch_name: torch.zeros_like(p) for torch_name in _SLOTS[self.config.dense].values()}
+        slots = {torch_name: torch.zeros_like(p) for torch_name in DENSE_SLOTS[self.config.dense].values()}
         return {"step": torch.tensor(float(self.t)), **slots}
 
     @torch.no_grad()
@@ -147,13 +98,13 @@ class DenseOptimizer:
     def state(self) -> dict[str, torch.Tensor]:
         """`<param>.<slot>` -> tensor, as exports and checkpoints store it."""
         return {f"{name}.{slot}": self._opt.state[p][torch_name]
-                for name, p in self.params.items() for slot, torch_name in _SLOTS[self.config.dense].items()}
+                for name, p in self.params.items() for slot, torch_name in DENSE_SLOTS[self.config.dense].items()}
 
     def load(self, state: dict[str, torch.Tensor], steps: int) -> None:
         """Take the state saved by `state` after `steps` steps."""
         self.t = steps
         for name, p in self.params.items():
             entry = self._fresh(p)
-            for slot, torch_name in _SLOTS[self.config.dense].items():
+            for slot, torch_name in DENSE_SLOTS[self.config.dense].items():
                 entry[torch_name] = state[f"{name}.{slot}"].to(p.device, torch.float32).clone()
             self._opt.state[p] = entry

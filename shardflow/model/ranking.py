@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shardflow.model.configs import ModelConfig
 from shardflow.model.metrics import rank_gains
-from shardflow.model.sequence import ModelConfig, candidate_scores
+from shardflow.model.sequence import candidate_scores
 from shardflow.model.tensors import Tensors, UserState
 
 CUTOFFS = (10, 20)

@@ -24,7 +24,8 @@ target event's). The encoder (`encoder`) turns the history into the user's state
                            without it the item rows spend their first epochs pushing every score down.
 
 The item table is shared by history and candidates. A trainer never holds whole tables:
-it passes the rows it pulled for its sub-batch and indices into them (BatchIndex), and
+it passes the rows it pulled for its sub-batch and indices into them (BatchIndex; it and
+the config, ModelConfig, are in shardflow.model.configs, which imports no PyTorch), and
 gets back gradients for exactly those rows (a dense [rows pulled, dim] tensor: the rows
 pulled are already the sparse slice). The single-process reference passes whole tables
 instead and takes sparse gradients (`sparse=True`), as an EmbeddingBag with sparse
@@ -39,9 +40,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass, field
-from itertools import pairwise
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -49,117 +48,24 @@ import torch.nn.functional as F
 
 from shardflow.errors import InputError
 from shardflow.hashing import splitmix64
-from shardflow.model import sizes
-from shardflow.model.attention import encode, init_attention
+from shardflow.model.attention import encode
+from shardflow.model.configs import BatchIndex, ModelConfig
 from shardflow.model.lookup import bag_mean, rows_at
-from shardflow.model.sizes import attention_shapes
-from shardflow.model.tensors import Scorer, Tensors, UserState
-
-ENCODERS = ("mean", "self-attention")
-LOSSES = ("bce", "sampled-softmax", "gbce")
+from shardflow.model.tensors import Tensors, UserState
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    dim: int = sizes.DIM
-    mlp: tuple[int, ...] = sizes.MLP
-    history: int = sizes.HISTORY
-    negatives: int = sizes.NEGATIVES
-    features: tuple[str, ...] = ()  # categorical feature tables, in input order
-    seed: int = 0
-    encoder: str = sizes.ENCODER  # one of ENCODERS
-    blocks: int = sizes.BLOCKS  # self-attention: blocks
-    heads: int = sizes.HEADS  # self-attention: heads per block (dim divisible by it)
-    dropout: float = sizes.DROPOUT  # self-attention: the rate of every dropout while training
-    loss: str = sizes.LOSS  # one of LOSSES
-    gbce_t: float = sizes.GBCE_T  # loss gbce: the calibration t
-
-    kind = "sequence"
-
-    def __post_init__(self) -> None:
-        for name in ("dim", "history"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputError(f"model {name} = {v!r}; accepted: an integer >= 1")
-        if isinstance(self.negatives, bool) or not isinstance(self.negatives, int) or self.negatives < 1:
-            raise InputError(f"model negatives = {self.negatives!r}; accepted: an integer >= 1")
-        if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.mlp):
-            raise InputError(f"model mlp widths = {list(self.mlp)}; accepted: integers >= 1")
-        if self.loss not in LOSSES:
-            raise InputError(f"model loss = {self.loss!r}; accepted: {', '.join(LOSSES)}")
-        if isinstance(self.gbce_t, bool) or not isinstance(self.gbce_t, (int, float)) or not 0.0 <= self.gbce_t <= 1.0:
-            raise InputError(f"model gbce_t = {self.gbce_t!r}; accepted: a number in [0, 1]")
-        if self.encoder not in ENCODERS:
-            raise InputError(f"model encoder = {self.encoder!r}; accepted: {', '.join(ENCODERS)}")
-        for name in ("blocks", "heads"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputError(f"model {name} = {v!r}; accepted: an integer >= 1")
-        if self.attention and self.dim % self.heads:
-            raise InputError(f"model heads = {self.heads} for dim {self.dim}; accepted: a divisor of dim")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
-                or not 0.0 <= self.dropout < 1.0:
-            raise InputError(f"model dropout = {self.dropout!r}; accepted: a rate in [0, 1)")
-
-    @property
-    def attention(self) -> bool:
-        return self.encoder == "self-attention"
-
-    def step_bytes(self, examples: int) -> int:
-        """A bound on a trainer's working set in a step of `examples` (shardflow.model.sizes.step_bytes)."""
-        return sizes.step_bytes(examples, self.dim, self.history, self.negatives,
-                                self.blocks if self.attention else 0, self.heads)
-
-    @property
-    def candidates(self) -> int:
-        """Logits per example: the positive and the negatives."""
-        return 1 + self.negatives
-
-    @property
-    def loss_terms(self) -> int:
-        """Loss terms per example: a mean over the batch's terms is the loss sub-batches' gradients add up to."""
-        return 1 if self.loss == "sampled-softmax" else self.candidates
-
-    def loss_sum(self, logit: torch.Tensor, index: TensorIndex) -> torch.Tensor:
-        """The summed loss of logits [E, 1 + K] whose column 0 is the positive."""
-        if self.loss == "bce":
-            return F.binary_cross_entropy_with_logits(logit, self.labels(logit, index), reduction="sum")
-        if self.loss == "gbce":
-            beta = gbce_beta(self.negatives, index.catalog, self.gbce_t)
-            prior = logit - math.log(self.negatives)
-            return -(beta * F.logsigmoid(prior[:, 0]).sum() + F.logsigmoid(-prior[:, 1:]).sum())
-        positive = torch.zeros(logit.shape[0], dtype=torch.long, device=logit.device)
-        return F.cross_entropy(logit, positive, reduction="sum")
-
-    @property
-    def input_width(self) -> int:
-        return (3 + len(self.features)) * self.dim
-
-    @property
-    def layers(self) -> list[tuple[int, int]]:
-        widths = [self.input_width, *self.mlp, 1]
-        return list(pairwise(widths))
-
-    def dense_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every dense parameter's shape, by name: weights [in, out], biases [out]."""
-        if self.attention:
-            return attention_shapes(self.dim, self.history, self.blocks)
-        out: dict[str, tuple[int, ...]] = {}
-        for i, (fan_in, fan_out) in enumerate(self.layers):
-            out[f"mlp.{i}.weight"], out[f"mlp.{i}.bias"] = (fan_in, fan_out), (fan_out,)
-        return out
-
-    def init_dense(self) -> dict[str, np.ndarray]:
-        return init_dense(self)
-
-    def logits(self, dense: Tensors, rows: Tensors, index: TensorIndex, sparse: bool = False) -> torch.Tensor:
-        return scores(self, dense, rows, index, sparse)
-
-    def labels(self, logit: torch.Tensor, index: TensorIndex) -> torch.Tensor:
-        """1 for the positive (column 0), 0 for the negatives."""
+def loss_sum(config: ModelConfig, logit: torch.Tensor, index: TensorIndex) -> torch.Tensor:
+    """The summed loss of logits [E, 1 + K] whose column 0 is the positive, by config.loss."""
+    if config.loss == "bce":
         label = torch.zeros_like(logit)
         label[:, 0] = 1.0
-        return label
+        return F.binary_cross_entropy_with_logits(logit, label, reduction="sum")
+    if config.loss == "gbce":
+        beta = gbce_beta(config.negatives, index.catalog, config.gbce_t)
+        prior = logit - math.log(config.negatives)
+        return -(beta * F.logsigmoid(prior[:, 0]).sum() + F.logsigmoid(-prior[:, 1:]).sum())
+    positive = torch.zeros(logit.shape[0], dtype=torch.long, device=logit.device)
+    return F.cross_entropy(logit, positive, reduction="sum")
 
 
 def gbce_beta(negatives: int, items: int, t: float) -> float:
@@ -169,19 +75,6 @@ def gbce_beta(negatives: int, items: int, t: float) -> float:
         raise InputError(f"gbce over a table of {items} rows; accepted: at least 2 rows")
     a = min(negatives / (items - 1), 1.0)
     return a * (t * (1.0 - 1.0 / a) + 1.0 / a)
-
-
-def init_dense(config: ModelConfig) -> dict[str, np.ndarray]:
-    """Glorot-uniform weights, zero biases, from the config's seed."""
-    rng = np.random.default_rng(config.seed)
-    if config.attention:
-        return init_attention(config.dense_shapes(), rng)
-    params = {}
-    for i, (fan_in, fan_out) in enumerate(config.layers):
-        a = np.sqrt(6.0 / (fan_in + fan_out))
-        params[f"mlp.{i}.weight"] = rng.uniform(-a, a, size=(fan_in, fan_out)).astype(np.float32)
-        params[f"mlp.{i}.bias"] = np.zeros(fan_out, dtype=np.float32)
-    return params
 
 
 INIT_BLOCK_VALUES = 1 << 20  # values initialised at a time (8 MB per 64-bit temporary)
@@ -208,33 +101,22 @@ def init_rows(table: str, ids: np.ndarray, dim: int, seed: int) -> np.ndarray:
     return out
 
 
-@dataclass
-class BatchIndex:
-    """Where each lookup of a sub-batch finds its row among the rows the trainer holds."""
+def tensor_index(index: BatchIndex, device: torch.device) -> TensorIndex:
+    """`index` as tensors on `device`, history flattened into bags (one per example)."""
+    valid = index.history >= 0
+    count = valid.sum(axis=1)
+    if count.size and int(count.min()) == 0:
+        raise InputError("an example without any history item; accepted: targets after their user's first event")
+    offsets = np.zeros(count.size, dtype=np.int64)
+    np.cumsum(count[:-1], out=offsets[1:])
+    def put(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
 
-    item: str  # the item table
-    history: np.ndarray  # [E, L] row index into the item rows, -1 where padded
-    candidates: np.ndarray  # [E, 1 + K] row index into the item rows; column 0 is the positive
-    features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [E] row index
-    keys: np.ndarray | None = None  # uint64 [E]: training examples' dropout keys (None: evaluation)
-    catalog: int = 0  # the item table's rows, over which the negatives are drawn (loss gbce's sampling rate)
-
-    def on(self, device: torch.device) -> TensorIndex:
-        """The index as tensors on `device`, history flattened into bags (one per example)."""
-        valid = self.history >= 0
-        count = valid.sum(axis=1)
-        if count.size and int(count.min()) == 0:
-            raise InputError("an example without any history item; accepted: targets after their user's first event")
-        offsets = np.zeros(count.size, dtype=np.int64)
-        np.cumsum(count[:-1], out=offsets[1:])
-        def put(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
-
-        return TensorIndex(
-            item=self.item, history=put(self.history[valid]), offsets=put(offsets), candidates=put(self.candidates),
-            features={k: put(v) for k, v in self.features.items()}, window=put(self.history), keys=self.keys,
-            catalog=self.catalog,
-        )
+    return TensorIndex(
+        item=index.item, history=put(index.history[valid]), offsets=put(offsets), candidates=put(index.candidates),
+        features={k: put(v) for k, v in index.features.items()}, window=put(index.history), keys=index.keys,
+        catalog=index.catalog,
+    )
 
 
 @dataclass
@@ -247,13 +129,6 @@ class TensorIndex:
     window: torch.Tensor  # [E, L] row index, -1 where padded (the self-attention encoder's input)
     keys: np.ndarray | None  # uint64 [E], dropout keys of training examples
     catalog: int  # the item table's rows (BatchIndex.catalog)
-
-
-@dataclass
-class Gradients:
-    loss_sum: float  # summed BCE of the sub-batch (not divided by norm)
-    dense: Tensors  # name -> tensor like the parameter
-    rows: Tensors  # table -> gradient of the rows passed ([rows, dim], or sparse with sparse=True)
 
 
 def scores(config: ModelConfig, dense: Tensors, rows: Tensors, index: TensorIndex,
@@ -315,23 +190,3 @@ def _shared_candidate_scores(config: ModelConfig, dense: Tensors, h: torch.Tenso
     for i in range(1, len(config.layers)):
         z = torch.addmm(dense[f"mlp.{i}.bias"], z.relu_().view(E * C, -1), dense[f"mlp.{i}.weight"])
     return z.view(E, C)
-
-
-def forward_backward(config: Scorer, dense: Tensors, rows: Tensors, index: Any, norm: int,
-                     sparse: bool = False) -> Gradients:
-    """Loss and gradients of a sub-batch of either model (this module's ModelConfig, or shardflow.model.dlrm's
-    ClickConfig with its index); `rows` maps table -> the rows the trainer holds.
-
-    Neither `dense` nor `rows` is modified: autograd runs on detached leaves of them.
-    """
-    leaves_dense = {k: v.detach().requires_grad_(True) for k, v in dense.items()}
-    leaves_rows = {k: v.detach().requires_grad_(True) for k, v in rows.items()}
-    logit = config.logits(leaves_dense, leaves_rows, index, sparse)
-    loss_sum = config.loss_sum(logit, index)
-    grads = torch.autograd.grad(loss_sum / norm, [*leaves_dense.values(), *leaves_rows.values()])
-    n = len(leaves_dense)
-    return Gradients(
-        loss_sum=float(loss_sum.detach()),
-        dense=dict(zip(leaves_dense, grads[:n], strict=True)),
-        rows=dict(zip(leaves_rows, grads[n:], strict=True)),
-    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 MAX_SEED = 2**63 - 1  # a seed is a 64-bit signed integer, as numpy's generators and the batch order take it
 MAX_TOP_K = 10_000  # the longest list of items a night writes per user (config nightly.top_k)
 
-# The models' own defaults (sequence.ModelConfig, dlrm.ClickConfig): what a model record written before a key
+# The models' own defaults (configs.ModelConfig, configs.ClickConfig): what a model record written before a key
 # existed was made with (clicks.read_record). The run's defaults are the recipe below.
 DIM = 64
 MLP = (64, 32)  # hidden widths of the (top) MLP

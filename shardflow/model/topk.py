@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shardflow.model.configs import ModelConfig
 from shardflow.model.ranking import ROWS_AT_A_TIME, USERS_AT_A_TIME
-from shardflow.model.sequence import ModelConfig, candidate_scores
+from shardflow.model.sequence import candidate_scores
 from shardflow.model.tensors import Tensors, UserState
 
 

@@ -22,11 +22,10 @@ from torch.distributed import TCPStore
 
 from shardflow.data.clicks import load_training_data
 from shardflow.errors import TrainingError, WorkerLost
-from shardflow.model.dlrm import ClickConfig
+from shardflow.model.configs import ClickConfig, ModelConfig, OptimizerConfig
 from shardflow.model.metrics import Scored
-from shardflow.model.optim import OptimizerConfig, row_state_shape
+from shardflow.model.optim import row_state_shape
 from shardflow.model.ranking import CatalogRanks, UsersToRank
-from shardflow.model.sequence import ModelConfig
 from shardflow.planner.sharding_plan import DevicePlan
 from shardflow.planner.topology import Topology
 from shardflow.training.collective import Link, open_rendezvous

@@ -21,11 +21,10 @@ import torch
 from shardflow.data.batches import Lookups, TrainData, negative_seed
 from shardflow.data.workload import Workload
 from shardflow.errors import InputError, TrainingError
-from shardflow.model.dlrm import ClickConfig
+from shardflow.model.configs import ClickConfig, ModelConfig, OptimizerConfig
+from shardflow.model.forward import Gradients, forward_backward, logits, on_device
 from shardflow.model.metrics import Scored
-from shardflow.model.optim import OptimizerConfig
 from shardflow.model.ranking import CatalogRanks, UsersToRank, rank_block
-from shardflow.model.sequence import Gradients, ModelConfig, forward_backward
 from shardflow.model.tensors import Tensors
 from shardflow.planner.sharding_plan import DevicePlan
 from shardflow.planner.shardmap import ShardMap
@@ -210,7 +209,7 @@ class Device:
         t0 = time.perf_counter()
         norm = self.batch_size * self.config.loss_terms
         step = self.protocol.step
-        grads = forward_backward(self.config, work.dense, work.rows, self._need.index.on(self.torch), norm)
+        grads = forward_backward(self.config, work.dense, work.rows, on_device(self._need.index, self.torch), norm)
         self._check_finite(step, grads)
         self._loss_sum = grads.loss_sum
         self._seconds["compute"] = time.perf_counter() - t0
@@ -277,7 +276,7 @@ class Device:
             need = self._lookups(ex, "device")
             rows = self._rows(need.fetch, remote_rows)
             with torch.no_grad():
-                logit = self.config.logits(dense, rows, need.index.on(self.torch))
+                logit = logits(self.config, dense, rows, on_device(need.index, self.torch))
             parts.append(self.data.scored.of(to_host(logit), ex))
         return sum(parts, self.data.scored())
 

@@ -29,11 +29,9 @@ from shardflow.data.batches import TrainData, negative_seed
 from shardflow.data.clicks import load_training_data
 from shardflow.data.workload import Workload
 from shardflow.errors import InputError, WorkerLost, WorkerOutOfMemory, stop_if_asked
-from shardflow.model.dlrm import ClickConfig
+from shardflow.model.configs import ClickConfig, ModelConfig, OptimizerConfig
 from shardflow.model.metrics import Metrics
-from shardflow.model.optim import OptimizerConfig
 from shardflow.model.ranking import CatalogRanks, UsersToRank
-from shardflow.model.sequence import ModelConfig
 from shardflow.planner.memory import check_worker_memory
 from shardflow.planner.sharding_plan import ShardingPlan
 from shardflow.planner.topology import Topology

@@ -26,9 +26,10 @@ from shardflow.data.clicks import config_from_record, load_training_data
 from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.data.workload import Workload
 from shardflow.errors import InputError
+from shardflow.model.configs import ModelConfig
+from shardflow.model.forward import logits, on_device
 from shardflow.model.metrics import FULL_RANKING, Metrics
 from shardflow.model.ranking import CatalogRanks, UsersToRank, rank_block, users_to_rank
-from shardflow.model.sequence import ModelConfig
 from shardflow.model.tensors import Tensors
 from shardflow.training import user_states
 from storage.checkpoint import read_export, read_export_dense, verify_export
@@ -76,7 +77,8 @@ def evaluate_export(model_dir: str | Path, dataset: str | Path, users: int | Non
         need = data.lookups(ex, config, "device")
         rows = export_rows(model_dir, need.fetch)
         with torch.no_grad():
-            parts.append(data.scored.of(config.logits(dense, rows, need.index.on(torch.device("cpu"))).numpy(), ex))
+            index = on_device(need.index, torch.device("cpu"))
+            parts.append(data.scored.of(logits(config, dense, rows, index).numpy(), ex))
     metrics = sum(parts, data.scored()).metrics()
     if full is not None and full not in FULL_RANKING:
         raise InputError(f"full-catalog ranking {full!r}; accepted: {', '.join(FULL_RANKING)}")

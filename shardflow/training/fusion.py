@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from shardflow.data.batches import Lookups
-from shardflow.model.dlrm import FUSED, ClickIndex
+from shardflow.model.configs import FUSED, ClickIndex
 from shardflow.planner.sharding_plan import SINGLE, DevicePlan, TablePlan
 
 FUSE_ROWS = 1 << 22  # at most this many rows fused: a fused table's plan is spelled out, 2 bytes a row

@@ -17,7 +17,8 @@ import torch
 from scipy import sparse
 
 from shardflow.data.clicks import ClickData, Clicks
-from shardflow.model.dlrm import Bags, ClickConfig, numeric_input, table_vectors
+from shardflow.model.configs import ClickConfig, numeric_input
+from shardflow.model.dlrm import Bags, table_vectors
 from shardflow.model.metrics import Metrics, ScoredRows, log_loss
 
 L2 = 1e-3

@@ -17,9 +17,8 @@ from typing import Any, Protocol
 
 from shardflow.data.clicks import config_record, exported_record, read_record, shape_differences, warm_start_record
 from shardflow.errors import InputError
-from shardflow.model.dlrm import ClickConfig
-from shardflow.model.optim import OptimizerConfig, row_state_shape
-from shardflow.model.sequence import ModelConfig
+from shardflow.model.configs import ClickConfig, ModelConfig, OptimizerConfig
+from shardflow.model.optim import row_state_shape
 from shardflow.planner.sharding_plan import ShardingPlan
 from shardflow.planner.topology import Topology
 from shardflow.training.config import TrainConfig

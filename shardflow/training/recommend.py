@@ -25,7 +25,7 @@ import zarr
 from shardflow.data.batches import Lookups, TrainData
 from shardflow.data.clicks import config_from_record
 from shardflow.errors import InputError
-from shardflow.model.sequence import ModelConfig
+from shardflow.model.configs import ModelConfig
 from shardflow.model.sizes import MAX_TOP_K
 from shardflow.model.tensors import Tensors
 from shardflow.model.topk import TopK, top_block

@@ -15,10 +15,11 @@ import torch
 from shardflow.data.batches import negative_seed
 from shardflow.data.examples import EVAL_NEGATIVES
 from shardflow.data.workload import Workload
-from shardflow.model.dlrm import ClickConfig
+from shardflow.model.configs import ClickConfig, ModelConfig, OptimizerConfig
+from shardflow.model.forward import forward_backward, logits, on_device
 from shardflow.model.metrics import Metrics
-from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_state_shape, row_update
-from shardflow.model.sequence import ModelConfig, forward_backward, init_rows
+from shardflow.model.optim import DenseOptimizer, row_state_shape, row_update
+from shardflow.model.sequence import init_rows
 from shardflow.model.tensors import Tensors
 from shardflow.training.validation import best_epoch, score, stop_now, validation_values
 
@@ -48,7 +49,7 @@ class ReferenceTrainer:
         B = self.batch_size
         targets = self.data.batch(epoch, self.seed, step_in_epoch, B)
         ex = self.data.examples(targets, self.config, negative_seed(self.seed, epoch))
-        index = self.data.table_index(ex, self.config).on(self.device)
+        index = on_device(self.data.table_index(ex, self.config), self.device)
         grads = forward_backward(self.config, self.dense_tensors, self.tables, index, B * self.config.loss_terms,
                                  sparse=True)
         for t, g in grads.rows.items():
@@ -66,8 +67,8 @@ class ReferenceTrainer:
         `negatives` sampled items each), in one piece."""
         ex = self.data.eval_examples(targets, self.config, seed, negatives)
         with torch.no_grad():
-            logit = self.config.logits(self.dense_tensors, self.tables,
-                                       self.data.table_index(ex, self.config).on(self.device), sparse=True)
+            logit = logits(self.config, self.dense_tensors, self.tables,
+                                       on_device(self.data.table_index(ex, self.config), self.device), sparse=True)
         return self.data.scored.of(logit.cpu().numpy(), ex).metrics()
 
     def fit(self, epochs: int, patience: int) -> dict[int, float]:

@@ -22,10 +22,8 @@ from distributed import Client
 from shardflow.data.batches import TrainData
 from shardflow.data.clicks import ClickData, config_record, load_training_data, model_config
 from shardflow.errors import InputError
-from shardflow.model.dlrm import ClickConfig
+from shardflow.model.configs import ClickConfig, ModelConfig, OptimizerConfig
 from shardflow.model.metrics import Metrics
-from shardflow.model.optim import OptimizerConfig
-from shardflow.model.sequence import ModelConfig
 from shardflow.planner.costmodel import StepShape
 from shardflow.planner.estimation import estimation_plan
 from shardflow.planner.sharding_plan import ShardingPlan

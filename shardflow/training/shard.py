@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from shardflow.errors import InputError
-from shardflow.model.dlrm import FUSED, ClickConfig
-from shardflow.model.optim import DenseOptimizer, OptimizerConfig, row_state_shape, row_update
-from shardflow.model.sequence import ModelConfig, init_rows
+from shardflow.model.configs import FUSED, ClickConfig, ModelConfig, OptimizerConfig
+from shardflow.model.optim import DenseOptimizer, row_state_shape, row_update
+from shardflow.model.sequence import init_rows
 from shardflow.training.fusion import TableGroup
 
 

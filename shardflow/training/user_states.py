@@ -16,7 +16,9 @@ import numpy as np
 import torch
 
 from shardflow.data.batches import Lookups
-from shardflow.model.sequence import ModelConfig, user_state
+from shardflow.model.configs import ModelConfig
+from shardflow.model.forward import on_device
+from shardflow.model.sequence import user_state
 from shardflow.model.tensors import Tensors, UserState
 
 # users whose states one pass of the encoder makes: 512 at a time, a block of 4,096 users' lists peaked at 210 MB
@@ -37,7 +39,7 @@ def states(config: ModelConfig, dense: Tensors, needs: Iterable[Lookups],
     `device`."""
     for need in needs:
         rows = rows_of(need.fetch)
-        placed = Lookups(need.fetch, need.index.on(device))
+        placed = Lookups(need.fetch, on_device(need.index, device))
         with torch.no_grad():
             state = user_state(config, dense, rows, placed.index)
         yield state, rows, placed

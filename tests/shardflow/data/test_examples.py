@@ -164,7 +164,7 @@ def test_a_user_who_touched_all_rows_but_one_gets_that_one_and_one_who_touched_a
 def test_eval_examples_draw_negatives_outside_each_users_whole_sequence(tmp_path, monkeypatch, gap):
     import shardflow.data.batches as batches
     from shardflow.data.batches import TrainData
-    from shardflow.model.sequence import ModelConfig
+    from shardflow.model.configs import ModelConfig
     from storage.importers import import_dataset
 
     rng = np.random.default_rng(5)

@@ -15,7 +15,9 @@ import torch
 
 from shardflow.errors import InputError
 from shardflow.model.attention import NORM_EPS
-from shardflow.model.sequence import BatchIndex, ModelConfig, forward_backward, init_dense, scores
+from shardflow.model.configs import BatchIndex, ModelConfig
+from shardflow.model.forward import forward_backward, on_device
+from shardflow.model.sequence import scores
 from support import bce_loss, numeric_gradient
 
 CONFIG = ModelConfig(dim=4, history=4, negatives=2, features=("genre",), seed=3, encoder="self-attention",
@@ -26,7 +28,7 @@ KEYS = np.array([11, 12, 13], dtype=np.uint64)
 
 def _problem(config: ModelConfig = CONFIG):
     rng = np.random.default_rng(0)
-    dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in init_dense(config).items()}
+    dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in config.init_dense().items()}
     for k in dense:  # layer norms and biases away from 1 and 0, so that each is checked
         if k.endswith("bias") or "norm" in k:
             dense[k] += torch.from_numpy(rng.normal(scale=0.3, size=tuple(dense[k].shape)))
@@ -71,7 +73,7 @@ def _plain_state(d: dict, item: np.ndarray, hist: np.ndarray, config: ModelConfi
 
 def test_the_encoder_is_the_plain_per_example_computation_with_padding_left_out():
     dense, rows, index = _problem()
-    fast = scores(CONFIG, dense, rows, index.on(CPU)).numpy()
+    fast = scores(CONFIG, dense, rows, on_device(index, CPU)).numpy()
     d = {k: v.numpy() for k, v in dense.items()}
     item, genre = rows["item"].numpy(), rows["genre"].numpy()
     for e, hist in enumerate(index.history):
@@ -84,7 +86,7 @@ def test_the_encoder_is_the_plain_per_example_computation_with_padding_left_out(
 def test_gradients_with_dropout_match_finite_differences(which):
     dense, rows, index = _problem()
     index = replace(index, keys=KEYS)  # training: the masks are fixed by the keys, so the loss is a function
-    grads = forward_backward(CONFIG, dense, rows, index.on(CPU), norm=7)
+    grads = forward_backward(CONFIG, dense, rows, on_device(index, CPU), norm=7)
     targets = dense if which == "dense" else {which: rows[which]}
     analytic = grads.dense if which == "dense" else {which: grads.rows[which]}
     checked = 0
@@ -97,17 +99,18 @@ def test_gradients_with_dropout_match_finite_differences(which):
 
 def test_dropout_depends_on_the_example_and_its_key_alone():
     dense, rows, index = _problem()
-    eval_logits = scores(CONFIG, dense, rows, index.on(CPU)).numpy()
-    train = scores(CONFIG, dense, rows, replace(index, keys=KEYS).on(CPU)).numpy()
+    eval_logits = scores(CONFIG, dense, rows, on_device(index, CPU)).numpy()
+    train = scores(CONFIG, dense, rows, on_device(replace(index, keys=KEYS), CPU)).numpy()
     assert not np.allclose(train, eval_logits)  # dropped units change every example's state
     # Example 1 alone, or first among others, gets the same masks: they follow its key, not its place.
     alone = replace(index, history=index.history[1:2], candidates=index.candidates[1:2],
                     features={"genre": index.features["genre"][1:2]}, keys=KEYS[1:2])
-    np.testing.assert_allclose(scores(CONFIG, dense, rows, alone.on(CPU)).numpy()[0], train[1], rtol=1e-12)
-    other = scores(CONFIG, dense, rows, replace(index, keys=KEYS + np.uint64(100)).on(CPU)).numpy()
+    np.testing.assert_allclose(scores(CONFIG, dense, rows, on_device(alone, CPU)).numpy()[0], train[1], rtol=1e-12)
+    other = scores(CONFIG, dense, rows, on_device(replace(index, keys=KEYS + np.uint64(100)), CPU)).numpy()
     assert not np.allclose(other, train)
     no_drop = replace(CONFIG, dropout=0.0)
-    np.testing.assert_array_equal(scores(no_drop, dense, rows, replace(index, keys=KEYS).on(CPU)).numpy(), eval_logits)
+    kept = scores(no_drop, dense, rows, on_device(replace(index, keys=KEYS), CPU)).numpy()
+    np.testing.assert_array_equal(kept, eval_logits)
 
 
 def test_dropout_keeps_one_minus_its_rate_of_the_units_each_scaled_up():
@@ -141,18 +144,19 @@ def test_a_mean_encoder_has_no_heads_to_divide_dim():
 ONE_STEP = """
 import resource, sys
 import numpy as np, torch
-from shardflow.model.sequence import BatchIndex, ModelConfig, forward_backward, init_dense
+from shardflow.model.configs import BatchIndex, ModelConfig
+from shardflow.model.forward import forward_backward, on_device
 torch.set_num_threads(1)
 E, L, blocks, heads = map(int, sys.argv[1:5])
 config = ModelConfig(dim=64, history=L, negatives=4, encoder="self-attention", blocks=blocks, heads=heads,
                      dropout=0.2)
 rng = np.random.default_rng(0)
 rows = {"item": torch.from_numpy(rng.normal(0, 0.1, (E * 3, 64)).astype(np.float32))}
-dense = {k: torch.from_numpy(v) for k, v in init_dense(config).items()}
+dense = {k: torch.from_numpy(v) for k, v in config.init_dense().items()}
 history = rng.integers(0, E * 3, (E, L))
 history[:, : L // 4] = -1  # a quarter padded, as short histories are
 index = BatchIndex("item", history, rng.integers(0, E * 3, (E, 5)), keys=np.arange(E, dtype=np.uint64))
-placed = index.on(torch.device("cpu"))
+placed = on_device(index, torch.device("cpu"))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 forward_backward(config, dense, rows, placed, norm=E)
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024, config.step_bytes(E))

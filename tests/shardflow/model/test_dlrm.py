@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from shardflow.errors import InputError
-from shardflow.model.dlrm import ClickConfig, ClickIndex, numeric_input
-from shardflow.model.sequence import forward_backward
+from shardflow.model.configs import ClickConfig, ClickIndex, numeric_input
+from shardflow.model.forward import forward_backward, logits, on_device
 from support import numeric_gradient
 
 CPU = torch.device("cpu")
@@ -34,7 +34,7 @@ def _problem(config):
 
 
 def _tensor_index(index):
-    on = index.on(CPU)
+    on = on_device(index, CPU)
     on.numeric, on.labels = on.numeric.double(), on.labels.double()
     return on
 
@@ -72,7 +72,7 @@ def _plain_logits(config, dense, rows, index) -> np.ndarray:
                          ids=["numeric", "categorical-only", "token-sequence"])
 def test_the_forward_is_the_plain_per_example_model(config):
     dense, rows, index = _problem(config)
-    fast = config.logits(dense, rows, _tensor_index(index)).numpy()
+    fast = logits(config, dense, rows, _tensor_index(index)).numpy()
     np.testing.assert_allclose(fast, _plain_logits(config, dense, rows, index), rtol=1e-12, atol=1e-12)
     assert fast.shape == (4,) and np.ptp(fast) > 0
 
@@ -86,7 +86,7 @@ def test_layer_shapes_follow_the_tables_and_the_numeric_columns():
 
 
 def _loss(config, dense, rows, index) -> float:
-    logit = config.logits(dense, rows, _tensor_index(index)).numpy()
+    logit = logits(config, dense, rows, _tensor_index(index)).numpy()
     return float((np.logaddexp(0, logit) - index.labels * logit).sum()) / 9
 
 

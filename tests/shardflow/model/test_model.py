@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from shardflow.errors import InputError
-from shardflow.model.optim import ROW_LR, DenseOptimizer, OptimizerConfig, row_adagrad, row_adam
-from shardflow.model.sequence import BatchIndex, ModelConfig, forward_backward, init_dense, init_rows, scores
+from shardflow.model.configs import ROW_LR, BatchIndex, ModelConfig, OptimizerConfig
+from shardflow.model.forward import forward_backward, on_device
+from shardflow.model.optim import DenseOptimizer, row_adagrad, row_adam
+from shardflow.model.sequence import init_rows, scores
 from shardflow.planner.sharding_plan import row_bytes
 from support import bce_loss, numeric_gradient
 
@@ -18,7 +20,7 @@ CPU = torch.device("cpu")
 
 def _problem():
     rng = np.random.default_rng(0)
-    dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in init_dense(CONFIG).items()}
+    dense = {k: torch.from_numpy(v.astype(np.float64)) for k, v in CONFIG.init_dense().items()}
     rows = {"item": torch.from_numpy(rng.normal(size=(6, 4))), "genre": torch.from_numpy(rng.normal(size=(3, 4)))}
     index = BatchIndex(
         item="item",
@@ -46,10 +48,10 @@ def _plain_logits(dense, rows, index) -> np.ndarray:
 
 def test_the_forward_is_the_plain_per_candidate_model_with_padding_masked():
     dense, rows, index = _problem()
-    fast = scores(CONFIG, dense, rows, index.on(CPU)).numpy()
+    fast = scores(CONFIG, dense, rows, on_device(index, CPU)).numpy()
     np.testing.assert_allclose(fast, _plain_logits(dense, rows, index), rtol=1e-12, atol=1e-12)
     rows["item"][0] += 100.0  # row 0: example 0's history, example 1's first and example 2's last candidate
-    after = scores(CONFIG, dense, rows, index.on(CPU)).numpy()
+    after = scores(CONFIG, dense, rows, on_device(index, CPU)).numpy()
     np.testing.assert_array_equal(fast[2, :2], after[2, :2])
     assert not np.allclose(fast[0], after[0])
 
@@ -57,7 +59,7 @@ def test_the_forward_is_the_plain_per_candidate_model_with_padding_masked():
 @pytest.mark.parametrize("which", ["dense", "item", "genre"])
 def test_gradients_match_finite_differences(which):
     dense, rows, index = _problem()
-    grads = forward_backward(CONFIG, dense, rows, index.on(CPU), norm=7)
+    grads = forward_backward(CONFIG, dense, rows, on_device(index, CPU), norm=7)
     targets = dense if which == "dense" else {which: rows[which]}
     analytic = grads.dense if which == "dense" else {which: grads.rows[which]}
     for name, param in targets.items():
@@ -68,8 +70,8 @@ def test_gradients_match_finite_differences(which):
 
 def test_sparse_gradients_of_whole_tables_equal_the_dense_ones():
     dense, rows, index = _problem()
-    plain = forward_backward(CONFIG, dense, rows, index.on(CPU), norm=7)
-    sparse = forward_backward(CONFIG, dense, rows, index.on(CPU), norm=7, sparse=True)
+    plain = forward_backward(CONFIG, dense, rows, on_device(index, CPU), norm=7)
+    sparse = forward_backward(CONFIG, dense, rows, on_device(index, CPU), norm=7, sparse=True)
     for t in rows:
         assert sparse.rows[t].is_sparse
         np.testing.assert_allclose(sparse.rows[t].to_dense().numpy(), plain.rows[t].numpy(), rtol=1e-12, atol=1e-15)
@@ -164,7 +166,7 @@ def test_initial_rows_do_not_depend_on_the_block_they_are_made_in(monkeypatch):
 def softmax_loss(config, dense: dict, rows: dict, index, norm: int) -> float:
     """The sampled-softmax loss apart from forward_backward: each positive's -log softmax over its example's
     candidates, in numpy, summed and divided by `norm`."""
-    logit = scores(config, dense, rows, index.on(CPU)).numpy()
+    logit = scores(config, dense, rows, on_device(index, CPU)).numpy()
     top = logit.max(axis=1, keepdims=True)
     return float((np.log(np.exp(logit - top).sum(axis=1)) + top[:, 0] - logit[:, 0]).sum()) / norm
 
@@ -175,7 +177,7 @@ def test_the_sampled_softmax_gradients_match_finite_differences_of_an_independen
 
     config = replace(CONFIG, loss="sampled-softmax")
     dense, rows, index = _problem()
-    grads = forward_backward(config, dense, rows, index.on(CPU), norm=3)
+    grads = forward_backward(config, dense, rows, on_device(index, CPU), norm=3)
     assert config.loss_terms == 1 and CONFIG.loss_terms == CONFIG.candidates == 3
     assert np.isclose(grads.loss_sum, 3 * softmax_loss(config, dense, rows, index, 3), rtol=1e-12)
     targets = dense if which == "dense" else {which: rows[which]}
@@ -192,7 +194,7 @@ def test_the_sampled_softmax_gradients_match_finite_differences_of_an_independen
 def gbce_loss(config, dense: dict, rows: dict, index, norm: int, beta: float) -> float:
     """gSASRec's gBCE apart from forward_backward, in numpy: -(beta log s(positive) + sum log(1 - s(negative))),
     of logits less log K."""
-    logit = scores(config, dense, rows, index.on(CPU)).numpy() - np.log(config.negatives)
+    logit = scores(config, dense, rows, on_device(index, CPU)).numpy() - np.log(config.negatives)
     sigmoid = 1.0 / (1.0 + np.exp(-logit))
     return float(-(beta * np.log(sigmoid[:, 0]).sum() + np.log(1.0 - sigmoid[:, 1:]).sum())) / norm
 
@@ -216,7 +218,7 @@ def test_the_gbce_gradients_match_finite_differences_of_an_independent_loss(whic
     config = replace(CONFIG, loss="gbce", gbce_t=0.75)
     dense, rows, index = _problem()
     index = replace(index, catalog=6)
-    grads = forward_backward(config, dense, rows, index.on(CPU), norm=9)
+    grads = forward_backward(config, dense, rows, on_device(index, CPU), norm=9)
     assert config.loss_terms == config.candidates == 3
     assert np.isclose(grads.loss_sum, 9 * gbce_loss(config, dense, rows, index, 9, 0.55), rtol=1e-12)
     targets = dense if which == "dense" else {which: rows[which]}
@@ -233,9 +235,9 @@ def test_gbce_at_t_0_is_bce_of_the_logits_less_log_k():
     dense, rows, index = _problem()
     index = replace(index, catalog=6)
     shifted = {**dense, "mlp.2.bias": dense["mlp.2.bias"] - np.log(CONFIG.negatives)}  # the last layer's intercept
-    bce = forward_backward(CONFIG, shifted, rows, index.on(CPU), norm=9)
-    gbce = forward_backward(replace(CONFIG, loss="gbce", gbce_t=0.0), dense, rows, index.on(CPU), norm=9)
-    calibrated = forward_backward(replace(CONFIG, loss="gbce", gbce_t=0.75), dense, rows, index.on(CPU), norm=9)
+    bce = forward_backward(CONFIG, shifted, rows, on_device(index, CPU), norm=9)
+    gbce = forward_backward(replace(CONFIG, loss="gbce", gbce_t=0.0), dense, rows, on_device(index, CPU), norm=9)
+    calibrated = forward_backward(replace(CONFIG, loss="gbce", gbce_t=0.75), dense, rows, on_device(index, CPU), norm=9)
     assert np.isclose(gbce.loss_sum, bce.loss_sum, rtol=1e-12)
     np.testing.assert_allclose(gbce.rows["item"].numpy(), bce.rows["item"].numpy(), rtol=1e-12, atol=1e-15)
     assert calibrated.loss_sum < bce.loss_sum  # the positive's term weighted by 0.55

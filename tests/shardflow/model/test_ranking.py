@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from shardflow.model.configs import BatchIndex
+from shardflow.model.forward import on_device
 from shardflow.model.ranking import CatalogRanks, UsersToRank, rank_block, users_to_rank
-from shardflow.model.sequence import BatchIndex, scores, user_state
+from shardflow.model.sequence import scores, user_state
 from support import tiny_scorer
 
 CPU = torch.device("cpu")
@@ -34,7 +36,7 @@ def oracle(config, dense, rows, index, target, seen_lists, include_seen: bool) -
     every = np.repeat(np.arange(ITEMS)[None], USERS, axis=0)
     full = BatchIndex(item="item", history=index.history, candidates=np.c_[target, every], features={})
     with torch.no_grad():
-        s = scores(config, dense, rows, full.on(CPU)).numpy()
+        s = scores(config, dense, rows, on_device(full, CPU)).numpy()
     above, tied, missed = np.zeros(USERS, int), np.zeros(USERS, int), np.zeros(USERS, bool)
     for u in range(USERS):
         before = set(seen_lists[u][:-1].tolist())
@@ -49,7 +51,7 @@ def oracle(config, dense, rows, index, target, seen_lists, include_seen: bool) -
 
 def ranked(config, dense, rows, index, target, seen, offsets, include_seen: bool, block: int) -> CatalogRanks:
     with torch.no_grad():
-        state = user_state(config, dense, rows, index.on(CPU))
+        state = user_state(config, dense, rows, on_device(index, CPU))
     users, missed = users_to_rank(config, dense, state, target, rows["item"][target], seen, offsets, include_seen)
     zeros = np.zeros(USERS, dtype=np.int64)
     return sum((rank_block(config, dense, users, np.arange(s, min(s + block, ITEMS)), rows["item"][s : s + block])
@@ -76,7 +78,7 @@ def test_rows_scattered_over_devices_and_users_made_on_each_add_up_to_the_plain_
     config, dense, rows, index, target, seen, offsets, seen_lists = problem(encoder)
     want = oracle(config, dense, rows, index, target, seen_lists, False)
     with torch.no_grad():
-        state = user_state(config, dense, rows, index.on(CPU))
+        state = user_state(config, dense, rows, on_device(index, CPU))
     parts, missed = [], []
     for users in (slice(0, 4), slice(4, USERS)):  # each device's users, with their own seen pairs
         first, last = offsets[users.start], offsets[users.stop]
@@ -123,7 +125,7 @@ def test_items_added_since_the_export_are_ranked_as_zero_rows(tmp_path):
     arr[:] = rows["item"][:exported].numpy()
     padded = torch.cat([rows["item"][:exported], torch.zeros(ITEMS - exported, 4)])
     with torch.no_grad():
-        state = user_state(config, dense, {"item": padded}, index.on(CPU))
+        state = user_state(config, dense, {"item": padded}, on_device(index, CPU))
     users, _ = users_to_rank(config, dense, state, target, padded[target], seen, offsets, True)
     got = rank_export_block(str(tmp_path / "model"), "item", 32, ITEMS, config, dense, users)
     want = rank_block(config, dense, users, np.arange(32, padded.shape[0]), padded[32:])

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from shardflow.errors import InputError
-from shardflow.model.sequence import BatchIndex, scores, user_state
+from shardflow.model.configs import BatchIndex
+from shardflow.model.forward import on_device
+from shardflow.model.sequence import scores, user_state
 from shardflow.model.topk import TopK, top_block
 from shardflow.training.recommend import check_request
 from support import tiny_scorer
@@ -30,7 +32,7 @@ def oracle(config, dense, rows, history, seen_lists) -> list[list[int]]:
     every = np.repeat(np.arange(ITEMS)[None], USERS, axis=0)
     full = BatchIndex(item="item", history=history, candidates=every, features={})
     with torch.no_grad():
-        s = scores(config, dense, rows, full.on(CPU)).numpy()
+        s = scores(config, dense, rows, on_device(full, CPU)).numpy()
     out = []
     for u in range(USERS):
         unseen = np.setdiff1d(np.arange(ITEMS), seen_lists[u])
@@ -44,7 +46,7 @@ def test_lists_merged_block_by_block_are_the_whole_catalogs_best_unseen_items(en
     config, dense, rows, history, seen_lists = problem(encoder)
     index = BatchIndex(item="item", history=history, candidates=np.zeros((USERS, 1), dtype=np.int64), features={})
     with torch.no_grad():
-        state = user_state(config, dense, rows, index.on(CPU))
+        state = user_state(config, dense, rows, on_device(index, CPU))
     seen_user = np.concatenate([np.full(s.size, u) for u, s in enumerate(seen_lists)]).astype(np.int64)
     seen = np.concatenate(seen_lists).astype(np.int64)
     best = TopK.empty(USERS, K)

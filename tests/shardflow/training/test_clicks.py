@@ -12,7 +12,8 @@ import pytest
 from shardflow.data.batches import CACHED_BLOCKS
 from shardflow.data.clicks import HELD_OUT, ClickData, load_training_data
 from shardflow.errors import InputError
-from shardflow.model.dlrm import ClickConfig
+from shardflow.model.configs import ClickConfig
+from shardflow.model.forward import logits, on_device
 from shardflow.model.metrics import average_ranks, log_loss, roc_auc
 from shardflow.planner.strategies import STRATEGIES
 from shardflow.training.config import TrainConfig
@@ -198,9 +199,9 @@ def _reference_logits(ref, data, model) -> np.ndarray:
     import torch
 
     ex = data.examples(data.eval_targets, model)
-    index = data.table_index(ex, model).on(torch.device("cpu"))
+    index = on_device(data.table_index(ex, model), torch.device("cpu"))
     with torch.no_grad():
-        return model.logits(ref.dense_tensors, ref.tables, index).numpy()
+        return logits(model, ref.dense_tensors, ref.tables, index).numpy()
 
 
 def test_auc_and_log_loss_against_their_definitions():

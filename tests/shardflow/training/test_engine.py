@@ -15,8 +15,7 @@ import torch
 
 from shardflow.data.batches import TrainData
 from shardflow.errors import InputError, TrainingError
-from shardflow.model.optim import OptimizerConfig
-from shardflow.model.sequence import ModelConfig
+from shardflow.model.configs import ModelConfig, OptimizerConfig
 from shardflow.planner.estimation import estimation_plan
 from shardflow.planner.sharding_plan import GLOBAL, NODE, ShardingPlan, TablePlan
 from shardflow.planner.topology import Node, Topology

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from shardflow.data.clicks import load_training_data
-from shardflow.model.dlrm import FUSED, ClickConfig
-from shardflow.model.optim import OptimizerConfig
+from shardflow.model.configs import FUSED, ClickConfig, OptimizerConfig
 from shardflow.planner.sharding_plan import GLOBAL, SINGLE, BlockRows, ModuloRows, TablePlan
 from shardflow.planner.strategies import STRATEGIES
 from shardflow.training import fusion

@@ -9,7 +9,7 @@ import torch
 
 from shardflow.cluster import dask_client
 from shardflow.data.clicks import load_training_data
-from shardflow.model.dlrm import ClickConfig
+from shardflow.model.configs import ClickConfig
 from shardflow.training.config import TrainConfig
 from shardflow.training.device import Device
 from shardflow.training.engine import Engine

@@ -7,7 +7,7 @@ import pytest
 
 from shardflow.config import RetrainConfig
 from shardflow.data.clicks import load_training_data, model_config
-from shardflow.model.optim import OptimizerConfig
+from shardflow.model.configs import OptimizerConfig
 from shardflow.training.logistic import choose_l2
 from shardflow.training.reference import ReferenceTrainer
 from shardflow.training.validation import best_epoch

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from shardflow.errors import InputError, TrainingError
-from shardflow.model.optim import OptimizerConfig
+from shardflow.model.configs import OptimizerConfig
 from shardflow.planner.sharding_plan import GLOBAL, NODE, SINGLE, ShardingPlan, TablePlan, check_plan
 from shardflow.planner.strategies import STRATEGIES
 from shardflow.planner.topology import Node, Topology

@@ -12,7 +12,8 @@ from shardflow.data.batches import CACHED_BLOCKS, TrainData, window_start
 from shardflow.data.examples import examples_from
 from shardflow.data.synthetic import SynthTable, synth_dataset
 from shardflow.errors import InputError
-from shardflow.model.sequence import ModelConfig, init_rows
+from shardflow.model.configs import ModelConfig
+from shardflow.model.sequence import init_rows
 from shardflow.planner.sharding_plan import SINGLE, ShardingPlan, TablePlan
 from shardflow.sharding.stage import extend_plan
 from shardflow.training.config import TrainConfig
