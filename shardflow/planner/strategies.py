@@ -90,11 +90,11 @@ class TableWise:
         if homes is None:
             big = int(np.argmax(rows))
             if rows[big] > budget_rows:
-                short = (int(rows[big]) - budget_rows) * model.shape.row_bytes
+                need = int(rows[big]) * model.shape.row_bytes
                 raise InputError(
                     f"table-wise: table '{accesses[big].name}' ({rows[big]:,} rows) fits on no device: it needs "
-                    f"{short:,} bytes more than the budget of {budget_bytes:,} bytes per device leaves; accepted: "
-                    f"{MORE_MEMORY}, or a row-wise strategy"
+                    f"{need:,} bytes and the budget leaves {budget_bytes:,} bytes per device: short by "
+                    f"{need - budget_bytes:,} bytes; accepted: {MORE_MEMORY}, or a row-wise strategy"
                 )
             raise InputError(
                 f"table-wise: {rows.size} tables of {rows.sum():,} rows in all (the largest '{accesses[big].name}', "
