@@ -281,7 +281,7 @@ def throughput(name: str, path: Path, model: ClickConfig, rounds: int, steps: in
           f"rounds, {cores} cores, torch {torch.__version__}; load before the first round {idle:.2f}"
           + (f" (not quiet: above {cores / 2:.1f})" if idle > cores / 2 else ""))
     print(f"pytorch, 2 processes: its parameters after {WARMUP} steps differ from the reference trainer's by "
-          f"{largest_difference(path, model.features, model, OPTIMIZER, batch, WARMUP):.1e} at most")
+          f"{largest_difference(path, model, OPTIMIZER, batch, WARMUP):.1e} at most")
     rates: dict[str, list[float]] = {}
     parts: dict[str, list[dict[str, float]]] = {}  # engine -> its step's parts (s), round by round
     loads = []
@@ -301,7 +301,7 @@ def throughput(name: str, path: Path, model: ClickConfig, rounds: int, steps: in
                 rates.setdefault(f"pytorch, {threads} thread(s)", []).append(
                     pytorch_rate(data, model, batch, steps, threads))
             rates.setdefault("pytorch, 2 processes", []).append(
-                data_parallel_run(path, model.features, model, OPTIMIZER, batch, WARMUP, steps)[0])
+                data_parallel_run(path, model, OPTIMIZER, batch, WARMUP, steps)[0])
     print(f"load {min(loads):.2f}-{max(loads):.2f} at the rounds' starts")
     print(f"{'trainer':<24} {'examples/s: min':>15} {'median':>9} {'max':>9}")
     for trainer, v in rates.items():

@@ -29,13 +29,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shardflow.data.batches import TrainData, negative_seed
+from shardflow.data.batches import negative_seed
 from shardflow.data.clicks import load_training_data
 from shardflow.model.configs import OptimizerConfig
 from shardflow.model.forward import forward_backward, on_device
 from shardflow.model.optim import row_update
 from shardflow.training.reference import ReferenceTrainer
-from storage.dataset import Dataset
 
 # A table of at most this many bytes is summed dense (with the rest, in one all-reduce), a larger one sparse (its
 # rows read, gathered from every process): a PyTorch user's nn.Embedding with sparse=False or True. Each was the
@@ -48,11 +47,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _load(dataset: str, features: tuple[str, ...] | None):
-    """A sequence log's TrainData (`features` None) or a click log's training data over `features`."""
-    return TrainData.load(Path(dataset)) if features is None else load_training_data(Dataset.open(dataset), features)
 
 
 def _parameters(trainer: ReferenceTrainer) -> dict[str, np.ndarray]:
@@ -100,12 +94,12 @@ def _step(trainer: ReferenceTrainer, rank: int, world: int, epoch: int, step_in_
     trainer.dense_optimizer.step(dense)
 
 
-def _rank(rank: int, world: int, port: int, dataset: str, features: tuple[str, ...] | None, model: Any,
-          optimizer: OptimizerConfig, batch_size: int, warmup: int, steps: int, out: Any) -> None:
+def _rank(rank: int, world: int, port: int, dataset: str, model: Any, optimizer: OptimizerConfig, batch_size: int,
+          warmup: int, steps: int, out: Any) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        data = _load(dataset, features)
+        data = load_training_data(dataset, model.features)
         trainer = ReferenceTrainer(data, model, optimizer, batch_size, seed=0)
         per_epoch = data.steps_per_epoch(batch_size)
         for i in range(warmup):
@@ -121,18 +115,18 @@ def _rank(rank: int, world: int, port: int, dataset: str, features: tuple[str, .
         dist.destroy_process_group()
 
 
-def data_parallel_run(dataset: Path, features: tuple[str, ...] | None, model: Any, optimizer: OptimizerConfig,
-                      batch_size: int, warmup: int, steps: int,
+def data_parallel_run(dataset: Path, model: Any, optimizer: OptimizerConfig, batch_size: int, warmup: int, steps: int,
                       processes: int = 2) -> tuple[float, dict[str, np.ndarray]]:
     """Examples/s of `processes` data-parallel PyTorch processes over `steps` steps after `warmup` (their start-up,
-    imports and data loading not counted), on `dataset` (a sequence log's store, or with `features` a click
-    log's); and the first process's parameters after them (dense weights as `dense/NAME`, tables by name)."""
+    imports and data loading not counted), on `dataset` (a sequence log's store or a click log's, its training
+    data as a run loads it); and the first process's parameters after them (dense weights as `dense/NAME`, tables
+    by name)."""
     context = mp.get_context("spawn")
     out = context.SimpleQueue()
     env = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"  # the spawned processes' OpenMP: one thread each, as the engine's devices
     try:
-        ranks = mp.start_processes(_rank, args=(processes, _free_port(), str(dataset), features, model, optimizer,
+        ranks = mp.start_processes(_rank, args=(processes, _free_port(), str(dataset), model, optimizer,
                                                 batch_size, warmup, steps, out),
                                    nprocs=processes, join=False, start_method="spawn")
     finally:
@@ -149,14 +143,13 @@ def data_parallel_run(dataset: Path, features: tuple[str, ...] | None, model: An
     return out.get() if result is None else result
 
 
-def largest_difference(dataset: Path, features: tuple[str, ...] | None, model: Any, optimizer: OptimizerConfig,
-                       batch_size: int, steps: int) -> float:
+def largest_difference(dataset: Path, model: Any, optimizer: OptimizerConfig, batch_size: int, steps: int) -> float:
     """The largest absolute difference between any parameter of the peer on 2 processes and of the reference
     trainer after the same `steps` steps (none timed): that the peer trains the model the others train. Few steps:
     Adagrad's first update of a row scales its gradient to about the learning rate whatever its size, so a row
     first read with a gradient near zero moves by its rounding (1e-3 after 12 steps on amazon-video, 6e-8 after 2)."""
-    _, params = data_parallel_run(dataset, features, model, optimizer, batch_size, steps, 0)
-    data = _load(str(dataset), features)
+    _, params = data_parallel_run(dataset, model, optimizer, batch_size, steps, 0)
+    data = load_training_data(dataset, model.features)
     ref = ReferenceTrainer(data, model, optimizer, batch_size, seed=0)
     per_epoch = data.steps_per_epoch(batch_size)
     for i in range(steps):

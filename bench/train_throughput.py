@@ -182,7 +182,7 @@ def main() -> None:
         gpus = args.device == "cuda"
         if not gpus:
             print(f"pytorch, 2 processes: its parameters after {WARMUP} steps differ from the reference "
-                  f"trainer's by {largest_difference(dataset, None, model, OPTIMIZER, B, WARMUP):.1e} at most")
+                  f"trainer's by {largest_difference(dataset, model, OPTIMIZER, B, WARMUP):.1e} at most")
         with dask_client(workers=1) as one, dask_client(workers=2) as two:
             clients = {1: one, 2: two}
             for r in range(args.rounds):
@@ -211,7 +211,7 @@ def main() -> None:
                     )
                 if not gpus:
                     rates.setdefault("pytorch, 2 processes", []).append(
-                        data_parallel_run(dataset, None, model, OPTIMIZER, B, WARMUP, n)[0])
+                        data_parallel_run(dataset, model, OPTIMIZER, B, WARMUP, n)[0])
                 if model.attention:
                     skipped = "the TorchRec peer trains the mean encoder's model only"
                 if args.device == "cuda":
