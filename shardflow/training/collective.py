@@ -10,13 +10,16 @@ device joins it, and gloo connects every pair over the workers' host addresses. 
 with no peers forms no group and exchanges nothing.
 
 Each pair of devices has one ordered stream per round (the gloo tag is the round's
-number): a message is its pickled bytes behind their length, sent in one piece up to
-FIRST_BYTES (a gloo receive takes fewer bytes than its buffer holds) and a longer one's
-rest in a second. The rounds of a plan are the same on every device, so each stream
-carries one message per step, in step order. A gloo send leaves only once its receiver has
-posted a receive for it, so a device posts a stream's next receive as it takes a message:
-a message sent before its receiver waits for it (the next step's requests, a faster peer's
-rows) is in already, not a round trip of the two devices' gloo loops away.
+number): a message is its pickled bytes behind their length. The rounds of a plan are the
+same on every device, so each stream carries one message per step, in step order. A gloo
+send leaves only once its receiver has posted a receive for it, so a device posts a
+stream's next receive as it takes a message: a message sent before its receiver waits for
+it (the next step's requests, a faster peer's rows) is in already, not a round trip of the
+two devices' gloo loops away. That receive holds as many bytes as the stream's largest
+message so far (`Stream`: at least FIRST_BYTES, at most POSTED_BYTES; a gloo receive takes
+fewer bytes than its buffer holds), which both ends know, so the sender sends what fits in
+one piece and only the rest of a longer message in a second, which leaves once the
+receiver waits for it.
 
 Waits are bounded as the actor transport's are (shardflow.training.transport): a gloo
 wait cannot be interrupted, so it runs on the link's own waiter thread while the
@@ -50,11 +53,30 @@ from shardflow.training.transport import PEER_TIMEOUT_S, PROBE_S, EngineClosing,
 
 TAGS = {r: i for i, r in enumerate(Round)}
 LENGTH = struct.Struct("<q")  # a message's first bytes: the length of its pickled bytes
-# A message's first piece, its length included: one send and one receive carry a round's usual message (the
-# MovieLens DLRM's 9 tables on 2 devices: 40-90 kB). A separate length message cost one more wait on the peer:
-# a 70 kB round trip between two processes took 1.14-1.25 ms that way, 0.71-0.72 ms in one piece.
+# A stream's first message's first piece, its length included: one send and one receive carry a round's usual
+# message (the MovieLens DLRM's 9 tables on 2 devices: 40-90 kB). A separate length message cost one more wait on
+# the peer: a 70 kB round trip between two processes took 1.14-1.25 ms that way, 0.71-0.72 ms in one piece.
 FIRST_BYTES = 1 << 18
+# The most a stream's posted receive holds (each stream has one posted): a longer message's rest leaves only once
+# its receiver waits for it. Up to this size a message travels whole while its receiver still computes: the bundled
+# log's 1.5 MB replies and gradients on 2 devices, each in two pieces, kept each device waiting 3.4-5.0 ms a step
+# (means) per round for messages sent milliseconds before; posted whole, 1.5-3.5 ms.
+POSTED_BYTES = 1 << 24
 RENDEZVOUS_TIMEOUT_S = 120.0  # how long joining waits for every device to join
+
+
+class Stream:
+    """How many bytes a stream's next posted receive holds: the largest message the stream has carried, to the
+    next power of two, within [FIRST_BYTES, POSTED_BYTES]. Its sender and its receiver each keep one and see the
+    same messages, so they agree on every piece's length without a word about it."""
+
+    def __init__(self) -> None:
+        self.posted = FIRST_BYTES
+
+    def carried(self, length: int) -> None:
+        """A message of `length` bytes (its length's own bytes included) went through."""
+        if length > self.posted:
+            self.posted = min(POSTED_BYTES, 1 << (length - 1).bit_length())
 
 
 def open_rendezvous(host: str) -> tuple[TCPStore, int]:
@@ -133,6 +155,8 @@ class Link:
         self.stopped = False
         self.broken = False  # a wait was given up: the streams are out of step, the group must be formed again
         self._posted: dict[tuple[int, int], tuple[torch.Tensor, Any]] = {}  # (peer, tag) -> its next receive
+        self._out: dict[tuple[int, int], Stream] = {}  # (peer, tag): the streams this device sends on
+        self._in: dict[tuple[int, int], Stream] = {}  # and those it receives on
 
     def send(self, peer: int, message: Message) -> None:
         buffer = io.BytesIO()
@@ -142,9 +166,11 @@ class Link:
         LENGTH.pack_into(view, 0, len(view) - LENGTH.size)
         data = torch.frombuffer(view, dtype=torch.uint8)
         tag = TAGS[message.round]
-        for piece in (data[:FIRST_BYTES], data[FIRST_BYTES:]):
+        stream = self._out.setdefault((peer, tag), Stream())
+        for piece in (data[: stream.posted], data[stream.posted :]):
             if piece.numel():
                 self._sending.submit(SendWork(self.group.send([piece], peer, tag), (data, view, buffer)))
+        stream.carried(len(view))
 
     def receive(self, peer: int, round: Round, actor: Any) -> Message:
         """The next message of `round`'s stream from `peer` (whose Dask actor is `actor`)."""
@@ -153,11 +179,12 @@ class Link:
         first, work = posted if posted is not None else self._post(peer, tag)
         self._wait(work, peer, actor)
         end = LENGTH.size + LENGTH.unpack_from(first.numpy().data)[0]
-        data, rest = first, None
-        if end > FIRST_BYTES:
+        data, rest, held = first, None, first.numel()
+        if end > held:
             data = torch.empty(end, dtype=torch.uint8)
-            data[:FIRST_BYTES] = first
-            rest = self.group.recv([data[FIRST_BYTES:]], peer, tag)
+            data[:held] = first
+            rest = self.group.recv([data[held:]], peer, tag)
+        self._in[(peer, tag)].carried(end)
         # gloo matches a stream's receives in the order they are posted: this message's rest first, then the next.
         try:
             self._posted[(peer, tag)] = self._post(peer, tag)
@@ -175,7 +202,7 @@ class Link:
 
     def _post(self, peer: int, tag: int) -> tuple[torch.Tensor, Any]:
         """A receive of the first piece of the stream's next message, posted now: its buffer and its work."""
-        first = torch.empty(FIRST_BYTES, dtype=torch.uint8)
+        first = torch.empty(self._in.setdefault((peer, tag), Stream()).posted, dtype=torch.uint8)
         return first, self.group.recv([first], peer, tag)
 
     def _wait(self, work: Any, peer: int, actor: Any) -> None:

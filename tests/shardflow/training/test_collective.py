@@ -13,7 +13,7 @@ import pytest
 
 from shardflow.config import RetrainConfig
 from shardflow.errors import InputError, WorkerLost
-from shardflow.training.collective import FIRST_BYTES, Link, open_rendezvous
+from shardflow.training.collective import FIRST_BYTES, POSTED_BYTES, Link, Stream, open_rendezvous
 from shardflow.training.config import TrainConfig, check_transport
 from shardflow.training.messages import Block, Kind, Message, Round
 from shardflow.training.transport import PROBE_S, EngineClosing
@@ -76,6 +76,28 @@ def test_a_message_longer_than_its_first_piece_arrives_whole_and_the_stream_stay
     assert [m.step for m in got] == [0, 1, 2]
     assert [m.blocks[0].values.tobytes() for m in got] == [big.tobytes(), big[:3].tobytes(), big.tobytes()]
     assert got[2].blocks[0].ids.tolist() == ids.tolist()
+
+
+def test_once_a_stream_carried_a_long_message_the_next_leaves_whole_before_its_receiver_asks(pair):
+    a, b = pair
+    big = np.random.default_rng(1).random((FIRST_BYTES // 4 + 1000, 1), dtype=np.float32)  # over one first piece
+    ids = np.arange(big.shape[0], dtype=np.int64)
+    a.send(1, Message(Round.GRADIENTS, 0, 0, [Block(Kind.LOOKUP, "item", ids, big)]))
+    assert b.receive(0, Round.GRADIENTS, Alive()).step == 0  # b posts the stream's next receive, as long as this
+    a.send(1, Message(Round.GRADIENTS, 1, 0, [Block(Kind.LOOKUP, "item", ids, big * 2)]))
+    # in one piece into that receive: it leaves now, no rest waits for b to ask for it
+    assert a.sent(timeout_s=30)
+    got = b.receive(0, Round.GRADIENTS, Alive())
+    assert got.step == 1 and got.blocks[0].values.tobytes() == (big * 2).tobytes()
+
+
+def test_a_streams_posted_receive_grows_to_its_longest_message_by_powers_of_two_within_bounds():
+    s = Stream()
+    assert s.posted == FIRST_BYTES
+    for length, posted in [(100, FIRST_BYTES), (FIRST_BYTES, FIRST_BYTES), (FIRST_BYTES + 1, 2 * FIRST_BYTES),
+                           (3_000_000, 1 << 22), (1_000, 1 << 22), (POSTED_BYTES * 5, POSTED_BYTES)]:
+        s.carried(length)
+        assert s.posted == posted, (length, s.posted)
 
 
 def test_a_streams_next_message_leaves_its_sender_before_the_receiver_asks_for_it(pair):
