@@ -9,7 +9,8 @@ Needs root, `ip` and `tc` (shardflow.emulation); says so in one line otherwise. 
 topology it builds the emulated cluster once (one namespace per node, uplinks shaped both
 ways to the topology's rate / --time-scale, loopback inside a node to the intra-node rate /
 --time-scale) and, round after round, runs `shardflow train --scheduler` in its hub for
-every dataset × dedup × strategy in turn (batch 4096, --steps steps, 200 held-out users), its step
+every dataset × dedup × strategy in turn (batch 4096, --steps steps, 200 held-out users, the mean
+encoder: TRAIN_MODEL), its step
 messages carried by --transport (auto, a run's default, is collective here: no TLS files, no
 early answers; collective: a gloo group over the namespaces' addresses,
 shardflow.training.collective; actor: Dask actor calls).
@@ -77,6 +78,11 @@ ZIPF_TABLE, ZIPF_INTERACTIONS, ZIPF_SEED = "item:100000:1.2", 300_000, 7  # --da
 FIT_TOPOLOGIES = ("2x2-equal", "2x2-one-5x-slower")  # links even and uneven
 FIT_BATCHES = (512, 2048, 8192)  # payloads 16x apart: separates the per-byte from the per-round cost
 EVAL_USERS = 200
+# The model the grid measures, pinned (the run's defaults are the self-attention recipe since 2026-12-05): the mean
+# encoder under BCE, 20 items of history, 4 negatives, row-wise Adagrad, no validation split, a step mostly its
+# messages. The self-attention defaults computed 1.2-1.3 s of a 2.0 s step on 2 x 2 equal at /669 (one round).
+PLAN_MODEL = ("--history", "20", "--negatives", "4", "--row-optimizer", "adagrad")
+TRAIN_MODEL = ("--encoder", "mean", "--loss", "bce", "--row-optimizer", "adagrad", "--patience", "0")
 EARLIER_INTERVAL_S = 0.025  # the monitor's one interval for every link until 2026-11-29
 
 
@@ -117,7 +123,7 @@ def plans(scratch: Path, topo_name: str, topology: Topology, stores: dict, strat
                     try:
                         summary = shardflow("plan", f"{store}.profile", "--topology", str(path), "--strategy",
                                             strategy, "--batch-size", str(batch), "--dedup", dedup, "--out",
-                                            str(dest))
+                                            str(dest), *PLAN_MODEL)
                     except RuntimeError as e:
                         why = str(e).rpartition("error: ")[2].split(";")[0]
                         print(f"  {topo_name} {data} {dedup} {strategy}: no plan ({why})", flush=True)
@@ -152,7 +158,7 @@ def train(cluster: EmulatedCluster, store: Path, plan: Path, steps: int,
     with UplinkMonitor(cluster.network) as watch:
         proc = cluster.command([*SHARDFLOW, "train", str(store), "--plan", str(plan), "--max-steps", str(steps),
                                 "--eval-users", str(EVAL_USERS), "--json", "--scheduler", cluster.scheduler_address,
-                                "--transport", transport],
+                                "--transport", transport, *TRAIN_MODEL],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE.parent)
         out, err = proc.communicate()
     if proc.returncode != 0:
