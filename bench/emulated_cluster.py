@@ -5,7 +5,8 @@
         [--strategies row-wise-mod,row-wise-block,table-wise,flexshard] [--dedups device,node]
         [--transport auto|actor|collective]
 
-Needs root, `ip` and `tc` (shardflow.emulation); says so in one line otherwise. For each
+Needs root, `ip` and `tc` (shardflow.emulation); says so in one line otherwise. Ctrl-C or SIGTERM
+stops it within seconds, its cluster's processes, namespaces and scratch folder removed. For each
 topology it builds the emulated cluster once (one namespace per node, uplinks shaped both
 ways to the topology's rate / --time-scale, loopback inside a node to the intra-node rate /
 --time-scale) and, round after round, runs `shardflow train --scheduler` in its hub for
@@ -46,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -205,6 +207,10 @@ def main() -> int:
     if reason:
         print(f"bench/emulated_cluster.py: {reason}", file=sys.stderr)
         return 2
+    # SIGTERM ends it as Ctrl-C does, through the `with` blocks that close the cluster and remove the scratch
+    # folder (its default would kill it at once: namespaces left to the next harness's sweep, the folder for good)
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where the parent ignored it (a background job)
     if args.steps <= WARMUP_STEPS:
         raise SystemExit(f"--steps {args.steps}; accepted: more than the engine's {WARMUP_STEPS} warm-up steps")
     topologies = {name: TOPOLOGIES[name] for name in args.topologies.split(",")}
