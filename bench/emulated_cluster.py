@@ -11,10 +11,9 @@ topology it builds the emulated cluster once (one namespace per node, uplinks sh
 ways to the topology's rate / --time-scale, loopback inside a node to the intra-node rate /
 --time-scale) and, round after round, runs `shardflow train --scheduler` in its hub for
 every dataset × dedup × strategy in turn (batch 4096, --steps steps, 200 held-out users, the mean
-encoder: TRAIN_MODEL), its step
-messages carried by --transport (auto, a run's default, is collective here: no TLS files, no
-early answers; collective: a gloo group over the namespaces' addresses,
-shardflow.training.collective; actor: Dask actor calls).
+encoder: TRAIN_MODEL), its step messages carried by --transport (auto, a run's default, is
+collective here: no TLS files, no early answers; collective: a gloo group over the namespaces'
+addresses, shardflow.training.collective; actor: Dask actor calls).
 With --time-scale auto (the default) each topology's factor is measured before its cluster is
 built (shardflow.emulation.calibration: 500 times this host's reference step in one process
 per device over the reference host's), so that a slower or busier host gets slower links.
@@ -47,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -62,7 +60,7 @@ from scipy.optimize import nnls
 from shardflow.emulation.calibration import parse_time_scale, resolve_time_scale
 from shardflow.emulation.cluster import EmulatedCluster
 from shardflow.emulation.monitor import UplinkMonitor
-from shardflow.emulation.network import cannot_emulate
+from shardflow.emulation.network import cannot_emulate, remove_on_stop_signals
 from shardflow.errors import InputError
 from shardflow.planner.topology import Node, Topology, uniform
 from shardflow.training.engine import WARMUP_STEPS
@@ -207,10 +205,7 @@ def main() -> int:
     if reason:
         print(f"bench/emulated_cluster.py: {reason}", file=sys.stderr)
         return 2
-    # SIGTERM ends it as Ctrl-C does, through the `with` blocks that close the cluster and remove the scratch
-    # folder (its default would kill it at once: namespaces left to the next harness's sweep, the folder for good)
-    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where the parent ignored it (a background job)
+    remove_on_stop_signals()  # the cluster closed and the scratch folder removed on Ctrl-C or SIGTERM
     if args.steps <= WARMUP_STEPS:
         raise SystemExit(f"--steps {args.steps}; accepted: more than the engine's {WARMUP_STEPS} warm-up steps")
     topologies = {name: TOPOLOGIES[name] for name in args.topologies.split(",")}

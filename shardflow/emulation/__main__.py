@@ -21,22 +21,17 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from shardflow.emulation.calibration import parse_time_scale
-from shardflow.emulation.network import cannot_emulate
+from shardflow.emulation.network import cannot_emulate, remove_on_stop_signals
 from shardflow.errors import InputError
 from shardflow.planner.topology import load_topology
 
 PROBE_BYTES = 32 << 20
-
-
-def _terminated(signum, frame) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _time_scale(text: str) -> float | str:
@@ -84,10 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(f"shardflow.emulation: {reason}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _terminated)
-    # Ctrl-C too, even where the parent ignored it (a shell's background job, a supervisor): Python keeps an
-    # inherited SIG_IGN, and the cluster would then outlive the interrupt.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    remove_on_stop_signals()
     from shardflow.emulation.calibration import resolve_time_scale
     from shardflow.emulation.cluster import EmulatedCluster
     from shardflow.emulation.network import check_shaped_rates

@@ -23,7 +23,9 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 
 from shardflow.errors import InputError
@@ -104,6 +106,15 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def remove_on_stop_signals() -> None:
+    """Make Ctrl-C and SIGTERM end this process through its `with` blocks, so a harness removes what it made
+    (SIGTERM's default kills at once: namespaces left to the next `sweep`, temporary folders for good). SIGTERM
+    exits with 128 + its number; Ctrl-C raises KeyboardInterrupt even where the parent ignored it (a shell's
+    background job, a supervisor: Python keeps an inherited SIG_IGN)."""
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def sweep() -> list[str]:
