@@ -7,8 +7,10 @@ Bounded: CYCLES runs of one epoch each (a few seconds per run on 2 cores).
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import gc
+import os
 import threading
 from pathlib import Path
 
@@ -36,6 +38,17 @@ def resident_mb() -> float:
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     return psutil.Process().memory_info().rss / 2**20
+
+
+def open_files() -> collections.Counter:
+    """What this process's file descriptors point at (a path, or a socket's or pipe's kind), counted."""
+    found = collections.Counter()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found[os.readlink(f"/proc/self/fd/{fd}").split(":[")[0]] += 1
+        except OSError:  # the listing's own descriptor, closed since
+            pass
+    return found
 
 
 def worker_rss(client) -> dict[str, float]:
@@ -69,7 +82,6 @@ def test_many_nightly_runs_keep_memory_flat_and_leak_nothing(prefect_api, own_cl
     (tmp_path / "topo.yaml").write_text(TOPOLOGY)
     parts, run = tmp_path / "parts", tmp_path / "run"
     parts.mkdir()
-    me = psutil.Process()
     seen = []
     for cycle in range(1, CYCLES + 1):
         write_day(parts / f"day-{cycle:02d}.txt", cycle)
@@ -81,7 +93,7 @@ def test_many_nightly_runs_keep_memory_flat_and_leak_nothing(prefect_api, own_cl
         assert summary["downloads"] == 1 and len(summary["epoch_loss"]) == 1
         verify_export(run / "current" / "model")
         files = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
-        seen.append({"rss": resident_mb(), "fds": me.num_fds(), "threads": threading.active_count(),
+        seen.append({"rss": resident_mb(), "fds": open_files(), "threads": threading.active_count(),
                      "workers": worker_rss(own_client), "files": files, "actors": live_actors(own_client),
                      "current": versions.current(run)})
 
@@ -94,8 +106,15 @@ def test_many_nightly_runs_keep_memory_flat_and_leak_nothing(prefect_api, own_cl
     assert last["rss"] - base["rss"] < RSS_GROWTH_MB, [round(s["rss"]) for s in seen]
     grown = worker_growth_mb(base["workers"], last["workers"])
     assert grown and max(grown.values()) < WORKER_GROWTH_MB, worker_series(seen)
-    assert last["fds"] <= base["fds"] + 2, [s["fds"] for s in seen]
-    assert last["threads"] <= base["threads"] + 2, [s["threads"] for s in seen]
+    # A leak grows night after night; a socket or thread the session's other parts (its cluster, the Prefect
+    # harness) hold at one reading is gone at the next (the suite saw 161-169 descriptors over the nights, the
+    # soak alone 89-91): the last three nights' lowest count is judged, which a leak of one a night still fails.
+    fds = [sum(s["fds"].values()) for s in seen]
+    low = min(range(len(seen) - 3, len(seen)), key=fds.__getitem__)
+    assert fds[low] <= fds[WARM - 1] + 2, (fds, dict(seen[low]["fds"] - base["fds"]))
+    threads = [s["threads"] for s in seen]
+    assert min(threads[-3:]) <= base["threads"] + 2, threads
     assert all(s["actors"] == 0 for s in seen)
-    print("\nsoak (MB, fds, threads per run):", [(round(s["rss"]), s["fds"], s["threads"]) for s in seen],
+    print("\nsoak (MB, fds, threads per run):",
+          [(round(s["rss"]), n, s["threads"]) for s, n in zip(seen, fds, strict=True)],
           "workers MB:", [[round(mb) for mb in s["workers"].values()] for s in seen])
