@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import os
 import time
 from dataclasses import replace
@@ -34,6 +35,13 @@ REAL = {
     "criteo": DATA / "criteo-sample" / "criteo_sample.txt",
 }
 AVAZU = DATA / "avazu-sample" / "avazu_sample.txt"  # the criteo format's other layout
+
+
+def head_of_log(dest: Path, lines: int) -> Path:
+    """The bundled sasrec log's first `lines` lines (its first users' events, in order) written to `dest`."""
+    with open(REAL["sasrec"]) as whole:
+        dest.write_text("".join(itertools.islice(whole, lines)))
+    return dest
 
 
 def snapshot(root: Path) -> dict[str, str]:

@@ -25,7 +25,7 @@ from conftest import PrefectServer
 
 from shardflow.config_sections import sectioned
 from storage import versions
-from support import REAL, split_into_days
+from support import head_of_log, split_into_days
 from tasks.assets import model_key
 
 pytestmark = pytest.mark.server  # the tier: `shardflow run` or `prefect` as processes
@@ -142,8 +142,7 @@ def run_deployment(server, name: str, config: dict | None = None, params: dict |
 
 def test_the_deployments_run_through_a_worker_night_after_night_and_on_schedule(deployed, tmp_path):
     server, worker_log = deployed
-    log = tmp_path / "Video-head.txt"
-    log.write_text("".join(open(REAL["sasrec"]).readlines()[:40000]))
+    log = head_of_log(tmp_path / "Video-head.txt", 40000)
     days = split_into_days(log, tmp_path / "days", (0.6, 0.2, 0.2), late_users=0.1, seed=0)
     (tmp_path / "topo.yaml").write_text(TOPOLOGY)
     parts, run = tmp_path / "parts", tmp_path / "nightly"

@@ -8,7 +8,6 @@ dataset directory and runs the flow, as a nightly deployment run would.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import os
 import re
@@ -31,7 +30,7 @@ from shardflow.training.evaluate import evaluate_export
 from storage import versions
 from storage.checkpoint import verify_export
 from storage.dataset import Dataset
-from support import REAL, settled, snapshot, split_into_days
+from support import REAL, head_of_log, settled, snapshot, split_into_days
 from tasks.assets import asset_key, model_key
 
 TWO = ("intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n"
@@ -66,11 +65,7 @@ def read_events(name: str, keep, at_least: int = 1, timeout_s: float = 30) -> li
 
 def split_days(root: Path, lines: int | None = None) -> tuple[Path, list[Path]]:
     """The bundled log, or its first `lines`, in three daily parts (80%, 10%, 10%), beside the topologies."""
-    log = REAL["sasrec"]
-    if lines is not None:
-        log = root / "head.txt"
-        with open(REAL["sasrec"]) as whole:
-            log.write_text("".join(itertools.islice(whole, lines)))
+    log = REAL["sasrec"] if lines is None else head_of_log(root / "head.txt", lines)
     parts = split_into_days(log, root / "days", (0.8, 0.1, 0.1), late_users=0.1, seed=0)
     (root / "two.yaml").write_text(TWO)
     (root / "three.yaml").write_text(THREE)

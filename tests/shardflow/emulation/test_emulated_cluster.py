@@ -22,7 +22,7 @@ from shardflow.emulation.probe import stream_bytes_per_s
 from shardflow.errors import InputError
 from shardflow.planner.topology import Node, Topology
 from storage.checkpoint import epoch_records
-from tests.support import REAL
+from tests.support import REAL, head_of_log
 
 pytestmark = pytest.mark.cluster  # the tier: an emulated cluster (shardflow.emulation)
 
@@ -416,8 +416,7 @@ def test_a_slowed_uplink_shows_in_the_epoch_table_and_after_a_node_is_cut_off_th
     epoch's row (the checkpoint the epoch-metrics table is built from, and the log line) shows it. Node b cut off
     for good after checkpoint 2: the run stops in one line (exit 3, checkpoints kept). The same command with a
     topology of node a alone resumes the version from checkpoint 2 on a new plan of its 2 devices and completes."""
-    head = tmp_path / "head.txt"
-    head.write_text("".join(open(REAL["sasrec"]).readlines()[:8000]))
+    head = head_of_log(tmp_path / "head.txt", 8000)
     left = tmp_path / "left.yaml"
     left.write_text(yaml.safe_dump(Topology(UNEVEN.nodes[:1], UNEVEN.intra_node_gbytes_per_s).to_dict()))
     whole = tmp_path / "whole.yaml"
