@@ -98,10 +98,14 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> None:
     dense_opt = torch.optim.Adam(dense, lr=opt.dense_lr, eps=opt.eps)
     norm = float(args.batch_size * C)
 
+    per_epoch = data.steps_per_epoch(args.batch_size)
+
     def batch(i: int):
-        # the engine's global batches, in equal contiguous slices: TorchRec's all-gathers take equal sizes
-        targets = np.array_split(data.batch(0, 0, i, args.batch_size), world)[rank]
-        ex = data.examples(targets, model_config, negative_seed(0, 0))
+        # the engine's global batch of step i (its epoch's order and negatives, as the reference trainer's), in equal
+        # contiguous slices: TorchRec's all-gathers take equal sizes
+        epoch, at = divmod(i, per_epoch)
+        targets = np.array_split(data.batch(epoch, 0, at, args.batch_size), world)[rank]
+        ex = data.examples(targets, model_config, negative_seed(0, epoch))
         valid = ex.history >= 0
         cand = np.concatenate([ex.positive[:, None], ex.negatives], axis=1)
         values = np.concatenate([ex.history[valid]] + [cand[:, c] for c in range(C)])
