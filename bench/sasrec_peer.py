@@ -2,7 +2,7 @@
 eSASRec benchmark trains it, in one plain PyTorch process, on the same split and with the same metric.
 
     python bench/sasrec_peer.py [--datasets beauty,games,FORMAT:PATH] [--seeds 0,1,2] [--epochs 200] [--patience 50]
-                                [--threads 2] [--dim 64]
+                                [--threads 2] [--dim 64] [--item-dropout]
 
 The full-ranking anchors of bench/model_quality.py (Beauty: HR@10 0.0921, NDCG@10 0.0531 for SASRec+SS) were
 measured by github blondered/transformer_benchmark with RecTools' SASRecModel on a GPU. This bench is that recipe
@@ -13,6 +13,9 @@ written out here, so that the engine's figures stand beside a peer run on this m
             e = q + attention(q, e, e) (dropout on its weights; padded keys not masked, as RecTools' default),
             f = LN(e), e = f + dropout(W2 relu(dropout(W1 f))), padding zeroed; a last LN (eps 1e-8);
             logit = state . item row. Every matrix Xavier-normal (lightning.py, _xavier_normal_init).
+            With --item-dropout, as RecTools 0.13.0 (the benchmark's pin) trains it: each step drops out units
+            of the whole item table once (item_net.py, IdEmbeddingsItemNet's dropout, taken out in RecTools
+            0.16), and the step's history and candidates read those rows.
   training  each user's items but its last two (the test and validation items), the last 51 of them, every
             position a target; 128 users a step; 256 negatives uniform over the catalog per position, the
             positive's cross-entropy against them; Adam, lr 1e-3, betas (0.9, 0.98), over every parameter
@@ -83,8 +86,9 @@ def windows(histories: list[list[int]]) -> torch.Tensor:
 
 
 class SASRec(nn.Module):
-    def __init__(self, items: int, dim: int):
+    def __init__(self, items: int, dim: int, item_dropout: bool):
         super().__init__()
+        self.item_dropout = item_dropout
         self.item = nn.Embedding(items + 1, dim, padding_idx=0)
         self.position = nn.Embedding(HISTORY, dim)
         self.blocks = nn.ModuleList(nn.ModuleDict({
@@ -98,10 +102,15 @@ class SASRec(nn.Module):
                 nn.init.xavier_normal_(p)
         self.register_buffer("causal", ~torch.ones(HISTORY, HISTORY, dtype=torch.bool).tril())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[users, HISTORY, dim] the state after every position of the windows x."""
+    def rows(self) -> torch.Tensor:
+        """[items + 1, dim] the catalog's rows as a training step reads them: with item_dropout, units dropped
+        out, one mask per row for the step's history and candidates alike."""
+        return self.drop(self.item.weight) if self.item_dropout else self.item.weight
+
+    def forward(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[users, HISTORY, dim] the state after every position of the windows x, their items read from rows."""
         keep = (x != 0)[..., None].float()
-        e = self.drop(self.item(x) + self.position.weight)
+        e = self.drop(rows[x] + self.position.weight)
         for b in self.blocks:
             e = e * keep
             q = b["norm_q"](e)
@@ -118,7 +127,7 @@ def ranked(model: SASRec, histories: list[list[int]], targets: torch.Tensor) -> 
     with torch.no_grad():
         for s in range(0, len(histories), SCORED_AT_A_TIME):
             part = histories[s : s + SCORED_AT_A_TIME]
-            score = model(windows(part))[:, -1] @ model.item.weight.T
+            score = model(windows(part), model.item.weight)[:, -1] @ model.item.weight.T
             target = targets[s : s + len(part)]
             own = score.gather(1, target[:, None])
             rows = torch.tensor([i for i, h in enumerate(part) for _ in h], dtype=torch.long)
@@ -139,7 +148,7 @@ def ranked(model: SASRec, histories: list[list[int]], targets: torch.Tensor) -> 
     return {k: v / len(histories) for k, v in sums.items()}
 
 
-def run(users: list[list[int]], seed: int, epochs: int, patience: int, dim: int) -> dict:
+def run(users: list[list[int]], seed: int, epochs: int, patience: int, dim: int, item_dropout: bool) -> dict:
     """Train one seed; the test figures at the best validation epoch, the epoch, and seconds per epoch."""
     torch.manual_seed(seed)
     items = max(max(u) for u in users)
@@ -148,7 +157,7 @@ def run(users: list[list[int]], seed: int, epochs: int, patience: int, dim: int)
     val_users = [u for u in users if len(u) >= 3]
     val_in, val_target = [u[:-2] for u in val_users], torch.tensor([u[-2] for u in val_users])
     test_in, test_target = [u[:-1] for u in users], torch.tensor([u[-1] for u in users])
-    model = SASRec(items, dim)
+    model = SASRec(items, dim, item_dropout)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR, betas=BETAS)
     best, best_epoch, train_s = -1.0, 0, []
     for epoch in range(1, epochs + 1):
@@ -156,9 +165,10 @@ def run(users: list[list[int]], seed: int, epochs: int, patience: int, dim: int)
         for batch in torch.randperm(len(train)).split(BATCH):
             target = y[batch]
             real = target != 0
-            state, positive = model(x[batch])[real], target[real]
+            rows = model.rows()
+            state, positive = model(x[batch], rows)[real], target[real]
             candidates = torch.cat([positive[:, None], torch.randint(1, items + 1, (positive.numel(), NEGATIVES))], 1)
-            logit = torch.bmm(model.item(candidates), state[:, :, None])[..., 0]
+            logit = torch.bmm(rows[candidates], state[:, :, None])[..., 0]
             loss = F.cross_entropy(logit, torch.zeros(positive.numel(), dtype=torch.long))
             optimizer.zero_grad()
             loss.backward()
@@ -185,6 +195,8 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dim", type=int, default=64, help="64 as the README's table; 256 as its loo configs")
+    parser.add_argument("--item-dropout", action="store_true",
+                        help="drop out the item rows each step, as RecTools 0.13 (the benchmark's pin) does")
     args = parser.parse_args()
     logs = parse_logs(args.datasets, ["beauty", "games"], FORMATS)
     for flag in ("epochs", "patience", "threads", "dim"):
@@ -196,7 +208,8 @@ def main() -> None:
         raise SystemExit(f"--seeds {args.seeds}; accepted: comma-separated integers") from None
     torch.set_num_threads(args.threads)
     print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.threads} threads; dim {args.dim}; "
-          f"seeds {seeds}; up to {args.epochs} epochs, patience {args.patience}", flush=True)
+          f"seeds {seeds}; up to {args.epochs} epochs, patience {args.patience}; item dropout {args.item_dropout}",
+          flush=True)
     results = {}
     for name, log in logs.items():
         users = sequences(*log)
@@ -204,8 +217,8 @@ def main() -> None:
         for seed in seeds:
             print(f"  seed {seed}", flush=True)
             t = time.perf_counter()
-            results.setdefault(name, []).append({**run(users, seed, args.epochs, args.patience, args.dim),
-                                                 "wall_s": time.perf_counter() - t})
+            figures = run(users, seed, args.epochs, args.patience, args.dim, args.item_dropout)
+            results.setdefault(name, []).append({**figures, "wall_s": time.perf_counter() - t})
     print(f"\nload after: {os.getloadavg()[0]:.1f}")
     print("the whole catalog, seen items excluded; test figures at the best validation epoch")
     fmt3 = lambda v: f"{v[0]:.4f}/{statistics.median(v):.4f}/{v[-1]:.4f}"  # noqa: E731
