@@ -220,7 +220,7 @@ def read_record(record: dict[str, Any]) -> dict[str, Any]:
 
 
 # A model record's keys that shape no parameter and no optimiser slot.
-TRAINING_SETTINGS = ("seed", "dropout", "loss", "gbce_t")
+TRAINING_SETTINGS = ("seed", "dropout", "candidate_dropout", "loss", "gbce_t")
 
 
 def warm_start_record(config: ModelConfig | ClickConfig, dense_optimizer: str, row_optimizer: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ class ModelConfig:
     blocks: int = sizes.BLOCKS  # self-attention: blocks
     heads: int = sizes.HEADS  # self-attention: heads per block (dim divisible by it)
     dropout: float = sizes.DROPOUT  # self-attention: the rate of every dropout while training
+    candidate_dropout: float = 0.0  # self-attention: the rate of dropout on the scored candidates' rows
     loss: str = sizes.LOSS  # one of LOSSES
     gbce_t: float = sizes.GBCE_T  # loss gbce: the calibration t
 
@@ -64,9 +65,10 @@ class ModelConfig:
                 raise InputError(f"model {name} = {v!r}; accepted: an integer >= 1")
         if self.attention and self.dim % self.heads:
             raise InputError(f"model heads = {self.heads} for dim {self.dim}; accepted: a divisor of dim")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
-                or not 0.0 <= self.dropout < 1.0:
-            raise InputError(f"model dropout = {self.dropout!r}; accepted: a rate in [0, 1)")
+        for name in ("dropout", "candidate_dropout"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                raise InputError(f"model {name} = {v!r}; accepted: a rate in [0, 1)")
 
     @property
     def attention(self) -> bool:

@@ -7,7 +7,8 @@ target event's). The encoder (`encoder`) turns the history into the user's state
     mean            h = the mean of the history rows; with t a candidate's row,
                     z = [h, t, h * t, f_1, ..., f_F]  ->  MLP (ReLU hidden layers)  ->  logit
     self-attention  u = SASRec's causal self-attention blocks over the window (shardflow.model.attention)
-                    plus the feature rows; logit = u · t (the MLP is not used)
+                    plus the feature rows; logit = u · t (the MLP is not used), t with `candidate_dropout` of
+                    its units dropped while training (by the example's key, as the encoder's dropout)
 
     loss  bce              binary cross-entropy of every candidate (label 1 for the positive, 0 for
                            the negatives): 1 + K terms an example (SASRec's)
@@ -48,10 +49,12 @@ import torch.nn.functional as F
 
 from shardflow.errors import InputError
 from shardflow.hashing import splitmix64
-from shardflow.model.attention import encode
+from shardflow.model.attention import dropout, encode
 from shardflow.model.configs import BatchIndex, ModelConfig
 from shardflow.model.lookup import bag_mean, rows_at
 from shardflow.model.tensors import Tensors, UserState
+
+CANDIDATE_SITE = 1 << 16  # the candidates' dropout site, past every site of the encoder's blocks
 
 
 def loss_sum(config: ModelConfig, logit: torch.Tensor, index: TensorIndex) -> torch.Tensor:
@@ -135,7 +138,10 @@ def scores(config: ModelConfig, dense: Tensors, rows: Tensors, index: TensorInde
            sparse: bool = False) -> torch.Tensor:
     """Logits [E, 1 + K] of every candidate."""
     state = user_state(config, dense, rows, index, sparse)
-    return candidate_scores(config, dense, state, rows_at(rows[index.item], index.candidates, sparse))
+    candidates = rows_at(rows[index.item], index.candidates, sparse)
+    if config.attention:
+        candidates = dropout(candidates, index.keys, CANDIDATE_SITE, config.candidate_dropout, config.seed)
+    return candidate_scores(config, dense, state, candidates)
 
 
 def user_state(config: ModelConfig, dense: Tensors, rows: Tensors, index: TensorIndex,
