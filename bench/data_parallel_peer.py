@@ -58,7 +58,7 @@ def _step(trainer: ReferenceTrainer, rank: int, world: int, epoch: int, step_in_
     """One global step: this process's share of the batch, the sums over every process, the same update."""
     config, B = trainer.config, trainer.batch_size
     targets = trainer.data.batch(epoch, trainer.seed, step_in_epoch, B)[rank::world]
-    ex = trainer.data.examples(targets, config, negative_seed(trainer.seed, epoch))
+    ex = trainer.data.examples(targets, config, negative_seed(trainer.seed, epoch), step=step_in_epoch)
     index = on_device(trainer.data.table_index(ex, config), trainer.device)
     grads = forward_backward(config, trainer.dense_tensors, trainer.tables, index, B * config.loss_terms, sparse=True)
     rows = {t: g.coalesce() for t, g in grads.rows.items()}

@@ -2,7 +2,7 @@
 
     python bench/model_quality.py [--datasets games,beauty,movielens,FORMAT:PATH] [--encoders self-attention,mean]
                                   [--epochs 200] [--seeds 0,1,2] [--batch-size 4096] [--history 50] [--dropout 0.2]
-                                  [--candidate-dropout 0]
+                                  [--item-dropout 0.2]
                                   [--patience 10 [--min-epochs M] [--full-ranking exclude-seen|include-seen|off]]
                                   [--row-optimizer adam|adagrad] [--row-lr RATE]
                                   [--negatives 256] [--loss gbce|sampled-softmax|bce [--gbce-t 0.75]] [--blocks 1]
@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--encoders", default=RetrainConfig().model.encoder)
     parser.add_argument("--history", type=int, default=RetrainConfig().model.history)
     parser.add_argument("--dropout", type=float, default=RetrainConfig().model.dropout)
-    parser.add_argument("--candidate-dropout", type=float, default=RetrainConfig().model.candidate_dropout)
+    parser.add_argument("--item-dropout", type=float, default=RetrainConfig().model.item_dropout)
     parser.add_argument("--patience", type=int, default=RetrainConfig().train.patience,
                         help="choose the epoch on a validation split (0: none, the last epoch)")
     parser.add_argument("--min-epochs", type=int, help="with --patience: train at least this many epochs")
@@ -173,7 +173,7 @@ def main() -> None:
                             full_ranking=args.full_ranking)
         for encoder in args.encoders.split(","):
             config = RetrainConfig.build({"encoder": encoder, "history": args.history, "dropout": args.dropout,
-                                          "candidate_dropout": args.candidate_dropout, "negatives": args.negatives,
+                                          "item_dropout": args.item_dropout, "negatives": args.negatives,
                                           "loss": args.loss, "gbce_t": args.gbce_t,
                                           "attention_blocks": args.blocks, "dim": args.dim})
             c = config.model
@@ -187,8 +187,8 @@ def main() -> None:
           f"batch {args.batch_size}; {args.epochs} epochs; seeds {seeds}; dim {c.dim}, history {c.history}, "
           f"{c.negatives} negatives, {args.loss}{f' t {c.gbce_t}' if args.loss == 'gbce' else ''}; mean: MLP "
           f"{list(c.mlp)}; self-attention: {c.attention_blocks} blocks, {c.attention_heads} heads, dropout "
-          f"{c.dropout}, candidates {c.candidate_dropout}; rows {optimizer.rows} {optimizer.row_lr}, dense "
-          f"{optimizer.dense} {optimizer.dense_lr}, Adam beta2 {optimizer.beta2}", flush=True)
+          f"{c.dropout}, item rows {c.item_dropout}; rows {optimizer.rows} "
+          f"{optimizer.row_lr}, dense {optimizer.dense} {optimizer.dense_lr}, Adam beta2 {optimizer.beta2}", flush=True)
     results: dict[tuple[str, str], list[list[dict]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
         for name, (source, fmt) in logs.items():  # every log imported before any cluster starts

@@ -200,7 +200,7 @@ def run_train(args: argparse.Namespace) -> dict:
     job = prepare(args.dataset, args.plan, train,  # every value refused here, before a cluster starts
                   optimizer=OptimizerConfig(rows=args.row_optimizer or shape.row_optimizer, row_lr=args.row_lr),
                   encoder={"encoder": args.encoder, "blocks": args.attention_blocks, "heads": args.attention_heads,
-                           "dropout": args.dropout, "candidate_dropout": args.candidate_dropout, "loss": args.loss,
+                           "dropout": args.dropout, "item_dropout": args.item_dropout, "loss": args.loss,
                            "gbce_t": args.gbce_t},
                   estimate=args.estimate, server_memory_bytes=args.server_memory)
     with dask_client(args.scheduler, None if args.scheduler else topology.devices) as client:

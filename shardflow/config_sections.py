@@ -112,9 +112,10 @@ class ModelSection(Section):
                                  description="self-attention: heads (a divisor of dim)")
     dropout: float = Field(sizes.RUN_DROPOUT, ge=0, lt=1, allow_inf_nan=False,
                            description="self-attention: dropout rate")
-    candidate_dropout: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False,
-                                     description="self-attention: dropout rate on the item rows a training step "
-                                     "scores (the positive and the negatives)")
+    item_dropout: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False,
+                                description="sequences: dropout rate on the item rows a training step reads, one "
+                                "mask a row and step, the same for its history and candidate reads (RecTools "
+                                "0.13's SASRec)")
     history: int = Field(sizes.RUN_HISTORY, ge=1, le=MAX_LOOKUPS,
                          description="items of a user's history an example reads")
     negatives: int = Field(sizes.RUN_NEGATIVES, ge=1, le=MAX_LOOKUPS, description="sampled negatives per example")

@@ -68,7 +68,7 @@ def zipf_access(name: str, rows: int, alpha: float, lookups: float = 8.0, seed: 
 
 # The training tests' small model, batch and topologies.
 MODEL = ModelConfig(dim=8, mlp=(16, 8), history=5, negatives=3, features=("genre",), seed=2)
-ATTENTION = replace(MODEL, encoder="self-attention", blocks=2, heads=2, dropout=0.3, candidate_dropout=0.3)
+ATTENTION = replace(MODEL, encoder="self-attention", blocks=2, heads=2, dropout=0.3, item_dropout=0.2)
 OPTIMIZER = OptimizerConfig(row_lr=0.1, dense_lr=0.01)
 ADAM = OptimizerConfig(rows="adam", row_lr=0.01, dense_lr=0.01)
 BATCH = 96

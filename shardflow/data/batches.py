@@ -35,6 +35,7 @@ from shardflow.data.examples import (
     examples_from,
     held_out_positions,
     sample_unseen,
+    step_key,
     target_positions,
     validation_positions,
 )
@@ -308,14 +309,17 @@ class TrainData(EpochOrder):
             return out
         return gather
 
-    def examples(self, targets: np.ndarray, config: ModelConfig, seed: int, negatives: int | None = None) -> Examples:
+    def examples(self, targets: np.ndarray, config: ModelConfig, seed: int, negatives: int | None = None,
+                 step: int | None = None) -> Examples:
+        """The examples of `targets`, negatives drawn by `seed`; `step`: the training step in its epoch they
+        belong to (its key, step_key(seed, step), keys the item dropout's row masks)."""
         targets = np.asarray(targets, dtype=np.int64)
         ex = examples_from(self.offsets, self._gather(self.item, config.history), targets, self.rows[self.item],
                            history=config.history, negatives=config.negatives if negatives is None else negatives,
                            seed=seed)
         for name in config.features:
             ex.features[name] = self._gather(name, config.history)(targets, targets[:, None])[:, 0]
-        return ex
+        return ex if step is None else replace(ex, step_key=step_key(seed, step))
 
     def lookups(self, ex: Examples, config: ModelConfig, dedup: str) -> Lookups:
         """Which rows a trainer needs for `ex` (the history, the candidates, the features) and where each
@@ -333,12 +337,14 @@ class TrainData(EpochOrder):
         index = BatchIndex(item=self.item, history=history,
                            candidates=where[self.item][n_hist:].reshape(candidates.shape),
                            features={name: where[name] for name in config.features}, keys=ex.key,
-                           catalog=self.rows[self.item])
+                           catalog=self.rows[self.item], item_ids=fetch[self.item], step_key=ex.step_key)
         return Lookups(fetch=fetch, index=index)
 
     def table_index(self, ex: Examples, config: ModelConfig) -> BatchIndex:
-        """Where each lookup of `ex` finds its row in whole tables (row = id): the reference trainer's index."""
-        return BatchIndex(
+        """Where each lookup of `ex` finds its row in whole tables (row = id): the reference trainer's index. With
+        item dropout, a training step's item lookups index the distinct rows it reads, as a trainer's do (the
+        reference takes those rows from the whole table and drops each once: shardflow.model.sequence)."""
+        index = BatchIndex(
             item=self.item,
             history=ex.history.astype(np.int64),  # PAD is -1
             candidates=np.concatenate([ex.positive[:, None], ex.negatives], axis=1).astype(np.int64),
@@ -346,6 +352,11 @@ class TrainData(EpochOrder):
             keys=ex.key,
             catalog=self.rows[self.item],
         )
+        if not config.item_dropout or ex.step_key is None:
+            return index
+        held = self.lookups(ex, config, "device").index
+        return replace(index, history=held.history, candidates=held.candidates, item_ids=held.item_ids,
+                       step_key=ex.step_key)
 
     # -- evaluation: leave-last-out ------------------------------------------------------------
     def eval_examples(self, targets: np.ndarray, config: ModelConfig, seed: int, negatives: int) -> Examples:

@@ -120,7 +120,10 @@ class ClickData(EpochOrder):
     def _column(self, path: str, start: int, stop: int) -> np.ndarray:
         return self.dataset.stored_column(path, start, stop)  # rows as they arrived: no per-row user offsets held
 
-    def examples(self, targets: np.ndarray, config: ClickConfig, seed: int = 0, negatives: int | None = None) -> Clicks:
+    def examples(self, targets: np.ndarray, config: ClickConfig, seed: int = 0, negatives: int | None = None,
+                 step: int | None = None) -> Clicks:
+        """The click rows `targets` (`seed`, `negatives` and `step` as the sequence log's take them: a click log
+        draws no negatives and drops nothing)."""
         targets = np.asarray(targets, dtype=np.int64)
         ids = {t: np.empty((targets.size, *self.id_shape[t]), dtype=np.int64) for t in config.features}
         numeric = np.empty((targets.size, len(self.numeric)), dtype=np.float32)
@@ -208,19 +211,25 @@ def config_record(config: ModelConfig | ClickConfig) -> dict[str, Any]:
     return {"kind": config.kind, **asdict(config)}
 
 
+# Keys an earlier shardflow wrote into model records that no model takes now: training settings (no parameter of the
+# exported model depends on them), left out when a record is read.
+RETIRED_KEYS = ("candidate_dropout",)
+
+
 def read_record(record: dict[str, Any]) -> dict[str, Any]:
     """A kept config record as config_record makes it: lists as tuples, the kind (records written
-    before click logs trained hold sequence models without one), and a key the record predates at
-    its default (the model it describes was made with it)."""
+    before click logs trained hold sequence models without one), a key the record predates at
+    its default (the model it describes was made with it), and no retired key."""
     kind = record.get("kind", "sequence")
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items() if k != "kind"}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in record.items()
+              if k != "kind" and k not in RETIRED_KEYS}
     defaults = {f.name: f.default for f in fields(ClickConfig if kind == "click" else ModelConfig)
                 if f.default is not MISSING}
     return {"kind": kind, **defaults, **values}
 
 
 # A model record's keys that shape no parameter and no optimiser slot.
-TRAINING_SETTINGS = ("seed", "dropout", "candidate_dropout", "loss", "gbce_t")
+TRAINING_SETTINGS = ("seed", "dropout", "item_dropout", "loss", "gbce_t")
 
 
 def warm_start_record(config: ModelConfig | ClickConfig, dense_optimizer: str, row_optimizer: str) -> dict[str, Any]:

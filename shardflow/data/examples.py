@@ -41,6 +41,7 @@ class Examples:
     position: np.ndarray  # int64 [E], the target's event index in the dataset
     features: dict[str, np.ndarray] = field(default_factory=dict)  # feature table -> int64 [E]: its id at the target
     key: np.ndarray | None = None  # uint64 [E]: a training example's own random key (its dropout masks)
+    step_key: int | None = None  # a training step's key, the same in each of its sub-batches (step_key's)
 
     def __len__(self) -> int:
         return len(self.positive)
@@ -211,6 +212,13 @@ def example_keys(position: np.ndarray, seed: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         salt = splitmix64(np.full(1, seed, dtype=np.uint64) ^ np.uint64(0xD1B54A32D192ED03))
         return splitmix64(position.astype(np.uint64) ^ salt)
+
+
+def step_key(seed: int, step: int) -> int:
+    """A 64-bit key per training step: a hash of (seed, the step in its epoch), whichever sub-batch asks."""
+    with np.errstate(over="ignore"):
+        salt = splitmix64(np.full(1, seed, dtype=np.uint64) ^ np.uint64(0x94D049BB133111EB))
+        return int(splitmix64(np.full(1, step, dtype=np.uint64) ^ salt)[0])
 
 
 def build_examples(

@@ -38,7 +38,7 @@ class ModelConfig:
     blocks: int = sizes.BLOCKS  # self-attention: blocks
     heads: int = sizes.HEADS  # self-attention: heads per block (dim divisible by it)
     dropout: float = sizes.DROPOUT  # self-attention: the rate of every dropout while training
-    candidate_dropout: float = 0.0  # self-attention: the rate of dropout on the scored candidates' rows
+    item_dropout: float = 0.0  # the rate of dropout on the item rows a training step reads, one mask a (step, row)
     loss: str = sizes.LOSS  # one of LOSSES
     gbce_t: float = sizes.GBCE_T  # loss gbce: the calibration t
 
@@ -65,7 +65,7 @@ class ModelConfig:
                 raise InputError(f"model {name} = {v!r}; accepted: an integer >= 1")
         if self.attention and self.dim % self.heads:
             raise InputError(f"model heads = {self.heads} for dim {self.dim}; accepted: a divisor of dim")
-        for name in ("dropout", "candidate_dropout"):
+        for name in ("dropout", "item_dropout"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
                 raise InputError(f"model {name} = {v!r}; accepted: a rate in [0, 1)")
@@ -136,6 +136,8 @@ class BatchIndex:
     features: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [E] row index
     keys: np.ndarray | None = None  # uint64 [E]: training examples' dropout keys (None: evaluation)
     catalog: int = 0  # the item table's rows, over which the negatives are drawn (loss gbce's sampling rate)
+    item_ids: np.ndarray | None = None  # the ids of the item rows history and candidates index (None: row = id)
+    step_key: int | None = None  # a training step's key, the same in each of its sub-batches (item dropout's)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,7 @@ target event's). The encoder (`encoder`) turns the history into the user's state
     mean            h = the mean of the history rows; with t a candidate's row,
                     z = [h, t, h * t, f_1, ..., f_F]  ->  MLP (ReLU hidden layers)  ->  logit
     self-attention  u = SASRec's causal self-attention blocks over the window (shardflow.model.attention)
-                    plus the feature rows; logit = u · t (the MLP is not used), t with `candidate_dropout` of
-                    its units dropped while training (by the example's key, as the encoder's dropout)
+                    plus the feature rows; logit = u · t (the MLP is not used)
 
     loss  bce              binary cross-entropy of every candidate (label 1 for the positive, 0 for
                            the negatives): 1 + K terms an example (SASRec's)
@@ -24,8 +23,9 @@ target event's). The encoder (`encoder`) turns the history into the user's state
                            1 + K candidates: the dot-product scorer has no intercept to learn it, and
                            without it the item rows spend their first epochs pushing every score down.
 
-The item table is shared by history and candidates. A trainer never holds whole tables:
-it passes the rows it pulled for its sub-batch and indices into them (BatchIndex; it and
+The item table is shared by history and candidates; while training, `item_dropout` of each item row's units
+are dropped once a step, the same for every read of the row in that step (held_items). A trainer never holds
+whole tables: it passes the rows it pulled for its sub-batch and indices into them (BatchIndex; it and
 the config, ModelConfig, are in shardflow.model.configs, which imports no PyTorch), and
 gets back gradients for exactly those rows (a dense [rows pulled, dim] tensor: the rows
 pulled are already the sparse slice). The single-process reference passes whole tables
@@ -54,7 +54,7 @@ from shardflow.model.configs import BatchIndex, ModelConfig
 from shardflow.model.lookup import bag_mean, rows_at
 from shardflow.model.tensors import Tensors, UserState
 
-CANDIDATE_SITE = 1 << 16  # the candidates' dropout site, past every site of the encoder's blocks
+ITEM_SITE = 1 << 16  # the item rows' dropout site, past every site of the encoder's blocks
 
 
 def loss_sum(config: ModelConfig, logit: torch.Tensor, index: TensorIndex) -> torch.Tensor:
@@ -118,7 +118,7 @@ def tensor_index(index: BatchIndex, device: torch.device) -> TensorIndex:
     return TensorIndex(
         item=index.item, history=put(index.history[valid]), offsets=put(offsets), candidates=put(index.candidates),
         features={k: put(v) for k, v in index.features.items()}, window=put(index.history), keys=index.keys,
-        catalog=index.catalog,
+        catalog=index.catalog, item_ids=index.item_ids, step_key=index.step_key,
     )
 
 
@@ -132,16 +132,38 @@ class TensorIndex:
     window: torch.Tensor  # [E, L] row index, -1 where padded (the self-attention encoder's input)
     keys: np.ndarray | None  # uint64 [E], dropout keys of training examples
     catalog: int  # the item table's rows (BatchIndex.catalog)
+    item_ids: np.ndarray | None = None  # BatchIndex.item_ids
+    step_key: int | None = None  # BatchIndex.step_key
 
 
 def scores(config: ModelConfig, dense: Tensors, rows: Tensors, index: TensorIndex,
            sparse: bool = False) -> torch.Tensor:
     """Logits [E, 1 + K] of every candidate."""
+    rows = held_items(config, rows, index, sparse)
     state = user_state(config, dense, rows, index, sparse)
-    candidates = rows_at(rows[index.item], index.candidates, sparse)
-    if config.attention:
-        candidates = dropout(candidates, index.keys, CANDIDATE_SITE, config.candidate_dropout, config.seed)
+    candidates = rows_at(rows[index.item], index.candidates, sparse and index.item_ids is None)
     return candidate_scores(config, dense, state, candidates)
+
+
+def held_items(config: ModelConfig, rows: Tensors, index: TensorIndex, sparse: bool) -> Tensors:
+    """`rows` with the item table as the rows a training step's item lookups index, `item_dropout` of each row's
+    units dropped (the rest scaled by 1 / (1 - rate)) by a mask of (the step's key, the row's id).
+
+    One mask per row and step, read by the history and the candidates alike: RecTools 0.13's SASRec drops units
+    of the whole item table once a step (`IdEmbeddingsItemNet`). Masks keyed by the row's id, not by where a
+    trainer holds it, drop the same units under every plan and device count. The reference (`sparse`: whole
+    tables) first takes the rows the step reads (BatchIndex.item_ids) from the whole table, as a trainer pulls
+    them; a trainer's rows are those already."""
+    ids, table = index.item_ids, rows[index.item]
+    if ids is None:
+        return rows
+    if sparse:
+        table = rows_at(table, torch.from_numpy(ids.astype(np.int64)).to(table.device), sparse=True)
+    if index.step_key is not None and config.item_dropout:
+        with np.errstate(over="ignore"):
+            keys = splitmix64(ids.astype(np.uint64) ^ np.uint64(index.step_key))
+        table = dropout(table, keys, ITEM_SITE, config.item_dropout, config.seed)
+    return {**rows, index.item: table}
 
 
 def user_state(config: ModelConfig, dense: Tensors, rows: Tensors, index: TensorIndex,
@@ -150,13 +172,13 @@ def user_state(config: ModelConfig, dense: Tensors, rows: Tensors, index: Tensor
     rows added (u [E, D],), or the mean encoder's history mean h [E, D] and its first layer's per-example term
     (h and the features are the same for every candidate of an example, so their product is taken once)."""
     D = config.dim
-    table = rows[index.item]
+    table, whole = rows[index.item], sparse and index.item_ids is None
     if config.attention:
-        u = encode(config, dense, table, index.window, index.keys, sparse)
+        u = encode(config, dense, table, index.window, index.keys, whole)
         for name in config.features:
             u = u + rows_at(rows[name], index.features[name], sparse)
         return (u,)
-    h = bag_mean(table, index.history, index.offsets, sparse)
+    h = bag_mean(table, index.history, index.offsets, whole)
     w0 = dense["mlp.0.weight"]
     per_example = torch.addmm(dense["mlp.0.bias"], h, w0[:D])
     for k, name in enumerate(config.features):

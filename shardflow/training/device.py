@@ -139,7 +139,8 @@ class Device:
         next step's while this device's thread runs a step; nothing else reads the data meanwhile)."""
         t0 = time.perf_counter()
         targets = self._sub_batch(epoch, step_in_epoch, seed)
-        need = self._lookups(self.data.examples(targets, self.config, negative_seed(seed, epoch)), self.dedup)
+        examples = self.data.examples(targets, self.config, negative_seed(seed, epoch), step=step_in_epoch)
+        need = self._lookups(examples, self.dedup)
         return need, int(targets.size), time.perf_counter() - t0
 
     def _lookups(self, examples: Any, dedup: str) -> Lookups:

@@ -48,7 +48,7 @@ class ReferenceTrainer:
         """One step on the global batch; returns its summed loss."""
         B = self.batch_size
         targets = self.data.batch(epoch, self.seed, step_in_epoch, B)
-        ex = self.data.examples(targets, self.config, negative_seed(self.seed, epoch))
+        ex = self.data.examples(targets, self.config, negative_seed(self.seed, epoch), step=step_in_epoch)
         index = on_device(self.data.table_index(ex, self.config), self.device)
         grads = forward_backward(self.config, self.dense_tensors, self.tables, index, B * self.config.loss_terms,
                                  sparse=True)

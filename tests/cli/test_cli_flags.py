@@ -48,7 +48,7 @@ def test_a_choice_outside_the_configs_is_refused_by_the_flag(capsys):
     ("plan", "--dim", "100000000", "Input should be less than or equal to 4096"),  # was planned
     ("plan", "--batch-size", "999999999999", "Input should be less than or equal to 2147483647"),  # was planned
     ("train", "--dropout", "2", "Input should be less than 1"),
-    ("train", "--candidate-dropout", "-0.5", "Input should be greater than or equal to 0"),
+    ("train", "--item-dropout", "1", "Input should be less than 1"),
     ("train", "--patience", "5000", "Input should be less than or equal to 1000"),  # was taken
     ("train", "--min-epochs", "0", "Input should be greater than or equal to 1"),
     ("evaluate", "--seed", "99999999999999999999999", "Input should be less than or equal to 9223372036854775807"),

@@ -150,7 +150,7 @@ def test_train_command_prints_the_summary_keys(planned):
     done = subprocess.run(
         [SHARDFLOW, "train", str(planned / "ds"), "--plan", str(planned / "flexshard"), "--max-steps", "4",
          "--batch-size", "512", "--dedup", "none", "--eval-users", "300", "--early-answers", "--encoder",
-         "self-attention", "--attention-heads", "2", "--dropout", "0.1", "--candidate-dropout", "0.2",
+         "self-attention", "--attention-heads", "2", "--dropout", "0.1", "--item-dropout", "0.3",
          "--patience", "3", "--row-optimizer", "adam", "--json"],
         capture_output=True, text=True, timeout=300,
     )
@@ -160,8 +160,8 @@ def test_train_command_prints_the_summary_keys(planned):
                       ("predicted_bytes_per_step", float), ("auc", float), ("hr_at_10", float), ("loss", float)]:
         assert isinstance(s[key], kind), key
     assert (s["steps"], s["examples"], s["dedup"], s["eval_users"]) == (4, 4 * 512, "none", 300)
-    assert (s["model"]["encoder"], s["model"]["heads"], s["model"]["dropout"], s["model"]["candidate_dropout"]) \
-        == ("self-attention", 2, 0.1, 0.2)
+    assert (s["model"]["encoder"], s["model"]["heads"], s["model"]["dropout"], s["model"]["item_dropout"]) \
+        == ("self-attention", 2, 0.1, 0.3)
     assert s["row_optimizer"] == "adam" and s["bytes_per_step"]["patch"] > 0
     assert (s["epochs_trained"], s["best_epoch"], s["patience"]) == (1, 1, 3) and len(s["epoch_validation"]) == 1
     assert s["epoch_validation"][0]["val_ndcg_at_10"] == s["val_ndcg_at_10"] and 0 < s["val_hr_at_10"] <= 1

@@ -146,10 +146,10 @@ def test_a_bad_promotion_entry_is_named(run):
 
 def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_default(tmp_path):
     """A run_dir promoted by an older shardflow, whose export's model record lacks newer keys (bottom, encoder,
-    blocks, heads, dropout, candidate_dropout; the dense and row optimisers), warm-starts a run that keeps their
-    defaults, and refuses one that changes what shapes the model, naming both values; settings that shape nothing
-    pass."""
-    from shardflow.data.clicks import config_record, model_config
+    blocks, heads, dropout, item_dropout; the dense and row optimisers) and holds a retired one (candidate_dropout),
+    warm-starts a run that keeps their defaults, and refuses one that changes what shapes the model, naming both
+    values; settings that shape nothing pass."""
+    from shardflow.data.clicks import config_from_record, config_record, model_config
     from shardflow.preflight import check_model_shape
     from storage.checkpoint import sealed
     from storage.importers import import_dataset
@@ -160,8 +160,9 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
     m = cfg.model
     model = model_config(Dataset.open(tmp_path / "dataset"), dim=m.dim, mlp=m.mlp, bottom=m.bottom_mlp,
                          history=m.history, negatives=m.negatives, seed=cfg.train.seed)
-    older = {k: v for k, v in config_record(model).items() if k not in ("encoder", "blocks", "heads", "dropout",
-                                                                           "candidate_dropout")}
+    newer = ("encoder", "blocks", "heads", "dropout", "item_dropout")
+    older = {**{k: v for k, v in config_record(model).items() if k not in newer}, "candidate_dropout": 0.2}
+    assert config_from_record({**config_record(model), "candidate_dropout": 0.2}) == model
     versions.start(tmp_path, version_start(1))
     (versions.version_dir(tmp_path, 1) / "model").mkdir()
     write_manifest(versions.version_dir(tmp_path, 1) / "model", {  # as that shardflow wrote it: no optimizers named
@@ -184,7 +185,7 @@ def test_a_version_exported_before_a_model_key_existed_is_taken_to_have_its_defa
     # Its manifest names no row optimizer either: Adagrad's sums, the only rows' state there was.
     with pytest.raises(InputError, match=r"has row_optimizer = 'adagrad', this run row_optimizer = 'adam'"):
         check_model_shape(changed(row_optimizer="adam"))
-    check_model_shape(changed(attention_blocks=5, dropout=0.3, candidate_dropout=0.2, seed=7))
+    check_model_shape(changed(attention_blocks=5, dropout=0.3, item_dropout=0.1, seed=7))
     # Today's defaults train another model: a run that leaves them out is refused, naming each.
     with pytest.raises(InputError, match=r"has attention_blocks = 2, encoder = 'mean', row_optimizer = 'adagrad', "
                        r"this run attention_blocks = 1, encoder = 'self-attention', row_optimizer = 'adam'"):

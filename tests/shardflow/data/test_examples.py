@@ -215,3 +215,38 @@ def test_a_trainers_lookups_find_their_rows_among_the_distinct_ids_whichever_way
 def test_keys_in_any_order_find_the_places_numpy_finds(ascending, keys, side):
     ascending, keys = np.sort(np.array(ascending, dtype=np.int64)), np.array(keys, dtype=np.int64)
     assert searchsorted_keys(ascending, keys, side).tolist() == np.searchsorted(ascending, keys, side).tolist()
+
+
+def test_every_sub_batch_of_a_step_carries_its_key_and_each_lookup_the_id_of_the_row_it_reads(tmp_path):
+    """The item dropout's row masks are keyed by (the step's key, the row's id): each sub-batch of a step has the
+    same key, another step or epoch another, evaluation none; a trainer's index names the id of each row it holds,
+    the reference's the same ids and places with item dropout, whole tables (no ids) without."""
+    from dataclasses import replace
+
+    from shardflow.data.batches import TrainData, negative_seed
+    from shardflow.model.configs import ModelConfig
+    from storage.importers import import_dataset
+
+    rng = np.random.default_rng(6)
+    lines = [f"{u} {i}" for u in range(1, 201) for i in rng.choice(50, size=int(rng.integers(3, 20)))]
+    (tmp_path / "log.txt").write_text("\n".join(lines) + "\n")
+    import_dataset("sasrec", tmp_path / "log.txt", tmp_path / "ds")
+    data, config = TrainData.load(tmp_path / "ds"), ModelConfig(history=4, negatives=3, item_dropout=0.2)
+    keys = {}
+    for epoch, step in ((0, 0), (0, 1), (1, 0)):
+        seed = negative_seed(3, epoch)
+        subs = data.sub_batches(data.batch(epoch, 3, step, 64), 2)
+        ex = [data.examples(sub, config, seed, step=step) for sub in subs]
+        assert ex[0].step_key == ex[1].step_key is not None
+        keys[epoch, step] = ex[0].step_key
+        index = data.lookups(ex[0], config, "device").index
+        read = np.concatenate([ex[0].history[ex[0].history >= 0], ex[0].positive, ex[0].negatives.ravel()])
+        np.testing.assert_array_equal(index.item_ids, np.unique(read))
+        np.testing.assert_array_equal(index.item_ids[index.candidates[:, 0]], ex[0].positive)
+        assert index.step_key == ex[0].step_key
+        whole = data.table_index(ex[0], config)
+        np.testing.assert_array_equal(whole.item_ids, index.item_ids)
+        np.testing.assert_array_equal(whole.history, index.history)
+        assert data.table_index(ex[0], replace(config, item_dropout=0.0)).item_ids is None
+    assert len(set(keys.values())) == 3
+    assert data.eval_examples(data.eval_targets[:8], config, seed=0, negatives=5).step_key is None

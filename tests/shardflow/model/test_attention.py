@@ -17,11 +17,11 @@ from shardflow.errors import InputError
 from shardflow.model.attention import NORM_EPS
 from shardflow.model.configs import BatchIndex, ModelConfig
 from shardflow.model.forward import forward_backward, on_device
-from shardflow.model.sequence import scores, tensor_index, user_state
+from shardflow.model.sequence import held_items, scores, tensor_index
 from support import bce_loss, numeric_gradient
 
 CONFIG = ModelConfig(dim=4, history=4, negatives=2, features=("genre",), seed=3, encoder="self-attention",
-                     blocks=2, heads=2, dropout=0.3, candidate_dropout=0.4)
+                     blocks=2, heads=2, dropout=0.3, item_dropout=0.4)
 CPU = torch.device("cpu")
 KEYS = np.array([11, 12, 13], dtype=np.uint64)
 
@@ -108,26 +108,36 @@ def test_dropout_depends_on_the_example_and_its_key_alone():
     np.testing.assert_allclose(scores(CONFIG, dense, rows, on_device(alone, CPU)).numpy()[0], train[1], rtol=1e-12)
     other = scores(CONFIG, dense, rows, on_device(replace(index, keys=KEYS + np.uint64(100)), CPU)).numpy()
     assert not np.allclose(other, train)
-    no_drop = replace(CONFIG, dropout=0.0, candidate_dropout=0.0)
+    no_drop = replace(CONFIG, dropout=0.0)
     kept = scores(no_drop, dense, rows, on_device(replace(index, keys=KEYS), CPU)).numpy()
     np.testing.assert_array_equal(kept, eval_logits)
 
 
-def test_candidate_dropout_drops_units_of_the_scored_rows_not_of_the_state():
-    """With only the candidates' dropout, a training logit is the evaluation state against the candidate's row
-    with some units dropped and the rest scaled by 1 / (1 - rate): each (example, candidate) its own mask."""
+def test_item_dropout_drops_each_row_once_a_step_for_its_history_and_candidate_reads_by_its_id():
+    """With only the item dropout, a training step's logits are evaluation's over the item rows with some units
+    dropped and the rest scaled by 1 / (1 - rate), one mask a row, read by the history and the candidates alike.
+    The mask follows (the step's key, the row's id): rows held in another order, or a whole table with sparse
+    gradients (the reference), give the same logits; another step's key other ones."""
     dense, rows, index = _problem()
-    config = replace(CONFIG, dropout=0.0)
-    train = scores(config, dense, rows, on_device(replace(index, keys=KEYS), CPU)).numpy()
-    state = scores(replace(config, candidate_dropout=0.0), dense, rows, on_device(index, CPU))
-    assert not np.allclose(train, state.numpy())
-    # Every logit is u . (mask * row) / 0.6 for a 0/1 mask over the 4 units: one of the 16 masks gives it.
-    u = user_state(config, dense, rows, tensor_index(index, CPU))[0].numpy()
-    masks = np.array([[(m >> j) & 1 for j in range(4)] for m in range(16)], dtype=np.float64)
-    for e, c in np.ndindex(*train.shape):
-        row = rows["item"].numpy()[index.candidates[e, c]]
-        assert np.isclose(masks @ (u[e] * row) / 0.6, train[e, c], rtol=1e-12).any(), (e, c)
-    np.testing.assert_array_equal(scores(config, dense, rows, on_device(index, CPU)).numpy(), state.numpy())
+    config = replace(CONFIG, dropout=0.0, item_dropout=0.5)
+    held = replace(index, keys=KEYS, item_ids=np.arange(6), step_key=7)
+    train = scores(config, dense, rows, on_device(held, CPU)).numpy()
+    dropped = held_items(config, rows, tensor_index(held, CPU), sparse=False)["item"]
+    assert set(np.unique(dropped.numpy() / rows["item"].numpy()).tolist()) == {0.0, 2.0}
+    np.testing.assert_allclose(scores(config, dense, {**rows, "item": dropped}, on_device(index, CPU)).numpy(), train,
+                               rtol=1e-12)
+    assert not np.allclose(train, scores(config, dense, rows, on_device(index, CPU)).numpy())
+    order = np.array([4, 0, 5, 2, 1, 3])  # row k held at place k of `order`
+    place = np.argsort(order)
+    moved = replace(held, item_ids=order, history=np.where(index.history >= 0, place[index.history], -1),
+                    candidates=place[index.candidates])
+    np.testing.assert_allclose(scores(config, dense, {**rows, "item": rows["item"][order]}, on_device(moved, CPU))
+                               .numpy(), train, rtol=1e-12)
+    whole = {k: v.clone().requires_grad_() for k, v in rows.items()}
+    np.testing.assert_allclose(scores(config, dense, whole, on_device(moved, CPU), sparse=True).detach().numpy(),
+                               train, rtol=1e-12)
+    other = scores(config, dense, rows, on_device(replace(held, step_key=8), CPU)).numpy()
+    assert not np.allclose(other, train)
 
 
 def test_dropout_keeps_one_minus_its_rate_of_the_units_each_scaled_up():
@@ -148,7 +158,7 @@ def test_dropout_keeps_one_minus_its_rate_of_the_units_each_scaled_up():
     (dict(heads=3), "model heads = 3 for dim 4; accepted: a divisor of dim"),
     (dict(blocks=0), "model blocks = 0; accepted: an integer >= 1"),
     (dict(dropout=1.0), "model dropout = 1.0; accepted: a rate in [0, 1)"),
-    (dict(candidate_dropout=-0.1), "model candidate_dropout = -0.1; accepted: a rate in [0, 1)"),
+    (dict(item_dropout=True), "model item_dropout = True; accepted: a rate in [0, 1)"),
 ])
 def test_a_bad_encoder_setting_is_refused_by_name(values, says):
     with pytest.raises(InputError, match=f"^{re.escape(says)}$"):
