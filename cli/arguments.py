@@ -198,8 +198,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     _config_flag(p, "device", help="where each device computes: the CPU, or CUDA device d on worker d (resource "
                  "GPU=1)")
     _config_flag(p, "seed")
-    for key in ("encoder", "attention_blocks", "attention_heads", "dropout", "item_dropout", "loss",
-                "gbce_t"):
+    for key in ("encoder", "attention_blocks", "attention_heads", "dropout", "item_dropout", "loss", "gbce_t"):
         _config_flag(p, key)
     _config_flag(p, "eval_users", type=int, help="held-out users evaluated (0: all)")
     _config_flag(p, "full_ranking", help="with --patience, sequences: rank the validation split among the whole "

@@ -228,8 +228,7 @@ class RetrainConfig(BaseModel):
         """The sequence model's encoder and loss, as shardflow.model.configs.ModelConfig names them."""
         m = self.model
         return {"encoder": m.encoder, "blocks": m.attention_blocks, "heads": m.attention_heads, "dropout": m.dropout,
-                "item_dropout": m.item_dropout, "loss": m.loss,
-                "gbce_t": m.gbce_t}
+                "item_dropout": m.item_dropout, "loss": m.loss, "gbce_t": m.gbce_t}
 
     def step_bytes(self, devices: int) -> int:
         """A bound on one trainer's working set in a step (bytes)."""
