@@ -71,15 +71,27 @@ def _plain_state(d: dict, item: np.ndarray, hist: np.ndarray, config: ModelConfi
     return _norm(e[-1], d, "attention.norm")
 
 
-def test_the_encoder_is_the_plain_per_example_computation_with_padding_left_out():
-    dense, rows, index = _problem()
-    fast = scores(CONFIG, dense, rows, on_device(index, CPU)).numpy()
+@pytest.mark.parametrize("blocks", [1, 2, 3])
+def test_the_encoder_is_the_plain_per_example_computation_with_padding_left_out(blocks):
+    config = replace(CONFIG, blocks=blocks)
+    dense, rows, index = _problem(config)
+    fast = scores(config, dense, rows, on_device(index, CPU)).numpy()
     d = {k: v.numpy() for k, v in dense.items()}
     item, genre = rows["item"].numpy(), rows["genre"].numpy()
     for e, hist in enumerate(index.history):
-        u = _plain_state(d, item, hist, CONFIG) + genre[index.features["genre"][e]]
+        u = _plain_state(d, item, hist, config) + genre[index.features["genre"][e]]
         np.testing.assert_allclose(fast[e], item[index.candidates[e]] @ u, rtol=1e-10, atol=1e-12)
-    assert set(dense) == set(CONFIG.dense_shapes()) and not any(k.startswith("mlp.") for k in dense)
+    assert set(dense) == set(config.dense_shapes()) and not any(k.startswith("mlp.") for k in dense)
+
+
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_an_empty_sub_batch_is_scored_as_no_examples(blocks):
+    """A trainer whose sub-batch of a step is empty (more devices than examples) still takes part in it."""
+    config = replace(CONFIG, blocks=blocks)
+    dense, rows, index = _problem(config)
+    empty = replace(index, history=index.history[:0], candidates=index.candidates[:0],
+                    features={"genre": index.features["genre"][:0]}, keys=KEYS[:0])
+    assert tuple(scores(config, dense, rows, on_device(empty, CPU)).shape) == (0, 3)
 
 
 @pytest.mark.parametrize("which", ["dense", "item", "genre"])
@@ -151,6 +163,19 @@ def test_dropout_keeps_one_minus_its_rate_of_the_units_each_scaled_up():
     assert abs(float(kept.mean()) - 0.7) < 0.005
     assert abs(float(kept.mean(0).std()) - np.sqrt(0.21 / 4000)) < 0.003  # units dropped independently of column
     assert not torch.equal(out, dropout(x, keys, site=2, rate=0.3, seed=0))  # each site its own masks
+
+
+@pytest.mark.parametrize("shape", [(7, 6), (3, 7, 5)])
+def test_the_last_position_alone_is_dropped_as_within_every_position(shape):
+    """The encoder's last block computes the last position only: its masks are that position's of the whole."""
+    from shardflow.model.attention import dropout
+
+    x = torch.rand((40, *shape), dtype=torch.float64) + 1.0
+    keys = np.arange(40, dtype=np.uint64) * np.uint64(104_729)
+    every = dropout(x, keys, site=3, rate=0.4, seed=2)
+    last = dropout(x[..., -1:, :], keys, site=3, rate=0.4, seed=2, whole=shape)
+    assert 0 < int((last == 0).sum()) < last.numel()
+    torch.testing.assert_close(last, every[..., -1:, :], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("values, says", [
