@@ -192,7 +192,7 @@ def candidate_scores(config: ModelConfig, dense: Tensors, state: UserState, t: t
     example (a block of the whole catalog: shardflow.model.ranking; computed in place, not differentiable)."""
     if config.attention:
         (u,) = state
-        return u @ t.T if t.dim() == 2 else (t * u[:, None, :]).sum(-1)
+        return u @ t.T if t.dim() == 2 else torch.bmm(t, u[:, :, None]).squeeze(-1)
     D = config.dim
     h, per_example = state
     w0 = dense["mlp.0.weight"]
