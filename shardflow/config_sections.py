@@ -112,7 +112,7 @@ class ModelSection(Section):
                                  description="self-attention: heads (a divisor of dim)")
     dropout: float = Field(sizes.RUN_DROPOUT, ge=0, lt=1, allow_inf_nan=False,
                            description="self-attention: dropout rate")
-    item_dropout: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False,
+    item_dropout: float = Field(sizes.RUN_ITEM_DROPOUT, ge=0, lt=1, allow_inf_nan=False,
                                 description="sequences: dropout rate on the item rows a training step reads, one "
                                 "mask a row and step, the same for its history and candidate reads (RecTools "
                                 "0.13's SASRec)")

@@ -38,7 +38,7 @@ class ModelConfig:
     blocks: int = sizes.BLOCKS  # self-attention: blocks
     heads: int = sizes.HEADS  # self-attention: heads per block (dim divisible by it)
     dropout: float = sizes.DROPOUT  # self-attention: the rate of every dropout while training
-    item_dropout: float = 0.0  # the rate of dropout on the item rows a training step reads, one mask a (step, row)
+    item_dropout: float = sizes.ITEM_DROPOUT  # the dropout rate on the item rows a step reads, a mask a (step, row)
     loss: str = sizes.LOSS  # one of LOSSES
     gbce_t: float = sizes.GBCE_T  # loss gbce: the calibration t
 

@@ -17,14 +17,17 @@ NEGATIVES = 4  # sampled negatives per example
 ENCODER = "mean"
 BLOCKS, HEADS = 2, 1  # self-attention
 DROPOUT = 0.5  # self-attention: SASRec's rate on sparse data
+ITEM_DROPOUT = 0.0  # no item row's units dropped
 LOSS = "bce"
 GBCE_T = 0.75  # gBCE's calibration t: gSASRec's recommended value (Petrov & Macdonald, RecSys 2023, 5.3)
 
 # The run's defaults (config_sections), the recipe docs/benchmarks.md measures on four sequence logs: the
 # eSASRec benchmark's SASRec+SS setup (github blondered/transformer_benchmark: 1 block of 1 head, dropout 0.2, 50
-# items of history, 256 negatives, Adam) with gSASRec's gBCE as its loss, trained until the validation split's
-# NDCG@10 has not improved for 10 epochs. A click log's model reads no history and samples no negatives.
-RUN_HISTORY, RUN_NEGATIVES, RUN_BLOCKS, RUN_DROPOUT = 50, 256, 1, 0.2
+# items of history, 256 negatives, Adam) with gSASRec's gBCE as its loss, the item rows' units dropped at the
+# same rate once a step as the benchmark's pin (RecTools 0.13) drops its item table's, trained until the
+# validation split's NDCG@10 has not improved for 10 epochs. A click log's model reads no history, samples no
+# negatives and drops no item rows.
+RUN_HISTORY, RUN_NEGATIVES, RUN_BLOCKS, RUN_DROPOUT, RUN_ITEM_DROPOUT = 50, 256, 1, 0.2, 0.2
 RUN_EPOCHS, RUN_PATIENCE = 200, 10
 
 # Keys whose default depends on what a dataset trains, filled in when the run's config is built (a key given
