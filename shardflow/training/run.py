@@ -29,7 +29,7 @@ from shardflow.planner.estimation import estimation_plan
 from shardflow.planner.sharding_plan import ShardingPlan
 from shardflow.planner.topology import Topology
 from shardflow.sharding.stage import accesses_from_profile, cost_model, read_plan
-from shardflow.training.config import TrainConfig
+from shardflow.training.config import TrainConfig, check_batch
 from shardflow.training.device import Device
 from shardflow.training.engine import Engine
 from shardflow.training.inprocess import InProcess
@@ -78,6 +78,10 @@ def prepare(
     source = manifest.source
     model = model_config(ds, dim=shape.dim, mlp=mlp, bottom=bottom, history=source.history,
                          negatives=source.negatives, seed=train.seed, encoder=encoder)
+    # the engine's own check, made again here so that a batch its cluster would refuse is refused before one starts
+    # (a local one took 6 s on 2 cores to say so): the examples' index is read in milliseconds (22 ms for Video)
+    examples = load_training_data(ds, model.features, train.window, validation=train.validation).targets
+    check_batch(train.batch_size, topology.devices, examples)
     optimizer = optimizer or OptimizerConfig(rows=shape.row_optimizer)
     scaled = None
     if estimate:

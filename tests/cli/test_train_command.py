@@ -182,6 +182,8 @@ def test_train_command_prints_the_summary_keys(planned):
     (["--seed", str(2**64)], f"argument --seed: '{2**64}': Input should be less than or equal to {2**63 - 1}"),
     (["--server-memory", "4096"], "--server-memory 4096 without --estimate; accepted: --server-memory with "
      "--estimate"),
+    (["--batch-size", "3"], "batch size 3 < 4 trainers; accepted: batch size >= 4, one example per trainer"),
+    (["--batch-size", "10000000"], "batch size 10000000 > 194210 training examples; accepted: at most 194210"),
 ])
 def test_a_bad_value_is_refused_before_the_scheduler_is_asked(planned, flags, line):
     """The scheduler named here does not exist: a refusal of the value, not of the scheduler, is made before
@@ -194,16 +196,12 @@ def test_a_bad_value_is_refused_before_the_scheduler_is_asked(planned, flags, li
     assert done.stderr.strip().splitlines()[-1].startswith(f"shardflow train: error: {line}"), done.stderr
 
 
-def test_a_plan_of_another_dataset_is_refused(planned, tmp_path):
+def test_a_plan_of_another_dataset_is_refused_before_the_scheduler_is_asked(planned, tmp_path):
     import_dataset("s3rec", REAL["s3rec"], tmp_path / "other")
     done = subprocess.run(
-        [SHARDFLOW, "train", str(tmp_path / "other"), "--plan", str(planned / "flexshard"), "--max-steps", "1"],
+        [SHARDFLOW, "train", str(tmp_path / "other"), "--plan", str(planned / "flexshard"), "--scheduler",
+         "tcp://127.0.0.1:9", "--max-steps", "1"],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 2
     assert "was made from a profile of dataset" in done.stderr and "accepted: a plan of this dataset" in done.stderr
-    bad = subprocess.run(
-        [SHARDFLOW, "train", str(planned / "ds"), "--plan", str(planned / "flexshard"), "--batch-size", "3"],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert bad.returncode == 2 and "batch size 3 < 4 trainers" in bad.stderr
