@@ -16,6 +16,7 @@ import threading
 import warnings
 from collections.abc import Sequence
 
+from cli import end_at_exit
 from cli.arguments import build_parser
 from shardflow.errors import (
     STORAGE_ERRNOS,
@@ -173,5 +174,13 @@ def _ended(command: str, interrupts: _Interrupts, e: BaseException) -> int | Non
     return None
 
 
+def command() -> int:
+    """The `shardflow` command (pyproject's script): `main` on this process's arguments; an exit status it gives
+    ends the process once every exit handler has run, without the interpreter's teardown (cli.end_at_exit)."""
+    status = main()
+    end_at_exit(status)
+    return status
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command())

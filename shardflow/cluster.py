@@ -44,9 +44,9 @@ LOOPBACK_DASHBOARD = "127.0.0.1:0"  # a local cluster's dashboard: this machine 
 # worker did when its parameter server started (2 devices up in 2.0 s instead of 5.0 s, 2 cores).
 # shardflow.training.recommend too: the night's top-K lists are written as Parquet on the workers, and
 # pyarrow.parquet is 29 MB resident a process; imported by whichever worker got a block first, one worker
-# grew by it in a later night of the soak test. shardflow.ignore_interrupts first: the server and its workers
+# grew by it in a later night of the soak test. shardflow.worker_server first: the server and its workers
 # ignore a terminal's Ctrl-C from then on.
-WORKER_PRELOAD = ["shardflow.ignore_interrupts", "distributed", "shardflow.training.actor", "torch._dynamo",
+WORKER_PRELOAD = ["shardflow.worker_server", "distributed", "shardflow.training.actor", "torch._dynamo",
                   "shardflow.training.recommend"]
 # How local worker processes start (distributed's config): forked from that server. Dask would set
 # MALLOC_TRIM_THRESHOLD_ in them, which also pins glibc's mmap threshold at 128 KiB: every chunk-sized
@@ -170,7 +170,7 @@ def _set_environ(values: dict[str, str | None]) -> None:
 
 def _spawn_ignoring_interrupts(spawn: Callable[[], None]) -> None:
     """`spawn` the worker server with SIGINT blocked: the mask passes to it through fork and exec, and its first
-    import (shardflow.ignore_interrupts) ignores the signal, discarding one that arrived meanwhile, then unblocks it.
+    import (shardflow.worker_server) ignores the signal, discarding one that arrived meanwhile, then unblocks it.
 
     A terminal's Ctrl-C reaches its whole process group: the worker server would die printing a KeyboardInterrupt
     traceback of the import it was in (its preload takes seconds). Only the calling thread blocks the signal, and

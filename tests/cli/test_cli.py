@@ -308,6 +308,36 @@ def test_an_object_a_stop_cut_short_fails_in_its_finalizer_after_the_one_line_qu
     assert running.stdout.split() == ["0"] and "ValueError: a finalizer's own error" in running.stderr, running
 
 
+ENDS_AT_EXIT = """
+import atexit, sys
+from cli import end_at_exit
+
+
+class Torn:
+    def __del__(self):
+        print("torn down", file=sys.stderr)
+
+
+kept = Torn()  # a module's global: deleted by the interpreter's teardown only
+atexit.register(lambda: open(sys.argv[1], "w").write("ran"))
+sys.stdout.write("said")  # held in the buffer of a pipe
+if sys.argv[2] == "end":
+    end_at_exit(3)
+sys.exit(3)
+"""
+
+
+def test_a_command_ends_after_its_exit_handlers_without_the_interpreters_teardown(tmp_path):
+    """What the command says and its exit handlers' work are kept; the teardown is skipped (as the same process
+    without end_at_exit shows, torn down)."""
+    where = Path(__file__).resolve().parents[2]
+    ended, torn = (subprocess.run([sys.executable, "-c", ENDS_AT_EXIT, str(tmp_path / how), how], capture_output=True,
+                                  text=True, timeout=60, cwd=where) for how in ("end", "plain"))
+    for done, how in ((ended, "end"), (torn, "plain")):
+        assert done.returncode == 3 and done.stdout == "said" and (tmp_path / how).read_text() == "ran", done
+    assert ended.stderr == "" and torn.stderr == "torn down\n", (ended.stderr, torn.stderr)
+
+
 def test_a_running_run_listens_on_loopback_only_and_its_export_evaluates_alike_from_the_cli(tmp_path):
     """Every socket the run's processes listen on (embedded API, Dask scheduler, nannies, workers, dashboard) is
     bound to a loopback address, sampled while the run trains. The version's full-catalog figures (ranked on the

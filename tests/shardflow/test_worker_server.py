@@ -93,3 +93,24 @@ def test_a_ctrl_c_while_the_worker_server_starts_reaches_this_process_and_the_se
     assert found["got"] == [signal.SIGINT] * 3, found  # each Ctrl-C reached this process's handler
     sigint = 1 << (signal.SIGINT - 1)
     assert found["masks"]["SigIgn"] & sigint and not found["masks"]["SigBlk"] & sigint, found["masks"]
+
+
+SERVER_ENDS = """
+import atexit, sys
+import shardflow.worker_server
+
+
+class Torn:
+    def __del__(self):
+        print("torn down", file=sys.stderr)
+
+
+kept = Torn()  # a module's global: deleted by the interpreter's teardown only
+atexit.register(lambda: print("handlers ran", file=sys.stderr, flush=True))
+raise SystemExit  # as multiprocessing.forkserver's server ends once the process that started it is gone
+"""
+
+
+def test_the_worker_server_ends_after_its_exit_handlers_without_the_interpreters_teardown():
+    done = subprocess.run([sys.executable, "-c", SERVER_ENDS], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "handlers ran\n", done
