@@ -41,7 +41,7 @@ from shardflow.training.device import StepStats
 from shardflow.training.evaluate import SPLITS, eval_targets
 from shardflow.training.messages import PeerStopped, Traffic
 from shardflow.training.persistence import Persistence
-from shardflow.training.transport import CLOSE_WAIT_S, PROBE_S
+from shardflow.training.transport import CLOSE_WAIT_S, PROBE_S, EngineClosing
 from shardflow.training.validation import PREFIX, Values, best_epoch, epoch_scores, stop_now, validation_values
 from storage.staging import for_workers
 
@@ -134,6 +134,7 @@ class Engine(Persistence):
         self.actors: list[Any] = []  # one DeviceActor handle per device
         self._inflight: list[Any] = []  # the running actor calls close() waits for
         self._device_lost = False  # a device's worker left: its peers' calls may be blocked asking it
+        self._closing = False  # close() has begun: the actors it cancels are released, not lost
         self.optimizer = optimizer
         self._futures: list[Any] = []
         try:
@@ -206,6 +207,8 @@ class Engine(Persistence):
         deadline = time.monotonic() + grace_s
         while True:
             now = live_workers(self.client)  # first: a lost scheduler cancels every actor, and is no worker loss
+            if self._closing:  # a call's wait that close() cut short: its actors are cancelled there, not lost
+                raise EngineClosing("the engine is closing: its shards are released")
             for d, f in enumerate(self._futures if by_actor else ()):
                 if f.status in ("error", "lost", "cancelled"):
                     self._lost(d, f"device {d}'s actor is {f.status}: its worker left the cluster, the shard is lost")
@@ -443,15 +446,16 @@ class Engine(Persistence):
         or one it cut off before it was counted as running) would make that peer's worker log a KeyError.
         Once a device was lost its peers are only stopped: a restore restarts them, and their calls may be
         blocked asking the lost one (a connect retried for comm.timeouts.connect) for all of CLOSE_WAIT_S."""
+        self._closing = True
         actors, inflight, self.actors, self._inflight = self.actors, self._inflight, [], []
+        futures, self._futures = self._futures, []
         if self.client.status == "running":
             # actors is empty where their start failed, while the futures are all there: pair what there is
-            live = [a for a, f in zip(actors, self._futures, strict=False) if f.status == "finished"]
+            live = [a for a, f in zip(actors, futures, strict=False) if f.status == "finished"]
             if live:
                 self._stop_and_wait(live, inflight)
-            if self._futures:  # a closed client's scheduler holds nothing
-                self.client.cancel(self._futures)
-        self._futures = []
+            if futures:  # a closed client's scheduler holds nothing
+                self.client.cancel(futures)
 
     def _stop_and_wait(self, actors: list[Any], inflight: list[Any]) -> None:
         """Stop every device (a call that reaches one later ends before sending anything), then wait for
