@@ -45,6 +45,17 @@ class DamagedStore(InputError):
         self.file, self.segment = file, segment
 
 
+class OtherFormat(InputError):
+    """A source line one format refuses that reads as `other`, another format: a caller names its own key for it."""
+
+    def __init__(self, message: str, other: str) -> None:
+        super().__init__(message)
+        self.other = other
+
+    def __reduce__(self):  # pickled as it was made, with `other`: an exception may cross from a Dask worker
+        return type(self), (str(self), self.other)
+
+
 class Terminated(BaseException):
     """The process was sent SIGTERM (a BaseException: like KeyboardInterrupt, no handler swallows it)."""
 

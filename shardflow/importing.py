@@ -8,13 +8,15 @@ written, a source that does not continue the one the run_dir imported.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from logging import Logger, LoggerAdapter
 from pathlib import Path
 from typing import Any
 
 from shardflow.config import RetrainConfig
-from shardflow.errors import DamagedStore, InputError
+from shardflow.errors import DamagedStore, InputError, OtherFormat
 from storage.dataset import Dataset
 from storage.importers import import_dataset, recorded_options, repair_command
 from storage.manifest import MANIFEST
@@ -87,6 +89,17 @@ def verify_dataset(store: Path) -> None:
             from None
 
 
+@contextmanager
+def naming_the_format_key(config: RetrainConfig) -> Iterator[None]:
+    """A source line that reads as another format is refused naming the run's key that chooses it, `dataset_format`
+    (a flat key of `--set` and of a deployment's config), not only the format."""
+    try:
+        yield
+    except OtherFormat as e:
+        raise InputError(f"{e}; this run's dataset_format is {config.data.dataset_format!r}: set "
+                         f"dataset_format={e.other}") from None
+
+
 def bring_in(config: RetrainConfig, log: Logger | LoggerAdapter[Logger]) -> Imported:
     """The dataset store and the parts this run added to it.
 
@@ -107,10 +120,12 @@ def bring_in(config: RetrainConfig, log: Logger | LoggerAdapter[Logger]) -> Impo
         log.warning("%s", w)
     if known is not None and same_source(known, config):
         verify_dataset(dest)  # before the append: its new parts are hashed as they are written
-        added = import_dataset(config.data.dataset_format, source, dest, append=True,
-                               settle_s=config.data.part_settle_s, **import_kwargs(config)).parts_added
+        with naming_the_format_key(config):
+            added = import_dataset(config.data.dataset_format, source, dest, append=True,
+                                   settle_s=config.data.part_settle_s, **import_kwargs(config)).parts_added
         log.info("%s %s (imported from %s)", f"appended {len(added)} parts to" if added else "reusing", dest, source)
         return Imported(str(dest), tuple(Path(p).name for p in added), warnings)
-    done = import_dataset(config.data.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file(),
-                          settle_s=config.data.part_settle_s, **import_kwargs(config))
+    with naming_the_format_key(config):
+        done = import_dataset(config.data.dataset_format, source, dest, overwrite=(dest / MANIFEST).is_file(),
+                              settle_s=config.data.part_settle_s, **import_kwargs(config))
     return Imported(str(dest), tuple(Path(p).name for p in done.parts_added), warnings)

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from shardflow.errors import InputError
+from shardflow.errors import InputError, OtherFormat
 from storage.sources import Block, count_lines, excerpt
 
 ID_DIGITS = 18  # every id of at most 18 digits fits int64
@@ -211,7 +211,9 @@ def diagnose(fmt: Format, path: Path, block: Block) -> InputError:
             continue
         why = fmt.check_line(text.split(separator), text)
         if why:
+            message = f"{path}:{number}: {why}"
             other = reads_as(text, fmt.name, separator)
-            return InputError(f"{path}:{number}: {why}" + (f" (the line reads as the {other} format)" if other else ""))
+            return OtherFormat(f"{message} (the line reads as the {other} format)", other) if other else \
+                InputError(message)
     last = block.first_line + count_lines(block.data) - 1
     return InputError(f"{path}:{block.first_line}-{last}: lines arrow's CSV reader cannot parse as {fmt.name}")

@@ -4,14 +4,16 @@ new ones, a night with none reuses the store, and what the source holds besides 
 from __future__ import annotations
 
 import logging
+import pickle
 
 import numpy as np
 import pytest
 
 from shardflow.config import RetrainConfig
-from shardflow.errors import InputError
+from shardflow.errors import InputError, OtherFormat
 from shardflow.importing import bring_in, dataset_store
 from storage.dataset import Dataset
+from storage.importers import import_dataset
 from support import settled
 
 TOPOLOGY = "intra_node_gbytes_per_s: 100\nnodes:\n  - {name: a, devices: 1, uplink_gbytes_per_s: 10}\n"
@@ -82,3 +84,22 @@ def test_a_store_given_as_the_dataset_is_trained_on_as_it_is_and_a_changed_chunk
     with pytest.raises(InputError, match=r"segments/0000/tables/item: .*To rebuild it from its part: shardflow "
                                          r"import .*--replace-from day-1.txt"):
         bring_in(as_store, logging.getLogger("night"))
+
+
+def test_a_source_in_another_format_is_refused_naming_the_run_s_key_and_nothing_is_imported(night):
+    """A Criteo log given to a run left at the default `dataset_format`: the line is named with the format it reads
+    as and the key that picks it (`shardflow import` has --format; a run has this key); the error survives a
+    pickle as a Dask worker's would."""
+    config, parts = night
+    (parts / "clicks.txt").write_text("label,I1,C1\n1,2,a\n")
+    settled(parts / "clicks.txt")
+    with pytest.raises(InputError) as refused:
+        bring_in(config, logging.getLogger("night"))
+    assert str(refused.value).endswith("(the line reads as the criteo format); this run's dataset_format is "
+                                       "'sasrec': set dataset_format=criteo"), refused.value
+    assert dataset_store(config) is None and not config.layout.dataset.exists()
+
+    with pytest.raises(OtherFormat) as raw:
+        import_dataset("sasrec", parts / "clicks.txt", config.run_dir + "/elsewhere")
+    again = pickle.loads(pickle.dumps(raw.value))
+    assert (type(again), str(again), again.other) == (OtherFormat, str(raw.value), "criteo")
