@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from shardflow.cluster_options import LOCAL_CLASSES
 from shardflow.config import RetrainConfig
 from shardflow.data.clicks import (
     exported_record,
@@ -58,9 +59,23 @@ def check_run(config: RetrainConfig) -> None:
     if foreign:
         raise InputError(f"run_dir {config.run_dir}: {root} holds {', '.join(foreign[:5])}, not model versions; "
                          "accepted: a versions directory shardflow made (NNNN subdirectories only), or a new run_dir")
+    check_device(config)
     check_dataset(config)
     check_model_shape(config)
     check_budget(config)
+
+
+def check_device(config: RetrainConfig) -> None:
+    """Refuse `device: cuda` where the run's workers are this machine's processes (a local cluster, or a local
+    cluster class) and PyTorch sees no GPU here, as `shardflow train` does: the workers refuse it too, but only
+    after the import, the profile and the plan. Workers elsewhere (a scheduler_address, a remote class) judge
+    their own devices."""
+    cluster = config.cluster
+    if config.train.device == "cuda" and cluster.scheduler_address is None \
+            and cluster.cluster_class in (None, *LOCAL_CLASSES):
+        from shardflow.training.device import torch_device
+
+        torch_device(config.train.device)
 
 
 def check_budget(config: RetrainConfig) -> None:
