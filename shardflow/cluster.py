@@ -205,7 +205,7 @@ def _remote_client(scheduler_address: str, tls: TlsFiles | None = None) -> Clien
     except (OSError, TimeoutError) as e:
         raise InputError(
             f"scheduler {scheduler_address!r} did not answer within {timeout:g} s "
-            f"({type(e).__name__}); accepted: the address of a running Dask scheduler. Nothing was written"
+            f"({type(e).__name__}); accepted: the address of a running Dask scheduler"
         ) from None
 
 
