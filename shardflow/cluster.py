@@ -24,9 +24,9 @@ from shardflow.cluster_options import (
     TlsFiles,
     check_cluster_class,
     check_cluster_kwargs,
+    check_local_workers,
     check_tls_address,
     cores,
-    local_worker_limit,
 )
 from shardflow.errors import InputError, SchedulerLost, TrainingError, stop_signal
 from shardflow.heap import NAME as HEAP_PLUGIN
@@ -74,7 +74,7 @@ def dask_client(scheduler_address: str | None = None, workers: int | None = None
         with _remote_client(scheduler_address, tls) as client, heap_thresholds(client):
             yield client
         return
-    workers = _local_workers(workers)
+    workers = check_local_workers(cores() if workers is None else workers)
     with local_processes(worker_log) as adopt:
         cluster = LocalCluster(
             n_workers=workers,
@@ -207,21 +207,6 @@ def _remote_client(scheduler_address: str, tls: TlsFiles | None = None) -> Clien
             f"scheduler {scheduler_address!r} did not answer within {timeout:g} s "
             f"({type(e).__name__}); accepted: the address of a running Dask scheduler"
         ) from None
-
-
-def _local_workers(workers: int | None) -> int:
-    """The size of a local cluster: one process per device, at most LOCAL_WORKERS_PER_CORE per core (or 8)."""
-    workers = cores() if workers is None else workers
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise InputError(f"workers = {workers!r}; accepted: an integer >= 1")
-    limit = local_worker_limit()
-    if workers > limit:
-        raise InputError(
-            f"workers = {workers:,}: a local cluster of {workers:,} processes (one per device) on "
-            f"{cores()} cores; accepted: at most {limit}, or a Dask cluster of its own for more (--scheduler "
-            "ADDRESS on the command line; scheduler_address or cluster_class in a run's config)"
-        )
-    return workers
 
 
 @contextlib.contextmanager

@@ -48,6 +48,20 @@ def local_worker_limit() -> int:
     return max(LOCAL_WORKERS_PER_CORE * cores(), 8)
 
 
+def check_local_workers(workers: object) -> int:
+    """`workers`, the size of a local cluster (one process per device), if it is one this machine takes."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InputError(f"workers = {workers!r}; accepted: an integer >= 1")
+    limit = local_worker_limit()
+    if workers > limit:
+        raise InputError(
+            f"workers = {workers:,}: a local cluster of {workers:,} processes (one per device) on "
+            f"{cores()} cores; accepted: at most {limit}, or a Dask cluster of its own for more (--scheduler "
+            "ADDRESS on the command line; scheduler_address or cluster_class in a run's config)"
+        )
+    return workers
+
+
 @dataclass(frozen=True)
 class Rule:
     """What one cluster_kwargs key's value may be: `ok(value)`, said as `accepted`; `binds_beyond(value)` when

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from shardflow.cluster_options import LOCAL_CLASSES
+from shardflow.cluster_options import LOCAL_CLASSES, check_local_workers
 from shardflow.config import RetrainConfig
 from shardflow.data.clicks import (
     exported_record,
@@ -59,20 +59,26 @@ def check_run(config: RetrainConfig) -> None:
     if foreign:
         raise InputError(f"run_dir {config.run_dir}: {root} holds {', '.join(foreign[:5])}, not model versions; "
                          "accepted: a versions directory shardflow made (NNNN subdirectories only), or a new run_dir")
-    check_device(config)
+    check_local_cluster(config)
     check_dataset(config)
     check_model_shape(config)
     check_budget(config)
 
 
-def check_device(config: RetrainConfig) -> None:
-    """Refuse `device: cuda` where the run's workers are this machine's processes (a local cluster, or a local
-    cluster class) and PyTorch sees no GPU here, as `shardflow train` does: the workers refuse it too, but only
-    after the import, the profile and the plan. Workers elsewhere (a scheduler_address, a remote class) judge
-    their own devices."""
+def check_local_cluster(config: RetrainConfig) -> None:
+    """Refuse what a local cluster (no scheduler_address, no cluster_class) would refuse only once the run has
+    imported its data and recorded its version: more devices than this machine takes processes for; and, for
+    any cluster whose workers are this machine's processes, `device: cuda` where PyTorch sees no GPU, as
+    `shardflow train` does. Workers elsewhere judge their own devices."""
     cluster = config.cluster
-    if config.train.device == "cuda" and cluster.scheduler_address is None \
-            and cluster.cluster_class in (None, *LOCAL_CLASSES):
+    if cluster.scheduler_address is not None:
+        return
+    if cluster.cluster_class is None:
+        try:
+            check_local_workers(config.parsed_topology.devices)
+        except InputError as e:
+            raise InputError(f"topology {config.plan.topology}: {e}") from None
+    if config.train.device == "cuda" and cluster.cluster_class in (None, *LOCAL_CLASSES):
         from shardflow.training.device import torch_device
 
         torch_device(config.train.device)
