@@ -55,7 +55,8 @@ def read_manifest(store: Path, kind: str, version: int, made_by: str, name: str 
     store = Path(store)
     path = store / name
     if not store.is_dir():
-        raise InputError(f"{store}: no such directory; accepted: a {kind} store written by {made_by}")
+        what = "a file, not a directory" if store.exists() else "no such directory"
+        raise InputError(f"{store}: {what}; accepted: a {kind} store written by {made_by}")
     if not path.is_file():
         raise InputError(
             f"{store} is not a complete {kind} store: it has no {name} (a write that did not "

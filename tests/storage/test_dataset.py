@@ -67,9 +67,13 @@ def test_a_store_without_manifest_is_not_a_dataset(copy):
         Dataset.open(copy)
 
 
-def test_missing_directory(tmp_path):
-    with pytest.raises(InputError, match="no such directory"):
+def test_missing_directory_and_a_source_file_given_for_a_store(tmp_path):
+    with pytest.raises(InputError, match="nothing: no such directory; accepted: a dataset store written by"):
         Dataset.open(tmp_path / "nothing")
+    (tmp_path / "log.txt").write_text("1 2\n")
+    with pytest.raises(InputError, match=r"log\.txt: a file, not a directory; accepted: a dataset store written by "
+                                         r"'shardflow import'"):
+        Dataset.open(tmp_path / "log.txt")
 
 
 SEG = "segments/0000"
