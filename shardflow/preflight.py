@@ -66,19 +66,18 @@ def check_run(config: RetrainConfig) -> None:
 
 
 def check_local_cluster(config: RetrainConfig) -> None:
-    """Refuse what a local cluster (no scheduler_address, no cluster_class) would refuse only once the run has
-    imported its data and recorded its version: more devices than this machine takes processes for; and, for
-    any cluster whose workers are this machine's processes, `device: cuda` where PyTorch sees no GPU, as
-    `shardflow train` does. Workers elsewhere judge their own devices."""
+    """Refuse what a cluster of this machine's processes (none named, or a local cluster class) would refuse
+    only once the run has imported its data and recorded its version, or take in silence: more devices than
+    this machine takes processes for; `device: cuda` where PyTorch sees no GPU, as `shardflow train` does.
+    Workers elsewhere (a scheduler_address, a remote class) judge their own."""
     cluster = config.cluster
-    if cluster.scheduler_address is not None:
+    if cluster.scheduler_address is not None or cluster.cluster_class not in (None, *LOCAL_CLASSES):
         return
-    if cluster.cluster_class is None:
-        try:
-            check_local_workers(config.parsed_topology.devices)
-        except InputError as e:
-            raise InputError(f"topology {config.plan.topology}: {e}") from None
-    if config.train.device == "cuda" and cluster.cluster_class in (None, *LOCAL_CLASSES):
+    try:
+        check_local_workers(config.parsed_topology.devices)
+    except InputError as e:
+        raise InputError(f"topology {config.plan.topology}: {e}") from None
+    if config.train.device == "cuda":
         from shardflow.training.device import torch_device
 
         torch_device(config.train.device)

@@ -29,6 +29,9 @@ def test_a_topology_larger_than_a_local_cluster_may_be_is_refused_unless_the_clu
                                          rf"of {most + 1} processes \(one per device\) on \d+ cores; accepted: at most "
                                          rf"{most}, or a Dask cluster of its own"):
         check_local_cluster(config(tmp_path, most + 1))
+    # a local class without n_workers was scaled to the devices unchecked
+    with pytest.raises(InputError, match=rf"^topology .*: workers = {most + 1}: a local cluster"):
+        check_local_cluster(config(tmp_path, most + 1, cluster_class="distributed.LocalCluster"))
     check_local_cluster(config(tmp_path, most + 1, scheduler_address="tcp://127.0.0.1:8786"))
 
 
