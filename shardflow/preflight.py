@@ -24,7 +24,7 @@ from shardflow.data.clicks import (
 from shardflow.errors import InputError
 from shardflow.importing import dataset_store, import_options, imported_source, same_source, source_parts
 from shardflow.model.configs import ClickConfig, ModelConfig, dense_state_copies
-from shardflow.planner.memory import check_capacity
+from shardflow.planner.memory import WORKER_EXTRA_BYTES, check_capacity, worker_peak_bytes
 from shardflow.planner.sharding_plan import VALUE_BYTES, row_bytes
 from shardflow.training.config import check_batch
 from storage import versions
@@ -68,19 +68,46 @@ def check_run(config: RetrainConfig) -> None:
 def check_local_cluster(config: RetrainConfig) -> None:
     """Refuse what a cluster of this machine's processes (none named, or a local cluster class) would refuse
     only once the run has imported its data and recorded its version, or take in silence: more devices than
-    this machine takes processes for; `device: cuda` where PyTorch sees no GPU, as `shardflow train` does.
-    Workers elsewhere (a scheduler_address, a remote class) judge their own."""
+    this machine takes processes for; a sequence model's step that alone outgrows what a local cluster's
+    worker may use (the engine's check_worker_memory, less the shard the plan gives it); `device: cuda` where
+    PyTorch sees no GPU, as `shardflow train` does. Workers elsewhere (a scheduler_address, a remote class)
+    judge their own."""
     cluster = config.cluster
     if cluster.scheduler_address is not None or cluster.cluster_class not in (None, *LOCAL_CLASSES):
         return
+    devices = config.parsed_topology.devices
     try:
-        check_local_workers(config.parsed_topology.devices)
+        check_local_workers(devices)
     except InputError as e:
         raise InputError(f"topology {config.plan.topology}: {e}") from None
+    if cluster.cluster_class is None and sequence_workload(config):
+        import psutil
+
+        total = psutil.virtual_memory().total
+        limit, step = total // devices, config.step_bytes(devices)  # Dask's 'auto': the machine's share
+        if worker_peak_bytes(0, step=step) > limit:
+            m = config.model
+            raise InputError(
+                f"a training step needs about {step / 2**30:,.2f} GiB on each of the {devices} devices (batch_size "
+                f"{config.train.batch_size} over them × (history {m.history} + 1 + negatives {m.negatives}) rows × "
+                f"dim {m.dim}, with the encoder's activations) and its worker {WORKER_EXTRA_BYTES / 1e9:.1f} GB "
+                f"more, but a local cluster's worker may use {limit / 2**30:,.2f} GiB (this machine's "
+                f"{total / 2**30:,.1f} GiB over {devices} workers); accepted: smaller batch_size, history, "
+                "negatives or dim, or a cluster of larger workers (scheduler_address or cluster_class)")
     if config.train.device == "cuda":
         from shardflow.training.device import torch_device
 
         torch_device(config.train.device)
+
+
+def sequence_workload(config: RetrainConfig) -> bool:
+    """Whether the run trains the sequence model: its store has an item sequence, or its source's format
+    makes one (recbole without click_label)."""
+    store = dataset_store(config)
+    if store is not None:
+        return Dataset.open(store).info.sequence_table is not None
+    fmt = config.data.dataset_format
+    return fmt in ("sasrec", "s3rec") or (fmt == "recbole" and config.data.click_label is None)
 
 
 def check_budget(config: RetrainConfig) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psutil
 import pytest
 import torch
 
@@ -43,3 +44,22 @@ def test_cuda_is_refused_where_the_local_workers_would_have_no_gpu_and_left_to_r
             check_local_cluster(config(tmp_path, device="cuda", **local))
         check_local_cluster(config(tmp_path, device="cpu", **local))
     check_local_cluster(config(tmp_path, device="cuda", scheduler_address="tcp://127.0.0.1:8786"))  # its own workers
+
+
+def test_a_sequence_step_no_local_worker_can_hold_is_refused_before_the_import(tmp_path):
+    """The bundled log's default model at history 4,096: a batch whose step takes 70% of this machine on each of 2
+    local workers (each may use half) is refused; at 20% it passes, and a scheduler's workers are their own."""
+    total = psutil.virtual_memory().total
+    per_example = config(tmp_path, history=4096, batch_size=2).step_bytes(2)  # one example a device
+
+    def batch(share: float) -> int:
+        return 2 * max(1, int(share * total / per_example))
+
+    with pytest.raises(InputError, match=r"^a training step needs about [\d.,]+ GiB on each of the 2 devices "
+                                         r"\(batch_size \d+ over them × \(history 4096 \+ 1 \+ negatives 256\) rows "
+                                         r"× dim 64, .*but a local cluster's worker may use [\d.,]+ GiB .*; accepted: "
+                                         r"smaller batch_size, history, negatives or dim, or a cluster of larger "
+                                         r"workers"):
+        check_local_cluster(config(tmp_path, history=4096, batch_size=batch(0.7)))
+    check_local_cluster(config(tmp_path, history=4096, batch_size=batch(0.2)))
+    check_local_cluster(config(tmp_path, history=4096, batch_size=batch(0.7), scheduler_address="tcp://127.0.0.1:8786"))
