@@ -14,6 +14,7 @@ from typing import Any
 
 from shardflow.cluster_options import LOCAL_CLASSES, check_local_workers
 from shardflow.config import RetrainConfig
+from shardflow.config_sections import workload
 from shardflow.data.clicks import (
     exported_record,
     load_training_data,
@@ -80,7 +81,7 @@ def check_local_cluster(config: RetrainConfig) -> None:
         check_local_workers(devices)
     except InputError as e:
         raise InputError(f"topology {config.plan.topology}: {e}") from None
-    if cluster.cluster_class is None and sequence_workload(config):
+    if cluster.cluster_class is None and workload(config.data) == "sequences":
         import psutil
 
         total = psutil.virtual_memory().total
@@ -98,16 +99,6 @@ def check_local_cluster(config: RetrainConfig) -> None:
         from shardflow.training.device import torch_device
 
         torch_device(config.train.device)
-
-
-def sequence_workload(config: RetrainConfig) -> bool:
-    """Whether the run trains the sequence model: its store has an item sequence, or its source's format
-    makes one (recbole without click_label)."""
-    store = dataset_store(config)
-    if store is not None:
-        return Dataset.open(store).info.sequence_table is not None
-    fmt = config.data.dataset_format
-    return fmt in ("sasrec", "s3rec") or (fmt == "recbole" and config.data.click_label is None)
 
 
 def check_budget(config: RetrainConfig) -> None:
